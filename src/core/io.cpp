@@ -1,0 +1,67 @@
+#include "libra/io.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+namespace libra {
+
+Result<std::string> read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return io_error(path + ": cannot open for reading: " + std::strerror(errno));
+  std::ostringstream buffer;
+  buffer << in.rdbuf();
+  if (in.bad()) return io_error(path + ": read failed");
+  return buffer.str();
+}
+
+Status write_file_atomic(const std::string& path, std::string_view contents) {
+  if (path == "-") {
+    std::cout.write(contents.data(), static_cast<std::streamsize>(contents.size()));
+    std::cout.flush();
+    if (!std::cout) return io_error("standard output: write failed");
+    return {};
+  }
+  std::string tmp = path + ".tmp.XXXXXX";
+  int fd = ::mkstemp(tmp.data());
+  if (fd < 0) return io_error(path + ": cannot create temporary file: " + std::strerror(errno));
+  auto fail = [&](const char* what) {
+    int saved = errno;
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    return io_error(path + ": " + what + ": " + std::strerror(saved));
+  };
+  const char* p = contents.data();
+  std::size_t left = contents.size();
+  while (left > 0) {
+    ssize_t n = ::write(fd, p, left);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return fail("write failed");
+    }
+    p += n;
+    left -= static_cast<std::size_t>(n);
+  }
+  if (::fchmod(fd, 0644) != 0) return fail("chmod failed");
+  if (::fsync(fd) != 0) return fail("fsync failed");
+  if (::close(fd) != 0) {
+    int saved = errno;
+    ::unlink(tmp.c_str());
+    return io_error(path + ": close failed: " + std::strerror(saved));
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    int saved = errno;
+    ::unlink(tmp.c_str());
+    return io_error(path + ": cannot rename into place: " + std::strerror(saved));
+  }
+  return {};
+}
+
+}  // namespace libra

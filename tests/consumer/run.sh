@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Installs libra into a scratch prefix and builds/runs tests/consumer against it.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+prefix=$(mktemp -d)
+trap 'rm -rf "$prefix"' EXIT
+cmake --install build/release --prefix "$prefix/install" >/dev/null
+cmake -S tests/consumer -B "$prefix/build" -G Ninja -DCMAKE_PREFIX_PATH="$prefix/install" >/dev/null
+cmake --build "$prefix/build" >/dev/null
+"$prefix/build/consumer"
+echo "1 passed, 0 failed"
