@@ -1,0 +1,107 @@
+// libra/placement.hpp: sequence placement, the first level of Libra (paper
+// section 4).
+//
+// Defines the placement modes (VRSP, paper Algorithm 1, and the baselines the
+// paper compares it with, plus a refining mode of our own), the per-window
+// placement of the GBS packed sequences of one optimizer step into GBS/P
+// pools of exactly P sequences, the lower bound on the best achievable
+// imbalance R, the paper's law-of-large-numbers prediction (eq. 4), and the
+// layout that maps pools to gradient-accumulation (GA) indices and DP replicas
+// (planning contract, section 3).
+//
+// Every mode is a pure function of the window's workloads F_i (and, for
+// `random`, the seed): it returns a permutation of the window, so the step's
+// raw-sample multiset is unchanged.
+//
+//   std::vector<std::int64_t> f = {90, 10, 50, 50, 30, 70, 20, 80};
+//   libra::Result<libra::WindowPlacement> w =
+//       libra::place_window(f, {.pool_size = 4, .mode = libra::PlacementMode::kVrsp});
+//   // w->pools[k][slot] indexes f; w->loads[k] = sum of F in pool k;
+//   // w->imbalance = max_k load / mean_k load - 1.
+//   libra::Result<libra::StepLayout> l = libra::layout_window(*w, /*dp=*/8);
+//   // l->order is S': the window indices in the order a data loader hands
+//   // them out, GA-major and replica-minor.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "libra/corpus.hpp"
+#include "libra/status.hpp"
+
+namespace libra {
+
+enum class PlacementMode {
+  kVrsp,        // paper Algorithm 1, exactly as planning contract section 3
+  kSampler,     // consecutive groups of P in loader order (production today)
+  kRandom,      // seeded Fisher-Yates shuffle, then consecutive groups of P
+  kZigzag,      // sort by decreasing F, deal to pools in boustrophedon order
+  kZigzagSwap,  // zigzag, then heaviest<->lightest pool swaps while they help
+  kVrspRefine,  // VRSP, then cardinality-preserving improvement; never worse
+};
+
+// "vrsp", "sampler", "random", "zigzag", "zigzag-swap", "vrsp-refine".
+[[nodiscard]] Result<PlacementMode> parse_placement_mode(std::string_view name);
+std::string_view placement_mode_name(PlacementMode mode);
+// Every mode, in the order of the enum.
+std::span<const PlacementMode> all_placement_modes();
+
+struct PlacementOptions {
+  std::int64_t pool_size = 8;  // P
+  PlacementMode mode = PlacementMode::kVrsp;
+  std::uint64_t seed = 0;      // used by kRandom only
+};
+
+struct WindowPlacement {
+  // pools[k][slot] = index of the sequence within the window (0 .. D-1).
+  std::vector<std::vector<std::int32_t>> pools;
+  std::vector<std::int64_t> loads;  // per pool, the sum of F (exact)
+  double imbalance = 0;             // R - 1, R = max_k load / mean_k load
+};
+
+// Places one window. workloads[i] = F_i of sequence i of the window
+// (D = workloads.size()). Errors: P < 1, D = 0, D not divisible by P,
+// a negative workload, an all-zero window, a load sum that overflows int64,
+// D beyond 2^31 - 1.
+[[nodiscard]] Result<WindowPlacement> place_window(std::span<const std::int64_t> workloads,
+                                                   const PlacementOptions& options);
+
+// A lower bound on R over every placement into pools of exactly P (>= 1).
+// It is at least max(1, (F_max + sum of the P-1 smallest F) / mean load), and
+// also uses the pigeonhole bound: some pool holds j+1 of the j*K+1 heaviest
+// sequences, for every j < P. Returns 1 for invalid inputs (no bound known).
+double imbalance_lower_bound(std::span<const std::int64_t> workloads, std::int64_t pool_size);
+
+// Paper eq. 4: E[R] ~ 1 + CV / sqrt(P) * sqrt(2 ln K), K = number of pools.
+// Returns R (not R - 1). K = 1 gives 1.
+double lln_prediction(double cv, std::int64_t pool_size, std::int64_t num_pools);
+
+// R - 1 of given pool loads (exact numerator; 0 when all loads are 0).
+double imbalance_of_loads(std::span<const std::int64_t> loads);
+
+// Layout of one window over DP replicas and GA indices (contract section 3):
+// DP/P pools per GA index, GA = D/DP indices; pool k runs at GA index
+// k div (DP/P) on replicas (k mod (DP/P))*P + slot.
+struct StepLayout {
+  std::int64_t dp = 0;
+  std::int64_t pool_size = 0;
+  std::int64_t ga_steps = 0;       // D / DP
+  std::int64_t pools_per_ga = 0;   // DP / P
+  // S': order[g*DP + r] = window index of the sequence that replica r
+  // processes at GA index g.
+  std::vector<std::int32_t> order;
+  std::vector<std::int64_t> pool_ga;           // per pool, its GA index
+  std::vector<std::int64_t> pool_first_replica;  // per pool, the replica of slot 0
+};
+
+// Errors: dp < 1, P not dividing dp, dp not dividing D.
+[[nodiscard]] Result<StepLayout> layout_window(const WindowPlacement& placement, std::int64_t dp);
+
+// F_i of each packed sequence (paper eq. 1), with the index of the offending
+// sequence in the error message when a length is invalid or F overflows.
+[[nodiscard]] Result<std::vector<std::int64_t>> sequence_workloads(std::span<const PackedSequence> sequences);
+
+}  // namespace libra
