@@ -1,0 +1,253 @@
+// libra/plan.hpp: SH-Tiles, TAP placement, the exchange plan, pipeline
+// chunks and the immutable Plan object with its fingerprint and files.
+//
+// One Plan describes one pool (P slots, W = P * CP workers) for one
+// iteration: every SH-Tile (slot x query block x head shard), the worker it
+// runs on, the exact list of token ranges every worker sends to every other
+// worker (Q, KV and O), the per-pair byte matrix and the per-chunk split for
+// the pipeliner. Mode `tap` follows docs/planning-contract.md (sections 4-8)
+// to the letter; `ulysses` and `tap-split` are separately named modes and
+// `dedup_per_kv_head` a separately named option (see docs/tiles.md).
+//
+//   libra::PlanConfig cfg;
+//   cfg.seq_len = 1 << 20; cfg.cp = 8; cfg.block_size = 8192; cfg.head_shards = 8;
+//   cfg.shape = {.heads_q = 32, .heads_kv = 4, .head_dim = 128, .elem_bytes = 2};
+//   cfg.chunks = 4;
+//   libra::Result<libra::Plan> plan = libra::make_plan(pool, cfg);   // pool: P packed sequences
+//   if (!plan.ok()) return plan.error();
+//   for (const libra::Tile& t : plan->tiles()) use(t.worker, t.begin, t.end);
+//   for (const libra::Transfer& x : plan->transfers(src, dst)) send(x);
+//   libra::Status s = libra::save_plan(*plan, "plan.bin");            // or "plan.json"
+//   libra::Result<libra::Plan> again = libra::load_plan("plan.bin");  // same fingerprint()
+//
+// Conventions used throughout:
+//   - worker r = slot * cp + cp_rank; token x of slot p resides on worker
+//     p * cp + x / (seq_len / cp), all heads.
+//   - query head i uses KV head i / (heads_q / heads_kv).
+//   - "flops" are the integer form of the contract: query heads x causal
+//     (query, key) pairs. Real forward FLOPs = 4 * head_dim * flops
+//     (libra::forward_flops).
+//   - byte counts are exact int64; Q/O bytes per token per head =
+//     head_dim * elem_bytes, KV bytes per token per KV head =
+//     2 * head_dim * elem_bytes (K and V).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "libra/corpus.hpp"
+#include "libra/status.hpp"
+#include "libra/workload.hpp"
+
+namespace libra {
+
+struct AttentionShape {
+  int heads_q = 0;     // h_q
+  int heads_kv = 0;    // h_kv, divides h_q
+  int head_dim = 0;    // d
+  int elem_bytes = 2;  // e: 2 for bf16, 4 for fp32
+  std::int64_t window = kFullCausal;  // sliding-window width w; kFullCausal = plain causal
+};
+
+enum class PlanMode : std::uint8_t {
+  kTap = 0,       // paper Algorithm 2, exactly as the planning contract states
+  kUlysses = 1,   // baseline: slot p's CP group computes its own sequence, split by heads
+  kTapSplit = 2,  // TAP that cuts a tile along its query rows when no worker has headroom
+};
+
+// "tap", "ulysses", "tap-split".
+[[nodiscard]] std::string_view plan_mode_name(PlanMode mode);
+[[nodiscard]] Result<PlanMode> parse_plan_mode(std::string_view name);
+
+struct PlanConfig {
+  std::int64_t seq_len = 0;     // L, packed length of every slot
+  int cp = 0;                   // CP workers per slot
+  std::int64_t block_size = 0;  // B, query rows per SH-Tile
+  int head_shards = 0;          // H, query-head shards per block
+  AttentionShape shape;
+  double tau = 0.03;            // load slack of the soft target C
+  int chunks = 1;               // M, pipeline chunks; divides the heads of a tile
+  PlanMode mode = PlanMode::kTap;
+  // Deduplicate KV fetches per (slot, sample, KV head range) instead of the
+  // contract's (slot, sample, head shard). Identical traffic when H <= h_kv;
+  // removes the duplicate fetches of a shared KV head when H > h_kv.
+  bool dedup_per_kv_head = false;
+};
+
+// Checks every divisibility and range rule of the configuration alone
+// (contract sections 4, 5, 8). make_plan calls it; the CLI may call it
+// before reading a pool.
+[[nodiscard]] Status validate_plan_config(const PlanConfig& config);
+
+// A half-open range of heads or tokens.
+struct HeadRange {
+  std::int32_t begin = 0, end = 0;
+  std::int32_t size() const { return end - begin; }
+  friend bool operator==(const HeadRange&, const HeadRange&) = default;
+};
+
+// One SH-Tile (or, in tap-split mode, one piece of one).
+struct Tile {
+  std::int32_t id = 0;      // index in Plan::tiles(); tap: (slot, block, shard) lexicographic
+  std::int32_t slot = 0;    // p
+  std::int32_t block = 0;   // b: query rows of the block are [b*B, min((b+1)*B, T))
+  std::int32_t shard = 0;   // h (ulysses: the CP rank whose head group this is)
+  std::int32_t piece = 0;   // tap-split: index of this piece within (slot, block, shard); else 0
+  std::int64_t begin = 0;   // query rows: packed positions [begin, end) of the slot
+  std::int64_t end = 0;
+  HeadRange heads;          // query heads of the shard
+  HeadRange kv_heads;       // KV heads those query heads use
+  std::int64_t flops = 0;   // f_t = heads.size() * causal pairs of the rows
+  std::int32_t home = 0;    // q(t): worker holding the rows' Q and receiving O
+  std::int32_t worker = 0;  // sigma(t): worker computing the tile
+  std::int32_t fragment_begin = 0;  // the tile's fragments: Plan::fragments()[fragment_begin, fragment_end)
+  std::int32_t fragment_end = 0;
+};
+
+// The part of a tile that lies inside one sample: what one varlen-attention
+// call computes. Queries are the sample-local rows [a, e) (packed positions
+// sample_start + a ..), keys the sample-local positions [key_begin, e)
+// (key_begin = 0 for full causal, max(0, a - window + 1) with a window);
+// query head i attends with KV head i / (h_q / h_kv).
+struct Fragment {
+  std::int32_t tile = 0;
+  std::int32_t slot = 0;
+  std::int32_t sample = 0;        // j, index in the slot's packed sequence
+  std::int32_t group = 0;         // index in Plan::groups(): where the worker finds the sample's K/V
+  std::int64_t sample_start = 0;  // o_j, packed position of the sample's first token
+  std::int64_t sample_length = 0; // l_j
+  std::int64_t a = 0, e = 0;      // sample-local query rows
+  std::int64_t key_begin = 0;     // sample-local first key any of the rows attends to
+};
+
+// A KV dedup unit: the K/V of one sample for a range of KV heads. A worker
+// that computes any fragment of the group holds the whole sample's K/V for
+// those heads (fetched once, contract sections 6.1 and 7).
+struct KvGroup {
+  std::int32_t slot = 0;
+  std::int32_t sample = 0;
+  std::int32_t key = 0;      // dedup key: the head shard (contract) or the first KV head (dedup_per_kv_head)
+  HeadRange kv_heads;
+  std::int64_t begin = 0;    // packed token range of the sample
+  std::int64_t end = 0;
+};
+
+enum class TransferKind : std::uint8_t { kQ = 0, kKv = 1, kO = 2 };
+
+// One contiguous message payload: token range x head range of one slot.
+// Q:  rows of a tile, query heads, home -> worker (backward: dO the same way).
+// KV: tokens of a sample, KV heads (K and V), resident worker -> worker that
+//     committed the group. Backward runs it in reverse: dst sends the dK/dV
+//     partial sums of the same range and heads back to src, which adds them.
+// O:  rows of a tile, query heads, worker -> home (backward: dQ the same way).
+struct Transfer {
+  TransferKind kind = TransferKind::kQ;
+  std::int32_t src = 0;
+  std::int32_t dst = 0;
+  std::int32_t slot = 0;
+  std::int64_t begin = 0;    // packed token range in the slot
+  std::int64_t end = 0;
+  HeadRange heads;           // query heads (Q, O) or KV heads (KV)
+  std::int32_t tile = -1;    // Q/O: the tile; KV: -1
+  std::int32_t group = -1;   // KV: the group; Q/O: -1
+  std::int64_t bytes = 0;    // tokens x heads x head_dim x elem_bytes (x 2 for KV)
+};
+
+inline constexpr std::uint32_t kPlanFormatVersion = 1;
+
+// The immutable result of planning one pool. Copies share the same data.
+// Every list is in a fixed, documented order so that all ranks that build or
+// load the same plan see the same bytes (check with fingerprint()).
+class Plan {
+ public:
+  struct Data;  // defined in src/tiles; opaque to users
+  Plan() = delete;
+  explicit Plan(std::shared_ptr<const Data> data) : d_(std::move(data)) {}
+
+  const PlanConfig& config() const;
+  int pool_size() const;    // P
+  int num_workers() const;  // W = P * cp
+  int head_width() const;   // query heads per tile: h_q/H (ulysses: h_q/cp)
+  std::span<const PackedSequence> pool() const;
+
+  // Tiles ordered by id: (slot, block, shard, piece) lexicographic.
+  std::span<const Tile> tiles() const;
+  std::span<const Fragment> fragments() const;  // grouped by tile, in sample order
+  std::span<const KvGroup> groups() const;      // by (slot, sample, key)
+
+  // Compute list of worker r: ids of its tiles, increasing.
+  std::span<const std::int32_t> worker_tiles(int r) const;
+  // C_r: ids of the groups worker r holds, increasing (local or fetched).
+  std::span<const std::int32_t> worker_groups(int r) const;
+
+  std::span<const std::int64_t> worker_flops() const;  // load_r
+  double imbalance() const;                            // max_r load_r / mean_r load_r - 1
+  std::int64_t comm_bytes() const;                     // total exchanged bytes (contract 7)
+  // W x W, row-major [src * W + dst]; the diagonal is 0.
+  std::span<const std::int64_t> byte_matrix() const;
+  std::int64_t bytes(int src, int dst) const;
+  std::int64_t send_bytes(int r) const;  // row sum
+  std::int64_t recv_bytes(int r) const;  // column sum
+
+  // Transfers from src to dst, ready for an all-to-all-v: Q items by tile
+  // id, then KV items by (group id, begin), then O items by tile id. Their
+  // bytes sum to bytes(src, dst).
+  std::span<const Transfer> transfers(int src, int dst) const;
+  std::span<const Transfer> all_transfers() const;  // ordered by (src, dst), then as above
+
+  // Pipeline chunks (contract section 8), m in [0, chunks).
+  // Query heads of chunk m of a tile: heads.begin + [m*w/M, (m+1)*w/M), w = head_width().
+  HeadRange chunk_heads(const Tile& tile, int m) const;
+  // KV heads that arrive with chunk m of a group fetched for a tile of this
+  // head shard: those whose first using query head lies in chunk m.
+  HeadRange chunk_kv_heads(HeadRange shard_heads, HeadRange kv_heads, int m) const;
+  // Chunk m's transfers from src to dst: the items of transfers(src, dst)
+  // restricted to chunk m's heads, in the same order; KV items with no KV
+  // head in chunk m are left out.
+  std::span<const Transfer> chunk_transfers(int m, int src, int dst) const;
+  // Chunk m's bytes from src to dst.
+  std::int64_t chunk_bytes(int m, int src, int dst) const;
+
+  // Stable 64-bit hash of the plan's defining content (format version,
+  // config, pool, every tile with its placement); everything else is a
+  // deterministic function of it. Identical across runs and machines.
+  std::uint64_t fingerprint() const;
+
+  const Data& data() const { return *d_; }
+
+ private:
+  std::shared_ptr<const Data> d_;
+};
+
+// Plans one pool: pool.size() = P slots, each a packed sequence of at most
+// seq_len tokens. Pure and deterministic.
+[[nodiscard]] Result<Plan> make_plan(std::span<const PackedSequence> pool, const PlanConfig& config);
+
+// Plan files. JSON (for people) holds the config, the pool, every tile with
+// its placement and the summaries (worker_flops, imbalance, comm_bytes,
+// byte_matrix); the binary form (for programs) holds the defining content
+// only. Both carry kPlanFormatVersion and the fingerprint; loading
+// re-derives the exchange and chunks, and rejects a file of another version,
+// an inconsistent tile set, summaries that disagree with the tiles, or a
+// fingerprint that does not match the content.
+enum class PlanFileFormat { kJson, kBinary };
+
+[[nodiscard]] std::string plan_to_json(const Plan& plan, int indent = 1);
+[[nodiscard]] std::string plan_to_binary(const Plan& plan);
+// `source` names the input in error messages.
+[[nodiscard]] Result<Plan> plan_from_json(std::string_view text, const std::string& source = "plan");
+[[nodiscard]] Result<Plan> plan_from_binary(std::string_view bytes, const std::string& source = "plan");
+
+// Format from the extension: ".json" -> JSON, anything else binary.
+[[nodiscard]] PlanFileFormat plan_format_for_path(const std::string& path);
+// Written with write_file_atomic.
+[[nodiscard]] Status save_plan(const Plan& plan, const std::string& path);
+[[nodiscard]] Status save_plan(const Plan& plan, const std::string& path, PlanFileFormat format);
+// Format detected from the content (binary magic "LIBRAPLN" or JSON).
+[[nodiscard]] Result<Plan> load_plan(const std::string& path);
+
+}  // namespace libra
