@@ -1,0 +1,174 @@
+// libra/kernel.hpp: a CPU variable-length causal attention kernel, forward
+// and backward (the FlashAttention-2 algorithm: tiled, online softmax, the
+// full score matrix is never materialised, fp32 accumulation).
+//
+// Defines tensor views over row-major [rows, heads, head_dim] buffers with an
+// explicit row stride (fp32 or bf16), query fragments, and the two calls
+// attention_forward / attention_backward.
+//
+// A call takes a batch of query fragments. Fragment f holds the sample-local
+// query positions [a, e) of one sample; its queries sit in rows
+// [q_row, q_row + e - a) of Q (and O, LSE, dO, dQ) and its sample's keys
+// 0 .. e-1 sit in rows [kv_row, kv_row + e) of K and V (and dK, dV). The mask
+// is bottom-right aligned causal with an optional window w: the query at
+// sample-local position q sees keys max(0, q - w + 1) .. q.
+//
+// Heads: a view covers `heads` consecutive heads; a call uses all heads of
+// its views. Q has h_q heads, K/V have h_kv heads, h_kv divides h_q, and
+// query head i of the call uses KV head i / (h_q / h_kv). A head range is
+// selected without copying with heads_slice(first, count).
+//
+//   using namespace libra::kernel;
+//   ConstTensor q{q_ptr, DType::kBF16, /*rows=*/T, /*heads=*/32, /*head_dim=*/128, /*row_stride=*/32 * 128};
+//   ConstTensor k{k_ptr, DType::kBF16, T, 8, 128, 8 * 128}, v{...};
+//   Tensor o{o_ptr, DType::kBF16, T, 32, 128, 32 * 128};
+//   Tensor lse{lse_ptr, DType::kF32, T, 32, 1, 32};   // fp32, head_dim 1
+//   std::vector<Fragment> frags = {{/*q_row=*/0, /*kv_row=*/0, /*sample_len=*/4096, /*a=*/1024, /*e=*/2048}};
+//   ForwardArgs fwd{q.heads_slice(0, 8), k.heads_slice(0, 2), v.heads_slice(0, 2),
+//                   o.heads_slice(0, 8), lse.heads_slice(0, 8), frags};
+//   fwd.threads = 2;
+//   libra::Status s = attention_forward(fwd);
+//
+// Library choice: the block products and the exponentials are written with
+// Highway (libhwy, portable SIMD with runtime dispatch), compiled for
+// AVX-512, AVX2 and a portable fallback and chosen at run time for the CPU.
+// A BLAS call per block (OpenBLAS) was the alternative; it cannot fuse the
+// online softmax with the products, has a per-call packing and dispatch
+// overhead that dominates at the 64..128-row blocks FlashAttention needs,
+// and the Debian build follows OPENBLAS_CORETYPE, which may pin it to an
+// older instruction set than the machine has. bench/kernel_bench.cpp keeps a
+// BLAS-based implementation side by side for comparison.
+//
+// Threads: `threads` workers split the call's work (query blocks in the
+// forward pass, key blocks in the backward pass) by a static, deterministic
+// assignment, so results are bit-identical for a fixed thread count.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+#include <type_traits>
+
+#include "libra/status.hpp"
+#include "libra/workload.hpp"
+
+namespace libra::kernel {
+
+enum class DType : std::uint8_t {
+  kF32,   // IEEE binary32
+  kBF16,  // the upper 16 bits of a binary32, rounded to nearest even
+};
+
+[[nodiscard]] constexpr std::int64_t dtype_bytes(DType t) { return t == DType::kF32 ? 4 : 2; }
+[[nodiscard]] const char* dtype_name(DType t);
+
+// bf16 conversions (round to nearest even; NaN stays NaN).
+[[nodiscard]] inline std::uint16_t bf16_from_f32(float f) {
+  std::uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((u >> 16) | 0x40u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<std::uint16_t>(u >> 16);
+}
+[[nodiscard]] inline float f32_from_bf16(std::uint16_t b) {
+  std::uint32_t u = static_cast<std::uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// A view of a row-major [rows, heads, head_dim] tensor: element (t, h, c) is
+// at element offset t * row_stride + h * head_dim + c from data. Heads of a
+// row are contiguous; rows may be strided (a slice of a bigger buffer).
+template <class Void>
+struct BasicTensor {
+  Void* data = nullptr;
+  DType dtype = DType::kF32;
+  std::int64_t rows = 0;
+  std::int64_t heads = 0;
+  std::int64_t head_dim = 0;
+  std::int64_t row_stride = 0;  // in elements, >= heads * head_dim
+
+  // Heads [first, first + count) of the same buffer, no copy. An
+  // out-of-range request yields a view that the kernel rejects.
+  [[nodiscard]] BasicTensor heads_slice(std::int64_t first, std::int64_t count) const {
+    BasicTensor s = *this;
+    if (first < 0 || count < 0 || first + count > heads || data == nullptr) {
+      s.data = nullptr;
+      return s;
+    }
+    using Byte = std::conditional_t<std::is_const_v<Void>, const unsigned char, unsigned char>;
+    s.data = static_cast<Byte*>(data) + first * head_dim * dtype_bytes(dtype);
+    s.heads = count;
+    return s;
+  }
+  // Rows [first, first + count), no copy (rejected by the kernel if out of range).
+  [[nodiscard]] BasicTensor rows_slice(std::int64_t first, std::int64_t count) const {
+    BasicTensor s = *this;
+    if (first < 0 || count < 0 || first + count > rows || data == nullptr) {
+      s.data = nullptr;
+      return s;
+    }
+    using Byte = std::conditional_t<std::is_const_v<Void>, const unsigned char, unsigned char>;
+    s.data = static_cast<Byte*>(data) + first * row_stride * dtype_bytes(dtype);
+    s.rows = count;
+    return s;
+  }
+  operator BasicTensor<const void>() const  // NOLINT: a writable view is also readable
+    requires(!std::is_const_v<Void>)
+  {
+    return {data, dtype, rows, heads, head_dim, row_stride};
+  }
+};
+using ConstTensor = BasicTensor<const void>;
+using Tensor = BasicTensor<void>;
+
+// One query fragment: sample-local queries [a, e) of a sample of length
+// sample_len; requires 0 <= a <= e <= sample_len (a == e is an empty no-op).
+struct Fragment {
+  std::int64_t q_row = 0;       // Q/O/LSE/dO/dQ row of query position a
+  std::int64_t kv_row = 0;      // K/V/dK/dV row of the sample's key 0
+  std::int64_t sample_len = 0;  // the sample's length
+  std::int64_t a = 0;
+  std::int64_t e = 0;
+};
+
+struct ForwardArgs {
+  ConstTensor q, k, v;   // q: [*, h_q, d]; k, v: [*, h_kv, d]
+  Tensor o;              // [*, h_q, d]; rows of every fragment are written
+  Tensor lse;            // fp32, [*, h_q, 1]: natural-log sum of exp of scaled scores
+  std::span<const Fragment> fragments;
+  std::int64_t window = kFullCausal;  // >= 1
+  float softmax_scale = 0.0f;         // 0 means 1 / sqrt(head_dim)
+  int threads = 1;                    // >= 1
+};
+
+struct BackwardArgs {
+  ConstTensor q, k, v, o, d_o;  // as in the forward pass; d_o like o
+  ConstTensor lse;              // fp32 [*, h_q, 1], from the forward pass
+  Tensor dq;                    // like q: written (or added to, see accumulate_dq)
+  Tensor dk, dv;                // like k, v: ADDED to (several fragments and calls share K/V rows)
+  std::span<const Fragment> fragments;
+  std::int64_t window = kFullCausal;
+  float softmax_scale = 0.0f;
+  int threads = 1;
+  bool accumulate_dq = false;  // add to dq instead of overwriting the fragments' rows
+};
+
+// Checks every view, stride and fragment against the rules above; the first
+// broken rule is returned as an invalid-input Error. Both calls run it first
+// and touch no memory when it fails.
+[[nodiscard]] Status validate(const ForwardArgs& args);
+[[nodiscard]] Status validate(const BackwardArgs& args);
+
+// O = softmax(scale * Q K^T + mask) V per fragment and head, and the LSE.
+[[nodiscard]] Status attention_forward(const ForwardArgs& args);
+
+// dQ, dK, dV from dO, O and the LSE (FlashAttention-2 backward).
+[[nodiscard]] Status attention_backward(const BackwardArgs& args);
+
+// The SIMD target chosen at run time, e.g. "AVX3" or "AVX2".
+[[nodiscard]] std::string simd_target();
+
+}  // namespace libra::kernel
