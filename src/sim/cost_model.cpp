@@ -1,0 +1,244 @@
+#include "libra/cost_model.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "libra/io.hpp"
+
+namespace libra {
+
+KernelProfile analytic_profile(const AnalyticKernel& kernel, std::string device) {
+  KernelProfile p;
+  p.device = std::move(device);
+  p.head_dim = 128;
+  p.dtype = "bf16";
+  for (std::int64_t len = 64; len <= (std::int64_t{1} << 21); len *= 2) {
+    for (std::int64_t h = 1; h <= 128; h *= 2) {
+      const double lf = static_cast<double>(len) / (static_cast<double>(len) + kernel.half_block_len);
+      const double hf = static_cast<double>(h) / (static_cast<double>(h) + kernel.half_heads);
+      p.entries.push_back({len, h, kernel.peak_fwd_tflops * 1e3 * lf * hf, kernel.peak_bwd_tflops * 1e3 * lf * hf});
+    }
+  }
+  return p;
+}
+
+Result<KernelProfile> parse_kernel_profile(std::string_view text, const std::string& name) {
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return invalid_input(name + ": not a JSON object (kernel profile)");
+  if (!j.contains("version") || !j["version"].is_number_integer() || j["version"].get<std::int64_t>() != 1) {
+    return invalid_input(name + ": kernel profile \"version\" must be 1");
+  }
+  KernelProfile p;
+  if (j.contains("device") && j["device"].is_string()) p.device = j["device"].get<std::string>();
+  if (j.contains("dtype") && j["dtype"].is_string()) p.dtype = j["dtype"].get<std::string>();
+  if (j.contains("threads") && j["threads"].is_number_integer()) p.threads = j["threads"].get<std::int64_t>();
+  if (j.contains("head_dim")) {
+    if (!j["head_dim"].is_number_integer() || j["head_dim"].get<std::int64_t>() < 1) {
+      return invalid_input(name + ": \"head_dim\" must be a positive integer");
+    }
+    p.head_dim = j["head_dim"].get<std::int64_t>();
+  }
+  if (!j.contains("entries") || !j["entries"].is_array() || j["entries"].empty()) {
+    return invalid_input(name + ": kernel profile needs a non-empty \"entries\" array");
+  }
+  std::size_t i = 0;
+  for (const auto& e : j["entries"]) {
+    auto bad = [&](const char* rule) { return invalid_input(fmt::format("{}: entries[{}]: {}", name, i, rule)); };
+    if (!e.is_object()) return bad("must be an object");
+    for (const char* key : {"block_len", "heads"}) {
+      if (!e.contains(key) || !e[key].is_number_integer() || e[key].get<std::int64_t>() < 1) {
+        return bad("\"block_len\" and \"heads\" must be positive integers");
+      }
+    }
+    for (const char* key : {"fwd_gflops", "bwd_gflops"}) {
+      if (!e.contains(key) || !e[key].is_number() || !(e[key].get<double>() > 0) ||
+          !std::isfinite(e[key].get<double>())) {
+        return bad("\"fwd_gflops\" and \"bwd_gflops\" must be positive numbers");
+      }
+    }
+    p.entries.push_back({e["block_len"].get<std::int64_t>(), e["heads"].get<std::int64_t>(),
+                         e["fwd_gflops"].get<double>(), e["bwd_gflops"].get<double>()});
+    ++i;
+  }
+  return p;
+}
+
+Result<KernelProfile> load_kernel_profile(const std::string& path) {
+  LIBRA_ASSIGN_OR_RETURN(std::string text, read_file(path));
+  return parse_kernel_profile(text, path);
+}
+
+std::string kernel_profile_json(const KernelProfile& profile) {
+  nlohmann::ordered_json j;
+  j["version"] = 1;
+  j["device"] = profile.device;
+  j["threads"] = profile.threads;
+  j["head_dim"] = profile.head_dim;
+  j["dtype"] = profile.dtype;
+  j["entries"] = nlohmann::ordered_json::array();
+  for (const auto& e : profile.entries) {
+    j["entries"].push_back(
+        {{"block_len", e.block_len}, {"heads", e.heads}, {"fwd_gflops", e.fwd_gflops}, {"bwd_gflops", e.bwd_gflops}});
+  }
+  return j.dump(1) + "\n";
+}
+
+namespace {
+
+// Linear interpolation in log2(x) over sorted xs; flat above the last point,
+// proportional below the first.
+double interp_log(const std::vector<double>& xs, const std::vector<double>& ys, double x) {
+  if (x <= xs.front()) return ys.front() * x / xs.front();
+  if (x >= xs.back()) return ys.back();
+  const std::size_t i = static_cast<std::size_t>(std::upper_bound(xs.begin(), xs.end(), x) - xs.begin());
+  const double t = (std::log2(x) - std::log2(xs[i - 1])) / (std::log2(xs[i]) - std::log2(xs[i - 1]));
+  return ys[i - 1] + t * (ys[i] - ys[i - 1]);
+}
+
+}  // namespace
+
+ThroughputTable::ThroughputTable(const KernelProfile& profile) {
+  // std::map keeps rows and points ordered, hence deterministic.
+  std::map<std::int64_t, std::map<std::int64_t, const ThroughputEntry*>> grid;
+  for (const auto& e : profile.entries) grid[e.heads][e.block_len] = &e;
+  for (const auto& [h, pts] : grid) {
+    Row row{static_cast<double>(h), {}, {}, {}};
+    for (const auto& [len, e] : pts) {
+      row.len.push_back(static_cast<double>(len));
+      row.fwd.push_back(e->fwd_gflops);
+      row.bwd.push_back(e->bwd_gflops);
+    }
+    rows_.push_back(std::move(row));
+  }
+}
+
+double ThroughputTable::gflops(double block_len, double heads, bool backward) const {
+  if (rows_.empty() || block_len <= 0 || heads <= 0) return 0;
+  std::vector<double> hs, gs;
+  hs.reserve(rows_.size());
+  gs.reserve(rows_.size());
+  for (const auto& r : rows_) {
+    hs.push_back(r.heads);
+    gs.push_back(interp_log(r.len, backward ? r.bwd : r.fwd, block_len));
+  }
+  return interp_log(hs, gs, heads);
+}
+
+double ThroughputTable::seconds(double flops, double block_len, double heads, bool backward) const {
+  if (flops <= 0) return 0;
+  return flops / (gflops(block_len, heads, backward) * 1e9);
+}
+
+double profile_gflops(const KernelProfile& profile, double block_len, double heads, bool backward) {
+  return ThroughputTable(profile).gflops(block_len, heads, backward);
+}
+
+double compute_seconds(const KernelProfile& profile, double flops, double block_len, double heads, bool backward) {
+  return ThroughputTable(profile).seconds(flops, block_len, heads, backward);
+}
+
+std::vector<double> alltoall_seconds(const Interconnect& net, std::span<const std::int64_t> bytes,
+                                     std::span<const std::int64_t> gpu_of_worker) {
+  const std::size_t w = gpu_of_worker.size();
+  std::vector<double> send_intra(w, 0), send_inter(w, 0), recv_intra(w, 0), recv_inter(w, 0);
+  std::vector<std::int64_t> sent(w, 0), received(w, 0);
+  for (std::size_t s = 0; s < w; ++s) {
+    for (std::size_t d = 0; d < w; ++d) {
+      const std::int64_t b = bytes[s * w + d];
+      if (s == d || b == 0) continue;
+      const bool same_node = gpu_of_worker[s] / net.gpus_per_node == gpu_of_worker[d] / net.gpus_per_node;
+      (same_node ? send_intra : send_inter)[s] += static_cast<double>(b);
+      (same_node ? recv_intra : recv_inter)[d] += static_cast<double>(b);
+      ++sent[s];
+      ++received[d];
+    }
+  }
+  std::vector<double> t(w, 0);
+  const double bi = net.intra_node_gbps * 1e9;
+  const double be = net.inter_node_gbps * 1e9;
+  for (std::size_t r = 0; r < w; ++r) {
+    const double transfer =
+        std::max({send_intra[r] / bi, send_inter[r] / be, recv_intra[r] / bi, recv_inter[r] / be});
+    t[r] = transfer + net.latency_us * 1e-6 * static_cast<double>(std::max(sent[r], received[r]));
+  }
+  return t;
+}
+
+double serial_seconds(const PhaseSeconds& step) { return step.dispatch + step.compute + step.ret; }
+
+double pipelined_seconds(const PhaseSeconds& chunk, std::int64_t chunks) {
+  double t = chunk.dispatch;
+  for (std::int64_t m = 0; m < chunks; ++m) {
+    const double comm = (m + 1 < chunks ? chunk.dispatch : 0.0) + (m > 0 ? chunk.ret : 0.0);
+    t += std::max(chunk.compute, comm);
+  }
+  return t + chunk.ret;
+}
+
+double pipelined_seconds(std::span<const PhaseSeconds> chunks) {
+  if (chunks.empty()) return 0;
+  const std::size_t m_count = chunks.size();
+  double t = chunks[0].dispatch;
+  for (std::size_t m = 0; m < m_count; ++m) {
+    const double comm = (m + 1 < m_count ? chunks[m + 1].dispatch : 0.0) + (m > 0 ? chunks[m - 1].ret : 0.0);
+    t += std::max(chunks[m].compute, comm);
+  }
+  return t + chunks[m_count - 1].ret;
+}
+
+double noise_factor(const DeviceNoise& noise, std::uint64_t window, std::uint64_t step, std::uint64_t gpu) {
+  if (noise.sigma == 0) return 1.0;
+  std::uint64_t h = splitmix64(noise.seed);
+  h = splitmix64(h ^ window);
+  h = splitmix64(h ^ (step * 0x100000001b3ULL));
+  h = splitmix64(h ^ (gpu * 0xc2b2ae3d27d4eb4fULL));
+  const std::uint64_t h2 = splitmix64(h);
+  // Two uniforms in (0, 1) from the top 53 bits; Box-Muller to one normal.
+  const double u1 = (static_cast<double>(h >> 11) + 0.5) * 0x1.0p-53;
+  const double u2 = (static_cast<double>(h2 >> 11) + 0.5) * 0x1.0p-53;
+  constexpr double kTwoPi = 6.283185307179586476925286766559;
+  double z = std::sqrt(-2.0 * std::log(u1)) * std::cos(kTwoPi * u2);
+  z = std::clamp(z, -4.0, 4.0);
+  return std::max(0.05, 1.0 + noise.sigma * z);
+}
+
+double linear_seconds(const StepModel& step, const ModelShape& model, double tokens, double gpus, bool backward) {
+  const double flops_per_token = (backward ? 4.0 : 2.0) * model.active_params;
+  return flops_per_token * tokens / gpus / (step.linear_tflops * 1e12);
+}
+
+double allreduce_seconds(const Interconnect& net, double bytes, std::int64_t dp) {
+  if (dp <= 1) return 0;
+  const double n = static_cast<double>(dp);
+  return 2.0 * (n - 1) / n * bytes / (net.inter_node_gbps * 1e9) + 2.0 * (n - 1) * net.latency_us * 1e-6;
+}
+
+Status validate_cost_model(const CostModel& m) {
+  auto positive = [](double v) { return v > 0 && std::isfinite(v); };
+  if (!positive(m.net.intra_node_gbps)) {
+    return invalid_input(fmt::format("--intra-node-gbps {}: bandwidth must be positive", m.net.intra_node_gbps));
+  }
+  if (!positive(m.net.inter_node_gbps)) {
+    return invalid_input(fmt::format("--inter-node-gbps {}: bandwidth must be positive", m.net.inter_node_gbps));
+  }
+  if (!(m.net.latency_us >= 0) || !std::isfinite(m.net.latency_us)) {
+    return invalid_input(fmt::format("--latency-us {}: must be a non-negative number", m.net.latency_us));
+  }
+  if (m.net.gpus_per_node < 1) {
+    return invalid_input(fmt::format("--gpus-per-node {}: must be at least 1", m.net.gpus_per_node));
+  }
+  if (!(m.noise.sigma >= 0) || !(m.noise.sigma < 1)) {
+    return invalid_input(fmt::format("--noise-sigma {}: must be in [0, 1)", m.noise.sigma));
+  }
+  if (!positive(m.step.linear_tflops)) {
+    return invalid_input(fmt::format("--linear-tflops {}: must be positive", m.step.linear_tflops));
+  }
+  if (m.kernel.entries.empty()) return invalid_input("--kernel-profile: the profile has no entries");
+  return {};
+}
+
+}  // namespace libra
