@@ -1,0 +1,55 @@
+// Internal: the random stream and length model behind the built-in corpora,
+// exposed to the tests and the calibration notes in docs/corpora.md.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace libra::detail {
+
+// splitmix64 (Steele, Lea, Flood 2014): a tiny generator whose output is the
+// same on every platform, unlike std:: distributions.
+class SplitMix64 {
+ public:
+  explicit SplitMix64(std::uint64_t seed) : state_(seed) {}
+  std::uint64_t next() {
+    std::uint64_t z = (state_ += 0x9E3779B97F4A7C15ULL);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+  }
+  // Uniform in the open interval (0, 1): the top 53 bits plus one half.
+  double next_unit() { return (static_cast<double>(next() >> 11) + 0.5) * 0x1.0p-53; }
+
+ private:
+  std::uint64_t state_;
+};
+
+// Standard normal quantile Phi^-1(p) for p in (0, 1).
+double inverse_normal_cdf(double p);
+
+// Sample lengths with a lognormal body up to the p99 and a Pareto tail above
+// it, truncated at max_length:
+//   Q(u) = exp(mu + sigma * Phi^-1(u))                 u <= 0.99
+//   Q(u) = p99 * (1 - v * (1 - (p99 / max)^alpha))^(-1 / alpha)
+//          with v = (u - 0.99) / 0.01                   u >  0.99
+// with mu = ln(median), sigma = ln(p99 / median) / Phi^-1(0.99): the tail is
+// a Pareto of index alpha truncated to [p99, max], so Q(0.5) is the median,
+// Q(0.99) the p99 and Q(1) the maximum exactly (before rounding).
+class LengthModel {
+ public:
+  static constexpr double kTailStart = 0.99;
+  LengthModel(double median, double p99, double tail_alpha, std::int64_t max_length);
+  double quantile(double u) const;
+  // Maps a uniform (0, 1) draw to a length in [1, max_length].
+  std::int64_t sample(double uniform01) const;
+
+ private:
+  double mu_, sigma_, x0_, alpha_;
+  std::int64_t max_;
+  double tail_cut_ = 0;
+};
+
+std::vector<std::int64_t> generate_lengths(const LengthModel& model, std::int64_t count, std::uint64_t seed);
+
+}  // namespace libra::detail

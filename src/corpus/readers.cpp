@@ -1,0 +1,465 @@
+// Corpus readers (plain text, JSON Lines, Megatron .idx), format detection,
+// writers and the file/builtin front door load_corpus.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <utility>
+
+#include "corpus/text_util.hpp"
+#include "libra/checked.hpp"
+#include "libra/corpus.hpp"
+#include "libra/packing.hpp"
+#include "libra/workload.hpp"
+
+namespace libra {
+
+namespace {
+
+constexpr std::int64_t kInt64Max = std::numeric_limits<std::int64_t>::max();
+
+bool is_blank(char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n' || c == '\v' || c == '\f'; }
+
+std::string_view trim(std::string_view s) {
+  while (!s.empty() && is_blank(s.front())) s.remove_prefix(1);
+  while (!s.empty() && is_blank(s.back())) s.remove_suffix(1);
+  return s;
+}
+
+// Calls f(line_number, line) for each '\n'-separated line; stops at the
+// first error f returns.
+template <class F>
+Status for_each_line(std::string_view text, F&& f) {
+  std::int64_t line_no = 0;
+  while (!text.empty()) {
+    ++line_no;
+    const std::size_t nl = text.find('\n');
+    const std::string_view line = text.substr(0, nl);
+    LIBRA_TRY(f(line_no, line));
+    if (nl == std::string_view::npos) break;
+    text.remove_prefix(nl + 1);
+  }
+  return {};
+}
+
+std::string where(std::string_view name, std::int64_t line_no) {
+  return std::string(name) + ":" + std::to_string(line_no) + ": ";
+}
+
+// Memory-mapped read-only view of a whole regular file.
+class MappedFile {
+ public:
+  MappedFile() = default;
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+  ~MappedFile() {
+    if (data_ != nullptr) ::munmap(data_, size_);
+  }
+
+  Status open(const std::string& path) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return io_error(path + ": cannot open: " + std::strerror(errno));
+    struct stat st {};
+    if (::fstat(fd, &st) != 0) {
+      const int saved = errno;
+      ::close(fd);
+      return io_error(path + ": cannot stat: " + std::strerror(saved));
+    }
+    if (!S_ISREG(st.st_mode)) {
+      ::close(fd);
+      return io_error(path + ": not a regular file");
+    }
+    size_ = static_cast<std::size_t>(st.st_size);
+    if (size_ > 0) {
+      void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
+      if (p == MAP_FAILED) {
+        const int saved = errno;
+        ::close(fd);
+        size_ = 0;
+        return io_error(path + ": cannot memory-map: " + std::strerror(saved));
+      }
+      data_ = p;
+    }
+    ::close(fd);
+    return {};
+  }
+
+  std::span<const unsigned char> bytes() const {
+    return {static_cast<const unsigned char*>(data_), data_ == nullptr ? 0 : size_};
+  }
+
+ private:
+  void* data_ = nullptr;
+  std::size_t size_ = 0;
+};
+
+std::uint64_t read_u64(const unsigned char* p) {
+  std::uint64_t v = 0;
+  for (int i = 7; i >= 0; --i) v = (v << 8) | p[i];
+  return v;
+}
+std::int64_t read_i64(const unsigned char* p) {
+  const std::uint64_t u = read_u64(p);
+  std::int64_t v;
+  std::memcpy(&v, &u, sizeof v);
+  return v;
+}
+std::int32_t read_i32(const unsigned char* p) {
+  const std::uint32_t u = static_cast<std::uint32_t>(p[0]) | (static_cast<std::uint32_t>(p[1]) << 8) |
+                          (static_cast<std::uint32_t>(p[2]) << 16) | (static_cast<std::uint32_t>(p[3]) << 24);
+  std::int32_t v;
+  std::memcpy(&v, &u, sizeof v);
+  return v;
+}
+
+// Megatron-LM DType codes -> element size in bytes (megatron/core/datasets/indexed_dataset.py).
+std::int64_t megatron_dtype_size(unsigned code) {
+  switch (code) {
+    case 1: return 1;  // uint8
+    case 2: return 1;  // int8
+    case 3: return 2;  // int16
+    case 4: return 4;  // int32
+    case 5: return 8;  // int64
+    case 6: return 8;  // float64
+    case 7: return 4;  // float32
+    case 8: return 2;  // uint16
+    default: return 0;
+  }
+}
+
+}  // namespace
+
+Result<std::vector<std::int64_t>> parse_length_lines(std::string_view text, std::string_view name) {
+  std::vector<std::int64_t> lengths;
+  std::int64_t total = 0;
+  Status s = for_each_line(text, [&](std::int64_t line_no, std::string_view raw) -> Status {
+    const std::string_view line = trim(raw);
+    if (line.empty()) return {};
+    std::int64_t value = 0;
+    bool digits_only = true;
+    for (char c : line) {
+      if (c < '0' || c > '9') {
+        digits_only = false;
+        break;
+      }
+    }
+    if (!digits_only) {
+      return invalid_input(where(name, line_no) + "expected a positive integer, got " + detail::quoted(line));
+    }
+    for (char c : line) {
+      auto next = checked_mul(value, 10);
+      if (next) next = checked_add(*next, c - '0');
+      if (!next) {
+        return invalid_input(where(name, line_no) + "sample length " + detail::quoted(line) +
+                             " exceeds the 64-bit range");
+      }
+      value = *next;
+    }
+    if (value == 0) {
+      return invalid_input(where(name, line_no) + "expected a positive integer, got " + detail::quoted(line));
+    }
+    auto sum = checked_add(total, value);
+    if (!sum) return invalid_input(where(name, line_no) + "total token count exceeds the 64-bit range");
+    total = *sum;
+    lengths.push_back(value);
+    return {};
+  });
+  if (!s.ok()) return s.error();
+  if (lengths.empty()) return invalid_input(std::string(name) + ": no sample lengths (the file is empty)");
+  return lengths;
+}
+
+Result<std::vector<PackedSequence>> parse_packed_jsonl(std::string_view text, std::string_view name,
+                                                       std::optional<std::int64_t> seq_len) {
+  using nlohmann::json;
+  std::vector<PackedSequence> sequences;
+  std::int64_t total = 0;
+  Status s = for_each_line(text, [&](std::int64_t line_no, std::string_view raw) -> Status {
+    const std::string_view line = trim(raw);
+    if (line.empty()) return {};
+    json value;
+    try {
+      value = json::parse(line.begin(), line.end());
+    } catch (const json::parse_error& e) {
+      // e.byte is 1-based within the trimmed line; report the column in the raw line.
+      const std::size_t lead = static_cast<std::size_t>(line.data() - raw.data());
+      return invalid_input(where(name, line_no) + "expected a JSON array of positive integers: invalid JSON at column " +
+                           std::to_string(e.byte + lead));
+    }
+    if (!value.is_array()) {
+      return invalid_input(where(name, line_no) + "expected a JSON array of positive integers, got " +
+                           detail::quoted(line));
+    }
+    if (value.empty()) {
+      return invalid_input(where(name, line_no) + "empty packed sequence: a packed sequence needs at least one sample");
+    }
+    PackedSequence seq;
+    seq.reserve(value.size());
+    std::int64_t tokens = 0;
+    std::int64_t f = 0;
+    for (std::size_t k = 0; k < value.size(); ++k) {
+      const json& e = value[k];
+      const std::string at = where(name, line_no) + "element " + std::to_string(k + 1) + " ";
+      std::int64_t l = 0;
+      if (e.is_number_unsigned()) {
+        const auto u = e.get<std::uint64_t>();
+        if (u > static_cast<std::uint64_t>(kInt64Max)) {
+          return invalid_input(at + "(" + std::to_string(u) + ") exceeds the 64-bit range");
+        }
+        l = static_cast<std::int64_t>(u);
+      } else if (e.is_number_integer()) {
+        l = e.get<std::int64_t>();
+      } else {
+        return invalid_input(at + "is " + detail::quoted(e.dump()) + "; sample lengths must be positive integers");
+      }
+      if (l <= 0) {
+        return invalid_input(at + "is " + std::to_string(l) + "; sample lengths must be positive integers");
+      }
+      auto t = checked_add(tokens, l);
+      if (!t) return invalid_input(where(name, line_no) + "token count of the packed sequence exceeds the 64-bit range");
+      tokens = *t;
+      auto sq = checked_mul(l, l);
+      auto ff = sq ? checked_add(f, *sq) : std::nullopt;
+      if (!ff) {
+        return invalid_input(where(name, line_no) + "workload F = sum l^2 of the packed sequence exceeds the 64-bit range");
+      }
+      f = *ff;
+      seq.push_back(l);
+    }
+    if (seq_len && tokens > *seq_len) {
+      return invalid_input(where(name, line_no) + "packed sequence has " + std::to_string(tokens) +
+                           " tokens, more than the packed length " + std::to_string(*seq_len));
+    }
+    auto sum = checked_add(total, tokens);
+    if (!sum) return invalid_input(where(name, line_no) + "total token count exceeds the 64-bit range");
+    total = *sum;
+    sequences.push_back(std::move(seq));
+    return {};
+  });
+  if (!s.ok()) return s.error();
+  if (sequences.empty()) return invalid_input(std::string(name) + ": no packed sequences (the file is empty)");
+  return sequences;
+}
+
+Result<std::vector<std::int64_t>> parse_megatron_idx(std::span<const unsigned char> bytes, std::string_view name) {
+  const std::string file(name);
+  auto at = [&](std::uint64_t offset) { return file + ": byte " + std::to_string(offset) + ": "; };
+  constexpr std::size_t kMagic = 0, kVersion = 9, kDtype = 17, kSeqCount = 18, kDocCount = 26, kHeader = 34;
+  const std::size_t size = bytes.size();
+  if (size < kMegatronIdxMagic.size() ||
+      std::memcmp(bytes.data(), kMegatronIdxMagic.data(), kMegatronIdxMagic.size()) != 0) {
+    return invalid_input(at(kMagic) + "not a Megatron .idx file: expected the magic \"MMIDIDX\\0\\0\"");
+  }
+  if (size < kHeader) {
+    return invalid_input(at(size) + "file ends inside the " + std::to_string(kHeader) + "-byte .idx header");
+  }
+  const unsigned char* p = bytes.data();
+  const std::uint64_t version = read_u64(p + kVersion);
+  if (version != 1) {
+    return invalid_input(at(kVersion) + "version " + std::to_string(version) + " is not supported (expected 1)");
+  }
+  const unsigned dtype = p[kDtype];
+  const std::int64_t item = megatron_dtype_size(dtype);
+  if (item == 0) {
+    return invalid_input(at(kDtype) + "dtype code " + std::to_string(dtype) + " is not a Megatron dtype (1..8)");
+  }
+  const std::uint64_t seqs = read_u64(p + kSeqCount);
+  const std::uint64_t docs = read_u64(p + kDocCount);
+  const std::uint64_t left = size - kHeader;
+  // 4 bytes of length and 8 of pointer per sequence, 8 per document-index entry.
+  std::uint64_t seq_bytes = 0, doc_bytes = 0, need = 0;
+  const bool overflow = __builtin_mul_overflow(seqs, std::uint64_t{12}, &seq_bytes) ||
+                        __builtin_mul_overflow(docs, std::uint64_t{8}, &doc_bytes) ||
+                        __builtin_add_overflow(seq_bytes, doc_bytes, &need);
+  if (overflow || need > left) {
+    return invalid_input(at(kSeqCount) + "sequence count " + std::to_string(seqs) + " and document count " +
+                         std::to_string(docs) + " need " + (overflow ? std::string("more than 2^64") : std::to_string(need)) +
+                         " bytes of arrays but the file has " + std::to_string(left) + " left");
+  }
+  if (need < left) {
+    return invalid_input(at(kHeader + need) + std::to_string(left - need) +
+                         " unexpected bytes after the document index (sequence count " + std::to_string(seqs) +
+                         ", document count " + std::to_string(docs) + ")");
+  }
+  if (seqs == 0) return invalid_input(at(kSeqCount) + "sequence count is 0: no sample lengths");
+  if (docs == 0) return invalid_input(at(kDocCount) + "document count is 0: the document index needs at least the leading 0");
+
+  const std::size_t n = static_cast<std::size_t>(seqs);
+  const std::size_t len_off = kHeader, ptr_off = kHeader + 4 * n, doc_off = kHeader + 12 * n;
+  std::vector<std::int64_t> lengths(n);
+  std::int64_t total = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::int32_t l = read_i32(p + len_off + 4 * i);
+    if (l <= 0) {
+      return invalid_input(at(len_off + 4 * i) + "sequence " + std::to_string(i) + " has length " + std::to_string(l) +
+                           "; lengths must be positive");
+    }
+    lengths[i] = l;
+  }
+  for (std::size_t i = 0; i < n; ++i) {
+    // Megatron writes pointer[i] = item size * (sum of the lengths before i).
+    const std::int64_t ptr = read_i64(p + ptr_off + 8 * i);
+    std::optional<std::int64_t> expected = checked_mul(total, item);
+    if (!expected || ptr != *expected) {
+      return invalid_input(at(ptr_off + 8 * i) + "pointer of sequence " + std::to_string(i) + " is " +
+                           std::to_string(ptr) + ", expected " + (expected ? std::to_string(*expected) : "overflow") +
+                           " (dtype size " + std::to_string(item) + " times the tokens before it)");
+    }
+    total += lengths[i];  // n < 2^61 and each length < 2^31: cannot overflow
+  }
+  std::int64_t prev = 0;
+  const std::size_t d = static_cast<std::size_t>(docs);
+  for (std::size_t k = 0; k < d; ++k) {
+    const std::int64_t v = read_i64(p + doc_off + 8 * k);
+    const bool ok = (k == 0) ? v == 0 : (v >= prev && v <= static_cast<std::int64_t>(n));
+    if (!ok) {
+      return invalid_input(at(doc_off + 8 * k) + "document index entry " + std::to_string(k) + " is " +
+                           std::to_string(v) + "; entries must start at 0 and rise to the sequence count " +
+                           std::to_string(n));
+    }
+    prev = v;
+  }
+  if (prev != static_cast<std::int64_t>(n)) {
+    return invalid_input(at(doc_off + 8 * (d - 1)) + "last document index entry is " + std::to_string(prev) +
+                         ", expected the sequence count " + std::to_string(n));
+  }
+  return lengths;
+}
+
+namespace {
+
+Result<Corpus> parse_corpus_with(std::span<const unsigned char> bytes, const std::string& name,
+                                 std::optional<std::int64_t> seq_len) {
+  Corpus c;
+  c.source = name;
+  if (bytes.size() >= kMegatronIdxMagic.size() &&
+      std::memcmp(bytes.data(), kMegatronIdxMagic.data(), kMegatronIdxMagic.size()) == 0) {
+    LIBRA_ASSIGN_OR_RETURN(c.raw_lengths, parse_megatron_idx(bytes, name));
+    c.kind = CorpusKind::kRaw;
+    c.format = CorpusFormat::kMegatronIdx;
+    return c;
+  }
+  const std::string_view text(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+  const std::string_view content = trim(text);
+  if (content.empty()) return invalid_input(name + ": the file is empty: no sample lengths");
+  if (content.front() == '[') {
+    LIBRA_ASSIGN_OR_RETURN(c.packed, parse_packed_jsonl(text, name, seq_len));
+    c.kind = CorpusKind::kPacked;
+    c.format = CorpusFormat::kJsonLines;
+    return c;
+  }
+  LIBRA_ASSIGN_OR_RETURN(c.raw_lengths, parse_length_lines(text, name));
+  c.kind = CorpusKind::kRaw;
+  c.format = CorpusFormat::kText;
+  return c;
+}
+
+}  // namespace
+
+Result<Corpus> parse_corpus(std::span<const unsigned char> bytes, const std::string& name) {
+  return parse_corpus_with(bytes, name, std::nullopt);
+}
+
+std::string format_length_lines(std::span<const std::int64_t> lengths) {
+  std::string out;
+  out.reserve(lengths.size() * 6);
+  for (std::int64_t l : lengths) {
+    out += std::to_string(l);
+    out += '\n';
+  }
+  return out;
+}
+
+std::string format_packed_jsonl(std::span<const PackedSequence> sequences) {
+  std::string out;
+  for (const PackedSequence& seq : sequences) {
+    out += '[';
+    for (std::size_t k = 0; k < seq.size(); ++k) {
+      if (k > 0) out += ',';
+      out += std::to_string(seq[k]);
+    }
+    out += "]\n";
+  }
+  return out;
+}
+
+namespace {
+
+constexpr std::string_view kBuiltinPrefix = "builtin:";
+
+Result<Corpus> load_builtin(const std::string& source) {
+  std::string_view rest = std::string_view(source).substr(kBuiltinPrefix.size());
+  std::optional<std::uint64_t> seed;
+  const std::size_t colon = rest.find(':');
+  std::string_view name = rest.substr(0, colon);
+  if (colon != std::string_view::npos) {
+    const std::string_view digits = rest.substr(colon + 1);
+    std::uint64_t v = 0;
+    bool ok = !digits.empty() && digits.size() <= 20;
+    for (char ch : digits) {
+      if (ch < '0' || ch > '9' || __builtin_mul_overflow(v, std::uint64_t{10}, &v) ||
+          __builtin_add_overflow(v, static_cast<std::uint64_t>(ch - '0'), &v)) {
+        ok = false;
+        break;
+      }
+    }
+    if (!ok) {
+      return invalid_input(detail::quoted(source) + ": the seed after the second ':' must be a decimal integer in [0, 2^64)");
+    }
+    seed = v;
+  }
+  LIBRA_ASSIGN_OR_RETURN(Corpus c, builtin_corpus(name, seed));
+  c.source = source;
+  return c;
+}
+
+Result<Corpus> load_corpus_checked(const std::string& source, std::optional<std::int64_t> seq_len) {
+  if (source.starts_with(kBuiltinPrefix)) return load_builtin(source);
+  if (source.empty()) return invalid_input("corpus source: empty path");
+  MappedFile file;
+  LIBRA_TRY(file.open(source));
+  return parse_corpus_with(file.bytes(), source, seq_len);
+}
+
+}  // namespace
+
+Result<Corpus> load_corpus(const std::string& source) { return load_corpus_checked(source, std::nullopt); }
+
+Result<std::vector<PackedSequence>> load_packed_sequences(const std::string& source,
+                                                          std::optional<std::int64_t> seq_len) {
+  if (seq_len && (*seq_len < 1 || *seq_len > kMaxSeqLen)) {
+    return invalid_input(source + ": packed length " + std::to_string(*seq_len) + " must be in [1, " +
+                         std::to_string(kMaxSeqLen) + "]");
+  }
+  LIBRA_ASSIGN_OR_RETURN(Corpus c, load_corpus_checked(source, seq_len));
+  if (c.kind == CorpusKind::kPacked) {
+    if (seq_len) {
+      // Builtins are raw, files were checked line by line; this guards hand-built corpora.
+      for (std::size_t i = 0; i < c.packed.size(); ++i) {
+        std::int64_t tokens = 0;
+        for (std::int64_t l : c.packed[i]) tokens += l;
+        if (tokens > *seq_len) {
+          return invalid_input(source + ": packed sequence " + std::to_string(i) + " has " + std::to_string(tokens) +
+                               " tokens, more than the packed length " + std::to_string(*seq_len));
+        }
+      }
+    }
+    return std::move(c.packed);
+  }
+  const std::int64_t length = seq_len ? *seq_len : c.default_seq_len;
+  if (length <= 0) {
+    return invalid_input(source + ": raw sample lengths have no default packed length; give one (--seq-len)");
+  }
+  PackOptions opts;
+  opts.seq_len = length;
+  LIBRA_ASSIGN_OR_RETURN(PackResult r, pack(c.raw_lengths, opts));
+  return std::move(r.sequences);
+}
+
+}  // namespace libra
