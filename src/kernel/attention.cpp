@@ -1,0 +1,316 @@
+// The attention kernel's driver: validation, work decomposition into blocks,
+// packing of K/V (and Q/dO for the backward pass) into padded fp32 panels,
+// static deterministic assignment of blocks to threads, and the dQ
+// reduction. The block arithmetic itself is in attention_simd.cpp.
+#include <algorithm>
+#include <barrier>
+#include <cmath>
+#include <map>
+#include <numeric>
+#include <thread>
+#include <vector>
+
+#include <hwy/aligned_allocator.h>
+
+#include "kernel/detail.hpp"
+#include "libra/kernel.hpp"
+
+namespace libra::kernel {
+
+namespace {
+
+using detail::BwdTask;
+using detail::FwdTask;
+using detail::Group;
+using detail::kBk;
+using detail::kBq;
+using I64 = std::int64_t;
+
+struct Layout {
+  std::vector<Group> groups;
+  std::vector<std::int32_t> frag_group;  // group of each fragment (-1: empty fragment)
+  I64 total_blocks = 0;
+  bool groups_overlap = false;  // distinct groups share K rows: dK/dV must not be split across threads
+};
+
+Layout make_layout(std::span<const Fragment> frags) {
+  Layout lay;
+  lay.frag_group.assign(frags.size(), -1);
+  std::map<I64, std::int32_t> by_row;  // ordered: deterministic group numbering
+  for (std::size_t i = 0; i < frags.size(); ++i) {
+    if (frags[i].a == frags[i].e) continue;
+    by_row.emplace(frags[i].kv_row, 0);
+  }
+  for (auto& [row, idx] : by_row) {
+    idx = static_cast<std::int32_t>(lay.groups.size());
+    lay.groups.push_back(Group{row, 0, 0, 0, {}});
+  }
+  for (std::size_t i = 0; i < frags.size(); ++i) {
+    if (frags[i].a == frags[i].e) continue;
+    const std::int32_t gi = by_row.at(frags[i].kv_row);
+    lay.frag_group[i] = gi;
+    Group& g = lay.groups[static_cast<std::size_t>(gi)];
+    g.len = std::max(g.len, frags[i].e);
+    g.frags.push_back(static_cast<std::int32_t>(i));
+  }
+  for (std::size_t i = 0; i < lay.groups.size(); ++i) {
+    Group& g = lay.groups[i];
+    g.nblocks = (g.len + kBk - 1) / kBk;
+    g.block_off = lay.total_blocks;
+    lay.total_blocks += g.nblocks;
+    if (i > 0 && lay.groups[i - 1].kv_row + lay.groups[i - 1].len > g.kv_row) lay.groups_overlap = true;
+  }
+  return lay;
+}
+
+// Longest-processing-time-first onto `threads` bins; ties by index, so the
+// assignment (and every floating-point summation order) is reproducible.
+template <class Task>
+std::vector<std::vector<Task>> assign(std::vector<Task> tasks, int threads) {
+  std::vector<std::size_t> order(tasks.size());
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  std::stable_sort(order.begin(), order.end(),
+                   [&](std::size_t x, std::size_t y) { return tasks[x].cost > tasks[y].cost; });
+  std::vector<std::vector<Task>> bins(static_cast<std::size_t>(threads));
+  std::vector<I64> load(static_cast<std::size_t>(threads), 0);
+  for (std::size_t i : order) {
+    const auto t = static_cast<std::size_t>(std::min_element(load.begin(), load.end()) - load.begin());
+    bins[t].push_back(tasks[i]);
+    load[t] += tasks[i].cost;
+  }
+  return bins;
+}
+
+// Runs body(thread_id, barrier) on `threads` threads (the caller is thread 0).
+template <class Body>
+void run_threads(int threads, Body&& body) {
+  std::barrier sync(threads);
+  if (threads == 1) {
+    body(0, sync);
+    return;
+  }
+  std::vector<std::jthread> pool;
+  pool.reserve(static_cast<std::size_t>(threads - 1));
+  for (int t = 1; t < threads; ++t) pool.emplace_back([&body, &sync, t] { body(t, sync); });
+  body(0, sync);
+}
+
+float resolve_scale(float s, I64 d) { return s == 0.0f ? 1.0f / std::sqrt(static_cast<float>(d)) : s; }
+
+// Packs keys [0, len) of group g.. for KV head `head` of `src`: transposed
+// block tiles [block][dp][kBk] (t != nullptr) and/or rows [block*kBk][dp].
+void pack_kv(const ConstTensor& src, I64 head, const Group& gr, I64 jb, I64 d, I64 dp, float* t, float* r) {
+  const I64 j0 = jb * kBk;
+  if (t != nullptr) {
+    float* tile = t + (gr.block_off + jb) * dp * kBk;
+    std::fill(tile, tile + dp * kBk, 0.0f);
+    for (I64 j = 0; j < kBk && j0 + j < gr.len; ++j) {
+      const I64 off = detail::elem_offset(src, gr.kv_row + j0 + j, head);
+      for (I64 c = 0; c < d; ++c) tile[c * kBk + j] = detail::load_elem(src.data, src.dtype, off + c);
+    }
+  }
+  if (r != nullptr) {
+    float* rows = r + (gr.block_off + jb) * kBk * dp;
+    std::fill(rows, rows + kBk * dp, 0.0f);
+    for (I64 j = 0; j < kBk && j0 + j < gr.len; ++j) {
+      const I64 off = detail::elem_offset(src, gr.kv_row + j0 + j, head);
+      for (I64 c = 0; c < d; ++c) rows[j * dp + c] = detail::load_elem(src.data, src.dtype, off + c);
+    }
+  }
+}
+
+struct PackItem {
+  std::int32_t group;
+  I64 jb;
+};
+
+std::vector<PackItem> pack_items(const Layout& lay) {
+  std::vector<PackItem> items;
+  for (std::size_t gi = 0; gi < lay.groups.size(); ++gi) {
+    for (I64 jb = 0; jb < lay.groups[gi].nblocks; ++jb) items.push_back({static_cast<std::int32_t>(gi), jb});
+  }
+  return items;
+}
+
+hwy::AlignedFreeUniquePtr<float[]> alloc(I64 n) {
+  return hwy::AllocateAligned<float>(static_cast<std::size_t>(std::max<I64>(n, 1)));
+}
+
+}  // namespace
+
+std::string simd_target() { return detail::best_target_name(); }
+
+Status attention_forward(const ForwardArgs& args) {
+  LIBRA_TRY(validate(args));
+  const Layout lay = make_layout(args.fragments);
+  if (lay.groups.empty()) return {};
+  const I64 d = args.q.head_dim, dp = detail::round_up(d, detail::kPadTo);
+  const I64 hkv = args.k.heads, hg = args.q.heads / hkv, w = args.window;
+  std::vector<FwdTask> tasks;
+  for (std::size_t fi = 0; fi < args.fragments.size(); ++fi) {
+    const Fragment& f = args.fragments[fi];
+    for (I64 i0 = 0; i0 < f.e - f.a; i0 += kBq) {
+      const I64 m = std::min(kBq, f.e - f.a - i0);
+      const I64 blocks = (f.a + i0 + m - 1) / kBk - detail::first_key(f.a + i0, w) / kBk + 1;
+      for (I64 h = 0; h < hg; ++h) {
+        tasks.push_back({static_cast<std::int32_t>(fi), static_cast<std::int32_t>(h), i0, m, blocks * (m + 8)});
+      }
+    }
+  }
+  const int threads = static_cast<int>(std::min<std::size_t>(static_cast<std::size_t>(args.threads), tasks.size()));
+  const auto bins = assign(std::move(tasks), threads);
+  const auto items = pack_items(lay);
+  auto kt = alloc(lay.total_blocks * dp * kBk);
+  auto vr = alloc(lay.total_blocks * kBk * dp);
+  auto scratch = alloc(threads * detail::fwd_scratch_floats(dp));
+  detail::FwdCtx cx;
+  cx.args = args;
+  cx.d = d;
+  cx.dp = dp;
+  cx.hg = hg;
+  cx.scale = resolve_scale(args.softmax_scale, d);
+  cx.groups = &lay.groups;
+  cx.frag_group = &lay.frag_group;
+  cx.kt = kt.get();
+  cx.v = vr.get();
+  run_threads(threads, [&](int t, std::barrier<>& sync) {
+    float* mine = scratch.get() + t * detail::fwd_scratch_floats(dp);
+    for (I64 g = 0; g < hkv; ++g) {
+      for (std::size_t i = static_cast<std::size_t>(t); i < items.size(); i += static_cast<std::size_t>(threads)) {
+        const Group& gr = lay.groups[static_cast<std::size_t>(items[i].group)];
+        pack_kv(args.k, g, gr, items[i].jb, d, dp, kt.get(), nullptr);
+        pack_kv(args.v, g, gr, items[i].jb, d, dp, nullptr, vr.get());
+      }
+      sync.arrive_and_wait();
+      detail::FwdCtx local = cx;
+      local.g = g;
+      for (const FwdTask& task : bins[static_cast<std::size_t>(t)]) detail::forward_task(local, task, mine);
+      sync.arrive_and_wait();  // the packed panels are overwritten for the next KV head
+    }
+  });
+  return {};
+}
+
+Status attention_backward(const BackwardArgs& args) {
+  LIBRA_TRY(validate(args));
+  const Layout lay = make_layout(args.fragments);
+  if (lay.groups.empty()) return {};
+  const I64 d = args.q.head_dim, dp = detail::round_up(d, detail::kPadTo);
+  const I64 hkv = args.k.heads, hg = args.q.heads / hkv, w = args.window, rows = args.q.rows;
+  const float scale = resolve_scale(args.softmax_scale, d);
+  std::vector<BwdTask> tasks;
+  for (std::size_t gi = 0; gi < lay.groups.size(); ++gi) {
+    const Group& gr = lay.groups[gi];
+    for (I64 jb = 0; jb < gr.nblocks; ++jb) {
+      const I64 j0 = jb * kBk, jl = std::min(gr.len, j0 + kBk) - 1;
+      I64 cost = 0;
+      for (std::int32_t fi : gr.frags) {
+        const Fragment& f = args.fragments[static_cast<std::size_t>(fi)];
+        const I64 qlo = std::max(f.a, j0), qhi = detail::last_query(jl, w, f.e - 1);
+        if (qhi >= qlo) cost += qhi - qlo + 1 + 8;
+      }
+      if (cost > 0) tasks.push_back({static_cast<std::int32_t>(gi), jb, cost * hg});
+    }
+  }
+  // Distinct groups with overlapping K rows would race on dK/dV: one thread.
+  const int want = lay.groups_overlap ? 1 : args.threads;
+  const int threads = static_cast<int>(std::max<std::size_t>(
+      1, std::min<std::size_t>(static_cast<std::size_t>(want), tasks.size())));
+  const auto bins = assign(std::move(tasks), threads);
+  const auto items = pack_items(lay);
+  // Query-side rows to pack: every fragment row, split in chunks for threads.
+  struct RowChunk {
+    I64 row, n;
+  };
+  std::vector<RowChunk> chunks;
+  for (const Fragment& f : args.fragments) {
+    for (I64 i = 0; i < f.e - f.a; i += 256) chunks.push_back({f.q_row + i, std::min<I64>(256, f.e - f.a - i)});
+  }
+  auto kt = alloc(lay.total_blocks * dp * kBk);
+  auto vt = alloc(lay.total_blocks * dp * kBk);
+  auto kr = alloc(lay.total_blocks * kBk * dp);
+  auto qp = alloc(hg * rows * dp);
+  auto dop = alloc(hg * rows * dp);
+  auto lse = alloc(hg * rows);
+  auto delta = alloc(hg * rows);
+  auto dq = alloc(threads * hg * rows * dp);
+  auto scratch = alloc(threads * detail::bwd_scratch_floats(dp));
+  detail::BwdCtx cx;
+  cx.args = args;
+  cx.d = d;
+  cx.dp = dp;
+  cx.hg = hg;
+  cx.rows = rows;
+  cx.scale = scale;
+  cx.groups = &lay.groups;
+  cx.kt = kt.get();
+  cx.vt = vt.get();
+  cx.kr = kr.get();
+  cx.qp = qp.get();
+  cx.dop = dop.get();
+  cx.lse = lse.get();
+  cx.delta = delta.get();
+  run_threads(threads, [&](int t, std::barrier<>& sync) {
+    const auto tu = static_cast<std::size_t>(t), tn = static_cast<std::size_t>(threads);
+    float* mine = scratch.get() + t * detail::bwd_scratch_floats(dp);
+    float* my_dq = dq.get() + t * hg * rows * dp;
+    for (I64 g = 0; g < hkv; ++g) {
+      for (std::size_t i = tu; i < items.size(); i += tn) {
+        const Group& gr = lay.groups[static_cast<std::size_t>(items[i].group)];
+        pack_kv(args.k, g, gr, items[i].jb, d, dp, kt.get(), kr.get());
+        pack_kv(args.v, g, gr, items[i].jb, d, dp, vt.get(), nullptr);
+      }
+      for (std::size_t i = tu; i < chunks.size(); i += tn) {
+        for (I64 hl = 0; hl < hg; ++hl) {
+          const I64 h = g * hg + hl;
+          for (I64 row = chunks[i].row; row < chunks[i].row + chunks[i].n; ++row) {
+            float* q = qp.get() + (hl * rows + row) * dp;
+            float* o = dop.get() + (hl * rows + row) * dp;
+            const I64 oq = detail::elem_offset(args.q, row, h), odo = detail::elem_offset(args.d_o, row, h);
+            const I64 oo = detail::elem_offset(args.o, row, h);
+            double dsum = 0;
+            for (I64 c = 0; c < d; ++c) {
+              q[c] = detail::load_elem(args.q.data, args.q.dtype, oq + c);
+              o[c] = detail::load_elem(args.d_o.data, args.d_o.dtype, odo + c);
+              dsum += static_cast<double>(o[c]) * detail::load_elem(args.o.data, args.o.dtype, oo + c);
+            }
+            std::fill(q + d, q + dp, 0.0f);
+            std::fill(o + d, o + dp, 0.0f);
+            lse[hl * rows + row] = static_cast<const float*>(args.lse.data)[detail::elem_offset(args.lse, row, h)];
+            delta[hl * rows + row] = static_cast<float>(dsum);
+          }
+        }
+      }
+      for (std::size_t i = 0; i < chunks.size(); ++i) {
+        for (I64 hl = 0; hl < hg; ++hl) {
+          float* p = my_dq + (hl * rows + chunks[i].row) * dp;
+          std::fill(p, p + chunks[i].n * dp, 0.0f);
+        }
+      }
+      sync.arrive_and_wait();
+      detail::BwdCtx local = cx;
+      local.g = g;
+      for (const BwdTask& task : bins[tu]) detail::backward_task(local, task, mine, my_dq);
+      sync.arrive_and_wait();
+      // dQ = scale * sum over threads in thread order (deterministic).
+      for (std::size_t i = tu; i < chunks.size(); i += tn) {
+        for (I64 hl = 0; hl < hg; ++hl) {
+          const I64 h = g * hg + hl;
+          for (I64 row = chunks[i].row; row < chunks[i].row + chunks[i].n; ++row) {
+            const I64 off = detail::elem_offset(args.dq, row, h);
+            for (I64 c = 0; c < d; ++c) {
+              float s = 0.0f;
+              for (int u = 0; u < threads; ++u) s += dq[((u * hg + hl) * rows + row) * dp + c];
+              float old = args.accumulate_dq ? detail::load_elem(args.dq.data, args.dq.dtype, off + c) : 0.0f;
+              detail::store_elem(args.dq.data, args.dq.dtype, off + c, old + scale * s);
+            }
+          }
+        }
+      }
+      sync.arrive_and_wait();
+    }
+  });
+  return {};
+}
+
+}  // namespace libra::kernel

@@ -1,0 +1,279 @@
+// The SIMD bodies of the attention kernel: one register-blocked block
+// product (C += A * B with A read by scalar broadcast, so the same routine
+// serves Q K^T, P V, P^T dO, dS^T Q and dS K), the online softmax and the
+// backward block update. Highway compiles this file once per target
+// (AVX-512, AVX2, portable) and dispatches at run time.
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kernel/attention_simd.cpp"
+#ifndef HWY_DISABLED_TARGETS
+// SSSE3/SSE4 add compile time and no value on any x86-64 made since 2013.
+#define HWY_DISABLED_TARGETS (HWY_SSSE3 | HWY_SSE4)
+#endif
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+#include <hwy/contrib/math/math-inl.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include "kernel/detail.hpp"
+
+HWY_BEFORE_NAMESPACE();
+namespace libra::kernel::detail {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+using DF = hn::ScalableTag<float>;
+using VF = hn::Vec<DF>;
+using I64 = std::int64_t;
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// C[R x V*L] (+)= A[R x K] * B[K x V*L]; A(r, k) = a[r*ars + k*aks].
+// With accumulate, the old C rows are first scaled by cscale[r] (if given):
+// that is the online-softmax rescale of the output, fused into the store.
+template <int R, int V>
+HWY_INLINE void Tile(const float* HWY_RESTRICT a, I64 ars, I64 aks, const float* HWY_RESTRICT b, I64 ldb,
+                     float* HWY_RESTRICT c, I64 ldc, I64 kdim, const float* HWY_RESTRICT cscale, bool accumulate) {
+  const DF df;
+  const I64 L = static_cast<I64>(hn::Lanes(df));
+  VF s[R][V];
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < V; ++v) s[r][v] = hn::Zero(df);
+  for (I64 k = 0; k < kdim; ++k) {
+    VF bv[V];
+    for (int v = 0; v < V; ++v) bv[v] = hn::LoadU(df, b + k * ldb + v * L);
+    const float* ak = a + k * aks;
+    for (int r = 0; r < R; ++r) {
+      const VF av = hn::Set(df, ak[r * ars]);
+      for (int v = 0; v < V; ++v) s[r][v] = hn::MulAdd(av, bv[v], s[r][v]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    float* cr = c + r * ldc;
+    if (accumulate) {
+      if (cscale != nullptr) {
+        const VF sc = hn::Set(df, cscale[r]);
+        for (int v = 0; v < V; ++v) s[r][v] = hn::MulAdd(hn::LoadU(df, cr + v * L), sc, s[r][v]);
+      } else {
+        for (int v = 0; v < V; ++v) s[r][v] = hn::Add(hn::LoadU(df, cr + v * L), s[r][v]);
+      }
+    }
+    for (int v = 0; v < V; ++v) hn::StoreU(s[r][v], df, cr + v * L);
+  }
+}
+
+constexpr int kRows = 6;  // 6 rows x 4 vectors = 24 accumulators of 32 registers
+
+template <int V>
+HWY_INLINE void RowPanel(I64 m, const float* a, I64 ars, I64 aks, const float* b, I64 ldb, float* c, I64 ldc,
+                         I64 kdim, const float* cscale, bool acc) {
+  I64 r = 0;
+  for (; r + kRows <= m; r += kRows) {
+    Tile<kRows, V>(a + r * ars, ars, aks, b, ldb, c + r * ldc, ldc, kdim, cscale ? cscale + r : nullptr, acc);
+  }
+  const float* ar = a + r * ars;
+  float* cr = c + r * ldc;
+  const float* sr = cscale ? cscale + r : nullptr;
+  switch (m - r) {
+    case 5: Tile<5, V>(ar, ars, aks, b, ldb, cr, ldc, kdim, sr, acc); break;
+    case 4: Tile<4, V>(ar, ars, aks, b, ldb, cr, ldc, kdim, sr, acc); break;
+    case 3: Tile<3, V>(ar, ars, aks, b, ldb, cr, ldc, kdim, sr, acc); break;
+    case 2: Tile<2, V>(ar, ars, aks, b, ldb, cr, ldc, kdim, sr, acc); break;
+    case 1: Tile<1, V>(ar, ars, aks, b, ldb, cr, ldc, kdim, sr, acc); break;
+    default: break;
+  }
+}
+
+// C[m x n] (+)= A[m x kdim] * B[kdim x n]; n must be a multiple of the lane
+// count (packed buffers are padded so it always is).
+HWY_NOINLINE void Gemm(I64 m, I64 n, I64 kdim, const float* a, I64 ars, I64 aks, const float* b, I64 ldb,
+                       float* c, I64 ldc, const float* cscale, bool acc) {
+  const DF df;
+  const I64 L = static_cast<I64>(hn::Lanes(df));
+  for (I64 n0 = 0; n0 < n; n0 += 4 * L) {
+    switch (std::min<I64>(4, (n - n0) / L)) {
+      case 4: RowPanel<4>(m, a, ars, aks, b + n0, ldb, c + n0, ldc, kdim, cscale, acc); break;
+      case 3: RowPanel<3>(m, a, ars, aks, b + n0, ldb, c + n0, ldc, kdim, cscale, acc); break;
+      case 2: RowPanel<2>(m, a, ars, aks, b + n0, ldb, c + n0, ldc, kdim, cscale, acc); break;
+      default: RowPanel<1>(m, a, ars, aks, b + n0, ldb, c + n0, ldc, kdim, cscale, acc); break;
+    }
+  }
+}
+
+HWY_INLINE float RowMax(const float* x, I64 n) {
+  const DF df;
+  const I64 L = static_cast<I64>(hn::Lanes(df));
+  VF m = hn::Set(df, kNegInf);
+  for (I64 i = 0; i < n; i += L) m = hn::Max(m, hn::LoadU(df, x + i));
+  return hn::GetLane(hn::MaxOfLanes(df, m));
+}
+
+// x[i] = exp(x[i] * mul - sub); returns the sum. exp(-inf) and exp(NaN from
+// -inf - -inf) come out as 0 (Highway's Exp zeroes inputs below -104).
+HWY_INLINE float ExpRow(float* x, I64 n, float mul, float sub) {
+  const DF df;
+  const I64 L = static_cast<I64>(hn::Lanes(df));
+  const VF vm = hn::Set(df, mul), vs = hn::Set(df, sub);
+  VF sum = hn::Zero(df);
+  for (I64 i = 0; i < n; i += L) {
+    const VF e = hn::Exp(df, hn::MulSub(hn::LoadU(df, x + i), vm, vs));
+    hn::StoreU(e, df, x + i);
+    sum = hn::Add(sum, e);
+  }
+  return hn::GetLane(hn::SumOfLanes(df, sum));
+}
+
+void ForwardTask(const FwdCtx& cx, const FwdTask& t, float* scratch) {
+  const ForwardArgs& A = cx.args;
+  const Fragment& f = A.fragments[static_cast<std::size_t>(t.frag)];
+  const Group& gr = (*cx.groups)[static_cast<std::size_t>((*cx.frag_group)[static_cast<std::size_t>(t.frag)])];
+  const I64 d = cx.d, dp = cx.dp, M = t.m, w = A.window;
+  const I64 h = cx.g * cx.hg + t.head;
+  float* qb = scratch;              // [kBq][dp], pre-scaled
+  float* ob = qb + kBq * dp;        // [kBq][dp]
+  float* sb = ob + kBq * dp;        // [kBq][kBk]
+  float* mrow = sb + kBq * kBk;     // running max
+  float* lrow = mrow + kBq;         // running sum
+  float* alpha = lrow + kBq;        // rescale of this block
+  const I64 row0 = f.q_row + t.i0, qpos0 = f.a + t.i0, qlast = qpos0 + M - 1;
+  for (I64 r = 0; r < M; ++r) {
+    const I64 off = elem_offset(A.q, row0 + r, h);
+    for (I64 c = 0; c < d; ++c) qb[r * dp + c] = cx.scale * load_elem(A.q.data, A.q.dtype, off + c);
+    for (I64 c = d; c < dp; ++c) qb[r * dp + c] = 0.0f;
+    mrow[r] = kNegInf;
+    lrow[r] = 0.0f;
+  }
+  const I64 jb0 = first_key(qpos0, w) / kBk, jb1 = qlast / kBk;
+  for (I64 jb = jb0; jb <= jb1; ++jb) {
+    const I64 j0 = jb * kBk;
+    const I64 blk = gr.block_off + jb;
+    Gemm(M, kBk, d, qb, dp, 1, cx.kt + blk * dp * kBk, kBk, sb, kBk, nullptr, false);
+    const bool diag = j0 + kBk - 1 > qpos0;
+    const bool edge = j0 < first_key(qlast, w);
+    if (diag || edge) {
+      for (I64 r = 0; r < M; ++r) {
+        const I64 lo = first_key(qpos0 + r, w) - j0, hi = qpos0 + r - j0;
+        float* sr = sb + r * kBk;
+        for (I64 j = 0; j < std::min<I64>(lo, kBk); ++j) sr[j] = kNegInf;
+        for (I64 j = std::max<I64>(hi + 1, 0); j < kBk; ++j) sr[j] = kNegInf;
+      }
+    }
+    for (I64 r = 0; r < M; ++r) {
+      float* sr = sb + r * kBk;
+      const float mnew = std::max(mrow[r], RowMax(sr, kBk));
+      if (mnew == kNegInf) {  // nothing visible yet in this row
+        alpha[r] = 0.0f;
+        for (I64 j = 0; j < kBk; ++j) sr[j] = 0.0f;
+        continue;
+      }
+      const float sum = ExpRow(sr, kBk, 1.0f, mnew);
+      alpha[r] = mrow[r] == kNegInf ? 0.0f : std::exp(mrow[r] - mnew);
+      lrow[r] = lrow[r] * alpha[r] + sum;
+      mrow[r] = mnew;
+    }
+    Gemm(M, dp, kBk, sb, kBk, 1, cx.v + blk * kBk * dp, dp, ob, dp, alpha, jb != jb0);
+  }
+  for (I64 r = 0; r < M; ++r) {
+    const float inv = lrow[r] > 0.0f ? 1.0f / lrow[r] : 0.0f;
+    const I64 off = elem_offset(A.o, row0 + r, h);
+    for (I64 c = 0; c < d; ++c) store_elem(A.o.data, A.o.dtype, off + c, ob[r * dp + c] * inv);
+    static_cast<float*>(A.lse.data)[elem_offset(A.lse, row0 + r, h)] =
+        lrow[r] > 0.0f ? mrow[r] + std::log(lrow[r]) : kNegInf;
+  }
+  (void)gr;
+}
+
+void BackwardTask(const BwdCtx& cx, const BwdTask& t, float* scratch, float* dq_acc) {
+  const BackwardArgs& A = cx.args;
+  const Group& gr = (*cx.groups)[static_cast<std::size_t>(t.group)];
+  const I64 d = cx.d, dp = cx.dp, w = A.window, rows = cx.rows;
+  const I64 j0 = t.jb * kBk, blk = gr.block_off + t.jb;
+  const I64 jn = std::min<I64>(kBk, gr.len - j0);  // real keys in this block
+  float* pb = scratch;              // [kBq][kBk]: P
+  float* sb = pb + kBq * kBk;       // [kBq][kBk]: dP, then dS
+  float* dk = sb + kBq * kBk;       // [kBk][dp]
+  float* dv = dk + kBk * dp;        // [kBk][dp]
+  std::fill(dk, dk + 2 * kBk * dp, 0.0f);
+  const float* kt = cx.kt + blk * dp * kBk;
+  const float* vt = cx.vt + blk * dp * kBk;
+  const float* kr = cx.kr + blk * kBk * dp;
+  const DF df;
+  const I64 L = static_cast<I64>(hn::Lanes(df));
+  for (I64 hl = 0; hl < cx.hg; ++hl) {
+    const float* qp = cx.qp + hl * rows * dp;
+    const float* dop = cx.dop + hl * rows * dp;
+    const float* lse = cx.lse + hl * rows;
+    const float* delta = cx.delta + hl * rows;
+    float* dq = dq_acc + hl * rows * dp;
+    for (std::int32_t fi : gr.frags) {
+      const Fragment& f = A.fragments[static_cast<std::size_t>(fi)];
+      if (f.a == f.e) continue;
+      const I64 qlo = std::max(f.a, j0);
+      const I64 qhi = last_query(j0 + jn - 1, w, f.e - 1);
+      for (I64 qs = qlo; qs <= qhi; qs += kBq) {
+        const I64 M = std::min<I64>(kBq, qhi - qs + 1);
+        const I64 row = f.q_row + (qs - f.a);
+        const float* qb = qp + row * dp;
+        const float* dob = dop + row * dp;
+        Gemm(M, kBk, d, qb, dp, 1, kt, kBk, pb, kBk, nullptr, false);
+        Gemm(M, kBk, d, dob, dp, 1, vt, kBk, sb, kBk, nullptr, false);
+        const bool diag = j0 + kBk - 1 > qs;
+        const bool edge = j0 < first_key(qs + M - 1, w);
+        for (I64 r = 0; r < M; ++r) {
+          float* pr = pb + r * kBk;
+          float* sr = sb + r * kBk;
+          ExpRow(pr, kBk, cx.scale, lse[row + r]);
+          if (diag || edge) {
+            const I64 lo = first_key(qs + r, w) - j0, hi = qs + r - j0;
+            for (I64 j = 0; j < std::min<I64>(lo, kBk); ++j) pr[j] = 0.0f;
+            for (I64 j = std::max<I64>(hi + 1, 0); j < kBk; ++j) pr[j] = 0.0f;
+          }
+          const VF vd = hn::Set(df, delta[row + r]);
+          for (I64 j = 0; j < kBk; j += L) {
+            const VF p = hn::LoadU(df, pr + j);
+            hn::StoreU(hn::Mul(p, hn::Sub(hn::LoadU(df, sr + j), vd)), df, sr + j);
+          }
+        }
+        Gemm(kBk, dp, M, pb, 1, kBk, dob, dp, dv, dp, nullptr, true);
+        Gemm(kBk, dp, M, sb, 1, kBk, qb, dp, dk, dp, nullptr, true);
+        Gemm(M, dp, kBk, sb, kBk, 1, kr, dp, dq + row * dp, dp, nullptr, true);
+      }
+    }
+  }
+  const I64 g = cx.g;
+  for (I64 r = 0; r < jn; ++r) {
+    const I64 krow = gr.kv_row + j0 + r;
+    const I64 ok = elem_offset(A.dk, krow, g), ov = elem_offset(A.dv, krow, g);
+    for (I64 c = 0; c < d; ++c) {
+      store_elem(A.dk.data, A.dk.dtype, ok + c, load_elem(A.dk.data, A.dk.dtype, ok + c) + cx.scale * dk[r * dp + c]);
+      store_elem(A.dv.data, A.dv.dtype, ov + c, load_elem(A.dv.data, A.dv.dtype, ov + c) + dv[r * dp + c]);
+    }
+  }
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace libra::kernel::detail
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace libra::kernel::detail {
+
+HWY_EXPORT(ForwardTask);
+HWY_EXPORT(BackwardTask);
+
+void forward_task(const FwdCtx& cx, const FwdTask& t, float* scratch) {
+  HWY_DYNAMIC_DISPATCH(ForwardTask)(cx, t, scratch);
+}
+void backward_task(const BwdCtx& cx, const BwdTask& t, float* scratch, float* dq_acc) {
+  HWY_DYNAMIC_DISPATCH(BackwardTask)(cx, t, scratch, dq_acc);
+}
+const char* best_target_name() {
+  const std::int64_t targets = hwy::SupportedTargets() & HWY_TARGETS;
+  return hwy::TargetName(targets & -targets);
+}
+
+}  // namespace libra::kernel::detail
+#endif

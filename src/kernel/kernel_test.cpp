@@ -1,0 +1,557 @@
+// Correctness of the attention kernel against the double-precision naive
+// reference (attention_reference.hpp), and of the reference's gradients
+// against finite differences of its own forward pass.
+#include <gtest/gtest.h>
+#include <rapidcheck.h>
+#include <rapidcheck/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "libra/attention_reference.hpp"
+#include "libra/kernel.hpp"
+
+namespace libra::kernel {
+namespace {
+
+using I64 = std::int64_t;
+
+// A tensor that owns its storage; row_stride may exceed heads * head_dim.
+struct Buf {
+  DType dtype = DType::kF32;
+  I64 rows = 0, heads = 0, head_dim = 0, row_stride = 0;
+  std::vector<unsigned char> bytes;
+  Buf() = default;
+  Buf(DType t, I64 r, I64 h, I64 d, I64 pad = 0)
+      : dtype(t), rows(r), heads(h), head_dim(d), row_stride(h * d + pad),
+        bytes(static_cast<std::size_t>(std::max<I64>(1, r * (h * d + pad)) * dtype_bytes(t)), 0) {}
+  Tensor view() { return {bytes.data(), dtype, rows, heads, head_dim, row_stride}; }
+  ConstTensor cview() const { return {bytes.data(), dtype, rows, heads, head_dim, row_stride}; }
+  I64 off(I64 r, I64 h, I64 c) const { return r * row_stride + h * head_dim + c; }
+  float get(I64 r, I64 h, I64 c) const {
+    const I64 o = off(r, h, c);
+    if (dtype == DType::kF32) {
+      float f;
+      std::memcpy(&f, bytes.data() + o * 4, 4);
+      return f;
+    }
+    std::uint16_t b;
+    std::memcpy(&b, bytes.data() + o * 2, 2);
+    return f32_from_bf16(b);
+  }
+  void set(I64 r, I64 h, I64 c, float x) {
+    const I64 o = off(r, h, c);
+    if (dtype == DType::kF32) {
+      std::memcpy(bytes.data() + o * 4, &x, 4);
+    } else {
+      const std::uint16_t b = bf16_from_f32(x);
+      std::memcpy(bytes.data() + o * 2, &b, 2);
+    }
+  }
+  // Uniform in [-amp, amp) from a 64-bit generator, mapped by hand.
+  void fill(std::mt19937_64& rng, float amp) {
+    for (I64 r = 0; r < rows; ++r)
+      for (I64 h = 0; h < heads; ++h)
+        for (I64 c = 0; c < head_dim; ++c) {
+          const double u = static_cast<double>(rng() >> 11) * 0x1.0p-53;
+          set(r, h, c, static_cast<float>((2.0 * u - 1.0) * amp));
+        }
+  }
+};
+
+struct Problem {
+  I64 d = 16, hq = 1, hkv = 1, window = kFullCausal;
+  DType dtype = DType::kF32;
+  int threads = 1;
+  std::vector<I64> samples;       // sample lengths, stored back to back in K/V
+  std::vector<Fragment> frags;
+  I64 q_rows = 0, kv_rows = 0;
+  I64 pad = 0;                    // extra elements per row (strided views)
+  float amp = 1.0f;
+};
+
+// Max |x - ref| over entries, and max |ref| (to scale tolerances).
+struct Err {
+  double abs = 0, ref_max = 0;
+};
+
+template <class Get>
+Err compare(const std::vector<double>& ref, I64 rows, I64 heads, I64 dim, Get get) {
+  Err e;
+  for (I64 r = 0; r < rows; ++r)
+    for (I64 h = 0; h < heads; ++h)
+      for (I64 c = 0; c < dim; ++c) {
+        const double x = ref[static_cast<std::size_t>((r * heads + h) * dim + c)];
+        e.ref_max = std::max(e.ref_max, std::abs(x));
+        const double diff = std::abs(static_cast<double>(get(r, h, c)) - x);
+        e.abs = std::isnan(diff) ? INFINITY : std::max(e.abs, diff);
+      }
+  return e;
+}
+
+// Documented tolerances (docs/kernel.md): fp32 storage 2e-5 relative to the
+// largest reference magnitude (plus 1e-6 absolute); bf16 storage 1.6e-2
+// (a few bf16 ulps: inputs are exact in bf16, outputs and the O fed to the
+// backward pass are rounded).
+double tolerance(DType t, double ref_max) {
+  return t == DType::kF32 ? 2e-5 * ref_max + 1e-6 : 1.6e-2 * ref_max + 1e-6;
+}
+
+struct Outcome {
+  bool ok = true;
+  std::string what;
+};
+
+// Runs forward and backward through the kernel and the reference and
+// compares O, LSE, dQ, dK, dV.
+Outcome check_problem(const Problem& p, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  Buf q(p.dtype, p.q_rows, p.hq, p.d, p.pad), k(p.dtype, p.kv_rows, p.hkv, p.d, p.pad),
+      v(p.dtype, p.kv_rows, p.hkv, p.d, p.pad);
+  q.fill(rng, p.amp);
+  k.fill(rng, p.amp);
+  v.fill(rng, 1.0f);
+  Buf o(p.dtype, p.q_rows, p.hq, p.d, p.pad), lse(DType::kF32, p.q_rows, p.hq, 1, 1);
+  ForwardArgs fa{q.cview(), k.cview(), v.cview(), o.view(), lse.view(), p.frags, p.window, 0.0f, p.threads};
+  Status s = attention_forward(fa);
+  if (!s.ok()) return {false, "forward failed: " + s.message()};
+  auto ref = reference_forward(q.cview(), k.cview(), v.cview(), p.frags, p.window);
+  if (!ref.ok()) return {false, "reference failed: " + ref.error().message()};
+  // Rows outside fragments are never written: compare fragment rows only, by masking.
+  std::vector<char> in_frag(static_cast<std::size_t>(p.q_rows), 0);
+  for (const Fragment& f : p.frags)
+    for (I64 i = 0; i < f.e - f.a; ++i) in_frag[static_cast<std::size_t>(f.q_row + i)] = 1;
+  auto masked = [&](auto get) {
+    return [&, get](I64 r, I64 h, I64 c) { return in_frag[static_cast<std::size_t>(r)] ? get(r, h, c) : 0.0f; };
+  };
+  Err eo = compare(ref->o, p.q_rows, p.hq, p.d, masked([&](I64 r, I64 h, I64 c) { return o.get(r, h, c); }));
+  if (eo.abs > tolerance(p.dtype, eo.ref_max)) return {false, "O error " + std::to_string(eo.abs)};
+  Err el = compare(ref->lse, p.q_rows, p.hq, 1, masked([&](I64 r, I64 h, I64) { return lse.get(r, h, 0); }));
+  if (el.abs > (p.dtype == DType::kF32 ? 2e-5 : 2e-3) * std::max(1.0, el.ref_max)) {
+    return {false, "LSE error " + std::to_string(el.abs)};
+  }
+  // Backward: dK/dV start from random values and must be accumulated onto.
+  Buf d_o(p.dtype, p.q_rows, p.hq, p.d, p.pad);
+  d_o.fill(rng, 1.0f);
+  Buf dq(p.dtype, p.q_rows, p.hq, p.d, p.pad), dk(DType::kF32, p.kv_rows, p.hkv, p.d, p.pad),
+      dv(p.dtype, p.kv_rows, p.hkv, p.d, p.pad);
+  dq.fill(rng, 5.0f);  // garbage: must be overwritten
+  dk.fill(rng, 1.0f);
+  dv.fill(rng, 1.0f);
+  const Buf dk0 = dk, dv0 = dv;
+  BackwardArgs ba{q.cview(), k.cview(), v.cview(), o.cview(), d_o.cview(), lse.cview(), dq.view(), dk.view(),
+                  dv.view(), p.frags, p.window, 0.0f, p.threads};
+  s = attention_backward(ba);
+  if (!s.ok()) return {false, "backward failed: " + s.message()};
+  auto g = reference_backward(q.cview(), k.cview(), v.cview(), d_o.cview(), p.frags, p.window);
+  if (!g.ok()) return {false, "reference backward failed: " + g.error().message()};
+  Err eq = compare(g->dq, p.q_rows, p.hq, p.d, masked([&](I64 r, I64 h, I64 c) { return dq.get(r, h, c); }));
+  if (eq.abs > tolerance(p.dtype, eq.ref_max)) return {false, "dQ error " + std::to_string(eq.abs)};
+  // dK is fp32 storage here (mixed precision is allowed), dV uses p.dtype.
+  Err ek = compare(g->dk, p.kv_rows, p.hkv, p.d,
+                   [&](I64 r, I64 h, I64 c) { return dk.get(r, h, c) - dk0.get(r, h, c); });
+  const double ktol = p.dtype == DType::kF32 ? tolerance(DType::kF32, ek.ref_max) : 1.6e-2 * ek.ref_max + 1e-6;
+  if (ek.abs > ktol) return {false, "dK error " + std::to_string(ek.abs) + " ref max " + std::to_string(ek.ref_max)};
+  // dV in bf16 is read-modify-written around a value of magnitude ~1, so its
+  // rounding is relative to the accumulated value, not to the increment.
+  Err ev = compare(g->dv, p.kv_rows, p.hkv, p.d, [&](I64 r, I64 h, I64 c) {
+    return static_cast<double>(dv.get(r, h, c)) - static_cast<double>(dv0.get(r, h, c));
+  });
+  const double vtol = p.dtype == DType::kF32 ? tolerance(DType::kF32, ev.ref_max)
+                                             : 1.6e-2 * ev.ref_max + 8e-3;
+  if (ev.abs > vtol) return {false, "dV error " + std::to_string(ev.abs) + " ref max " + std::to_string(ev.ref_max)};
+  return {};
+}
+
+// Samples stored back to back; every sample cut into fragments at the
+// given cut points; fragments placed in Q in the given order with gaps.
+Problem layout(Problem p, const std::vector<std::vector<I64>>& cuts, const std::vector<std::size_t>& order,
+               I64 gap) {
+  std::vector<Fragment> all;
+  I64 kv = 0;
+  for (std::size_t s = 0; s < p.samples.size(); ++s) {
+    std::vector<I64> c = cuts[s];
+    c.push_back(0);
+    c.push_back(p.samples[s]);
+    std::sort(c.begin(), c.end());
+    c.erase(std::unique(c.begin(), c.end()), c.end());
+    for (std::size_t i = 0; i + 1 < c.size(); ++i) all.push_back({0, kv, p.samples[s], c[i], c[i + 1]});
+    kv += p.samples[s];
+  }
+  p.kv_rows = kv;
+  I64 row = 0;
+  for (std::size_t i : order) {
+    if (i >= all.size()) continue;
+    Fragment f = all[i];
+    f.q_row = row;
+    row += f.e - f.a + gap;
+    p.frags.push_back(f);
+  }
+  p.q_rows = row;
+  return p;
+}
+
+TEST(Bf16, RoundsToNearestEven) {
+  EXPECT_EQ(bf16_from_f32(1.0f), 0x3F80);
+  EXPECT_EQ(bf16_from_f32(1.0f + 0x1.0p-8f), 0x3F80);      // tie -> even
+  EXPECT_EQ(bf16_from_f32(1.0f + 3 * 0x1.0p-8f), 0x3F82);  // tie -> even (up)
+  EXPECT_EQ(bf16_from_f32(1.0f + 0x1.8p-8f), 0x3F81);      // above half -> up
+  EXPECT_EQ(bf16_from_f32(-2.0f), 0xC000);
+  EXPECT_EQ(bf16_from_f32(INFINITY), 0x7F80);
+  EXPECT_TRUE(std::isnan(f32_from_bf16(bf16_from_f32(NAN))));
+  EXPECT_EQ(f32_from_bf16(0x3F81), 1.0f + 0x1.0p-7f);
+}
+
+TEST(AttentionForward, MatchesReferenceOnMultiBlockSample) {
+  Problem p;
+  p.d = 128;
+  p.hq = 2;
+  p.hkv = 1;
+  p.samples = {200, 1, 70};
+  p.threads = 2;
+  p = layout(p, {{37, 130}, {}, {64}}, {5, 0, 1, 2, 3, 4}, 1);
+  const Outcome r = check_problem(p, 1);
+  EXPECT_TRUE(r.ok) << r.what;
+}
+
+TEST(AttentionForward, MatchesReferenceWithHeadDim64AndBf16) {
+  Problem p;
+  p.d = 64;
+  p.hq = 4;
+  p.hkv = 2;
+  p.dtype = DType::kBF16;
+  p.samples = {150, 66};
+  p.pad = 3;
+  p = layout(p, {{10, 11, 149}, {65}}, {0, 1, 2, 3, 4, 5}, 0);
+  const Outcome r = check_problem(p, 2);
+  EXPECT_TRUE(r.ok) << r.what;
+}
+
+TEST(AttentionForward, SlidingWindowsOfOneAndLongerThanTheSample) {
+  for (I64 w : {I64{1}, I64{2}, I64{63}, I64{64}, I64{65}, I64{500}}) {
+    Problem p;
+    p.d = 20;
+    p.hq = 3;
+    p.hkv = 3;
+    p.window = w;
+    p.threads = 3;
+    p.samples = {190};
+    p = layout(p, {{50, 120}}, {2, 0, 1}, 2);
+    const Outcome r = check_problem(p, 3 + static_cast<std::uint64_t>(w));
+    EXPECT_TRUE(r.ok) << "window " << w << ": " << r.what;
+  }
+}
+
+TEST(AttentionForward, LargeScoresStayFinite) {
+  // Scores of magnitude ~ 60 would overflow a softmax without max subtraction.
+  Problem p;
+  p.d = 16;
+  p.samples = {100};
+  p.amp = 4.0f;
+  p = layout(p, {{}}, {0}, 0);
+  const Outcome r = check_problem(p, 4);
+  EXPECT_TRUE(r.ok) << r.what;
+}
+
+TEST(AttentionForward, SelectsHeadRangesWithoutCopying) {
+  // Heads [2, 4) of an 8-head Q and KV head 1 of a 4-head K/V equal the
+  // reference on the same slices, and nothing outside the slice is written.
+  std::mt19937_64 rng(7);
+  const I64 T = 90, d = 32;
+  Buf q(DType::kF32, T, 8, d), k(DType::kF32, T, 4, d), v(DType::kF32, T, 4, d), o(DType::kF32, T, 8, d),
+      lse(DType::kF32, T, 8, 1);
+  q.fill(rng, 1.0f);
+  k.fill(rng, 1.0f);
+  v.fill(rng, 1.0f);
+  o.fill(rng, 9.0f);
+  const Buf o_before = o;
+  std::vector<Fragment> frags = {{0, 0, T, 0, T}};
+  ForwardArgs fa{q.cview().heads_slice(2, 2), k.cview().heads_slice(1, 1), v.cview().heads_slice(1, 1),
+                 o.view().heads_slice(2, 2), lse.view().heads_slice(2, 2), frags};
+  ASSERT_TRUE(attention_forward(fa).ok());
+  auto ref = reference_forward(fa.q, fa.k, fa.v, frags);
+  ASSERT_TRUE(ref.ok());
+  for (I64 r = 0; r < T; ++r)
+    for (I64 h = 0; h < 8; ++h)
+      for (I64 c = 0; c < d; ++c) {
+        if (h == 2 || h == 3) {
+          EXPECT_NEAR(o.get(r, h, c), ref->o[static_cast<std::size_t>((r * 2 + h - 2) * d + c)], 2e-5);
+        } else {
+          ASSERT_EQ(o.get(r, h, c), o_before.get(r, h, c));
+        }
+      }
+}
+
+TEST(AttentionBackward, IsBitwiseDeterministicForAFixedThreadCount) {
+  Problem p;
+  p.d = 32;
+  p.hq = 2;
+  p.hkv = 1;
+  p.samples = {300, 40};
+  p = layout(p, {{100, 200}, {}}, {0, 1, 2, 3}, 0);
+  std::mt19937_64 rng(11);
+  Buf q(DType::kF32, p.q_rows, 2, 32), k(DType::kF32, p.kv_rows, 1, 32), v(DType::kF32, p.kv_rows, 1, 32),
+      o(DType::kF32, p.q_rows, 2, 32), lse(DType::kF32, p.q_rows, 2, 1), d_o(DType::kF32, p.q_rows, 2, 32);
+  q.fill(rng, 1.0f);
+  k.fill(rng, 1.0f);
+  v.fill(rng, 1.0f);
+  d_o.fill(rng, 1.0f);
+  ForwardArgs fa{q.cview(), k.cview(), v.cview(), o.view(), lse.view(), p.frags, kFullCausal, 0.0f, 2};
+  ASSERT_TRUE(attention_forward(fa).ok());
+  std::vector<std::vector<unsigned char>> runs;
+  for (int rep = 0; rep < 2; ++rep) {
+    Buf dq(DType::kF32, p.q_rows, 2, 32), dk(DType::kF32, p.kv_rows, 1, 32), dv(DType::kF32, p.kv_rows, 1, 32);
+    BackwardArgs ba{q.cview(), k.cview(), v.cview(), o.cview(), d_o.cview(), lse.cview(), dq.view(), dk.view(),
+                    dv.view(), p.frags, kFullCausal, 0.0f, 2};
+    ASSERT_TRUE(attention_backward(ba).ok());
+    std::vector<unsigned char> all = dq.bytes;
+    all.insert(all.end(), dk.bytes.begin(), dk.bytes.end());
+    all.insert(all.end(), dv.bytes.begin(), dv.bytes.end());
+    runs.push_back(all);
+  }
+  EXPECT_EQ(runs[0], runs[1]);
+}
+
+TEST(AttentionBackward, AccumulatesDqWhenAsked) {
+  std::mt19937_64 rng(12);
+  const I64 T = 70, d = 16;
+  Buf q(DType::kF32, T, 1, d), k(DType::kF32, T, 1, d), v(DType::kF32, T, 1, d), o(DType::kF32, T, 1, d),
+      lse(DType::kF32, T, 1, 1), d_o(DType::kF32, T, 1, d), dk(DType::kF32, T, 1, d), dv(DType::kF32, T, 1, d);
+  q.fill(rng, 1.0f);
+  k.fill(rng, 1.0f);
+  v.fill(rng, 1.0f);
+  d_o.fill(rng, 1.0f);
+  std::vector<Fragment> frags = {{0, 0, T, 0, T}};
+  ASSERT_TRUE(attention_forward({q.cview(), k.cview(), v.cview(), o.view(), lse.view(), frags}).ok());
+  Buf dq(DType::kF32, T, 1, d);
+  dq.fill(rng, 1.0f);
+  const Buf dq0 = dq;
+  BackwardArgs ba{q.cview(), k.cview(), v.cview(), o.cview(), d_o.cview(), lse.cview(), dq.view(), dk.view(),
+                  dv.view(), frags};
+  ba.accumulate_dq = true;
+  ASSERT_TRUE(attention_backward(ba).ok());
+  auto g = reference_backward(q.cview(), k.cview(), v.cview(), d_o.cview(), frags);
+  ASSERT_TRUE(g.ok());
+  for (I64 r = 0; r < T; ++r)
+    for (I64 c = 0; c < d; ++c)
+      EXPECT_NEAR(dq.get(r, 0, c) - dq0.get(r, 0, c), g->dq[static_cast<std::size_t>(r * d + c)], 1e-5);
+}
+
+// Loss L = sum(O * dO); central differences of the reference forward pass.
+TEST(AttentionReference, GradientsMatchFiniteDifferences) {
+  std::mt19937_64 rng(13);
+  const I64 T = 7, d = 3;
+  Buf q(DType::kF32, T, 2, d), k(DType::kF32, T, 1, d), v(DType::kF32, T, 1, d), d_o(DType::kF32, T, 2, d);
+  q.fill(rng, 1.0f);
+  k.fill(rng, 1.0f);
+  v.fill(rng, 1.0f);
+  d_o.fill(rng, 1.0f);
+  std::vector<Fragment> frags = {{0, 0, T, 2, T}, {5, 0, T, 0, 2}};
+  const I64 w = 4;
+  auto loss = [&]() {
+    auto f = reference_forward(q.cview(), k.cview(), v.cview(), frags, w);
+    double l = 0;
+    for (I64 r = 0; r < T; ++r)
+      for (I64 h = 0; h < 2; ++h)
+        for (I64 c = 0; c < d; ++c) l += f->o[static_cast<std::size_t>((r * 2 + h) * d + c)] * d_o.get(r, h, c);
+    return l;
+  };
+  auto g = reference_backward(q.cview(), k.cview(), v.cview(), d_o.cview(), frags, w);
+  ASSERT_TRUE(g.ok());
+  // Kernel gradients for the same problem.
+  Buf o(DType::kF32, T, 2, d), lse(DType::kF32, T, 2, 1), dq(DType::kF32, T, 2, d), dk(DType::kF32, T, 1, d),
+      dv(DType::kF32, T, 1, d);
+  ASSERT_TRUE(attention_forward({q.cview(), k.cview(), v.cview(), o.view(), lse.view(), frags, w}).ok());
+  ASSERT_TRUE(attention_backward({q.cview(), k.cview(), v.cview(), o.cview(), d_o.cview(), lse.cview(), dq.view(),
+                                  dk.view(), dv.view(), frags, w})
+                  .ok());
+  auto check = [&](Buf& x, const std::vector<double>& grad, const Buf& kernel_grad, I64 heads) {
+    for (I64 r = 0; r < T; ++r)
+      for (I64 h = 0; h < heads; ++h)
+        for (I64 c = 0; c < d; ++c) {
+          const float x0 = x.get(r, h, c);
+          const float eps = 1e-2f;
+          x.set(r, h, c, x0 + eps);
+          const double up = loss();
+          x.set(r, h, c, x0 - eps);
+          const double down = loss();
+          x.set(r, h, c, x0);
+          const double fd = (up - down) / (2.0 * static_cast<double>(eps));
+          const double an = grad[static_cast<std::size_t>((r * heads + h) * d + c)];
+          EXPECT_NEAR(an, fd, 1e-4 * std::max(1.0, std::abs(fd))) << "row " << r << " head " << h << " c " << c;
+          EXPECT_NEAR(kernel_grad.get(r, h, c), fd, 1e-4 * std::max(1.0, std::abs(fd)));
+        }
+  };
+  check(q, g->dq, dq, 2);
+  check(k, g->dk, dk, 1);
+  check(v, g->dv, dv, 1);
+}
+
+TEST(AttentionForward, EmptyFragmentsAreNoOps) {
+  Buf q(DType::kF32, 4, 1, 8), k(DType::kF32, 4, 1, 8), v(DType::kF32, 4, 1, 8), o(DType::kF32, 4, 1, 8),
+      lse(DType::kF32, 4, 1, 1);
+  std::vector<Fragment> frags = {{0, 0, 4, 2, 2}};
+  EXPECT_TRUE(attention_forward({q.cview(), k.cview(), v.cview(), o.view(), lse.view(), frags}).ok());
+  EXPECT_TRUE(attention_forward({q.cview(), k.cview(), v.cview(), o.view(), lse.view(), {}}).ok());
+}
+
+// Bad input: a clear error naming the rule, never a read out of bounds.
+class BadInput : public ::testing::Test {
+ protected:
+  Buf q{DType::kF32, 10, 4, 8}, k{DType::kF32, 10, 2, 8}, v{DType::kF32, 10, 2, 8}, o{DType::kF32, 10, 4, 8},
+      lse{DType::kF32, 10, 4, 1};
+  std::vector<Fragment> frags = {{0, 0, 10, 0, 10}};
+  ForwardArgs args() { return {q.cview(), k.cview(), v.cview(), o.view(), lse.view(), frags}; }
+  void expect_error(const ForwardArgs& a, const std::string& needle) {
+    Status s = attention_forward(a);
+    ASSERT_FALSE(s.ok()) << "expected an error mentioning '" << needle << "'";
+    EXPECT_EQ(s.error().code(), ErrorCode::kInvalidInput);
+    EXPECT_NE(s.message().find(needle), std::string::npos) << s.message();
+    EXPECT_EQ(s.message().find('\n'), std::string::npos);
+  }
+};
+
+TEST_F(BadInput, ValidArgumentsPass) { EXPECT_TRUE(attention_forward(args()).ok()); }
+
+TEST_F(BadInput, NullPointer) {
+  auto a = args();
+  a.k.data = nullptr;
+  expect_error(a, "tensor k: data pointer is null");
+}
+
+TEST_F(BadInput, OutOfRangeHeadSlice) {
+  auto a = args();
+  a.q = q.cview().heads_slice(3, 2);
+  expect_error(a, "tensor q: data pointer is null");
+}
+
+TEST_F(BadInput, RowStrideTooSmall) {
+  auto a = args();
+  a.v.row_stride = 15;
+  expect_error(a, "tensor v: row_stride 15 must be >= heads * head_dim = 16");
+}
+
+TEST_F(BadInput, HeadsThatDoNotDivide) {
+  auto a = args();
+  a.k = k.cview().heads_slice(0, 1);
+  a.v = v.cview().heads_slice(0, 1);
+  a.q = q.cview().heads_slice(0, 3);
+  a.o = o.view().heads_slice(0, 3);
+  a.lse = lse.view().heads_slice(0, 3);
+  EXPECT_TRUE(attention_forward(a).ok());
+  a.k = k.cview();
+  a.v = v.cview();
+  expect_error(a, "query heads 3 must be a multiple of KV heads 2");
+}
+
+TEST_F(BadInput, MismatchedShapes) {
+  auto a = args();
+  a.o.rows = 9;
+  expect_error(a, "tensor o has shape [9, 4, 8] but must match q");
+  a = args();
+  a.v.head_dim = 4;
+  a.v.row_stride = 8;
+  expect_error(a, "tensor v has shape");
+  a = args();
+  a.lse.dtype = DType::kBF16;
+  expect_error(a, "tensor lse must be fp32");
+}
+
+TEST_F(BadInput, FragmentsOutsideTheirSample) {
+  auto a = args();
+  frags = {{0, 0, 10, 5, 4}};
+  a.fragments = frags;
+  expect_error(a, "fragment 0: query range [5, 4) must satisfy 0 <= a <= e <= sample_len 10");
+  frags = {{0, 0, 8, 0, 9}};
+  a.fragments = frags;
+  expect_error(a, "sample_len 8");
+  frags = {{0, 0, 10, -1, 3}};
+  a.fragments = frags;
+  expect_error(a, "must satisfy 0 <= a");
+}
+
+TEST_F(BadInput, FragmentRowsOutsideTheViews) {
+  auto a = args();
+  frags = {{5, 0, 10, 0, 6}};
+  a.fragments = frags;
+  expect_error(a, "query rows [5, 5 + 6) lie outside q's 10 rows");
+  frags = {{0, 3, 10, 0, 8}};
+  a.fragments = frags;
+  expect_error(a, "key rows [3, 3 + 8) lie outside k's 10 rows");
+  frags = {{0, 0, 20, 0, 1}, {1, 0, 20, 12, 20}};
+  a.fragments = frags;
+  expect_error(a, "key rows [0, 0 + 20)");
+}
+
+TEST_F(BadInput, OverlappingQueryRows) {
+  auto a = args();
+  frags = {{0, 0, 10, 0, 5}, {4, 0, 10, 5, 10}};
+  a.fragments = frags;
+  expect_error(a, "fragments overlap in query rows at row 4");
+}
+
+TEST_F(BadInput, WindowThreadsAndScale) {
+  auto a = args();
+  a.window = 0;
+  expect_error(a, "window must be >= 1, got 0");
+  a = args();
+  a.threads = 0;
+  expect_error(a, "threads must be in [1, 1024], got 0");
+  a = args();
+  a.softmax_scale = NAN;
+  expect_error(a, "softmax_scale must be finite");
+}
+
+TEST_F(BadInput, BackwardChecksGradientShapes) {
+  Buf dq(DType::kF32, 10, 4, 8), dk(DType::kF32, 10, 2, 8), dv(DType::kF32, 9, 2, 8), d_o(DType::kF32, 10, 4, 8);
+  BackwardArgs b{q.cview(), k.cview(), v.cview(), o.cview(), d_o.cview(), lse.cview(), dq.view(), dk.view(),
+                 dv.view(), frags};
+  Status s = attention_backward(b);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("attention_backward: tensor dv has shape [9, 2, 8]"), std::string::npos)
+      << s.message();
+  auto r = reference_forward(q.cview(), k.cview(), v.cview(), std::vector<Fragment>{{0, 0, 10, 3, 11}});
+  EXPECT_FALSE(r.ok());
+}
+
+// Property: random samples, fragment layouts, windows, head groupings,
+// dtypes, strides and thread counts all match the reference.
+RC_GTEST_PROP(AttentionKernel, MatchesReferenceOnRandomLayouts, ()) {
+  Problem p;
+  const int dsel = *rc::gen::inRange(0, 10);
+  p.d = dsel == 0 ? 128 : dsel == 1 ? 64 : *rc::gen::inRange<I64>(1, 40);
+  const I64 max_len = p.d >= 64 ? 90 : 160;
+  p.hkv = *rc::gen::inRange<I64>(1, 3);
+  p.hq = p.hkv * *rc::gen::inRange<I64>(1, 4);
+  p.dtype = *rc::gen::element(DType::kF32, DType::kBF16);
+  p.threads = *rc::gen::inRange(1, 4);
+  p.pad = *rc::gen::inRange<I64>(0, 3);
+  const int wsel = *rc::gen::inRange(0, 4);
+  p.window = wsel == 0 ? kFullCausal : wsel == 1 ? 1 : *rc::gen::inRange<I64>(1, 2 * max_len);
+  const auto nsamples = *rc::gen::inRange<std::size_t>(1, 4);
+  std::vector<std::vector<I64>> cuts;
+  std::size_t nfrag = 0;
+  for (std::size_t s = 0; s < nsamples; ++s) {
+    const I64 len = *rc::gen::inRange<I64>(1, max_len + 1);
+    p.samples.push_back(len);
+    cuts.push_back(*rc::gen::container<std::vector<I64>>(*rc::gen::inRange<std::size_t>(0, 4),
+                                                        rc::gen::inRange<I64>(1, len + 1)));
+    nfrag += cuts.back().size() + 1;
+  }
+  // A random subset of fragments in a random order.
+  std::vector<std::size_t> order(nfrag);
+  for (std::size_t i = 0; i < nfrag; ++i) order[i] = i;
+  const auto keys = *rc::gen::container<std::vector<int>>(nfrag, rc::gen::inRange(0, 1000));
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t x, std::size_t y) { return keys[x] < keys[y]; });
+  order.resize(*rc::gen::inRange<std::size_t>(1, nfrag + 1));
+  p = layout(p, cuts, order, *rc::gen::inRange<I64>(0, 3));
+  const Outcome r = check_problem(p, *rc::gen::arbitrary<std::uint64_t>());
+  RC_ASSERT(r.ok);
+}
+
+}  // namespace
+}  // namespace libra::kernel
