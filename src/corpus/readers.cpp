@@ -338,8 +338,9 @@ Result<Corpus> parse_corpus_with(std::span<const unsigned char> bytes, const std
                                  std::optional<std::int64_t> seq_len) {
   Corpus c;
   c.source = name;
-  if (bytes.size() >= kMegatronIdxMagic.size() &&
-      std::memcmp(bytes.data(), kMegatronIdxMagic.data(), kMegatronIdxMagic.size()) == 0) {
+  // "MMIDIDX" with a damaged tail is still meant as an .idx: let its reader
+  // name the bad magic rather than the text reader complain about line 1.
+  if (bytes.size() >= 7 && std::memcmp(bytes.data(), kMegatronIdxMagic.data(), 7) == 0) {
     LIBRA_ASSIGN_OR_RETURN(c.raw_lengths, parse_megatron_idx(bytes, name));
     c.kind = CorpusKind::kRaw;
     c.format = CorpusFormat::kMegatronIdx;
