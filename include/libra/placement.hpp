@@ -74,6 +74,9 @@ struct WindowPlacement {
 // also uses the pigeonhole bound: some pool holds j+1 of the j*K+1 heaviest
 // sequences, for every j < P. Returns 1 for invalid inputs (no bound known).
 double imbalance_lower_bound(std::span<const std::int64_t> workloads, std::int64_t pool_size);
+// The same bound as R - 1, computed like WindowPlacement::imbalance, so a
+// placement that reaches the bound compares equal to it bit for bit.
+double lower_bound_imbalance(std::span<const std::int64_t> workloads, std::int64_t pool_size);
 
 // Paper eq. 4: E[R] ~ 1 + CV / sqrt(P) * sqrt(2 ln K), K = number of pools.
 // Returns R (not R - 1). K = 1 gives 1.

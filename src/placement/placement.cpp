@@ -372,8 +372,12 @@ double imbalance_of_loads(std::span<const std::int64_t> loads) {
 }
 
 double imbalance_lower_bound(std::span<const std::int64_t> workloads, std::int64_t pool_size) {
+  return 1.0 + lower_bound_imbalance(workloads, pool_size);
+}
+
+double lower_bound_imbalance(std::span<const std::int64_t> workloads, std::int64_t pool_size) {
   std::int64_t sum = 0;
-  if (!validate(workloads, {.pool_size = pool_size}, sum).ok()) return 1.0;
+  if (!validate(workloads, {.pool_size = pool_size}, sum).ok()) return 0.0;
   std::vector<std::int64_t> f(workloads.begin(), workloads.end());
   std::sort(f.begin(), f.end(), std::greater<>());
   const std::size_t d = f.size();
@@ -392,7 +396,7 @@ double imbalance_lower_bound(std::span<const std::int64_t> workloads, std::int64
     const std::int64_t bottom = prefix[d] - prefix[d - (p - j - 1)];
     best = std::max(best, top + bottom);
   }
-  return 1.0 + excess_ratio(best, sum, static_cast<std::int64_t>(k));
+  return excess_ratio(best, sum, static_cast<std::int64_t>(k));
 }
 
 double lln_prediction(double cv, std::int64_t pool_size, std::int64_t num_pools) {
