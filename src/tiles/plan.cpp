@@ -1,0 +1,423 @@
+// The plan builder (tiles -> fragments, KV groups, exchange, chunks,
+// fingerprint) and the Plan accessors.
+#include <algorithm>
+#include <bit>
+#include <string>
+#include <utility>
+
+#include "tiles/plan_internal.hpp"
+
+namespace libra {
+
+namespace tiles_detail {
+
+namespace {
+
+std::string str(std::int64_t v) { return std::to_string(v); }
+
+constexpr std::uint64_t kMagicWord = 0x4e4c50415242494cULL;  // "LIBRAPLN" little-endian
+
+// Q/O or KV bytes of `tokens` tokens of `heads` heads.
+std::int64_t qo_bytes(const Geometry& g, std::int64_t tokens, std::int32_t heads) {
+  return tokens * heads * g.head_dim * g.elem_bytes;
+}
+std::int64_t kv_bytes(const Geometry& g, std::int64_t tokens, std::int32_t heads) {
+  return 2 * tokens * heads * g.head_dim * g.elem_bytes;
+}
+
+std::string tile_name(const PlacedRows& r) {
+  return "tile (slot " + str(r.slot) + ", block " + str(r.block) + ", shard " + str(r.shard) + ")";
+}
+
+}  // namespace
+
+std::vector<std::uint64_t> canonical_words(const PlanConfig& c, std::span<const PackedSequence> pool,
+                                           std::span<const Tile> tiles) {
+  std::vector<std::uint64_t> w;
+  std::size_t samples = 0;
+  for (const PackedSequence& s : pool) samples += s.size();
+  w.reserve(18 + pool.size() + samples + 4 * tiles.size());
+  auto u = [](std::int64_t v) { return static_cast<std::uint64_t>(v); };
+  w.push_back(kMagicWord);
+  w.push_back(kPlanFormatVersion);
+  w.push_back(u(c.seq_len));
+  w.push_back(u(c.cp));
+  w.push_back(u(c.block_size));
+  w.push_back(u(c.head_shards));
+  w.push_back(u(c.shape.heads_q));
+  w.push_back(u(c.shape.heads_kv));
+  w.push_back(u(c.shape.head_dim));
+  w.push_back(u(c.shape.elem_bytes));
+  w.push_back(u(c.shape.window));
+  w.push_back(std::bit_cast<std::uint64_t>(c.tau));
+  w.push_back(u(c.chunks));
+  w.push_back(static_cast<std::uint64_t>(c.mode));
+  w.push_back(c.dedup_per_kv_head ? 1U : 0U);
+  w.push_back(pool.size());
+  for (const PackedSequence& s : pool) {
+    w.push_back(s.size());
+    for (std::int64_t l : s) w.push_back(u(l));
+  }
+  w.push_back(tiles.size());
+  for (const Tile& t : tiles) {
+    w.push_back(u(t.slot) << 32 | u(t.block));
+    w.push_back(u(t.shard) << 32 | u(t.worker));
+    w.push_back(u(t.begin));
+    w.push_back(u(t.end));
+  }
+  return w;
+}
+
+std::uint64_t hash_words(std::span<const std::uint64_t> words) {
+  // FNV-1a over 64-bit words with a shift after each multiply so that high
+  // input bits reach the low output bits; splitmix64's finaliser at the end.
+  std::uint64_t h = 0xcbf29ce484222325ULL;
+  for (std::uint64_t x : words) {
+    h ^= x;
+    h *= 0x100000001b3ULL;
+    h ^= h >> 29;
+  }
+  h ^= h >> 30;
+  h *= 0xbf58476d1ce4e5b9ULL;
+  h ^= h >> 27;
+  h *= 0x94d049bb133111ebULL;
+  h ^= h >> 31;
+  return h;
+}
+
+Result<Plan> build_plan(std::span<const PackedSequence> pool, const PlanConfig& config, const Geometry& g,
+                        std::vector<PlacedRows> rows, const std::string& source) {
+  const int W = g.workers;
+  const int M = config.chunks;
+  const std::size_t W2 = static_cast<std::size_t>(W) * static_cast<std::size_t>(W);
+
+  // 1. The tile set must cut every (slot, block, shard) into consecutive
+  //    pieces that cover the block's rows exactly.
+  for (const PlacedRows& r : rows) {
+    if (r.slot < 0 || r.slot >= g.pool_size || r.shard < 0 || r.shard >= g.shards || r.block < 0 ||
+        r.block >= g.blocks(r.slot)) {
+      return invalid_input(source + ": tile (slot " + str(r.slot) + ", block " + str(r.block) + ", shard " +
+                           str(r.shard) + ") does not exist for this pool and configuration");
+    }
+    if (r.worker < 0 || r.worker >= W) {
+      return invalid_input(source + ": " + tile_name(r) + ": worker " + str(r.worker) + " is not in [0, " +
+                           str(W) + ")");
+    }
+  }
+  std::sort(rows.begin(), rows.end(), [](const PlacedRows& a, const PlacedRows& b) {
+    if (a.slot != b.slot) return a.slot < b.slot;
+    if (a.block != b.block) return a.block < b.block;
+    if (a.shard != b.shard) return a.shard < b.shard;
+    return a.begin < b.begin;
+  });
+  {
+    std::size_t i = 0;
+    for (int p = 0; p < g.pool_size; ++p) {
+      for (std::int32_t b = 0; b < g.blocks(p); ++b) {
+        const std::int64_t bb = b * g.block_size;
+        const std::int64_t be = std::min(bb + g.block_size, g.tokens[static_cast<std::size_t>(p)]);
+        for (int s = 0; s < g.shards; ++s) {
+          const PlacedRows want{p, b, s, bb, be, 0};
+          std::int64_t at = bb;
+          while (i < rows.size() && rows[i].slot == p && rows[i].block == b && rows[i].shard == s) {
+            if (rows[i].begin != at || rows[i].end <= rows[i].begin || rows[i].end > be) {
+              return invalid_input(source + ": " + tile_name(want) + ": piece rows [" + str(rows[i].begin) + ", " +
+                                   str(rows[i].end) + ") do not continue the block's rows [" + str(bb) + ", " +
+                                   str(be) + ") at " + str(at));
+            }
+            at = rows[i].end;
+            ++i;
+          }
+          if (at != be) {
+            return invalid_input(source + ": " + tile_name(want) + ": rows [" + str(at) + ", " + str(be) +
+                                 ") are not covered by any tile");
+          }
+        }
+      }
+    }
+  }
+  if (rows.size() > static_cast<std::size_t>(std::numeric_limits<std::int32_t>::max() / 2)) {
+    return invalid_input(source + ": too many tiles");
+  }
+
+  auto d = std::make_shared<Plan::Data>();
+  d->config = config;
+  d->pool.assign(pool.begin(), pool.end());
+  d->pool_size = g.pool_size;
+  d->num_workers = W;
+  d->head_width = g.head_width;
+
+  // 2. Tiles and fragments.
+  d->tiles.resize(rows.size());
+  d->fragments.reserve(rows.size() * 2);
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const PlacedRows& r = rows[i];
+    Tile& t = d->tiles[i];
+    t.id = static_cast<std::int32_t>(i);
+    t.slot = r.slot;
+    t.block = r.block;
+    t.shard = r.shard;
+    t.piece = (i > 0 && rows[i - 1].slot == r.slot && rows[i - 1].block == r.block && rows[i - 1].shard == r.shard)
+                  ? d->tiles[i - 1].piece + 1
+                  : 0;
+    t.begin = r.begin;
+    t.end = r.end;
+    t.heads = g.shard_heads(r.shard);
+    t.kv_heads = g.shard_kv_heads(r.shard);
+    t.home = g.home(r.slot, r.begin);
+    t.worker = r.worker;
+    t.fragment_begin = static_cast<std::int32_t>(d->fragments.size());
+    std::int64_t pairs = 0;
+    for (std::int32_t j = g.sample_at(r.slot, r.begin); j < g.sample_base[r.slot + 1] && g.starts[j] < r.end; ++j) {
+      Fragment f;
+      f.tile = t.id;
+      f.slot = r.slot;
+      f.sample = j - g.sample_base[r.slot];
+      f.group = g.group_id(j, r.shard);
+      f.sample_start = g.starts[j];
+      f.sample_length = g.lengths[j];
+      f.a = std::max(r.begin, f.sample_start) - f.sample_start;
+      f.e = std::min(r.end, f.sample_start + f.sample_length) - f.sample_start;
+      f.key_begin = g.window == kFullCausal ? 0 : std::max<std::int64_t>(0, f.a - g.window + 1);
+      pairs += causal_pairs(f.a, f.e, g.window).value();
+      d->fragments.push_back(f);
+    }
+    t.flops = pairs * g.head_width;
+    t.fragment_end = static_cast<std::int32_t>(d->fragments.size());
+  }
+
+  // 3. KV groups, densely numbered (global sample, key); rep_shard is a
+  //    shard whose query heads use the group, for the chunk rule.
+  const std::int32_t total_samples = g.sample_base.back();
+  d->groups.resize(static_cast<std::size_t>(total_samples) * g.keys_per_sample);
+  std::vector<HeadRange> rep_shard_heads(d->groups.size());
+  for (int p = 0; p < g.pool_size; ++p) {
+    for (std::int32_t j = g.sample_base[p]; j < g.sample_base[p + 1]; ++j) {
+      for (int k = 0; k < g.keys_per_sample; ++k) {
+        const std::size_t id = static_cast<std::size_t>(j) * g.keys_per_sample + k;
+        KvGroup& grp = d->groups[id];
+        grp.slot = p;
+        grp.sample = j - g.sample_base[p];
+        grp.begin = g.starts[j];
+        grp.end = g.starts[j] + g.lengths[j];
+        if (g.dedup_per_kv_head && g.shards > g.heads_kv) {
+          grp.key = k;
+          grp.kv_heads = {k, k + 1};
+          rep_shard_heads[id] = g.shard_heads(k * g.group_size / g.head_width);
+        } else {
+          grp.key = g.dedup_per_kv_head ? g.shard_kv_heads(k).begin : k;
+          grp.kv_heads = g.shard_kv_heads(k);
+          rep_shard_heads[id] = g.shard_heads(k);
+        }
+      }
+    }
+  }
+
+  // 4. Compute lists and loads.
+  d->worker_tile_offsets.assign(static_cast<std::size_t>(W) + 1, 0);
+  d->worker_flops.assign(static_cast<std::size_t>(W), 0);
+  for (const Tile& t : d->tiles) {
+    ++d->worker_tile_offsets[static_cast<std::size_t>(t.worker) + 1];
+    d->worker_flops[static_cast<std::size_t>(t.worker)] += t.flops;
+  }
+  for (int r = 0; r < W; ++r) d->worker_tile_offsets[r + 1] += d->worker_tile_offsets[r];
+  d->worker_tile_ids.resize(d->tiles.size());
+  {
+    std::vector<std::size_t> at(d->worker_tile_offsets.begin(), d->worker_tile_offsets.end() - 1);
+    for (const Tile& t : d->tiles) d->worker_tile_ids[at[static_cast<std::size_t>(t.worker)]++] = t.id;
+  }
+  std::int64_t total_flops = 0, max_flops = 0;
+  for (std::int64_t f : d->worker_flops) {
+    total_flops += f;
+    max_flops = std::max(max_flops, f);
+  }
+  const double mean = static_cast<double>(total_flops) / W;
+  d->imbalance = mean > 0 ? static_cast<double>(max_flops) / mean - 1.0 : 0.0;
+
+  // 5. C_r: the groups of each worker's fragments, each once, increasing.
+  d->worker_group_offsets.assign(static_cast<std::size_t>(W) + 1, 0);
+  {
+    std::vector<std::int32_t> seen(d->groups.size(), -1);
+    for (int r = 0; r < W; ++r) {
+      const std::size_t first = d->worker_group_ids.size();
+      for (std::size_t k = d->worker_tile_offsets[r]; k < d->worker_tile_offsets[r + 1]; ++k) {
+        const Tile& t = d->tiles[static_cast<std::size_t>(d->worker_tile_ids[k])];
+        for (std::int32_t fi = t.fragment_begin; fi < t.fragment_end; ++fi) {
+          const std::int32_t grp = d->fragments[static_cast<std::size_t>(fi)].group;
+          if (seen[static_cast<std::size_t>(grp)] != r) {
+            seen[static_cast<std::size_t>(grp)] = r;
+            d->worker_group_ids.push_back(grp);
+          }
+        }
+      }
+      std::sort(d->worker_group_ids.begin() + static_cast<std::ptrdiff_t>(first), d->worker_group_ids.end());
+      d->worker_group_offsets[r + 1] = d->worker_group_ids.size();
+    }
+  }
+
+  // 6. Transfers, emitted Q (by tile), KV (by destination, group, begin),
+  //    O (by tile), then bucketed by (src, dst) with a stable counting sort.
+  std::vector<Transfer> emitted;
+  emitted.reserve(d->tiles.size() * 2 + d->worker_group_ids.size() * 2);
+  for (const Tile& t : d->tiles) {
+    if (t.worker == t.home) continue;
+    emitted.push_back({TransferKind::kQ, t.home, t.worker, t.slot, t.begin, t.end, t.heads, t.id, -1,
+                       qo_bytes(g, t.end - t.begin, t.heads.size())});
+  }
+  for (int r = 0; r < W; ++r) {
+    for (std::size_t k = d->worker_group_offsets[r]; k < d->worker_group_offsets[r + 1]; ++k) {
+      const std::int32_t gid = d->worker_group_ids[k];
+      const KvGroup& grp = d->groups[static_cast<std::size_t>(gid)];
+      for (std::int64_t x = grp.begin; x < grp.end;) {
+        const std::int64_t c = x / g.shard_len;
+        const std::int64_t y = std::min(grp.end, (c + 1) * g.shard_len);
+        const int src = static_cast<int>(grp.slot * g.cp + c);
+        if (src != r) {
+          emitted.push_back({TransferKind::kKv, src, r, grp.slot, x, y, grp.kv_heads, -1, gid,
+                             kv_bytes(g, y - x, grp.kv_heads.size())});
+        }
+        x = y;
+      }
+    }
+  }
+  for (const Tile& t : d->tiles) {
+    if (t.worker == t.home) continue;
+    emitted.push_back({TransferKind::kO, t.worker, t.home, t.slot, t.begin, t.end, t.heads, t.id, -1,
+                       qo_bytes(g, t.end - t.begin, t.heads.size())});
+  }
+  d->transfer_offsets.assign(W2 + 1, 0);
+  d->byte_matrix.assign(W2, 0);
+  for (const Transfer& x : emitted) {
+    const std::size_t bucket = static_cast<std::size_t>(x.src) * W + x.dst;
+    ++d->transfer_offsets[bucket + 1];
+    d->byte_matrix[bucket] += x.bytes;
+    d->comm_bytes += x.bytes;
+  }
+  for (std::size_t b = 0; b < W2; ++b) d->transfer_offsets[b + 1] += d->transfer_offsets[b];
+  d->transfers.resize(emitted.size());
+  {
+    std::vector<std::size_t> at(d->transfer_offsets.begin(), d->transfer_offsets.end() - 1);
+    for (const Transfer& x : emitted) d->transfers[at[static_cast<std::size_t>(x.src) * W + x.dst]++] = x;
+  }
+
+  // 7. Chunks: every transfer restricted to chunk m's heads, same order.
+  const std::int32_t per_chunk = g.head_width / M;
+  d->chunk_offsets.assign(static_cast<std::size_t>(M) * W2 + 1, 0);
+  d->chunk_byte_matrix.assign(static_cast<std::size_t>(M) * W2, 0);
+  d->chunk_transfers.reserve(M == 1 ? d->transfers.size() : d->transfers.size() * static_cast<std::size_t>(M));
+  const Plan view(d);
+  for (int m = 0; m < M; ++m) {
+    for (std::size_t b = 0; b < W2; ++b) {
+      std::int64_t bytes = 0;
+      for (std::size_t k = d->transfer_offsets[b]; k < d->transfer_offsets[b + 1]; ++k) {
+        Transfer x = d->transfers[k];
+        if (x.kind == TransferKind::kKv) {
+          x.heads = view.chunk_kv_heads(rep_shard_heads[static_cast<std::size_t>(x.group)], x.heads, m);
+          if (x.heads.size() == 0) continue;
+          x.bytes = kv_bytes(g, x.end - x.begin, x.heads.size());
+        } else {
+          x.heads = {x.heads.begin + m * per_chunk, x.heads.begin + (m + 1) * per_chunk};
+          x.bytes = qo_bytes(g, x.end - x.begin, x.heads.size());
+        }
+        bytes += x.bytes;
+        d->chunk_transfers.push_back(x);
+      }
+      const std::size_t cb = static_cast<std::size_t>(m) * W2 + b;
+      d->chunk_byte_matrix[cb] = bytes;
+      d->chunk_offsets[cb + 1] = d->chunk_transfers.size();
+    }
+  }
+
+  // 8. Fingerprint of the defining content.
+  d->fingerprint = hash_words(canonical_words(config, pool, d->tiles));
+  return Plan(std::move(d));
+}
+
+}  // namespace tiles_detail
+
+Result<Plan> make_plan(std::span<const PackedSequence> pool, const PlanConfig& config) {
+  LIBRA_ASSIGN_OR_RETURN(tiles_detail::Geometry geo, tiles_detail::make_geometry(pool, config));
+  LIBRA_ASSIGN_OR_RETURN(std::vector<tiles_detail::PlacedRows> rows, tiles_detail::place_tiles(geo, config));
+  return tiles_detail::build_plan(pool, config, geo, std::move(rows), "plan");
+}
+
+// ---- accessors -------------------------------------------------------------
+
+const PlanConfig& Plan::config() const { return d_->config; }
+int Plan::pool_size() const { return d_->pool_size; }
+int Plan::num_workers() const { return d_->num_workers; }
+int Plan::head_width() const { return d_->head_width; }
+std::span<const PackedSequence> Plan::pool() const { return d_->pool; }
+std::span<const Tile> Plan::tiles() const { return d_->tiles; }
+std::span<const Fragment> Plan::fragments() const { return d_->fragments; }
+std::span<const KvGroup> Plan::groups() const { return d_->groups; }
+
+std::span<const std::int32_t> Plan::worker_tiles(int r) const {
+  const auto& o = d_->worker_tile_offsets;
+  return std::span<const std::int32_t>(d_->worker_tile_ids).subspan(o[r], o[r + 1] - o[r]);
+}
+std::span<const std::int32_t> Plan::worker_groups(int r) const {
+  const auto& o = d_->worker_group_offsets;
+  return std::span<const std::int32_t>(d_->worker_group_ids).subspan(o[r], o[r + 1] - o[r]);
+}
+std::span<const std::int64_t> Plan::worker_flops() const { return d_->worker_flops; }
+double Plan::imbalance() const { return d_->imbalance; }
+std::int64_t Plan::comm_bytes() const { return d_->comm_bytes; }
+std::span<const std::int64_t> Plan::byte_matrix() const { return d_->byte_matrix; }
+std::int64_t Plan::bytes(int src, int dst) const {
+  return d_->byte_matrix[static_cast<std::size_t>(src) * d_->num_workers + dst];
+}
+std::int64_t Plan::send_bytes(int r) const {
+  std::int64_t s = 0;
+  for (int dst = 0; dst < d_->num_workers; ++dst) s += bytes(r, dst);
+  return s;
+}
+std::int64_t Plan::recv_bytes(int r) const {
+  std::int64_t s = 0;
+  for (int src = 0; src < d_->num_workers; ++src) s += bytes(src, r);
+  return s;
+}
+std::span<const Transfer> Plan::transfers(int src, int dst) const {
+  const std::size_t b = static_cast<std::size_t>(src) * d_->num_workers + dst;
+  const auto& o = d_->transfer_offsets;
+  return std::span<const Transfer>(d_->transfers).subspan(o[b], o[b + 1] - o[b]);
+}
+std::span<const Transfer> Plan::all_transfers() const { return d_->transfers; }
+
+HeadRange Plan::chunk_heads(const Tile& tile, int m) const {
+  const std::int32_t w = tile.heads.size() / d_->config.chunks;
+  return {tile.heads.begin + m * w, tile.heads.begin + (m + 1) * w};
+}
+
+HeadRange Plan::chunk_kv_heads(HeadRange shard_heads, HeadRange kv_heads, int m) const {
+  const std::int32_t per_chunk = shard_heads.size() / d_->config.chunks;
+  const std::int32_t group = d_->config.shape.heads_q / d_->config.shape.heads_kv;
+  // A KV head travels with the chunk holding the first of its query heads
+  // that lies in this shard.
+  auto chunk_of = [&](std::int32_t k) { return (std::max(k * group, shard_heads.begin) - shard_heads.begin) / per_chunk; };
+  std::int32_t begin = kv_heads.end, end = kv_heads.end;
+  for (std::int32_t k = kv_heads.begin; k < kv_heads.end; ++k) {
+    const std::int32_t c = chunk_of(k);
+    if (c == m && begin == kv_heads.end) begin = k;
+    if (c > m) {
+      end = k;
+      break;
+    }
+  }
+  if (begin == kv_heads.end) return {kv_heads.end, kv_heads.end};
+  return {begin, end};
+}
+
+std::span<const Transfer> Plan::chunk_transfers(int m, int src, int dst) const {
+  const std::size_t W = static_cast<std::size_t>(d_->num_workers);
+  const std::size_t b = (static_cast<std::size_t>(m) * W + static_cast<std::size_t>(src)) * W + dst;
+  const auto& o = d_->chunk_offsets;
+  return std::span<const Transfer>(d_->chunk_transfers).subspan(o[b], o[b + 1] - o[b]);
+}
+std::int64_t Plan::chunk_bytes(int m, int src, int dst) const {
+  const std::size_t W = static_cast<std::size_t>(d_->num_workers);
+  return d_->chunk_byte_matrix[(static_cast<std::size_t>(m) * W + static_cast<std::size_t>(src)) * W + dst];
+}
+std::uint64_t Plan::fingerprint() const { return d_->fingerprint; }
+
+}  // namespace libra

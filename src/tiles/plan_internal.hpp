@@ -1,0 +1,136 @@
+// Internal to the tiles stage: the Plan's data, the pool geometry shared by
+// the placers and the plan builder, and the canonical encoding behind the
+// fingerprint and the binary file.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "libra/plan.hpp"
+
+namespace libra {
+
+struct Plan::Data {
+  PlanConfig config;
+  std::vector<PackedSequence> pool;
+  int pool_size = 0;
+  int num_workers = 0;
+  int head_width = 0;
+  std::vector<Tile> tiles;
+  std::vector<Fragment> fragments;
+  std::vector<KvGroup> groups;
+  std::vector<std::size_t> worker_tile_offsets;  // W + 1
+  std::vector<std::int32_t> worker_tile_ids;
+  std::vector<std::size_t> worker_group_offsets;  // W + 1
+  std::vector<std::int32_t> worker_group_ids;
+  std::vector<std::int64_t> worker_flops;
+  double imbalance = 0;
+  std::int64_t comm_bytes = 0;
+  std::vector<std::int64_t> byte_matrix;          // W * W
+  std::vector<Transfer> transfers;
+  std::vector<std::size_t> transfer_offsets;      // W * W + 1, bucket src * W + dst
+  std::vector<Transfer> chunk_transfers;
+  std::vector<std::size_t> chunk_offsets;         // M * W * W + 1, bucket (m * W + src) * W + dst
+  std::vector<std::int64_t> chunk_byte_matrix;    // M * W * W
+  std::uint64_t fingerprint = 0;
+};
+
+namespace tiles_detail {
+
+// Everything the placers and the builder derive from (pool, config) once.
+struct Geometry {
+  int pool_size = 0;    // P
+  int cp = 0;
+  int workers = 0;      // W
+  int shards = 0;       // S: head shards of a block (H; ulysses: cp)
+  int head_width = 0;   // query heads per tile, h_q / S
+  int group_size = 0;   // query heads per KV head, h_q / h_kv
+  int heads_kv = 0;
+  int keys_per_sample = 0;  // dedup keys per sample
+  bool dedup_per_kv_head = false;
+  std::int64_t seq_len = 0;
+  std::int64_t shard_len = 0;  // L / cp: tokens resident per worker
+  std::int64_t block_size = 0;
+  std::int64_t head_dim = 0;
+  std::int64_t elem_bytes = 0;
+  std::int64_t window = 0;
+  std::vector<std::int64_t> tokens;       // T_p
+  std::vector<std::int32_t> sample_base;  // P + 1: global index of slot p's first sample
+  std::vector<std::int64_t> starts;       // per global sample: o_j in its slot
+  std::vector<std::int64_t> lengths;      // per global sample: l_j
+
+  HeadRange shard_heads(int s) const { return {s * head_width, (s + 1) * head_width}; }
+  HeadRange shard_kv_heads(int s) const {
+    return {s * head_width / group_size, ((s + 1) * head_width - 1) / group_size + 1};
+  }
+  // Dense index of the dedup key of shard s of a sample: the shard, or with
+  // dedup_per_kv_head the shard's KV head range (several shards share one
+  // when S > h_kv).
+  int key_index(int s) const {
+    return (dedup_per_kv_head && shards > heads_kv) ? shard_kv_heads(s).begin : s;
+  }
+  std::int32_t group_id(std::int32_t global_sample, int s) const {
+    return global_sample * keys_per_sample + key_index(s);
+  }
+  std::int64_t kv_bytes_per_token(int s) const {
+    return 2 * static_cast<std::int64_t>(shard_kv_heads(s).size()) * head_dim * elem_bytes;
+  }
+  std::int64_t qo_bytes_per_row() const { return head_width * head_dim * elem_bytes; }
+  std::int32_t home(int p, std::int64_t row) const {
+    return static_cast<std::int32_t>(p * cp + row / shard_len);
+  }
+  // Tokens of [o, o + l) in slot p that reside on worker r.
+  std::int64_t local_tokens(int r, int p, std::int64_t o, std::int64_t l) const {
+    if (r / cp != p) return 0;
+    const std::int64_t lo = static_cast<std::int64_t>(r % cp) * shard_len;
+    const std::int64_t a = o > lo ? o : lo;
+    const std::int64_t b = (o + l) < (lo + shard_len) ? (o + l) : (lo + shard_len);
+    return b > a ? b - a : 0;
+  }
+  std::int32_t blocks(int p) const {
+    return static_cast<std::int32_t>((tokens[p] + block_size - 1) / block_size);
+  }
+  // Global index of the sample holding row x of slot p (x < T_p).
+  std::int32_t sample_at(int p, std::int64_t x) const;
+  // Integer FLOPs (heads x causal pairs) of rows [begin, end) of slot p.
+  std::int64_t rows_flops(int p, std::int64_t begin, std::int64_t end) const;
+};
+
+// Validates the configuration and the pool and derives the geometry.
+[[nodiscard]] Result<Geometry> make_geometry(std::span<const PackedSequence> pool, const PlanConfig& config);
+
+// Query rows [begin, end) of block `block`, shard `shard` of slot `slot`,
+// computed on `worker`: the input the builder turns into a Plan.
+struct PlacedRows {
+  std::int32_t slot = 0;
+  std::int32_t block = 0;
+  std::int32_t shard = 0;
+  std::int64_t begin = 0;
+  std::int64_t end = 0;
+  std::int32_t worker = 0;
+};
+
+// Tile placement per mode: one PlacedRows per tile (piece).
+[[nodiscard]] Result<std::vector<PlacedRows>> place_tiles(const Geometry& geo, const PlanConfig& config);
+
+// Checks that `rows` cut every (slot, block, shard) into consecutive pieces
+// covering the block exactly, then derives the whole plan. `source` names the
+// input in error messages.
+[[nodiscard]] Result<Plan> build_plan(std::span<const PackedSequence> pool, const PlanConfig& config,
+                                      const Geometry& geo, std::vector<PlacedRows> rows,
+                                      const std::string& source);
+
+// The canonical little-endian 64-bit word encoding of a plan's defining
+// content (config, pool, tiles with placement). The fingerprint hashes it and
+// the binary file stores it.
+[[nodiscard]] std::vector<std::uint64_t> canonical_words(const PlanConfig& config,
+                                                         std::span<const PackedSequence> pool,
+                                                         std::span<const Tile> tiles);
+[[nodiscard]] std::uint64_t hash_words(std::span<const std::uint64_t> words);
+
+}  // namespace tiles_detail
+}  // namespace libra

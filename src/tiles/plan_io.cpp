@@ -1,0 +1,432 @@
+// Plan files: JSON for people, a compact versioned binary for programs.
+// Both store the defining content (config, pool, tiles with placement);
+// loading re-derives everything else through the same builder and checks
+// the fingerprint, so a loaded plan is exactly the plan that was saved.
+#include <fmt/format.h>
+
+#include <bit>
+#include <cstring>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "libra/io.hpp"
+#include "tiles/plan_internal.hpp"
+
+namespace libra {
+
+namespace {
+
+using OJson = nlohmann::ordered_json;
+using tiles_detail::PlacedRows;
+
+constexpr char kMagic[8] = {'L', 'I', 'B', 'R', 'A', 'P', 'L', 'N'};
+constexpr std::size_t kHeaderBytes = 32;  // magic, u32 version, u32 flags, u64 fingerprint, u64 words
+
+std::string hex(std::uint64_t v) { return fmt::format("0x{:016x}", v); }
+
+OJson range_json(HeadRange r) { return OJson::array({r.begin, r.end}); }
+
+}  // namespace
+
+std::string plan_to_json(const Plan& plan, int indent) {
+  const PlanConfig& c = plan.config();
+  OJson j;
+  j["format"] = "libra-plan";
+  j["version"] = kPlanFormatVersion;
+  j["fingerprint"] = hex(plan.fingerprint());
+  OJson cfg;
+  cfg["mode"] = std::string(plan_mode_name(c.mode));
+  cfg["seq_len"] = c.seq_len;
+  cfg["cp"] = c.cp;
+  cfg["block_size"] = c.block_size;
+  cfg["head_shards"] = c.head_shards;
+  cfg["heads_q"] = c.shape.heads_q;
+  cfg["heads_kv"] = c.shape.heads_kv;
+  cfg["head_dim"] = c.shape.head_dim;
+  cfg["elem_bytes"] = c.shape.elem_bytes;
+  cfg["window"] = c.shape.window == kFullCausal ? OJson(nullptr) : OJson(c.shape.window);
+  cfg["tau"] = c.tau;
+  cfg["chunks"] = c.chunks;
+  cfg["dedup_per_kv_head"] = c.dedup_per_kv_head;
+  j["config"] = std::move(cfg);
+  j["pool_size"] = plan.pool_size();
+  j["num_workers"] = plan.num_workers();
+  OJson pool = OJson::array();
+  for (const PackedSequence& s : plan.pool()) pool.push_back(s);
+  j["pool"] = std::move(pool);
+  OJson tiles = OJson::array();
+  for (const Tile& t : plan.tiles()) {
+    OJson o;
+    o["id"] = t.id;
+    o["slot"] = t.slot;
+    o["block"] = t.block;
+    o["shard"] = t.shard;
+    o["piece"] = t.piece;
+    o["begin"] = t.begin;
+    o["end"] = t.end;
+    o["heads"] = range_json(t.heads);
+    o["kv_heads"] = range_json(t.kv_heads);
+    o["flops"] = t.flops;
+    o["home"] = t.home;
+    o["worker"] = t.worker;
+    tiles.push_back(std::move(o));
+  }
+  j["tiles"] = std::move(tiles);
+  j["worker_flops"] = std::vector<std::int64_t>(plan.worker_flops().begin(), plan.worker_flops().end());
+  j["imbalance"] = plan.imbalance();
+  j["comm_bytes"] = plan.comm_bytes();
+  const int W = plan.num_workers();
+  OJson matrix = OJson::array();
+  for (int src = 0; src < W; ++src) {
+    OJson row = OJson::array();
+    for (int dst = 0; dst < W; ++dst) row.push_back(plan.bytes(src, dst));
+    matrix.push_back(std::move(row));
+  }
+  j["byte_matrix"] = std::move(matrix);
+  OJson workers = OJson::array();
+  for (int r = 0; r < W; ++r) {
+    OJson o;
+    o["worker"] = r;
+    o["flops"] = plan.worker_flops()[static_cast<std::size_t>(r)];
+    o["tiles"] = plan.worker_tiles(r).size();
+    o["kv_groups"] = plan.worker_groups(r).size();
+    o["send_bytes"] = plan.send_bytes(r);
+    o["recv_bytes"] = plan.recv_bytes(r);
+    workers.push_back(std::move(o));
+  }
+  j["workers"] = std::move(workers);
+  return j.dump(indent) + "\n";
+}
+
+namespace {
+
+// Little-endian writes and reads, independent of the host's byte order.
+void put_u64(std::string& out, std::uint64_t v) {
+  for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xffU));
+}
+void put_u32(std::string& out, std::uint32_t v) {
+  for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xffU));
+}
+std::uint64_t get_u64(std::string_view in, std::size_t at) {
+  std::uint64_t v = 0;
+  for (int i = 0; i < 8; ++i) v |= static_cast<std::uint64_t>(static_cast<unsigned char>(in[at + static_cast<std::size_t>(i)])) << (8 * i);
+  return v;
+}
+std::uint32_t get_u32(std::string_view in, std::size_t at) {
+  std::uint32_t v = 0;
+  for (int i = 0; i < 4; ++i) v |= static_cast<std::uint32_t>(static_cast<unsigned char>(in[at + static_cast<std::size_t>(i)])) << (8 * i);
+  return v;
+}
+
+// Checks the summaries a file states against the re-derived plan.
+Status check_fingerprint(const Plan& plan, std::uint64_t stated, const std::string& source) {
+  if (plan.fingerprint() != stated) {
+    return mismatch_error(source + ": fingerprint " + hex(stated) + " does not match the plan's content (" +
+                          hex(plan.fingerprint()) + ")");
+  }
+  return {};
+}
+
+Result<Plan> finish(std::span<const PackedSequence> pool, const PlanConfig& config, std::vector<PlacedRows> rows,
+                    const std::string& source) {
+  auto geo = tiles_detail::make_geometry(pool, config);
+  if (!geo.ok()) return Error(geo.error().code(), source + ": " + geo.error().message());
+  return tiles_detail::build_plan(pool, config, *geo, std::move(rows), source);
+}
+
+}  // namespace
+
+std::string plan_to_binary(const Plan& plan) {
+  const std::vector<std::uint64_t> words =
+      tiles_detail::canonical_words(plan.config(), plan.pool(), plan.tiles());
+  std::string out;
+  out.reserve(kHeaderBytes + 8 * words.size());
+  out.append(kMagic, sizeof kMagic);
+  put_u32(out, kPlanFormatVersion);
+  put_u32(out, 0);
+  put_u64(out, plan.fingerprint());
+  put_u64(out, words.size());
+  for (std::uint64_t w : words) put_u64(out, w);
+  return out;
+}
+
+Result<Plan> plan_from_binary(std::string_view bytes, const std::string& source) {
+  if (bytes.size() < kHeaderBytes || std::memcmp(bytes.data(), kMagic, sizeof kMagic) != 0) {
+    return invalid_input(source + ": not a libra binary plan (missing LIBRAPLN header)");
+  }
+  const std::uint32_t version = get_u32(bytes, 8);
+  if (version != kPlanFormatVersion) {
+    return mismatch_error(source + ": plan format version " + std::to_string(version) + "; this libra reads version " +
+                          std::to_string(kPlanFormatVersion));
+  }
+  const std::uint64_t stated = get_u64(bytes, 16);
+  const std::uint64_t count = get_u64(bytes, 24);
+  if (count != (bytes.size() - kHeaderBytes) / 8 || (bytes.size() - kHeaderBytes) % 8 != 0) {
+    return invalid_input(source + ": truncated or padded binary plan (header says " + std::to_string(count) +
+                         " words, file holds " + std::to_string(bytes.size() - kHeaderBytes) + " bytes)");
+  }
+  std::vector<std::uint64_t> w(count);
+  for (std::size_t i = 0; i < count; ++i) w[i] = get_u64(bytes, kHeaderBytes + 8 * i);
+  if (tiles_detail::hash_words(w) != stated) {
+    return mismatch_error(source + ": fingerprint " + hex(stated) + " does not match the file's content");
+  }
+
+  // Decode; every count is checked against the words left before use.
+  std::size_t at = 0;
+  auto bad = [&](const std::string& what) {
+    return invalid_input(source + ": malformed binary plan at word " + std::to_string(at) + ": " + what);
+  };
+  auto next = [&](std::uint64_t& v) {
+    if (at >= w.size()) return false;
+    v = w[at++];
+    return true;
+  };
+  auto next_int = [&](auto& out, std::int64_t lo, std::int64_t hi) {
+    std::uint64_t v = 0;
+    if (!next(v)) return false;
+    const auto s = static_cast<std::int64_t>(v);
+    if (v > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()) || s < lo || s > hi) return false;
+    out = static_cast<std::remove_reference_t<decltype(out)>>(s);
+    return true;
+  };
+  constexpr std::int64_t kI32 = std::numeric_limits<std::int32_t>::max();
+  constexpr std::int64_t kI64 = std::numeric_limits<std::int64_t>::max();
+  std::uint64_t magic = 0, ver = 0;
+  if (!next(magic) || !next(ver) || ver != kPlanFormatVersion) return bad("content header");
+  PlanConfig c;
+  std::uint64_t tau_bits = 0;
+  int mode = 0, dedup = 0;
+  if (!next_int(c.seq_len, 1, kI64) || !next_int(c.cp, 1, kI32) || !next_int(c.block_size, 1, kI64) ||
+      !next_int(c.head_shards, 1, kI32) || !next_int(c.shape.heads_q, 1, kI32) ||
+      !next_int(c.shape.heads_kv, 1, kI32) || !next_int(c.shape.head_dim, 1, kI32) ||
+      !next_int(c.shape.elem_bytes, 1, kI32) || !next_int(c.shape.window, 1, kI64) || !next(tau_bits) ||
+      !next_int(c.chunks, 1, kI32) || !next_int(mode, 0, 2) || !next_int(dedup, 0, 1)) {
+    return bad("configuration");
+  }
+  c.tau = std::bit_cast<double>(tau_bits);
+  c.mode = static_cast<PlanMode>(mode);
+  c.dedup_per_kv_head = dedup != 0;
+  std::int64_t slots = 0;
+  if (!next_int(slots, 1, static_cast<std::int64_t>(w.size() - at))) return bad("pool size");
+  std::vector<PackedSequence> pool(static_cast<std::size_t>(slots));
+  for (PackedSequence& seq : pool) {
+    std::int64_t n = 0;
+    if (!next_int(n, 0, static_cast<std::int64_t>(w.size() - at))) return bad("sample count");
+    seq.resize(static_cast<std::size_t>(n));
+    for (std::int64_t& l : seq) {
+      if (!next_int(l, 1, kI64)) return bad("sample length");
+    }
+  }
+  std::int64_t ntiles = 0;
+  if (!next_int(ntiles, 0, static_cast<std::int64_t>((w.size() - at) / 4))) return bad("tile count");
+  std::vector<PlacedRows> rows(static_cast<std::size_t>(ntiles));
+  for (PlacedRows& r : rows) {
+    std::uint64_t a = 0, b = 0;
+    if (!next(a) || !next(b) || !next_int(r.begin, 0, kI64) || !next_int(r.end, 0, kI64)) return bad("tile");
+    r.slot = static_cast<std::int32_t>(a >> 32);
+    r.block = static_cast<std::int32_t>(a & 0xffffffffU);
+    r.shard = static_cast<std::int32_t>(b >> 32);
+    r.worker = static_cast<std::int32_t>(b & 0xffffffffU);
+  }
+  if (at != w.size()) return bad("trailing words");
+  LIBRA_ASSIGN_OR_RETURN(Plan plan, finish(pool, c, std::move(rows), source));
+  LIBRA_TRY(check_fingerprint(plan, stated, source));
+  return plan;
+}
+
+namespace {
+
+// Typed field access with one-line errors naming the file and the field.
+struct JsonReader {
+  const std::string& source;
+
+  Result<const OJson*> field(const OJson& obj, const char* key, const std::string& where) const {
+    if (!obj.is_object()) return invalid_input(source + ": " + where + " must be a JSON object");
+    auto it = obj.find(key);
+    if (it == obj.end()) return invalid_input(source + ": " + where + ": missing field '" + key + "'");
+    return &*it;
+  }
+  Result<std::int64_t> integer(const OJson& obj, const char* key, const std::string& where, std::int64_t lo,
+                               std::int64_t hi) const {
+    LIBRA_ASSIGN_OR_RETURN(const OJson* v, field(obj, key, where));
+    if (!v->is_number_integer()) {
+      return invalid_input(source + ": " + where + ": field '" + key + "' must be an integer");
+    }
+    if (v->is_number_unsigned() && v->get<std::uint64_t>() > static_cast<std::uint64_t>(hi)) {
+      return invalid_input(source + ": " + where + ": field '" + key + "' is out of range");
+    }
+    const auto x = v->get<std::int64_t>();
+    if (x < lo || x > hi) {
+      return invalid_input(source + ": " + where + ": field '" + key + "' = " + std::to_string(x) +
+                           " is out of range [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+    }
+    return x;
+  }
+};
+
+}  // namespace
+
+Result<Plan> plan_from_json(std::string_view text, const std::string& source) {
+  OJson j;
+  try {
+    j = OJson::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    return invalid_input(source + ": not valid JSON: " + e.what());
+  }
+  const JsonReader rd{source};
+  constexpr std::int64_t kI32 = std::numeric_limits<std::int32_t>::max();
+  constexpr std::int64_t kI64 = std::numeric_limits<std::int64_t>::max();
+  if (!j.is_object() || !j.contains("format") || j["format"] != "libra-plan") {
+    return invalid_input(source + ": not a libra plan (field 'format' must be \"libra-plan\")");
+  }
+  LIBRA_ASSIGN_OR_RETURN(std::int64_t version, rd.integer(j, "version", "plan", 0, kI64));
+  if (version != kPlanFormatVersion) {
+    return mismatch_error(source + ": plan format version " + std::to_string(version) + "; this libra reads version " +
+                          std::to_string(kPlanFormatVersion));
+  }
+  LIBRA_ASSIGN_OR_RETURN(const OJson* fp, rd.field(j, "fingerprint", "plan"));
+  std::uint64_t stated = 0;
+  {
+    const std::string s = fp->is_string() ? fp->get<std::string>() : std::string();
+    if (s.size() != 18 || s.rfind("0x", 0) != 0 ||
+        s.find_first_not_of("0123456789abcdef", 2) != std::string::npos) {
+      return invalid_input(source + ": field 'fingerprint' must be a string 0x followed by 16 lowercase hex digits");
+    }
+    stated = std::stoull(s.substr(2), nullptr, 16);
+  }
+
+  LIBRA_ASSIGN_OR_RETURN(const OJson* cfg, rd.field(j, "config", "plan"));
+  PlanConfig c;
+  {
+    const std::string w = "config";
+    LIBRA_ASSIGN_OR_RETURN(const OJson* mode, rd.field(*cfg, "mode", w));
+    if (!mode->is_string()) return invalid_input(source + ": config: field 'mode' must be a string");
+    auto m = parse_plan_mode(mode->get<std::string>());
+    if (!m.ok()) return invalid_input(source + ": config: " + m.error().message());
+    c.mode = *m;
+    LIBRA_ASSIGN_OR_RETURN(c.seq_len, rd.integer(*cfg, "seq_len", w, 1, kI64));
+    LIBRA_ASSIGN_OR_RETURN(std::int64_t cp, rd.integer(*cfg, "cp", w, 1, kI32));
+    LIBRA_ASSIGN_OR_RETURN(c.block_size, rd.integer(*cfg, "block_size", w, 1, kI64));
+    LIBRA_ASSIGN_OR_RETURN(std::int64_t hs, rd.integer(*cfg, "head_shards", w, 1, kI32));
+    LIBRA_ASSIGN_OR_RETURN(std::int64_t hq, rd.integer(*cfg, "heads_q", w, 1, kI32));
+    LIBRA_ASSIGN_OR_RETURN(std::int64_t hkv, rd.integer(*cfg, "heads_kv", w, 1, kI32));
+    LIBRA_ASSIGN_OR_RETURN(std::int64_t hd, rd.integer(*cfg, "head_dim", w, 1, kI32));
+    LIBRA_ASSIGN_OR_RETURN(std::int64_t eb, rd.integer(*cfg, "elem_bytes", w, 1, kI32));
+    LIBRA_ASSIGN_OR_RETURN(std::int64_t chunks, rd.integer(*cfg, "chunks", w, 1, kI32));
+    c.cp = static_cast<int>(cp);
+    c.head_shards = static_cast<int>(hs);
+    c.shape.heads_q = static_cast<int>(hq);
+    c.shape.heads_kv = static_cast<int>(hkv);
+    c.shape.head_dim = static_cast<int>(hd);
+    c.shape.elem_bytes = static_cast<int>(eb);
+    c.chunks = static_cast<int>(chunks);
+    LIBRA_ASSIGN_OR_RETURN(const OJson* win, rd.field(*cfg, "window", w));
+    if (win->is_null()) {
+      c.shape.window = kFullCausal;
+    } else {
+      LIBRA_ASSIGN_OR_RETURN(c.shape.window, rd.integer(*cfg, "window", w, 1, kI64));
+    }
+    LIBRA_ASSIGN_OR_RETURN(const OJson* tau, rd.field(*cfg, "tau", w));
+    if (!tau->is_number()) return invalid_input(source + ": config: field 'tau' must be a number");
+    c.tau = tau->get<double>();
+    LIBRA_ASSIGN_OR_RETURN(const OJson* dedup, rd.field(*cfg, "dedup_per_kv_head", w));
+    if (!dedup->is_boolean()) return invalid_input(source + ": config: field 'dedup_per_kv_head' must be true or false");
+    c.dedup_per_kv_head = dedup->get<bool>();
+  }
+
+  LIBRA_ASSIGN_OR_RETURN(const OJson* pj, rd.field(j, "pool", "plan"));
+  if (!pj->is_array()) return invalid_input(source + ": field 'pool' must be an array of arrays of lengths");
+  std::vector<PackedSequence> pool;
+  for (std::size_t p = 0; p < pj->size(); ++p) {
+    const OJson& seq = (*pj)[p];
+    if (!seq.is_array()) return invalid_input(source + ": pool slot " + std::to_string(p) + " must be an array");
+    PackedSequence s;
+    for (const OJson& l : seq) {
+      if (!l.is_number_integer()) {
+        return invalid_input(source + ": pool slot " + std::to_string(p) + ": sample lengths must be integers");
+      }
+      s.push_back(l.get<std::int64_t>());
+    }
+    pool.push_back(std::move(s));
+  }
+
+  LIBRA_ASSIGN_OR_RETURN(const OJson* tj, rd.field(j, "tiles", "plan"));
+  if (!tj->is_array()) return invalid_input(source + ": field 'tiles' must be an array");
+  std::vector<PlacedRows> rows;
+  rows.reserve(tj->size());
+  for (std::size_t i = 0; i < tj->size(); ++i) {
+    const OJson& t = (*tj)[i];
+    const std::string w = "tiles[" + std::to_string(i) + "]";
+    PlacedRows r;
+    LIBRA_ASSIGN_OR_RETURN(std::int64_t slot, rd.integer(t, "slot", w, 0, kI32));
+    LIBRA_ASSIGN_OR_RETURN(std::int64_t block, rd.integer(t, "block", w, 0, kI32));
+    LIBRA_ASSIGN_OR_RETURN(std::int64_t shard, rd.integer(t, "shard", w, 0, kI32));
+    LIBRA_ASSIGN_OR_RETURN(std::int64_t worker, rd.integer(t, "worker", w, 0, kI32));
+    LIBRA_ASSIGN_OR_RETURN(r.begin, rd.integer(t, "begin", w, 0, kI64));
+    LIBRA_ASSIGN_OR_RETURN(r.end, rd.integer(t, "end", w, 0, kI64));
+    r.slot = static_cast<std::int32_t>(slot);
+    r.block = static_cast<std::int32_t>(block);
+    r.shard = static_cast<std::int32_t>(shard);
+    r.worker = static_cast<std::int32_t>(worker);
+    rows.push_back(r);
+  }
+  LIBRA_ASSIGN_OR_RETURN(Plan plan, finish(pool, c, std::move(rows), source));
+  LIBRA_TRY(check_fingerprint(plan, stated, source));
+
+  // Stated summaries, where present, must agree with the re-derived plan.
+  for (std::size_t i = 0; i < tj->size(); ++i) {
+    const OJson& t = (*tj)[i];
+    const Tile& d = plan.tiles()[i];
+    for (const auto& [key, want] : {std::pair<const char*, std::int64_t>{"id", d.id}, {"flops", d.flops},
+                                    {"home", d.home}, {"piece", d.piece}}) {
+      if (t.contains(key) && (!t[key].is_number_integer() || t[key].get<std::int64_t>() != want)) {
+        return mismatch_error(source + ": tiles[" + std::to_string(i) + "]: field '" + key +
+                              "' disagrees with the plan (" + std::to_string(want) + ")");
+      }
+    }
+  }
+  if (j.contains("comm_bytes") && j["comm_bytes"] != plan.comm_bytes()) {
+    return mismatch_error(source + ": field 'comm_bytes' disagrees with the plan (" +
+                          std::to_string(plan.comm_bytes()) + ")");
+  }
+  if (j.contains("worker_flops") &&
+      j["worker_flops"] != OJson(std::vector<std::int64_t>(plan.worker_flops().begin(), plan.worker_flops().end()))) {
+    return mismatch_error(source + ": field 'worker_flops' disagrees with the plan");
+  }
+  if (j.contains("byte_matrix")) {
+    const OJson& m = j["byte_matrix"];
+    const int W = plan.num_workers();
+    bool same = m.is_array() && m.size() == static_cast<std::size_t>(W);
+    for (int s = 0; same && s < W; ++s) {
+      const OJson& row = m[static_cast<std::size_t>(s)];
+      same = row.is_array() && row.size() == static_cast<std::size_t>(W);
+      for (int d = 0; same && d < W; ++d) same = row[static_cast<std::size_t>(d)] == plan.bytes(s, d);
+    }
+    if (!same) return mismatch_error(source + ": field 'byte_matrix' disagrees with the plan");
+  }
+  return plan;
+}
+
+PlanFileFormat plan_format_for_path(const std::string& path) {
+  const std::string ext = ".json";
+  return path.size() >= ext.size() && path.compare(path.size() - ext.size(), ext.size(), ext) == 0
+             ? PlanFileFormat::kJson
+             : PlanFileFormat::kBinary;
+}
+
+Status save_plan(const Plan& plan, const std::string& path) { return save_plan(plan, path, plan_format_for_path(path)); }
+
+Status save_plan(const Plan& plan, const std::string& path, PlanFileFormat format) {
+  return write_file_atomic(path, format == PlanFileFormat::kJson ? plan_to_json(plan) : plan_to_binary(plan));
+}
+
+Result<Plan> load_plan(const std::string& path) {
+  LIBRA_ASSIGN_OR_RETURN(std::string bytes, read_file(path));
+  if (bytes.size() >= sizeof kMagic && std::memcmp(bytes.data(), kMagic, sizeof kMagic) == 0) {
+    return plan_from_binary(bytes, path);
+  }
+  return plan_from_json(bytes, path);
+}
+
+}  // namespace libra

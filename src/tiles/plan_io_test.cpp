@@ -1,0 +1,180 @@
+// Plan files: round trips through JSON and binary, and rejection of files
+// of another version, with a wrong fingerprint or inconsistent content.
+#include <gtest/gtest.h>
+#include <rapidcheck.h>
+#include <rapidcheck/gtest.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "libra/io.hpp"
+#include "libra/plan.hpp"
+
+namespace {
+
+using libra::PackedSequence;
+using libra::Plan;
+using libra::PlanConfig;
+using libra::PlanMode;
+
+PlanConfig small_config(PlanMode mode) {
+  PlanConfig c;
+  c.seq_len = 64;
+  c.cp = 2;
+  c.block_size = 8;
+  c.head_shards = 4;
+  c.shape = {.heads_q = 8, .heads_kv = 2, .head_dim = 16, .elem_bytes = 2};
+  c.chunks = 2;
+  c.mode = mode;
+  return c;
+}
+
+const std::vector<PackedSequence> kPool = {{40, 3, 9}, {7, 7}, {64}, {1, 2, 3, 4, 5}};
+
+void expect_same_plan(const Plan& a, const Plan& b) {
+  EXPECT_EQ(a.fingerprint(), b.fingerprint());
+  ASSERT_EQ(a.tiles().size(), b.tiles().size());
+  for (std::size_t i = 0; i < a.tiles().size(); ++i) {
+    const libra::Tile& x = a.tiles()[i];
+    const libra::Tile& y = b.tiles()[i];
+    EXPECT_EQ(std::tie(x.slot, x.block, x.shard, x.piece, x.begin, x.end, x.flops, x.home, x.worker),
+              std::tie(y.slot, y.block, y.shard, y.piece, y.begin, y.end, y.flops, y.home, y.worker));
+  }
+  EXPECT_EQ(std::vector<std::int64_t>(a.byte_matrix().begin(), a.byte_matrix().end()),
+            std::vector<std::int64_t>(b.byte_matrix().begin(), b.byte_matrix().end()));
+  EXPECT_EQ(a.all_transfers().size(), b.all_transfers().size());
+  EXPECT_EQ(a.config().tau, b.config().tau);
+}
+
+TEST(PlanFile, RoundTripsThroughJsonAndBinaryInEveryMode) {
+  for (PlanMode mode : {PlanMode::kTap, PlanMode::kUlysses, PlanMode::kTapSplit}) {
+    PlanConfig c = small_config(mode);
+    c.tau = 0.1 / 3;  // not exactly representable in decimal
+    c.shape.window = mode == PlanMode::kUlysses ? 5 : libra::kFullCausal;
+    auto plan = libra::make_plan(kPool, c);
+    ASSERT_TRUE(plan.ok()) << plan.error().message();
+    auto from_json = libra::plan_from_json(libra::plan_to_json(*plan));
+    ASSERT_TRUE(from_json.ok()) << from_json.error().message();
+    expect_same_plan(*plan, *from_json);
+    auto from_bin = libra::plan_from_binary(libra::plan_to_binary(*plan));
+    ASSERT_TRUE(from_bin.ok()) << from_bin.error().message();
+    expect_same_plan(*plan, *from_bin);
+  }
+}
+
+TEST(PlanFile, FingerprintIsStableAndContentSensitive) {
+  const PlanConfig c = small_config(PlanMode::kTap);
+  auto a = libra::make_plan(kPool, c);
+  auto b = libra::make_plan(kPool, c);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(a->fingerprint(), b->fingerprint());
+  PlanConfig c2 = c;
+  c2.tau = 0.04;
+  std::vector<PackedSequence> pool2 = kPool;
+  pool2[3][0] = 2;
+  pool2[3][1] = 1;
+  auto other_tau = libra::make_plan(kPool, c2);
+  auto other_pool = libra::make_plan(pool2, c);
+  ASSERT_TRUE(other_tau.ok() && other_pool.ok());
+  EXPECT_NE(a->fingerprint(), other_tau->fingerprint());
+  EXPECT_NE(a->fingerprint(), other_pool->fingerprint());
+}
+
+TEST(PlanFile, SavesAtomicallyAndLoadsByContent) {
+  auto plan = libra::make_plan(kPool, small_config(PlanMode::kTapSplit));
+  ASSERT_TRUE(plan.ok());
+  const auto dir = std::filesystem::temp_directory_path() / ("libra_plan_test_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  for (const char* name : {"p.json", "p.bin", "p.plan"}) {
+    const std::string path = (dir / name).string();
+    ASSERT_TRUE(libra::save_plan(*plan, path).ok());
+    auto loaded = libra::load_plan(path);
+    ASSERT_TRUE(loaded.ok()) << loaded.error().message();
+    expect_same_plan(*plan, *loaded);
+  }
+  auto bytes = libra::read_file((dir / "p.bin").string());
+  ASSERT_TRUE(bytes.ok());
+  EXPECT_EQ(bytes->substr(0, 8), "LIBRAPLN");
+  EXPECT_EQ(libra::plan_format_for_path("x.json"), libra::PlanFileFormat::kJson);
+  EXPECT_EQ(libra::plan_format_for_path("x.bin"), libra::PlanFileFormat::kBinary);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(PlanFile, RejectsOtherVersionsAndTamperedContent) {
+  auto plan = libra::make_plan(kPool, small_config(PlanMode::kTap));
+  ASSERT_TRUE(plan.ok());
+  const nlohmann::json j = nlohmann::json::parse(libra::plan_to_json(*plan));
+
+  auto expect_error = [](const libra::Result<Plan>& r, const std::string& part) {
+    ASSERT_FALSE(r.ok()) << part;
+    EXPECT_NE(r.error().message().find(part), std::string::npos) << r.error().message();
+    EXPECT_EQ(r.error().message().find('\n'), std::string::npos);
+  };
+  {
+    auto k = j;
+    k["version"] = 2;
+    expect_error(libra::plan_from_json(k.dump(), "p.json"), "p.json: plan format version 2");
+  }
+  {
+    auto k = j;
+    const int w = k["tiles"][0]["worker"].get<int>();
+    k["tiles"][0]["worker"] = (w + 1) % plan->num_workers();
+    k.erase("worker_flops");
+    k.erase("byte_matrix");
+    k.erase("comm_bytes");
+    k["tiles"][0].erase("flops");
+    expect_error(libra::plan_from_json(k.dump(), "p.json"), "does not match");
+  }
+  {
+    auto k = j;
+    k["comm_bytes"] = k["comm_bytes"].get<std::int64_t>() + 1;
+    expect_error(libra::plan_from_json(k.dump(), "p.json"), "comm_bytes");
+  }
+  {
+    auto k = j;
+    k["tiles"].erase(k["tiles"].size() - 1);
+    expect_error(libra::plan_from_json(k.dump(), "p.json"), "not covered");
+  }
+  {
+    auto k = j;
+    k["config"]["cp"] = 3;
+    expect_error(libra::plan_from_json(k.dump(), "p.json"), "p.json: plan config: seq_len 64 must be divisible by cp 3");
+  }
+  expect_error(libra::plan_from_json("{\"format\": ", "p.json"), "p.json: not valid JSON");
+  expect_error(libra::plan_from_json("[1]", "p.json"), "not a libra plan");
+
+  const std::string bin = libra::plan_to_binary(*plan);
+  {
+    std::string k = bin;
+    k[8] = 7;  // version
+    expect_error(libra::plan_from_binary(k, "p.bin"), "p.bin: plan format version 7");
+  }
+  {
+    std::string k = bin;
+    k[k.size() - 1] ^= 1;  // last tile's end row
+    expect_error(libra::plan_from_binary(k, "p.bin"), "fingerprint");
+  }
+  expect_error(libra::plan_from_binary(bin.substr(0, bin.size() - 3), "p.bin"), "truncated");
+  expect_error(libra::plan_from_binary("hello", "p.bin"), "not a libra binary plan");
+}
+
+RC_GTEST_PROP(PlanFile, BinaryParserNeverCrashesOnCorruptedBytes, ()) {
+  static const std::string bin = [] {
+    auto plan = libra::make_plan(kPool, small_config(PlanMode::kTapSplit));
+    return libra::plan_to_binary(*plan);
+  }();
+  std::string k = bin;
+  const auto flips = *rc::gen::inRange<std::size_t>(1, 4);
+  for (std::size_t i = 0; i < flips; ++i) {
+    const auto at = *rc::gen::inRange<std::size_t>(0, k.size());
+    k[at] = static_cast<char>(*rc::gen::arbitrary<unsigned char>());
+  }
+  const auto cut = *rc::gen::inRange<std::size_t>(0, k.size() + 1);
+  auto r = libra::plan_from_binary(k.substr(0, cut), "p.bin");
+  if (r.ok()) RC_ASSERT(r->fingerprint() == libra::plan_from_binary(bin)->fingerprint());
+}
+
+}  // namespace

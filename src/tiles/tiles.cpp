@@ -1,0 +1,414 @@
+// SH-Tiles and their placement: configuration checks, pool geometry, and
+// the three placers (tap, ulysses, tap-split).
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "libra/checked.hpp"
+#include "tiles/plan_internal.hpp"
+
+namespace libra {
+
+std::string_view plan_mode_name(PlanMode mode) {
+  switch (mode) {
+    case PlanMode::kTap:
+      return "tap";
+    case PlanMode::kUlysses:
+      return "ulysses";
+    case PlanMode::kTapSplit:
+      return "tap-split";
+  }
+  return "unknown";
+}
+
+Result<PlanMode> parse_plan_mode(std::string_view name) {
+  for (PlanMode m : {PlanMode::kTap, PlanMode::kUlysses, PlanMode::kTapSplit}) {
+    if (name == plan_mode_name(m)) return m;
+  }
+  return invalid_input("plan mode '" + std::string(name) + "': must be one of tap, ulysses, tap-split");
+}
+
+namespace {
+
+std::string str(std::int64_t v) { return std::to_string(v); }
+
+Error config_error(const std::string& rule) { return invalid_input("plan config: " + rule); }
+
+// Upper bound on the number of workers in one pool: the byte matrix and its
+// per-chunk copies are W x W.
+constexpr int kMaxWorkers = 4096;
+
+}  // namespace
+
+Status validate_plan_config(const PlanConfig& c) {
+  const AttentionShape& s = c.shape;
+  if (c.seq_len < 1) return config_error("seq_len " + str(c.seq_len) + " must be positive");
+  if (c.cp < 1) return config_error("cp " + str(c.cp) + " must be positive");
+  if (c.block_size < 1) return config_error("block_size " + str(c.block_size) + " must be positive");
+  if (c.head_shards < 1) return config_error("head_shards " + str(c.head_shards) + " must be positive");
+  if (s.heads_q < 1) return config_error("heads_q " + str(s.heads_q) + " must be positive");
+  if (s.heads_kv < 1) return config_error("heads_kv " + str(s.heads_kv) + " must be positive");
+  if (s.head_dim < 1) return config_error("head_dim " + str(s.head_dim) + " must be positive");
+  if (s.elem_bytes < 1) return config_error("elem_bytes " + str(s.elem_bytes) + " must be positive");
+  if (s.window < 1) return config_error("window " + str(s.window) + " must be positive");
+  if (!std::isfinite(c.tau) || c.tau < 0) {
+    return config_error("tau " + std::to_string(c.tau) + " must be a finite number >= 0");
+  }
+  if (c.chunks < 1) return config_error("chunks " + str(c.chunks) + " must be positive");
+  if (s.heads_q % s.heads_kv != 0) {
+    return config_error("heads_kv " + str(s.heads_kv) + " must divide heads_q " + str(s.heads_q));
+  }
+  if (c.seq_len % c.cp != 0) {
+    return config_error("seq_len " + str(c.seq_len) + " must be divisible by cp " + str(c.cp));
+  }
+  if ((c.seq_len / c.cp) % c.block_size != 0) {
+    return config_error("seq_len / cp = " + str(c.seq_len / c.cp) + " must be divisible by block_size " +
+                        str(c.block_size));
+  }
+  if (s.heads_q % c.head_shards != 0) {
+    return config_error("head_shards " + str(c.head_shards) + " must divide heads_q " + str(s.heads_q));
+  }
+  if (c.head_shards % s.heads_kv != 0 && s.heads_kv % c.head_shards != 0) {
+    return config_error("head_shards " + str(c.head_shards) + " and heads_kv " + str(s.heads_kv) +
+                        ": one must divide the other");
+  }
+  if ((s.heads_q / c.head_shards) % c.chunks != 0) {
+    return config_error("chunks " + str(c.chunks) + " must divide heads_q / head_shards = " +
+                        str(s.heads_q / c.head_shards));
+  }
+  if (c.mode == PlanMode::kUlysses) {
+    if (s.heads_q % c.cp != 0) {
+      return config_error("mode ulysses: cp " + str(c.cp) + " must divide heads_q " + str(s.heads_q));
+    }
+    if (c.cp % s.heads_kv != 0 && s.heads_kv % c.cp != 0) {
+      return config_error("mode ulysses: cp " + str(c.cp) + " and heads_kv " + str(s.heads_kv) +
+                          ": one must divide the other");
+    }
+    if ((s.heads_q / c.cp) % c.chunks != 0) {
+      return config_error("mode ulysses: chunks " + str(c.chunks) + " must divide heads_q / cp = " +
+                          str(s.heads_q / c.cp));
+    }
+  }
+  if (c.mode != PlanMode::kTap && c.mode != PlanMode::kUlysses && c.mode != PlanMode::kTapSplit) {
+    return config_error("unknown plan mode " + str(static_cast<int>(c.mode)));
+  }
+  return {};
+}
+
+namespace tiles_detail {
+
+std::int32_t Geometry::sample_at(int p, std::int64_t x) const {
+  const auto first = starts.begin() + sample_base[p];
+  const auto last = starts.begin() + sample_base[p + 1];
+  return static_cast<std::int32_t>(std::upper_bound(first, last, x) - starts.begin() - 1);
+}
+
+std::int64_t Geometry::rows_flops(int p, std::int64_t begin, std::int64_t end) const {
+  // make_geometry bounded the whole pool's FLOPs, so no partial sum overflows.
+  std::int64_t pairs = 0;
+  for (std::int32_t j = sample_at(p, begin); j < sample_base[p + 1] && starts[j] < end; ++j) {
+    const std::int64_t o = starts[j];
+    const std::int64_t lo = std::max(begin, o) - o;
+    const std::int64_t hi = std::min(end, o + lengths[j]) - o;
+    pairs += causal_pairs(lo, hi, window).value();
+  }
+  return pairs * head_width;
+}
+
+Result<Geometry> make_geometry(std::span<const PackedSequence> pool, const PlanConfig& config) {
+  LIBRA_TRY(validate_plan_config(config));
+  if (pool.empty()) return invalid_input("pool: empty; a pool needs at least one slot");
+  const std::int64_t workers = static_cast<std::int64_t>(pool.size()) * config.cp;
+  if (workers > kMaxWorkers) {
+    return invalid_input("pool: " + str(static_cast<std::int64_t>(pool.size())) + " slots x cp " + str(config.cp) +
+                         " = " + str(workers) + " workers; at most " + str(kMaxWorkers) + " are supported");
+  }
+  Geometry g;
+  g.pool_size = static_cast<int>(pool.size());
+  g.cp = config.cp;
+  g.workers = static_cast<int>(workers);
+  g.shards = config.mode == PlanMode::kUlysses ? config.cp : config.head_shards;
+  g.head_width = config.shape.heads_q / g.shards;
+  g.group_size = config.shape.heads_q / config.shape.heads_kv;
+  g.heads_kv = config.shape.heads_kv;
+  g.dedup_per_kv_head = config.dedup_per_kv_head;
+  g.keys_per_sample = (config.dedup_per_kv_head && g.shards > g.heads_kv) ? g.heads_kv : g.shards;
+  g.seq_len = config.seq_len;
+  g.shard_len = config.seq_len / config.cp;
+  g.block_size = config.block_size;
+  g.head_dim = config.shape.head_dim;
+  g.elem_bytes = config.shape.elem_bytes;
+  g.window = config.shape.window;
+  g.tokens.reserve(pool.size());
+  g.sample_base.reserve(pool.size() + 1);
+  g.sample_base.push_back(0);
+
+  std::int64_t total_samples = 0;
+  std::int64_t total_tokens = 0;
+  std::int64_t total_pairs = 0;
+  for (std::size_t p = 0; p < pool.size(); ++p) {
+    const PackedSequence& seq = pool[p];
+    const std::string where = "pool slot " + str(static_cast<std::int64_t>(p));
+    if (seq.empty()) return invalid_input(where + ": packed sequence is empty; every slot needs a sample");
+    std::int64_t t = 0;
+    for (std::size_t j = 0; j < seq.size(); ++j) {
+      const std::int64_t l = seq[j];
+      if (l <= 0) {
+        return invalid_input(where + ", sample " + str(static_cast<std::int64_t>(j)) + ": length " + str(l) +
+                             " must be positive");
+      }
+      if (l > config.seq_len - t) {
+        return invalid_input(where + ": sequence is longer than seq_len " + str(config.seq_len) +
+                             " (exceeded at sample " + str(static_cast<std::int64_t>(j)) + ")");
+      }
+      g.starts.push_back(t);
+      g.lengths.push_back(l);
+      auto pairs = causal_pairs(0, l, config.shape.window);
+      if (!pairs.ok()) return invalid_input(where + ": " + pairs.error().message());
+      auto sum = checked_add(total_pairs, *pairs);
+      if (!sum) return invalid_input(where + ": causal pair count of the pool exceeds the 64-bit range");
+      total_pairs = *sum;
+      t += l;
+    }
+    total_samples += static_cast<std::int64_t>(seq.size());
+    if (total_samples * g.keys_per_sample > std::numeric_limits<std::int32_t>::max()) {
+      return invalid_input(where + ": too many samples in the pool (KV groups exceed 2^31 - 1)");
+    }
+    g.tokens.push_back(t);
+    total_tokens += t;
+    g.sample_base.push_back(static_cast<std::int32_t>(total_samples));
+  }
+  // Every FLOP and byte count below is bounded by these totals, so the hot
+  // loops can use plain int64 arithmetic.
+  if (!checked_mul(total_pairs, config.shape.heads_q)) {
+    return invalid_input("pool: total attention FLOPs exceed the 64-bit range");
+  }
+  const long double kv_bound = static_cast<long double>(workers) * static_cast<long double>(total_tokens) *
+                               g.keys_per_sample * 2.0L * g.heads_kv * g.head_dim * g.elem_bytes;
+  const long double qo_bound = 2.0L * static_cast<long double>(total_tokens) * config.shape.heads_q * g.head_dim *
+                               g.elem_bytes;
+  if (kv_bound + qo_bound > static_cast<long double>(std::numeric_limits<std::int64_t>::max() / 4)) {
+    return invalid_input("pool: exchange byte counts may exceed the 64-bit range for this configuration");
+  }
+  std::int64_t tiles = 0;
+  for (int p = 0; p < g.pool_size; ++p) tiles += static_cast<std::int64_t>(g.blocks(p)) * g.shards;
+  if (tiles > std::numeric_limits<std::int32_t>::max() / 2) {
+    return invalid_input("pool: " + str(tiles) + " tiles; at most 2^30 are supported");
+  }
+  return g;
+}
+
+namespace {
+
+struct PlaceFrag {
+  std::int32_t group;
+  std::int64_t start;
+  std::int64_t length;
+  std::int64_t kv_bytes_per_token;
+};
+
+// TAP's running state: loads and the committed KV groups C_r as a bitset
+// (group-major, so a tile's groups are tested for all workers close together).
+class Placer {
+ public:
+  Placer(const Geometry& geo, double capacity)
+      : geo_(geo),
+        capacity_(capacity),
+        words_((static_cast<std::size_t>(geo.workers) + 63) / 64),
+        loads_(static_cast<std::size_t>(geo.workers), 0),
+        committed_(static_cast<std::size_t>(geo.sample_base.back()) * geo.keys_per_sample * words_, 0) {}
+
+  struct Choice {
+    int worker = -1;  // best in the headroom set, or -1 if it is empty
+    int fallback = 0; // minimum of (load, dcomm, r)
+  };
+
+  // Loads the fragments of rows [begin, end) of (p, s) and evaluates every
+  // worker for a tile of `flops` with Q-home `home`.
+  Choice evaluate(int p, int s, std::int64_t begin, std::int64_t end, std::int64_t flops) {
+    frags_.clear();
+    const std::int64_t vkv = geo_.kv_bytes_per_token(s);
+    for (std::int32_t j = geo_.sample_at(p, begin); j < geo_.sample_base[p + 1] && geo_.starts[j] < end; ++j) {
+      frags_.push_back({geo_.group_id(j, s), geo_.starts[j], geo_.lengths[j], vkv});
+    }
+    const int home = geo_.home(p, begin);
+    const std::int64_t vqo = 2 * (end - begin) * geo_.qo_bytes_per_row();
+    Choice c;
+    std::int64_t best_dc = 0, best_load = 0, fb_dc = 0, fb_load = 0;
+    for (int r = 0; r < geo_.workers; ++r) {
+      std::int64_t dc = r != home ? vqo : 0;
+      for (const PlaceFrag& f : frags_) {
+        if (!is_committed(f.group, r)) dc += f.kv_bytes_per_token * (f.length - geo_.local_tokens(r, p, f.start, f.length));
+      }
+      const std::int64_t load = loads_[static_cast<std::size_t>(r)];
+      if (static_cast<double>(load + flops) <= capacity_) {
+        if (c.worker < 0 || dc < best_dc || (dc == best_dc && load < best_load)) {
+          c.worker = r;
+          best_dc = dc;
+          best_load = load;
+        }
+      }
+      if (r == 0 || load < fb_load || (load == fb_load && dc < fb_dc)) {
+        c.fallback = r;
+        fb_load = load;
+        fb_dc = dc;
+      }
+    }
+    return c;
+  }
+
+  // Commits the fragments loaded by the last evaluate() (or commit_rows) to r.
+  void commit(int r, std::int64_t flops) {
+    loads_[static_cast<std::size_t>(r)] += flops;
+    for (const PlaceFrag& f : frags_) {
+      committed_[static_cast<std::size_t>(f.group) * words_ + static_cast<std::size_t>(r) / 64] |=
+          std::uint64_t{1} << (r % 64);
+    }
+  }
+  void commit_rows(int r, int p, int s, std::int64_t begin, std::int64_t end, std::int64_t flops) {
+    frags_.clear();
+    for (std::int32_t j = geo_.sample_at(p, begin); j < geo_.sample_base[p + 1] && geo_.starts[j] < end; ++j) {
+      frags_.push_back({geo_.group_id(j, s), geo_.starts[j], geo_.lengths[j], 0});
+    }
+    commit(r, flops);
+  }
+
+  std::int64_t load(int r) const { return loads_[static_cast<std::size_t>(r)]; }
+  double capacity() const { return capacity_; }
+
+ private:
+  bool is_committed(std::int32_t group, int r) const {
+    return (committed_[static_cast<std::size_t>(group) * words_ + static_cast<std::size_t>(r) / 64] >> (r % 64)) & 1U;
+  }
+
+  const Geometry& geo_;
+  double capacity_;
+  std::size_t words_;
+  std::vector<std::int64_t> loads_;
+  std::vector<std::uint64_t> committed_;
+  std::vector<PlaceFrag> frags_;
+};
+
+struct BaseTile {
+  PlacedRows rows;
+  std::int64_t flops;
+};
+
+// Tap-split's answer to an empty headroom set: carve off the largest suffix
+// of the remaining rows that fits the least-loaded worker (the suffix holds
+// the most expensive rows, so it moves the fewest Q/O bytes per FLOP), until
+// the rest fits some worker's headroom. Each piece's FLOPs are recomputed
+// exactly from its rows. If not even one row fits, the rest goes to the
+// least-loaded worker as in plain TAP.
+void place_split(const Geometry& geo, Placer& placer, const BaseTile& t, std::vector<PlacedRows>& out) {
+  const int p = t.rows.slot;
+  const int s = t.rows.shard;
+  const std::int64_t begin = t.rows.begin;
+  std::int64_t end = t.rows.end;
+  std::int64_t flops = t.flops;
+  for (;;) {
+    const Placer::Choice c = placer.evaluate(p, s, begin, end, flops);
+    if (c.worker >= 0) {
+      placer.commit(c.worker, flops);
+      out.push_back({t.rows.slot, t.rows.block, t.rows.shard, begin, end, c.worker});
+      return;
+    }
+    const int r = c.fallback;
+    const std::int64_t load = placer.load(r);
+    auto fits = [&](std::int64_t y) {
+      return static_cast<double>(load + geo.rows_flops(p, y, end)) <= placer.capacity();
+    };
+    if (end - begin < 2 || !fits(end - 1)) {
+      placer.commit(r, flops);
+      out.push_back({t.rows.slot, t.rows.block, t.rows.shard, begin, end, r});
+      return;
+    }
+    // Smallest y in (begin, end) whose suffix [y, end) fits: fits() is
+    // monotone in y because every row costs at least one pair.
+    std::int64_t lo = begin + 1, hi = end - 1;
+    while (lo < hi) {
+      const std::int64_t mid = lo + (hi - lo) / 2;
+      if (fits(mid)) {
+        hi = mid;
+      } else {
+        lo = mid + 1;
+      }
+    }
+    const std::int64_t piece_flops = geo.rows_flops(p, lo, end);
+    placer.commit_rows(r, p, s, lo, end, piece_flops);
+    out.push_back({t.rows.slot, t.rows.block, t.rows.shard, lo, end, r});
+    end = lo;
+    flops -= piece_flops;
+  }
+}
+
+}  // namespace
+
+Result<std::vector<PlacedRows>> place_tiles(const Geometry& geo, const PlanConfig& config) {
+  std::vector<BaseTile> tiles;
+  std::int64_t total = 0;
+  for (int p = 0; p < geo.pool_size; ++p) {
+    const std::int32_t nb = geo.blocks(p);
+    for (std::int32_t b = 0; b < nb; ++b) {
+      const std::int64_t begin = b * geo.block_size;
+      const std::int64_t end = std::min(begin + geo.block_size, geo.tokens[static_cast<std::size_t>(p)]);
+      const std::int64_t f = geo.rows_flops(p, begin, end);
+      for (int s = 0; s < geo.shards; ++s) {
+        const std::int32_t worker = config.mode == PlanMode::kUlysses ? p * geo.cp + s : -1;
+        tiles.push_back({{p, b, s, begin, end, worker}, f});
+        total += f;
+      }
+    }
+  }
+  if (config.mode == PlanMode::kUlysses) {
+    std::vector<PlacedRows> out;
+    out.reserve(tiles.size());
+    for (const BaseTile& t : tiles) out.push_back(t.rows);
+    return out;
+  }
+
+  // Contract section 6, in this order of evaluation.
+  const double capacity = (1.0 + config.tau) * static_cast<double>(total) / static_cast<double>(geo.workers);
+  std::vector<std::int32_t> order(tiles.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = static_cast<std::int32_t>(i);
+  std::sort(order.begin(), order.end(), [&](std::int32_t a, std::int32_t b) {
+    const std::int64_t fa = tiles[static_cast<std::size_t>(a)].flops;
+    const std::int64_t fb = tiles[static_cast<std::size_t>(b)].flops;
+    return fa != fb ? fa > fb : a < b;
+  });
+
+  // Plain TAP first. tap-split keeps it when it already meets tau (then it
+  // equals `tap` tile for tile) and otherwise splits; it returns whichever
+  // of the two has the lower maximum load, so it is never worse than tap.
+  auto run = [&](bool split, std::int64_t* max_load) {
+    Placer placer(geo, capacity);
+    std::vector<PlacedRows> out;
+    out.reserve(tiles.size());
+    for (std::int32_t i : order) {
+      const BaseTile& t = tiles[static_cast<std::size_t>(i)];
+      if (split) {
+        place_split(geo, placer, t, out);
+        continue;
+      }
+      const Placer::Choice c = placer.evaluate(t.rows.slot, t.rows.shard, t.rows.begin, t.rows.end, t.flops);
+      const int r = c.worker >= 0 ? c.worker : c.fallback;
+      placer.commit(r, t.flops);
+      PlacedRows rows = t.rows;
+      rows.worker = r;
+      out.push_back(rows);
+    }
+    *max_load = 0;
+    for (int r = 0; r < geo.workers; ++r) *max_load = std::max(*max_load, placer.load(r));
+    return out;
+  };
+  std::int64_t tap_max = 0;
+  std::vector<PlacedRows> tap = run(false, &tap_max);
+  if (config.mode == PlanMode::kTap || static_cast<double>(tap_max) <= capacity) return tap;
+  std::int64_t split_max = 0;
+  std::vector<PlacedRows> split = run(true, &split_max);
+  return split_max < tap_max ? split : tap;
+}
+
+}  // namespace tiles_detail
+}  // namespace libra

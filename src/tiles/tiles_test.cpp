@@ -1,0 +1,720 @@
+// Tests of SH-Tiles, TAP placement, the exchange plan and chunks against
+// hand computations and an independent, deliberately naive reference
+// implementation of planning contract sections 4-7.
+#include <gtest/gtest.h>
+#include <rapidcheck.h>
+#include <rapidcheck/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <set>
+#include <tuple>
+#include <vector>
+
+#include "libra/plan.hpp"
+
+namespace {
+
+using libra::PackedSequence;
+using libra::Plan;
+using libra::PlanConfig;
+using libra::PlanMode;
+using libra::Tile;
+using libra::Transfer;
+using libra::TransferKind;
+
+PlanConfig config(std::int64_t L, int cp, std::int64_t B, int H, int hq, int hkv, int d, int e, double tau) {
+  PlanConfig c;
+  c.seq_len = L;
+  c.cp = cp;
+  c.block_size = B;
+  c.head_shards = H;
+  c.shape.heads_q = hq;
+  c.shape.heads_kv = hkv;
+  c.shape.head_dim = d;
+  c.shape.elem_bytes = e;
+  c.tau = tau;
+  return c;
+}
+
+Plan plan_or_die(const std::vector<PackedSequence>& pool, const PlanConfig& c) {
+  auto p = libra::make_plan(pool, c);
+  if (!p.ok()) {
+    ADD_FAILURE() << p.error().message();
+    std::abort();
+  }
+  return *p;
+}
+
+std::vector<int> workers_of(const Plan& p) {
+  std::vector<int> w;
+  for (const Tile& t : p.tiles()) w.push_back(t.worker);
+  return w;
+}
+
+// ---------------------------------------------------------------------------
+// The reference: contract sections 4-7 written the obvious way: token-by-
+// token pair counts, linear scans for samples and committed groups, a
+// std::stable_sort for the order, and per-token byte accounting.
+namespace ref {
+
+struct RTile {
+  int p, b, h;
+  std::int64_t begin, end;
+  std::int64_t f;
+  int home;
+  std::vector<int> samples;  // K(t): samples j of slot p that intersect the block
+  int sigma = -1;
+};
+
+struct Result {
+  std::vector<RTile> tiles;
+  std::vector<std::int64_t> loads;
+  std::int64_t comm = 0;
+  std::vector<std::vector<std::int64_t>> matrix;
+};
+
+// The sample holding position x of a slot (linear scan), or -1 for padding.
+int sample_of(const PackedSequence& seq, std::int64_t x, std::int64_t* start) {
+  std::int64_t o = 0;
+  for (std::size_t j = 0; j < seq.size(); ++j) {
+    if (x >= o && x < o + seq[j]) {
+      *start = o;
+      return static_cast<int>(j);
+    }
+    o += seq[j];
+  }
+  return -1;
+}
+
+std::int64_t sample_start(const PackedSequence& seq, int j) {
+  std::int64_t o = 0;
+  for (int k = 0; k < j; ++k) o += seq[static_cast<std::size_t>(k)];
+  return o;
+}
+
+Result run(const std::vector<PackedSequence>& pool, const PlanConfig& c) {
+  const int P = static_cast<int>(pool.size());
+  const int W = P * c.cp;
+  const int H = c.head_shards;
+  const int hq = c.shape.heads_q, hkv = c.shape.heads_kv;
+  const std::int64_t d = c.shape.head_dim, e = c.shape.elem_bytes;
+  const std::int64_t per_worker = c.seq_len / c.cp;
+  const std::int64_t kappa = H <= hkv ? hkv / H : 1;
+  const std::int64_t v_kv = 2 * kappa * d * e;
+  auto resides = [&](int p, std::int64_t x) { return p * c.cp + static_cast<int>(x / per_worker); };
+
+  Result res;
+  for (int p = 0; p < P; ++p) {
+    std::int64_t T = 0;
+    for (std::int64_t l : pool[static_cast<std::size_t>(p)]) T += l;
+    for (int b = 0; static_cast<std::int64_t>(b) * c.block_size < T; ++b) {
+      for (int h = 0; h < H; ++h) {
+        RTile t{p, b, h, b * c.block_size, std::min((b + 1) * c.block_size, T), 0, 0, {}, -1};
+        std::int64_t pairs = 0;
+        for (std::int64_t x = t.begin; x < t.end; ++x) {
+          std::int64_t o = 0;
+          const int j = sample_of(pool[static_cast<std::size_t>(p)], x, &o);
+          pairs += std::min(x - o + 1, c.shape.window);
+          if (std::find(t.samples.begin(), t.samples.end(), j) == t.samples.end()) t.samples.push_back(j);
+        }
+        t.f = (hq / H) * pairs;
+        t.home = p * c.cp + static_cast<int>(b * c.block_size / per_worker);
+        res.tiles.push_back(t);
+      }
+    }
+  }
+  auto V_g = [&](int p, int j, int r) {
+    const PackedSequence& seq = pool[static_cast<std::size_t>(p)];
+    const std::int64_t o = sample_start(seq, j);
+    std::int64_t n = 0;
+    for (std::int64_t x = o; x < o + seq[static_cast<std::size_t>(j)]; ++x) n += resides(p, x) != r ? 1 : 0;
+    return v_kv * n;
+  };
+  auto V_QO = [&](const RTile& t) { return 2 * (t.end - t.begin) * (hq / H) * d * e; };
+
+  std::int64_t sum = 0;
+  for (const RTile& t : res.tiles) sum += t.f;
+  const double C = (1 + c.tau) * static_cast<double>(sum) / W;
+  std::vector<int> order(res.tiles.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int>(i);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+    return res.tiles[static_cast<std::size_t>(a)].f > res.tiles[static_cast<std::size_t>(b)].f;
+  });
+  std::vector<std::vector<std::tuple<int, int, int>>> committed(static_cast<std::size_t>(W));
+  res.loads.assign(static_cast<std::size_t>(W), 0);
+  for (int i : order) {
+    RTile& t = res.tiles[static_cast<std::size_t>(i)];
+    std::vector<std::tuple<std::int64_t, std::int64_t, int>> head, all;
+    for (int r = 0; r < W; ++r) {
+      std::int64_t dc = r != t.home ? V_QO(t) : 0;
+      for (int j : t.samples) {
+        const auto g = std::make_tuple(t.p, j, t.h);
+        const auto& cr = committed[static_cast<std::size_t>(r)];
+        if (std::find(cr.begin(), cr.end(), g) == cr.end()) dc += V_g(t.p, j, r);
+      }
+      const std::int64_t load = res.loads[static_cast<std::size_t>(r)];
+      if (static_cast<double>(load + t.f) <= C) head.emplace_back(dc, load, r);
+      all.emplace_back(load, dc, r);
+    }
+    const int r = !head.empty() ? std::get<2>(*std::min_element(head.begin(), head.end()))
+                                : std::get<2>(*std::min_element(all.begin(), all.end()));
+    t.sigma = r;
+    res.loads[static_cast<std::size_t>(r)] += t.f;
+    for (int j : t.samples) {
+      const auto g = std::make_tuple(t.p, j, t.h);
+      auto& cr = committed[static_cast<std::size_t>(r)];
+      if (std::find(cr.begin(), cr.end(), g) == cr.end()) cr.push_back(g);
+    }
+  }
+  res.matrix.assign(static_cast<std::size_t>(W), std::vector<std::int64_t>(static_cast<std::size_t>(W), 0));
+  for (int r = 0; r < W; ++r) {
+    for (const auto& [p, j, h] : committed[static_cast<std::size_t>(r)]) {
+      const PackedSequence& seq = pool[static_cast<std::size_t>(p)];
+      const std::int64_t o = sample_start(seq, j);
+      for (std::int64_t x = o; x < o + seq[static_cast<std::size_t>(j)]; ++x) {
+        const int src = resides(p, x);
+        if (src != r) res.matrix[static_cast<std::size_t>(src)][static_cast<std::size_t>(r)] += v_kv;
+      }
+    }
+  }
+  for (const RTile& t : res.tiles) {
+    if (t.sigma == t.home) continue;
+    res.matrix[static_cast<std::size_t>(t.home)][static_cast<std::size_t>(t.sigma)] += V_QO(t) / 2;
+    res.matrix[static_cast<std::size_t>(t.sigma)][static_cast<std::size_t>(t.home)] += V_QO(t) / 2;
+  }
+  for (const auto& row : res.matrix) {
+    for (std::int64_t v : row) res.comm += v;
+  }
+  return res;
+}
+
+}  // namespace ref
+
+void expect_matches_reference(const std::vector<PackedSequence>& pool, const PlanConfig& c) {
+  const Plan plan = plan_or_die(pool, c);
+  const ref::Result want = ref::run(pool, c);
+  ASSERT_EQ(plan.tiles().size(), want.tiles.size());
+  for (std::size_t i = 0; i < want.tiles.size(); ++i) {
+    const Tile& t = plan.tiles()[i];
+    const ref::RTile& w = want.tiles[i];
+    ASSERT_EQ(t.id, static_cast<std::int32_t>(i));
+    ASSERT_EQ(std::make_tuple(t.slot, t.block, t.shard, t.begin, t.end, t.flops, t.home, t.worker),
+              std::make_tuple(w.p, w.b, w.h, w.begin, w.end, w.f, w.home, w.sigma))
+        << "tile " << i;
+  }
+  EXPECT_EQ(std::vector<std::int64_t>(plan.worker_flops().begin(), plan.worker_flops().end()), want.loads);
+  EXPECT_EQ(plan.comm_bytes(), want.comm);
+  const int W = plan.num_workers();
+  for (int s = 0; s < W; ++s) {
+    for (int d = 0; d < W; ++d) {
+      ASSERT_EQ(plan.bytes(s, d), want.matrix[static_cast<std::size_t>(s)][static_cast<std::size_t>(d)])
+          << s << " -> " << d;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Hand-computed pools.
+
+TEST(TapPlacement, MatchesHandComputedPoolWithTies) {
+  // P = 3 slots, CP = 1 (worker r holds slot r), L = 4, B = 2, H = h_q = h_kv = 1,
+  // d = e = 1, tau = 0. Pool: slot 0 = [4], slot 1 = [1], slot 2 = [1].
+  // Tiles: t0 = (0,0) rows [0,2): 1+2 = 3; t1 = (0,1) rows [2,4): 3+4 = 7;
+  //        t2 = (1,0): 1; t3 = (2,0): 1.  Sum 12, C = 12/3 = 4.
+  // v_kv = 2*1*1*1 = 2 B/token; V_Q+V_O = 2 B per row.
+  // Order: t1(7), t0(3), t2(1), t3(1) (t2 before t3 by id).
+  //  t1: 7 > 4 everywhere -> fallback min(load, dcomm, r): loads all 0,
+  //      dcomm r0 = 0 (home, sample local), r1 = r2 = 4*2 + 4 = 12 -> r0.
+  //  t0: r0 full (10 > 4); r1, r2 both dcomm 12 and load 0 -> r1 by id.
+  //  t2: r0 full; r1: 3+1 = 4 <= 4, dcomm 0 (its home); r2: 2 + 2 = 4 -> r1.
+  //  t3: r0, r1 full (5 > 4); r2 -> r2.
+  // Loads 7, 4, 1 -> imbalance 7/4 - 1. Exchange: r1 fetches slot 0's
+  // sample (8 B from r0), t0's Q (2 B, 0->1) and O (2 B, 1->0): total 12.
+  const std::vector<PackedSequence> pool = {{4}, {1}, {1}};
+  const PlanConfig c = config(4, 1, 2, 1, 1, 1, 1, 1, 0.0);
+  const Plan p = plan_or_die(pool, c);
+  EXPECT_EQ(workers_of(p), (std::vector<int>{1, 0, 1, 2}));
+  EXPECT_EQ(std::vector<std::int64_t>(p.worker_flops().begin(), p.worker_flops().end()),
+            (std::vector<std::int64_t>{7, 4, 1}));
+  EXPECT_DOUBLE_EQ(p.imbalance(), 0.75);
+  EXPECT_EQ(p.comm_bytes(), 12);
+  EXPECT_EQ(p.bytes(0, 1), 10);
+  EXPECT_EQ(p.bytes(1, 0), 2);
+  EXPECT_EQ(p.bytes(0, 2) + p.bytes(2, 0) + p.bytes(1, 2) + p.bytes(2, 1), 0);
+  expect_matches_reference(pool, c);
+}
+
+TEST(TapPlacement, MatchesHandComputedTwoSamplePool) {
+  // P = 1, CP = 2, L = 8, B = 2, H = h_q = h_kv = 2, d = e = 1, tau = 0.
+  // Slot 0 = [4, 4]: worker 0 holds sample 0, worker 1 sample 1.
+  // Blocks: 3, 7, 3, 7 pairs (x 1 head); C = 40 / 2 = 20.
+  // Order: (b1,h0) (b1,h1) (b3,h0) (b3,h1) (b0,h0) (b0,h1) (b2,h0) (b2,h1).
+  // Every tile goes to the worker holding its sample while it has headroom:
+  // b1 tiles -> 0 (14), b3 tiles: 0 would reach 21 > 20 -> 1 (14); b0 -> 0
+  // (17, then exactly 20 <= C), b2 -> 1. Nothing moves.
+  const std::vector<PackedSequence> pool = {{4, 4}};
+  const PlanConfig c = config(8, 2, 2, 2, 2, 2, 1, 1, 0.0);
+  const Plan p = plan_or_die(pool, c);
+  EXPECT_EQ(workers_of(p), (std::vector<int>{0, 0, 0, 0, 1, 1, 1, 1}));
+  EXPECT_EQ(p.comm_bytes(), 0);
+  EXPECT_DOUBLE_EQ(p.imbalance(), 0.0);
+  expect_matches_reference(pool, c);
+}
+
+TEST(TapPlacement, MatchesHandComputedGroupedQueryAttention) {
+  // GQA with H > h_kv: P = 1, CP = 2, L = 4, B = 2, H = 2, h_q = 4, h_kv = 1,
+  // d = 2, e = 2 (bf16), tau = 0.03. Slot 0 = [3] (position 3 is padding).
+  // h_kv divides H: each shard uses 1 KV head, v_kv = 2*1*2*2 = 8 B/token.
+  // Blocks: b0 rows [0,2) 1+2 = 3 pairs, b1 row [2,3) 3 pairs; x 2 heads -> f = 6 each.
+  // C = 1.03 * 24 / 2 = 12.36. Worker 0 holds tokens 0,1; worker 1 token 2.
+  // Groups (sample 0, shard h): V at r0 = 1 token * 8 = 8, at r1 = 2 * 8 = 16.
+  // V_Q+V_O: b0 2 rows * 2 heads * 2 * 2 * 2 = 32, b1 16.
+  // Order by id (all f = 6): t0 (b0,h0): r0 8 vs r1 48 -> r0; t1 (b0,h1): r0 8 -> r0 (load 12);
+  // t2 (b1,h0): r0 would be 18 > C -> r1 (16); t3 -> r1.
+  // Traffic: r0 fetches token 2 for both shards (2 * 8 B from r1), r1 fetches tokens 0,1
+  // for both shards (2 * 16 B from r0): total 48; the shared KV head travels twice.
+  const std::vector<PackedSequence> pool = {{3}};
+  PlanConfig c = config(4, 2, 2, 2, 4, 1, 2, 2, 0.03);
+  const Plan p = plan_or_die(pool, c);
+  EXPECT_EQ(workers_of(p), (std::vector<int>{0, 0, 1, 1}));
+  EXPECT_EQ(p.tiles()[1].heads, (libra::HeadRange{2, 4}));
+  EXPECT_EQ(p.tiles()[1].kv_heads, (libra::HeadRange{0, 1}));
+  EXPECT_EQ(p.comm_bytes(), 48);
+  EXPECT_EQ(p.bytes(1, 0), 16);
+  EXPECT_EQ(p.bytes(0, 1), 32);
+  expect_matches_reference(pool, c);
+
+  // Per-KV-head dedup: one group per (sample, KV head 0): 8 + 16 = 24 bytes.
+  c.dedup_per_kv_head = true;
+  const Plan q = plan_or_die(pool, c);
+  EXPECT_EQ(workers_of(q), (std::vector<int>{0, 0, 1, 1}));
+  EXPECT_EQ(q.comm_bytes(), 24);
+  EXPECT_EQ(q.bytes(1, 0), 8);
+  EXPECT_EQ(q.bytes(0, 1), 16);
+  EXPECT_EQ(q.groups().size(), 1U);
+}
+
+TEST(TapPlacement, SlidingWindowCountsBandPairs) {
+  // Window 2: query q sees min(q+1, 2) keys. Slot 0 = [4], B = 4: 1+2+2+2 = 7.
+  const std::vector<PackedSequence> pool = {{4}};
+  PlanConfig c = config(4, 1, 4, 1, 1, 1, 1, 1, 0.03);
+  c.shape.window = 2;
+  const Plan p = plan_or_die(pool, c);
+  ASSERT_EQ(p.tiles().size(), 1U);
+  EXPECT_EQ(p.tiles()[0].flops, 7);
+  EXPECT_EQ(p.fragments()[0].key_begin, 0);
+  expect_matches_reference(pool, c);
+}
+
+TEST(UlyssesPlacement, MatchesHandComputedHeadSplit) {
+  // P = 1, CP = 2, h_q = h_kv = 2, L = 4, B = 2, d = e = 1. Slot 0 = [4].
+  // Tiles (b, c) with one head each: worker = c. Loads 3+7 = 10 each.
+  // Worker 1 gets b0's Q for head 1 (2 B) and returns O (2 B); worker 0 gets
+  // b1's Q for head 0 and returns O; each fetches the other half of the
+  // sample's K/V for its head: 2 tokens * 2 B. Each direction: 2 + 2 + 4 = 8.
+  const std::vector<PackedSequence> pool = {{4}};
+  PlanConfig c = config(4, 2, 2, 2, 2, 2, 1, 1, 0.03);
+  c.mode = PlanMode::kUlysses;
+  const Plan p = plan_or_die(pool, c);
+  EXPECT_EQ(workers_of(p), (std::vector<int>{0, 1, 0, 1}));
+  EXPECT_EQ(std::vector<std::int64_t>(p.worker_flops().begin(), p.worker_flops().end()),
+            (std::vector<std::int64_t>{10, 10}));
+  EXPECT_EQ(p.comm_bytes(), 16);
+  EXPECT_EQ(p.bytes(0, 1), 8);
+  EXPECT_EQ(p.bytes(1, 0), 8);
+}
+
+TEST(TapSplitPlacement, MatchesHandComputedSplit) {
+  // P = 2, CP = 1 (worker r holds slot r), L = B = 4, H = h_q = h_kv = 1,
+  // d = e = 1, tau = 0.2. Slot 0 = [4]: one tile, f = 1+2+3+4 = 10;
+  // slot 1 = [1]: f = 1. C = 1.2 * 11 / 2 = 6.6.
+  // Plain TAP: 10 > C everywhere -> fallback worker 0 (load tie, dcomm 0
+  // against 4*2 + 2*4 = 16); slot 1's tile -> worker 1. Loads 10, 1.
+  // tap-split: worker 0 (least loaded, lowest dcomm) takes the largest
+  // suffix that fits: [3,4) = 4 ([2,4) = 7 > 6.6). The rest [0,3) = 6 fits
+  // worker 1 (6 <= 6.6; worker 0 would reach 10). Slot 1's tile: worker 1
+  // would reach 7 > C -> worker 0 (5). Loads 5, 6: imbalance 6/5.5 - 1.
+  // Exchange 0->1: Q rows 0-2 (3 B), slot 0's sample (4 tokens * 2 B),
+  // slot 1's O (1 B) = 12; 1->0: O rows 0-2 (3 B), slot 1's token (2 B),
+  // slot 1's Q (1 B) = 6.
+  const std::vector<PackedSequence> pool = {{4}, {1}};
+  PlanConfig c = config(4, 1, 4, 1, 1, 1, 1, 1, 0.2);
+  const Plan tap = plan_or_die(pool, c);
+  EXPECT_EQ(workers_of(tap), (std::vector<int>{0, 1}));
+  EXPECT_DOUBLE_EQ(tap.imbalance(), 10.0 / 5.5 - 1);
+  c.mode = PlanMode::kTapSplit;
+  const Plan p = plan_or_die(pool, c);
+  ASSERT_EQ(p.tiles().size(), 3U);
+  EXPECT_EQ(workers_of(p), (std::vector<int>{1, 0, 0}));
+  EXPECT_EQ(p.tiles()[0].end, 3);
+  EXPECT_EQ(p.tiles()[1].begin, 3);
+  EXPECT_EQ(p.tiles()[1].piece, 1);
+  EXPECT_EQ(p.tiles()[0].flops, 6);
+  EXPECT_EQ(p.tiles()[1].flops, 4);
+  EXPECT_DOUBLE_EQ(p.imbalance(), 6 / 5.5 - 1);
+  EXPECT_EQ(p.bytes(0, 1), 12);
+  EXPECT_EQ(p.bytes(1, 0), 6);
+}
+
+// ---------------------------------------------------------------------------
+// Random pools and configurations.
+
+struct Case {
+  std::vector<PackedSequence> pool;
+  PlanConfig config;
+};
+
+rc::Gen<Case> gen_case(PlanMode mode) {
+  return rc::gen::exec([mode] {
+    Case k;
+    const int P = *rc::gen::inRange(1, 4);
+    const int cp = *rc::gen::inRange(1, 4);
+    const std::int64_t B = *rc::gen::inRange(1, 9);
+    const std::int64_t blocks_per_worker = *rc::gen::inRange(1, 4);
+    const std::int64_t L = cp * B * blocks_per_worker;
+    const int hkv = *rc::gen::element(1, 2, 4);
+    const int hq = hkv * *rc::gen::element(1, 2, 4);
+    std::vector<int> shards;
+    for (int H = 1; H <= hq; ++H) {
+      if (hq % H == 0 && (H % hkv == 0 || hkv % H == 0) && (mode != PlanMode::kUlysses || true)) shards.push_back(H);
+    }
+    const int H = *rc::gen::elementOf(shards);
+    std::vector<int> chunks;
+    const int width = mode == PlanMode::kUlysses ? hq / cp : hq / H;
+    for (int M = 1; M <= std::max(width, 1); ++M) {
+      if (width > 0 && width % M == 0 && (hq / H) % M == 0) chunks.push_back(M);
+    }
+    k.config = config(L, cp, B, H, hq, hkv, *rc::gen::inRange(1, 4), *rc::gen::element(1, 2, 4),
+                      *rc::gen::element(0.0, 0.03, 0.2));
+    k.config.mode = mode;
+    k.config.chunks = chunks.empty() ? 1 : *rc::gen::elementOf(chunks);
+    if (*rc::gen::inRange(0, 4) == 0) k.config.shape.window = *rc::gen::inRange<std::int64_t>(1, 6);
+    for (int p = 0; p < P; ++p) {
+      const std::int64_t T = *rc::gen::inRange<std::int64_t>(1, L + 1);
+      PackedSequence seq;
+      for (std::int64_t left = T; left > 0;) {
+        const std::int64_t l = *rc::gen::inRange<std::int64_t>(1, left + 1);
+        seq.push_back(l);
+        left -= l;
+      }
+      k.pool.push_back(seq);
+    }
+    return k;
+  });
+}
+
+bool ulysses_ok(const PlanConfig& c) {
+  const int hq = c.shape.heads_q, hkv = c.shape.heads_kv;
+  return hq % c.cp == 0 && (c.cp % hkv == 0 || hkv % c.cp == 0) && (hq / c.cp) % c.chunks == 0;
+}
+
+RC_GTEST_PROP(TapPlacement, MatchesNaiveReferenceOnRandomPools, ()) {
+  const Case k = *gen_case(PlanMode::kTap);
+  const Plan plan = plan_or_die(k.pool, k.config);
+  const ref::Result want = ref::run(k.pool, k.config);
+  RC_ASSERT(plan.tiles().size() == want.tiles.size());
+  for (std::size_t i = 0; i < want.tiles.size(); ++i) {
+    const Tile& t = plan.tiles()[i];
+    const ref::RTile& w = want.tiles[i];
+    RC_ASSERT(std::make_tuple(t.slot, t.block, t.shard, t.begin, t.end, t.flops, t.home, t.worker) ==
+              std::make_tuple(w.p, w.b, w.h, w.begin, w.end, w.f, w.home, w.sigma));
+  }
+  RC_ASSERT(std::vector<std::int64_t>(plan.worker_flops().begin(), plan.worker_flops().end()) == want.loads);
+  RC_ASSERT(plan.comm_bytes() == want.comm);
+  const int W = plan.num_workers();
+  for (int s = 0; s < W; ++s) {
+    for (int d = 0; d < W; ++d) {
+      RC_ASSERT(plan.bytes(s, d) == want.matrix[static_cast<std::size_t>(s)][static_cast<std::size_t>(d)]);
+    }
+  }
+}
+
+// Replays a plan like an executor would and checks every invariant the
+// executor relies on. Works for every mode and option.
+void check_plan_invariants(const std::vector<PackedSequence>& pool, const PlanConfig& c, const Plan& plan) {
+  const int P = static_cast<int>(pool.size());
+  const int W = plan.num_workers();
+  const int M = c.chunks;
+  const std::int64_t d = c.shape.head_dim, e = c.shape.elem_bytes;
+  const std::int64_t per_worker = c.seq_len / c.cp;
+  const int group = c.shape.heads_q / c.shape.heads_kv;
+  auto resides = [&](int p, std::int64_t x) { return p * c.cp + static_cast<int>(x / per_worker); };
+
+  // Every (slot, row, query head) of every real token is computed exactly once.
+  std::map<std::tuple<int, std::int64_t, int>, int> covered;
+  for (const Tile& t : plan.tiles()) {
+    for (std::int64_t x = t.begin; x < t.end; ++x) {
+      for (int h = t.heads.begin; h < t.heads.end; ++h) ++covered[{t.slot, x, h}];
+    }
+  }
+  std::size_t expected = 0;
+  for (int p = 0; p < P; ++p) {
+    std::int64_t T = 0;
+    for (std::int64_t l : pool[static_cast<std::size_t>(p)]) T += l;
+    expected += static_cast<std::size_t>(T) * static_cast<std::size_t>(c.shape.heads_q);
+  }
+  RC_ASSERT(covered.size() == expected);
+  for (const auto& [key, n] : covered) RC_ASSERT(n == 1);
+
+  // Loads are the sums of the tiles' FLOPs; compute lists hold each tile once.
+  std::vector<std::int64_t> loads(static_cast<std::size_t>(W), 0);
+  std::size_t listed = 0;
+  for (const Tile& t : plan.tiles()) loads[static_cast<std::size_t>(t.worker)] += t.flops;
+  for (int r = 0; r < W; ++r) {
+    RC_ASSERT(loads[static_cast<std::size_t>(r)] == plan.worker_flops()[static_cast<std::size_t>(r)]);
+    for (std::int32_t id : plan.worker_tiles(r)) RC_ASSERT(plan.tiles()[static_cast<std::size_t>(id)].worker == r);
+    listed += plan.worker_tiles(r).size();
+  }
+  RC_ASSERT(listed == plan.tiles().size());
+
+  // Byte matrix: diagonal zero, entries = transfer sums, total = comm_bytes.
+  std::int64_t total = 0;
+  for (int s = 0; s < W; ++s) {
+    for (int t = 0; t < W; ++t) {
+      std::int64_t sum = 0;
+      for (const Transfer& x : plan.transfers(s, t)) {
+        RC_ASSERT(x.src == s && x.dst == t && s != t);
+        const std::int64_t per = (x.kind == TransferKind::kKv ? 2 : 1) * d * e;
+        RC_ASSERT(x.bytes == (x.end - x.begin) * x.heads.size() * per);
+        sum += x.bytes;
+      }
+      RC_ASSERT(sum == plan.bytes(s, t));
+      total += sum;
+    }
+  }
+  RC_ASSERT(total == plan.comm_bytes());
+
+  // Replay: what each worker holds after the exchange.
+  std::set<std::tuple<int, int, std::int64_t, int>> q_at;   // (worker, slot, row, head)
+  std::set<std::tuple<int, int, std::int64_t, int>> kv_at;  // (worker, slot, token, kv head)
+  std::set<std::tuple<int, int, std::int64_t, int>> o_at;   // (home, slot, row, head)
+  std::set<std::tuple<int, int>> kv_groups_seen;            // (dst, group): fetched once
+  std::map<std::tuple<int, int>, std::int64_t> kv_group_tokens;
+  for (const Transfer& x : plan.all_transfers()) {
+    for (std::int64_t tok = x.begin; tok < x.end; ++tok) {
+      for (int h = x.heads.begin; h < x.heads.end; ++h) {
+        if (x.kind == TransferKind::kQ) q_at.insert({x.dst, x.slot, tok, h});
+        if (x.kind == TransferKind::kKv) kv_at.insert({x.dst, x.slot, tok, h});
+        if (x.kind == TransferKind::kO) o_at.insert({x.dst, x.slot, tok, h});
+      }
+    }
+    if (x.kind == TransferKind::kKv) {
+      RC_ASSERT(resides(x.slot, x.begin) == x.src && resides(x.slot, x.end - 1) == x.src);
+      kv_group_tokens[{x.dst, x.group}] += x.end - x.begin;
+    } else {
+      const Tile& t = plan.tiles()[static_cast<std::size_t>(x.tile)];
+      RC_ASSERT(t.home != t.worker);
+      const bool direction_ok = x.kind == TransferKind::kQ ? (x.src == t.home && x.dst == t.worker)
+                                                           : (x.src == t.worker && x.dst == t.home);
+      RC_ASSERT(direction_ok);
+      RC_ASSERT(x.begin == t.begin && x.end == t.end && x.heads == t.heads);
+      RC_ASSERT(resides(t.slot, t.begin) == t.home && resides(t.slot, t.end - 1) == t.home);
+    }
+  }
+  // Each fetched group arrives exactly once: the tokens received equal the
+  // sample's tokens that do not reside on the destination.
+  for (const auto& [key, n] : kv_group_tokens) {
+    const auto& [dst, gid] = key;
+    const libra::KvGroup& g = plan.groups()[static_cast<std::size_t>(gid)];
+    std::int64_t remote = 0;
+    for (std::int64_t x = g.begin; x < g.end; ++x) remote += resides(g.slot, x) != dst ? 1 : 0;
+    RC_ASSERT(n == remote);
+    const auto wg = plan.worker_groups(dst);
+    RC_ASSERT(std::binary_search(wg.begin(), wg.end(), gid));
+  }
+  for (const Tile& t : plan.tiles()) {
+    const int r = t.worker;
+    for (std::int64_t x = t.begin; x < t.end; ++x) {
+      for (int h = t.heads.begin; h < t.heads.end; ++h) {
+        RC_ASSERT(resides(t.slot, x) == r || q_at.count({r, t.slot, x, h}) == 1);
+        RC_ASSERT(t.home == r || o_at.count({t.home, t.slot, x, h}) == 1);
+      }
+    }
+    std::int64_t pairs = 0;
+    for (std::int32_t fi = t.fragment_begin; fi < t.fragment_end; ++fi) {
+      const libra::Fragment& f = plan.fragments()[static_cast<std::size_t>(fi)];
+      RC_ASSERT(f.tile == t.id);
+      for (std::int64_t q = f.a; q < f.e; ++q) pairs += std::min(q + 1, c.shape.window);
+      for (std::int64_t key = f.key_begin; key < f.e; ++key) {
+        const std::int64_t tok = f.sample_start + key;
+        for (int h = t.heads.begin; h < t.heads.end; ++h) {
+          const int kvh = h / group;
+          RC_ASSERT(kvh >= t.kv_heads.begin && kvh < t.kv_heads.end);
+          RC_ASSERT(resides(t.slot, tok) == r || kv_at.count({r, t.slot, tok, kvh}) == 1);
+        }
+      }
+    }
+    RC_ASSERT(t.flops == pairs * t.heads.size());
+  }
+
+  // Chunks: each carries 1/M of the Q/O bytes of every pair, the KV bytes
+  // add up to the total, and chunk m's Q/O heads are the m-th slice.
+  for (int s = 0; s < W; ++s) {
+    for (int t = 0; t < W; ++t) {
+      std::int64_t qo = 0, kv = 0;
+      for (const Transfer& x : plan.transfers(s, t)) (x.kind == TransferKind::kKv ? kv : qo) += x.bytes;
+      std::int64_t kv_sum = 0, all = 0;
+      for (int m = 0; m < M; ++m) {
+        std::int64_t cqo = 0, ckv = 0;
+        for (const Transfer& x : plan.chunk_transfers(m, s, t)) {
+          (x.kind == TransferKind::kKv ? ckv : cqo) += x.bytes;
+          RC_ASSERT(x.heads.size() > 0);
+          if (x.kind != TransferKind::kKv) {
+            const Tile& tile = plan.tiles()[static_cast<std::size_t>(x.tile)];
+            RC_ASSERT(x.heads == plan.chunk_heads(tile, m));
+          }
+        }
+        RC_ASSERT(cqo * M == qo);
+        kv_sum += ckv;
+        all += cqo + ckv;
+        RC_ASSERT(cqo + ckv == plan.chunk_bytes(m, s, t));
+      }
+      RC_ASSERT(kv_sum == kv);
+      RC_ASSERT(all == plan.bytes(s, t));
+    }
+  }
+}
+
+RC_GTEST_PROP(PlanInvariants, HoldForTapOnRandomPools, ()) {
+  Case k = *gen_case(PlanMode::kTap);
+  k.config.dedup_per_kv_head = *rc::gen::arbitrary<bool>();
+  check_plan_invariants(k.pool, k.config, plan_or_die(k.pool, k.config));
+}
+
+RC_GTEST_PROP(PlanInvariants, HoldForTapSplitOnRandomPools, ()) {
+  Case k = *gen_case(PlanMode::kTapSplit);
+  k.config.dedup_per_kv_head = *rc::gen::arbitrary<bool>();
+  check_plan_invariants(k.pool, k.config, plan_or_die(k.pool, k.config));
+}
+
+RC_GTEST_PROP(PlanInvariants, HoldForUlyssesOnRandomPools, ()) {
+  Case k = *gen_case(PlanMode::kUlysses);
+  RC_PRE(ulysses_ok(k.config));
+  check_plan_invariants(k.pool, k.config, plan_or_die(k.pool, k.config));
+  const Plan plan = plan_or_die(k.pool, k.config);
+  for (const Tile& t : plan.tiles()) RC_ASSERT(t.worker == t.slot * k.config.cp + t.shard);
+}
+
+RC_GTEST_PROP(TapSplitPlacement, NeverWorseThanTapAndTapUnchangedByOption, ()) {
+  Case k = *gen_case(PlanMode::kTap);
+  const Plan tap = plan_or_die(k.pool, k.config);
+  k.config.mode = PlanMode::kTapSplit;
+  const Plan split = plan_or_die(k.pool, k.config);
+  // When no TAP tile needed the fallback (every load <= C), tap-split is
+  // TAP tile for tile; otherwise it is never worse.
+  std::int64_t total = 0, tap_max = 0;
+  for (std::int64_t f : tap.worker_flops()) {
+    total += f;
+    tap_max = std::max(tap_max, f);
+  }
+  const double C = (1 + k.config.tau) * static_cast<double>(total) / tap.num_workers();
+  if (static_cast<double>(tap_max) <= C) {
+    RC_ASSERT(workers_of(tap) == workers_of(split));
+    RC_ASSERT(tap.comm_bytes() == split.comm_bytes());
+  }
+  RC_ASSERT(split.imbalance() <= tap.imbalance());
+}
+
+RC_GTEST_PROP(DedupPerKvHead, NeverMoreBytesWhenSharedHeadsAreOnlyGrouped, ()) {
+  // With H <= h_kv shards never share a KV head: the option changes nothing.
+  Case k = *gen_case(PlanMode::kTap);
+  RC_PRE(k.config.head_shards <= k.config.shape.heads_kv);
+  const Plan a = plan_or_die(k.pool, k.config);
+  k.config.dedup_per_kv_head = true;
+  const Plan b = plan_or_die(k.pool, k.config);
+  RC_ASSERT(workers_of(a) == workers_of(b));
+  RC_ASSERT(a.comm_bytes() == b.comm_bytes());
+}
+
+TEST(PlanChunks, GroupedQueryKvHeadTravelsWithFirstChunk) {
+  // h_q = 8, h_kv = 2, H = 1: one shard of 8 query heads using KV heads 0,1
+  // (query heads 0-3 -> KV 0, 4-7 -> KV 1). M = 4 chunks of 2 query heads:
+  // KV head 0 first used by chunk 0, KV head 1 by chunk 2.
+  const std::vector<PackedSequence> pool = {{4}, {4}};
+  PlanConfig c = config(4, 1, 4, 1, 8, 2, 1, 1, 0.0);
+  c.chunks = 4;
+  const Plan p = plan_or_die(pool, c);
+  const libra::HeadRange shard{0, 8}, kv{0, 2};
+  EXPECT_EQ(p.chunk_kv_heads(shard, kv, 0), (libra::HeadRange{0, 1}));
+  EXPECT_EQ(p.chunk_kv_heads(shard, kv, 1).size(), 0);
+  EXPECT_EQ(p.chunk_kv_heads(shard, kv, 2), (libra::HeadRange{1, 2}));
+  EXPECT_EQ(p.chunk_kv_heads(shard, kv, 3).size(), 0);
+  EXPECT_EQ(p.chunk_heads(p.tiles()[0], 3), (libra::HeadRange{6, 8}));
+  // Where M divides the KV heads of a shard, KV splits evenly.
+  c.chunks = 2;
+  const Plan q = plan_or_die(pool, c);
+  EXPECT_EQ(q.chunk_kv_heads(shard, kv, 0), (libra::HeadRange{0, 1}));
+  EXPECT_EQ(q.chunk_kv_heads(shard, kv, 1), (libra::HeadRange{1, 2}));
+}
+
+// ---------------------------------------------------------------------------
+// Bad input: one line naming the rule.
+
+struct BadCase {
+  const char* name;
+  PlanConfig config;
+  std::vector<PackedSequence> pool;
+  const char* message_part;
+};
+
+TEST(PlanErrors, RejectsImpossibleConfigurationsAndPools) {
+  const PlanConfig good = config(16, 2, 4, 2, 4, 2, 8, 2, 0.03);
+  std::vector<BadCase> cases;
+  auto with = [&](auto f) {
+    PlanConfig c = good;
+    f(c);
+    return c;
+  };
+  cases.push_back({"L by cp", with([](PlanConfig& c) { c.cp = 3; }), {{4}}, "seq_len 16 must be divisible by cp 3"});
+  cases.push_back({"L/cp by B", with([](PlanConfig& c) { c.block_size = 3; }), {{4}}, "divisible by block_size 3"});
+  cases.push_back({"H | h_q", with([](PlanConfig& c) { c.head_shards = 3; }), {{4}}, "head_shards 3 must divide heads_q 4"});
+  cases.push_back({"H vs h_kv", with([](PlanConfig& c) {
+                     c.shape.heads_q = 12;
+                     c.shape.heads_kv = 4;
+                     c.head_shards = 6;
+                   }),
+                   {{4}},
+                   "one must divide the other"});
+  cases.push_back({"M | h_q/H", with([](PlanConfig& c) { c.chunks = 3; }), {{4}}, "chunks 3 must divide"});
+  cases.push_back({"h_kv | h_q", with([](PlanConfig& c) { c.shape.heads_kv = 3; }), {{4}}, "heads_kv 3 must divide"});
+  cases.push_back({"zero cp", with([](PlanConfig& c) { c.cp = 0; }), {{4}}, "cp 0 must be positive"});
+  cases.push_back({"negative B", with([](PlanConfig& c) { c.block_size = -4; }), {{4}}, "must be positive"});
+  cases.push_back({"negative tau", with([](PlanConfig& c) { c.tau = -1; }), {{4}}, "tau"});
+  cases.push_back({"ulysses cp | h_q", with([](PlanConfig& c) {
+                     c.mode = PlanMode::kUlysses;
+                     c.cp = 8;
+                     c.seq_len = 32;
+                   }),
+                   {{4}},
+                   "cp 8 must divide heads_q 4"});
+  cases.push_back({"too long", good, {{10, 7}}, "longer than seq_len 16"});
+  cases.push_back({"empty pool", good, {}, "pool: empty"});
+  cases.push_back({"empty slot", good, {{4}, {}}, "pool slot 1: packed sequence is empty"});
+  cases.push_back({"bad length", good, {{4, 0}}, "sample 1: length 0 must be positive"});
+  cases.push_back({"overflow", with([](PlanConfig& c) {
+                     c.seq_len = std::int64_t{1} << 62;
+                     c.block_size = std::int64_t{1} << 60;
+                   }),
+                   {{std::int64_t{1} << 61}},
+                   "64-bit range"});
+  for (const BadCase& b : cases) {
+    auto p = libra::make_plan(b.pool, b.config);
+    ASSERT_FALSE(p.ok()) << b.name;
+    EXPECT_NE(p.error().message().find(b.message_part), std::string::npos) << b.name << ": " << p.error().message();
+    EXPECT_EQ(p.error().message().find('\n'), std::string::npos) << b.name;
+    EXPECT_EQ(p.error().code(), libra::ErrorCode::kInvalidInput) << b.name;
+  }
+}
+
+TEST(PlanMode, ParsesAndNamesEveryMode) {
+  for (PlanMode m : {PlanMode::kTap, PlanMode::kUlysses, PlanMode::kTapSplit}) {
+    auto parsed = libra::parse_plan_mode(libra::plan_mode_name(m));
+    ASSERT_TRUE(parsed.ok());
+    EXPECT_EQ(*parsed, m);
+  }
+  EXPECT_FALSE(libra::parse_plan_mode("vrsp").ok());
+}
+
+}  // namespace
