@@ -1,0 +1,277 @@
+// Test bodies shared by the in-process GoogleTest program
+// (src/exec/executor_test.cpp) and the MPI test program
+// (tests/mpi/exec_mpi_test.cpp): each takes a Communicator and returns a
+// Status, so the same body runs over W threads and over W MPI processes.
+#pragma once
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "libra/comm.hpp"
+#include "libra/executor.hpp"
+#include "libra/plan.hpp"
+
+namespace libra::exec_test {
+
+// Point-to-point ring, allgather, barrier, split and gather_strings.
+inline Status comm_basics(Communicator& comm) {
+  const int r = comm.rank(), w = comm.size();
+  std::vector<std::int32_t> out(5), in(5, -1);
+  for (int i = 0; i < 5; ++i) out[static_cast<std::size_t>(i)] = r * 100 + i;
+  std::vector<Request> reqs;
+  LIBRA_ASSIGN_OR_RETURN(Request a, comm.irecv((r + w - 1) % w, 7, std::as_writable_bytes(std::span<std::int32_t>(in))));
+  reqs.push_back(a);
+  LIBRA_ASSIGN_OR_RETURN(Request b, comm.isend((r + 1) % w, 7, std::as_bytes(std::span<const std::int32_t>(out))));
+  reqs.push_back(b);
+  LIBRA_TRY(comm.wait_all(reqs));
+  const int left = (r + w - 1) % w;
+  for (int i = 0; i < 5; ++i) {
+    if (in[static_cast<std::size_t>(i)] != left * 100 + i) {
+      return internal_error(fmt::format("rank {}: ring element {} is {}, expected {}", r, i, in[static_cast<std::size_t>(i)],
+                                        left * 100 + i));
+    }
+  }
+  LIBRA_ASSIGN_OR_RETURN(std::vector<std::uint64_t> all, comm.allgather(static_cast<std::uint64_t>(r * r + 1)));
+  for (int i = 0; i < w; ++i) {
+    if (all[static_cast<std::size_t>(i)] != static_cast<std::uint64_t>(i * i + 1)) {
+      return internal_error(fmt::format("rank {}: allgather[{}] = {}", r, i, all[static_cast<std::size_t>(i)]));
+    }
+  }
+  LIBRA_TRY(comm.barrier());
+  // Split into two colours, reversed order inside each.
+  LIBRA_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> sub, comm.split(r % 2, -r));
+  const int members = (w + 1 - r % 2) / 2;
+  if (sub->size() != members) return internal_error(fmt::format("rank {}: split size {} != {}", r, sub->size(), members));
+  LIBRA_ASSIGN_OR_RETURN(std::vector<std::uint64_t> sub_all, sub->allgather(static_cast<std::uint64_t>(r)));
+  for (std::size_t i = 1; i < sub_all.size(); ++i) {
+    if (sub_all[i] >= sub_all[i - 1]) return internal_error(fmt::format("rank {}: split not ordered by key", r));
+  }
+  if (sub_all[static_cast<std::size_t>(sub->rank())] != static_cast<std::uint64_t>(r)) {
+    return internal_error(fmt::format("rank {}: split rank {} does not hold this rank", r, sub->rank()));
+  }
+  LIBRA_ASSIGN_OR_RETURN(std::vector<std::string> strs, gather_strings(comm, 0, std::string(static_cast<std::size_t>(r), 'x'), 300));
+  if (r == 0) {
+    for (int i = 0; i < w; ++i) {
+      if (strs[static_cast<std::size_t>(i)] != std::string(static_cast<std::size_t>(i), 'x')) {
+        return internal_error(fmt::format("gather_strings[{}] wrong", i));
+      }
+    }
+  }
+  // agree_on_status: rank w-1 fails, every rank learns it.
+  Status local = r == w - 1 ? invalid_input("deliberate") : Status();
+  Status agreed = agree_on_status(comm, local, "test step");
+  if (agreed.ok()) return internal_error(fmt::format("rank {}: agree_on_status missed a failure", r));
+  if (r != w - 1 && agreed.message().find(std::to_string(w - 1)) == std::string::npos) {
+    return internal_error(fmt::format("rank {}: agreement message does not name rank {}: {}", r, w - 1, agreed.message()));
+  }
+  return Status();
+}
+
+struct ExecCase {
+  std::uint64_t pool_seed = 1;
+  std::uint64_t data_seed = 7;
+  int pool_size = 2;  // P
+  int cp = 2;
+  std::int64_t seq_len = 256;
+  std::int64_t block = 32;
+  int head_shards = 2;
+  int heads_q = 4, heads_kv = 2, head_dim = 16;
+  int elem_bytes = 4;
+  std::int64_t window = kFullCausal;
+  int chunks = 1;
+  std::string mode = "tap";  // tap | tap-split | ulysses (plan) | ulysses-direct
+  bool dedup_per_kv_head = false;
+  std::string name() const {
+    return fmt::format("{} P={} CP={} L={} B={} H={} hq={} hkv={} d={} e={} w={} M={} seed={}", mode, pool_size, cp,
+                       seq_len, block, head_shards, heads_q, heads_kv, head_dim, elem_bytes,
+                       window == kFullCausal ? std::string("full") : std::to_string(window), chunks, pool_seed);
+  }
+};
+
+// A random packed pool: every slot gets one long-tail sample of 40-95% of
+// the packed length (it spans CP ranks), then short samples; some slots end
+// with padding. Deterministic in the seed (splitmix64, no std distributions).
+inline std::vector<PackedSequence> random_pool(std::uint64_t seed, int slots, std::int64_t seq_len) {
+  std::uint64_t s = seed * 0x9e3779b97f4a7c15ULL + 12345;
+  auto next = [&]() {
+    std::uint64_t z = (s += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+  };
+  auto below = [&](std::int64_t n) { return static_cast<std::int64_t>(next() % static_cast<std::uint64_t>(n)); };
+  std::vector<PackedSequence> pool(static_cast<std::size_t>(slots));
+  for (auto& seq : pool) {
+    std::int64_t left = seq_len - (below(3) == 0 ? below(seq_len / 8 + 1) : 0);  // sometimes padding
+    const std::int64_t big = std::max<std::int64_t>(1, seq_len * (40 + below(56)) / 100);
+    std::vector<std::int64_t> lens;
+    lens.push_back(std::min(big, left));
+    left -= lens.back();
+    while (left > 0) {
+      std::int64_t l = std::min(left, 1 + below(seq_len / 6));
+      lens.push_back(l);
+      left -= l;
+    }
+    // The long sample at a random position.
+    std::size_t at = static_cast<std::size_t>(below(static_cast<std::int64_t>(lens.size())));
+    std::swap(lens[0], lens[at]);
+    seq = lens;
+  }
+  return pool;
+}
+
+inline PlanConfig case_config(const ExecCase& c) {
+  PlanConfig cfg;
+  cfg.seq_len = c.seq_len;
+  cfg.cp = c.cp;
+  cfg.block_size = c.block;
+  cfg.head_shards = c.head_shards;
+  cfg.shape.heads_q = c.heads_q;
+  cfg.shape.heads_kv = c.heads_kv;
+  cfg.shape.head_dim = c.head_dim;
+  cfg.shape.elem_bytes = c.elem_bytes;
+  cfg.shape.window = c.window;
+  cfg.chunks = c.chunks;
+  cfg.dedup_per_kv_head = c.dedup_per_kv_head;
+  return cfg;
+}
+
+// Runs forward and backward of one case and checks this rank's home
+// tensors against the naive double-precision reference on whole sequences.
+inline Status exec_case(Communicator& comm, const ExecCase& c, TraceRecorder* trace = nullptr) {
+  const std::vector<PackedSequence> pool = random_pool(c.pool_seed, c.pool_size, c.seq_len);
+  PlanConfig cfg = case_config(c);
+  ExecOptions opts;
+  opts.trace = trace;
+  std::unique_ptr<Executor> ex;
+  if (c.mode == "ulysses-direct") {
+    LIBRA_ASSIGN_OR_RETURN(ex, make_ulysses_executor(comm, pool, cfg, opts));
+  } else {
+    LIBRA_ASSIGN_OR_RETURN(cfg.mode, parse_plan_mode(c.mode));
+    LIBRA_ASSIGN_OR_RETURN(Plan plan, make_plan(pool, cfg));
+    LIBRA_ASSIGN_OR_RETURN(ex, make_plan_executor(comm, plan, opts));
+  }
+  const int r = comm.rank();
+  std::vector<float> q = harness_home_tensor(c.data_seed, cfg, r, 0), k = harness_home_tensor(c.data_seed, cfg, r, 1),
+                     v = harness_home_tensor(c.data_seed, cfg, r, 2), d_o = harness_home_tensor(c.data_seed, cfg, r, 3);
+  LIBRA_ASSIGN_OR_RETURN(ForwardOutputs f, ex->forward({q, k, v}));
+  LIBRA_ASSIGN_OR_RETURN(BackwardOutputs g, ex->backward({q, k, v}, f, d_o));
+  const int slot = r / c.cp;
+  LIBRA_ASSIGN_OR_RETURN(SlotReference ref, harness_reference(c.data_seed, cfg, pool[static_cast<std::size_t>(slot)], slot));
+  const std::int64_t lc = c.seq_len / c.cp, lo = (r % c.cp) * lc;
+  const std::int64_t qw = c.heads_q * c.head_dim, kw = c.heads_kv * c.head_dim;
+  const Tolerance tol = tolerance_for(c.elem_bytes);
+  struct Check {
+    const char* name;
+    ErrorStats e;
+    double tol;
+  };
+  const Check checks[] = {
+      {"O", compare_home(f.o, ref.o, lo, lc, qw), tol.o},      {"LSE", compare_home(f.lse, ref.lse, lo, lc, c.heads_q), tol.lse},
+      {"dQ", compare_home(g.dq, ref.dq, lo, lc, qw), tol.dq},  {"dK", compare_home(g.dk, ref.dk, lo, lc, kw), tol.dk},
+      {"dV", compare_home(g.dv, ref.dv, lo, lc, kw), tol.dv},
+  };
+  for (const Check& ch : checks) {
+    if (!(ch.e.rel() <= ch.tol)) {
+      return internal_error(fmt::format("{}: rank {}: {} max abs error {:.3g} (relative {:.3g}) exceeds tolerance {:.1g}",
+                                        c.name(), r, ch.name, ch.e.max_abs, ch.e.rel(), ch.tol));
+    }
+  }
+  return Status();
+}
+
+// Every rank but the last plans the pool of `c`; the last plans a pool with
+// one sample changed. Every rank must fail with the same mismatch error that
+// names the odd rank, and nobody may hang.
+inline Status mismatch_case(Communicator& comm, const ExecCase& c) {
+  std::vector<PackedSequence> pool = random_pool(c.pool_seed, c.pool_size, c.seq_len);
+  const int odd = comm.size() - 1;
+  if (comm.rank() == odd) {
+    auto& seq = pool.back();
+    if (seq.size() >= 2) {
+      seq[0] += 1;
+      seq[1] -= 1;
+      if (seq[1] == 0) seq.erase(seq.begin() + 1);
+    } else {
+      seq[0] -= 1;
+    }
+  }
+  PlanConfig cfg = case_config(c);
+  LIBRA_ASSIGN_OR_RETURN(cfg.mode, parse_plan_mode(c.mode == "ulysses-direct" ? "tap" : c.mode));
+  LIBRA_ASSIGN_OR_RETURN(Plan plan, make_plan(pool, cfg));
+  Result<std::unique_ptr<Executor>> ex = make_plan_executor(comm, plan, {});
+  if (ex.ok()) return internal_error(fmt::format("rank {}: a mismatched plan was accepted", comm.rank()));
+  const std::string& msg = ex.error().message();
+  if (ex.error().code() != ErrorCode::kMismatch || msg.find(fmt::format("rank(s) {} hold", odd)) == std::string::npos) {
+    return internal_error(fmt::format("rank {}: unexpected error for a mismatched plan: {}", comm.rank(), msg));
+  }
+  // Every rank holds the same text: compare a hash of it.
+  std::uint64_t h = 1469598103934665603ULL;
+  for (char ch : msg) h = (h ^ static_cast<unsigned char>(ch)) * 1099511628211ULL;
+  LIBRA_ASSIGN_OR_RETURN(std::vector<std::uint64_t> all, comm.allgather(h));
+  for (std::uint64_t x : all) {
+    if (x != h) return internal_error(fmt::format("rank {}: ranks report different mismatch messages", comm.rank()));
+  }
+  return Status();
+}
+
+// The case matrix shared by both test programs: W = 4 (P = 2, CP = 2) and
+// W = 8 (P = 4, CP = 2); GQA, MHA, H > h_kv, a sliding window, bf16, and
+// M in {1, 2, 4}; tap, tap-split, ulysses as a plan and direct Ulysses.
+inline std::vector<ExecCase> case_matrix(int world) {
+  std::vector<ExecCase> cases;
+  const int P = world / 2;
+  std::uint64_t seed = 1;
+  for (const char* mode : {"tap", "tap-split", "ulysses", "ulysses-direct"}) {
+    for (int chunks : {1, 2, 4}) {
+      ExecCase c;
+      c.mode = mode;
+      c.pool_size = P;
+      c.pool_seed = seed++;
+      c.chunks = chunks;
+      c.heads_q = 8;
+      c.heads_kv = 2;
+      c.head_shards = 2;  // 4 query heads per tile -> M up to 4
+      if (std::string(mode).starts_with("ulysses")) c.head_shards = 2;
+      cases.push_back(c);
+    }
+    // Sliding window with MHA.
+    ExecCase w;
+    w.mode = mode;
+    w.pool_size = P;
+    w.pool_seed = seed++;
+    w.heads_q = 4;
+    w.heads_kv = 4;
+    w.window = 24;
+    w.chunks = 2;
+    cases.push_back(w);
+    // H > h_kv (shards share a KV head), bf16.
+    ExecCase b;
+    b.mode = mode;
+    b.pool_size = P;
+    b.pool_seed = seed++;
+    b.heads_q = 8;
+    b.heads_kv = 1;
+    b.head_shards = 4;
+    b.chunks = 2;
+    b.elem_bytes = 2;
+    cases.push_back(b);
+  }
+  ExecCase dedup;
+  dedup.mode = "tap";
+  dedup.pool_size = P;
+  dedup.pool_seed = seed++;
+  dedup.heads_q = 8;
+  dedup.heads_kv = 2;
+  dedup.head_shards = 4;
+  dedup.chunks = 2;
+  dedup.dedup_per_kv_head = true;
+  cases.push_back(dedup);
+  return cases;
+}
+
+}  // namespace libra::exec_test

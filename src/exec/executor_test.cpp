@@ -1,0 +1,166 @@
+#include "libra/executor.hpp"
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <set>
+
+#include "exec/exec_test_bodies.hpp"
+#include "libra/io.hpp"
+
+namespace libra {
+namespace {
+
+using exec_test::ExecCase;
+
+void expect_all_ok(const std::vector<Status>& st, const std::string& what) {
+  for (std::size_t r = 0; r < st.size(); ++r) EXPECT_TRUE(st[r].ok()) << what << ": rank " << r << ": " << st[r].message();
+}
+
+TEST(PlanExecutor, MatchesTheReferenceOnFourRanksInProcess) {
+  for (const ExecCase& c : exec_test::case_matrix(4)) {
+    expect_all_ok(run_in_process(4, [&](Communicator& comm) { return exec_test::exec_case(comm, c); }), c.name());
+  }
+}
+
+TEST(PlanExecutor, MatchesTheReferenceOnEightRanksInProcess) {
+  for (const ExecCase& c : exec_test::case_matrix(8)) {
+    expect_all_ok(run_in_process(8, [&](Communicator& comm) { return exec_test::exec_case(comm, c); }), c.name());
+  }
+}
+
+TEST(PlanExecutor, MismatchedPlanStopsEveryRankWithOneError) {
+  ExecCase c;
+  for (int w : {4, 8}) {
+    c.pool_size = w / 2;
+    expect_all_ok(run_in_process(w, [&](Communicator& comm) { return exec_test::mismatch_case(comm, c); }),
+                  "mismatch");
+  }
+}
+
+TEST(PlanExecutor, RejectsAPoolCommunicatorOfTheWrongSize) {
+  ExecCase c;
+  auto pool = exec_test::random_pool(3, 2, c.seq_len);
+  Result<Plan> plan = make_plan(pool, exec_test::case_config(c));
+  ASSERT_TRUE(plan.ok()) << plan.error().message();
+  auto st = run_in_process(3, [&](Communicator& comm) { return make_plan_executor(comm, *plan, {}).status(); });
+  for (const Status& s : st) {
+    ASSERT_FALSE(s.ok());
+    EXPECT_NE(s.message().find("has 3 ranks but the plan has 4 workers"), std::string::npos) << s.message();
+  }
+}
+
+TEST(PlanExecutor, RejectsInputsOfTheWrongSizeOnEveryRank) {
+  ExecCase c;
+  auto pool = exec_test::random_pool(3, 2, c.seq_len);
+  Result<Plan> plan = make_plan(pool, exec_test::case_config(c));
+  ASSERT_TRUE(plan.ok());
+  auto st = run_in_process(4, [&](Communicator& comm) -> Status {
+    LIBRA_ASSIGN_OR_RETURN(auto ex, make_plan_executor(comm, *plan, {}));
+    const PlanConfig cfg = exec_test::case_config(c);
+    auto q = harness_home_tensor(1, cfg, comm.rank(), 0), k = harness_home_tensor(1, cfg, comm.rank(), 1);
+    if (comm.rank() == 2) q.pop_back();
+    return ex->forward({q, k, k}).status();
+  });
+  for (std::size_t r = 0; r < st.size(); ++r) {
+    ASSERT_FALSE(st[r].ok());
+    EXPECT_NE(st[r].message().find(r == 2 ? "q has" : "failed on rank(s) 2"), std::string::npos) << st[r].message();
+  }
+}
+
+TEST(PlanExecutor, TraceShowsEachChunkDispatchedBeforeThePreviousComputes) {
+  ExecCase c;
+  c.chunks = 4;
+  c.heads_q = 8;
+  c.head_shards = 2;
+  std::vector<TraceRecorder> traces(4);
+  auto st = run_in_process(4, [&](Communicator& comm) -> Status {
+    TraceRecorder& tr = traces[static_cast<std::size_t>(comm.rank())];
+    LIBRA_TRY(exec_test::exec_case(comm, c, &tr));
+    return write_trace(comm, tr, testing::TempDir() + "/libra_exec_trace.json");
+  });
+  expect_all_ok(st, "trace");
+  for (const TraceRecorder& tr : traces) {
+    auto ev = tr.events();
+    auto find = [&](const std::string& name) -> const TraceRecorder::Event* {
+      for (const auto& e : ev)
+        if (e.name == name) return &e;
+      return nullptr;
+    };
+    for (const char* pass : {"fwd", "bwd"}) {
+      for (int m = 0; m < 4; ++m) {
+        const auto* comp = find(fmt::format("{} compute chunk {}", pass, m));
+        ASSERT_NE(comp, nullptr) << pass << " chunk " << m;
+        if (m + 1 < 4) {
+          // Chunk m+1's input (when this rank has remote input) is posted
+          // before chunk m computes.
+          if (const auto* in = find(fmt::format("{} input chunk {}", pass, m + 1))) {
+            EXPECT_LE(in->begin_us, comp->begin_us);
+          }
+        }
+      }
+    }
+  }
+  // The file is valid Chrome trace JSON with events from every rank.
+  auto text = read_file(testing::TempDir() + "/libra_exec_trace.json");
+  ASSERT_TRUE(text.ok());
+  auto j = nlohmann::json::parse(*text);
+  std::set<int> pids;
+  for (const auto& e : j["traceEvents"]) pids.insert(e["pid"].template get<int>());
+  EXPECT_EQ(pids.size(), 4u);
+}
+
+TEST(UlyssesExecutor, RejectsHeadCountsTheGroupCannotSplit) {
+  ExecCase c;
+  c.heads_q = 6;
+  c.heads_kv = 3;
+  c.cp = 4;
+  c.seq_len = 256;
+  c.head_shards = 1;
+  auto pool = exec_test::random_pool(3, 1, c.seq_len);
+  auto st = run_in_process(4, [&](Communicator& comm) {
+    return make_ulysses_executor(comm, pool, exec_test::case_config(c), {}).status();
+  });
+  for (const Status& s : st) {
+    ASSERT_FALSE(s.ok());
+    EXPECT_NE(s.message().find("6"), std::string::npos) << s.message();
+  }
+}
+
+TEST(AgreeOnFingerprint, NamesEveryGroupOfRanks) {
+  auto st = run_in_process(4, [](Communicator& comm) -> Status {
+    Status s = agree_on_fingerprint(comm, comm.rank() == 1 ? 0xbeefu : 0xabcu, "plan");
+    if (s.ok()) return internal_error("mismatch accepted");
+    if (s.message().find("rank(s) 0,2,3 hold 0000000000000abc; rank(s) 1 hold 000000000000beef") == std::string::npos) {
+      return internal_error(s.message());
+    }
+    return Status();
+  });
+  expect_all_ok(st, "fingerprint");
+}
+
+TEST(Harness, HomeTensorsTileTheWholeSlotTensor) {
+  PlanConfig cfg = exec_test::case_config(ExecCase{});
+  auto a = harness_home_tensor(5, cfg, 2, 0), b = harness_home_tensor(5, cfg, 3, 0);
+  auto other_slot = harness_home_tensor(5, cfg, 0, 0);
+  EXPECT_EQ(a.size(), static_cast<std::size_t>(cfg.seq_len / 2 * cfg.shape.heads_q * cfg.shape.head_dim));
+  EXPECT_NE(a, b);
+  EXPECT_NE(a, other_slot);
+  EXPECT_EQ(harness_home_tensor(5, cfg, 2, 0), a);  // deterministic
+  for (float x : a) {
+    EXPECT_GE(x, -1.0f);
+    EXPECT_LT(x, 1.0f);
+  }
+}
+
+TEST(Harness, CompareHomeMeasuresAgainstTheTensorScale) {
+  std::vector<double> ref = {0, 0, 1, -2, 3, 4};
+  std::vector<float> got = {1.0f, -2.5f};
+  ErrorStats e = compare_home(got, ref, 1, 1, 2);  // row 1 = {1, -2}
+  EXPECT_DOUBLE_EQ(e.max_abs, 0.5);
+  EXPECT_DOUBLE_EQ(e.max_ref, 2.0);
+  EXPECT_DOUBLE_EQ(e.rel(), 0.25);
+}
+
+}  // namespace
+}  // namespace libra
