@@ -1,0 +1,301 @@
+// Outputs of the simulator: terminal table, JSON, CSV and the report folder
+// (data files, gnuplot PNGs, index.md).
+#include <fmt/format.h>
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "libra/io.hpp"
+#include "libra/simulator.hpp"
+
+namespace libra {
+
+namespace {
+
+std::string cand(const SimCandidate& c) { return fmt::format("P={} H={} B={}", c.pool_size, c.head_shards, c.block_size); }
+double ms(double s) { return s * 1e3; }
+const char* kVariants[] = {"libra-tap", "libra-tap-vrsp", "libra-full", "libra-plus", "distca"};
+
+std::string paper_cell(double v) { return v == 0 ? std::string("-") : fmt::format("{:.4g}", v); }
+
+}  // namespace
+
+std::string sim_table(const SimResult& r) {
+  const SimConfig& c = r.config;
+  std::string o;
+  o += fmt::format("libra simulate: {}  L={}  GBS={}  DP={}  CP={}  model {} (h_q={} h_kv={} d={} e={})\n", c.source,
+                   r.seq_len, c.gbs, c.dp, c.cp, c.model.name, c.model.heads_q, c.model.heads_kv, c.model.head_dim,
+                   c.model.elem_bytes);
+  o += fmt::format("{} windows, {} GA steps, {} candidates, M={} chunks, tau={}, kernel profile '{}', noise sigma {}\n",
+                   r.windows, r.steps, r.candidates.size(), c.chunks, c.tau, c.cost.kernel.device, c.cost.noise.sigma);
+  for (const auto& s : r.skipped) o += fmt::format("skipped {}: {}\n", cand(s.candidate), s.reason);
+  o += "\nCore-attention forward latency per layer per GA step (slowest GPU), ms, mean / worst over steps\n";
+  o += fmt::format("  baselines: ulysses {:.3f} / {:.3f}   wlb {:.3f} / {:.3f}{}\n", ms(r.ulysses.mean),
+                   ms(r.ulysses.worst), ms(r.wlb.mean), ms(r.wlb.worst),
+                   r.wlb_split_samples ? fmt::format(" ({} samples cut to fit)", r.wlb_split_samples) : "");
+  o += "\n";
+  o += fmt::format("{:<24} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10} {:>17} {:>17} {:>17} {:>17} {:>17}\n",
+                   "candidate", "R-1 vrsp", "R-1 samp", "R-1 rand", "R-1 refn", "intra", "intra+", "MB/pool",
+                   "tap", "tap-vrsp", "full", "plus", "distca");
+  for (std::size_t i = 0; i < r.candidates.size(); ++i) {
+    const auto& k = r.candidates[i];
+    std::string name = cand(k.candidate);
+    if (static_cast<std::int64_t>(i) == r.recommended) name += " *";
+    if (static_cast<std::int64_t>(i) == r.runner_up) name += " +";
+    o += fmt::format("{:<24} {:>9.4f} {:>9.4f} {:>9.4f} {:>9.4f} {:>9.4f} {:>9.4f} {:>10.1f}", name,
+                     k.inter_imbalance[0].second.mean, k.inter_imbalance[1].second.mean,
+                     k.inter_imbalance[2].second.mean, k.inter_imbalance[5].second.mean, k.intra_imbalance.mean,
+                     k.intra_imbalance_plus.mean, k.comm_bytes.mean / 1e6);
+    for (const char* v : kVariants) {
+      const auto* l = k.find(v);
+      o += fmt::format(" {:>8.3f}/{:<8.3f}", ms(l->seconds.mean), ms(l->seconds.worst));
+    }
+    o += "\n";
+  }
+  o += "(R-1: inter-pool imbalance, mean over windows; intra: TAP on VRSP pools; intra+: tap-split + per-KV-head dedup on\n"
+       " vrsp-refine pools; MB/pool: exchanged bytes per pool per layer; latencies mean/worst ms; * recommended, + runner-up)\n";
+  if (r.recommended >= 0) {
+    o += "\nRecommendation: " + r.recommendation_reason + "\n";
+  }
+  o += "\nPaper comparison (recommended candidate)\n";
+  o += fmt::format("  {:<58} {:>10} {:>10} {:>10}\n", "figure", "paper 256K", "paper 1M", "libra");
+  for (const auto& p : r.paper) {
+    o += fmt::format("  {:<58} {:>10} {:>10} {:>10.4g}\n", p.what, paper_cell(p.paper_256k), paper_cell(p.paper_1m),
+                     p.measured);
+  }
+  if (!r.dp_scaling.empty()) {
+    o += "\nEnd-to-end throughput at fixed GBS (tokens/s) and scaling efficiency\n";
+    o += fmt::format("  {:>4} {:>4} {:>14} {:>8} {:>14} {:>8} {:>8}\n", "DP", "P", "ulysses", "eff", "libra", "eff",
+                     "speedup");
+    for (const auto& p : r.dp_scaling) {
+      o += fmt::format("  {:>4} {:>4} {:>14.0f} {:>7.1f}% {:>14.0f} {:>7.1f}% {:>7.2f}x\n", p.dp, p.pool_size,
+                       p.ulysses_tokens_per_s, 100 * p.ulysses_efficiency, p.libra_tokens_per_s,
+                       100 * p.libra_efficiency, p.libra_tokens_per_s / p.ulysses_tokens_per_s);
+    }
+    o += fmt::format("Microbatch forward time (x libra mean): ulysses {:.2f}..{:.2f} mean {:.2f}; libra {:.2f}..{:.2f}\n",
+                     r.microbatch_ulysses.min, r.microbatch_ulysses.max, r.microbatch_ulysses.mean,
+                     r.microbatch_libra.min, r.microbatch_libra.max);
+  }
+  return o;
+}
+
+std::string sim_json(const SimResult& r) {
+  using J = nlohmann::ordered_json;
+  auto stat = [](const Stat& s) { return J{{"mean", s.mean}, {"worst", s.worst}}; };
+  const SimConfig& c = r.config;
+  J j;
+  j["source"] = c.source;
+  j["config"] = {{"seq_len", r.seq_len}, {"gbs", c.gbs},   {"dp", c.dp},         {"cp", c.cp},
+                 {"chunks", c.chunks},   {"tau", c.tau},   {"model", c.model.name}, {"heads_q", c.model.heads_q},
+                 {"heads_kv", c.model.heads_kv}, {"head_dim", c.model.head_dim}, {"elem_bytes", c.model.elem_bytes},
+                 {"layers", c.model.layers}, {"gpus_per_node", c.cost.net.gpus_per_node},
+                 {"intra_node_gbps", c.cost.net.intra_node_gbps}, {"inter_node_gbps", c.cost.net.inter_node_gbps},
+                 {"latency_us", c.cost.net.latency_us}, {"noise_sigma", c.cost.noise.sigma},
+                 {"kernel_profile", c.cost.kernel.device}};
+  j["windows"] = r.windows;
+  j["steps"] = r.steps;
+  j["units"] = "latency: seconds per layer per GA step (forward core attention, slowest GPU); bytes per pool per layer";
+  j["baselines"] = {{"ulysses", stat(r.ulysses)}, {"wlb", stat(r.wlb)}, {"wlb_split_samples", r.wlb_split_samples}};
+  j["candidates"] = J::array();
+  for (const auto& k : r.candidates) {
+    J e;
+    e["pool_size"] = k.candidate.pool_size;
+    e["head_shards"] = k.candidate.head_shards;
+    e["block_size"] = k.candidate.block_size;
+    J inter;
+    for (const auto& [m, s] : k.inter_imbalance) inter[m] = stat(s);
+    e["inter_imbalance"] = inter;
+    e["inter_imbalance_lower_bound"] = stat(k.lower_bound);
+    e["intra_imbalance"] = stat(k.intra_imbalance);
+    e["intra_imbalance_plus"] = stat(k.intra_imbalance_plus);
+    e["comm_bytes"] = stat(k.comm_bytes);
+    e["comm_bytes_plus"] = stat(k.comm_bytes_plus);
+    e["max_send_bytes"] = stat(k.max_send_bytes);
+    e["max_recv_bytes"] = stat(k.max_recv_bytes);
+    J lat;
+    for (const auto& v : k.latency) lat[v.name] = stat(v.seconds);
+    e["latency"] = lat;
+    j["candidates"].push_back(e);
+  }
+  j["skipped"] = J::array();
+  for (const auto& s : r.skipped) {
+    j["skipped"].push_back({{"pool_size", s.candidate.pool_size}, {"head_shards", s.candidate.head_shards},
+                            {"block_size", s.candidate.block_size}, {"reason", s.reason}});
+  }
+  j["recommended"] = r.recommended;
+  j["runner_up"] = r.runner_up;
+  j["recommendation"] = r.recommendation_reason;
+  j["paper"] = J::array();
+  for (const auto& p : r.paper) {
+    j["paper"].push_back({{"what", p.what}, {"paper_256k", p.paper_256k}, {"paper_1m", p.paper_1m}, {"measured", p.measured}});
+  }
+  j["dp_scaling"] = J::array();
+  for (const auto& p : r.dp_scaling) {
+    j["dp_scaling"].push_back({{"dp", p.dp}, {"pool_size", p.pool_size},
+                               {"ulysses_tokens_per_s", p.ulysses_tokens_per_s},
+                               {"libra_tokens_per_s", p.libra_tokens_per_s},
+                               {"ulysses_efficiency", p.ulysses_efficiency},
+                               {"libra_efficiency", p.libra_efficiency}});
+  }
+  auto mb = [](const MicrobatchStats& m) { return J{{"min", m.min}, {"max", m.max}, {"mean", m.mean}}; };
+  j["microbatch"] = {{"ulysses", mb(r.microbatch_ulysses)}, {"libra", mb(r.microbatch_libra)}};
+  return j.dump(1) + "\n";
+}
+
+std::string sim_csv(const SimResult& r) {
+  std::string o = "pool_size,head_shards,block_size";
+  if (!r.candidates.empty()) {
+    for (const auto& [m, s] : r.candidates[0].inter_imbalance) o += ",inter_" + m;
+  }
+  o += ",lower_bound,intra,intra_plus,comm_bytes,comm_bytes_plus,max_send_bytes,max_recv_bytes";
+  for (const char* v : kVariants) o += fmt::format(",{}_mean_s,{}_worst_s", v, v);
+  o += ",ulysses_mean_s,ulysses_worst_s,wlb_mean_s,wlb_worst_s,recommended\n";
+  for (std::size_t i = 0; i < r.candidates.size(); ++i) {
+    const auto& k = r.candidates[i];
+    o += fmt::format("{},{},{}", k.candidate.pool_size, k.candidate.head_shards, k.candidate.block_size);
+    for (const auto& [m, s] : k.inter_imbalance) o += fmt::format(",{:.6g}", s.mean);
+    o += fmt::format(",{:.6g},{:.6g},{:.6g},{:.0f},{:.0f},{:.0f},{:.0f}", k.lower_bound.mean, k.intra_imbalance.mean,
+                     k.intra_imbalance_plus.mean, k.comm_bytes.mean, k.comm_bytes_plus.mean, k.max_send_bytes.mean,
+                     k.max_recv_bytes.mean);
+    for (const char* v : kVariants) {
+      const auto* l = k.find(v);
+      o += fmt::format(",{:.6g},{:.6g}", l->seconds.mean, l->seconds.worst);
+    }
+    o += fmt::format(",{:.6g},{:.6g},{:.6g},{:.6g},{}\n", r.ulysses.mean, r.ulysses.worst, r.wlb.mean, r.wlb.worst,
+                     static_cast<std::int64_t>(i) == r.recommended ? 1 : 0);
+  }
+  return o;
+}
+
+namespace {
+
+bool have_gnuplot() { return std::system("command -v gnuplot >/dev/null 2>&1") == 0; }
+
+}  // namespace
+
+Status write_sim_report(const SimResult& r, const std::string& dir) {
+  if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
+    return io_error(fmt::format("--report {}: cannot create directory: {}", dir, std::strerror(errno)));
+  }
+  auto put = [&](const std::string& name, const std::string& text) {
+    return write_file_atomic(dir + "/" + name, text);
+  };
+  // Imbalance against P per placement mode, for the recommended (H, B).
+  const SimCandidate rec = r.recommended >= 0 ? r.candidates[static_cast<std::size_t>(r.recommended)].candidate
+                                              : SimCandidate{};
+  std::map<std::int64_t, const CandidateResult*> by_p;
+  for (const auto& k : r.candidates) {
+    if (k.candidate.head_shards == rec.head_shards && k.candidate.block_size == rec.block_size) by_p[k.candidate.pool_size] = &k;
+  }
+  std::string imb = "# P";
+  std::vector<std::string> modes;
+  if (!by_p.empty()) {
+    for (const auto& [m, s] : by_p.begin()->second->inter_imbalance) {
+      modes.push_back(m);
+      imb += " " + m;
+    }
+  }
+  imb += " lower_bound intra_tap\n";
+  std::string bytes = "# P tap_MB tap_plus_MB max_send_MB max_recv_MB\n";
+  for (const auto& [p, k] : by_p) {
+    imb += std::to_string(p);
+    for (const auto& [m, s] : k->inter_imbalance) imb += fmt::format(" {:.6g}", s.mean);
+    imb += fmt::format(" {:.6g} {:.6g}\n", k->lower_bound.mean, k->intra_imbalance.mean);
+    bytes += fmt::format("{} {:.6g} {:.6g} {:.6g} {:.6g}\n", p, k->comm_bytes.mean / 1e6, k->comm_bytes_plus.mean / 1e6,
+                         k->max_send_bytes.mean / 1e6, k->max_recv_bytes.mean / 1e6);
+  }
+  LIBRA_TRY(put("sim-imbalance.dat", imb));
+  LIBRA_TRY(put("sim-bytes.dat", bytes));
+  std::string lat = "# candidate_index ulysses wlb";
+  for (const char* v : kVariants) lat += std::string(" ") + v;
+  lat += "  (mean ms)\n";
+  for (std::size_t i = 0; i < r.candidates.size(); ++i) {
+    lat += fmt::format("\"{}\" {:.6g} {:.6g}", cand(r.candidates[i].candidate), ms(r.ulysses.mean), ms(r.wlb.mean));
+    for (const char* v : kVariants) lat += fmt::format(" {:.6g}", ms(r.candidates[i].find(v)->seconds.mean));
+    lat += "\n";
+  }
+  LIBRA_TRY(put("sim-latency.dat", lat));
+  std::string mb = "# normalised microbatch forward time: ulysses libra (sorted)\n";
+  {
+    auto u = r.microbatch_ulysses.values;
+    auto l = r.microbatch_libra.values;
+    std::sort(u.begin(), u.end());
+    std::sort(l.begin(), l.end());
+    const std::size_t n = std::max(u.size(), l.size());
+    for (std::size_t i = 0; i < n; ++i) {
+      mb += fmt::format("{} {} {}\n", i, i < u.size() ? fmt::format("{:.6g}", u[i]) : "NaN",
+                        i < l.size() ? fmt::format("{:.6g}", l[i]) : "NaN");
+    }
+  }
+  LIBRA_TRY(put("sim-microbatch.dat", mb));
+  std::string dps = "# dp pool_size ulysses_tok_s libra_tok_s ulysses_eff libra_eff ideal_tok_s\n";
+  for (const auto& p : r.dp_scaling) {
+    const double ideal = r.dp_scaling.empty() ? 0
+                                              : r.dp_scaling[0].libra_tokens_per_s * static_cast<double>(p.dp) /
+                                                    static_cast<double>(r.dp_scaling[0].dp);
+    dps += fmt::format("{} {} {:.6g} {:.6g} {:.6g} {:.6g} {:.6g}\n", p.dp, p.pool_size, p.ulysses_tokens_per_s,
+                       p.libra_tokens_per_s, p.ulysses_efficiency, p.libra_efficiency, ideal);
+  }
+  LIBRA_TRY(put("sim-dp-scaling.dat", dps));
+
+  // gnuplot script: one PNG per figure.
+  std::string gp = "set terminal pngcairo size 900,560 noenhanced\nset key outside right\nset grid\n";
+  gp += "set output 'sim-imbalance.png'\nset title 'Inter-pool imbalance R-1 vs pool size (mean over windows)'\n"
+        "set logscale xy 2\nset xlabel 'pool size P'\nset ylabel 'R - 1'\nplot ";
+  for (std::size_t m = 0; m < modes.size(); ++m) {
+    gp += fmt::format("'sim-imbalance.dat' using 1:($" "{}" "+1e-6) with linespoints title '{}', ", m + 2, modes[m]);
+  }
+  gp += fmt::format("'sim-imbalance.dat' using 1:(${}+1e-6) with lines dt 2 title 'lower bound'\n", modes.size() + 2);
+  gp += "unset logscale\nset logscale x 2\n";
+  gp += "set output 'sim-bytes.png'\nset title 'Exchanged bytes per pool per layer vs pool size'\nset ylabel 'MB'\n"
+        "plot 'sim-bytes.dat' using 1:2 with linespoints title 'tap (VRSP pools)', "
+        "'sim-bytes.dat' using 1:3 with linespoints title 'tap-split + per-KV-head dedup', "
+        "'sim-bytes.dat' using 1:4 with linespoints title 'busiest worker send', "
+        "'sim-bytes.dat' using 1:5 with linespoints title 'busiest worker receive'\n";
+  gp += "unset logscale\nset output 'sim-microbatch.png'\nset title 'Per-microbatch forward time (x Libra mean), sorted'\n"
+        "set xlabel 'microbatch rank'\nset ylabel 'normalised time'\nset logscale y\n"
+        "plot 'sim-microbatch.dat' using 1:2 with lines title 'ulysses', 'sim-microbatch.dat' using 1:3 with lines "
+        "title 'libra-full'\nunset logscale\n";
+  gp += "set output 'sim-dp-scaling.png'\nset title 'Throughput vs DP at fixed GBS'\nset logscale x 2\n"
+        "set xlabel 'DP'\nset ylabel 'tokens/s'\n"
+        "plot 'sim-dp-scaling.dat' using 1:3 with linespoints title 'ulysses', 'sim-dp-scaling.dat' using 1:4 with "
+        "linespoints title 'libra-full', 'sim-dp-scaling.dat' using 1:7 with lines dt 2 title 'ideal (libra)'\n"
+        "unset logscale\n";
+  gp += "set output 'sim-latency.png'\nset title 'Core-attention forward latency per layer-step (mean)'\n"
+        "set style data histograms\nset style fill solid 0.8\nset xtics rotate by -60\nset ylabel 'ms'\n"
+        "set xlabel ''\nplot 'sim-latency.dat' using 2:xtic(1) title 'ulysses', '' using 3 title 'wlb', "
+        "'' using 4 title 'libra-tap', '' using 5 title 'libra-tap-vrsp', '' using 6 title 'libra-full', "
+        "'' using 7 title 'libra-plus', '' using 8 title 'distca'\n";
+  LIBRA_TRY(put("sim-plots.gp", gp));
+  bool plotted = false;
+  if (have_gnuplot()) {
+    const std::string cmd = "cd '" + dir + "' && gnuplot sim-plots.gp >/dev/null 2>&1";
+    plotted = std::system(cmd.c_str()) == 0;
+  }
+
+  std::string md = "# libra simulate report\n\n";
+  md += fmt::format("Corpus `{}`, L = {}, GBS = {}, DP = {}, CP = {}, model {}; {} windows, {} GA steps.\n\n",
+                    r.config.source, r.seq_len, r.config.gbs, r.config.dp, r.config.cp, r.config.model.name, r.windows,
+                    r.steps);
+  if (r.recommended >= 0) md += "**Recommendation:** " + r.recommendation_reason + "\n\n";
+  md += plotted ? "" : "(gnuplot was not available: the figures below were not rendered; the .dat files and "
+                       "sim-plots.gp are here.)\n\n";
+  md += "## Inter-pool imbalance vs P (paper figures 4 and 8)\n\n![imbalance](sim-imbalance.png)\n\n";
+  md += "## Exchanged bytes vs P (paper figure 14)\n\n![bytes](sim-bytes.png)\n\n";
+  md += "## Core-attention latency per candidate (paper section 8.4)\n\n![latency](sim-latency.png)\n\n";
+  md += "## Per-microbatch forward time (paper section 8.3)\n\n![microbatch](sim-microbatch.png)\n\n";
+  md += "## Throughput vs DP at fixed GBS (paper section 8.2)\n\n![dp scaling](sim-dp-scaling.png)\n\n";
+  md += "## Full table\n\n```\n" + sim_table(r) + "```\n";
+  LIBRA_TRY(put("index.md", md));
+  LIBRA_TRY(put("result.json", sim_json(r)));
+  LIBRA_TRY(put("result.csv", sim_csv(r)));
+  return {};
+}
+
+}  // namespace libra
