@@ -49,6 +49,7 @@
 #include <span>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include "libra/status.hpp"
 #include "libra/workload.hpp"
@@ -168,7 +169,40 @@ struct BackwardArgs {
 // dQ, dK, dV from dO, O and the LSE (FlashAttention-2 backward).
 [[nodiscard]] Status attention_backward(const BackwardArgs& args);
 
+// Scratch: each call carves its packed panels and accumulators out of one
+// buffer kept per calling thread and grown to the largest call so far, so
+// repeated calls do not allocate. This frees the calling thread's buffer.
+void release_thread_scratch();
+
 // The SIMD target chosen at run time, e.g. "AVX3" or "AVX2".
 [[nodiscard]] std::string simd_target();
+
+// This machine's fp32 FMA throughput in GFLOP/s on `threads` threads at
+// once: each thread runs 16 independent chains of vector FMAs (enough to
+// cover FMA latency times the number of FMA pipes) of the run-time SIMD
+// target for about `seconds`; FLOPs = 2 * lanes * chains * iterations.
+// Benchmarks divide by it to report the fraction of peak.
+[[nodiscard]] double measure_fma_peak_gflops(int threads, double seconds = 0.25);
+
+// Throughput profile for cost models (docs/kernel.md, data/profiles/): one
+// call = one causal sample of block_len tokens (fragment [0, block_len)) on
+// `heads` query heads and `heads` KV heads; GFLOP/s = causal pairs * 4d
+// (forward) or * 10d (backward) * heads / median wall time.
+struct ProfileEntry {
+  std::int64_t block_len = 0;
+  std::int64_t heads = 0;
+  double fwd_gflops = 0;
+  double bwd_gflops = 0;
+};
+struct ProfileOptions {
+  std::vector<std::int64_t> block_lens = {128, 256, 512, 1024, 2048, 4096, 8192};
+  std::vector<std::int64_t> heads = {1, 2, 4, 8};
+  std::int64_t head_dim = 128;
+  DType dtype = DType::kF32;
+  int threads = 1;
+  double min_seconds = 0.05;  // per timing: repeat calls until this long
+  int repetitions = 3;        // timings per entry; the median is kept
+};
+[[nodiscard]] Result<std::vector<ProfileEntry>> measure_profile(const ProfileOptions& options);
 
 }  // namespace libra::kernel

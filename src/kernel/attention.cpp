@@ -4,6 +4,8 @@
 // reduction. The block arithmetic itself is in attention_simd.cpp.
 #include <algorithm>
 #include <barrier>
+#include <initializer_list>
+#include <chrono>
 #include <cmath>
 #include <map>
 #include <numeric>
@@ -132,13 +134,76 @@ std::vector<PackItem> pack_items(const Layout& lay) {
   return items;
 }
 
-hwy::AlignedFreeUniquePtr<float[]> alloc(I64 n) {
-  return hwy::AllocateAligned<float>(static_cast<std::size_t>(std::max<I64>(n, 1)));
+// All scratch of a call comes from one buffer kept per calling thread and
+// grown to the largest call so far: allocating and freeing ~1 MiB per call
+// made glibc map and unmap pages every time (page faults and TLB shootdowns
+// cost more than the arithmetic of a 128-token call).
+class Arena {
+ public:
+  // Reserves room for the given float counts, each 64-byte aligned.
+  std::vector<float*> carve(std::initializer_list<I64> sizes) {
+    std::size_t total = 0;
+    for (I64 n : sizes) total += static_cast<std::size_t>(detail::round_up(std::max<I64>(n, 1), 16));
+    if (total > cap_) {
+      buf_ = hwy::AllocateAligned<float>(total);
+      cap_ = total;
+    }
+    std::vector<float*> out;
+    float* p = buf_.get();
+    for (I64 n : sizes) {
+      out.push_back(p);
+      p += detail::round_up(std::max<I64>(n, 1), 16);
+    }
+    return out;
+  }
+  void release() {
+    buf_.reset();
+    cap_ = 0;
+  }
+
+ private:
+  hwy::AlignedFreeUniquePtr<float[]> buf_;
+  std::size_t cap_ = 0;
+};
+
+Arena& thread_arena() {
+  thread_local Arena arena;
+  return arena;
 }
 
 }  // namespace
 
 std::string simd_target() { return detail::best_target_name(); }
+
+void release_thread_scratch() { thread_arena().release(); }
+
+double measure_fma_peak_gflops(int threads, double seconds) {
+  threads = std::clamp(threads, 1, 1024);
+  // Calibrate the iteration count on one thread, then run all threads at once.
+  float sink = 0;
+  std::int64_t iters = 1 << 16;
+  double dt = 0;
+  for (;;) {
+    const auto t0 = std::chrono::steady_clock::now();
+    (void)detail::fma_loop(iters, &sink);
+    dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (dt > 0.02 || iters > (std::int64_t{1} << 40)) break;
+    iters *= 4;
+  }
+  iters = std::max<std::int64_t>(1, static_cast<std::int64_t>(static_cast<double>(iters) * seconds / dt));
+  std::vector<float> sinks(static_cast<std::size_t>(threads));
+  std::int64_t lanes = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  {
+    std::vector<std::jthread> pool;
+    for (int t = 1; t < threads; ++t) {
+      pool.emplace_back([&, t] { (void)detail::fma_loop(iters, &sinks[static_cast<std::size_t>(t)]); });
+    }
+    lanes = detail::fma_loop(iters, &sinks[0]);
+  }
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return 2.0 * static_cast<double>(lanes) * 16.0 * static_cast<double>(iters) * threads / wall / 1e9;
+}
 
 Status attention_forward(const ForwardArgs& args) {
   LIBRA_TRY(validate(args));
@@ -160,9 +225,11 @@ Status attention_forward(const ForwardArgs& args) {
   const int threads = static_cast<int>(std::min<std::size_t>(static_cast<std::size_t>(args.threads), tasks.size()));
   const auto bins = assign(std::move(tasks), threads);
   const auto items = pack_items(lay);
-  auto kt = alloc(lay.total_blocks * dp * kBk);
-  auto vr = alloc(lay.total_blocks * kBk * dp);
-  auto scratch = alloc(threads * detail::fwd_scratch_floats(dp));
+  const auto mem = thread_arena().carve(
+      {lay.total_blocks * dp * kBk, lay.total_blocks * kBk * dp, threads * detail::fwd_scratch_floats(dp)});
+  float* const kt = mem[0];
+  float* const vr = mem[1];
+  float* const scratch = mem[2];
   detail::FwdCtx cx;
   cx.args = args;
   cx.d = d;
@@ -171,15 +238,15 @@ Status attention_forward(const ForwardArgs& args) {
   cx.scale = resolve_scale(args.softmax_scale, d);
   cx.groups = &lay.groups;
   cx.frag_group = &lay.frag_group;
-  cx.kt = kt.get();
-  cx.v = vr.get();
+  cx.kt = kt;
+  cx.v = vr;
   run_threads(threads, [&](int t, std::barrier<>& sync) {
-    float* mine = scratch.get() + t * detail::fwd_scratch_floats(dp);
+    float* mine = scratch + t * detail::fwd_scratch_floats(dp);
     for (I64 g = 0; g < hkv; ++g) {
       for (std::size_t i = static_cast<std::size_t>(t); i < items.size(); i += static_cast<std::size_t>(threads)) {
         const Group& gr = lay.groups[static_cast<std::size_t>(items[i].group)];
-        pack_kv(args.k, g, gr, items[i].jb, d, dp, kt.get(), nullptr);
-        pack_kv(args.v, g, gr, items[i].jb, d, dp, nullptr, vr.get());
+        pack_kv(args.k, g, gr, items[i].jb, d, dp, kt, nullptr);
+        pack_kv(args.v, g, gr, items[i].jb, d, dp, nullptr, vr);
       }
       sync.arrive_and_wait();
       detail::FwdCtx local = cx;
@@ -226,15 +293,19 @@ Status attention_backward(const BackwardArgs& args) {
   for (const Fragment& f : args.fragments) {
     for (I64 i = 0; i < f.e - f.a; i += 256) chunks.push_back({f.q_row + i, std::min<I64>(256, f.e - f.a - i)});
   }
-  auto kt = alloc(lay.total_blocks * dp * kBk);
-  auto vt = alloc(lay.total_blocks * dp * kBk);
-  auto kr = alloc(lay.total_blocks * kBk * dp);
-  auto qp = alloc(hg * rows * dp);
-  auto dop = alloc(hg * rows * dp);
-  auto lse = alloc(hg * rows);
-  auto delta = alloc(hg * rows);
-  auto dq = alloc(threads * hg * rows * dp);
-  auto scratch = alloc(threads * detail::bwd_scratch_floats(dp));
+  const I64 blocks = lay.total_blocks;
+  const auto mem = thread_arena().carve({blocks * dp * kBk, blocks * dp * kBk, blocks * kBk * dp, hg * rows * dp,
+                                         hg * rows * dp, hg * rows, hg * rows, threads * hg * rows * dp,
+                                         threads * detail::bwd_scratch_floats(dp)});
+  float* const kt = mem[0];
+  float* const vt = mem[1];
+  float* const kr = mem[2];
+  float* const qp = mem[3];
+  float* const dop = mem[4];
+  float* const lse = mem[5];
+  float* const delta = mem[6];
+  float* const dq = mem[7];
+  float* const scratch = mem[8];
   detail::BwdCtx cx;
   cx.args = args;
   cx.d = d;
@@ -243,29 +314,29 @@ Status attention_backward(const BackwardArgs& args) {
   cx.rows = rows;
   cx.scale = scale;
   cx.groups = &lay.groups;
-  cx.kt = kt.get();
-  cx.vt = vt.get();
-  cx.kr = kr.get();
-  cx.qp = qp.get();
-  cx.dop = dop.get();
-  cx.lse = lse.get();
-  cx.delta = delta.get();
+  cx.kt = kt;
+  cx.vt = vt;
+  cx.kr = kr;
+  cx.qp = qp;
+  cx.dop = dop;
+  cx.lse = lse;
+  cx.delta = delta;
   run_threads(threads, [&](int t, std::barrier<>& sync) {
     const auto tu = static_cast<std::size_t>(t), tn = static_cast<std::size_t>(threads);
-    float* mine = scratch.get() + t * detail::bwd_scratch_floats(dp);
-    float* my_dq = dq.get() + t * hg * rows * dp;
+    float* mine = scratch + t * detail::bwd_scratch_floats(dp);
+    float* my_dq = dq + t * hg * rows * dp;
     for (I64 g = 0; g < hkv; ++g) {
       for (std::size_t i = tu; i < items.size(); i += tn) {
         const Group& gr = lay.groups[static_cast<std::size_t>(items[i].group)];
-        pack_kv(args.k, g, gr, items[i].jb, d, dp, kt.get(), kr.get());
-        pack_kv(args.v, g, gr, items[i].jb, d, dp, vt.get(), nullptr);
+        pack_kv(args.k, g, gr, items[i].jb, d, dp, kt, kr);
+        pack_kv(args.v, g, gr, items[i].jb, d, dp, vt, nullptr);
       }
       for (std::size_t i = tu; i < chunks.size(); i += tn) {
         for (I64 hl = 0; hl < hg; ++hl) {
           const I64 h = g * hg + hl;
           for (I64 row = chunks[i].row; row < chunks[i].row + chunks[i].n; ++row) {
-            float* q = qp.get() + (hl * rows + row) * dp;
-            float* o = dop.get() + (hl * rows + row) * dp;
+            float* q = qp + (hl * rows + row) * dp;
+            float* o = dop + (hl * rows + row) * dp;
             const I64 oq = detail::elem_offset(args.q, row, h), odo = detail::elem_offset(args.d_o, row, h);
             const I64 oo = detail::elem_offset(args.o, row, h);
             double dsum = 0;

@@ -254,6 +254,21 @@ void BackwardTask(const BwdCtx& cx, const BwdTask& t, float* scratch, float* dq_
   }
 }
 
+I64 FmaLoop(I64 iters, float* sink) {
+  const DF df;
+  constexpr int kChains = 16;
+  VF acc[kChains];
+  for (int i = 0; i < kChains; ++i) acc[i] = hn::Set(df, static_cast<float>(i));
+  const VF mul = hn::Set(df, 0.999999f), add = hn::Set(df, 1e-7f);
+  for (I64 it = 0; it < iters; ++it) {
+    for (int i = 0; i < kChains; ++i) acc[i] = hn::MulAdd(acc[i], mul, add);
+  }
+  VF total = acc[0];
+  for (int i = 1; i < kChains; ++i) total = hn::Add(total, acc[i]);
+  *sink = hn::GetLane(total);
+  return static_cast<I64>(hn::Lanes(df));
+}
+
 }  // namespace HWY_NAMESPACE
 }  // namespace libra::kernel::detail
 HWY_AFTER_NAMESPACE();
@@ -263,6 +278,9 @@ namespace libra::kernel::detail {
 
 HWY_EXPORT(ForwardTask);
 HWY_EXPORT(BackwardTask);
+HWY_EXPORT(FmaLoop);
+
+std::int64_t fma_loop(std::int64_t iters, float* sink) { return HWY_DYNAMIC_DISPATCH(FmaLoop)(iters, sink); }
 
 void forward_task(const FwdCtx& cx, const FwdTask& t, float* scratch) {
   HWY_DYNAMIC_DISPATCH(ForwardTask)(cx, t, scratch);

@@ -83,6 +83,9 @@ void forward_task(const FwdCtx& cx, const FwdTask& t, float* scratch);
 // dq_acc: this thread's [hg][rows][dp] dQ accumulator (unscaled).
 void backward_task(const BwdCtx& cx, const BwdTask& t, float* scratch, float* dq_acc);
 const char* best_target_name();
+// Runs `iters` iterations of 16 FMA chains; returns lanes per vector (and a
+// sink value so the loop is not optimised away).
+std::int64_t fma_loop(std::int64_t iters, float* sink);
 
 // Element access for packing (scalar, any dtype).
 inline float load_elem(const void* base, DType t, std::int64_t offset) {

@@ -1,0 +1,112 @@
+// `libra bench kernel`: measures the attention kernel's throughput profile
+// (GFLOP/s against per-call block length and heads per call, forward and
+// backward) and optionally writes it as the JSON table the simulator's cost
+// model loads (format: docs/kernel.md).
+#include <fmt/format.h>
+
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "commands.hpp"
+#include "libra/io.hpp"
+#include "libra/kernel.hpp"
+
+namespace libra::cli {
+namespace {
+
+struct KernelBenchOptions {
+  int threads = 1;
+  std::string profile_out;
+  std::vector<std::int64_t> lengths = {128, 256, 512, 1024, 2048, 4096, 8192};
+  std::vector<std::int64_t> heads = {1, 2, 4, 8};
+  std::int64_t head_dim = 128;
+  std::string dtype = "fp32";
+  double min_seconds = 0.05;
+  int repetitions = 3;
+};
+
+std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("model name", 0) == 0) {
+      const auto colon = line.find(':');
+      if (colon != std::string::npos) {
+        std::string m = line.substr(colon + 1);
+        m.erase(0, m.find_first_not_of(' '));
+        return m;
+      }
+    }
+  }
+  return "unknown CPU";
+}
+
+int run_kernel_bench(const KernelBenchOptions& o) {
+  kernel::ProfileOptions p;
+  p.block_lens = o.lengths;
+  p.heads = o.heads;
+  p.head_dim = o.head_dim;
+  p.threads = o.threads;
+  p.min_seconds = o.min_seconds;
+  p.repetitions = o.repetitions;
+  if (o.dtype == "fp32") {
+    p.dtype = kernel::DType::kF32;
+  } else if (o.dtype == "bf16") {
+    p.dtype = kernel::DType::kBF16;
+  } else {
+    return fail(invalid_input("--dtype " + o.dtype + ": must be fp32 or bf16"));
+  }
+  if (o.threads < 1 || o.threads > 1024) {
+    return fail(invalid_input("--threads " + std::to_string(o.threads) + ": must be in [1, 1024]"));
+  }
+  const double peak = kernel::measure_fma_peak_gflops(o.threads, 0.2);
+  auto entries = kernel::measure_profile(p);
+  if (!entries.ok()) return fail(entries.error());
+  const std::string device = cpu_model() + " (" + kernel::simd_target() + ")";
+  std::cout << fmt::format("device {}, {} thread(s), head_dim {}, {}, fp32 FMA peak {:.1f} GFLOP/s\n", device,
+                           o.threads, o.head_dim, o.dtype, peak);
+  std::cout << fmt::format("{:>9} {:>5} {:>11} {:>9} {:>11} {:>9}\n", "block_len", "heads", "fwd_GFLOP/s", "fwd_peak",
+                           "bwd_GFLOP/s", "bwd_peak");
+  for (const auto& e : *entries) {
+    std::cout << fmt::format("{:>9} {:>5} {:>11.1f} {:>9.3f} {:>11.1f} {:>9.3f}\n", e.block_len, e.heads, e.fwd_gflops,
+                             e.fwd_gflops / peak, e.bwd_gflops, e.bwd_gflops / peak);
+  }
+  if (!o.profile_out.empty()) {
+    nlohmann::ordered_json j;
+    j["version"] = 1;
+    j["device"] = device;
+    j["threads"] = o.threads;
+    j["head_dim"] = o.head_dim;
+    j["dtype"] = o.dtype;
+    j["fma_peak_gflops"] = peak;
+    j["entries"] = nlohmann::ordered_json::array();
+    for (const auto& e : *entries) {
+      j["entries"].push_back(
+          {{"block_len", e.block_len}, {"heads", e.heads}, {"fwd_gflops", e.fwd_gflops}, {"bwd_gflops", e.bwd_gflops}});
+    }
+    if (Status s = write_file_atomic(o.profile_out, j.dump(2) + "\n"); !s.ok()) return fail(s);
+  }
+  return kExitOk;
+}
+
+const bool registered = register_command(80, [](CLI::App& app) {
+  CLI::App* bench = command_group(app, "bench", "Measure kernels and executors on this machine");
+  auto* sub = bench->add_subcommand("kernel", "Measure the attention kernel's throughput profile");
+  auto o = std::make_shared<KernelBenchOptions>();
+  sub->add_option("--threads", o->threads, "Threads per kernel call (the executor uses 1)");
+  sub->add_option("--profile-out", o->profile_out, "Write the profile as JSON to this file");
+  sub->add_option("--lengths", o->lengths, "Per-call block lengths (tokens)")->delimiter(',');
+  sub->add_option("--heads", o->heads, "Heads per call")->delimiter(',');
+  sub->add_option("--head-dim", o->head_dim, "Head dimension");
+  sub->add_option("--dtype", o->dtype, "fp32 or bf16");
+  sub->add_option("--min-seconds", o->min_seconds, "Minimum seconds per timing");
+  sub->add_option("--repetitions", o->repetitions, "Timings per entry (median kept)");
+  return std::vector<Handler>{Handler{sub, [o] { return run_kernel_bench(*o); }}};
+});
+
+}  // namespace
+}  // namespace libra::cli
