@@ -26,6 +26,10 @@ namespace libra {
 // Largest packed length whose F = sum l^2 <= L^2 is sure to fit in an int64.
 inline constexpr std::int64_t kMaxSeqLen = 3'037'000'499;
 
+// Splitting may add at most max(input samples, kMaxSplitPieces) pieces, so
+// the output stays proportional to the input; more is an input error.
+inline constexpr std::int64_t kMaxSplitPieces = std::int64_t{1} << 20;
+
 enum class OverlongPolicy {
   kSplit,     // pieces of exactly L tokens, then the remainder, each packed as a sample
   kTruncate,  // keep the first L tokens

@@ -19,9 +19,11 @@ namespace {
 // (truncate) or nothing (drop).
 Result<std::vector<std::int64_t>> apply_overlong(std::span<const std::int64_t> lengths, const PackOptions& o,
                                                  PackResult& r) {
-  std::vector<std::int64_t> items;
-  items.reserve(lengths.size());
   const std::int64_t L = o.seq_len;
+  // Check every length and the total first, and bound what splitting adds
+  // (a 10^18-token line at L = 1 must be an error, not 10^18 pieces).
+  std::int64_t extra_pieces = 0;
+  const std::int64_t piece_limit = std::max<std::int64_t>(static_cast<std::int64_t>(lengths.size()), kMaxSplitPieces);
   for (std::size_t i = 0; i < lengths.size(); ++i) {
     const std::int64_t l = lengths[i];
     if (l <= 0) {
@@ -31,6 +33,19 @@ Result<std::vector<std::int64_t>> apply_overlong(std::span<const std::int64_t> l
     auto total = checked_add(r.input_tokens, l);
     if (!total) return invalid_input("pack: total token count exceeds the 64-bit range at sample " + std::to_string(i));
     r.input_tokens = *total;
+    if (l > L && o.overlong == OverlongPolicy::kSplit) {
+      extra_pieces += (l - 1) / L;  // ceil(l / L) - 1, no overflow
+      if (extra_pieces > piece_limit) {
+        return invalid_input("pack: splitting sample " + std::to_string(i) + " (length " + std::to_string(l) +
+                             ") and those before it at seq_len " + std::to_string(L) + " makes more than " +
+                             std::to_string(piece_limit) + " extra pieces; use a larger seq_len or --overlong truncate|drop");
+      }
+    }
+  }
+  std::vector<std::int64_t> items;
+  items.reserve(lengths.size() + static_cast<std::size_t>(extra_pieces));
+  for (std::size_t i = 0; i < lengths.size(); ++i) {
+    const std::int64_t l = lengths[i];
     if (l <= L) {
       items.push_back(l);
       continue;
