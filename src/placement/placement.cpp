@@ -44,14 +44,15 @@ double excess_ratio(std::int64_t max_load, std::int64_t sum, std::int64_t k) {
 }
 
 // Indices by decreasing F, ties by increasing index (contract section 3).
+// Sorting (F, index) pairs in place keeps the comparisons cache-friendly.
 std::vector<std::int32_t> heavy_first(std::span<const std::int64_t> w) {
-  std::vector<std::int32_t> order(w.size());
-  std::iota(order.begin(), order.end(), 0);
-  std::sort(order.begin(), order.end(), [&](std::int32_t a, std::int32_t b) {
-    return w[static_cast<std::size_t>(a)] != w[static_cast<std::size_t>(b)]
-               ? w[static_cast<std::size_t>(a)] > w[static_cast<std::size_t>(b)]
-               : a < b;
+  std::vector<std::pair<std::int64_t, std::int32_t>> keyed(w.size());
+  for (std::size_t i = 0; i < w.size(); ++i) keyed[i] = {w[i], static_cast<std::int32_t>(i)};
+  std::sort(keyed.begin(), keyed.end(), [](const auto& a, const auto& b) {
+    return a.first != b.first ? a.first > b.first : a.second < b.second;
   });
+  std::vector<std::int32_t> order(w.size());
+  for (std::size_t i = 0; i < w.size(); ++i) order[i] = keyed[i].second;
   return order;
 }
 
@@ -123,6 +124,10 @@ void best_pair_swap(const Pools& pools, const std::vector<std::int64_t>& loads, 
   const std::int64_t la = loads[a];
   const std::int64_t lb = loads[b];
   if (lb >= la) return;
+  // No swap brings the pair below the midpoint ceil((la + lb) / 2); skipping
+  // such pools changes nothing and prunes most of the scan once a good swap
+  // is known.
+  if (la - (la - lb) / 2 >= best.new_max) return;
   for (std::size_t sa = 0; sa < pools[a].size(); ++sa) {
     const std::int64_t fa = w[static_cast<std::size_t>(pools[a][sa])];
     for (std::size_t sb = 0; sb < pools[b].size(); ++sb) {
@@ -166,22 +171,64 @@ void swap_heaviest_lightest(Pools& pools, std::span<const std::int64_t> w) {
   }
 }
 
-// Refinement: the best swap between the heaviest pool and any other pool
-// while one lowers the heaviest pool. Each swap strictly lowers the sum of
-// squared loads and never raises the maximum, so it is never worse than its
-// start.
-void refine_max_pool(Pools& pools, std::span<const std::int64_t> w) {
-  std::vector<std::int64_t> loads = pool_loads(pools, w);
-  const std::int64_t limit = kSwapsPerSequence * static_cast<std::int64_t>(w.size());
-  for (std::int64_t it = 0; it < limit; ++it) {
+// Refinement, step 1: the best swap between the heaviest pool and any other
+// pool while one lowers the heaviest pool; stops early at `floor`, a lower
+// bound on the maximum load. Each swap strictly lowers the sum of squared
+// loads and never raises the maximum. Returns the number of swaps made.
+std::int64_t refine_max_pool(Pools& pools, std::vector<std::int64_t>& loads, std::span<const std::int64_t> w,
+                             std::int64_t floor, std::int64_t budget) {
+  std::int64_t swaps = 0;
+  for (; swaps < budget; ++swaps) {
     const std::size_t h = argmax(loads);
+    if (loads[h] <= floor) break;
     Swap best;
     best.new_max = loads[h];
+    // The lightest pool first: it usually yields a good swap at once, and
+    // the midpoint test in best_pair_swap then skips most other pools. The
+    // winner is the same as in plain id order except among equal maxima.
+    const std::size_t l = argmin(loads);
+    best_pair_swap(pools, loads, w, h, l, best);
     for (std::size_t b = 0; b < pools.size(); ++b) {
-      if (b != h) best_pair_swap(pools, loads, w, h, b, best);
+      if (b != h && b != l) best_pair_swap(pools, loads, w, h, b, best);
     }
-    if (!best.found) return;
+    if (!best.found) break;
     apply_swap(pools, loads, w, best);
+  }
+  return swaps;
+}
+
+// Refinement, step 2: pair the pools heaviest with lightest, second
+// heaviest with second lightest, and so on, and balance each pair with its
+// best swap. This makes room below the maximum that step 1 can then use; it
+// never raises the maximum either. Returns the number of swaps made.
+std::int64_t balance_pairs(Pools& pools, std::vector<std::int64_t>& loads, std::span<const std::int64_t> w) {
+  std::vector<std::size_t> by_load(pools.size());
+  std::iota(by_load.begin(), by_load.end(), std::size_t{0});
+  std::sort(by_load.begin(), by_load.end(), [&](std::size_t a, std::size_t b) {
+    return loads[a] != loads[b] ? loads[a] > loads[b] : a < b;
+  });
+  std::int64_t swaps = 0;
+  for (std::size_t i = 0, j = by_load.size() - 1; i < j; ++i, --j) {
+    Swap best;
+    best.new_max = loads[by_load[i]];
+    best_pair_swap(pools, loads, w, by_load[i], by_load[j], best);
+    if (best.found) {
+      apply_swap(pools, loads, w, best);
+      ++swaps;
+    }
+  }
+  return swaps;
+}
+
+void refine(Pools& pools, std::span<const std::int64_t> w, std::int64_t floor) {
+  std::vector<std::int64_t> loads = pool_loads(pools, w);
+  std::int64_t budget = kSwapsPerSequence * static_cast<std::int64_t>(w.size());
+  for (;;) {
+    budget -= refine_max_pool(pools, loads, w, floor, budget);
+    if (budget <= 0 || *std::max_element(loads.begin(), loads.end()) <= floor) return;
+    const std::int64_t moved = balance_pairs(pools, loads, w);
+    budget -= moved;
+    if (moved == 0 || budget <= 0) return;
   }
 }
 
@@ -256,13 +303,19 @@ std::int64_t max_load(const Pools& pools, std::span<const std::int64_t> w) {
   return *std::max_element(loads.begin(), loads.end());
 }
 
+// The largest lower bound on the maximum pool load (see imbalance_lower_bound).
+std::int64_t max_load_floor(std::span<const std::int64_t> workloads, std::int64_t pool_size);
+
 Pools place_vrsp_refine(std::span<const std::int64_t> w, std::int64_t p) {
+  const std::int64_t floor = max_load_floor(w, p);
   Pools best = place_vrsp(w, p);
-  refine_max_pool(best, w);
+  refine(best, w, floor);
+  const std::int64_t best_max = max_load(best, w);
+  if (best_max <= floor) return best;
   Pools alt = place_balanced_differencing(w, p);
-  refine_max_pool(alt, w);
+  refine(alt, w, floor);
   // Strictly better only, so ties keep the VRSP-based answer.
-  if (max_load(alt, w) < max_load(best, w)) return alt;
+  if (max_load(alt, w) < best_max) return alt;
   return best;
 }
 
@@ -378,6 +431,12 @@ double imbalance_lower_bound(std::span<const std::int64_t> workloads, std::int64
 double lower_bound_imbalance(std::span<const std::int64_t> workloads, std::int64_t pool_size) {
   std::int64_t sum = 0;
   if (!validate(workloads, {.pool_size = pool_size}, sum).ok()) return 0.0;
+  return excess_ratio(max_load_floor(workloads, pool_size), sum,
+                      static_cast<std::int64_t>(workloads.size()) / pool_size);
+}
+
+namespace {
+std::int64_t max_load_floor(std::span<const std::int64_t> workloads, std::int64_t pool_size) {
   std::vector<std::int64_t> f(workloads.begin(), workloads.end());
   std::sort(f.begin(), f.end(), std::greater<>());
   const std::size_t d = f.size();
@@ -396,8 +455,28 @@ double lower_bound_imbalance(std::span<const std::int64_t> workloads, std::int64
     const std::int64_t bottom = prefix[d] - prefix[d - (p - j - 1)];
     best = std::max(best, top + bottom);
   }
-  return excess_ratio(best, sum, static_cast<std::int64_t>(k));
+  // The t heaviest sequences either share a pool, which then holds at least
+  // the two lightest of them plus the P-2 lightest overall, or sit in t
+  // distinct pools, whose mean load is at least (their sum plus the t(P-1)
+  // lightest sequences) / t. Whichever happens, the maximum is at least the
+  // smaller of the two.
+  const auto kk = static_cast<std::int64_t>(k);
+  auto ceil_div = [](std::int64_t a, std::int64_t b) { return a / b + (a % b != 0 ? 1 : 0); };
+  for (std::size_t t = 1; t <= k; ++t) {
+    const std::int64_t apart =
+        ceil_div(prefix[t] + (prefix[d] - prefix[d - t * (p - 1)]), static_cast<std::int64_t>(t));
+    std::int64_t bound = apart;
+    if (t >= 2 && p >= 2) {
+      const std::int64_t shared = f[t - 2] + f[t - 1] + (prefix[d] - prefix[d - (p - 2)]);
+      bound = std::min(bound, shared);
+    }
+    best = std::max(best, bound);
+  }
+  // The mean load (rounded up, loads being integers) bounds the maximum too.
+  best = std::max(best, ceil_div(prefix[d], kk));
+  return best;
 }
+}  // namespace
 
 double lln_prediction(double cv, std::int64_t pool_size, std::int64_t num_pools) {
   if (pool_size < 1 || num_pools <= 1 || cv <= 0) return 1.0;

@@ -1,0 +1,73 @@
+// Sequence placement speed: every mode at GBS 128, 1,024 and 16,384 with
+// P = 8, on windows resampled from builtin:paper-1m's packed workloads.
+// Target: vrsp at GBS 1,024 under 100 us median. Run with
+//   libra_placement_bench --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
+#include <benchmark/benchmark.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "libra/corpus.hpp"
+#include "libra/placement.hpp"
+
+namespace {
+
+// Packed workloads of the builtin 1M corpus, drawn with replacement by a
+// fixed splitmix64 stream so every run times the same windows.
+std::vector<std::int64_t> window(std::size_t d) {
+  static const std::vector<std::int64_t> pool = [] {
+    auto seqs = libra::load_packed_sequences("builtin:paper-1m", std::nullopt);
+    if (!seqs.ok()) return std::vector<std::int64_t>{1};
+    auto w = libra::sequence_workloads(*seqs);
+    return w.ok() ? *w : std::vector<std::int64_t>{1};
+  }();
+  std::uint64_t state = 0x5eed;
+  std::vector<std::int64_t> out(d);
+  for (auto& x : out) {
+    std::uint64_t z = (state += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    z ^= z >> 31;
+    x = pool[z % pool.size()];
+  }
+  return out;
+}
+
+void BM_Place(benchmark::State& state) {
+  const auto mode = libra::all_placement_modes()[static_cast<std::size_t>(state.range(0))];
+  const auto w = window(static_cast<std::size_t>(state.range(1)));
+  const libra::PlacementOptions o{.pool_size = 8, .mode = mode, .seed = 1};
+  double imbalance = 0;
+  for (auto _ : state) {
+    auto r = libra::place_window(w, o);
+    if (!r.ok()) {
+      state.SkipWithError(r.error().message().c_str());
+      break;
+    }
+    imbalance = r->imbalance;
+    benchmark::DoNotOptimize(r);
+  }
+  state.SetLabel(std::string(libra::placement_mode_name(mode)));
+  state.counters["R-1"] = imbalance;
+  state.counters["bound_R-1"] = libra::lower_bound_imbalance(w, 8);
+  state.SetItemsProcessed(state.iterations() * state.range(1));
+}
+
+void modes_and_sizes(benchmark::internal::Benchmark* b) {
+  for (std::int64_t m = 0; m < static_cast<std::int64_t>(libra::all_placement_modes().size()); ++m) {
+    for (std::int64_t d : {128, 1024, 16384}) b->Args({m, d});
+  }
+  b->ArgNames({"mode", "gbs"})->Unit(benchmark::kMicrosecond);
+}
+
+BENCHMARK(BM_Place)->Apply(modes_and_sizes);
+
+void BM_LowerBound(benchmark::State& state) {
+  const auto w = window(static_cast<std::size_t>(state.range(0)));
+  for (auto _ : state) benchmark::DoNotOptimize(libra::lower_bound_imbalance(w, 8));
+}
+BENCHMARK(BM_LowerBound)->Arg(1024)->Unit(benchmark::kMicrosecond);
+
+}  // namespace
+
+BENCHMARK_MAIN();
