@@ -9,7 +9,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev librapidcheck-dev
   libopenmpi-dev openmpi-bin
   libhwy-dev libopenblas-dev
-  gnuplot-nox
+  gnuplot-nox python3
 )
 
 missing=()
