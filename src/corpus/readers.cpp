@@ -191,6 +191,9 @@ Result<std::vector<PackedSequence>> parse_packed_jsonl(std::string_view text, st
       const std::size_t lead = static_cast<std::size_t>(line.data() - raw.data());
       return invalid_input(where(name, line_no) + "expected a JSON array of positive integers: invalid JSON at column " +
                            std::to_string(e.byte + lead));
+    } catch (const json::exception&) {
+      // The parser throws out_of_range for numbers like 1e400.
+      return invalid_input(where(name, line_no) + "expected a JSON array of positive integers: a number is out of range");
     }
     if (!value.is_array()) {
       return invalid_input(where(name, line_no) + "expected a JSON array of positive integers, got " +

@@ -128,6 +128,8 @@ TEST(PackedJsonl, RejectsBadLinesNamingFileLineAndRule) {
   EXPECT_EQ(error_of(parse_packed_jsonl("[600,400]\n[1000]\n[700,301]\n", "p", 1000)),
             "p:3: packed sequence has 1001 tokens, more than the packed length 1000");
   EXPECT_EQ(error_of(parse_packed_jsonl("\n", "p")), "p: no packed sequences (the file is empty)");
+  EXPECT_EQ(error_of(parse_packed_jsonl("[1e400]\n", "p")),
+            "p:1: expected a JSON array of positive integers: a number is out of range");
   // Deep nesting must neither crash nor recurse without bound.
   EXPECT_FALSE(parse_packed_jsonl(std::string(100000, '[') + "\n", "p").ok());
 }
