@@ -142,7 +142,10 @@ struct ForwardArgs {
   std::span<const Fragment> fragments;
   std::int64_t window = kFullCausal;  // >= 1
   float softmax_scale = 0.0f;         // 0 means 1 / sqrt(head_dim)
-  int threads = 1;                    // >= 1
+  int threads = 1;                    // >= 1: the most threads the call may use
+  // A thread is started per this many FLOPs of work (starting one costs tens
+  // of microseconds); 0 always uses `threads` (tests of the threaded paths).
+  double min_flops_per_thread = 2e7;
 };
 
 struct BackwardArgs {
@@ -155,6 +158,7 @@ struct BackwardArgs {
   float softmax_scale = 0.0f;
   int threads = 1;
   bool accumulate_dq = false;  // add to dq instead of overwriting the fragments' rows
+  double min_flops_per_thread = 2e7;  // as in ForwardArgs
 };
 
 // Checks every view, stride and fragment against the rules above; the first

@@ -83,6 +83,20 @@ std::vector<std::vector<Task>> assign(std::vector<Task> tasks, int threads) {
   return bins;
 }
 
+// Threads worth starting: starting one costs tens of microseconds, so a
+// call gets one thread per min_flops_per_thread of block work, never more
+// than asked for or than there are tasks. Depends only on the call, so a
+// fixed request stays deterministic.
+template <class Task>
+int useful_threads(int requested, const std::vector<Task>& tasks, I64 flops_per_cost, double min_flops) {
+  I64 work = 0;
+  for (const Task& t : tasks) work += t.cost;
+  const double flops = static_cast<double>(work) * static_cast<double>(flops_per_cost);
+  const double by_work = min_flops <= 0 ? 1e9 : std::max(1.0, std::floor(flops / min_flops));
+  const double n = std::min({static_cast<double>(requested), static_cast<double>(tasks.size()), by_work});
+  return std::max(1, static_cast<int>(n));
+}
+
 // Runs body(thread_id, barrier) on `threads` threads (the caller is thread 0).
 template <class Body>
 void run_threads(int threads, Body&& body) {
@@ -222,7 +236,7 @@ Status attention_forward(const ForwardArgs& args) {
       }
     }
   }
-  const int threads = static_cast<int>(std::min<std::size_t>(static_cast<std::size_t>(args.threads), tasks.size()));
+  const int threads = useful_threads(args.threads, tasks, 4 * kBk * d, args.min_flops_per_thread);
   const auto bins = assign(std::move(tasks), threads);
   const auto items = pack_items(lay);
   const auto mem = thread_arena().carve(
@@ -280,9 +294,8 @@ Status attention_backward(const BackwardArgs& args) {
     }
   }
   // Distinct groups with overlapping K rows would race on dK/dV: one thread.
-  const int want = lay.groups_overlap ? 1 : args.threads;
-  const int threads = static_cast<int>(std::max<std::size_t>(
-      1, std::min<std::size_t>(static_cast<std::size_t>(want), tasks.size())));
+  const int threads = useful_threads(lay.groups_overlap ? 1 : args.threads, tasks, 10 * kBk * d,
+                                     args.min_flops_per_thread);
   const auto bins = assign(std::move(tasks), threads);
   const auto items = pack_items(lay);
   // Query-side rows to pack: every fragment row, split in chunks for threads.
