@@ -89,6 +89,15 @@ class Communicator {
 std::vector<Status> run_in_process(int size, const std::function<Status(Communicator&)>& body,
                                    int timeout_ms = 60000);
 
+// ---- loopback --------------------------------------------------------------
+
+// A stand-in world of `size` ranks in which only rank `rank` exists, for
+// measuring one rank's compute alone (`libra bench exec`): sends vanish,
+// receives complete at once and leave their buffers unchanged, allgather
+// returns this rank's value for every rank, split returns a loopback of the
+// same rank and size.
+std::unique_ptr<Communicator> make_loopback_communicator(int rank, int size);
+
 // ---- MPI -----------------------------------------------------------------
 
 // True when libra was built with the MPI communicator.

@@ -139,14 +139,18 @@ float harness_value(std::uint64_t seed, std::uint64_t stream, std::uint64_t inde
 // 3 dO. The returned vector is [L/CP, heads, d].
 std::vector<float> harness_home_tensor(std::uint64_t seed, const PlanConfig& config, int worker, int tensor);
 
-// Whole-slot results of plain attention (double-precision naive reference
-// of libra/attention_reference.hpp, one call per slot over all its
-// samples), laid out [L, heads, d] like the concatenation of the homes.
+// Whole-slot results of plain attention over all samples of one slot, laid
+// out [L, heads, d] like the concatenation of the slot's homes. kNaive: the
+// double-precision naive reference of libra/attention_reference.hpp (tiny
+// shapes); kKernel: the fp32 kernel in one process on the whole sequence
+// (no tiles, no communication), for sizes the naive reference cannot reach.
+enum class ReferenceKind { kNaive, kKernel };
 struct SlotReference {
   std::vector<double> o, lse, dq, dk, dv;
 };
 [[nodiscard]] Result<SlotReference> harness_reference(std::uint64_t seed, const PlanConfig& config,
-                                                      const PackedSequence& sequence, int slot);
+                                                      const PackedSequence& sequence, int slot,
+                                                      ReferenceKind kind = ReferenceKind::kNaive, int threads = 1);
 
 // Error of a computed tensor against the reference over the rows of one
 // home: max |x - ref| and that divided by max |ref| (relative to the

@@ -12,6 +12,7 @@
 #include "libra/attention_reference.hpp"
 #include "libra/executor.hpp"
 #include "libra/io.hpp"
+#include "libra/kernel.hpp"
 
 namespace libra {
 
@@ -126,7 +127,7 @@ std::vector<float> harness_home_tensor(std::uint64_t seed, const PlanConfig& c, 
 }
 
 Result<SlotReference> harness_reference(std::uint64_t seed, const PlanConfig& c, const PackedSequence& sequence,
-                                        int slot) {
+                                        int slot, ReferenceKind kind, int threads) {
   const std::int64_t L = c.seq_len;
   std::vector<std::vector<float>> whole(4);
   for (int tensor = 0; tensor < 4; ++tensor) {
@@ -148,6 +149,32 @@ Result<SlotReference> harness_reference(std::uint64_t seed, const PlanConfig& c,
   for (std::int64_t len : sequence) {
     frags.push_back({start, start, len, 0, len});
     start += len;
+  }
+  if (kind == ReferenceKind::kKernel) {
+    const auto qn = static_cast<std::size_t>(L * c.shape.heads_q * d), kn = static_cast<std::size_t>(L * c.shape.heads_kv * d);
+    std::vector<float> o(qn), lse(static_cast<std::size_t>(L * c.shape.heads_q)), dq(qn), dk(kn), dv(kn);
+    kernel::Tensor to{o.data(), kernel::DType::kF32, L, c.shape.heads_q, d, c.shape.heads_q * d};
+    kernel::Tensor tl{lse.data(), kernel::DType::kF32, L, c.shape.heads_q, 1, c.shape.heads_q};
+    kernel::ForwardArgs fa{q, k, v, to, tl, frags};
+    fa.window = c.shape.window;
+    fa.threads = threads;
+    LIBRA_TRY(kernel::attention_forward(fa));
+    kernel::BackwardArgs ba;
+    ba.q = q;
+    ba.k = k;
+    ba.v = v;
+    ba.o = to;
+    ba.d_o = d_o;
+    ba.lse = tl;
+    ba.dq = {dq.data(), kernel::DType::kF32, L, c.shape.heads_q, d, c.shape.heads_q * d};
+    ba.dk = {dk.data(), kernel::DType::kF32, L, c.shape.heads_kv, d, c.shape.heads_kv * d};
+    ba.dv = {dv.data(), kernel::DType::kF32, L, c.shape.heads_kv, d, c.shape.heads_kv * d};
+    ba.fragments = frags;
+    ba.window = c.shape.window;
+    ba.threads = threads;
+    LIBRA_TRY(kernel::attention_backward(ba));
+    auto widen = [](const std::vector<float>& x) { return std::vector<double>(x.begin(), x.end()); };
+    return SlotReference{widen(o), widen(lse), widen(dq), widen(dk), widen(dv)};
   }
   LIBRA_ASSIGN_OR_RETURN(kernel::ReferenceForward f, kernel::reference_forward(q, k, v, frags, c.shape.window));
   LIBRA_ASSIGN_OR_RETURN(kernel::ReferenceBackward b, kernel::reference_backward(q, k, v, d_o, frags, c.shape.window));

@@ -1,0 +1,556 @@
+// `libra exec` (run a pool's attention forward and backward through a
+// distributed executor, under mpirun or as in-process ranks, and check it
+// against a single-process reference) and `libra bench exec` (per-worker
+// compute time with the real kernel, straggler per mode, speedups over
+// Ulysses).
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+#include <memory>
+#include <numeric>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "commands.hpp"
+#include "libra/comm.hpp"
+#include "libra/corpus.hpp"
+#include "libra/executor.hpp"
+#include "libra/plan.hpp"
+
+namespace libra::cli {
+namespace {
+
+struct ShapeOptions {
+  std::string source = "builtin:paper-1m";
+  std::int64_t seq_len = 0;
+  int cp = 0;
+  std::int64_t block = 0;
+  int head_shards = 0;
+  int heads_q = 0, heads_kv = 0, head_dim = 0;
+  std::string dtype = "fp32";
+  std::optional<std::int64_t> window;
+  double tau = 0.03;
+  int chunks = 1;
+  int pool_size = 0;     // 0: ranks / cp (exec), 4 (bench)
+  std::int64_t pool_index = 0;
+  int threads = 1;
+};
+
+struct ExecOptionsCli {
+  ShapeOptions shape;
+  std::string mode = "tap";
+  std::uint64_t seed = 1;
+  bool check = false;
+  std::string reference = "auto";
+  std::string trace;
+  int ranks = 0;  // > 0: in-process ranks instead of MPI
+};
+
+struct BenchOptionsCli {
+  ShapeOptions shape;
+  int pools = 4;
+  bool backward = false;
+  int repeat = 1;
+};
+
+void add_shape_options(CLI::App* sub, ShapeOptions& o, bool bench) {
+  sub->add_option("source", o.source, "pool: JSON Lines file (one packed sequence per line) or builtin:NAME, whose "
+                                       "sequences are scaled to --seq-len (default builtin:paper-1m)");
+  auto* L = sub->add_option("--seq-len", o.seq_len, "packed length L of every slot");
+  auto* cp = sub->add_option("--cp", o.cp, "CP workers per slot");
+  auto* b = sub->add_option("--block", o.block, "query rows per SH-Tile (B)");
+  auto* h = sub->add_option("--head-shards", o.head_shards, "head shards per block (H)");
+  auto* hq = sub->add_option("--heads-q", o.heads_q, "query heads");
+  auto* hkv = sub->add_option("--heads-kv", o.heads_kv, "KV heads");
+  auto* d = sub->add_option("--head-dim", o.head_dim, "head dimension");
+  if (!bench) {
+    for (auto* opt : {L, cp, b, h, hq, hkv, d}) opt->required();
+  }
+  sub->add_option("--dtype", o.dtype, "element type: fp32 or bf16")->check(CLI::IsMember({"fp32", "bf16"}));
+  sub->add_option("--window", o.window, "sliding-window width (default: full causal)");
+  sub->add_option("--tau", o.tau, "TAP load slack");
+  sub->add_option("--chunks", o.chunks, "pipeline chunks M");
+  sub->add_option("--pool-size", o.pool_size, bench ? "slots per pool P (default 4)" : "slots per pool P (default: ranks / cp)");
+  sub->add_option("--pool-index", o.pool_index, "first pool drawn from the source: sequences [index*P, ...)");
+  sub->add_option("--threads", o.threads, "kernel threads per rank");
+}
+
+// Packed sequences of the source at --seq-len. A built-in corpus made for
+// another packed length is packed at its own length and every sample length
+// scaled by seq_len / default (at least 1), so its long-tail shape is kept at
+// a CPU-sized length.
+Result<std::vector<PackedSequence>> load_scaled(const std::string& source, std::int64_t seq_len, double* scale) {
+  *scale = 1.0;
+  if (source.rfind("builtin:", 0) != 0) return load_packed_sequences(source, seq_len);
+  LIBRA_ASSIGN_OR_RETURN(Corpus corpus, load_corpus(source));
+  const std::int64_t D = corpus.default_seq_len;
+  if (D <= 0 || D == seq_len) return load_packed_sequences(source, seq_len);
+  LIBRA_ASSIGN_OR_RETURN(std::vector<PackedSequence> packed, load_packed_sequences(source, std::nullopt));
+  *scale = static_cast<double>(seq_len) / static_cast<double>(D);
+  for (PackedSequence& seq : packed) {
+    PackedSequence out;
+    std::int64_t total = 0;
+    for (std::int64_t l : seq) {
+      const std::int64_t s = std::max<std::int64_t>(1, l * seq_len / D);  // l, L <= 2^31: no overflow
+      if (total + s > seq_len) break;
+      out.push_back(s);
+      total += s;
+    }
+    seq = std::move(out);
+  }
+  return packed;
+}
+
+Result<std::vector<PackedSequence>> draw_pool(const std::vector<PackedSequence>& all, const std::string& source,
+                                              std::int64_t index, int P) {
+  const std::int64_t first = index * P;
+  if (index < 0 || first + P > static_cast<std::int64_t>(all.size())) {
+    return invalid_input(fmt::format("{}: pool {} needs sequences [{}, {}) but the source has {}", source, index, first,
+                                     first + P, all.size()));
+  }
+  return std::vector<PackedSequence>(all.begin() + first, all.begin() + first + P);
+}
+
+Result<PlanConfig> make_config(const ShapeOptions& o, const std::string& mode) {
+  PlanConfig cfg;
+  cfg.seq_len = o.seq_len;
+  cfg.cp = o.cp;
+  cfg.block_size = o.block;
+  cfg.head_shards = o.head_shards;
+  cfg.shape.heads_q = o.heads_q;
+  cfg.shape.heads_kv = o.heads_kv;
+  cfg.shape.head_dim = o.head_dim;
+  cfg.shape.elem_bytes = o.dtype == "bf16" ? 2 : 4;
+  if (o.window) {
+    if (*o.window < 1) return invalid_input(fmt::format("--window {}: must be at least 1", *o.window));
+    cfg.shape.window = *o.window;
+  }
+  cfg.tau = o.tau;
+  cfg.chunks = o.chunks;
+  if (o.threads < 1) return invalid_input(fmt::format("--threads {}: must be at least 1", o.threads));
+  const std::string plan_mode = mode == "ulysses" ? "ulysses" : (mode == "ulysses-plan" ? "ulysses" : mode);
+  LIBRA_ASSIGN_OR_RETURN(cfg.mode, parse_plan_mode(plan_mode));
+  if (mode == "ulysses") cfg.chunks = 1;
+  LIBRA_TRY(validate_plan_config(cfg));
+  return cfg;
+}
+
+std::uint64_t bits_of(double x) {
+  std::uint64_t u;
+  std::memcpy(&u, &x, 8);
+  return u;
+}
+double double_of(std::uint64_t u) {
+  double x;
+  std::memcpy(&x, &u, 8);
+  return x;
+}
+
+// Max and mean over ranks of a per-rank value.
+Result<std::pair<double, double>> max_mean(Communicator& comm, double x) {
+  LIBRA_ASSIGN_OR_RETURN(std::vector<std::uint64_t> all, comm.allgather(bits_of(x)));
+  double mx = 0, sum = 0;
+  for (std::uint64_t u : all) {
+    mx = std::max(mx, double_of(u));
+    sum += double_of(u);
+  }
+  return std::make_pair(mx, sum / static_cast<double>(all.size()));
+}
+
+std::string bytes_text(std::int64_t b) {
+  const double x = static_cast<double>(b);
+  if (x >= 1024.0 * 1024 * 1024) return fmt::format("{:.2f} GiB", x / (1024.0 * 1024 * 1024));
+  if (x >= 1024.0 * 1024) return fmt::format("{:.2f} MiB", x / (1024.0 * 1024));
+  return fmt::format("{:.1f} KiB", x / 1024.0);
+}
+
+// Failure of one rank after the collective part started: other ranks may
+// be waiting on it, so the whole job ends.
+[[noreturn]] void abort_job(Communicator& world, const Error& e) {
+  world.abort(e.message());
+  std::abort();  // not reached: abort ends the job
+}
+
+constexpr int kCheckTag = kMaxUserTag - 64;
+
+// The body every rank runs. Returns the exit status; only world rank 0
+// prints.
+int exec_rank(Communicator& world, const ExecOptionsCli& opt) {
+  const bool root = world.rank() == 0;
+  const ShapeOptions& so = opt.shape;
+  auto fail_all = [&](const Status& local) -> int {
+    // Every rank learns of the failure; rank 0 prints it (or the failing
+    // rank's own message when it is rank 0).
+    Status agreed = agree_on_status(world, local, "libra exec");
+    if (agreed.ok()) return kExitOk;
+    if (root) return fail(agreed.error());
+    return agreed.error().code() == ErrorCode::kInternal ? kExitFailure : kExitUsage;
+  };
+
+  // Configuration and pool: every rank derives the same from the flags.
+  Result<PlanConfig> cfg = make_config(so, opt.mode);
+  if (int rc = fail_all(cfg.status()); rc != kExitOk) return rc;
+  const int W = world.size();
+  const int P = so.pool_size > 0 ? so.pool_size : W / so.cp;
+  Status layout;
+  if (P < 1 || W % (P * so.cp) != 0) {
+    layout = invalid_input(fmt::format("{} ranks: must be a multiple of --pool-size {} x --cp {} = {} (one pool of W = "
+                                       "P x CP ranks, or several side by side)",
+                                       W, P, so.cp, P * so.cp));
+  }
+  if (int rc = fail_all(layout); rc != kExitOk) return rc;
+  const int Wp = P * so.cp;
+  const int pools = W / Wp;
+  const int pool_id = world.rank() / Wp;
+
+  double scale = 1.0;
+  Result<std::vector<PackedSequence>> all = load_scaled(so.source, so.seq_len, &scale);
+  Result<std::vector<PackedSequence>> pool = all.ok() ? draw_pool(*all, so.source, so.pool_index + pool_id, P)
+                                                      : Result<std::vector<PackedSequence>>(all.error());
+  if (int rc = fail_all(pool.status()); rc != kExitOk) return rc;
+
+  // The pool communicator: ranks numbered as the contract numbers workers.
+  Result<std::unique_ptr<Communicator>> pool_comm = world.split(pool_id, world.rank());
+  if (int rc = fail_all(pool_comm.status()); rc != kExitOk) return rc;
+  Communicator& pc = **pool_comm;
+
+  TraceRecorder trace;
+  ExecOptions eo;
+  eo.threads = so.threads;
+  eo.trace = opt.trace.empty() ? nullptr : &trace;
+  std::optional<Plan> plan;
+  Result<std::unique_ptr<Executor>> ex = internal_error("no executor");
+  if (opt.mode == "ulysses") {
+    ex = make_ulysses_executor(pc, *pool, *cfg, eo);
+  } else {
+    Result<Plan> p = make_plan(*pool, *cfg);
+    if (p.ok()) {
+      plan = *p;
+      ex = make_plan_executor(pc, *plan, eo);
+    } else {
+      ex = p.error();
+    }
+  }
+  if (int rc = fail_all(ex.status()); rc != kExitOk) return rc;
+
+  const std::uint64_t data_seed = opt.seed * 1000003ULL + static_cast<std::uint64_t>(so.pool_index + pool_id);
+  const int r = pc.rank();
+  const std::vector<float> q = harness_home_tensor(data_seed, *cfg, r, 0), k = harness_home_tensor(data_seed, *cfg, r, 1),
+                           v = harness_home_tensor(data_seed, *cfg, r, 2), d_o = harness_home_tensor(data_seed, *cfg, r, 3);
+
+  if (Status s = world.barrier(); !s.ok()) abort_job(world, s.error());
+  auto t0 = std::chrono::steady_clock::now();
+  Result<ForwardOutputs> f = (*ex)->forward({q, k, v});
+  if (!f.ok()) abort_job(world, f.error());
+  const double fwd_wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double fwd_compute = (*ex)->last_compute_seconds();
+  t0 = std::chrono::steady_clock::now();
+  Result<BackwardOutputs> g = (*ex)->backward({q, k, v}, *f, d_o);
+  if (!g.ok()) abort_job(world, g.error());
+  const double bwd_wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double bwd_compute = (*ex)->last_compute_seconds();
+
+  auto fw = max_mean(world, fwd_wall), fc = max_mean(world, fwd_compute), bw = max_mean(world, bwd_wall),
+       bc = max_mean(world, bwd_compute);
+  if (!fw.ok() || !fc.ok() || !bw.ok() || !bc.ok()) abort_job(world, internal_error("allgather of timings failed"));
+  if (root) {
+    fmt::print("libra exec: {} ranks = {} pool(s) x W {} (P {} x CP {}); mode {}, M {}, L {}, h_q {}, h_kv {}, d {}, {}, "
+               "window {}, {} kernel thread(s) per rank\n",
+               W, pools, Wp, P, so.cp, opt.mode, cfg->chunks, so.seq_len, so.heads_q, so.heads_kv, so.head_dim, so.dtype,
+               so.window ? std::to_string(*so.window) : std::string("full"), so.threads);
+    if (scale != 1.0) fmt::print("pool source: {} with sample lengths scaled by {:.6g}\n", so.source, scale);
+    std::string tokens;
+    for (const auto& seq : *pool) {
+      tokens += fmt::format(" {}", std::accumulate(seq.begin(), seq.end(), std::int64_t{0}));
+    }
+    fmt::print("pool 0: {} samples, tokens per slot:{}\n",
+               std::accumulate(pool->begin(), pool->end(), std::size_t{0}, [](std::size_t a, const PackedSequence& s) {
+                 return a + s.size();
+               }),
+               tokens);
+    if (plan) {
+      fmt::print("pool 0 plan: {} tiles, intra-pool imbalance {:.4f}, exchanged {} per pass\n", plan->tiles().size(),
+                 plan->imbalance(), bytes_text(plan->comm_bytes()));
+    }
+    fmt::print("forward:  wall {:.4f} s (slowest rank), kernel compute {:.4f} s slowest / {:.4f} s mean rank\n",
+               fw->first, fc->first, fc->second);
+    fmt::print("backward: wall {:.4f} s (slowest rank), kernel compute {:.4f} s slowest / {:.4f} s mean rank\n",
+               bw->first, bc->first, bc->second);
+  }
+
+  if (!opt.trace.empty()) {
+    Status ts = write_trace(world, trace, opt.trace);
+    if (!ts.ok()) {
+      if (root) return fail(ts.error());
+      return kExitUsage;
+    }
+    if (root) fmt::print("trace: {} (Chrome trace-event JSON; lanes per rank: compute, transfer, wait)\n", opt.trace);
+  }
+
+  if (!opt.check) return kExitOk;
+
+  // Gather every home of the pool on its rank 0, which compares each slot
+  // with the single-process reference on the whole sequence.
+  const std::int64_t lc = so.seq_len / so.cp;
+  std::vector<ErrorStats> errs(5);
+  std::string which;
+  Status check_status;
+  {
+    std::string mine;
+    for (const std::vector<float>* t : {&f->o, &f->lse, &g->dq, &g->dk, &g->dv}) {
+      mine.append(reinterpret_cast<const char*>(t->data()), t->size() * sizeof(float));
+    }
+    Result<std::vector<std::string>> gathered = gather_strings(pc, 0, mine, kCheckTag);
+    if (!gathered.ok()) abort_job(world, gathered.error());
+    if (pc.rank() == 0) {
+      const std::int64_t qw = so.heads_q * so.head_dim, kw = so.heads_kv * so.head_dim;
+      for (int slot = 0; slot < P && check_status.ok(); ++slot) {
+        const PackedSequence& seq = (*pool)[static_cast<std::size_t>(slot)];
+        double work = 0;
+        for (std::int64_t l : seq) work += 0.5 * static_cast<double>(l) * static_cast<double>(l);
+        work *= so.heads_q * so.head_dim;
+        ReferenceKind kind = ReferenceKind::kNaive;
+        if (opt.reference == "kernel" || (opt.reference == "auto" && work > 2e9)) kind = ReferenceKind::kKernel;
+        which = kind == ReferenceKind::kNaive ? "naive fp64" : "fp32 kernel in one process";
+        Result<SlotReference> ref = harness_reference(data_seed, *cfg, seq, slot, kind, so.threads);
+        if (!ref.ok()) {
+          check_status = ref.error();
+          break;
+        }
+        for (int c = 0; c < so.cp; ++c) {
+          const std::string& blob = (*gathered)[static_cast<std::size_t>(slot * so.cp + c)];
+          const float* base = reinterpret_cast<const float*>(blob.data());
+          std::size_t off = 0;
+          auto take = [&](std::int64_t n) {
+            std::span<const float> s(base + off, static_cast<std::size_t>(n));
+            off += static_cast<std::size_t>(n);
+            return s;
+          };
+          const std::int64_t lo = c * lc;
+          errs[0].merge(compare_home(take(lc * qw), ref->o, lo, lc, qw));
+          errs[1].merge(compare_home(take(lc * so.heads_q), ref->lse, lo, lc, so.heads_q));
+          errs[2].merge(compare_home(take(lc * qw), ref->dq, lo, lc, qw));
+          errs[3].merge(compare_home(take(lc * kw), ref->dk, lo, lc, kw));
+          errs[4].merge(compare_home(take(lc * kw), ref->dv, lo, lc, kw));
+        }
+      }
+    }
+  }
+  // Pool roots hold the errors; world rank 0 (root of pool 0) collects them.
+  if (Status s = agree_on_status(world, check_status, "--check reference"); !s.ok()) {
+    if (root) return fail(s.error());
+    return kExitUsage;
+  }
+  std::string stats;
+  for (const ErrorStats& e : errs) stats += fmt::format("{:a} {:a} ", e.max_abs, e.max_ref);
+  Result<std::vector<std::string>> all_stats = gather_strings(world, 0, stats, kCheckTag - 8);
+  if (!all_stats.ok()) abort_job(world, all_stats.error());
+  int verdict = kExitOk;
+  if (root) {
+    std::vector<ErrorStats> total(5);
+    for (int p = 0; p < pools; ++p) {
+      std::istringstream in((*all_stats)[static_cast<std::size_t>(p * Wp)]);
+      for (ErrorStats& e : total) {
+        std::string a, b;
+        in >> a >> b;
+        e.merge(ErrorStats{std::strtod(a.c_str(), nullptr), std::strtod(b.c_str(), nullptr)});
+      }
+    }
+    const Tolerance tol = tolerance_for(cfg->shape.elem_bytes);
+    const double tols[] = {tol.o, tol.lse, tol.dq, tol.dk, tol.dv};
+    const char* names[] = {"O", "LSE", "dQ", "dK", "dV"};
+    fmt::print("check ({} pool(s), every home gathered on its pool's rank 0, reference: {} on whole sequences):\n", pools,
+               which);
+    bool ok = true;
+    for (int i = 0; i < 5; ++i) {
+      const bool good = total[static_cast<std::size_t>(i)].rel() <= tols[i];
+      ok = ok && good;
+      fmt::print("  {:<4} max abs error {:.3e}  relative {:.3e}  (tolerance {:.0e})  {}\n", names[i],
+                 total[static_cast<std::size_t>(i)].max_abs, total[static_cast<std::size_t>(i)].rel(), tols[i],
+                 good ? "ok" : "FAIL");
+    }
+    fmt::print("result: {}\n", ok ? "within tolerance" : "BEYOND TOLERANCE");
+    verdict = ok ? kExitOk : kExitFailure;
+  }
+  Result<std::vector<std::uint64_t>> verdicts = world.allgather(static_cast<std::uint64_t>(verdict));
+  if (!verdicts.ok()) abort_job(world, verdicts.error());
+  return static_cast<int>((*verdicts)[0]);
+}
+
+int run_exec(const ExecOptionsCli& opt) {
+  static const char* kModes[] = {"tap", "tap-split", "ulysses", "ulysses-plan"};
+  if (std::find_if(std::begin(kModes), std::end(kModes), [&](const char* m) { return opt.mode == m; }) == std::end(kModes)) {
+    return fail(invalid_input("--mode " + opt.mode + ": expected tap, tap-split, ulysses or ulysses-plan"));
+  }
+  if (opt.reference != "auto" && opt.reference != "naive" && opt.reference != "kernel") {
+    return fail(invalid_input("--reference " + opt.reference + ": expected auto, naive or kernel"));
+  }
+  if (opt.ranks > 0) {
+    if (opt.ranks > 256) return fail(invalid_input(fmt::format("--ranks {}: at most 256 in-process ranks", opt.ranks)));
+    std::vector<int> codes(static_cast<std::size_t>(opt.ranks), 0);
+    run_in_process(opt.ranks, [&](Communicator& c) {
+      codes[static_cast<std::size_t>(c.rank())] = exec_rank(c, opt);
+      return Status();
+    });
+    return codes[0];
+  }
+  if (Status s = mpi_init(); !s.ok()) return fail(s.error());
+  int rc = kExitFailure;
+  {
+    Result<std::unique_ptr<Communicator>> world = mpi_world();
+    if (!world.ok()) {
+      rc = fail(world.error());
+    } else {
+      rc = exec_rank(**world, opt);
+    }
+  }
+  mpi_finalize();
+  return rc;
+}
+
+// ---- bench -----------------------------------------------------------------
+
+double median(std::vector<double> x) {
+  std::sort(x.begin(), x.end());
+  return x.empty() ? 0.0 : x[x.size() / 2];
+}
+
+// Kernel seconds of worker `w` of the pool for one mode, measured alone
+// through a loopback communicator (remote inputs stay zero; the kernel's
+// time does not depend on the values).
+Result<double> worker_seconds(const std::vector<PackedSequence>& pool, const PlanConfig& cfg, const std::optional<Plan>& plan,
+                              int w, const BenchOptionsCli& opt) {
+  const int W = static_cast<int>(pool.size()) * cfg.cp;
+  auto comm = make_loopback_communicator(w, W);
+  ExecOptions eo;
+  eo.threads = opt.shape.threads;
+  std::unique_ptr<Executor> ex;
+  if (plan) {
+    LIBRA_ASSIGN_OR_RETURN(ex, make_plan_executor(*comm, *plan, eo));
+  } else {
+    LIBRA_ASSIGN_OR_RETURN(ex, make_ulysses_executor(*comm, pool, cfg, eo));
+  }
+  const std::vector<float> q = harness_home_tensor(1, cfg, w, 0), k = harness_home_tensor(1, cfg, w, 1),
+                           v = harness_home_tensor(1, cfg, w, 2), d_o = harness_home_tensor(1, cfg, w, 3);
+  std::vector<double> times;
+  for (int rep = 0; rep < opt.repeat; ++rep) {
+    LIBRA_ASSIGN_OR_RETURN(ForwardOutputs f, ex->forward({q, k, v}));
+    double t = ex->last_compute_seconds();
+    if (opt.backward) {
+      LIBRA_ASSIGN_OR_RETURN(BackwardOutputs g, ex->backward({q, k, v}, f, d_o));
+      t += ex->last_compute_seconds();
+    }
+    times.push_back(t);
+  }
+  return median(times);
+}
+
+int run_bench(BenchOptionsCli opt) {
+  ShapeOptions& so = opt.shape;
+  // CPU-sized defaults scaled from the paper's setting (P = 8, CP = 8,
+  // L = 1M, B = 8192, H = 8, h_q = 32, h_kv = 4, d = 128).
+  if (so.seq_len == 0) so.seq_len = 16384;
+  if (so.cp == 0) so.cp = 4;
+  if (so.pool_size == 0) so.pool_size = 4;
+  if (so.block == 0) so.block = so.seq_len / so.cp / 4;
+  if (so.heads_q == 0) so.heads_q = 8;
+  if (so.heads_kv == 0) so.heads_kv = 2;
+  if (so.head_shards == 0) so.head_shards = 4;
+  if (so.head_dim == 0) so.head_dim = 64;
+  if (opt.pools < 1 || opt.repeat < 1) return fail(invalid_input("--pools and --repeat must be at least 1"));
+  const char* modes[] = {"ulysses", "tap", "tap-split"};
+  std::vector<PlanConfig> cfgs;
+  for (const char* m : modes) {
+    Result<PlanConfig> c = make_config(so, m);
+    if (!c.ok()) return fail(c.error());
+    cfgs.push_back(*c);
+  }
+  double scale = 1.0;
+  Result<std::vector<PackedSequence>> all = load_scaled(so.source, so.seq_len, &scale);
+  if (!all.ok()) return fail(all.error());
+  const int P = so.pool_size, W = P * so.cp;
+  fmt::print("libra bench exec: per-worker attention compute time measured with the real kernel ({}), every worker of a "
+             "pool run one after another on this machine ({} kernel thread(s)), not concurrently; straggler = slowest "
+             "worker\n",
+             opt.backward ? "forward + backward" : "forward", so.threads);
+  fmt::print("pools: {} from {} (sample lengths x {:.6g}), L {}, P {}, CP {}, W {}, B {}, H {}, h_q {}, h_kv {}, d {}, {}, "
+             "median of {} run(s)\n",
+             opt.pools, so.source, scale, so.seq_len, P, so.cp, W, so.block, so.head_shards, so.heads_q, so.heads_kv,
+             so.head_dim, so.dtype, opt.repeat);
+  fmt::print("{:>4} {:>12} {:>12} {:>9} {:>12} {:>9} {:>10} {:>10}\n", "pool", "ulysses s", "tap s", "speedup",
+             "tap-split s", "speedup", "tap R-1", "split R-1");
+  std::vector<std::vector<double>> straggler(3);
+  for (int k = 0; k < opt.pools; ++k) {
+    Result<std::vector<PackedSequence>> pool = draw_pool(*all, so.source, so.pool_index + k, P);
+    if (!pool.ok()) return fail(pool.error());
+    double imb[3] = {0, 0, 0};
+    for (std::size_t mi = 0; mi < 3; ++mi) {
+      std::optional<Plan> plan;
+      if (mi > 0) {
+        Result<Plan> p = make_plan(*pool, cfgs[mi]);
+        if (!p.ok()) return fail(p.error());
+        plan = *p;
+        imb[mi] = plan->imbalance();
+      }
+      double worst = 0;
+      for (int w = 0; w < W; ++w) {
+        Result<double> t = worker_seconds(*pool, cfgs[mi], plan, w, opt);
+        if (!t.ok()) return fail(t.error());
+        worst = std::max(worst, *t);
+      }
+      straggler[mi].push_back(worst);
+    }
+    const double u = straggler[0].back(), t = straggler[1].back(), s = straggler[2].back();
+    fmt::print("{:>4} {:>12.4f} {:>12.4f} {:>8.2f}x {:>12.4f} {:>8.2f}x {:>10.4f} {:>10.4f}\n", so.pool_index + k, u, t,
+               u / t, s, u / s, imb[1], imb[2]);
+    std::fflush(stdout);
+  }
+  for (std::size_t mi = 1; mi < 3; ++mi) {
+    double mean_speedup = 0;
+    for (int k = 0; k < opt.pools; ++k) mean_speedup += straggler[0][static_cast<std::size_t>(k)] / straggler[mi][static_cast<std::size_t>(k)];
+    mean_speedup /= opt.pools;
+    const double worst_u = *std::max_element(straggler[0].begin(), straggler[0].end());
+    const double worst_m = *std::max_element(straggler[mi].begin(), straggler[mi].end());
+    fmt::print("{}: mean straggler speedup over ulysses {:.2f}x, worst-case (slowest pool vs slowest pool) {:.2f}x\n",
+               modes[mi], mean_speedup, worst_u / worst_m);
+  }
+  fmt::print("paper (Libra vs Ulysses, GPU, 1M-token pools): 2.91x and 2.57x mean, 3.14x and 2.90x worst, for its two "
+             "model configurations\n");
+  return kExitOk;
+}
+
+const bool registered = register_command(70, [](CLI::App& app) {
+  std::vector<Handler> handlers;
+  auto* ex = app.add_subcommand("exec", "Run a pool's attention forward and backward through a distributed executor "
+                                        "(under mpirun, or --ranks N in-process) and check it");
+  auto eo = std::make_shared<ExecOptionsCli>();
+  add_shape_options(ex, eo->shape, false);
+  ex->add_option("--mode", eo->mode, "executor: tap, tap-split, ulysses (the baseline executor), ulysses-plan");
+  ex->add_option("--seed", eo->seed, "seed of the random Q, K, V and dO");
+  ex->add_flag("--check", eo->check, "compare with the single-process reference on the whole sequences (exit 1 beyond tolerance)");
+  ex->add_option("--reference", eo->reference, "reference for --check: auto (naive fp64 when small), naive, kernel");
+  ex->add_option("--trace", eo->trace, "write a Chrome trace-event JSON file of compute and transfers per rank");
+  ex->add_option("--ranks", eo->ranks, "run N ranks as threads of this process instead of MPI");
+  handlers.push_back({ex, [eo] { return run_exec(*eo); }});
+
+  CLI::App* bench = command_group(app, "bench", "Measure libra's components on this machine");
+  auto* be = bench->add_subcommand("exec", "Per-worker kernel compute time and straggler speedups of tap and tap-split "
+                                           "over ulysses on pools of a built-in corpus");
+  auto bo = std::make_shared<BenchOptionsCli>();
+  add_shape_options(be, bo->shape, true);
+  be->add_option("--pools", bo->pools, "pools to measure (default 4)");
+  be->add_flag("--backward", bo->backward, "also time the backward pass");
+  be->add_option("--repeat", bo->repeat, "runs per worker; the median is used");
+  handlers.push_back({be, [bo] { return run_bench(*bo); }});
+  return handlers;
+});
+
+}  // namespace
+}  // namespace libra::cli
