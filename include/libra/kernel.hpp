@@ -143,6 +143,7 @@ struct ForwardArgs {
   std::int64_t window = kFullCausal;  // >= 1
   float softmax_scale = 0.0f;         // 0 means 1 / sqrt(head_dim)
   int threads = 1;                    // >= 1: the most threads the call may use
+  // Outputs must not overlap inputs or each other.
   // A thread is started per this many FLOPs of work (starting one costs tens
   // of microseconds); 0 always uses `threads` (tests of the threaded paths).
   double min_flops_per_thread = 2e7;
@@ -206,6 +207,10 @@ struct ProfileOptions {
   int threads = 1;
   double min_seconds = 0.05;  // per timing: repeat calls until this long
   int repetitions = 3;        // timings per entry; the median is kept
+  // Wall clock by default. With threads == 1 the calling thread's CPU time
+  // may be used instead: on a shared, busy machine it excludes the time the
+  // thread waited for a core (it still includes cache interference).
+  bool thread_cpu_clock = false;
 };
 [[nodiscard]] Result<std::vector<ProfileEntry>> measure_profile(const ProfileOptions& options);
 

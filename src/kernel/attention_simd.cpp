@@ -183,7 +183,6 @@ void ForwardTask(const FwdCtx& cx, const FwdTask& t, float* scratch) {
     static_cast<float*>(A.lse.data)[elem_offset(A.lse, row0 + r, h)] =
         lrow[r] > 0.0f ? mrow[r] + std::log(lrow[r]) : kNegInf;
   }
-  (void)gr;
 }
 
 void BackwardTask(const BwdCtx& cx, const BwdTask& t, float* scratch, float* dq_acc) {

@@ -4,6 +4,9 @@
 // model loads (format: docs/kernel.md).
 #include <fmt/format.h>
 
+#include <time.h>
+
+#include <algorithm>
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -27,6 +30,7 @@ struct KernelBenchOptions {
   std::string dtype = "fp32";
   double min_seconds = 0.05;
   int repetitions = 3;
+  std::string clock = "wall";
 };
 
 std::string cpu_model() {
@@ -45,6 +49,17 @@ std::string cpu_model() {
   return "unknown CPU";
 }
 
+double thread_cpu_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_nsec) * 1e-9;
+}
+double wall_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_nsec) * 1e-9;
+}
+
 int run_kernel_bench(const KernelBenchOptions& o) {
   kernel::ProfileOptions p;
   p.block_lens = o.lengths;
@@ -60,15 +75,21 @@ int run_kernel_bench(const KernelBenchOptions& o) {
   } else {
     return fail(invalid_input("--dtype " + o.dtype + ": must be fp32 or bf16"));
   }
+  if (o.clock != "wall" && o.clock != "cpu") return fail(invalid_input("--clock " + o.clock + ": must be wall or cpu"));
+  p.thread_cpu_clock = o.clock == "cpu";
   if (o.threads < 1 || o.threads > 1024) {
     return fail(invalid_input("--threads " + std::to_string(o.threads) + ": must be in [1, 1024]"));
   }
-  const double peak = kernel::measure_fma_peak_gflops(o.threads, 0.2);
+  // With the CPU clock the peak is rescaled by the share of wall time this
+  // thread actually ran (threads == 1: the probe runs on the calling thread).
+  const double c0 = thread_cpu_seconds(), w0 = wall_seconds();
+  double peak = kernel::measure_fma_peak_gflops(o.threads, 0.2);
+  if (o.clock == "cpu") peak *= (wall_seconds() - w0) / std::max(1e-9, thread_cpu_seconds() - c0);
   auto entries = kernel::measure_profile(p);
   if (!entries.ok()) return fail(entries.error());
   const std::string device = cpu_model() + " (" + kernel::simd_target() + ")";
-  std::cout << fmt::format("device {}, {} thread(s), head_dim {}, {}, fp32 FMA peak {:.1f} GFLOP/s\n", device,
-                           o.threads, o.head_dim, o.dtype, peak);
+  std::cout << fmt::format("device {}, {} thread(s), head_dim {}, {}, {} clock, fp32 FMA peak {:.1f} GFLOP/s\n",
+                           device, o.threads, o.head_dim, o.dtype, o.clock, peak);
   std::cout << fmt::format("{:>9} {:>5} {:>11} {:>9} {:>11} {:>9}\n", "block_len", "heads", "fwd_GFLOP/s", "fwd_peak",
                            "bwd_GFLOP/s", "bwd_peak");
   for (const auto& e : *entries) {
@@ -83,6 +104,7 @@ int run_kernel_bench(const KernelBenchOptions& o) {
     j["head_dim"] = o.head_dim;
     j["dtype"] = o.dtype;
     j["fma_peak_gflops"] = peak;
+    j["clock"] = o.clock == "cpu" ? "thread_cpu" : "wall";
     j["entries"] = nlohmann::ordered_json::array();
     for (const auto& e : *entries) {
       j["entries"].push_back(
@@ -105,6 +127,7 @@ const bool registered = register_command(80, [](CLI::App& app) {
   sub->add_option("--dtype", o->dtype, "fp32 or bf16");
   sub->add_option("--min-seconds", o->min_seconds, "Minimum seconds per timing");
   sub->add_option("--repetitions", o->repetitions, "Timings per entry (median kept)");
+  sub->add_option("--clock", o->clock, "wall, or cpu (the calling thread's CPU time; --threads 1 only)");
   return std::vector<Handler>{Handler{sub, [o] { return run_kernel_bench(*o); }}};
 });
 
