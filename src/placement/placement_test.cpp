@@ -217,9 +217,11 @@ RC_GTEST_PROP(VrspRefine, NeverWorseThanVrspAndAboveLowerBound, ()) {
   }
 }
 
-RC_GTEST_PROP(VrspRefine, NoSingleSwapLowersTheHeaviestPool, ()) {
+RC_GTEST_PROP(VrspRefine, StopsAtTheBoundOrWhereNoSwapHelps, ()) {
   const auto [w, p] = *gen_window(64);
   const auto got = place_window(w, {.pool_size = p, .mode = PlacementMode::kVrspRefine});
+  // At the lower bound the maximum is optimal and refinement stops early.
+  if (got->imbalance == lower_bound_imbalance(w, p)) return;
   const auto& loads = got->loads;
   const auto h = static_cast<std::size_t>(std::max_element(loads.begin(), loads.end()) - loads.begin());
   for (std::size_t b = 0; b < loads.size(); ++b) {
@@ -275,6 +277,17 @@ TEST(LowerBound, PigeonholeBeatsTheBasicBound) {
   EXPECT_EQ(brute_optimum(w, 2), 20);
   EXPECT_EQ(imbalance_lower_bound(std::vector<std::int64_t>{}, 2), 1.0);
   EXPECT_EQ(imbalance_lower_bound(w, 3), 1.0);  // invalid: no bound known
+}
+
+TEST(LowerBound, HeavySequencesCompeteForLightCompanions) {
+  // P = 2, K = 3, sum 29. The basic and pigeonhole bounds give 11 (11 + 0),
+  // but the two 11s either share a pool (22) or take two distinct
+  // companions, at best 0 and 1: (11 + 11 + 0 + 1) / 2 -> 12, the optimum.
+  std::vector<std::int64_t> w = {11, 5, 1, 11, 0, 1};
+  EXPECT_EQ(brute_optimum(w, 2), 12);
+  EXPECT_DOUBLE_EQ(lower_bound_imbalance(w, 2), 7.0 / 29.0);  // 12 * 3 / 29 - 1
+  EXPECT_DOUBLE_EQ(imbalance_lower_bound(w, 2), 36.0 / 29.0);
+  EXPECT_EQ(place(w, 2, PlacementMode::kVrsp).imbalance, lower_bound_imbalance(w, 2));
 }
 
 TEST(Lln, ClosedForm) {
