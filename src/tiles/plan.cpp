@@ -2,6 +2,7 @@
 // fingerprint) and the Plan accessors.
 #include <algorithm>
 #include <bit>
+#include <limits>
 #include <string>
 #include <utility>
 
@@ -104,12 +105,13 @@ Result<Plan> build_plan(std::span<const PackedSequence> pool, const PlanConfig& 
                            str(W) + ")");
     }
   }
-  std::sort(rows.begin(), rows.end(), [](const PlacedRows& a, const PlacedRows& b) {
+  auto before = [](const PlacedRows& a, const PlacedRows& b) {
     if (a.slot != b.slot) return a.slot < b.slot;
     if (a.block != b.block) return a.block < b.block;
     if (a.shard != b.shard) return a.shard < b.shard;
     return a.begin < b.begin;
-  });
+  };
+  if (!std::is_sorted(rows.begin(), rows.end(), before)) std::sort(rows.begin(), rows.end(), before);
   {
     std::size_t i = 0;
     for (int p = 0; p < g.pool_size; ++p) {
@@ -149,7 +151,7 @@ Result<Plan> build_plan(std::span<const PackedSequence> pool, const PlanConfig& 
 
   // 2. Tiles and fragments.
   d->tiles.resize(rows.size());
-  d->fragments.reserve(rows.size() * 2);
+  d->fragments.reserve(rows.size() * 4);
   for (std::size_t i = 0; i < rows.size(); ++i) {
     const PlacedRows& r = rows[i];
     Tile& t = d->tiles[i];
@@ -190,7 +192,7 @@ Result<Plan> build_plan(std::span<const PackedSequence> pool, const PlanConfig& 
   //    shard whose query heads use the group, for the chunk rule.
   const std::int32_t total_samples = g.sample_base.back();
   d->groups.resize(static_cast<std::size_t>(total_samples) * g.keys_per_sample);
-  std::vector<HeadRange> rep_shard_heads(d->groups.size());
+  std::vector<HeadRange> rep_shard_heads(static_cast<std::size_t>(g.keys_per_sample));
   for (int p = 0; p < g.pool_size; ++p) {
     for (std::int32_t j = g.sample_base[p]; j < g.sample_base[p + 1]; ++j) {
       for (int k = 0; k < g.keys_per_sample; ++k) {
@@ -203,11 +205,11 @@ Result<Plan> build_plan(std::span<const PackedSequence> pool, const PlanConfig& 
         if (g.dedup_per_kv_head && g.shards > g.heads_kv) {
           grp.key = k;
           grp.kv_heads = {k, k + 1};
-          rep_shard_heads[id] = g.shard_heads(k * g.group_size / g.head_width);
+          rep_shard_heads[static_cast<std::size_t>(k)] = g.shard_heads(k * g.group_size / g.head_width);
         } else {
           grp.key = g.dedup_per_kv_head ? g.shard_kv_heads(k).begin : k;
           grp.kv_heads = g.shard_kv_heads(k);
-          rep_shard_heads[id] = g.shard_heads(k);
+          rep_shard_heads[static_cast<std::size_t>(k)] = g.shard_heads(k);
         }
       }
     }
@@ -234,70 +236,74 @@ Result<Plan> build_plan(std::span<const PackedSequence> pool, const PlanConfig& 
   const double mean = static_cast<double>(total_flops) / W;
   d->imbalance = mean > 0 ? static_cast<double>(max_flops) / mean - 1.0 : 0.0;
 
-  // 5. C_r: the groups of each worker's fragments, each once, increasing.
+  // 5. C_r: the groups of each worker's fragments, each once, increasing:
+  //    a worker-major bitset, read back in bit order.
   d->worker_group_offsets.assign(static_cast<std::size_t>(W) + 1, 0);
   {
-    std::vector<std::int32_t> seen(d->groups.size(), -1);
+    const std::size_t words = (d->groups.size() + 63) / 64;
+    std::vector<std::uint64_t> held(words * static_cast<std::size_t>(W), 0);
+    for (const Fragment& f : d->fragments) {
+      const std::size_t r = static_cast<std::size_t>(d->tiles[static_cast<std::size_t>(f.tile)].worker);
+      held[r * words + static_cast<std::size_t>(f.group) / 64] |= std::uint64_t{1} << (f.group % 64);
+    }
+    std::size_t count = 0;
+    for (std::uint64_t w : held) count += static_cast<std::size_t>(std::popcount(w));
+    d->worker_group_ids.reserve(count);
     for (int r = 0; r < W; ++r) {
-      const std::size_t first = d->worker_group_ids.size();
-      for (std::size_t k = d->worker_tile_offsets[r]; k < d->worker_tile_offsets[r + 1]; ++k) {
-        const Tile& t = d->tiles[static_cast<std::size_t>(d->worker_tile_ids[k])];
-        for (std::int32_t fi = t.fragment_begin; fi < t.fragment_end; ++fi) {
-          const std::int32_t grp = d->fragments[static_cast<std::size_t>(fi)].group;
-          if (seen[static_cast<std::size_t>(grp)] != r) {
-            seen[static_cast<std::size_t>(grp)] = r;
-            d->worker_group_ids.push_back(grp);
-          }
+      for (std::size_t k = 0; k < words; ++k) {
+        for (std::uint64_t w = held[static_cast<std::size_t>(r) * words + k]; w != 0; w &= w - 1) {
+          d->worker_group_ids.push_back(static_cast<std::int32_t>(k * 64 + static_cast<std::size_t>(std::countr_zero(w))));
         }
       }
-      std::sort(d->worker_group_ids.begin() + static_cast<std::ptrdiff_t>(first), d->worker_group_ids.end());
       d->worker_group_offsets[r + 1] = d->worker_group_ids.size();
     }
   }
 
-  // 6. Transfers, emitted Q (by tile), KV (by destination, group, begin),
-  //    O (by tile), then bucketed by (src, dst) with a stable counting sort.
-  std::vector<Transfer> emitted;
-  emitted.reserve(d->tiles.size() * 2 + d->worker_group_ids.size() * 2);
-  for (const Tile& t : d->tiles) {
-    if (t.worker == t.home) continue;
-    emitted.push_back({TransferKind::kQ, t.home, t.worker, t.slot, t.begin, t.end, t.heads, t.id, -1,
-                       qo_bytes(g, t.end - t.begin, t.heads.size())});
-  }
-  for (int r = 0; r < W; ++r) {
-    for (std::size_t k = d->worker_group_offsets[r]; k < d->worker_group_offsets[r + 1]; ++k) {
-      const std::int32_t gid = d->worker_group_ids[k];
-      const KvGroup& grp = d->groups[static_cast<std::size_t>(gid)];
-      for (std::int64_t x = grp.begin; x < grp.end;) {
-        const std::int64_t c = x / g.shard_len;
-        const std::int64_t y = std::min(grp.end, (c + 1) * g.shard_len);
-        const int src = static_cast<int>(grp.slot * g.cp + c);
-        if (src != r) {
-          emitted.push_back({TransferKind::kKv, src, r, grp.slot, x, y, grp.kv_heads, -1, gid,
-                             kv_bytes(g, y - x, grp.kv_heads.size())});
+  // 6. Transfers, generated Q (by tile), KV (by destination, group,
+  //    begin), O (by tile) and bucketed by (src, dst): one pass counts, the
+  //    second writes each transfer straight into its bucket, so every bucket
+  //    keeps the generation order.
+  auto generate = [&](auto&& sink) {
+    for (const Tile& t : d->tiles) {
+      if (t.worker == t.home) continue;
+      sink(Transfer{TransferKind::kQ, t.home, t.worker, t.slot, t.begin, t.end, t.heads, t.id, -1,
+                    qo_bytes(g, t.end - t.begin, t.heads.size())});
+    }
+    for (int r = 0; r < W; ++r) {
+      for (std::size_t k = d->worker_group_offsets[r]; k < d->worker_group_offsets[r + 1]; ++k) {
+        const std::int32_t gid = d->worker_group_ids[k];
+        const KvGroup& grp = d->groups[static_cast<std::size_t>(gid)];
+        for (std::int64_t x = grp.begin; x < grp.end;) {
+          const std::int64_t c = x / g.shard_len;
+          const std::int64_t y = std::min(grp.end, (c + 1) * g.shard_len);
+          const int src = static_cast<int>(grp.slot * g.cp + c);
+          if (src != r) {
+            sink(Transfer{TransferKind::kKv, src, r, grp.slot, x, y, grp.kv_heads, -1, gid,
+                          kv_bytes(g, y - x, grp.kv_heads.size())});
+          }
+          x = y;
         }
-        x = y;
       }
     }
-  }
-  for (const Tile& t : d->tiles) {
-    if (t.worker == t.home) continue;
-    emitted.push_back({TransferKind::kO, t.worker, t.home, t.slot, t.begin, t.end, t.heads, t.id, -1,
-                       qo_bytes(g, t.end - t.begin, t.heads.size())});
-  }
+    for (const Tile& t : d->tiles) {
+      if (t.worker == t.home) continue;
+      sink(Transfer{TransferKind::kO, t.worker, t.home, t.slot, t.begin, t.end, t.heads, t.id, -1,
+                    qo_bytes(g, t.end - t.begin, t.heads.size())});
+    }
+  };
   d->transfer_offsets.assign(W2 + 1, 0);
   d->byte_matrix.assign(W2, 0);
-  for (const Transfer& x : emitted) {
+  generate([&](const Transfer& x) {
     const std::size_t bucket = static_cast<std::size_t>(x.src) * W + x.dst;
     ++d->transfer_offsets[bucket + 1];
     d->byte_matrix[bucket] += x.bytes;
     d->comm_bytes += x.bytes;
-  }
+  });
   for (std::size_t b = 0; b < W2; ++b) d->transfer_offsets[b + 1] += d->transfer_offsets[b];
-  d->transfers.resize(emitted.size());
+  d->transfers.resize(d->transfer_offsets[W2]);
   {
     std::vector<std::size_t> at(d->transfer_offsets.begin(), d->transfer_offsets.end() - 1);
-    for (const Transfer& x : emitted) d->transfers[at[static_cast<std::size_t>(x.src) * W + x.dst]++] = x;
+    generate([&](const Transfer& x) { d->transfers[at[static_cast<std::size_t>(x.src) * W + x.dst]++] = x; });
   }
 
   // 7. Chunks: every transfer restricted to chunk m's heads, same order.
@@ -306,13 +312,22 @@ Result<Plan> build_plan(std::span<const PackedSequence> pool, const PlanConfig& 
   d->chunk_byte_matrix.assign(static_cast<std::size_t>(M) * W2, 0);
   d->chunk_transfers.reserve(M == 1 ? d->transfers.size() : d->transfers.size() * static_cast<std::size_t>(M));
   const Plan view(d);
+  // KV heads of chunk m for each dedup key (they depend on nothing else).
+  std::vector<HeadRange> chunk_kv(static_cast<std::size_t>(g.keys_per_sample) * static_cast<std::size_t>(M));
+  for (int k = 0; k < g.keys_per_sample; ++k) {
+    const KvGroup& first = d->groups[static_cast<std::size_t>(k)];
+    for (int m = 0; m < M; ++m) {
+      chunk_kv[static_cast<std::size_t>(k) * M + m] =
+          view.chunk_kv_heads(rep_shard_heads[static_cast<std::size_t>(k)], first.kv_heads, m);
+    }
+  }
   for (int m = 0; m < M; ++m) {
     for (std::size_t b = 0; b < W2; ++b) {
       std::int64_t bytes = 0;
       for (std::size_t k = d->transfer_offsets[b]; k < d->transfer_offsets[b + 1]; ++k) {
         Transfer x = d->transfers[k];
         if (x.kind == TransferKind::kKv) {
-          x.heads = view.chunk_kv_heads(rep_shard_heads[static_cast<std::size_t>(x.group)], x.heads, m);
+          x.heads = chunk_kv[static_cast<std::size_t>(x.group % g.keys_per_sample) * M + m];
           if (x.heads.size() == 0) continue;
           x.bytes = kv_bytes(g, x.end - x.begin, x.heads.size());
         } else {

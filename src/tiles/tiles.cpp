@@ -1,9 +1,11 @@
 // SH-Tiles and their placement: configuration checks, pool geometry, and
 // the three placers (tap, ulysses, tap-split).
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <limits>
 #include <string>
+#include <utility>
 
 #include "libra/checked.hpp"
 #include "tiles/plan_internal.hpp"
@@ -201,6 +203,14 @@ Result<Geometry> make_geometry(std::span<const PackedSequence> pool, const PlanC
 
 namespace {
 
+std::int64_t largest_at_most(double c) {
+  if (!(c < 9.2e18)) return std::numeric_limits<std::int64_t>::max();
+  auto x = static_cast<std::int64_t>(std::floor(c));
+  while (static_cast<double>(x) > c) --x;
+  while (static_cast<double>(x + 1) <= c) ++x;
+  return x;
+}
+
 struct PlaceFrag {
   std::int32_t group;
   std::int64_t start;
@@ -217,7 +227,9 @@ class Placer {
         capacity_(capacity),
         words_((static_cast<std::size_t>(geo.workers) + 63) / 64),
         loads_(static_cast<std::size_t>(geo.workers), 0),
-        committed_(static_cast<std::size_t>(geo.sample_base.back()) * geo.keys_per_sample * words_, 0) {}
+        committed_(static_cast<std::size_t>(geo.sample_base.back()) * geo.keys_per_sample * words_, 0),
+        dcomm_(static_cast<std::size_t>(geo.workers), 0),
+        limit_(largest_at_most(capacity)) {}
 
   struct Choice {
     int worker = -1;  // best in the headroom set, or -1 if it is empty
@@ -225,35 +237,60 @@ class Placer {
   };
 
   // Loads the fragments of rows [begin, end) of (p, s) and evaluates every
-  // worker for a tile of `flops` with Q-home `home`.
+  // worker for a tile of `flops` with Q-home `home`. dcomm starts from "every
+  // group at full size, plus Q and O" for all workers; then the few workers
+  // that already committed a group (its set bits) get it back, and the
+  // workers of slot p that hold part of a sample get their local tokens
+  // back. That keeps divisions and per-worker bit tests out of the W-wide
+  // loop.
   Choice evaluate(int p, int s, std::int64_t begin, std::int64_t end, std::int64_t flops) {
     frags_.clear();
     const std::int64_t vkv = geo_.kv_bytes_per_token(s);
+    std::int64_t all_groups = 0;
     for (std::int32_t j = geo_.sample_at(p, begin); j < geo_.sample_base[p + 1] && geo_.starts[j] < end; ++j) {
       frags_.push_back({geo_.group_id(j, s), geo_.starts[j], geo_.lengths[j], vkv});
+      all_groups += vkv * geo_.lengths[j];
     }
+    const int W = geo_.workers;
     const int home = geo_.home(p, begin);
     const std::int64_t vqo = 2 * (end - begin) * geo_.qo_bytes_per_row();
-    Choice c;
-    std::int64_t best_dc = 0, best_load = 0, fb_dc = 0, fb_load = 0;
-    for (int r = 0; r < geo_.workers; ++r) {
-      std::int64_t dc = r != home ? vqo : 0;
-      for (const PlaceFrag& f : frags_) {
-        if (!is_committed(f.group, r)) dc += f.kv_bytes_per_token * (f.length - geo_.local_tokens(r, p, f.start, f.length));
-      }
-      const std::int64_t load = loads_[static_cast<std::size_t>(r)];
-      if (static_cast<double>(load + flops) <= capacity_) {
-        if (c.worker < 0 || dc < best_dc || (dc == best_dc && load < best_load)) {
-          c.worker = r;
-          best_dc = dc;
-          best_load = load;
+    std::int64_t* dc = dcomm_.data();
+    std::fill(dcomm_.begin(), dcomm_.end(), vqo + all_groups);
+    dc[home] -= vqo;
+    for (const PlaceFrag& f : frags_) {
+      const std::uint64_t* bits = &committed_[static_cast<std::size_t>(f.group) * words_];
+      const std::int64_t full = f.kv_bytes_per_token * f.length;
+      for (std::size_t w = 0; w < words_; ++w) {
+        for (std::uint64_t word = bits[w]; word != 0; word &= word - 1) {
+          dc[w * 64 + static_cast<std::size_t>(std::countr_zero(word))] -= full;
         }
       }
-      if (r == 0 || load < fb_load || (load == fb_load && dc < fb_dc)) {
-        c.fallback = r;
-        fb_load = load;
-        fb_dc = dc;
+      const std::int64_t last = f.start + f.length - 1;
+      for (std::int64_t c = f.start / geo_.shard_len; c <= last / geo_.shard_len; ++c) {
+        const int r = static_cast<int>(p * geo_.cp + c);
+        if (is_committed(f.group, r)) continue;
+        const std::int64_t lo = std::max(f.start, c * geo_.shard_len);
+        const std::int64_t hi = std::min(last + 1, (c + 1) * geo_.shard_len);
+        dc[r] -= f.kv_bytes_per_token * (hi - lo);
       }
+    }
+    // Headroom set first: the minimum dcomm over it (a branch-free min the
+    // compiler vectorises), then the lowest (load, r) among the workers at
+    // that minimum. Only an empty set needs the fallback's (load, dcomm, r).
+    Choice c;
+    const std::int64_t room = limit_ - flops;  // headroom: load <= room
+    const std::int64_t* loads = loads_.data();
+    constexpr std::int64_t kNone = std::numeric_limits<std::int64_t>::max();
+    std::int64_t best_dc = kNone;
+    for (int r = 0; r < W; ++r) best_dc = std::min(best_dc, loads[r] <= room ? dc[r] : kNone);
+    if (best_dc != kNone) {
+      for (int r = 0; r < W; ++r) {
+        if (dc[r] == best_dc && loads[r] <= room && (c.worker < 0 || loads[r] < loads[c.worker])) c.worker = r;
+      }
+      return c;
+    }
+    for (int r = 1; r < W; ++r) {
+      if (loads[r] < loads[c.fallback] || (loads[r] == loads[c.fallback] && dc[r] < dc[c.fallback])) c.fallback = r;
     }
     return c;
   }
@@ -287,6 +324,11 @@ class Placer {
   std::size_t words_;
   std::vector<std::int64_t> loads_;
   std::vector<std::uint64_t> committed_;
+  std::vector<std::int64_t> dcomm_;
+  // The largest integer x with double(x) <= C: the contract's headroom test
+  // double(load + f) <= C is then exactly load + f <= limit_, because the
+  // int64 -> double conversion is monotone.
+  std::int64_t limit_;
   std::vector<PlaceFrag> frags_;
 };
 
@@ -370,13 +412,18 @@ Result<std::vector<PlacedRows>> place_tiles(const Geometry& geo, const PlanConfi
 
   // Contract section 6, in this order of evaluation.
   const double capacity = (1.0 + config.tau) * static_cast<double>(total) / static_cast<double>(geo.workers);
-  std::vector<std::int32_t> order(tiles.size());
-  for (std::size_t i = 0; i < order.size(); ++i) order[i] = static_cast<std::int32_t>(i);
-  std::sort(order.begin(), order.end(), [&](std::int32_t a, std::int32_t b) {
-    const std::int64_t fa = tiles[static_cast<std::size_t>(a)].flops;
-    const std::int64_t fb = tiles[static_cast<std::size_t>(b)].flops;
-    return fa != fb ? fa > fb : a < b;
-  });
+  // The shards of a block have equal f_t and consecutive ids, so sorting
+  // blocks by (decreasing f, first id) and expanding each into its shards
+  // gives exactly the order (decreasing f_t, increasing id).
+  const std::size_t S = static_cast<std::size_t>(geo.shards);
+  std::vector<std::pair<std::int64_t, std::int32_t>> keyed(tiles.size() / S);
+  for (std::size_t i = 0; i < keyed.size(); ++i) keyed[i] = {-tiles[i * S].flops, static_cast<std::int32_t>(i * S)};
+  std::sort(keyed.begin(), keyed.end());
+  std::vector<std::int32_t> order;
+  order.reserve(tiles.size());
+  for (const auto& [neg_f, first] : keyed) {
+    for (std::size_t s = 0; s < S; ++s) order.push_back(first + static_cast<std::int32_t>(s));
+  }
 
   // Plain TAP first. tap-split keeps it when it already meets tau (then it
   // equals `tap` tile for tile) and otherwise splits; it returns whichever
@@ -384,7 +431,11 @@ Result<std::vector<PlacedRows>> place_tiles(const Geometry& geo, const PlanConfi
   auto run = [&](bool split, std::int64_t* max_load) {
     Placer placer(geo, capacity);
     std::vector<PlacedRows> out;
-    out.reserve(tiles.size());
+    if (split) {
+      out.reserve(tiles.size());
+    } else {
+      out.resize(tiles.size());  // in tile-id order
+    }
     for (std::int32_t i : order) {
       const BaseTile& t = tiles[static_cast<std::size_t>(i)];
       if (split) {
@@ -394,9 +445,8 @@ Result<std::vector<PlacedRows>> place_tiles(const Geometry& geo, const PlanConfi
       const Placer::Choice c = placer.evaluate(t.rows.slot, t.rows.shard, t.rows.begin, t.rows.end, t.flops);
       const int r = c.worker >= 0 ? c.worker : c.fallback;
       placer.commit(r, t.flops);
-      PlacedRows rows = t.rows;
-      rows.worker = r;
-      out.push_back(rows);
+      out[static_cast<std::size_t>(i)] = t.rows;
+      out[static_cast<std::size_t>(i)].worker = r;
     }
     *max_load = 0;
     for (int r = 0; r < geo.workers; ++r) *max_load = std::max(*max_load, placer.load(r));

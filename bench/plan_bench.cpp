@@ -1,0 +1,134 @@
+// Tile planning speed (target: a complete `tap` plan of a paper-scale pool in
+// under 5 ms, single-threaded) and the quality report over 100 pools.
+//
+// Paper scale: L = 1,048,576, P = 8, CP = 8 (W = 64), B = 8,192, H = 8,
+// h_q = 32, h_kv = 4, d = 128, bf16, M = 4 chunks; sequences of
+// builtin:paper-1m (builtin:paper-256k for L = 262,144), pools of 8
+// consecutive packed sequences in loader order.
+//
+//   libra_plan_bench --benchmark_filter=PlanTap            # speed
+//   libra_plan_bench --benchmark_filter=PoolReport         # 100-pool report
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "libra/corpus.hpp"
+#include "libra/plan.hpp"
+
+namespace {
+
+constexpr int kPoolSize = 8;
+
+const std::vector<libra::PackedSequence>& sequences(std::int64_t seq_len) {
+  static std::vector<libra::PackedSequence> one_m, quarter_m;
+  std::vector<libra::PackedSequence>& s = seq_len == 1'048'576 ? one_m : quarter_m;
+  if (s.empty()) {
+    const std::string source = seq_len == 1'048'576 ? "builtin:paper-1m" : "builtin:paper-256k";
+    auto r = libra::load_packed_sequences(source, seq_len);
+    if (!r.ok()) {
+      std::fprintf(stderr, "plan_bench: %s\n", r.error().message().c_str());
+      std::exit(2);
+    }
+    s = std::move(*r);
+  }
+  return s;
+}
+
+std::vector<libra::PackedSequence> pool(std::int64_t seq_len, std::size_t k) {
+  const auto& s = sequences(seq_len);
+  std::vector<libra::PackedSequence> p;
+  for (std::size_t i = 0; i < kPoolSize; ++i) p.push_back(s[(k * kPoolSize + i) % s.size()]);
+  return p;
+}
+
+libra::PlanConfig paper_config(std::int64_t seq_len, std::int64_t block, libra::PlanMode mode) {
+  libra::PlanConfig c;
+  c.seq_len = seq_len;
+  c.cp = 8;
+  c.block_size = block;
+  c.head_shards = 8;
+  c.shape = {.heads_q = 32, .heads_kv = 4, .head_dim = 128, .elem_bytes = 2};
+  c.chunks = 4;
+  c.mode = mode;
+  return c;
+}
+
+void run_plan(benchmark::State& state, std::int64_t seq_len, std::int64_t block, libra::PlanMode mode) {
+  const auto p = pool(seq_len, 0);
+  const libra::PlanConfig c = paper_config(seq_len, block, mode);
+  double tiles = 0, transfers = 0, imbalance = 0, bytes = 0;
+  for (auto _ : state) {
+    auto plan = libra::make_plan(p, c);
+    if (!plan.ok()) {
+      state.SkipWithError(plan.error().message().c_str());
+      return;
+    }
+    benchmark::DoNotOptimize(plan->fingerprint());
+    tiles = static_cast<double>(plan->tiles().size());
+    transfers = static_cast<double>(plan->all_transfers().size());
+    imbalance = plan->imbalance();
+    bytes = static_cast<double>(plan->comm_bytes());
+  }
+  state.counters["tiles"] = tiles;
+  state.counters["transfers"] = transfers;
+  state.counters["imbalance"] = imbalance;
+  state.counters["comm_GB"] = bytes / 1e9;
+}
+
+void BM_PlanTap1M(benchmark::State& state) { run_plan(state, 1'048'576, 8192, libra::PlanMode::kTap); }
+void BM_PlanTap256K(benchmark::State& state) { run_plan(state, 262'144, 8192, libra::PlanMode::kTap); }
+void BM_PlanTapSplit1M(benchmark::State& state) { run_plan(state, 1'048'576, 8192, libra::PlanMode::kTapSplit); }
+void BM_PlanUlysses1M(benchmark::State& state) { run_plan(state, 1'048'576, 8192, libra::PlanMode::kUlysses); }
+// Scaling with tile count: smaller blocks, more tiles (tiles = 8 * T / B per slot).
+void BM_PlanTapScaling(benchmark::State& state) {
+  run_plan(state, 1'048'576, state.range(0), libra::PlanMode::kTap);
+}
+
+BENCHMARK(BM_PlanTap1M)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_PlanTap256K)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_PlanTapSplit1M)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_PlanUlysses1M)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_PlanTapScaling)->Arg(32768)->Arg(16384)->Arg(8192)->Arg(4096)->Arg(2048)->Unit(benchmark::kMillisecond);
+
+// Quality over 100 pools (one iteration): mean and max intra-pool imbalance,
+// the share of pools within tau, and mean exchanged bytes per pool.
+void BM_PoolReport(benchmark::State& state) {
+  const auto mode = static_cast<libra::PlanMode>(state.range(0));
+  const std::int64_t seq_len = state.range(1);
+  const libra::PlanConfig c = paper_config(seq_len, 8192, mode);
+  constexpr int kPools = 100;
+  double sum_imb = 0, max_imb = 0, sum_bytes = 0, within = 0;
+  for (auto _ : state) {
+    sum_imb = max_imb = sum_bytes = within = 0;
+    for (int k = 0; k < kPools; ++k) {
+      auto plan = libra::make_plan(pool(seq_len, static_cast<std::size_t>(k)), c);
+      if (!plan.ok()) {
+        state.SkipWithError(plan.error().message().c_str());
+        return;
+      }
+      sum_imb += plan->imbalance();
+      max_imb = std::max(max_imb, plan->imbalance());
+      sum_bytes += static_cast<double>(plan->comm_bytes());
+      within += plan->imbalance() <= c.tau + 1e-12 ? 1 : 0;
+    }
+  }
+  state.SetLabel(std::string(libra::plan_mode_name(mode)) + (seq_len == 1'048'576 ? " 1M" : " 256K"));
+  state.counters["mean_imbalance"] = sum_imb / kPools;
+  state.counters["max_imbalance"] = max_imb;
+  state.counters["pools_within_tau"] = within;
+  state.counters["mean_comm_GB"] = sum_bytes / kPools / 1e9;
+}
+BENCHMARK(BM_PoolReport)
+    ->ArgsProduct({{static_cast<int>(libra::PlanMode::kTap), static_cast<int>(libra::PlanMode::kTapSplit),
+                    static_cast<int>(libra::PlanMode::kUlysses)},
+                   {1'048'576, 262'144}})
+    ->Iterations(1)
+    ->Unit(benchmark::kMillisecond);
+
+}  // namespace
+
+BENCHMARK_MAIN();
