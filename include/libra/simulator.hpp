@@ -18,6 +18,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -104,6 +105,13 @@ struct DpScalingPoint {
   double libra_tokens_per_s = 0;
   double ulysses_efficiency = 0;  // throughput / (dp * throughput at the smallest DP)
   double libra_efficiency = 0;
+  // The same when every layer synchronises all DP replicas (e.g. an MoE
+  // whose expert-parallel all-to-all spans the replicas): each GA step then
+  // costs its slowest replica or pool.
+  double ulysses_sync_tokens_per_s = 0;
+  double libra_sync_tokens_per_s = 0;
+  double ulysses_sync_efficiency = 0;
+  double libra_sync_efficiency = 0;
 };
 
 struct MicrobatchStats {
@@ -119,6 +127,8 @@ struct PaperComparison {
 struct SimTiming {
   double load_s = 0, placement_s = 0, plan_s = 0, cost_s = 0, end_to_end_s = 0, total_s = 0;
   std::int64_t plans = 0;  // make_plan calls
+  // make_plan seconds (summed over threads) and calls, by what they served.
+  std::map<std::string, std::pair<double, std::int64_t>> by_kind;
 };
 
 struct SimResult {

@@ -71,12 +71,17 @@ std::string sim_table(const SimResult& r) {
   }
   if (!r.dp_scaling.empty()) {
     o += "\nEnd-to-end throughput at fixed GBS (tokens/s) and scaling efficiency\n";
-    o += fmt::format("  {:>4} {:>4} {:>14} {:>8} {:>14} {:>8} {:>8}\n", "DP", "P", "ulysses", "eff", "libra", "eff",
-                     "speedup");
+    o += "  (replicas meet at the gradient all-reduce | every layer synchronises all replicas)\n";
+    o += fmt::format("  {:>4} {:>4} {:>12} {:>7} {:>12} {:>7} {:>8} | {:>12} {:>7} {:>12} {:>7} {:>8}\n", "DP", "P",
+                     "ulysses", "eff", "libra", "eff", "speedup", "ulysses", "eff", "libra", "eff", "speedup");
     for (const auto& p : r.dp_scaling) {
-      o += fmt::format("  {:>4} {:>4} {:>14.0f} {:>7.1f}% {:>14.0f} {:>7.1f}% {:>7.2f}x\n", p.dp, p.pool_size,
-                       p.ulysses_tokens_per_s, 100 * p.ulysses_efficiency, p.libra_tokens_per_s,
-                       100 * p.libra_efficiency, p.libra_tokens_per_s / p.ulysses_tokens_per_s);
+      o += fmt::format(
+          "  {:>4} {:>4} {:>12.0f} {:>6.1f}% {:>12.0f} {:>6.1f}% {:>7.2f}x | {:>12.0f} {:>6.1f}% {:>12.0f} {:>6.1f}% "
+          "{:>7.2f}x\n",
+          p.dp, p.pool_size, p.ulysses_tokens_per_s, 100 * p.ulysses_efficiency, p.libra_tokens_per_s,
+          100 * p.libra_efficiency, p.libra_tokens_per_s / p.ulysses_tokens_per_s, p.ulysses_sync_tokens_per_s,
+          100 * p.ulysses_sync_efficiency, p.libra_sync_tokens_per_s, 100 * p.libra_sync_efficiency,
+          p.libra_sync_tokens_per_s / p.ulysses_sync_tokens_per_s);
     }
     o += fmt::format("Microbatch forward time (x libra mean): ulysses {:.2f}..{:.2f} mean {:.2f}; libra {:.2f}..{:.2f}\n",
                      r.microbatch_ulysses.min, r.microbatch_ulysses.max, r.microbatch_ulysses.mean,
@@ -141,7 +146,11 @@ std::string sim_json(const SimResult& r) {
                                {"ulysses_tokens_per_s", p.ulysses_tokens_per_s},
                                {"libra_tokens_per_s", p.libra_tokens_per_s},
                                {"ulysses_efficiency", p.ulysses_efficiency},
-                               {"libra_efficiency", p.libra_efficiency}});
+                               {"libra_efficiency", p.libra_efficiency},
+                               {"ulysses_sync_tokens_per_s", p.ulysses_sync_tokens_per_s},
+                               {"libra_sync_tokens_per_s", p.libra_sync_tokens_per_s},
+                               {"ulysses_sync_efficiency", p.ulysses_sync_efficiency},
+                               {"libra_sync_efficiency", p.libra_sync_efficiency}});
   }
   auto mb = [](const MicrobatchStats& m) { return J{{"min", m.min}, {"max", m.max}, {"mean", m.mean}}; };
   j["microbatch"] = {{"ulysses", mb(r.microbatch_ulysses)}, {"libra", mb(r.microbatch_libra)}};
@@ -234,13 +243,15 @@ Status write_sim_report(const SimResult& r, const std::string& dir) {
     }
   }
   LIBRA_TRY(put("sim-microbatch.dat", mb));
-  std::string dps = "# dp pool_size ulysses_tok_s libra_tok_s ulysses_eff libra_eff ideal_tok_s\n";
+  std::string dps =
+      "# dp pool_size ulysses_tok_s libra_tok_s ulysses_eff libra_eff ideal_tok_s ulysses_sync_tok_s libra_sync_tok_s\n";
   for (const auto& p : r.dp_scaling) {
     const double ideal = r.dp_scaling.empty() ? 0
                                               : r.dp_scaling[0].libra_tokens_per_s * static_cast<double>(p.dp) /
                                                     static_cast<double>(r.dp_scaling[0].dp);
-    dps += fmt::format("{} {} {:.6g} {:.6g} {:.6g} {:.6g} {:.6g}\n", p.dp, p.pool_size, p.ulysses_tokens_per_s,
-                       p.libra_tokens_per_s, p.ulysses_efficiency, p.libra_efficiency, ideal);
+    dps += fmt::format("{} {} {:.6g} {:.6g} {:.6g} {:.6g} {:.6g} {:.6g} {:.6g}\n", p.dp, p.pool_size,
+                       p.ulysses_tokens_per_s, p.libra_tokens_per_s, p.ulysses_efficiency, p.libra_efficiency, ideal,
+                       p.ulysses_sync_tokens_per_s, p.libra_sync_tokens_per_s);
   }
   LIBRA_TRY(put("sim-dp-scaling.dat", dps));
 
@@ -265,10 +276,12 @@ Status write_sim_report(const SimResult& r, const std::string& dir) {
   gp += "set output 'sim-dp-scaling.png'\nset title 'Throughput vs DP at fixed GBS'\nset logscale x 2\n"
         "set xlabel 'DP'\nset ylabel 'tokens/s'\n"
         "plot 'sim-dp-scaling.dat' using 1:3 with linespoints title 'ulysses', 'sim-dp-scaling.dat' using 1:4 with "
-        "linespoints title 'libra-full', 'sim-dp-scaling.dat' using 1:7 with lines dt 2 title 'ideal (libra)'\n"
+        "linespoints title 'libra-full', 'sim-dp-scaling.dat' using 1:8 with linespoints dt 3 title 'ulysses, synced per layer', "
+        "'sim-dp-scaling.dat' using 1:9 with linespoints dt 3 title 'libra-full, synced per layer', "
+        "'sim-dp-scaling.dat' using 1:7 with lines dt 2 title 'ideal (libra)'\n"
         "unset logscale\n";
   gp += "set output 'sim-latency.png'\nset title 'Core-attention forward latency per layer-step (mean)'\n"
-        "set style data histograms\nset style fill solid 0.8\nset xtics rotate by -60\nset ylabel 'ms'\n"
+        "set style data histograms\nset style fill solid 0.8\nset xtics rotate by -60\nset ylabel 'ms'\nset yrange [0:*]\n"
         "set xlabel ''\nplot 'sim-latency.dat' using 2:xtic(1) title 'ulysses', '' using 3 title 'wlb', "
         "'' using 4 title 'libra-tap', '' using 5 title 'libra-tap-vrsp', '' using 6 title 'libra-full', "
         "'' using 7 title 'libra-plus', '' using 8 title 'distca'\n";

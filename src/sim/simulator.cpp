@@ -46,6 +46,7 @@ struct PlanCost {
 struct Timing {
   double placement = 0, plan = 0, cost = 0;
   std::int64_t plans = 0;
+  std::map<std::string, std::pair<double, std::int64_t>> by_kind;  // make_plan seconds and calls
 };
 
 struct Ctx {
@@ -234,11 +235,15 @@ struct WindowResult {
 };
 
 Result<PlanCost> planned(const Ctx& ctx, std::span<const PackedSequence> pool, const PlanConfig& pc,
-                         std::span<const std::int64_t> gpus, Timing& tm) {
+                         std::span<const std::int64_t> gpus, Timing& tm, const std::string& kind) {
   auto t0 = Clock::now();
   auto plan = make_plan(pool, pc);
-  tm.plan += since(t0);
+  const double dt = since(t0);
+  tm.plan += dt;
   ++tm.plans;
+  auto& k = tm.by_kind[kind];
+  k.first += dt;
+  ++k.second;
   if (!plan.ok()) return plan.error();
   t0 = Clock::now();
   PlanCost c = cost_plan(ctx, *plan, gpus);
@@ -257,7 +262,7 @@ std::vector<PackedSequence> pool_of(std::span<const PackedSequence> window, cons
 // Latency per GA step of Ulysses over sequences in loader order (replica r
 // of GA step g runs sequence g * DP + r).
 Result<std::vector<double>> ulysses_steps(const Ctx& ctx, std::span<const PackedSequence> seqs, std::uint64_t window,
-                                          Timing& tm) {
+                                          Timing& tm, const std::string& kind) {
   const std::int64_t dp = ctx.cfg.dp;
   const std::int64_t ga = static_cast<std::int64_t>(seqs.size()) / dp;
   StepMax sm{std::vector<double>(static_cast<std::size_t>(ga), 0.0)};
@@ -265,7 +270,7 @@ Result<std::vector<double>> ulysses_steps(const Ctx& ctx, std::span<const Packed
   for (std::int64_t i = 0; i < static_cast<std::int64_t>(seqs.size()); ++i) {
     const std::int64_t g = i / dp, r = i % dp;
     auto gpus = pool_gpus(r, 1, ctx.cfg.cp);
-    LIBRA_ASSIGN_OR_RETURN(PlanCost c, planned(ctx, seqs.subspan(static_cast<std::size_t>(i), 1), pc, gpus, tm));
+    LIBRA_ASSIGN_OR_RETURN(PlanCost c, planned(ctx, seqs.subspan(static_cast<std::size_t>(i), 1), pc, gpus, tm, kind));
     sm.put(g, time_plan(ctx, c, gpus, {window, static_cast<std::uint64_t>(g)}, false, false));
   }
   return sm.step;
@@ -286,13 +291,13 @@ WindowResult simulate_window(const Ctx& ctx, std::span<const PackedSequence> win
   if (!f.ok()) return fail(f.error());
 
   // Baselines that do not depend on the candidate.
-  auto uly = ulysses_steps(ctx, window, w, tm);
+  auto uly = ulysses_steps(ctx, window, w, tm, "ulysses");
   if (!uly.ok()) return fail(uly.error());
   out.ulysses = std::move(*uly);
   auto repacked = wlb_repack(window, ctx.seq_len, static_cast<std::int64_t>(window.size()));
   if (!repacked.ok()) return fail(repacked.error());
   out.wlb_split = repacked->split_samples;
-  auto wlb = ulysses_steps(ctx, repacked->sequences, w, tm);
+  auto wlb = ulysses_steps(ctx, repacked->sequences, w, tm, "wlb");
   if (!wlb.ok()) return fail(wlb.error());
   out.wlb = std::move(*wlb);
 
@@ -319,7 +324,7 @@ WindowResult simulate_window(const Ctx& ctx, std::span<const PackedSequence> win
     for (std::size_t k = 0; k < placement.pools.size(); ++k) {
       const auto pool = pool_of(window, placement.pools[k]);
       const auto gpus = pool_gpus(layout.pool_first_replica[k], static_cast<std::int64_t>(pool.size()), cfg.cp);
-      LIBRA_ASSIGN_OR_RETURN(PlanCost c, planned(ctx, pool, pc, gpus, tm));
+      LIBRA_ASSIGN_OR_RETURN(PlanCost c, planned(ctx, pool, pc, gpus, tm, variants[0].name));
       const std::int64_t g = layout.pool_ga[k];
       for (std::size_t v = 0; v < variants.size(); ++v) {
         sms[v].put(g, time_plan(ctx, c, gpus, {w, static_cast<std::uint64_t>(g)}, variants[v].pipelined, false));
@@ -426,6 +431,7 @@ Status check_candidate(const Ctx& ctx, const SimCandidate& c) {
 struct E2eWindow {
   Status status;
   std::vector<double> ulysses_time, libra_time;  // per DP point: the optimizer step's seconds
+  std::vector<double> ulysses_sync, libra_sync;  // the same when every layer syncs all replicas
   std::vector<double> mb_ulysses, mb_libra;       // forward seconds per microbatch at cfg.dp
   double tokens = 0;
   Timing timing;
@@ -454,7 +460,7 @@ E2eWindow e2e_window(const Ctx& ctx, std::span<const PackedSequence> window, std
   const PlanConfig upc = ulysses_config(ctx);
   for (std::size_t i = 0; i < window.size(); ++i) {
     auto gpus = pool_gpus(0, 1, cfg.cp);
-    auto c = planned(ctx, window.subspan(i, 1), upc, gpus, tm);
+    auto c = planned(ctx, window.subspan(i, 1), upc, gpus, tm, "end-to-end ulysses");
     if (!c.ok()) {
       out.status = c.error();
       return out;
@@ -462,11 +468,19 @@ E2eWindow e2e_window(const Ctx& ctx, std::span<const PackedSequence> window, std
     uly.push_back(std::move(*c));
   }
   const PlanConfig lpc = plan_config(ctx, rec.head_shards, rec.block_size, cfg.chunks, PlanMode::kTap, false);
+  // VRSP pools depend on P only, not on DP: plan each P once. (Their
+  // communication times keep the node locality of the first layout that used
+  // them; later layouts shift pools by whole multiples of P x CP GPUs.)
+  std::map<std::int64_t, std::vector<PlanCost>> libra_costs;
   for (std::int64_t dp : dps) {
     const std::int64_t ga = cfg.gbs / dp;
     // Ulysses replicas run their GA microbatches without waiting for each
     // other; they meet at the gradient all-reduce.
     std::vector<double> replica(static_cast<std::size_t>(dp), 0.0);
+    // With per-layer synchronisation of all replicas (an MoE whose expert-
+    // parallel all-to-all spans the DP replicas), every GA step costs its
+    // slowest replica.
+    std::vector<double> step_max(static_cast<std::size_t>(ga), 0.0);
     for (std::size_t i = 0; i < window.size(); ++i) {
       const std::int64_t g = static_cast<std::int64_t>(i) / dp, r = static_cast<std::int64_t>(i) % dp;
       auto gpus = pool_gpus(r, 1, cfg.cp);
@@ -475,12 +489,16 @@ E2eWindow e2e_window(const Ctx& ctx, std::span<const PackedSequence> window, std
       const double tok = seq_tokens(window[i]);
       const double fwd = layers * time_plan(ctx, uly[i], gpus, key, false, false) +
                          linear_seconds(cfg.cost.step, model, tok, cp, false);
-      replica[static_cast<std::size_t>(r)] += layers * attn + linear_seconds(cfg.cost.step, model, tok, cp, false) +
-                                              linear_seconds(cfg.cost.step, model, tok, cp, true);
+      const double mb = layers * attn + linear_seconds(cfg.cost.step, model, tok, cp, false) +
+                        linear_seconds(cfg.cost.step, model, tok, cp, true);
+      replica[static_cast<std::size_t>(r)] += mb;
+      step_max[static_cast<std::size_t>(g)] = std::max(step_max[static_cast<std::size_t>(g)], mb);
       if (dp == cfg.dp) out.mb_ulysses.push_back(fwd);
     }
     const double ar = allreduce_seconds(cfg.cost.net, model.grad_bytes_per_gpu, dp);
     out.ulysses_time.push_back(max_of(replica) + ar);
+    out.ulysses_sync.push_back(std::accumulate(step_max.begin(), step_max.end(), 0.0) + ar);
+    std::fill(step_max.begin(), step_max.end(), 0.0);
 
     // Libra (full): VRSP pools of P = gcd(P_rec, DP), TAP, pipeliner; a pool's
     // replicas wait for each other at every layer's all-to-all.
@@ -498,14 +516,24 @@ E2eWindow e2e_window(const Ctx& ctx, std::span<const PackedSequence> window, std
       return out;
     }
     std::vector<double> group(static_cast<std::size_t>(dp / p), 0.0);
+    auto cached = libra_costs.find(p);
+    if (cached == libra_costs.end()) {
+      std::vector<PlanCost> costs;
+      for (std::size_t k = 0; k < pl->pools.size(); ++k) {
+        const auto gpus = pool_gpus(lay->pool_first_replica[k], p, cfg.cp);
+        auto c = planned(ctx, pool_of(window, pl->pools[k]), lpc, gpus, tm, "end-to-end libra");
+        if (!c.ok()) {
+          out.status = c.error();
+          return out;
+        }
+        costs.push_back(std::move(*c));
+      }
+      cached = libra_costs.emplace(p, std::move(costs)).first;
+    }
     for (std::size_t k = 0; k < pl->pools.size(); ++k) {
       const auto pool = pool_of(window, pl->pools[k]);
       const auto gpus = pool_gpus(lay->pool_first_replica[k], p, cfg.cp);
-      auto c = planned(ctx, pool, lpc, gpus, tm);
-      if (!c.ok()) {
-        out.status = c.error();
-        return out;
-      }
+      const PlanCost* c = &cached->second[k];
       const std::int64_t g = lay->pool_ga[k];
       const NoiseKey key{w, static_cast<std::uint64_t>(g)};
       const double af = time_plan(ctx, *c, gpus, key, true, false);
@@ -515,15 +543,17 @@ E2eWindow e2e_window(const Ctx& ctx, std::span<const PackedSequence> window, std
         lin_f = std::max(lin_f, linear_seconds(cfg.cost.step, model, seq_tokens(s), cp, false));
         lin_b = std::max(lin_b, linear_seconds(cfg.cost.step, model, seq_tokens(s), cp, true));
       }
-      group[static_cast<std::size_t>(lay->pool_first_replica[k] / p)] += layers * (af + ab) + lin_f + lin_b;
+      const double mb = layers * (af + ab) + lin_f + lin_b;
+      group[static_cast<std::size_t>(lay->pool_first_replica[k] / p)] += mb;
+      step_max[static_cast<std::size_t>(g)] = std::max(step_max[static_cast<std::size_t>(g)], mb);
       if (dp == cfg.dp) {
         for (const auto& s : pool) {
           out.mb_libra.push_back(layers * af + linear_seconds(cfg.cost.step, model, seq_tokens(s), cp, false));
         }
       }
-      (void)ga;
     }
     out.libra_time.push_back(max_of(group) + ar);
+    out.libra_sync.push_back(std::accumulate(step_max.begin(), step_max.end(), 0.0) + ar);
   }
   return out;
 }
@@ -674,6 +704,11 @@ Result<SimResult> simulate(const SimConfig& cfg, const SimProgress& progress) {
     res.timing.plan_s += r.timing.plan;
     res.timing.cost_s += r.timing.cost;
     res.timing.plans += r.timing.plans;
+    for (const auto& [k, v] : r.timing.by_kind) {
+      auto& dst = res.timing.by_kind[k];
+      dst.first += v.first;
+      dst.second += v.second;
+    }
   }
 
   // Fold windows in order.
@@ -785,7 +820,7 @@ Result<SimResult> simulate(const SimConfig& cfg, const SimProgress& progress) {
           e2e_window(ctx, window_span(i), static_cast<std::uint64_t>(i), best.candidate, dps);
     });
     res.timing.end_to_end_s = since(t1);
-    std::vector<double> ut(dps.size(), 0), lt(dps.size(), 0);
+    std::vector<double> ut(dps.size(), 0), lt(dps.size(), 0), us(dps.size(), 0), ls(dps.size(), 0);
     double tokens = 0;
     std::vector<double> mbu, mbl;
     for (const auto& r : er) {
@@ -793,6 +828,8 @@ Result<SimResult> simulate(const SimConfig& cfg, const SimProgress& progress) {
       for (std::size_t k = 0; k < dps.size(); ++k) {
         ut[k] += r.ulysses_time[k];
         lt[k] += r.libra_time[k];
+        us[k] += r.ulysses_sync[k];
+        ls[k] += r.libra_sync[k];
       }
       tokens += r.tokens;
       mbu.insert(mbu.end(), r.mb_ulysses.begin(), r.mb_ulysses.end());
@@ -801,6 +838,11 @@ Result<SimResult> simulate(const SimConfig& cfg, const SimProgress& progress) {
       res.timing.plan_s += r.timing.plan;
       res.timing.cost_s += r.timing.cost;
       res.timing.placement_s += r.timing.placement;
+      for (const auto& [k, v] : r.timing.by_kind) {
+        auto& dst = res.timing.by_kind[k];
+        dst.first += v.first;
+        dst.second += v.second;
+      }
     }
     for (std::size_t k = 0; k < dps.size(); ++k) {
       DpScalingPoint pt;
@@ -808,6 +850,8 @@ Result<SimResult> simulate(const SimConfig& cfg, const SimProgress& progress) {
       pt.pool_size = std::gcd(best.candidate.pool_size, dps[k]);
       pt.ulysses_tokens_per_s = tokens / ut[k];
       pt.libra_tokens_per_s = tokens / lt[k];
+      pt.ulysses_sync_tokens_per_s = tokens / us[k];
+      pt.libra_sync_tokens_per_s = tokens / ls[k];
       res.dp_scaling.push_back(pt);
     }
     const double base = static_cast<double>(res.dp_scaling[0].dp);
@@ -815,6 +859,9 @@ Result<SimResult> simulate(const SimConfig& cfg, const SimProgress& progress) {
       const double scale = static_cast<double>(pt.dp) / base;
       pt.ulysses_efficiency = pt.ulysses_tokens_per_s / (scale * res.dp_scaling[0].ulysses_tokens_per_s);
       pt.libra_efficiency = pt.libra_tokens_per_s / (scale * res.dp_scaling[0].libra_tokens_per_s);
+      pt.ulysses_sync_efficiency =
+          pt.ulysses_sync_tokens_per_s / (scale * res.dp_scaling[0].ulysses_sync_tokens_per_s);
+      pt.libra_sync_efficiency = pt.libra_sync_tokens_per_s / (scale * res.dp_scaling[0].libra_sync_tokens_per_s);
     }
     const double libra_mean = stat_of(mbl).mean;
     auto norm = [&](const std::vector<double>& v) {
@@ -836,6 +883,12 @@ Result<SimResult> simulate(const SimConfig& cfg, const SimProgress& progress) {
                          100.0 * top.ulysses_efficiency});
     res.paper.push_back({fmt::format("libra scaling efficiency at DP={} (%)", top.dp), 0, 70.3,
                          100.0 * top.libra_efficiency});
+    res.paper.push_back({fmt::format("end-to-end speedup at DP={}, replicas synced per layer", top.dp), 1.79, 2.54,
+                         top.libra_sync_tokens_per_s / top.ulysses_sync_tokens_per_s});
+    res.paper.push_back({fmt::format("ulysses scaling efficiency at DP={}, synced per layer (%)", top.dp), 0, 27.6,
+                         100.0 * top.ulysses_sync_efficiency});
+    res.paper.push_back({fmt::format("libra scaling efficiency at DP={}, synced per layer (%)", top.dp), 0, 70.3,
+                         100.0 * top.libra_sync_efficiency});
     res.paper.push_back({"microbatch forward time, ulysses max (x libra mean)", 6.98, 23.1, res.microbatch_ulysses.max});
     res.paper.push_back({"microbatch forward time, ulysses mean (x libra mean)", 0, 4.14, res.microbatch_ulysses.mean});
     res.paper.push_back({"microbatch forward time, ulysses min (x libra mean)", 0, 0.02, res.microbatch_ulysses.min});

@@ -126,6 +126,10 @@ int run_simulate(const SimulateOptions& o) {
         "timing: total {:.2f} s wall; load {:.2f} s; CPU time summed over threads: placement {:.2f} s, "
         "make_plan {:.2f} s ({} plans), cost model {:.2f} s; end-to-end phase {:.2f} s wall\n",
         t.total_s, t.load_s, t.placement_s, t.plan_s, t.plans, t.cost_s, t.end_to_end_s);
+    for (const auto& [kind, v] : t.by_kind) {
+      std::cerr << fmt::format("  make_plan for {:<20} {:8.2f} s {:7d} plans {:8.2f} ms/plan\n", kind, v.first,
+                               v.second, 1e3 * v.first / static_cast<double>(std::max<std::int64_t>(v.second, 1)));
+    }
   }
   Status s = write_file_atomic(o.output, out);
   if (!s.ok()) return fail(s);
