@@ -95,7 +95,7 @@ struct BasicTensor {
   // out-of-range request yields a view that the kernel rejects.
   [[nodiscard]] BasicTensor heads_slice(std::int64_t first, std::int64_t count) const {
     BasicTensor s = *this;
-    if (first < 0 || count < 0 || first + count > heads || data == nullptr) {
+    if (first < 0 || count < 0 || first > heads - count || data == nullptr) {
       s.data = nullptr;
       return s;
     }
@@ -107,7 +107,7 @@ struct BasicTensor {
   // Rows [first, first + count), no copy (rejected by the kernel if out of range).
   [[nodiscard]] BasicTensor rows_slice(std::int64_t first, std::int64_t count) const {
     BasicTensor s = *this;
-    if (first < 0 || count < 0 || first + count > rows || data == nullptr) {
+    if (first < 0 || count < 0 || first > rows - count || data == nullptr) {
       s.data = nullptr;
       return s;
     }

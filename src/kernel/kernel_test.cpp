@@ -100,6 +100,11 @@ Err compare(const std::vector<double>& ref, I64 rows, I64 heads, I64 dim, Get ge
 double tolerance(DType t, double ref_max) {
   return t == DType::kF32 ? 2e-5 * ref_max + 1e-6 : 1.6e-2 * ref_max + 1e-6;
 }
+// Gradients in bf16 also get an absolute 4e-3 (inputs lie in [-1, 1]): the
+// backward pass reads the bf16-rounded O through delta = rowsum(dO * O), an
+// error of ~2^-9 |dO||O| that does not shrink when the true gradient is small
+// by cancellation (dP - delta ~ 0).
+double grad_tolerance(DType t, double ref_max) { return tolerance(t, ref_max) + (t == DType::kF32 ? 0.0 : 4e-3); }
 
 struct Outcome {
   bool ok = true;
@@ -151,19 +156,21 @@ Outcome check_problem(const Problem& p, std::uint64_t seed) {
   auto g = reference_backward(q.cview(), k.cview(), v.cview(), d_o.cview(), p.frags, p.window);
   if (!g.ok()) return {false, "reference backward failed: " + g.error().message()};
   Err eq = compare(g->dq, p.q_rows, p.hq, p.d, masked([&](I64 r, I64 h, I64 c) { return dq.get(r, h, c); }));
-  if (eq.abs > tolerance(p.dtype, eq.ref_max)) return {false, "dQ error " + std::to_string(eq.abs)};
+  if (eq.abs > grad_tolerance(p.dtype, eq.ref_max)) {
+    return {false, "dQ error " + std::to_string(eq.abs) + " ref max " + std::to_string(eq.ref_max)};
+  }
   // dK is fp32 storage here (mixed precision is allowed), dV uses p.dtype.
   Err ek = compare(g->dk, p.kv_rows, p.hkv, p.d,
                    [&](I64 r, I64 h, I64 c) { return dk.get(r, h, c) - dk0.get(r, h, c); });
-  const double ktol = p.dtype == DType::kF32 ? tolerance(DType::kF32, ek.ref_max) : 1.6e-2 * ek.ref_max + 1e-6;
+  // dK has fp32 storage here, but its inputs (Q, dS through delta) carry bf16 rounding.
+  const double ktol = grad_tolerance(p.dtype, ek.ref_max);
   if (ek.abs > ktol) return {false, "dK error " + std::to_string(ek.abs) + " ref max " + std::to_string(ek.ref_max)};
   // dV in bf16 is read-modify-written around a value of magnitude ~1, so its
   // rounding is relative to the accumulated value, not to the increment.
   Err ev = compare(g->dv, p.kv_rows, p.hkv, p.d, [&](I64 r, I64 h, I64 c) {
     return static_cast<double>(dv.get(r, h, c)) - static_cast<double>(dv0.get(r, h, c));
   });
-  const double vtol = p.dtype == DType::kF32 ? tolerance(DType::kF32, ev.ref_max)
-                                             : 1.6e-2 * ev.ref_max + 8e-3;
+  const double vtol = p.dtype == DType::kF32 ? tolerance(DType::kF32, ev.ref_max) : 1.6e-2 * ev.ref_max + 8e-3;
   if (ev.abs > vtol) return {false, "dV error " + std::to_string(ev.abs) + " ref max " + std::to_string(ev.ref_max)};
   return {};
 }
@@ -552,6 +559,8 @@ RC_GTEST_PROP(AttentionKernel, MatchesReferenceOnRandomLayouts, ()) {
   order.resize(*rc::gen::inRange<std::size_t>(1, nfrag + 1));
   p = layout(p, cuts, order, *rc::gen::inRange<I64>(0, 3));
   const Outcome r = check_problem(p, *rc::gen::arbitrary<std::uint64_t>());
+  RC_LOG() << "d " << p.d << " hq " << p.hq << " hkv " << p.hkv << " dtype " << dtype_name(p.dtype) << " window "
+           << p.window << " threads " << p.threads << ": " << r.what << '\n';
   RC_ASSERT(r.ok);
 }
 
