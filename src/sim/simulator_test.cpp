@@ -175,6 +175,46 @@ TEST(Simulate, LatencyWithFreeCommunicationIsTheSlowestWorkersCompute) {
   EXPECT_NEAR(v->seconds.mean, libra, libra * 1e-9);
 }
 
+TEST(Simulate, EndToEndAtDp1IsTheSumOfMicrobatchesHandComputed) {
+  SimConfig cfg = tiny_config();
+  cfg.cost.net.intra_node_gbps = 1e15;
+  cfg.cost.net.inter_node_gbps = 1e15;
+  cfg.cost.net.latency_us = 0;
+  auto r = simulate(cfg);
+  ASSERT_TRUE(r.ok()) << r.error().message();
+  ASSERT_EQ(r->dp_scaling.size(), 3u);
+  ThroughputTable table(cfg.cost.kernel);
+  // DP = 1: one replica runs the 4 sequences back to back; each costs
+  // layers x (slowest CP worker's forward + backward) + linear fwd + bwd,
+  // and there is no all-reduce.
+  double time = 0, tokens = 0;
+  for (const auto& s : first_window()) {
+    auto plan = make_plan(std::vector<PackedSequence>{s}, tiny_plan_config(PlanMode::kUlysses, 1, 32, 1));
+    ASSERT_TRUE(plan.ok());
+    std::vector<double> fwd(2, 0.0), bwd(2, 0.0);
+    for (const Tile& t : plan->tiles()) {
+      const double rows = static_cast<double>(t.end - t.begin), heads = t.heads.size();
+      fwd[static_cast<std::size_t>(t.worker)] += table.seconds(4.0 * 8 * static_cast<double>(t.flops), rows, heads);
+      bwd[static_cast<std::size_t>(t.worker)] +=
+          table.seconds(10.0 * 8 * static_cast<double>(t.flops), rows, heads, true);
+    }
+    const double tok = static_cast<double>(std::accumulate(s.begin(), s.end(), std::int64_t{0}));
+    tokens += tok;
+    time += 48.0 * (std::max(fwd[0], fwd[1]) + std::max(bwd[0], bwd[1])) +
+            6.0 * 3.3e9 * tok / 2.0 / (400e12);  // 2 fwd + 4 bwd FLOPs per active parameter, over CP = 2
+  }
+  const DpScalingPoint& p = r->dp_scaling[0];
+  EXPECT_EQ(p.dp, 1);
+  EXPECT_NEAR(p.ulysses_tokens_per_s, tokens / time, tokens / time * 1e-9);
+  EXPECT_NEAR(p.ulysses_sync_tokens_per_s, p.ulysses_tokens_per_s, p.ulysses_tokens_per_s * 1e-12);
+  EXPECT_DOUBLE_EQ(p.ulysses_efficiency, 1.0);
+  // Waiting for every replica at every layer can only cost throughput.
+  for (const auto& q : r->dp_scaling) {
+    EXPECT_LE(q.ulysses_sync_tokens_per_s, q.ulysses_tokens_per_s * (1 + 1e-12));
+    EXPECT_LE(q.libra_sync_tokens_per_s, q.libra_tokens_per_s * (1 + 1e-12));
+  }
+}
+
 TEST(Simulate, IdenticalResultsForAnyThreadCount) {
   SimConfig cfg = tiny_config();
   cfg.max_windows = 0;  // both windows
