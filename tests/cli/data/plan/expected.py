@@ -1,0 +1,93 @@
+#!/usr/bin/env python3
+"""Writes the expected outputs of tests/cli/plan.cmake.in from hand-computed
+plans (see the comments there), independently of libra: the fingerprint is
+computed here from the format described in docs/plan-format.md.
+
+    python3 expected.py   # rewrites gqa.json, ties.txt, ties_split.txt
+"""
+import json
+import struct
+
+M64 = (1 << 64) - 1
+INT64_MAX = (1 << 63) - 1
+
+
+def fingerprint(cfg, pool, tiles):
+    words = [0x4E4C50415242494C, 1, cfg["seq_len"], cfg["cp"], cfg["block_size"], cfg["head_shards"],
+             cfg["heads_q"], cfg["heads_kv"], cfg["head_dim"], cfg["elem_bytes"],
+             INT64_MAX if cfg["window"] is None else cfg["window"],
+             struct.unpack("<Q", struct.pack("<d", cfg["tau"]))[0], cfg["chunks"],
+             {"tap": 0, "ulysses": 1, "tap-split": 2}[cfg["mode"]], int(cfg["dedup_per_kv_head"]), len(pool)]
+    for seq in pool:
+        words += [len(seq)] + seq
+    words.append(len(tiles))
+    for t in tiles:
+        words += [(t["slot"] << 32) | t["block"], (t["shard"] << 32) | t["worker"], t["begin"], t["end"]]
+    h = 0xCBF29CE484222325
+    for w in words:
+        h ^= w
+        h = (h * 0x100000001B3) & M64
+        h ^= h >> 29
+    h ^= h >> 30
+    h = (h * 0xBF58476D1CE4E5B9) & M64
+    h ^= h >> 27
+    h = (h * 0x94D049BB133111EB) & M64
+    h ^= h >> 31
+    return "0x%016x" % h
+
+
+def tile(i, slot, block, shard, begin, end, heads, kv, flops, home, worker, piece=0):
+    return {"id": i, "slot": slot, "block": block, "shard": shard, "piece": piece, "begin": begin, "end": end,
+            "heads": heads, "kv_heads": kv, "flops": flops, "home": home, "worker": worker}
+
+
+def config(mode, seq_len, cp, block, shards, hq, hkv, d, e, tau, chunks=1):
+    return {"mode": mode, "seq_len": seq_len, "cp": cp, "block_size": block, "head_shards": shards,
+            "heads_q": hq, "heads_kv": hkv, "head_dim": d, "elem_bytes": e, "window": None, "tau": tau,
+            "chunks": chunks, "dedup_per_kv_head": False}
+
+
+# GQA pool (see plan.cmake.in): tiles 0,1 on worker 0, tiles 2,3 on worker 1.
+cfg = config("tap", 4, 2, 2, 2, 4, 1, 2, 2, 0.03)
+pool = [[3]]
+tiles = [tile(0, 0, 0, 0, 0, 2, [0, 2], [0, 1], 6, 0, 0), tile(1, 0, 0, 1, 0, 2, [2, 4], [0, 1], 6, 0, 0),
+         tile(2, 0, 1, 0, 2, 3, [0, 2], [0, 1], 6, 1, 1), tile(3, 0, 1, 1, 2, 3, [2, 4], [0, 1], 6, 1, 1)]
+doc = {"format": "libra-plan", "version": 1, "fingerprint": fingerprint(cfg, pool, tiles), "config": cfg,
+       "pool_size": 1, "num_workers": 2, "pool": pool, "tiles": tiles, "worker_flops": [12, 12],
+       "imbalance": 0.0, "comm_bytes": 48, "byte_matrix": [[0, 32], [16, 0]],
+       "workers": [{"worker": 0, "flops": 12, "tiles": 2, "kv_groups": 2, "send_bytes": 32, "recv_bytes": 16},
+                   {"worker": 1, "flops": 12, "tiles": 2, "kv_groups": 2, "send_bytes": 16, "recv_bytes": 32}]}
+with open("gqa.json", "w") as f:
+    f.write(json.dumps(doc, indent=1) + "\n")
+
+
+def summary(mode, cfg, pool, tiles, rows, imbalance, comm, kv):
+    out = "# plan mode %s  slots %d  cp %d  workers %d  tiles %d  block %d  head-shards %d  chunks %d  tau %s\n" % (
+        mode, len(pool), cfg["cp"], len(rows), len(tiles), cfg["block_size"], cfg["head_shards"], cfg["chunks"],
+        "%g" % cfg["tau"])
+    out += "# fingerprint %s\n" % fingerprint(cfg, pool, tiles)
+    out += "%6s %6s %9s %20s %9s %16s %16s\n" % ("worker", "tiles", "kv_groups", "flops", "load/mean", "send_bytes",
+                                                 "recv_bytes")
+    total = sum(r[2] for r in rows)
+    for i, (n, groups, flops, send, recv) in enumerate(rows):
+        out += "%6d %6d %9d %20d %9.6f %16d %16d\n" % (i, n, groups, flops, flops / (total / len(rows)), send, recv)
+    out += "# imbalance %.6f  comm_bytes %d  (kv %d, q+o %d)\n" % (imbalance, comm, kv, comm - kv)
+    return out
+
+
+# Ties pool, tap: workers of tiles 0..3 = 1, 0, 1, 2; loads 7, 4, 1.
+cfg = config("tap", 4, 1, 2, 1, 1, 1, 1, 2, 0.0)
+pool = [[4], [1], [1]]
+tiles = [dict(slot=0, block=0, shard=0, begin=0, end=2, worker=1), dict(slot=0, block=1, shard=0, begin=2, end=4, worker=0),
+         dict(slot=1, block=0, shard=0, begin=0, end=1, worker=1), dict(slot=2, block=0, shard=0, begin=0, end=1, worker=2)]
+with open("ties.txt", "w") as f:
+    f.write(summary("tap", cfg, pool, tiles, [(1, 1, 7, 20, 4), (2, 2, 4, 4, 20), (1, 1, 1, 0, 0)], 0.75, 24, 16))
+
+# Split pool (hand case of TapSplitPlacement.MatchesHandComputedSplit, e = 2):
+# pieces [0,3) on worker 1 and [3,4) on worker 0, slot 1's tile on worker 0.
+cfg = config("tap-split", 4, 1, 4, 1, 1, 1, 1, 2, 0.2)
+pool = [[4], [1]]
+tiles = [dict(slot=0, block=0, shard=0, begin=0, end=3, worker=1), dict(slot=0, block=0, shard=0, begin=3, end=4, worker=0),
+         dict(slot=1, block=0, shard=0, begin=0, end=1, worker=0)]
+with open("ties_split.txt", "w") as f:
+    f.write(summary("tap-split", cfg, pool, tiles, [(2, 2, 5, 24, 12), (1, 1, 6, 12, 24)], 6 / 5.5 - 1, 36, 20))

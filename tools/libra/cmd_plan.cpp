@@ -1,0 +1,175 @@
+// `libra plan`: SH-Tile placement, exchange plan and chunks of one pool;
+// prints a per-worker summary or the plan's JSON and writes the plan file.
+#include <fmt/format.h>
+
+#include <iostream>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "commands.hpp"
+#include "libra/corpus.hpp"
+#include "libra/io.hpp"
+#include "libra/plan.hpp"
+
+namespace libra::cli {
+namespace {
+
+struct PlanOptions {
+  std::string source;
+  std::string load;
+  std::optional<std::int64_t> seq_len;
+  std::optional<int> cp, head_shards, heads_q, heads_kv, head_dim;
+  std::optional<std::int64_t> block;
+  std::string dtype = "bf16";
+  std::optional<std::int64_t> window;
+  double tau = 0.03;
+  int chunks = 1;
+  std::string mode = "tap";
+  bool dedup_per_kv_head = false;
+  std::optional<std::int64_t> pool_size;
+  std::int64_t pool_index = 0;
+  bool json = false;
+  std::string output;
+  std::string format;
+};
+
+std::string summary(const Plan& plan) {
+  const PlanConfig& c = plan.config();
+  const int W = plan.num_workers();
+  std::int64_t kv = 0;
+  for (const Transfer& x : plan.all_transfers()) kv += x.kind == TransferKind::kKv ? x.bytes : 0;
+  std::int64_t total = 0;
+  for (std::int64_t f : plan.worker_flops()) total += f;
+  const double mean = static_cast<double>(total) / W;
+  std::string out = fmt::format(
+      "# plan mode {}{}  slots {}  cp {}  workers {}  tiles {}  block {}  head-shards {}  chunks {}  tau {}\n",
+      plan_mode_name(c.mode), c.dedup_per_kv_head ? " (dedup per KV head)" : "", plan.pool_size(), c.cp, W,
+      plan.tiles().size(), c.block_size, c.head_shards, c.chunks, c.tau);
+  out += fmt::format("# fingerprint 0x{:016x}\n", plan.fingerprint());
+  out += fmt::format("{:>6} {:>6} {:>9} {:>20} {:>9} {:>16} {:>16}\n", "worker", "tiles", "kv_groups", "flops",
+                     "load/mean", "send_bytes", "recv_bytes");
+  for (int r = 0; r < W; ++r) {
+    const std::int64_t f = plan.worker_flops()[static_cast<std::size_t>(r)];
+    out += fmt::format("{:>6} {:>6} {:>9} {:>20} {:>9.6f} {:>16} {:>16}\n", r, plan.worker_tiles(r).size(),
+                       plan.worker_groups(r).size(), f, mean > 0 ? static_cast<double>(f) / mean : 0.0,
+                       plan.send_bytes(r), plan.recv_bytes(r));
+  }
+  out += fmt::format("# imbalance {:.6f}  comm_bytes {}  (kv {}, q+o {})\n", plan.imbalance(), plan.comm_bytes(), kv,
+                     plan.comm_bytes() - kv);
+  return out;
+}
+
+Result<PlanConfig> config_from(const PlanOptions& o) {
+  auto need = [](const auto& v, const char* flag) -> Status {
+    if (!v) return invalid_input(std::string(flag) + " is required to plan a pool");
+    return {};
+  };
+  LIBRA_TRY(need(o.seq_len, "--seq-len"));
+  LIBRA_TRY(need(o.cp, "--cp"));
+  LIBRA_TRY(need(o.block, "--block"));
+  LIBRA_TRY(need(o.head_shards, "--head-shards"));
+  LIBRA_TRY(need(o.heads_q, "--heads-q"));
+  LIBRA_TRY(need(o.heads_kv, "--heads-kv"));
+  LIBRA_TRY(need(o.head_dim, "--head-dim"));
+  PlanConfig c;
+  c.seq_len = *o.seq_len;
+  c.cp = *o.cp;
+  c.block_size = *o.block;
+  c.head_shards = *o.head_shards;
+  c.shape.heads_q = *o.heads_q;
+  c.shape.heads_kv = *o.heads_kv;
+  c.shape.head_dim = *o.head_dim;
+  if (o.dtype == "bf16" || o.dtype == "fp16") {
+    c.shape.elem_bytes = 2;
+  } else if (o.dtype == "fp32") {
+    c.shape.elem_bytes = 4;
+  } else {
+    return invalid_input("--dtype " + o.dtype + ": must be bf16, fp16 or fp32");
+  }
+  if (o.window) c.shape.window = *o.window;
+  c.tau = o.tau;
+  c.chunks = o.chunks;
+  auto m = parse_plan_mode(o.mode);
+  if (!m.ok()) return invalid_input("--mode " + o.mode + ": must be one of tap, ulysses, tap-split");
+  c.mode = *m;
+  c.dedup_per_kv_head = o.dedup_per_kv_head;
+  LIBRA_TRY(validate_plan_config(c));
+  return c;
+}
+
+Result<Plan> plan_from_options(const PlanOptions& o) {
+  if (!o.load.empty()) {
+    if (!o.source.empty()) return invalid_input("--load " + o.load + ": give either a pool or --load, not both");
+    return load_plan(o.load);
+  }
+  if (o.source.empty()) return invalid_input("no pool given: name a POOL.jsonl (one line per slot) or --load PLAN");
+  LIBRA_ASSIGN_OR_RETURN(PlanConfig c, config_from(o));
+  LIBRA_ASSIGN_OR_RETURN(std::vector<PackedSequence> seqs, load_packed_sequences(o.source, c.seq_len));
+  std::vector<PackedSequence> pool;
+  if (o.pool_size) {
+    if (*o.pool_size < 1) return invalid_input("--pool-size " + std::to_string(*o.pool_size) + ": must be at least 1");
+    if (o.pool_index < 0) return invalid_input("--pool-index " + std::to_string(o.pool_index) + ": must be >= 0");
+    const auto n = static_cast<std::int64_t>(seqs.size());
+    if (o.pool_index >= n / *o.pool_size) {
+      return invalid_input("--pool-index " + std::to_string(o.pool_index) + ": " + o.source + " holds " +
+                           std::to_string(n / *o.pool_size) + " whole pools of --pool-size " +
+                           std::to_string(*o.pool_size));
+    }
+    const auto first = seqs.begin() + o.pool_index * *o.pool_size;
+    pool.assign(first, first + *o.pool_size);
+  } else {
+    pool = std::move(seqs);
+  }
+  auto plan = make_plan(pool, c);
+  if (!plan.ok()) return Error(plan.error().code(), o.source + ": " + plan.error().message());
+  return plan;
+}
+
+int run_plan(const PlanOptions& o) {
+  auto plan = plan_from_options(o);
+  if (!plan.ok()) return fail(plan.error());
+  if (!o.output.empty()) {
+    PlanFileFormat format = plan_format_for_path(o.output);
+    if (o.format == "json") {
+      format = PlanFileFormat::kJson;
+    } else if (o.format == "binary") {
+      format = PlanFileFormat::kBinary;
+    } else if (!o.format.empty()) {
+      return fail(invalid_input("--format " + o.format + ": must be json or binary"));
+    }
+    if (Status s = save_plan(*plan, o.output, format); !s.ok()) return fail(s);
+  }
+  return fail(write_file_atomic("-", o.json ? plan_to_json(*plan) : summary(*plan)));
+}
+
+const bool registered = register_command(40, [](CLI::App& app) {
+  auto o = std::make_shared<PlanOptions>();
+  CLI::App* sub = app.add_subcommand(
+      "plan", "Place one pool's SH-Tiles (TAP), build the exchange plan and chunks, print or save the plan");
+  sub->add_option("pool", o->source, "Packed sequences, one per slot: JSONL file (or any corpus with --pool-size)");
+  sub->add_option("--load", o->load, "Load a saved plan (JSON or binary) instead of planning");
+  sub->add_option("--seq-len", o->seq_len, "Packed length L");
+  sub->add_option("--cp", o->cp, "CP workers per slot");
+  sub->add_option("--block", o->block, "Query rows per SH-Tile (B)");
+  sub->add_option("--head-shards", o->head_shards, "Head shards per block (H)");
+  sub->add_option("--heads-q", o->heads_q, "Query heads (h_q)");
+  sub->add_option("--heads-kv", o->heads_kv, "KV heads (h_kv)");
+  sub->add_option("--head-dim", o->head_dim, "Head dimension (d)");
+  sub->add_option("--dtype", o->dtype, "Element type: bf16, fp16 or fp32")->capture_default_str();
+  sub->add_option("--window", o->window, "Sliding-window width (default: full causal)");
+  sub->add_option("--tau", o->tau, "Load slack of the soft target C")->capture_default_str();
+  sub->add_option("--chunks", o->chunks, "Pipeline chunks M; divides h_q/H")->capture_default_str();
+  sub->add_option("--mode", o->mode, "tap, ulysses or tap-split")->capture_default_str();
+  sub->add_flag("--dedup-per-kv-head", o->dedup_per_kv_head, "Fetch KV once per KV head instead of per head shard");
+  sub->add_option("--pool-size", o->pool_size, "Take --pool-size consecutive sequences as the pool");
+  sub->add_option("--pool-index", o->pool_index, "Which pool of --pool-size sequences (default 0)");
+  sub->add_flag("--json", o->json, "Print the plan as JSON instead of the per-worker summary");
+  sub->add_option("--output,-o", o->output, "Write the plan file (.json: JSON, otherwise binary)");
+  sub->add_option("--format", o->format, "Plan file format: json or binary (default: by extension)");
+  return std::vector<Handler>{{sub, [o] { return run_plan(*o); }}};
+});
+
+}  // namespace
+}  // namespace libra::cli
