@@ -33,15 +33,17 @@
 // Highway (libhwy, portable SIMD with runtime dispatch), compiled for
 // AVX-512, AVX2 and a portable fallback and chosen at run time for the CPU.
 // A BLAS call per block (OpenBLAS) was the alternative; it cannot fuse the
-// online softmax with the products, has a per-call packing and dispatch
-// overhead that dominates at the 64..128-row blocks FlashAttention needs,
+// online softmax or the output rescale with the products, it repacks both
+// operands on every call (costly at the 64-row blocks FlashAttention uses),
 // and the Debian build follows OPENBLAS_CORETYPE, which may pin it to an
-// older instruction set than the machine has. bench/kernel_bench.cpp keeps a
-// BLAS-based implementation side by side for comparison.
+// older instruction set than the machine has (Haswell/AVX2 here).
+// bench/kernel_bench.cpp runs a BLAS-based implementation side by side
+// (measured 2-3x slower; docs/kernel.md).
 //
-// Threads: `threads` workers split the call's work (query blocks in the
-// forward pass, key blocks in the backward pass) by a static, deterministic
-// assignment, so results are bit-identical for a fixed thread count.
+// Threads: up to `threads` workers (fewer for small calls, see
+// min_flops_per_thread) split the call's work (query blocks in the forward
+// pass, key blocks in the backward pass) by a static, deterministic
+// assignment, so results are bit-identical for a fixed `threads`.
 #pragma once
 
 #include <cstdint>
