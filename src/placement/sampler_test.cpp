@@ -94,6 +94,40 @@ TEST(PlacementSampler, WrapsPackedSequences) {
   EXPECT_EQ(s->sequence(st->order[1]), (PackedSequence{1, 1}));
 }
 
+RC_GTEST_PROP(PlacementSampler, EveryStepIsAPermutationOfItsWindow, ()) {
+  const auto p = *rc::gen::inRange<std::int64_t>(1, 5);
+  const auto dp = p * *rc::gen::inRange<std::int64_t>(1, 4);
+  const auto gbs = dp * *rc::gen::inRange<std::int64_t>(1, 4);
+  const auto n = *rc::gen::inRange<std::int64_t>(gbs, 4 * gbs + 3);
+  const auto mode = *rc::gen::elementOf(std::vector<PlacementMode>(all_placement_modes().begin(),
+                                                                   all_placement_modes().end()));
+  const auto seed = *rc::gen::arbitrary<std::uint64_t>();
+  auto w = *rc::gen::container<std::vector<std::int64_t>>(static_cast<std::size_t>(n),
+                                                          rc::gen::inRange<std::int64_t>(1, 1000));
+  const SamplerOptions o{.gbs = gbs, .dp = dp, .placement = {.pool_size = p, .mode = mode, .seed = seed}};
+  auto s = PlacementSampler::from_workloads(w, o);
+  RC_ASSERT(s.ok());
+  RC_ASSERT(s->num_steps() == n / gbs);
+  RC_ASSERT(s->dropped_tail() == n % gbs);
+  for (std::int64_t step = 0; step < s->num_steps(); ++step) {
+    auto st = s->at(step);
+    RC_ASSERT(st.ok());
+    std::vector<std::int64_t> got = st->order;
+    std::sort(got.begin(), got.end());
+    std::vector<std::int64_t> want(static_cast<std::size_t>(gbs));
+    std::iota(want.begin(), want.end(), step * gbs);
+    RC_ASSERT(got == want);
+    // Replica r at GA index g trains on the sequence of pool g*(DP/P) + r/P, slot r%P.
+    for (std::int64_t g = 0; g < gbs / dp; ++g) {
+      for (std::int64_t r = 0; r < dp; ++r) {
+        const auto pool = static_cast<std::size_t>(g * (dp / p) + r / p);
+        const auto slot = static_cast<std::size_t>(r % p);
+        RC_ASSERT(st->order[static_cast<std::size_t>(g * dp + r)] == step * gbs + st->placement.pools[pool][slot]);
+      }
+    }
+  }
+}
+
 TEST(PlacementSampler, RejectsImpossibleConfigurations) {
   auto err = [](std::size_t n, SamplerOptions o) {
     auto s = PlacementSampler::from_workloads(ramp(n), o);
