@@ -16,7 +16,9 @@
 
 namespace libra {
 
-TraceRecorder::TraceRecorder() : origin_(std::chrono::steady_clock::now()) {}
+// The default origin is the steady clock's epoch (CLOCK_MONOTONIC on Linux),
+// shared by every process of one machine, so the ranks' events line up.
+TraceRecorder::TraceRecorder() : origin_() {}
 TraceRecorder::TraceRecorder(std::chrono::steady_clock::time_point origin) : origin_(origin) {}
 
 double TraceRecorder::now_us() const {

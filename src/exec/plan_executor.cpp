@@ -59,10 +59,14 @@ struct Mirror {
   std::vector<std::byte> q, k, v, o, d_o, dq, dk, dv, lse;
 };
 
+// One kernel call: the fragments of every tile of one slot whose chunk has
+// the same query heads (their query rows are disjoint). Batching a chunk's
+// tiles into few calls keeps per-call overhead low and gives the kernel's
+// threads enough work.
 struct KernelCall {
-  std::int32_t tile;
   std::size_t mirror;
   std::int32_t h0, h1, k0, k1;  // query heads, KV heads
+  std::vector<kernel::Fragment> fragments;
 };
 
 class PlanExecutor final : public Executor {
@@ -320,13 +324,21 @@ Status PlanExecutor::init() {
       bool uniform = n % nk == 0;
       for (int i = 0; uniform && i < n; ++i) uniform = (ch.begin + i) / grp_ - k0 == i / (n / nk);
       const std::size_t mi = mirror_of(t.slot);
-      if (uniform) {
-        calls_[static_cast<std::size_t>(m)].push_back({t.id, mi, ch.begin, ch.end, k0, k1});
-      } else {
-        for (int k = k0; k < k1; ++k) {
-          calls_[static_cast<std::size_t>(m)].push_back(
-              {t.id, mi, std::max(ch.begin, k * grp_), std::min(ch.end, (k + 1) * grp_), k, k + 1});
+      auto add_call = [&](std::int32_t h0, std::int32_t h1, std::int32_t c0, std::int32_t c1) {
+        auto& list = calls_[static_cast<std::size_t>(m)];
+        const auto& fr = tile_fragments_[static_cast<std::size_t>(t.id)];
+        for (KernelCall& call : list) {
+          if (call.mirror == mi && call.h0 == h0 && call.h1 == h1 && call.k0 == c0 && call.k1 == c1) {
+            call.fragments.insert(call.fragments.end(), fr.begin(), fr.end());
+            return;
+          }
         }
+        list.push_back({mi, h0, h1, c0, c1, fr});
+      };
+      if (uniform) {
+        add_call(ch.begin, ch.end, k0, k1);
+      } else {
+        for (int k = k0; k < k1; ++k) add_call(std::max(ch.begin, k * grp_), std::min(ch.end, (k + 1) * grp_), k, k + 1);
       }
     }
   }
@@ -616,7 +628,7 @@ Status PlanExecutor::compute_chunk(int m, bool backward, std::vector<InFlight*>&
   const double t0 = tr ? tr->now_us() : 0;
   const auto c0 = std::chrono::steady_clock::now();
   for (const KernelCall& c : calls_[static_cast<std::size_t>(m)]) {
-    const auto& fr = tile_fragments_[static_cast<std::size_t>(c.tile)];
+    const auto& fr = c.fragments;
     if (!backward) {
       kernel::ForwardArgs a;
       a.q = mirror_layout(Field::kQ, c.mirror).view(c.h0, c.h1);
