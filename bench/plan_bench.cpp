@@ -95,11 +95,14 @@ BENCHMARK(BM_PlanUlysses1M)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_PlanTapScaling)->Arg(32768)->Arg(16384)->Arg(8192)->Arg(4096)->Arg(2048)->Unit(benchmark::kMillisecond);
 
 // Quality over 100 pools (one iteration): mean and max intra-pool imbalance,
-// the share of pools within tau, and mean exchanged bytes per pool.
+// the share of pools within tau, and mean exchanged bytes per pool. Args:
+// mode, L, and coarse (1: one block per worker, B = L/CP, a stress case
+// where single tiles exceed the per-worker target and TAP overshoots).
 void BM_PoolReport(benchmark::State& state) {
   const auto mode = static_cast<libra::PlanMode>(state.range(0));
   const std::int64_t seq_len = state.range(1);
-  const libra::PlanConfig c = paper_config(seq_len, 8192, mode);
+  const bool coarse = state.range(2) != 0;
+  const libra::PlanConfig c = paper_config(seq_len, coarse ? seq_len / 8 : 8192, mode);
   constexpr int kPools = 100;
   double sum_imb = 0, max_imb = 0, sum_bytes = 0, within = 0;
   for (auto _ : state) {
@@ -116,7 +119,8 @@ void BM_PoolReport(benchmark::State& state) {
       within += plan->imbalance() <= c.tau + 1e-12 ? 1 : 0;
     }
   }
-  state.SetLabel(std::string(libra::plan_mode_name(mode)) + (seq_len == 1'048'576 ? " 1M" : " 256K"));
+  state.SetLabel(std::string(libra::plan_mode_name(mode)) + (seq_len == 1'048'576 ? " 1M" : " 256K") +
+                 " B=" + std::to_string(c.block_size));
   state.counters["mean_imbalance"] = sum_imb / kPools;
   state.counters["max_imbalance"] = max_imb;
   state.counters["pools_within_tau"] = within;
@@ -125,7 +129,8 @@ void BM_PoolReport(benchmark::State& state) {
 BENCHMARK(BM_PoolReport)
     ->ArgsProduct({{static_cast<int>(libra::PlanMode::kTap), static_cast<int>(libra::PlanMode::kTapSplit),
                     static_cast<int>(libra::PlanMode::kUlysses)},
-                   {1'048'576, 262'144}})
+                   {1'048'576, 262'144},
+                   {0, 1}})
     ->Iterations(1)
     ->Unit(benchmark::kMillisecond);
 

@@ -12,6 +12,7 @@
 #include <tuple>
 #include <vector>
 
+#include "libra/corpus.hpp"
 #include "libra/plan.hpp"
 
 namespace {
@@ -356,6 +357,28 @@ TEST(TapSplitPlacement, MatchesHandComputedSplit) {
   EXPECT_DOUBLE_EQ(p.imbalance(), 6 / 5.5 - 1);
   EXPECT_EQ(p.bytes(0, 1), 12);
   EXPECT_EQ(p.bytes(1, 0), 6);
+}
+
+TEST(TapSplitPlacement, MeetsTauOnPaperPoolsWhereTapOvershoots) {
+  // Pools of 8 consecutive builtin:paper-256k sequences at paper shape with
+  // coarse tiles (one block per worker, B = L/CP): single tiles then exceed
+  // the per-worker target and TAP's fallback overshoots on many pools.
+  auto seqs = libra::load_packed_sequences("builtin:paper-256k", 262'144);
+  ASSERT_TRUE(seqs.ok()) << seqs.error().message();
+  PlanConfig c = config(262'144, 8, 32'768, 8, 32, 4, 128, 2, 0.03);
+  c.chunks = 4;
+  int tap_over = 0;
+  for (std::size_t k = 0; k < 20; ++k) {
+    const std::vector<PackedSequence> pool(seqs->begin() + static_cast<std::ptrdiff_t>(8 * k),
+                                           seqs->begin() + static_cast<std::ptrdiff_t>(8 * k + 8));
+    c.mode = PlanMode::kTap;
+    const Plan tap = plan_or_die(pool, c);
+    c.mode = PlanMode::kTapSplit;
+    const Plan split = plan_or_die(pool, c);
+    tap_over += tap.imbalance() > c.tau + 1e-12 ? 1 : 0;
+    EXPECT_LE(split.imbalance(), c.tau + 1e-12) << "pool " << k;
+  }
+  EXPECT_GT(tap_over, 0) << "no pool exercises the split";
 }
 
 // ---------------------------------------------------------------------------
