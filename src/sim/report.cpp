@@ -1,12 +1,12 @@
 // Outputs of the simulator: terminal table, JSON, CSV and the report folder
 // (data files, gnuplot PNGs, index.md).
 #include <fmt/format.h>
-#include <sys/stat.h>
 
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -189,8 +189,11 @@ bool have_gnuplot() { return std::system("command -v gnuplot >/dev/null 2>&1") =
 }  // namespace
 
 Status write_sim_report(const SimResult& r, const std::string& dir) {
-  if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
-    return io_error(fmt::format("--report {}: cannot create directory: {}", dir, std::strerror(errno)));
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec || !std::filesystem::is_directory(dir)) {
+    return io_error(fmt::format("--report {}: cannot create directory: {}", dir,
+                                ec ? ec.message() : std::string("a file of that name exists")));
   }
   auto put = [&](const std::string& name, const std::string& text) {
     return write_file_atomic(dir + "/" + name, text);
@@ -211,13 +214,14 @@ Status write_sim_report(const SimResult& r, const std::string& dir) {
     }
   }
   imb += " lower_bound intra_tap\n";
-  std::string bytes = "# P tap_MB tap_plus_MB max_send_MB max_recv_MB\n";
+  std::string bytes = "# P tap_MB tap_plus_MB max_send_MB max_recv_MB tap_MB_per_worker\n";
   for (const auto& [p, k] : by_p) {
     imb += std::to_string(p);
     for (const auto& [m, s] : k->inter_imbalance) imb += fmt::format(" {:.6g}", s.mean);
     imb += fmt::format(" {:.6g} {:.6g}\n", k->lower_bound.mean, k->intra_imbalance.mean);
-    bytes += fmt::format("{} {:.6g} {:.6g} {:.6g} {:.6g}\n", p, k->comm_bytes.mean / 1e6, k->comm_bytes_plus.mean / 1e6,
-                         k->max_send_bytes.mean / 1e6, k->max_recv_bytes.mean / 1e6);
+    bytes += fmt::format("{} {:.6g} {:.6g} {:.6g} {:.6g} {:.6g}\n", p, k->comm_bytes.mean / 1e6,
+                         k->comm_bytes_plus.mean / 1e6, k->max_send_bytes.mean / 1e6, k->max_recv_bytes.mean / 1e6,
+                         k->comm_bytes.mean / 1e6 / static_cast<double>(p * r.config.cp));
   }
   LIBRA_TRY(put("sim-imbalance.dat", imb));
   LIBRA_TRY(put("sim-bytes.dat", bytes));
@@ -256,24 +260,25 @@ Status write_sim_report(const SimResult& r, const std::string& dir) {
   LIBRA_TRY(put("sim-dp-scaling.dat", dps));
 
   // gnuplot script: one PNG per figure.
-  std::string gp = "set terminal pngcairo size 900,560 noenhanced\nset key outside right\nset grid\n";
+  std::string gp = "set terminal pngcairo size 900,560 noenhanced\nset key top right inside\nset grid\n";
   gp += "set output 'sim-imbalance.png'\nset title 'Inter-pool imbalance R-1 vs pool size (mean over windows)'\n"
         "set logscale xy 2\nset xlabel 'pool size P'\nset ylabel 'R - 1'\nplot ";
   for (std::size_t m = 0; m < modes.size(); ++m) {
     gp += fmt::format("'sim-imbalance.dat' using 1:($" "{}" "+1e-6) with linespoints title '{}', ", m + 2, modes[m]);
   }
   gp += fmt::format("'sim-imbalance.dat' using 1:(${}+1e-6) with lines dt 2 title 'lower bound'\n", modes.size() + 2);
-  gp += "unset logscale\nset logscale x 2\n";
+  gp += "unset logscale\nset logscale x 2\nset logscale y\nset key top left inside\n";
   gp += "set output 'sim-bytes.png'\nset title 'Exchanged bytes per pool per layer vs pool size'\nset ylabel 'MB'\n"
         "plot 'sim-bytes.dat' using 1:2 with linespoints title 'tap (VRSP pools)', "
         "'sim-bytes.dat' using 1:3 with linespoints title 'tap-split + per-KV-head dedup', "
         "'sim-bytes.dat' using 1:4 with linespoints title 'busiest worker send', "
-        "'sim-bytes.dat' using 1:5 with linespoints title 'busiest worker receive'\n";
+        "'sim-bytes.dat' using 1:5 with linespoints title 'busiest worker receive', "
+        "'sim-bytes.dat' using 1:6 with linespoints title 'mean per worker (tap)'\n";
   gp += "unset logscale\nset output 'sim-microbatch.png'\nset title 'Per-microbatch forward time (x Libra mean), sorted'\n"
         "set xlabel 'microbatch rank'\nset ylabel 'normalised time'\nset logscale y\n"
         "plot 'sim-microbatch.dat' using 1:2 with lines title 'ulysses', 'sim-microbatch.dat' using 1:3 with lines "
         "title 'libra-full'\nunset logscale\n";
-  gp += "set output 'sim-dp-scaling.png'\nset title 'Throughput vs DP at fixed GBS'\nset logscale x 2\n"
+  gp += "set output 'sim-dp-scaling.png'\nset title 'Throughput vs DP at fixed GBS'\nset logscale x 2\nset key top left inside\n"
         "set xlabel 'DP'\nset ylabel 'tokens/s'\n"
         "plot 'sim-dp-scaling.dat' using 1:3 with linespoints title 'ulysses', 'sim-dp-scaling.dat' using 1:4 with "
         "linespoints title 'libra-full', 'sim-dp-scaling.dat' using 1:8 with linespoints dt 3 title 'ulysses, synced per layer', "
@@ -281,7 +286,7 @@ Status write_sim_report(const SimResult& r, const std::string& dir) {
         "'sim-dp-scaling.dat' using 1:7 with lines dt 2 title 'ideal (libra)'\n"
         "unset logscale\n";
   gp += "set output 'sim-latency.png'\nset title 'Core-attention forward latency per layer-step (mean)'\n"
-        "set style data histograms\nset style fill solid 0.8\nset xtics rotate by -60\nset ylabel 'ms'\nset yrange [0:*]\n"
+        "set key outside right\nset style data histograms\nset style fill solid 0.8\nset xtics rotate by -60\nset ylabel 'ms'\nset yrange [0:*]\n"
         "set xlabel ''\nplot 'sim-latency.dat' using 2:xtic(1) title 'ulysses', '' using 3 title 'wlb', "
         "'' using 4 title 'libra-tap', '' using 5 title 'libra-tap-vrsp', '' using 6 title 'libra-full', "
         "'' using 7 title 'libra-plus', '' using 8 title 'distca'\n";
