@@ -20,6 +20,8 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <cstring>
+#include <memory>
 #include <chrono>
 #include <map>
 #include <tuple>
@@ -52,11 +54,40 @@ struct Message {
   std::vector<Item> items;
 };
 
+// A byte buffer that is not zero-filled: mirrors are large (rows of every
+// slot a worker touches) and only the rows that transfers and local copies
+// fill are ever read, so filling them with zeros on every call would only
+// cost page faults and memory bandwidth. Kept across calls (the executor is
+// reused by every layer).
+class RawBuffer {
+ public:
+  void ensure(std::size_t n) {
+    if (n != n_) {
+      p_.reset(n ? new std::byte[n] : nullptr);
+      n_ = n;
+    }
+  }
+  void zero() {
+    if (n_) std::memset(p_.get(), 0, n_);
+  }
+  void release() {
+    p_.reset();
+    n_ = 0;
+  }
+  std::byte* data() { return p_.get(); }
+  std::size_t size() const { return n_; }
+  bool empty() const { return n_ == 0; }
+
+ private:
+  std::unique_ptr<std::byte[]> p_;
+  std::size_t n_ = 0;
+};
+
 struct Mirror {
   std::int32_t slot = 0;
   std::int64_t lo = 0, hi = 0;
   HeadRange qh{0, 0}, kh{0, 0};
-  std::vector<std::byte> q, k, v, o, d_o, dq, dk, dv, lse;
+  RawBuffer q, k, v, o, d_o, dq, dk, dv, lse;
 };
 
 // One kernel call: the fragments of every tile of one slot whose chunk has
@@ -200,7 +231,7 @@ Layout PlanExecutor::mirror_layout(Field f, std::size_t mi) {
   const bool kv = f == Field::kK || f == Field::kV || f == Field::kDk || f == Field::kDv;
   l.head0 = kv ? mr.kh.begin : mr.qh.begin;
   l.heads = kv ? mr.kh.size() : mr.qh.size();
-  std::vector<std::byte>* buf = nullptr;
+  RawBuffer* buf = nullptr;
   switch (f) {
     case Field::kQ: buf = &mr.q; break;
     case Field::kK: buf = &mr.k; break;
@@ -498,14 +529,15 @@ Status PlanExecutor::check_inputs(const AttentionInputs& in, const ForwardOutput
 void PlanExecutor::allocate_mirrors(bool backward) {
   for (std::size_t mi = 0; mi < mirrors_.size(); ++mi) {
     Mirror& mr = mirrors_[mi];
-    auto alloc = [&](std::vector<std::byte>& buf, Field f, bool need) {
+    auto alloc = [&](RawBuffer& buf, Field f, bool need) {
       if (!need) {
-        buf.clear();
-        buf.shrink_to_fit();
+        buf.release();
         return;
       }
       Layout l = mirror_layout(f, mi);
-      buf.assign(static_cast<std::size_t>(l.bytes()), std::byte{0});
+      buf.ensure(static_cast<std::size_t>(l.bytes()));
+      // The kernel adds into dK and dV.
+      if (f == Field::kDk || f == Field::kDv) buf.zero();
     };
     alloc(mr.q, Field::kQ, true);
     alloc(mr.k, Field::kK, true);
