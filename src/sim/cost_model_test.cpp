@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <filesystem>
 #include <vector>
 
 namespace libra {
@@ -67,6 +69,25 @@ TEST(KernelProfile, RoundTripsThroughJsonAndRejectsBadEntries) {
   EXPECT_NE(bad.error().message().find("p.json: entries[0]"), std::string::npos);
   EXPECT_FALSE(parse_kernel_profile(R"({"version":2,"entries":[]})", "p.json").ok());
   EXPECT_FALSE(parse_kernel_profile("not json", "p.json").ok());
+}
+
+TEST(KernelProfile, LoadsEveryProfileShippedInData) {
+  const char* root = std::getenv("LIBRA_SOURCE_DIR");
+  if (root == nullptr) GTEST_SKIP() << "LIBRA_SOURCE_DIR not set";
+  const auto dir = std::filesystem::path(root) / "data" / "profiles";
+  if (!std::filesystem::is_directory(dir)) GTEST_SKIP() << "no data/profiles";
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    if (e.path().extension() != ".json") continue;
+    auto p = load_kernel_profile(e.path().string());
+    ASSERT_TRUE(p.ok()) << p.error().message();
+    ThroughputTable t(*p);
+    // Every table point reads back exactly.
+    for (const auto& entry : p->entries) {
+      EXPECT_NEAR(t.gflops(static_cast<double>(entry.block_len), static_cast<double>(entry.heads), false),
+                  entry.fwd_gflops, 1e-9 * entry.fwd_gflops)
+          << e.path();
+    }
+  }
 }
 
 TEST(AlltoallSeconds, IntraAndInterNodeLinksHandComputed) {
