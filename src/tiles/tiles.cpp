@@ -37,9 +37,10 @@ std::string str(std::int64_t v) { return std::to_string(v); }
 
 Error config_error(const std::string& rule) { return invalid_input("plan config: " + rule); }
 
-// Upper bound on the number of workers in one pool: the byte matrix and its
-// per-chunk copies are W x W.
-constexpr int kMaxWorkers = 4096;
+// Upper bounds on the pool: the byte matrix is W x W and the per-chunk
+// transfer index M x W x W.
+constexpr int kMaxWorkers = 1024;
+constexpr std::int64_t kMaxChunkBuckets = std::int64_t{1} << 23;
 
 }  // namespace
 
@@ -125,6 +126,10 @@ Result<Geometry> make_geometry(std::span<const PackedSequence> pool, const PlanC
   if (workers > kMaxWorkers) {
     return invalid_input("pool: " + str(static_cast<std::int64_t>(pool.size())) + " slots x cp " + str(config.cp) +
                          " = " + str(workers) + " workers; at most " + str(kMaxWorkers) + " are supported");
+  }
+  if (workers * workers * config.chunks > kMaxChunkBuckets) {
+    return invalid_input("pool: chunks " + str(config.chunks) + " x " + str(workers) + "^2 worker pairs exceeds the "
+                         "supported " + str(kMaxChunkBuckets) + " per-chunk transfer lists");
   }
   Geometry g;
   g.pool_size = static_cast<int>(pool.size());
