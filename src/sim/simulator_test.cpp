@@ -56,6 +56,16 @@ std::string tiny_corpus_path() {
   return path;
 }
 
+// Removes the tiny corpus file when the test program ends.
+class TinyCorpusCleanup : public ::testing::Environment {
+ public:
+  void TearDown() override {
+    std::error_code ec;
+    std::filesystem::remove(tiny_corpus_path(), ec);
+  }
+};
+[[maybe_unused]] ::testing::Environment* const kCleanup = ::testing::AddGlobalTestEnvironment(new TinyCorpusCleanup);
+
 SimConfig tiny_config() {
   SimConfig c;
   c.source = tiny_corpus_path();
@@ -269,6 +279,26 @@ TEST(Simulate, ImpossibleConfigurationsNameTheFlag) {
   c = tiny_config();
   c.dp = 3;
   expect_error(c, "--dp 3: must divide --gbs 4");
+}
+
+TEST(SimReport, WritesDataFilesAndAnIndexPage) {
+  auto r = simulate(tiny_config());
+  ASSERT_TRUE(r.ok());
+  const auto dir = std::filesystem::temp_directory_path() / ("libra_sim_report_" + std::to_string(::getpid())) / "a";
+  ASSERT_TRUE(write_sim_report(*r, dir.string()).ok());
+  auto index = read_file((dir / "index.md").string());
+  ASSERT_TRUE(index.ok());
+  EXPECT_NE(index->find("Recommendation:"), std::string::npos);
+  auto imb = read_file((dir / "sim-imbalance.dat").string());
+  ASSERT_TRUE(imb.ok());
+  EXPECT_NE(imb->find("\n2 0.209993 0.430385"), std::string::npos) << *imb;  // hand-computed, see tiny corpus
+  EXPECT_TRUE(std::filesystem::exists(dir / "result.json"));
+  EXPECT_NE(sim_table(*r).find("P=2 H=2 B=16 *"), std::string::npos);
+  std::filesystem::remove_all(dir.parent_path());
+  // A path under a regular file cannot become a directory.
+  Status bad = write_sim_report(*r, tiny_corpus_path() + "/x");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.message().find("--report"), std::string::npos);
 }
 
 TEST(SimConfigJson, AppliesKeysAndRejectsUnknownOnes) {
