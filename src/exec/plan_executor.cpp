@@ -54,16 +54,18 @@ struct Message {
   std::vector<Item> items;
 };
 
-// A byte buffer that is not zero-filled: mirrors are large (rows of every
+// A byte buffer kept across calls (the executor is reused by every layer)
+// and not zero-filled again on every call: mirrors are large (rows of every
 // slot a worker touches) and only the rows that transfers and local copies
-// fill are ever read, so filling them with zeros on every call would only
-// cost page faults and memory bandwidth. Kept across calls (the executor is
-// reused by every layer).
+// fill are read.
 class RawBuffer {
  public:
   void ensure(std::size_t n) {
     if (n != n_) {
-      p_.reset(n ? new std::byte[n] : nullptr);
+      // Zeroed once when (re)allocated, so rows no transfer fills (the
+      // loopback measurement of `libra bench exec`) never hold stale bytes
+      // that read as NaN or denormal floats and slow the kernel down.
+      p_.reset(n ? new std::byte[n]() : nullptr);
       n_ = n;
     }
   }
