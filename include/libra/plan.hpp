@@ -5,7 +5,7 @@
 // iteration: every SH-Tile (slot x query block x head shard), the worker it
 // runs on, the exact list of token ranges every worker sends to every other
 // worker (Q, KV and O), the per-pair byte matrix and the per-chunk split for
-// the pipeliner. Mode `tap` follows docs/planning-contract.md (sections 4-8)
+// the pipeliner. Mode `tap` follows ../shared/spec/planning-contract.md (sections 4-8)
 // to the letter; `ulysses` and `tap-split` are separately named modes and
 // `dedup_per_kv_head` a separately named option (see docs/tiles.md).
 //
