@@ -131,6 +131,7 @@ class PlanExecutor final : public Executor {
                      std::vector<std::vector<std::byte>>& recv_bufs, InFlight& group);
   Status unpack_inputs(int m, Phase phase, const std::vector<std::vector<std::byte>>& recv_bufs);
   Status compute_chunk(int m, bool backward, std::vector<InFlight*>& pollable);
+  Status run_pipeline(bool backward);
   Status send_outputs(int m, Phase phase, std::vector<std::vector<std::byte>>& send_bufs, InFlight& group);
   Status post_output_recvs(Phase phase, std::vector<std::vector<std::vector<std::byte>>>& bufs, InFlight& group);
   Status unpack_outputs(Phase phase, const std::vector<std::vector<std::vector<std::byte>>>& bufs);
@@ -747,6 +748,48 @@ Status PlanExecutor::unpack_outputs(Phase phase, const std::vector<std::vector<s
   return Status();
 }
 
+// The pipeliner schedule of paper section 6.3, shared by both passes: post
+// chunk 0's inputs; for each chunk m, dispatch chunk m+1's inputs, wait only
+// for chunk m's, compute it while chunk m+1 arrives and chunk m-1 returns,
+// then send chunk m's outputs home; wait for every return at the end.
+Status PlanExecutor::run_pipeline(bool backward) {
+  const std::string pass = backward ? "bwd" : "fwd";
+  const Phase in_phase = backward ? kBwdIn : kFwdIn;
+  const Phase out_phase = backward ? kBwdOut : kFwdOut;
+  TraceRecorder* tr = opts_.trace;
+  const auto W = static_cast<std::size_t>(w_);
+  const auto M = static_cast<std::size_t>(m_);
+  std::vector<std::vector<std::vector<std::byte>>> in_send(M, std::vector<std::vector<std::byte>>(W)),
+      in_recv(M, std::vector<std::vector<std::byte>>(W)), out_send(M, std::vector<std::vector<std::byte>>(W)),
+      out_recv(M, std::vector<std::vector<std::byte>>(W));
+  std::vector<InFlight> inputs(M), outputs(M);
+  InFlight returns(pass + " output receives", tr);
+  LIBRA_TRY(post_output_recvs(out_phase, out_recv, returns));
+  inputs[0] = InFlight(pass + " input chunk 0", tr);
+  LIBRA_TRY(post_inputs(0, in_phase, in_send[0], in_recv[0], inputs[0]));
+  for (int m = 0; m < m_; ++m) {
+    const auto mu = static_cast<std::size_t>(m);
+    if (m + 1 < m_) {
+      inputs[mu + 1] = InFlight(fmt::format("{} input chunk {}", pass, m + 1), tr);
+      LIBRA_TRY(post_inputs(m + 1, in_phase, in_send[mu + 1], in_recv[mu + 1], inputs[mu + 1]));
+    }
+    LIBRA_TRY(inputs[mu].wait(comm_));
+    LIBRA_TRY(unpack_inputs(m, in_phase, in_recv[mu]));
+    LIBRA_TRY(local_q_copy(m, backward));
+    std::vector<InFlight*> pollable{&returns};
+    if (m + 1 < m_) pollable.push_back(&inputs[mu + 1]);
+    if (m > 0) pollable.push_back(&outputs[mu - 1]);
+    LIBRA_TRY(compute_chunk(m, backward, pollable));
+    LIBRA_TRY(local_out_copy(m, backward));
+    outputs[mu] = InFlight(fmt::format("{} output chunk {}", pass, m), tr);
+    LIBRA_TRY(send_outputs(m, out_phase, out_send[mu], outputs[mu]));
+  }
+  LIBRA_TRY(returns.wait(comm_));
+  for (auto& o : outputs) LIBRA_TRY(o.wait(comm_));
+  LIBRA_TRY(unpack_outputs(out_phase, out_recv));
+  return Status();
+}
+
 Result<ForwardOutputs> PlanExecutor::forward(const AttentionInputs& in) {
   LIBRA_TRY(agree_on_status(comm_, check_inputs(in, nullptr, {}), "executor forward inputs"));
   compute_seconds_ = 0;
@@ -758,37 +801,7 @@ Result<ForwardOutputs> PlanExecutor::forward(const AttentionInputs& in) {
   allocate_mirrors(false);
   LIBRA_TRY(local_kv_copy());
 
-  TraceRecorder* tr = opts_.trace;
-  const auto W = static_cast<std::size_t>(w_);
-  const auto M = static_cast<std::size_t>(m_);
-  std::vector<std::vector<std::vector<std::byte>>> in_send(M, std::vector<std::vector<std::byte>>(W)),
-      in_recv(M, std::vector<std::vector<std::byte>>(W)), out_send(M, std::vector<std::vector<std::byte>>(W)),
-      out_recv(M, std::vector<std::vector<std::byte>>(W));
-  std::vector<InFlight> inputs(M), outputs(M);
-  InFlight returns("fwd output receives", tr);
-  LIBRA_TRY(post_output_recvs(kFwdOut, out_recv, returns));
-  inputs[0] = InFlight("fwd input chunk 0", tr);
-  LIBRA_TRY(post_inputs(0, kFwdIn, in_send[0], in_recv[0], inputs[0]));
-  for (int m = 0; m < m_; ++m) {
-    const auto mu = static_cast<std::size_t>(m);
-    if (m + 1 < m_) {
-      inputs[mu + 1] = InFlight(fmt::format("fwd input chunk {}", m + 1), tr);
-      LIBRA_TRY(post_inputs(m + 1, kFwdIn, in_send[mu + 1], in_recv[mu + 1], inputs[mu + 1]));
-    }
-    LIBRA_TRY(inputs[mu].wait(comm_));
-    LIBRA_TRY(unpack_inputs(m, kFwdIn, in_recv[mu]));
-    LIBRA_TRY(local_q_copy(m, false));
-    std::vector<InFlight*> pollable{&returns};
-    if (m + 1 < m_) pollable.push_back(&inputs[mu + 1]);
-    if (m > 0) pollable.push_back(&outputs[mu - 1]);
-    LIBRA_TRY(compute_chunk(m, false, pollable));
-    LIBRA_TRY(local_out_copy(m, false));
-    outputs[mu] = InFlight(fmt::format("fwd output chunk {}", m), tr);
-    LIBRA_TRY(send_outputs(m, kFwdOut, out_send[mu], outputs[mu]));
-  }
-  LIBRA_TRY(returns.wait(comm_));
-  for (auto& o : outputs) LIBRA_TRY(o.wait(comm_));
-  LIBRA_TRY(unpack_outputs(kFwdOut, out_recv));
+  LIBRA_TRY(run_pipeline(false));
 
   ForwardOutputs out;
   out.o = to_f32(ho_buf_, dt_);
@@ -812,37 +825,7 @@ Result<BackwardOutputs> PlanExecutor::backward(const AttentionInputs& in, const 
   allocate_mirrors(true);
   LIBRA_TRY(local_kv_copy());
 
-  TraceRecorder* tr = opts_.trace;
-  const auto W = static_cast<std::size_t>(w_);
-  const auto M = static_cast<std::size_t>(m_);
-  std::vector<std::vector<std::vector<std::byte>>> in_send(M, std::vector<std::vector<std::byte>>(W)),
-      in_recv(M, std::vector<std::vector<std::byte>>(W)), out_send(M, std::vector<std::vector<std::byte>>(W)),
-      out_recv(M, std::vector<std::vector<std::byte>>(W));
-  std::vector<InFlight> inputs(M), outputs(M);
-  InFlight returns("bwd output receives", tr);
-  LIBRA_TRY(post_output_recvs(kBwdOut, out_recv, returns));
-  inputs[0] = InFlight("bwd input chunk 0", tr);
-  LIBRA_TRY(post_inputs(0, kBwdIn, in_send[0], in_recv[0], inputs[0]));
-  for (int m = 0; m < m_; ++m) {
-    const auto mu = static_cast<std::size_t>(m);
-    if (m + 1 < m_) {
-      inputs[mu + 1] = InFlight(fmt::format("bwd input chunk {}", m + 1), tr);
-      LIBRA_TRY(post_inputs(m + 1, kBwdIn, in_send[mu + 1], in_recv[mu + 1], inputs[mu + 1]));
-    }
-    LIBRA_TRY(inputs[mu].wait(comm_));
-    LIBRA_TRY(unpack_inputs(m, kBwdIn, in_recv[mu]));
-    LIBRA_TRY(local_q_copy(m, true));
-    std::vector<InFlight*> pollable{&returns};
-    if (m + 1 < m_) pollable.push_back(&inputs[mu + 1]);
-    if (m > 0) pollable.push_back(&outputs[mu - 1]);
-    LIBRA_TRY(compute_chunk(m, true, pollable));
-    LIBRA_TRY(local_out_copy(m, true));
-    outputs[mu] = InFlight(fmt::format("bwd output chunk {}", m), tr);
-    LIBRA_TRY(send_outputs(m, kBwdOut, out_send[mu], outputs[mu]));
-  }
-  LIBRA_TRY(returns.wait(comm_));
-  for (auto& o : outputs) LIBRA_TRY(o.wait(comm_));
-  LIBRA_TRY(unpack_outputs(kBwdOut, out_recv));
+  LIBRA_TRY(run_pipeline(true));
 
   BackwardOutputs out;
   out.dq = to_f32(hdq_buf_, grad_dt_);
