@@ -8,4 +8,4 @@ cmake --install build/release --prefix "$prefix/install" >/dev/null
 cmake -S tests/consumer -B "$prefix/build" -G Ninja -DCMAKE_PREFIX_PATH="$prefix/install" >/dev/null
 cmake --build "$prefix/build" >/dev/null
 "$prefix/build/consumer"
-echo "1 passed, 0 failed"
+echo "consumer: find_package(libra) build and run passed"
