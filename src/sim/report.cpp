@@ -262,7 +262,7 @@ Status write_sim_report(const SimResult& r, const std::string& dir) {
   // gnuplot script: one PNG per figure.
   std::string gp = "set terminal pngcairo size 900,560 noenhanced\nset key top right inside\nset grid\n";
   gp += "set output 'sim-imbalance.png'\nset title 'Inter-pool imbalance R-1 vs pool size (mean over windows)'\n"
-        "set logscale xy 2\nset xlabel 'pool size P'\nset ylabel 'R - 1'\nplot ";
+        "set logscale x 2\nset logscale y 10\nset format y \"1e%L\"\nset xlabel 'pool size P'\nset ylabel 'R - 1'\nplot ";
   for (std::size_t m = 0; m < modes.size(); ++m) {
     gp += fmt::format("'sim-imbalance.dat' using 1:($" "{}" "+1e-6) with linespoints title '{}', ", m + 2, modes[m]);
   }
