@@ -49,6 +49,19 @@ struct Timing {
   std::map<std::string, std::pair<double, std::int64_t>> by_kind;  // make_plan seconds and calls
 };
 
+// Folds one thread's timing into the run's totals.
+void add_timing(SimTiming& total, const Timing& t) {
+  total.placement_s += t.placement;
+  total.plan_s += t.plan;
+  total.cost_s += t.cost;
+  total.plans += t.plans;
+  for (const auto& [k, v] : t.by_kind) {
+    auto& dst = total.by_kind[k];
+    dst.first += v.first;
+    dst.second += v.second;
+  }
+}
+
 struct Ctx {
   const SimConfig& cfg;
   std::int64_t seq_len;
@@ -700,15 +713,7 @@ Result<SimResult> simulate(const SimConfig& cfg, const SimProgress& progress) {
   });
   for (const auto& r : wr) {
     if (!r.status.ok()) return r.status.error();
-    res.timing.placement_s += r.timing.placement;
-    res.timing.plan_s += r.timing.plan;
-    res.timing.cost_s += r.timing.cost;
-    res.timing.plans += r.timing.plans;
-    for (const auto& [k, v] : r.timing.by_kind) {
-      auto& dst = res.timing.by_kind[k];
-      dst.first += v.first;
-      dst.second += v.second;
-    }
+    add_timing(res.timing, r.timing);
   }
 
   // Fold windows in order.
@@ -834,15 +839,7 @@ Result<SimResult> simulate(const SimConfig& cfg, const SimProgress& progress) {
       tokens += r.tokens;
       mbu.insert(mbu.end(), r.mb_ulysses.begin(), r.mb_ulysses.end());
       mbl.insert(mbl.end(), r.mb_libra.begin(), r.mb_libra.end());
-      res.timing.plans += r.timing.plans;
-      res.timing.plan_s += r.timing.plan;
-      res.timing.cost_s += r.timing.cost;
-      res.timing.placement_s += r.timing.placement;
-      for (const auto& [k, v] : r.timing.by_kind) {
-        auto& dst = res.timing.by_kind[k];
-        dst.first += v.first;
-        dst.second += v.second;
-      }
+      add_timing(res.timing, r.timing);
     }
     for (std::size_t k = 0; k < dps.size(); ++k) {
       DpScalingPoint pt;
