@@ -240,7 +240,7 @@ TEST(AttentionForward, MatchesReferenceWithHeadDim64AndBf16) {
 }
 
 TEST(AttentionForward, SlidingWindowsOfOneAndLongerThanTheSample) {
-  for (I64 w : {I64{1}, I64{2}, I64{63}, I64{64}, I64{65}, I64{500}}) {
+  for (I64 w : {I64{1}, I64{2}, I64{3}, I64{7}, I64{63}, I64{64}, I64{65}, I64{500}}) {
     Problem p;
     p.d = 20;
     p.hq = 3;
