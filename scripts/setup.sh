@@ -9,7 +9,9 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev librapidcheck-dev
   libopenmpi-dev openmpi-bin
   libhwy-dev libopenblas-dev
-  gnuplot-nox python3
+  gnuplot-nox python3 ccache
+  python3-venv python3-pip python3-numpy python3-pytest python3-pybind11 pybind11-dev
+  python3-torch python3-matplotlib
 )
 
 missing=()
