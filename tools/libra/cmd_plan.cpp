@@ -81,13 +81,9 @@ Result<PlanConfig> config_from(const PlanOptions& o) {
   c.shape.heads_q = *o.heads_q;
   c.shape.heads_kv = *o.heads_kv;
   c.shape.head_dim = *o.head_dim;
-  if (o.dtype == "bf16" || o.dtype == "fp16") {
-    c.shape.elem_bytes = 2;
-  } else if (o.dtype == "fp32") {
-    c.shape.elem_bytes = 4;
-  } else {
-    return invalid_input("--dtype " + o.dtype + ": must be bf16, fp16 or fp32");
-  }
+  auto dt = parse_dtype(o.dtype);
+  if (!dt.ok()) return invalid_input("--dtype " + o.dtype + ": must be bf16, fp16 or fp32");
+  c.shape.dtype = *dt;
   if (o.window) c.shape.window = *o.window;
   c.tau = o.tau;
   c.chunks = o.chunks;
