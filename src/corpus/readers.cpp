@@ -12,6 +12,7 @@
 #include <string>
 #include <utility>
 
+#include "core/decimal.hpp"
 #include "corpus/text_util.hpp"
 #include "libra/checked.hpp"
 #include "libra/corpus.hpp"
@@ -141,27 +142,16 @@ Result<std::vector<std::int64_t>> parse_length_lines(std::string_view text, std:
   Status s = for_each_line(text, [&](std::int64_t line_no, std::string_view raw) -> Status {
     const std::string_view line = trim(raw);
     if (line.empty()) return {};
-    std::int64_t value = 0;
-    bool digits_only = true;
-    for (char c : line) {
-      if (c < '0' || c > '9') {
-        digits_only = false;
-        break;
-      }
-    }
-    if (!digits_only) {
+    const auto parsed = detail::parse_decimal<std::int64_t>(line);
+    if (parsed.error == detail::DecimalError::kSyntax) {
       return invalid_input(where(name, line_no) + "expected a positive integer, got " + detail::quoted(line));
     }
-    for (char c : line) {
-      auto next = checked_mul(value, 10);
-      if (next) next = checked_add(*next, c - '0');
-      if (!next) {
-        return invalid_input(where(name, line_no) + "sample length " + detail::quoted(line) +
-                             " exceeds the 64-bit range");
-      }
-      value = *next;
+    if (parsed.error == detail::DecimalError::kRange) {
+      return invalid_input(where(name, line_no) + "sample length " + detail::quoted(line) +
+                           " exceeds the 64-bit range");
     }
-    if (value == 0) {
+    const std::int64_t value = parsed.value;
+    if (value <= 0) {
       return invalid_input(where(name, line_no) + "expected a positive integer, got " + detail::quoted(line));
     }
     auto sum = checked_add(total, value);
@@ -403,20 +393,11 @@ Result<Corpus> load_builtin(const std::string& source) {
   const std::size_t colon = rest.find(':');
   std::string_view name = rest.substr(0, colon);
   if (colon != std::string_view::npos) {
-    const std::string_view digits = rest.substr(colon + 1);
-    std::uint64_t v = 0;
-    bool ok = !digits.empty() && digits.size() <= 20;
-    for (char ch : digits) {
-      if (ch < '0' || ch > '9' || __builtin_mul_overflow(v, std::uint64_t{10}, &v) ||
-          __builtin_add_overflow(v, static_cast<std::uint64_t>(ch - '0'), &v)) {
-        ok = false;
-        break;
-      }
-    }
-    if (!ok) {
+    const auto v = detail::parse_decimal<std::uint64_t>(rest.substr(colon + 1));
+    if (!v.ok()) {
       return invalid_input(detail::quoted(source) + ": the seed after the second ':' must be a decimal integer in [0, 2^64)");
     }
-    seed = v;
+    seed = v.value;
   }
   LIBRA_ASSIGN_OR_RETURN(Corpus c, builtin_corpus(name, seed));
   c.source = source;
