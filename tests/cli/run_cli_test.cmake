@@ -12,8 +12,12 @@ if(TMP)
   string(REPLACE "%TMP%" "${TMP}" EXPECT_FILE "${EXPECT_FILE}")
   string(REPLACE "%TMP%" "${TMP}" EXPECT_NO_FILE "${EXPECT_NO_FILE}")
 endif()
+set(input_args)
+if(STDIN)
+  set(input_args INPUT_FILE ${WORKDIR}/${STDIN})
+endif()
 execute_process(COMMAND ${LIBRA} ${ARGS}
-  WORKING_DIRECTORY ${WORKDIR}
+  WORKING_DIRECTORY ${WORKDIR} ${input_args}
   RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
 if(NOT "${rc}" STREQUAL "${EXPECT_EXIT}")
   message(FATAL_ERROR "libra ${ARGS}: exit status ${rc}, expected ${EXPECT_EXIT}\nstdout:\n${out}\nstderr:\n${err}")
