@@ -276,24 +276,31 @@ def ran_inside(call):
 
 
 def test_long_calls_release_the_gil():
+    n = 1500
+    q = np.ones((n, 4, 64), dtype=np.float32)
+    o, lse = np.zeros_like(q), np.zeros((n, 4, 1), dtype=np.float32)
+    frags = np.array([[0, 0, n, 0, n]], dtype=np.int64)
+    calls = {
+        "simulate": lambda: libra.simulate({"source": "builtin:paper-256k", "windows": 1, "threads": 1}),
+        "kernel_forward": lambda: libra._libra.kernel_forward(view(q), view(q), view(q), view(o), view(lse), frags),
+    }
     old = sys.getswitchinterval()
     sys.setswitchinterval(0.001)
     try:
-        # A call that releases the GIL lets this thread loop about as fast as during a sleep; one that
-        # holds it (a C loop such as sum(range(n))) leaves it a few percent, from the thread switches
-        # before and after.
-        _, free = ran_inside(lambda: time.sleep(0.2))
-        _, held = ran_inside(lambda: sum(range(20_000_000)))
-        assert held < 0.2 * free
-        seconds, ran = ran_inside(lambda: libra.simulate({"source": "builtin:paper-256k", "windows": 1,
-                                                          "threads": 1}))
-        assert seconds > 0.05 and ran > 0.2 * free
-        n = 1500
-        q = np.ones((n, 4, 64), dtype=np.float32)
-        o, lse = np.zeros_like(q), np.zeros((n, 4, 1), dtype=np.float32)
-        frags = np.array([[0, 0, n, 0, n]], dtype=np.int64)
-        seconds, ran = ran_inside(lambda: libra._libra.kernel_forward(view(q), view(q), view(q), view(o),
-                                                                      view(lse), frags))
-        assert seconds > 0.05 and ran > 0.2 * free
+        # A call that releases the GIL lets this thread loop at a good fraction of its speed during a
+        # sleep; one that holds it (a C loop such as sum(range(n))) leaves it a few percent, from the
+        # thread switches around the call. Scheduling noise on a loaded machine can only lower the
+        # first figure, so a few attempts are allowed.
+        for name, call in calls.items():
+            seen = []
+            for _ in range(4):
+                _, free = ran_inside(lambda: time.sleep(0.2))
+                _, held = ran_inside(lambda: sum(range(20_000_000)))
+                seconds, ran = ran_inside(call)
+                seen.append((round(free), round(held), round(ran), round(seconds, 3)))
+                if held < 0.2 * free < ran and seconds > 0.05:
+                    break
+            else:
+                raise AssertionError(f"{name}: (free, held, during call, seconds) = {seen}")
     finally:
         sys.setswitchinterval(old)
