@@ -2,7 +2,6 @@
 // optimizer-step windows of a packed corpus.
 #include <fmt/format.h>
 
-#include <charconv>
 #include <cmath>
 #include <iostream>
 #include <memory>
@@ -26,13 +25,14 @@ struct PlaceOptions {
   std::int64_t gbs = 0;
   std::optional<std::int64_t> dp;  // default: the pool size
   std::string mode = "vrsp";
-  std::string seed = "0";
+  std::uint64_t seed = 0;
   std::optional<std::int64_t> seq_len;
   bool json = false;
   bool summary = false;
   std::string output = "-";
   ElasticOptions elastic;  // --mode vrsp-elastic
   std::string elastic_rule = "buddy";
+  const CLI::Option* mode_flag = nullptr;  // given explicitly?
 };
 
 // Population coefficient of variation of the workloads of the full windows.
@@ -80,6 +80,9 @@ Result<ModeStats> run_mode(const PlacementSampler& base, PlacementMode mode, con
 
 int run_place(const PlaceOptions& opt) {
   PlacementMode mode = PlacementMode::kVrsp;
+  if (opt.summary && opt.mode_flag != nullptr && opt.mode_flag->count() > 0) {
+    return fail(invalid_input("--mode " + opt.mode + ": --summary runs every mode; drop one of the two"));
+  }
   if (!opt.summary) {
     auto m = parse_placement_mode(opt.mode);
     if (!m.ok()) return fail(invalid_input("--mode " + opt.mode + ": unknown placement mode; expected one of vrsp, "
@@ -105,15 +108,7 @@ int run_place(const PlaceOptions& opt) {
   if (opt.seq_len && *opt.seq_len < 1) {
     return fail(invalid_input("--seq-len " + std::to_string(*opt.seq_len) + ": must be at least 1"));
   }
-  std::uint64_t seed = 0;
-  {
-    const char* first = opt.seed.data();
-    const char* last = first + opt.seed.size();
-    const auto [end, ec] = std::from_chars(first, last, seed);
-    if (ec != std::errc() || end != last || opt.seed.empty()) {
-      return fail(invalid_input("--seed " + opt.seed + ": must be an integer in [0, 18446744073709551615]"));
-    }
-  }
+  const std::uint64_t seed = opt.seed;
   auto sequences = load_packed_sequences(opt.source, opt.seq_len);
   if (!sequences.ok()) return fail(sequences.error());
   const auto n = static_cast<std::int64_t>(sequences->size());
@@ -127,8 +122,8 @@ int run_place(const PlaceOptions& opt) {
   const std::int64_t windows = sampler->num_steps();
   const std::int64_t tail = sampler->dropped_tail();
   if (tail > 0) {
-    std::cerr << "libra: note: skipped the last " << tail << " packed sequence" << (tail == 1 ? "" : "s")
-              << " of " << opt.source << " (a partial window, fewer than --gbs " << opt.gbs << ")\n";
+    note(fmt::format("skipped the last {} packed sequence{} of {} (a partial window, fewer than --gbs {})", tail,
+                     tail == 1 ? "" : "s", opt.source, opt.gbs));
   }
   const std::int64_t dp = sampler->options().dp;
   const std::int64_t k = opt.gbs / opt.pool_size;
@@ -265,8 +260,8 @@ const bool registered = register_command(30, [](CLI::App& app) {
   sub->add_option("--pool-size,-P", opts->pool_size, "Sequences per pool (P); must divide --gbs and --dp")->required();
   sub->add_option("--gbs,-D", opts->gbs, "Packed sequences per optimizer step (window)")->required();
   sub->add_option("--dp", opts->dp, "DP replicas for the layout (default: the pool size)");
-  sub->add_option("--mode", opts->mode, "vrsp, sampler, random, zigzag, zigzag-swap, vrsp-refine or vrsp-elastic")
-      ->capture_default_str();
+  opts->mode_flag = sub->add_option(
+      "--mode", opts->mode, "vrsp, sampler, random, zigzag, zigzag-swap, vrsp-refine or vrsp-elastic; not with --summary");
   sub->add_option("--seed", opts->seed, "Base seed of the random mode (window w uses step_seed(seed, w))");
   sub->add_option("--seq-len", opts->seq_len, "Packed length for raw sources (default: the corpus' own)");
   sub->add_flag("--json", opts->json, "JSON output");
