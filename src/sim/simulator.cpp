@@ -21,6 +21,7 @@
 #include "libra/placement.hpp"
 #include "libra/plan.hpp"
 #include "libra/workload.hpp"
+#include "sim/plan_pricer.hpp"
 
 namespace libra {
 
@@ -897,3 +898,24 @@ Result<SimResult> simulate(const SimConfig& cfg, const SimProgress& progress) {
 }
 
 }  // namespace libra
+
+// ----- Pricing for other units (sim/plan_pricer.hpp) -------------------------
+
+namespace libra::sim_detail {
+
+struct PlanPricer::Impl {
+  Ctx ctx;
+};
+
+PlanPricer::PlanPricer(const SimConfig& config, std::int64_t seq_len)
+    : impl_(std::make_unique<Impl>(Impl{Ctx{config, seq_len, ThroughputTable(config.cost.kernel), {}}})) {}
+
+PlanPricer::~PlanPricer() = default;
+
+double PlanPricer::forward_seconds(const Plan& plan, std::span<const std::int64_t> gpus, std::uint64_t window,
+                                   std::uint64_t step, bool pipelined) const {
+  const PlanCost c = cost_plan(impl_->ctx, plan, gpus);
+  return time_plan(impl_->ctx, c, gpus, {window, step}, pipelined, false);
+}
+
+}  // namespace libra::sim_detail
