@@ -22,7 +22,12 @@ chunk m computes. On CPU tensors it runs libra's kernel on the tensors'
 memory through the binding; on CUDA tensors ``flash_attn_varlen_func``.
 """
 import concurrent.futures
+import contextlib
+import json
 import threading
+import time
+
+import os
 
 import numpy as np
 import torch
@@ -31,7 +36,7 @@ import torch.distributed as dist
 from . import _libra, make_plan
 from . import schedule as _schedule
 
-__all__ = ["pool_group", "PlacementBatchSampler", "PlanRuntime", "Planner", "attention"]
+__all__ = ["pool_group", "PlacementBatchSampler", "PlanRuntime", "Planner", "attention", "write_trace"]
 
 _POOLS = {}  # id(group) -> (group, workers by group rank)
 
@@ -181,7 +186,7 @@ class PlanRuntime:
     as index tensors.
     """
 
-    def __init__(self, plan, group, worker=None, threads=1):
+    def __init__(self, plan, group, worker=None, threads=1, trace=False):
         entry = _POOLS.get(id(group))
         if entry is None and worker is None:
             raise ValueError("PlanRuntime: group was not made by libra.torch.pool_group; pass worker=")
@@ -206,6 +211,10 @@ class PlanRuntime:
         self.group = group
         self.worker = me
         self.threads = threads
+        # Chrome trace events of every attention call under this runtime (trace=True): per chunk, the
+        # kernel calls (tid 0) and each all-to-all from issue to completion (tid 1).
+        self.trace = [] if trace else None
+        self._t0 = time.perf_counter()
         cfg = plan.config
         self.window = cfg["window"]
         self.schedule = s = _schedule.build(plan, me, peers)
@@ -213,32 +222,70 @@ class PlanRuntime:
         def t(a):
             return torch.from_numpy(np.ascontiguousarray(a))
 
-        self.self_src, self.self_dst = t(s.self_src), t(s.self_dst)
-        self.dkv_send_index, self.dkv_recv_index = t(s.dkv_send_index), t(s.dkv_recv_index)
-        self.chunks = []
-        for c in s.chunks:
-            self.chunks.append({
+        self.index = {
+            "self_src": t(s.self_src), "self_dst": t(s.self_dst),
+            "dkv_send_index": t(s.dkv_send_index), "dkv_recv_index": t(s.dkv_recv_index),
+            "chunks": [{
                 "send_index": t(c.send_index), "send_splits": c.send_splits, "recv_splits": c.recv_splits,
                 "q_send_index": t(c.q_send_index), "q_send_splits": c.q_send_splits,
                 "q_recv_splits": c.q_recv_splits, "q_select": t(c.q_select),
                 "kv_recv_k": t(c.kv_recv_k), "kv_recv_v": t(c.kv_recv_v), "kv_store": t(c.kv_store),
                 "calls": c.calls,
-            })
+            } for c in s.chunks],
+        }
+        self._on = {torch.device("cpu"): self.index}
 
     def on(self, device):
-        """The chunk index tensors on ``device`` (cached)."""
+        """The schedule's index tensors on ``device`` (copied once per device)."""
         device = torch.device(device)
-        if device.type == "cpu":
-            return self.chunks
-        cache = self.__dict__.setdefault("_on", {})
-        if device not in cache:
-            cache[device] = [{k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in c.items()}
-                             for c in self.chunks]
-        return cache[device]
+        if device not in self._on:
+            def move(x):
+                if isinstance(x, torch.Tensor):
+                    return x.to(device)
+                if isinstance(x, dict):
+                    return {k: move(v) for k, v in x.items()}
+                if isinstance(x, list) and x and isinstance(x[0], dict):
+                    return [move(v) for v in x]
+                return x
+            self._on[device] = move(self.index)
+        return self._on[device]
 
     @property
     def fingerprint(self):
         return self.plan.fingerprint
+
+
+# ---------------------------------------------------------------- tracing
+
+def _event(rt, name, tid, start, end):
+    rt.trace.append({"name": name, "ph": "X", "pid": rt.worker, "tid": tid,
+                     "ts": round((start - rt._t0) * 1e6, 1), "dur": round((end - start) * 1e6, 1)})
+
+
+@contextlib.contextmanager
+def _compute(rt, name):
+    if rt.trace is None:
+        yield
+        return
+    start = time.perf_counter()
+    yield
+    _event(rt, name, 0, start, time.perf_counter())
+
+
+def _watch(rt, work, name):
+    """Records an async collective from its issue to its completion (its future's callback)."""
+    if rt.trace is not None:
+        start = time.perf_counter()
+        work.get_future().then(lambda _f: _event(rt, name, 1, start, time.perf_counter()))
+    return work
+
+
+def write_trace(path, events):
+    """Writes Chrome trace-event JSON (chrome://tracing, Perfetto) of events gathered from the ranks."""
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump({"traceEvents": events, "displayTimeUnit": "ms"}, f)
+    os.replace(tmp, path)
 
 
 # ---------------------------------------------------------------- transfers
@@ -331,53 +378,62 @@ def _cuda_call(qw, ks, vs, key, frags, window, scale):
 # ---------------------------------------------------------------- attention
 
 class _Attention(torch.autograd.Function):
+    """Forward: per chunk, one all-to-all of Q+K+V rows, the kernel calls, one all-to-all of O rows back.
+
+    Backward: per chunk, dO travels like Q and dQ returns like O; the dK/dV
+    partial sums (fp32) go back to the K/V rows' home workers in one last
+    all-to-all and are added there. Every all-to-all is issued asynchronously:
+    the forward issues all chunks' Q+K+V transfers before computing chunk 0.
+    """
+
     @staticmethod
     def forward(ctx, q, k, v, rt, scale):
         s = rt.schedule
-        d = s.head_dim
-        cw = s.chunk_heads
+        d, cw = s.head_dim, s.chunk_heads
+        dev = q.device
+        ix = rt.on(dev)
         window = _libra.FULL_CAUSAL if rt.window is None else int(rt.window)
-        cuda = q.is_cuda
         src = torch.cat([_rows(q, d), _rows(k, d), _rows(v, d)])
         works, recvs = [], []
-        for c in rt.chunks:
-            send = src.index_select(0, c["send_index"].to(src.device))
+        for m, c in enumerate(ix["chunks"]):
+            send = src.index_select(0, c["send_index"])
             recv = src.new_empty((sum(c["recv_splits"]), d))
-            works.append(_a2a(recv, send, c["recv_splits"], c["send_splits"], rt.group))
+            works.append(_watch(rt, _a2a(recv, send, c["recv_splits"], c["send_splits"], rt.group),
+                                f"fwd Q+KV chunk {m}"))
             recvs.append(recv)
         store_rows = s.store_tokens * s.store_heads
-        ks = src.new_zeros((store_rows, d))
-        vs = src.new_zeros((store_rows, d))
-        kf, vf = _rows(k, d), _rows(v, d)
-        if len(rt.self_src):
-            ks.index_copy_(0, rt.self_dst, kf.index_select(0, rt.self_src))
-            vs.index_copy_(0, rt.self_dst, vf.index_select(0, rt.self_src))
+        ks, vs = src.new_zeros((store_rows, d)), src.new_zeros((store_rows, d))
+        if len(ix["self_src"]):
+            ks.index_copy_(0, ix["self_dst"], _rows(k, d).index_select(0, ix["self_src"]))
+            vs.index_copy_(0, ix["self_dst"], _rows(v, d).index_select(0, ix["self_src"]))
         ks3 = ks.view(s.store_tokens, s.store_heads, d)
         vs3 = vs.view(s.store_tokens, s.store_heads, d)
         saved_q, saved_o, saved_lse, o_works, o_recvs = [], [], [], [], []
-        for c, w, recv in zip(rt.chunks, works, recvs):
+        for m, (c, w, recv) in enumerate(zip(ix["chunks"], works, recvs)):
             w.wait()
             if len(c["kv_store"]):
                 ks.index_copy_(0, c["kv_store"], recv.index_select(0, c["kv_recv_k"]))
                 vs.index_copy_(0, c["kv_store"], recv.index_select(0, c["kv_recv_v"]))
             qw = recv.index_select(0, c["q_select"]).view(-1, cw, d)
             ow = torch.zeros_like(qw)
-            lse = torch.zeros((qw.shape[0], cw, 1), dtype=torch.float32, device=q.device)
-            if cuda:
-                for key, frags in c["calls"]:
-                    rows, out = _cuda_call(qw, ks3, vs3, key, frags, rt.window, scale or None)
-                    ow[rows, key[0]:key[0] + key[1]] = out
-            else:
-                _CpuKernel.forward(c["calls"], qw, ks3, vs3, ow, lse, window, scale, rt.threads)
+            lse = torch.zeros((qw.shape[0], cw, 1), dtype=torch.float32, device=dev)
+            with _compute(rt, f"fwd compute chunk {m}"):
+                if q.is_cuda:
+                    for key, frags in c["calls"]:
+                        rows, out = _cuda_call(qw, ks3, vs3, key, frags, rt.window, scale or None)
+                        ow[rows, key[0]:key[0] + key[1]] = out
+                else:
+                    _CpuKernel.forward(c["calls"], qw, ks3, vs3, ow, lse, window, scale, rt.threads)
             o_recv = q.new_empty((sum(c["q_send_splits"]), d))
-            o_works.append(_a2a(o_recv, ow.view(-1, d), c["q_send_splits"], c["q_recv_splits"], rt.group))
+            o_works.append(_watch(rt, _a2a(o_recv, ow.view(-1, d), c["q_send_splits"], c["q_recv_splits"],
+                                           rt.group), f"fwd O chunk {m}"))
             o_recvs.append(o_recv)
             saved_q.append(qw)
             saved_o.append(ow)
             saved_lse.append(lse)
         o = torch.zeros_like(q)
         of = o.view(-1, d)
-        for c, w, r in zip(rt.chunks, o_works, o_recvs):
+        for c, w, r in zip(ix["chunks"], o_works, o_recvs):
             w.wait()
             of.index_copy_(0, c["q_send_index"], r)
         ctx.rt, ctx.scale, ctx.window = rt, scale, window
@@ -390,48 +446,70 @@ class _Attention(torch.autograd.Function):
         rt = ctx.rt
         s = rt.schedule
         d, cw = s.head_dim, s.chunk_heads
+        dev = do.device
+        ix = rt.on(dev)
         saved_q, saved_o, saved_lse, ks3, vs3 = ctx.fwd
-        if do.is_cuda:
-            raise RuntimeError("libra.torch.attention: the CUDA backward pass is not implemented")
         qshape, kshape, dtype = ctx.shapes
+        f32 = dict(dtype=torch.float32, device=dev)
         dof = do.contiguous().view(-1, d)
         works, recvs = [], []
-        for c in rt.chunks:
+        for m, c in enumerate(ix["chunks"]):
             send = dof.index_select(0, c["q_send_index"])
             recv = dof.new_empty((sum(c["q_recv_splits"]), d))
-            works.append(_a2a(recv, send, c["q_recv_splits"], c["q_send_splits"], rt.group))
+            works.append(_watch(rt, _a2a(recv, send, c["q_recv_splits"], c["q_send_splits"], rt.group),
+                                f"bwd dO chunk {m}"))
             recvs.append(recv)
-        dks = torch.zeros(ks3.shape, dtype=torch.float32)
-        dvs = torch.zeros(vs3.shape, dtype=torch.float32)
+        dks, dvs = torch.zeros(ks3.shape, **f32), torch.zeros(vs3.shape, **f32)
         dq_works, dq_recvs = [], []
-        for i, (c, w, recv) in enumerate(zip(rt.chunks, works, recvs)):
+        for m, (c, w, recv) in enumerate(zip(ix["chunks"], works, recvs)):
             w.wait()
             dow = recv.view(-1, cw, d)
-            dqw = torch.zeros(dow.shape, dtype=torch.float32)
-            _CpuKernel.backward(c["calls"], saved_q[i], ks3, vs3, saved_o[i], dow, saved_lse[i], dqw, dks, dvs,
-                                ctx.window, ctx.scale, rt.threads)
-            dq_recv = torch.empty((sum(c["q_send_splits"]), d), dtype=torch.float32)
-            dq_works.append(_a2a(dq_recv, dqw.view(-1, d), c["q_send_splits"], c["q_recv_splits"], rt.group))
+            with _compute(rt, f"bwd compute chunk {m}"):
+                if do.is_cuda:
+                    dqw = _cuda_backward(c["calls"], saved_q[m], ks3, vs3, dow, dks, dvs, rt.window,
+                                         ctx.scale or None)
+                else:
+                    dqw = torch.zeros(dow.shape, **f32)
+                    _CpuKernel.backward(c["calls"], saved_q[m], ks3, vs3, saved_o[m], dow, saved_lse[m], dqw, dks,
+                                        dvs, ctx.window, ctx.scale, rt.threads)
+            dq_recv = torch.empty((sum(c["q_send_splits"]), d), **f32)
+            dq_works.append(_watch(rt, _a2a(dq_recv, dqw.view(-1, d), c["q_send_splits"], c["q_recv_splits"],
+                                            rt.group), f"bwd dQ chunk {m}"))
             dq_recvs.append(dq_recv)
         # dK/dV partial sums go back to the workers whose home tokens they belong to.
-        dstore = torch.cat([dks.view(-1, d), dvs.view(-1, d)])
-        dsend = dstore.index_select(0, rt.dkv_send_index)
-        drecv = torch.empty((sum(s.dkv_recv_splits), d), dtype=torch.float32)
-        dkv_work = _a2a(drecv, dsend, s.dkv_recv_splits, s.dkv_send_splits, rt.group)
+        dsend = torch.cat([dks.view(-1, d), dvs.view(-1, d)]).index_select(0, ix["dkv_send_index"])
+        drecv = torch.empty((sum(s.dkv_recv_splits), d), **f32)
+        dkv_work = _watch(rt, _a2a(drecv, dsend, s.dkv_recv_splits, s.dkv_send_splits, rt.group), "bwd dK+dV")
         k_rows = s.k_rows
-        dkv = torch.zeros((2 * k_rows, d), dtype=torch.float32)
-        if len(rt.self_src):
-            dkv.index_add_(0, rt.self_src, dks.view(-1, d).index_select(0, rt.self_dst))
-            dkv.index_add_(0, k_rows + rt.self_src, dvs.view(-1, d).index_select(0, rt.self_dst))
-        dq = torch.zeros((qshape[0] * qshape[1], d), dtype=torch.float32)
-        for c, w, r in zip(rt.chunks, dq_works, dq_recvs):
+        dkv = torch.zeros((2 * k_rows, d), **f32)
+        if len(ix["self_src"]):
+            dkv.index_add_(0, ix["self_src"], dks.view(-1, d).index_select(0, ix["self_dst"]))
+            dkv.index_add_(0, k_rows + ix["self_src"], dvs.view(-1, d).index_select(0, ix["self_dst"]))
+        dq = torch.zeros((qshape[0] * qshape[1], d), **f32)
+        for c, w, r in zip(ix["chunks"], dq_works, dq_recvs):
             w.wait()
             dq.index_copy_(0, c["q_send_index"], r)
         dkv_work.wait()
-        dkv.index_add_(0, rt.dkv_recv_index, drecv)
+        dkv.index_add_(0, ix["dkv_recv_index"], drecv)
         dk = dkv[:k_rows].view(kshape).to(dtype)
         dv = dkv[k_rows:].view(kshape).to(dtype)
         return dq.view(qshape).to(dtype), dk, dv, None, None
+
+
+def _cuda_backward(calls, qw, ks3, vs3, dow, dks, dvs, window, scale):
+    """CUDA backward of one chunk: flash_attn's own backward through autograd on the chunk's calls."""
+    with torch.enable_grad():
+        q_, k_, v_ = (x.detach().requires_grad_() for x in (qw, ks3, vs3))
+        outs, grads = [], []
+        for key, frags in calls:
+            rows, out = _cuda_call(q_, k_, v_, key, frags, window, scale)
+            outs.append(out)
+            grads.append(dow[rows, key[0]:key[0] + key[1]])
+        gq, gk, gv = torch.autograd.grad(outs, (q_, k_, v_), grads, allow_unused=True)
+    if gk is not None:
+        dks += gk.float()
+        dvs += gv.float()
+    return torch.zeros(qw.shape, dtype=torch.float32, device=qw.device) if gq is None else gq.float()
 
 
 def attention(q, k, v, runtime, softmax_scale=None, window=None):
