@@ -62,6 +62,28 @@ void modes_and_sizes(benchmark::internal::Benchmark* b) {
 
 BENCHMARK(BM_Place)->Apply(modes_and_sizes);
 
+// vrsp-elastic (buddy rule, k 2) with DP = GBS/8 (GA 8, two pools per GA
+// step, as the paper's DP 16 at GBS 128), every window fusing or not as its
+// outliers decide.
+void BM_PlaceElastic(benchmark::State& state) {
+  const auto d = state.range(0);
+  const auto w = window(static_cast<std::size_t>(d));
+  const libra::PlacementOptions o{.pool_size = 8, .mode = libra::PlacementMode::kVrspElastic, .dp = d / 8};
+  double imbalance = 0;
+  for (auto _ : state) {
+    auto r = libra::place_window(w, o);
+    if (!r.ok()) {
+      state.SkipWithError(r.error().message().c_str());
+      break;
+    }
+    imbalance = r->imbalance;
+    benchmark::DoNotOptimize(r);
+  }
+  state.counters["imbalance"] = imbalance;
+  state.SetItemsProcessed(state.iterations() * d);
+}
+BENCHMARK(BM_PlaceElastic)->Arg(128)->Arg(1024)->Arg(16384)->ArgName("gbs")->Unit(benchmark::kMicrosecond);
+
 void BM_LowerBound(benchmark::State& state) {
   const auto w = window(static_cast<std::size_t>(state.range(0)));
   for (auto _ : state) benchmark::DoNotOptimize(libra::lower_bound_imbalance(w, 8));
