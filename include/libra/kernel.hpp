@@ -50,6 +50,7 @@
 #include <cstring>
 #include <span>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <vector>
 
@@ -184,12 +185,29 @@ void release_thread_scratch();
 // The SIMD target chosen at run time, e.g. "AVX3" or "AVX2".
 [[nodiscard]] std::string simd_target();
 
+// Restricts the run-time target for the whole process: "auto" (the best the
+// CPU supports), "avx512", "avx2" or "scalar" (the portable fallback, one lane), so the
+// AVX2 code can be measured and tested on an AVX-512 machine. An unknown
+// name or one the CPU lacks is an invalid-input Error and changes nothing.
+// Not to be called while kernel calls run on other threads.
+[[nodiscard]] Status set_simd_target(std::string_view name);
+
 // This machine's fp32 FMA throughput in GFLOP/s on `threads` threads at
-// once: each thread runs 16 independent chains of vector FMAs (enough to
-// cover FMA latency times the number of FMA pipes) of the run-time SIMD
-// target for about `seconds`; FLOPs = 2 * lanes * chains * iterations.
+// once, for the run-time SIMD target: each thread runs independent chains of
+// vector FMAs held in registers (24 on 32-register targets, 12 on AVX2: more
+// than FMA latency times FMA pipes, and no spill) for about `seconds`;
+// FLOPs = 2 * lanes * chains * iterations.
 // Benchmarks divide by it to report the fraction of peak.
 [[nodiscard]] double measure_fma_peak_gflops(int threads, double seconds = 0.25);
+
+// The same probe, timed both ways: wall_gflops as above; cpu_gflops sums
+// each thread's FLOPs over its own CPU time, so time the thread waited for
+// a core on a shared machine does not count (the peak of the cores we got).
+struct FmaPeak {
+  double wall_gflops = 0;
+  double cpu_gflops = 0;
+};
+[[nodiscard]] FmaPeak measure_fma_peak(int threads, double seconds = 0.25);
 
 // Throughput profile for cost models (docs/kernel.md, data/profiles/): one
 // call = one causal sample of block_len tokens (fragment [0, block_len)) on

@@ -17,6 +17,8 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <string>
+#include <string_view>
 
 #include "kernel/detail.hpp"
 
@@ -30,6 +32,16 @@ using VF = hn::Vec<DF>;
 using I64 = std::int64_t;
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// Vector registers of the target: AVX-512 (and Arm) have 32, AVX2 and SSE
+// 16. Register tiles and the FMA probe are sized from this: a tile or a set
+// of chains that does not fit spills to the stack, and every FMA then waits
+// on a store-to-load round trip (the AVX2 slowdown of the 32-register shapes).
+#if (HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3) || HWY_ARCH_ARM
+constexpr int kVecRegs = 32;
+#else
+constexpr int kVecRegs = 16;
+#endif
 
 // C[R x V*L] (+)= A[R x K] * B[K x V*L]; A(r, k) = a[r*ars + k*aks].
 // With accumulate, the old C rows are first scaled by cscale[r] (if given):
@@ -65,7 +77,12 @@ HWY_INLINE void Tile(const float* HWY_RESTRICT a, I64 ars, I64 aks, const float*
   }
 }
 
-constexpr int kRows = 6;  // 6 rows x 4 vectors = 24 accumulators of 32 registers
+// Register tile of the block product: kRows x kCols vectors of accumulators
+// plus kCols B vectors and one broadcast A value must fit in the registers.
+// 32 registers: 6 x 4 (24 + 4 + 1 = 29); 16 registers: 6 x 2 (12 + 2 + 1 = 15,
+// the classic Haswell sgemm shape).
+constexpr int kRows = 6;
+constexpr int kCols = kVecRegs >= 32 ? 4 : 2;
 
 template <int V>
 HWY_INLINE void RowPanel(I64 m, const float* a, I64 ars, I64 aks, const float* b, I64 ldb, float* c, I64 ldc,
@@ -93,8 +110,8 @@ HWY_NOINLINE void Gemm(I64 m, I64 n, I64 kdim, const float* a, I64 ars, I64 aks,
                        float* c, I64 ldc, const float* cscale, bool acc) {
   const DF df;
   const I64 L = static_cast<I64>(hn::Lanes(df));
-  for (I64 n0 = 0; n0 < n; n0 += 4 * L) {
-    switch (std::min<I64>(4, (n - n0) / L)) {
+  for (I64 n0 = 0; n0 < n; n0 += kCols * L) {
+    switch (std::min<I64>(kCols, (n - n0) / L)) {
       case 4: RowPanel<4>(m, a, ars, aks, b + n0, ldb, c + n0, ldc, kdim, cscale, acc); break;
       case 3: RowPanel<3>(m, a, ars, aks, b + n0, ldb, c + n0, ldc, kdim, cscale, acc); break;
       case 2: RowPanel<2>(m, a, ars, aks, b + n0, ldb, c + n0, ldc, kdim, cscale, acc); break;
@@ -253,9 +270,14 @@ void BackwardTask(const BwdCtx& cx, const BwdTask& t, float* scratch, float* dq_
   }
 }
 
+// Peak probe: independent chains acc = acc * mul + add. Enough chains to
+// cover FMA latency (4-5 cycles) times FMA pipes (2) on every x86 core since
+// Haswell, and few enough that chains plus the two constants stay in
+// registers (16 chains on AVX2 would need 18 of 16 and spill: that probe
+// read half the peak). Returns FLOPs per iteration.
 I64 FmaLoop(I64 iters, float* sink) {
   const DF df;
-  constexpr int kChains = 16;
+  constexpr int kChains = kVecRegs >= 32 ? 24 : 12;
   VF acc[kChains];
   for (int i = 0; i < kChains; ++i) acc[i] = hn::Set(df, static_cast<float>(i));
   const VF mul = hn::Set(df, 0.999999f), add = hn::Set(df, 1e-7f);
@@ -265,7 +287,7 @@ I64 FmaLoop(I64 iters, float* sink) {
   VF total = acc[0];
   for (int i = 1; i < kChains; ++i) total = hn::Add(total, acc[i]);
   *sink = hn::GetLane(total);
-  return static_cast<I64>(hn::Lanes(df));
+  return 2 * kChains * static_cast<I64>(hn::Lanes(df));
 }
 
 }  // namespace HWY_NAMESPACE
@@ -290,6 +312,28 @@ void backward_task(const BwdCtx& cx, const BwdTask& t, float* scratch, float* dq
 const char* best_target_name() {
   const std::int64_t targets = hwy::SupportedTargets() & HWY_TARGETS;
   return hwy::TargetName(targets & -targets);
+}
+
+Status restrict_targets(std::string_view name) {
+  std::int64_t want = 0;
+  if (name == "avx512") {
+    want = HWY_AVX3;
+  } else if (name == "avx2") {
+    want = HWY_AVX2;
+  } else if (name == "scalar") {
+    want = HWY_SCALAR;
+  } else if (name != "auto") {
+    return invalid_input("simd target '" + std::string(name) + "' is not one of auto, avx512, avx2, scalar");
+  }
+  hwy::DisableTargets(0);
+  if (want == 0) return {};
+  if ((hwy::SupportedTargets() & HWY_TARGETS & want) == 0) {
+    return invalid_input("simd target '" + std::string(name) + "' is not supported by this CPU or not compiled in");
+  }
+  // Highway numbers targets best first (lower bit = better): disabling every
+  // lower bit leaves `want` as the best remaining one.
+  hwy::DisableTargets(want - 1);
+  return {};
 }
 
 }  // namespace libra::kernel::detail

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string_view>
 #include <vector>
 
 #include "libra/kernel.hpp"
@@ -83,8 +84,10 @@ void forward_task(const FwdCtx& cx, const FwdTask& t, float* scratch);
 // dq_acc: this thread's [hg][rows][dp] dQ accumulator (unscaled).
 void backward_task(const BwdCtx& cx, const BwdTask& t, float* scratch, float* dq_acc);
 const char* best_target_name();
-// Runs `iters` iterations of 16 FMA chains; returns lanes per vector (and a
-// sink value so the loop is not optimised away).
+// Restricts dispatch to `name` and worse targets (see set_simd_target).
+Status restrict_targets(std::string_view name);
+// Runs `iters` iterations of the target's FMA chains; returns the FLOPs of
+// one iteration (and a sink value so the loop is not optimised away).
 std::int64_t fma_loop(std::int64_t iters, float* sink);
 
 // Element access for packing (scalar, any dtype).

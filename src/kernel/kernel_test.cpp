@@ -72,6 +72,31 @@ struct Problem {
   I64 q_rows = 0, kv_rows = 0;
   I64 pad = 0;                    // extra elements per row (strided views)
   float amp = 1.0f;
+  const char* target = "auto";    // SIMD target (set_simd_target) for this problem
+};
+
+// The SIMD targets this CPU can run, best first (each has its own register
+// tile shape, so each is checked against the reference).
+std::vector<const char*> runnable_targets() {
+  std::vector<const char*> out;
+  for (const char* t : {"avx512", "avx2", "scalar"}) {
+    if (set_simd_target(t).ok()) out.push_back(t);
+  }
+  EXPECT_TRUE(set_simd_target("auto").ok());
+  return out;
+}
+
+// Selects a SIMD target for a scope and restores "auto" after it.
+class TargetScope {
+ public:
+  explicit TargetScope(const char* name) : ok_(set_simd_target(name).ok()) {}
+  ~TargetScope() { (void)set_simd_target("auto"); }
+  TargetScope(const TargetScope&) = delete;
+  TargetScope& operator=(const TargetScope&) = delete;
+  bool ok() const { return ok_; }
+
+ private:
+  bool ok_;
 };
 
 // Max |x - ref| over entries, and max |ref| (to scale tolerances).
@@ -114,6 +139,8 @@ struct Outcome {
 // Runs forward and backward through the kernel and the reference and
 // compares O, LSE, dQ, dK, dV.
 Outcome check_problem(const Problem& p, std::uint64_t seed) {
+  const TargetScope target(p.target);
+  if (!target.ok()) return {false, std::string("SIMD target ") + p.target + " is not runnable here"};
   std::mt19937_64 rng(seed);
   Buf q(p.dtype, p.q_rows, p.hq, p.d, p.pad), k(p.dtype, p.kv_rows, p.hkv, p.d, p.pad),
       v(p.dtype, p.kv_rows, p.hkv, p.d, p.pad);
@@ -224,6 +251,43 @@ TEST(AttentionForward, MatchesReferenceOnMultiBlockSample) {
   p = layout(p, {{37, 130}, {}, {64}}, {5, 0, 1, 2, 3, 4}, 1);
   const Outcome r = check_problem(p, 1);
   EXPECT_TRUE(r.ok) << r.what;
+}
+
+TEST(AttentionKernel, MatchesReferenceOnEveryRunnableSimdTarget) {
+  const std::string best = simd_target();
+  const auto targets = runnable_targets();
+  ASSERT_FALSE(targets.empty());
+  for (const char* t : targets) {
+    for (I64 d : {I64{128}, I64{64}, I64{37}}) {
+      Problem p;
+      p.d = d;
+      p.hq = 3;
+      p.hkv = 1;
+      p.samples = {150, 5};
+      p.window = d == 37 ? 70 : kFullCausal;
+      p.threads = 2;
+      p.pad = 1;
+      p.target = t;
+      p = layout(p, {{20, 64, 129}, {}}, {4, 1, 0, 3, 2}, 1);
+      const Outcome r = check_problem(p, 40 + static_cast<std::uint64_t>(d));
+      EXPECT_TRUE(r.ok) << "target " << t << " d " << d << ": " << r.what;
+    }
+  }
+  EXPECT_EQ(simd_target(), best);  // each check restored "auto"
+}
+
+TEST(AttentionKernel, SimdTargetNamesAreChecked) {
+  const std::string before = simd_target();
+  Status s = set_simd_target("sse9");
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.error().code(), ErrorCode::kInvalidInput);
+  EXPECT_EQ(s.message(), "simd target 'sse9' is not one of auto, avx512, avx2, scalar");
+  EXPECT_EQ(simd_target(), before);
+  if (set_simd_target("avx2").ok()) {
+    EXPECT_EQ(simd_target(), "AVX2");
+  }
+  ASSERT_TRUE(set_simd_target("auto").ok());
+  EXPECT_EQ(simd_target(), before);
 }
 
 TEST(AttentionForward, MatchesReferenceWithHeadDim64AndBf16) {
@@ -539,6 +603,8 @@ RC_GTEST_PROP(AttentionKernel, MatchesReferenceOnRandomLayouts, ()) {
   p.dtype = *rc::gen::element(DType::kF32, DType::kBF16);
   p.threads = *rc::gen::inRange(1, 4);
   p.pad = *rc::gen::inRange<I64>(0, 3);
+  static const std::vector<const char*> targets = runnable_targets();
+  p.target = *rc::gen::elementOf(targets);
   const int wsel = *rc::gen::inRange(0, 4);
   p.window = wsel == 0 ? kFullCausal : wsel == 1 ? 1 : *rc::gen::inRange<I64>(1, 2 * max_len);
   const auto nsamples = *rc::gen::inRange<std::size_t>(1, 4);
@@ -560,7 +626,7 @@ RC_GTEST_PROP(AttentionKernel, MatchesReferenceOnRandomLayouts, ()) {
   p = layout(p, cuts, order, *rc::gen::inRange<I64>(0, 3));
   const Outcome r = check_problem(p, *rc::gen::arbitrary<std::uint64_t>());
   RC_LOG() << "d " << p.d << " hq " << p.hq << " hkv " << p.hkv << " dtype " << dtype_name(p.dtype) << " window "
-           << p.window << " threads " << p.threads << ": " << r.what << '\n';
+           << p.window << " threads " << p.threads << " target " << p.target << ": " << r.what << '\n';
   RC_ASSERT(r.ok);
 }
 
