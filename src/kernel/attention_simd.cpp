@@ -11,14 +11,17 @@
 #endif
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
+#include <hwy/cache_control.h>
 #include <hwy/contrib/math/math-inl.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <limits>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "kernel/detail.hpp"
 
@@ -54,6 +57,12 @@ HWY_INLINE void Tile(const float* HWY_RESTRICT a, I64 ars, I64 aks, const float*
   VF s[R][V];
   for (int r = 0; r < R; ++r)
     for (int v = 0; v < V; ++v) s[r][v] = hn::Zero(df);
+  // The C rows are read after the k loop; fetching them now hides the miss
+  // (dQ accumulates into a per-thread buffer far larger than L2).
+  if (accumulate) {
+    for (int r = 0; r < R; ++r)
+      for (I64 off = 0; off < V * L; off += 16) hwy::Prefetch(c + r * ldc + off);  // 16 floats: one line
+  }
   for (I64 k = 0; k < kdim; ++k) {
     VF bv[V];
     for (int v = 0; v < V; ++v) bv[v] = hn::LoadU(df, b + k * ldb + v * L);
@@ -84,23 +93,20 @@ HWY_INLINE void Tile(const float* HWY_RESTRICT a, I64 ars, I64 aks, const float*
 constexpr int kRows = 6;
 constexpr int kCols = kVecRegs >= 32 ? 4 : 2;
 
-template <int V>
-HWY_INLINE void RowPanel(I64 m, const float* a, I64 ars, I64 aks, const float* b, I64 ldb, float* c, I64 ldc,
+// All column panels of rows [0, R): the A strip stays in L1 while B panels
+// stream past it (A often comes from a buffer bigger than L2).
+template <int R>
+HWY_INLINE void RowStrip(I64 n, const float* a, I64 ars, I64 aks, const float* b, I64 ldb, float* c, I64 ldc,
                          I64 kdim, const float* cscale, bool acc) {
-  I64 r = 0;
-  for (; r + kRows <= m; r += kRows) {
-    Tile<kRows, V>(a + r * ars, ars, aks, b, ldb, c + r * ldc, ldc, kdim, cscale ? cscale + r : nullptr, acc);
-  }
-  const float* ar = a + r * ars;
-  float* cr = c + r * ldc;
-  const float* sr = cscale ? cscale + r : nullptr;
-  switch (m - r) {
-    case 5: Tile<5, V>(ar, ars, aks, b, ldb, cr, ldc, kdim, sr, acc); break;
-    case 4: Tile<4, V>(ar, ars, aks, b, ldb, cr, ldc, kdim, sr, acc); break;
-    case 3: Tile<3, V>(ar, ars, aks, b, ldb, cr, ldc, kdim, sr, acc); break;
-    case 2: Tile<2, V>(ar, ars, aks, b, ldb, cr, ldc, kdim, sr, acc); break;
-    case 1: Tile<1, V>(ar, ars, aks, b, ldb, cr, ldc, kdim, sr, acc); break;
-    default: break;
+  const DF df;
+  const I64 L = static_cast<I64>(hn::Lanes(df));
+  for (I64 n0 = 0; n0 < n; n0 += kCols * L) {
+    switch (std::min<I64>(kCols, (n - n0) / L)) {
+      case 4: Tile<R, 4>(a, ars, aks, b + n0, ldb, c + n0, ldc, kdim, cscale, acc); break;
+      case 3: Tile<R, 3>(a, ars, aks, b + n0, ldb, c + n0, ldc, kdim, cscale, acc); break;
+      case 2: Tile<R, 2>(a, ars, aks, b + n0, ldb, c + n0, ldc, kdim, cscale, acc); break;
+      default: Tile<R, 1>(a, ars, aks, b + n0, ldb, c + n0, ldc, kdim, cscale, acc); break;
+    }
   }
 }
 
@@ -108,15 +114,30 @@ HWY_INLINE void RowPanel(I64 m, const float* a, I64 ars, I64 aks, const float* b
 // count (packed buffers are padded so it always is).
 HWY_NOINLINE void Gemm(I64 m, I64 n, I64 kdim, const float* a, I64 ars, I64 aks, const float* b, I64 ldb,
                        float* c, I64 ldc, const float* cscale, bool acc) {
-  const DF df;
-  const I64 L = static_cast<I64>(hn::Lanes(df));
-  for (I64 n0 = 0; n0 < n; n0 += kCols * L) {
-    switch (std::min<I64>(kCols, (n - n0) / L)) {
-      case 4: RowPanel<4>(m, a, ars, aks, b + n0, ldb, c + n0, ldc, kdim, cscale, acc); break;
-      case 3: RowPanel<3>(m, a, ars, aks, b + n0, ldb, c + n0, ldc, kdim, cscale, acc); break;
-      case 2: RowPanel<2>(m, a, ars, aks, b + n0, ldb, c + n0, ldc, kdim, cscale, acc); break;
-      default: RowPanel<1>(m, a, ars, aks, b + n0, ldb, c + n0, ldc, kdim, cscale, acc); break;
+  I64 r = 0;
+  for (; r + kRows <= m; r += kRows) {
+    // Fetch the next strip of A now: A is often a block of a buffer far
+    // bigger than L2, and with narrow (AVX2) panels the first tile of a
+    // strip consumes it 4x faster than the hardware prefetcher delivers.
+    const I64 next = std::min<I64>(kRows, m - r - kRows);
+    if (aks == 1) {
+      for (I64 i = 0; i < next; ++i)
+        for (I64 k = 0; k < kdim; k += 16) hwy::Prefetch(a + (r + kRows + i) * ars + k);
+    } else if (ars == 1 && next > 0) {
+      for (I64 k = 0; k < kdim; ++k) hwy::Prefetch(a + (r + kRows) + k * aks);
     }
+    RowStrip<kRows>(n, a + r * ars, ars, aks, b, ldb, c + r * ldc, ldc, kdim, cscale ? cscale + r : nullptr, acc);
+  }
+  const float* ar = a + r * ars;
+  float* cr = c + r * ldc;
+  const float* sr = cscale ? cscale + r : nullptr;
+  switch (m - r) {
+    case 5: RowStrip<5>(n, ar, ars, aks, b, ldb, cr, ldc, kdim, sr, acc); break;
+    case 4: RowStrip<4>(n, ar, ars, aks, b, ldb, cr, ldc, kdim, sr, acc); break;
+    case 3: RowStrip<3>(n, ar, ars, aks, b, ldb, cr, ldc, kdim, sr, acc); break;
+    case 2: RowStrip<2>(n, ar, ars, aks, b, ldb, cr, ldc, kdim, sr, acc); break;
+    case 1: RowStrip<1>(n, ar, ars, aks, b, ldb, cr, ldc, kdim, sr, acc); break;
+    default: break;
   }
 }
 
@@ -281,9 +302,12 @@ I64 FmaLoop(I64 iters, float* sink) {
   VF acc[kChains];
   for (int i = 0; i < kChains; ++i) acc[i] = hn::Set(df, static_cast<float>(i));
   const VF mul = hn::Set(df, 0.999999f), add = hn::Set(df, 1e-7f);
-  for (I64 it = 0; it < iters; ++it) {
-    for (int i = 0; i < kChains; ++i) acc[i] = hn::MulAdd(acc[i], mul, add);
-  }
+  // Unrolled by a fold, not left to the compiler: GCC peels at most 16
+  // iterations, and a rolled loop over 24 chains keeps them in memory.
+  const auto step = [&]<std::size_t... I>(std::index_sequence<I...>) {
+    ((acc[I] = hn::MulAdd(acc[I], mul, add)), ...);
+  };
+  for (I64 it = 0; it < iters; ++it) step(std::make_index_sequence<kChains>{});
   VF total = acc[0];
   for (int i = 1; i < kChains; ++i) total = hn::Add(total, acc[i]);
   *sink = hn::GetLane(total);
@@ -309,9 +333,24 @@ void forward_task(const FwdCtx& cx, const FwdTask& t, float* scratch) {
 void backward_task(const BwdCtx& cx, const BwdTask& t, float* scratch, float* dq_acc) {
   HWY_DYNAMIC_DISPATCH(BackwardTask)(cx, t, scratch, dq_acc);
 }
+namespace {
+// hwy::SupportedTargets() re-points dispatch at every target the CPU has
+// (Highway 1.0 updates the chosen target inside it, ignoring
+// DisableTargets), so it is called only here, and the result is kept: what
+// the CPU supports, and the subset dispatch is restricted to.
+std::int64_t cpu_targets() {
+  static const std::int64_t all = hwy::SupportedTargets() & HWY_TARGETS;
+  return all;
+}
+std::atomic<std::int64_t>& active_targets() {
+  static std::atomic<std::int64_t> active{cpu_targets()};
+  return active;
+}
+}  // namespace
+
 const char* best_target_name() {
-  const std::int64_t targets = hwy::SupportedTargets() & HWY_TARGETS;
-  return hwy::TargetName(targets & -targets);
+  const std::int64_t t = active_targets().load();
+  return hwy::TargetName(t & -t);
 }
 
 Status restrict_targets(std::string_view name) {
@@ -325,14 +364,19 @@ Status restrict_targets(std::string_view name) {
   } else if (name != "auto") {
     return invalid_input("simd target '" + std::string(name) + "' is not one of auto, avx512, avx2, scalar");
   }
-  hwy::DisableTargets(0);
-  if (want == 0) return {};
-  if ((hwy::SupportedTargets() & HWY_TARGETS & want) == 0) {
+  const std::int64_t all = cpu_targets();
+  if (want != 0 && (all & want) == 0) {
     return invalid_input("simd target '" + std::string(name) + "' is not supported by this CPU or not compiled in");
   }
   // Highway numbers targets best first (lower bit = better): disabling every
   // lower bit leaves `want` as the best remaining one.
-  hwy::DisableTargets(want - 1);
+  const std::int64_t disabled = want == 0 ? 0 : want - 1;
+  hwy::DisableTargets(disabled);
+  // Point dispatch at the restricted set now (SupportedTargets itself has
+  // just pointed it at every target).
+  const std::int64_t allowed = hwy::SupportedTargets() & ~disabled;
+  hwy::GetChosenTarget().Update(allowed);
+  active_targets().store(all & ~disabled);
   return {};
 }
 

@@ -12,6 +12,7 @@
 #include <random>
 #include <vector>
 
+#include "kernel/detail.hpp"
 #include "libra/attention_reference.hpp"
 #include "libra/kernel.hpp"
 
@@ -283,8 +284,16 @@ TEST(AttentionKernel, SimdTargetNamesAreChecked) {
   EXPECT_EQ(s.error().code(), ErrorCode::kInvalidInput);
   EXPECT_EQ(s.message(), "simd target 'sse9' is not one of auto, avx512, avx2, scalar");
   EXPECT_EQ(simd_target(), before);
+  // Dispatch really switches (the FMA probe's FLOPs per iteration are
+  // 2 x lanes x chains: 12 chains of 8 lanes on AVX2, 24 of 16 on AVX-512).
+  float sink = 0;
   if (set_simd_target("avx2").ok()) {
     EXPECT_EQ(simd_target(), "AVX2");
+    EXPECT_EQ(detail::fma_loop(1, &sink), 2 * 12 * 8);
+  }
+  if (set_simd_target("avx512").ok()) {
+    EXPECT_EQ(simd_target(), "AVX3");
+    EXPECT_EQ(detail::fma_loop(1, &sink), 2 * 24 * 16);
   }
   ASSERT_TRUE(set_simd_target("auto").ok());
   EXPECT_EQ(simd_target(), before);
