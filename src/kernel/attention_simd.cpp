@@ -141,6 +141,13 @@ HWY_NOINLINE void Gemm(I64 m, I64 n, I64 kdim, const float* a, I64 ars, I64 aks,
   }
 }
 
+// Fetches n floats into L2 (not L1: a block's operands are 32 KiB each)
+// while the current block computes: the next key block's panels (forward)
+// or query block's rows (backward) come from buffers far bigger than L2.
+HWY_INLINE void PrefetchL2(const float* p, I64 n) {
+  for (I64 i = 0; i < n; i += 16) __builtin_prefetch(p + i, 0, 2);
+}
+
 HWY_INLINE float RowMax(const float* x, I64 n) {
   const DF df;
   const I64 L = static_cast<I64>(hn::Lanes(df));
@@ -188,6 +195,10 @@ void ForwardTask(const FwdCtx& cx, const FwdTask& t, float* scratch) {
   for (I64 jb = jb0; jb <= jb1; ++jb) {
     const I64 j0 = jb * kBk;
     const I64 blk = gr.block_off + jb;
+    if (jb < jb1) {
+      PrefetchL2(cx.kt + (blk + 1) * dp * kBk, dp * kBk);
+      PrefetchL2(cx.v + (blk + 1) * kBk * dp, kBk * dp);
+    }
     Gemm(M, kBk, d, qb, dp, 1, cx.kt + blk * dp * kBk, kBk, sb, kBk, nullptr, false);
     const bool diag = j0 + kBk - 1 > qpos0;
     const bool edge = j0 < first_key(qlast, w);
@@ -255,6 +266,12 @@ void BackwardTask(const BwdCtx& cx, const BwdTask& t, float* scratch, float* dq_
         const I64 row = f.q_row + (qs - f.a);
         const float* qb = qp + row * dp;
         const float* dob = dop + row * dp;
+        if (qs + kBq <= qhi) {
+          const I64 nm = std::min<I64>(kBq, qhi - qs - kBq + 1) * dp;
+          PrefetchL2(qb + kBq * dp, nm);
+          PrefetchL2(dob + kBq * dp, nm);
+          PrefetchL2(dq + (row + kBq) * dp, nm);
+        }
         Gemm(M, kBk, d, qb, dp, 1, kt, kBk, pb, kBk, nullptr, false);
         Gemm(M, kBk, d, dob, dp, 1, vt, kBk, sb, kBk, nullptr, false);
         const bool diag = j0 + kBk - 1 > qs;
