@@ -128,7 +128,7 @@ Result<PlanConfig> make_config(const ShapeOptions& o, const std::string& mode) {
   cfg.shape.heads_q = o.heads_q;
   cfg.shape.heads_kv = o.heads_kv;
   cfg.shape.head_dim = o.head_dim;
-  cfg.shape.elem_bytes = o.dtype == "bf16" ? 2 : 4;
+  cfg.shape.dtype = o.dtype == "bf16" ? DType::kBF16 : DType::kF32;
   if (o.window) {
     if (*o.window < 1) return invalid_input(fmt::format("--window {}: must be at least 1", *o.window));
     cfg.shape.window = *o.window;
@@ -374,7 +374,7 @@ int exec_rank(Communicator& world, const ExecOptionsCli& opt) {
         e.merge(ErrorStats{std::strtod(a.c_str(), nullptr), std::strtod(b.c_str(), nullptr)});
       }
     }
-    const Tolerance tol = tolerance_for(cfg->shape.elem_bytes);
+    const Tolerance tol = tolerance_for(cfg->shape.dtype);
     const double tols[] = {tol.o, tol.lse, tol.dq, tol.dk, tol.dv};
     const char* names[] = {"O", "LSE", "dQ", "dK", "dV"};
     fmt::print("check ({} pool(s), every home gathered on its pool's rank 0, reference: {} on whole sequences):\n", pools,
@@ -388,7 +388,7 @@ int exec_rank(Communicator& world, const ExecOptionsCli& opt) {
                  good ? "ok" : "FAIL");
     }
     fmt::print("result: {}\n", ok ? "within tolerance" : "BEYOND TOLERANCE");
-    verdict = ok ? kExitOk : kExitFailure;
+    verdict = ok ? kExitOk : kExitCheckFailed;
   }
   Result<std::vector<std::uint64_t>> verdicts = world.allgather(static_cast<std::uint64_t>(verdict));
   if (!verdicts.ok()) abort_job(world, verdicts.error());
@@ -553,7 +553,7 @@ const bool registered = register_command(70, [](CLI::App& app) {
   add_shape_options(ex, eo->shape, false);
   ex->add_option("--mode", eo->mode, "executor: tap, tap-split, ulysses (the baseline executor), ulysses-plan");
   ex->add_option("--seed", eo->seed, "seed of the random Q, K, V and dO");
-  ex->add_flag("--check", eo->check, "compare with the single-process reference on the whole sequences (exit 1 beyond tolerance)");
+  ex->add_flag("--check", eo->check, "compare with the single-process reference on the whole sequences (exit 3 beyond tolerance)");
   ex->add_option("--reference", eo->reference, "reference for --check: auto (naive fp64 when small), naive, kernel");
   ex->add_option("--trace", eo->trace, "write a Chrome trace-event JSON file of compute and transfers per rank");
   ex->add_option("--ranks", eo->ranks, "run N ranks as threads of this process instead of MPI");
