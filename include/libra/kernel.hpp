@@ -3,7 +3,7 @@
 // full score matrix is never materialised, fp32 accumulation).
 //
 // Defines tensor views over row-major [rows, heads, head_dim] buffers with an
-// explicit row stride (fp32 or bf16), query fragments, and the two calls
+// explicit row stride (fp32, bf16 or fp16), query fragments, and the two calls
 // attention_forward / attention_backward.
 //
 // A call takes a batch of query fragments. Fragment f holds the sample-local
@@ -60,13 +60,17 @@
 
 namespace libra::kernel {
 
-// Element types are libra::DType (libra/dtype.hpp); the kernel accepts fp32
-// and bf16 storage (validate rejects the others).
+// Element types are libra::DType (libra/dtype.hpp): every view may be fp32,
+// bf16 or fp16 (IEEE half) storage, except the LSE (fp32); the kernel widens
+// to fp32 when packing and accumulates in fp32. Outputs are rounded to their
+// view's type (fp16: nearest even, beyond +-65504 to +-inf, as IEEE does).
 using libra::DType;
 using libra::dtype_bytes;
 using libra::dtype_name;
 using libra::bf16_from_f32;
 using libra::f32_from_bf16;
+using libra::f16_from_f32;
+using libra::f32_from_f16;
 
 // A view of a row-major [rows, heads, head_dim] tensor: element (t, h, c) is
 // at element offset t * row_stride + h * head_dim + c from data. Heads of a
