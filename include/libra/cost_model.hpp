@@ -107,15 +107,21 @@ double compute_seconds(const KernelProfile& profile, double flops, double block_
 //   - inter_node_gbps: the GPU's NIC (one 400 Gb/s RoCE NIC per GPU: ~45),
 //     carrying all of the GPU's off-node traffic;
 //   - inter_supernode_gbps: the GPU's share of its supernode's uplinks to the
-//     spine (oversubscribed), carrying its cross-supernode traffic.
-// Defaults calibrated to the paper's figure-14 growth of communication time
-// with P (docs/simulator.md, "Topology calibration").
+//     spine (oversubscribed), carrying its cross-supernode traffic;
+//   - congestion_per_node: an all-to-all spanning n nodes gets
+//     inter_node_gbps / (1 + congestion_per_node * (n - 1)) from each NIC
+//     (incast and ECMP collisions on RoCE grow with the nodes that talk).
+// nodes_per_supernode, inter_supernode_gbps and congestion_per_node are
+// fitted to the paper's figure-14 growth of communication time with P
+// (docs/simulator.md, "Topology calibration"); they are not measured
+// network figures.
 struct Interconnect {
   std::int64_t gpus_per_node = 8;
   std::int64_t nodes_per_supernode = 4;
   double intra_node_gbps = 360;
   double inter_node_gbps = 45;
-  double inter_supernode_gbps = 12;
+  double inter_supernode_gbps = 4;
+  double congestion_per_node = 0.58;
   double latency_us = 10;
 };
 
@@ -124,8 +130,10 @@ struct Interconnect {
 // set by the busiest link its traffic crosses, each full duplex and all at
 // once (NVLink and NIC in parallel):
 //   t_w = max over {send, recv} of max(intra / B_intra,
-//                                      (inter + cross) / B_inter,
+//                                      (inter + cross) / B_nic(n),
 //                                      cross / B_supernode)
+// where B_nic(n) = B_inter / (1 + congestion_per_node (n - 1)) and n is the
+// number of distinct nodes among gpu_of_worker
 //         + latency * max(messages sent, messages received),
 // with intra = bytes to GPUs on the same node, inter = other nodes of the
 // same supernode, cross = other supernodes. So a pool's all-to-all costs more

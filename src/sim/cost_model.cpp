@@ -163,8 +163,12 @@ std::vector<double> alltoall_seconds(const Interconnect& net, std::span<const st
     }
   }
   std::vector<double> t(w, 0);
+  std::vector<std::int64_t> nodes(gpu_of_worker.begin(), gpu_of_worker.end());
+  for (auto& n : nodes) n /= net.gpus_per_node;
+  std::sort(nodes.begin(), nodes.end());
+  const auto spanned = static_cast<double>(std::unique(nodes.begin(), nodes.end()) - nodes.begin());
   const double bi = net.intra_node_gbps * 1e9;
-  const double be = net.inter_node_gbps * 1e9;
+  const double be = net.inter_node_gbps * 1e9 / (1.0 + net.congestion_per_node * std::max(0.0, spanned - 1));
   const double bs = net.inter_supernode_gbps * 1e9;
   auto link = [&](const std::array<double, 3>& x) { return std::max({x[0] / bi, (x[1] + x[2]) / be, x[2] / bs}); };
   for (std::size_t r = 0; r < w; ++r) {
@@ -237,6 +241,10 @@ Status validate_cost_model(const CostModel& m) {
   if (!positive(m.net.inter_supernode_gbps)) {
     return invalid_input(
         fmt::format("--inter-supernode-gbps {}: bandwidth must be positive", m.net.inter_supernode_gbps));
+  }
+  if (!(m.net.congestion_per_node >= 0) || !std::isfinite(m.net.congestion_per_node)) {
+    return invalid_input(
+        fmt::format("--congestion-per-node {}: must be a non-negative number", m.net.congestion_per_node));
   }
   if (m.net.nodes_per_supernode < 1) {
     return invalid_input(fmt::format("--nodes-per-supernode {}: must be at least 1", m.net.nodes_per_supernode));

@@ -92,7 +92,8 @@ TEST(KernelProfile, LoadsEveryProfileShippedInData) {
 }
 
 TEST(AlltoallSeconds, IntraAndInterNodeLinksHandComputed) {
-  Interconnect net{.gpus_per_node = 8, .intra_node_gbps = 100, .inter_node_gbps = 10, .latency_us = 5};
+  Interconnect net{.gpus_per_node = 8, .intra_node_gbps = 100, .inter_node_gbps = 10, .congestion_per_node = 0,
+                   .latency_us = 5};
   // Workers 0,1 on node 0 (GPUs 0, 1); workers 2,3 on node 1 (GPUs 8, 9).
   std::vector<std::int64_t> gpus = {0, 1, 8, 9};
   std::vector<std::int64_t> bytes(16, 0);
@@ -109,7 +110,8 @@ TEST(AlltoallSeconds, IntraAndInterNodeLinksHandComputed) {
 }
 
 TEST(AlltoallSeconds, NodeMajorNumberingDecidesTheLink) {
-  Interconnect net{.gpus_per_node = 2, .intra_node_gbps = 100, .inter_node_gbps = 10, .latency_us = 0};
+  Interconnect net{.gpus_per_node = 2, .intra_node_gbps = 100, .inter_node_gbps = 10, .congestion_per_node = 0,
+                   .latency_us = 0};
   std::vector<std::int64_t> bytes = {0, 1'000'000'000, 0, 0};
   std::vector<std::int64_t> same_node = {2, 3};   // node 1, node 1
   std::vector<std::int64_t> across = {1, 2};      // node 0, node 1
@@ -122,7 +124,7 @@ TEST(AlltoallSeconds, NodeMajorNumberingDecidesTheLink) {
 // Every worker sends 1 GB to every other worker (a uniform all-to-all).
 TEST(AlltoallSeconds, TopologyTiersHandComputed) {
   Interconnect net{.gpus_per_node = 2, .nodes_per_supernode = 2, .intra_node_gbps = 100, .inter_node_gbps = 10,
-                   .inter_supernode_gbps = 2, .latency_us = 0};
+                   .inter_supernode_gbps = 2, .congestion_per_node = 0, .latency_us = 0};
   auto uniform = [](std::size_t w) {
     std::vector<std::int64_t> b(w * w, 1'000'000'000);
     for (std::size_t i = 0; i < w; ++i) b[i * w + i] = 0;
@@ -150,6 +152,11 @@ TEST(AlltoallSeconds, TopologyTiersHandComputed) {
   EXPECT_NEAR(t[0], 3.0, 1e-12);
   // GPU 4 (supernode 1, with 5, 6, 7): 1 NVLink + 2 same-supernode + 4 cross: 2 s.
   EXPECT_NEAR(t[2], 2.0, 1e-12);
+  // Congestion: the two-node pool's NICs run at 10 / (1 + 0.5 x 1) GB/s:
+  // 2 GB / 6.667 GB/s = 0.3 s; one node has no NIC traffic to slow.
+  net.congestion_per_node = 0.5;
+  for (double x : alltoall_seconds(net, uniform(4), two_nodes)) EXPECT_NEAR(x, 0.3, 1e-12);
+  for (double x : alltoall_seconds(net, uniform(2), one_node)) EXPECT_NEAR(x, 0.01, 1e-12);
 }
 
 TEST(HardwareProfile, Fa2HasTheSameNetworkAndASlowerKernel) {
