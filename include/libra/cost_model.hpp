@@ -121,7 +121,7 @@ struct Interconnect {
   double intra_node_gbps = 360;
   double inter_node_gbps = 45;
   double inter_supernode_gbps = 4;
-  double congestion_per_node = 0.58;
+  double congestion_per_node = 0.9;
   double latency_us = 10;
 };
 

@@ -125,7 +125,8 @@ std::string sim_json(const SimResult& r) {
                  {"intra_node_gbps", c.cost.net.intra_node_gbps}, {"inter_node_gbps", c.cost.net.inter_node_gbps},
                  {"latency_us", c.cost.net.latency_us}, {"noise_sigma", c.cost.noise.sigma},
                  {"nodes_per_supernode", c.cost.net.nodes_per_supernode},
-                 {"inter_supernode_gbps", c.cost.net.inter_supernode_gbps}, {"hardware", c.hardware},
+                 {"inter_supernode_gbps", c.cost.net.inter_supernode_gbps},
+                 {"congestion_per_node", c.cost.net.congestion_per_node}, {"hardware", c.hardware},
                  {"random_seeds", c.random_seeds}, {"worst_weight", c.worst_weight},
                  {"kernel_profile", c.cost.kernel.device}};
   j["windows"] = r.windows;

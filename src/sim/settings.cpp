@@ -213,7 +213,7 @@ const std::vector<Entry>& entries() {
         "per-GPU share of the supernode uplinks, GB/s (default 4)"},
        LIBRA_NUM(cost.net.inter_supernode_gbps)},
       {{"congestion_per_node", "--congestion-per-node", T::kNumber,
-        "NIC slowdown per extra node an all-to-all spans (default 0.58)"},
+        "NIC slowdown per extra node an all-to-all spans (default 0.9)"},
        LIBRA_NUM(cost.net.congestion_per_node)},
       {{"latency_us", "--latency-us", T::kNumber, "per-message latency, microseconds (default 10)"},
        LIBRA_NUM(cost.net.latency_us)},

@@ -476,5 +476,25 @@ TEST(CorpusCalibration, BuiltinsMatchThePapersInterPoolFigures) {
   EXPECT_GT(st->vrsp[0].second, 0.08);
 }
 
+// The default topology reproduces the paper's figure-14 growth of
+// communication time with P on 256K (0.07, 0.17, 0.47, 0.77 at P = 4, 8, 16,
+// 32: ratios 2.43, 6.71, 11.0 to P = 4), within 10%: the busiest worker's
+// forward dispatch + return on VRSP pools (docs/simulator.md).
+TEST(TopologyCalibration, CommunicationGrowsWithPAsInFigure14) {
+  SimConfig cfg;
+  ASSERT_TRUE(apply_sim_config_json(R"({"source": "builtin:paper-256k", "seq_len": 262144, "heads_kv": 16, "cp": 4,
+      "dp": 32, "pool_size": [4, 8, 16, 32], "head_shards": 8, "block_size": 16384, "windows": 2,
+      "end_to_end": false, "distca_max_gpus": 1})", "fig14.json", cfg).ok());
+  auto r = simulate(cfg);
+  ASSERT_TRUE(r.ok()) << r.error().message();
+  ASSERT_EQ(r->candidates.size(), 4u);
+  const double base = r->candidates[0].comm_seconds.mean;
+  const double want[] = {0.17 / 0.07, 0.47 / 0.07, 0.77 / 0.07};
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_NEAR(r->candidates[static_cast<std::size_t>(i + 1)].comm_seconds.mean / base, want[i], 0.1 * want[i])
+        << "P=" << r->candidates[static_cast<std::size_t>(i + 1)].candidate.pool_size;
+  }
+}
+
 }  // namespace
 }  // namespace libra
