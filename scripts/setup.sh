@@ -5,13 +5,13 @@ set -euo pipefail
 
 PACKAGES=(
   build-essential cmake ninja-build g++ clang libclang-rt-14-dev
-  libcli11-dev nlohmann-json3-dev libfmt-dev
+  libcli11-dev nlohmann-json3-dev libfmt-dev zlib1g-dev
   libgtest-dev libgmock-dev libbenchmark-dev librapidcheck-dev
   libopenmpi-dev openmpi-bin
   libhwy-dev libopenblas-dev
   gnuplot-nox python3 ccache
   python3-venv python3-pip python3-numpy python3-pytest python3-pybind11 pybind11-dev
-  python3-torch python3-matplotlib
+  python3-torch python3-matplotlib python3-dev python3-setuptools python3-wheel
 )
 
 missing=()

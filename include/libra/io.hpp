@@ -7,6 +7,7 @@
 //
 //   libra::Status s = libra::write_file_atomic("plan.json", text);
 //   libra::Result<std::string> bytes = libra::read_file("pool.jsonl");
+//   if (libra::Status s = libra::check_writable(out); !s.ok()) ...  // before the work
 #pragma once
 
 #include <string>
@@ -21,5 +22,15 @@ namespace libra {
 // Writes `contents` to `path` atomically (temporary file, fsync, rename).
 // The path "-" means standard output, written directly.
 [[nodiscard]] Status write_file_atomic(const std::string& path, std::string_view contents);
+
+// Checks, before any work, that write_file_atomic(path, ...) can succeed as
+// far as the file system can tell: "-", or a path that is not a directory
+// whose directory exists and is writable. The message names the path and
+// the reason, e.g. "/nonexistent/x.json: directory /nonexistent does not exist".
+[[nodiscard]] Status check_writable(const std::string& path);
+
+// True when both paths name one existing file (same device and inode), so an
+// output would replace an input.
+bool same_file(const std::string& a, const std::string& b);
 
 }  // namespace libra

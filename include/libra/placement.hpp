@@ -7,7 +7,9 @@
 // pools of exactly P sequences, the lower bound on the best achievable
 // imbalance R, the paper's law-of-large-numbers prediction (eq. 4), and the
 // layout that maps pools to gradient-accumulation (GA) indices and DP replicas
-// (planning contract, section 3).
+// (planning contract, section 3), and elastic pools (`vrsp-elastic`, ours):
+// pools of one GA step that are fused into one TAP domain when an
+// indivisible outlier sequence would otherwise make its pool the straggler.
 //
 // Every mode is a pure function of the window's workloads F_i (and, for
 // `random`, the seed): it returns a permutation of the window, so the step's
@@ -21,6 +23,11 @@
 //   libra::Result<libra::StepLayout> l = libra::layout_window(*w, /*dp=*/8);
 //   // l->order is S': the window indices in the order a data loader hands
 //   // them out, GA-major and replica-minor.
+//
+//   // Elastic pools need the GA structure (dp) to fuse pools of one GA step:
+//   auto e = libra::place_window(f, {.pool_size = 2, .mode = libra::PlacementMode::kVrspElastic, .dp = 4});
+//   // e->domains: lists of pool indices run as one TAP domain (k*P slots);
+//   // e->imbalance: worst domain's load per worker over the window mean - 1.
 #pragma once
 
 #include <cstdint>
@@ -41,26 +48,78 @@ enum class PlacementMode {
   kZigzag,      // sort by decreasing F, deal to pools in boustrophedon order
   kZigzagSwap,  // zigzag, then heaviest<->lightest pool swaps while they help
   kVrspRefine,  // VRSP, then cardinality-preserving improvement; never worse
+  kVrspElastic, // VRSP, plus pools of one GA step fused around outliers (ours)
 };
 
-// "vrsp", "sampler", "random", "zigzag", "zigzag-swap", "vrsp-refine".
+// "vrsp", "sampler", "random", "zigzag", "zigzag-swap", "vrsp-refine",
+// "vrsp-elastic".
 [[nodiscard]] Result<PlacementMode> parse_placement_mode(std::string_view name);
 std::string_view placement_mode_name(PlacementMode mode);
-// Every mode, in the order of the enum.
+// The modes that place whole pools and never fuse them (every mode but
+// kVrspElastic), in the order of the enum: the ones the simulator and
+// `libra place --summary` compare.
 std::span<const PlacementMode> all_placement_modes();
+
+// How vrsp-elastic chooses the pools it fuses (docs/elastic.md compares them).
+enum class ElasticRule {
+  // Static buddy groups: when VRSP leaves a pool above the threshold, the
+  // window is re-placed with fused domains at fixed pool positions of a GA
+  // step (positions [j*k, (j+1)*k) of the step's DP/P pools), filled
+  // heaviest-first with the outliers first and loads compared per pool, so
+  // the outliers' buddies stay light. Process groups can be created once.
+  kBuddy,
+  // VRSP's pools and layout unchanged; per GA step the heaviest pool above
+  // the threshold is fused with the step's k-1 lightest pools. Which pools
+  // fuse changes from step to step (dynamic process groups).
+  kLightest,
+};
+// "buddy", "lightest".
+[[nodiscard]] Result<ElasticRule> parse_elastic_rule(std::string_view name);
+std::string_view elastic_rule_name(ElasticRule rule);
+
+struct ElasticOptions {
+  std::int64_t max_pools = 2;  // k: at most k pools per domain (k*P*CP workers)
+  // Fuse only when VRSP's predicted R - 1 exceeds this, and only pools whose
+  // load exceeds the window's mean pool load by more than this.
+  double threshold = 0.05;
+  ElasticRule rule = ElasticRule::kBuddy;
+};
 
 struct PlacementOptions {
   std::int64_t pool_size = 8;  // P
   PlacementMode mode = PlacementMode::kVrsp;
   std::uint64_t seed = 0;      // used by kRandom only
+  // DP replicas: DP/P pools share each GA step. Only kVrspElastic uses it
+  // (0 means dp = P: one pool per GA step, so nothing can fuse).
+  std::int64_t dp = 0;
+  ElasticOptions elastic{};    // used by kVrspElastic only
 };
 
 struct WindowPlacement {
   // pools[k][slot] = index of the sequence within the window (0 .. D-1).
   std::vector<std::vector<std::int32_t>> pools;
   std::vector<std::int64_t> loads;  // per pool, the sum of F (exact)
-  double imbalance = 0;             // R - 1, R = max_k load / mean_k load
+  // Worst domain's load per worker over the window's mean load per worker,
+  // minus 1: max_d (load_d / |d|) / mean_k load_k - 1. With every domain a
+  // single pool (every mode but kVrspElastic) this is R - 1,
+  // R = max_k load / mean_k load.
+  double imbalance = 0;
+  // TAP domains: each a list of pool indices (increasing) that run as one
+  // pool of |d|*P slots; slot s of the domain is slot s % P of pool
+  // d[s / P]. All pools of a domain share a GA index. Unfused pools are
+  // domains of one; domains are ordered by their first pool.
+  std::vector<std::vector<std::int32_t>> domains;
+  double pool_imbalance = 0;  // R - 1 over pools, ignoring the domains
 };
+
+// The window indices of domain `d` in its slot order (what make_plan takes
+// as a pool of |d|*P sequences: a fused domain has its own worker numbering
+// r = s*CP + c over its slots s).
+std::vector<std::int32_t> domain_slots(const WindowPlacement& placement, std::size_t d);
+
+// max_d (sum of loads of d / |d|) / mean load - 1 from exact integer loads;
+// equals imbalance_of_loads(loads) when every domain is a single pool.
+double domain_imbalance(std::span<const std::int64_t> loads, const std::vector<std::vector<std::int32_t>>& domains);
 
 // Places one window. workloads[i] = F_i of sequence i of the window
 // (D = workloads.size()). Errors: P < 1, D = 0, D not divisible by P,

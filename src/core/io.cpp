@@ -14,6 +14,8 @@
 namespace libra {
 
 Result<std::string> read_file(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) return io_error(path + ": not a regular file");
   std::ifstream in(path, std::ios::binary);
   if (!in) return io_error(path + ": cannot open for reading: " + std::strerror(errno));
   std::ostringstream buffer;
@@ -62,6 +64,31 @@ Status write_file_atomic(const std::string& path, std::string_view contents) {
     return io_error(path + ": cannot rename into place: " + std::strerror(saved));
   }
   return {};
+}
+
+Status check_writable(const std::string& path) {
+  if (path == "-") return {};
+  if (path.empty()) return invalid_input("output path is empty");
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+    return invalid_input(path + ": is a directory, not a file");
+  }
+  const std::size_t slash = path.find_last_of('/');
+  const std::string dir = slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
+  if (::stat(dir.c_str(), &st) != 0) {
+    return invalid_input(path + ": directory " + dir + (errno == ENOENT ? " does not exist" : std::string(": ") + std::strerror(errno)));
+  }
+  if (!S_ISDIR(st.st_mode)) return invalid_input(path + ": " + dir + " is not a directory");
+  if (::access(dir.c_str(), W_OK | X_OK) != 0) {
+    return invalid_input(path + ": directory " + dir + " is not writable: " + std::strerror(errno));
+  }
+  return {};
+}
+
+bool same_file(const std::string& a, const std::string& b) {
+  struct stat sa {}, sb {};
+  if (a == "-" || b == "-" || ::stat(a.c_str(), &sa) != 0 || ::stat(b.c_str(), &sb) != 0) return false;
+  return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
 }
 
 }  // namespace libra

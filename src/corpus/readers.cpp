@@ -12,6 +12,8 @@
 #include <string>
 #include <utility>
 
+#include "core/decimal.hpp"
+#include "corpus/gzip.hpp"
 #include "corpus/text_util.hpp"
 #include "libra/checked.hpp"
 #include "libra/corpus.hpp"
@@ -52,17 +54,23 @@ std::string where(std::string_view name, std::int64_t line_no) {
   return std::string(name) + ":" + std::to_string(line_no) + ": ";
 }
 
-// Memory-mapped read-only view of a whole regular file.
-class MappedFile {
+// The bytes of a corpus source: a regular file is memory-mapped; standard
+// input ("-"), pipes and files that report size 0 (/proc) are read; a gzip
+// stream (magic 1f 8b) is inflated, whatever its name.
+class SourceBytes {
  public:
-  MappedFile() = default;
-  MappedFile(const MappedFile&) = delete;
-  MappedFile& operator=(const MappedFile&) = delete;
-  ~MappedFile() {
+  SourceBytes() = default;
+  SourceBytes(const SourceBytes&) = delete;
+  SourceBytes& operator=(const SourceBytes&) = delete;
+  ~SourceBytes() {
     if (data_ != nullptr) ::munmap(data_, size_);
   }
 
   Status open(const std::string& path) {
+    if (path == "-") {
+      LIBRA_TRY(read_all(STDIN_FILENO, "standard input"));
+      return gunzip_if_compressed("standard input");
+    }
     const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) return io_error(path + ": cannot open: " + std::strerror(errno));
     struct stat st {};
@@ -71,32 +79,63 @@ class MappedFile {
       ::close(fd);
       return io_error(path + ": cannot stat: " + std::strerror(saved));
     }
-    if (!S_ISREG(st.st_mode)) {
+    if (S_ISDIR(st.st_mode) || !(S_ISREG(st.st_mode) || S_ISFIFO(st.st_mode) || S_ISCHR(st.st_mode))) {
       ::close(fd);
       return io_error(path + ": not a regular file");
     }
-    size_ = static_cast<std::size_t>(st.st_size);
-    if (size_ > 0) {
+    Status s;
+    if (S_ISREG(st.st_mode) && st.st_size > 0) {
+      size_ = static_cast<std::size_t>(st.st_size);
       void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
       if (p == MAP_FAILED) {
-        const int saved = errno;
-        ::close(fd);
         size_ = 0;
-        return io_error(path + ": cannot memory-map: " + std::strerror(saved));
+        s = read_all(fd, path);
+      } else {
+        data_ = p;
       }
-      data_ = p;
+    } else {
+      s = read_all(fd, path);
     }
     ::close(fd);
-    return {};
+    LIBRA_TRY(s);
+    return gunzip_if_compressed(path);
   }
 
   std::span<const unsigned char> bytes() const {
-    return {static_cast<const unsigned char*>(data_), data_ == nullptr ? 0 : size_};
+    if (data_ != nullptr) return {static_cast<const unsigned char*>(data_), size_};
+    return {reinterpret_cast<const unsigned char*>(owned_.data()), owned_.size()};
   }
 
  private:
+  Status read_all(int fd, const std::string& name) {
+    char buf[1 << 16];
+    for (;;) {
+      const ssize_t n = ::read(fd, buf, sizeof buf);
+      if (n == 0) return {};
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        return io_error(name + ": read failed: " + std::strerror(errno));
+      }
+      owned_.append(buf, static_cast<std::size_t>(n));
+    }
+  }
+
+  Status gunzip_if_compressed(const std::string& name) {
+    const std::span<const unsigned char> in = bytes();
+    if (in.size() < 2 || in[0] != 0x1f || in[1] != 0x8b) return {};
+    LIBRA_ASSIGN_OR_RETURN(std::string out, detail::gunzip(in, name));
+    if (data_ != nullptr) {
+      ::munmap(data_, size_);
+      data_ = nullptr;
+      size_ = 0;
+    }
+    owned_ = std::move(out);
+    return {};
+  }
+
   void* data_ = nullptr;
   std::size_t size_ = 0;
+  std::string owned_;
 };
 
 std::uint64_t read_u64(const unsigned char* p) {
@@ -141,27 +180,16 @@ Result<std::vector<std::int64_t>> parse_length_lines(std::string_view text, std:
   Status s = for_each_line(text, [&](std::int64_t line_no, std::string_view raw) -> Status {
     const std::string_view line = trim(raw);
     if (line.empty()) return {};
-    std::int64_t value = 0;
-    bool digits_only = true;
-    for (char c : line) {
-      if (c < '0' || c > '9') {
-        digits_only = false;
-        break;
-      }
-    }
-    if (!digits_only) {
+    const auto parsed = detail::parse_decimal<std::int64_t>(line);
+    if (parsed.error == detail::DecimalError::kSyntax) {
       return invalid_input(where(name, line_no) + "expected a positive integer, got " + detail::quoted(line));
     }
-    for (char c : line) {
-      auto next = checked_mul(value, 10);
-      if (next) next = checked_add(*next, c - '0');
-      if (!next) {
-        return invalid_input(where(name, line_no) + "sample length " + detail::quoted(line) +
-                             " exceeds the 64-bit range");
-      }
-      value = *next;
+    if (parsed.error == detail::DecimalError::kRange) {
+      return invalid_input(where(name, line_no) + "sample length " + detail::quoted(line) +
+                           " exceeds the 64-bit range");
     }
-    if (value == 0) {
+    const std::int64_t value = parsed.value;
+    if (value <= 0) {
       return invalid_input(where(name, line_no) + "expected a positive integer, got " + detail::quoted(line));
     }
     auto sum = checked_add(total, value);
@@ -197,7 +225,8 @@ Result<std::vector<PackedSequence>> parse_packed_jsonl(std::string_view text, st
     }
     if (!value.is_array()) {
       return invalid_input(where(name, line_no) + "expected a JSON array of positive integers, got " +
-                           detail::quoted(line));
+                           detail::quoted(line) +
+                           (value.is_object() ? " (a JSON object; each line must be an array such as [512,300])" : ""));
     }
     if (value.empty()) {
       return invalid_input(where(name, line_no) + "empty packed sequence: a packed sequence needs at least one sample");
@@ -352,7 +381,8 @@ Result<Corpus> parse_corpus_with(std::span<const unsigned char> bytes, const std
   const std::string_view text(reinterpret_cast<const char*>(bytes.data()), bytes.size());
   const std::string_view content = trim(text);
   if (content.empty()) return invalid_input(name + ": the file is empty: no sample lengths");
-  if (content.front() == '[') {
+  // A leading '{' is JSON too: its reader explains that lines are arrays.
+  if (content.front() == '[' || content.front() == '{') {
     LIBRA_ASSIGN_OR_RETURN(c.packed, parse_packed_jsonl(text, name, seq_len));
     c.kind = CorpusKind::kPacked;
     c.format = CorpusFormat::kJsonLines;
@@ -403,20 +433,11 @@ Result<Corpus> load_builtin(const std::string& source) {
   const std::size_t colon = rest.find(':');
   std::string_view name = rest.substr(0, colon);
   if (colon != std::string_view::npos) {
-    const std::string_view digits = rest.substr(colon + 1);
-    std::uint64_t v = 0;
-    bool ok = !digits.empty() && digits.size() <= 20;
-    for (char ch : digits) {
-      if (ch < '0' || ch > '9' || __builtin_mul_overflow(v, std::uint64_t{10}, &v) ||
-          __builtin_add_overflow(v, static_cast<std::uint64_t>(ch - '0'), &v)) {
-        ok = false;
-        break;
-      }
-    }
-    if (!ok) {
+    const auto v = detail::parse_decimal<std::uint64_t>(rest.substr(colon + 1));
+    if (!v.ok()) {
       return invalid_input(detail::quoted(source) + ": the seed after the second ':' must be a decimal integer in [0, 2^64)");
     }
-    seed = v;
+    seed = v.value;
   }
   LIBRA_ASSIGN_OR_RETURN(Corpus c, builtin_corpus(name, seed));
   c.source = source;
@@ -426,9 +447,15 @@ Result<Corpus> load_builtin(const std::string& source) {
 Result<Corpus> load_corpus_checked(const std::string& source, std::optional<std::int64_t> seq_len) {
   if (source.starts_with(kBuiltinPrefix)) return load_builtin(source);
   if (source.empty()) return invalid_input("corpus source: empty path");
-  MappedFile file;
-  LIBRA_TRY(file.open(source));
-  return parse_corpus_with(file.bytes(), source, seq_len);
+  SourceBytes file;
+  // A Megatron dataset is named by its prefix (data/my_text_document for
+  // data/my_text_document.idx + .bin), as Megatron's own --data-path does.
+  struct stat st {};
+  const bool prefix = source != "-" && ::stat(source.c_str(), &st) != 0 && errno == ENOENT &&
+                      ::stat((source + ".idx").c_str(), &st) == 0;
+  const std::string path = prefix ? source + ".idx" : source;
+  LIBRA_TRY(file.open(path));
+  return parse_corpus_with(file.bytes(), path, seq_len);
 }
 
 }  // namespace

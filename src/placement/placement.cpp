@@ -12,36 +12,12 @@
 
 #include "libra/checked.hpp"
 #include "libra/workload.hpp"
+#include "placement/internal.hpp"
 #include "placement/random.hpp"
 
 namespace libra {
 
-namespace {
-
-// Exact products of int64 loads with a pool count need 128 bits.
-__extension__ typedef __int128 Int128;
-
-constexpr std::array<PlacementMode, 6> kModes = {PlacementMode::kVrsp,   PlacementMode::kSampler,
-                                                 PlacementMode::kRandom, PlacementMode::kZigzag,
-                                                 PlacementMode::kZigzagSwap, PlacementMode::kVrspRefine};
-constexpr std::array<std::string_view, 6> kModeNames = {"vrsp",   "sampler",     "random",
-                                                        "zigzag", "zigzag-swap", "vrsp-refine"};
-
-// A swap-based improver stops after this many swaps per sequence even when a
-// further swap would help: the loop provably terminates (every swap strictly
-// lowers the sum of squared loads), but the bound keeps the worst case cheap.
-constexpr std::int64_t kSwapsPerSequence = 16;
-
-using Pools = std::vector<std::vector<std::int32_t>>;
-
-// R - 1 of `max_load` against `sum` over `k` pools, from an exact numerator so
-// that two placements with the same maximum give bit-identical figures.
-double excess_ratio(std::int64_t max_load, std::int64_t sum, std::int64_t k) {
-  if (sum <= 0) return 0.0;
-  const Int128 num = static_cast<Int128>(max_load) * k - sum;
-  if (num <= 0) return 0.0;
-  return static_cast<double>(num) / static_cast<double>(sum);
-}
+namespace placement_detail {
 
 // Indices by decreasing F, ties by increasing index (contract section 3).
 // Sorting (F, index) pairs in place keeps the comparisons cache-friendly.
@@ -56,15 +32,10 @@ std::vector<std::int32_t> heavy_first(std::span<const std::int64_t> w) {
   return order;
 }
 
-Pools make_pools(std::int64_t k, std::int64_t p) {
-  Pools pools(static_cast<std::size_t>(k));
-  for (auto& pool : pools) pool.reserve(static_cast<std::size_t>(p));
-  return pools;
-}
-
 Pools place_vrsp(std::span<const std::int64_t> w, std::int64_t p) {
   const std::int64_t k = static_cast<std::int64_t>(w.size()) / p;
-  Pools pools = make_pools(k, p);
+  Pools pools(static_cast<std::size_t>(k));
+  for (auto& pool : pools) pool.reserve(static_cast<std::size_t>(p));
   using Entry = std::pair<std::int64_t, std::int32_t>;  // (load, pool id): lower load, then lower id
   std::vector<Entry> storage;
   storage.reserve(static_cast<std::size_t>(k));
@@ -78,6 +49,58 @@ Pools place_vrsp(std::span<const std::int64_t> w, std::int64_t p) {
     pool.push_back(i);
     if (static_cast<std::int64_t>(pool.size()) < p) heap.emplace(top.first + w[static_cast<std::size_t>(i)], top.second);
   }
+  return pools;
+}
+
+std::vector<std::int64_t> pool_loads(const Pools& pools, std::span<const std::int64_t> w) {
+  std::vector<std::int64_t> loads(pools.size(), 0);
+  for (std::size_t k = 0; k < pools.size(); ++k) {
+    for (std::int32_t i : pools[k]) loads[k] += w[static_cast<std::size_t>(i)];
+  }
+  return loads;
+}
+
+}  // namespace placement_detail
+
+namespace {
+
+using placement_detail::heavy_first;
+using placement_detail::place_vrsp;
+using placement_detail::pool_loads;
+
+// Exact products of int64 loads with a pool count need 128 bits.
+__extension__ typedef __int128 Int128;
+
+constexpr std::array<PlacementMode, 7> kModes = {PlacementMode::kVrsp,       PlacementMode::kSampler,
+                                                 PlacementMode::kRandom,     PlacementMode::kZigzag,
+                                                 PlacementMode::kZigzagSwap, PlacementMode::kVrspRefine,
+                                                 PlacementMode::kVrspElastic};
+constexpr std::array<std::string_view, 7> kModeNames = {"vrsp",        "sampler",     "random",     "zigzag",
+                                                        "zigzag-swap", "vrsp-refine", "vrsp-elastic"};
+// all_placement_modes(): the whole-pool modes, kVrspElastic (last) excluded.
+constexpr std::size_t kWholePoolModes = 6;
+constexpr std::array<ElasticRule, 2> kRules = {ElasticRule::kBuddy, ElasticRule::kLightest};
+constexpr std::array<std::string_view, 2> kRuleNames = {"buddy", "lightest"};
+
+// A swap-based improver stops after this many swaps per sequence even when a
+// further swap would help: the loop provably terminates (every swap strictly
+// lowers the sum of squared loads), but the bound keeps the worst case cheap.
+constexpr std::int64_t kSwapsPerSequence = 16;
+
+using placement_detail::Pools;
+
+// R - 1 of `max_load` against `sum` over `k` pools, from an exact numerator so
+// that two placements with the same maximum give bit-identical figures.
+double excess_ratio(std::int64_t max_load, std::int64_t sum, std::int64_t k) {
+  if (sum <= 0) return 0.0;
+  const Int128 num = static_cast<Int128>(max_load) * k - sum;
+  if (num <= 0) return 0.0;
+  return static_cast<double>(num) / static_cast<double>(sum);
+}
+
+Pools make_pools(std::int64_t k, std::int64_t p) {
+  Pools pools(static_cast<std::size_t>(k));
+  for (auto& pool : pools) pool.reserve(static_cast<std::size_t>(p));
   return pools;
 }
 
@@ -98,14 +121,6 @@ Pools place_zigzag(std::span<const std::int64_t> w, std::int64_t p) {
     pools[round % 2 == 0 ? pos : k - 1 - pos].push_back(order[t]);
   }
   return pools;
-}
-
-std::vector<std::int64_t> pool_loads(const Pools& pools, std::span<const std::int64_t> w) {
-  std::vector<std::int64_t> loads(pools.size(), 0);
-  for (std::size_t k = 0; k < pools.size(); ++k) {
-    for (std::int32_t i : pools[k]) loads[k] += w[static_cast<std::size_t>(i)];
-  }
-  return loads;
 }
 
 struct Swap {
@@ -364,13 +379,59 @@ std::string_view placement_mode_name(PlacementMode mode) {
   return "unknown";
 }
 
-std::span<const PlacementMode> all_placement_modes() { return kModes; }
+std::span<const PlacementMode> all_placement_modes() { return std::span<const PlacementMode>(kModes).first(kWholePoolModes); }
+
+Result<ElasticRule> parse_elastic_rule(std::string_view name) {
+  for (std::size_t r = 0; r < kRules.size(); ++r) {
+    if (kRuleNames[r] == name) return kRules[r];
+  }
+  return invalid_input("elastic rule '" + std::string(name) + "': unknown; expected buddy or lightest");
+}
+
+std::string_view elastic_rule_name(ElasticRule rule) {
+  for (std::size_t r = 0; r < kRules.size(); ++r) {
+    if (kRules[r] == rule) return kRuleNames[r];
+  }
+  return "unknown";
+}
+
+std::vector<std::int32_t> domain_slots(const WindowPlacement& placement, std::size_t d) {
+  std::vector<std::int32_t> out;
+  for (std::int32_t k : placement.domains.at(d)) {
+    const auto& pool = placement.pools.at(static_cast<std::size_t>(k));
+    out.insert(out.end(), pool.begin(), pool.end());
+  }
+  return out;
+}
+
+double domain_imbalance(std::span<const std::int64_t> loads, const std::vector<std::vector<std::int32_t>>& domains) {
+  Int128 sum = 0;
+  for (std::int64_t l : loads) sum += l;
+  if (sum <= 0 || domains.empty()) return 0.0;
+  // The domain of largest load per pool, compared exactly: a/n > b/m iff a*m > b*n.
+  Int128 best_load = -1;
+  Int128 best_n = 1;
+  for (const auto& d : domains) {
+    Int128 load = 0;
+    for (std::int32_t k : d) load += loads[static_cast<std::size_t>(k)];
+    const auto n = static_cast<Int128>(d.size());
+    if (n > 0 && load * best_n > best_load * n) {
+      best_load = load;
+      best_n = n;
+    }
+  }
+  const auto k = static_cast<Int128>(loads.size());
+  const Int128 num = best_load * k - best_n * sum;  // (max/|d|) / (sum/K) - 1, over best_n * sum
+  if (num <= 0) return 0.0;
+  return static_cast<double>(num) / (static_cast<double>(best_n) * static_cast<double>(sum));
+}
 
 Result<WindowPlacement> place_window(std::span<const std::int64_t> workloads, const PlacementOptions& options) {
   std::int64_t sum = 0;
   LIBRA_TRY(validate(workloads, options, sum));
   const std::int64_t p = options.pool_size;
   Pools pools;
+  std::vector<std::vector<std::int32_t>> domains;  // empty: one per pool
   switch (options.mode) {
     case PlacementMode::kVrsp:
       pools = place_vrsp(workloads, p);
@@ -398,13 +459,39 @@ Result<WindowPlacement> place_window(std::span<const std::int64_t> workloads, co
     case PlacementMode::kVrspRefine:
       pools = place_vrsp_refine(workloads, p);
       break;
+    case PlacementMode::kVrspElastic: {
+      if (options.elastic.max_pools < 1) {
+        return invalid_input("elastic pools: at most " + std::to_string(options.elastic.max_pools) +
+                             " pools per domain; must be at least 1");
+      }
+      if (!(options.elastic.threshold >= 0) || !std::isfinite(options.elastic.threshold)) {
+        return invalid_input("elastic pools: threshold " + std::to_string(options.elastic.threshold) +
+                             ": must be a finite number >= 0");
+      }
+      const std::int64_t dp = options.dp == 0 ? p : options.dp;
+      if (dp < 1 || dp % p != 0 || static_cast<std::int64_t>(workloads.size()) % dp != 0) {
+        return invalid_input("elastic pools: dp " + std::to_string(dp) + ": must be a multiple of the pool size " +
+                             std::to_string(p) + " that divides the window size " + std::to_string(workloads.size()));
+      }
+      auto e = placement_detail::place_elastic(workloads, options, sum);
+      pools = std::move(e.pools);
+      domains = std::move(e.domains);
+      break;
+    }
   }
   if (pools.empty()) return internal_error("placement: unknown mode");
   WindowPlacement out;
   out.loads = pool_loads(pools, workloads);
   out.pools = std::move(pools);
-  out.imbalance = excess_ratio(*std::max_element(out.loads.begin(), out.loads.end()), sum,
-                               static_cast<std::int64_t>(out.loads.size()));
+  out.pool_imbalance = excess_ratio(*std::max_element(out.loads.begin(), out.loads.end()), sum,
+                                    static_cast<std::int64_t>(out.loads.size()));
+  if (domains.empty()) {
+    for (std::size_t k = 0; k < out.pools.size(); ++k) domains.push_back({static_cast<std::int32_t>(k)});
+    out.imbalance = out.pool_imbalance;
+  } else {
+    out.imbalance = domain_imbalance(out.loads, domains);
+  }
+  out.domains = std::move(domains);
   return out;
 }
 

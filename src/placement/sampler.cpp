@@ -71,6 +71,7 @@ Result<SamplerStep> PlacementSampler::at(std::int64_t step) const {
   const std::span<const std::int64_t> window(workloads_.data() + first, static_cast<std::size_t>(d));
   PlacementOptions po = options_.placement;
   po.seed = step_seed(options_.placement.seed, step);
+  po.dp = options_.dp;  // elastic pools fuse pools of one GA step, so they need the layout's DP
   auto placed = place_window(window, po);
   if (!placed.ok()) {
     return invalid_input("step " + std::to_string(step) + " (sequences " + std::to_string(first) + ".." +

@@ -66,6 +66,9 @@ PlanConfig ulysses_config(const Ctx& ctx);
 // Any slot count works (a pool, DistCA's whole DP, a fused domain).
 std::vector<std::int64_t> pool_gpus(std::int64_t first, std::int64_t slots, std::int64_t cp);
 
+// A plan's per-worker times on `gpus` (the plan's workers in order).
+PlanCost cost_plan(const Ctx& ctx, const Plan& plan, std::span<const std::int64_t> gpus);
+
 // make_plan over `sequences` (one per slot) and the cost of the plan on `gpus`.
 Result<PlanCost> price_pool(const Ctx& ctx, std::span<const PackedSequence> sequences, const PlanConfig& pc,
                             std::span<const std::int64_t> gpus, Timing& tm, const std::string& kind);

@@ -11,6 +11,7 @@
 #include <numeric>
 
 #include "sim/internal.hpp"
+#include "sim/plan_pricer.hpp"
 
 namespace libra::sim {
 
@@ -75,8 +76,6 @@ PlanConfig tap_config(const Ctx& ctx, std::int64_t h, std::int64_t b) {
 PlanConfig ulysses_config(const Ctx& ctx) {
   return plan_config(ctx, 1, ctx.seq_len / ctx.cfg.cp, 1, PlanMode::kUlysses, false);
 }
-
-namespace {
 
 // Turns a plan into per-worker compute and communication times. The forward
 // pass moves Q and KV out and O back; the backward pass moves Q, dO and KV
@@ -166,8 +165,6 @@ PlanCost cost_plan(const Ctx& ctx, const Plan& plan, std::span<const std::int64_
   return c;
 }
 
-}  // namespace
-
 double max_of(const std::vector<double>& v) { return v.empty() ? 0.0 : *std::max_element(v.begin(), v.end()); }
 
 // Latency of one pool-step: collectives finish when their slowest worker
@@ -249,3 +246,24 @@ std::vector<PackedSequence> pool_of(std::span<const PackedSequence> window, cons
 }
 
 }  // namespace libra::sim
+
+// ----- Pricing for other units (sim/plan_pricer.hpp) -------------------------
+
+namespace libra::sim_detail {
+
+struct PlanPricer::Impl {
+  sim::Ctx ctx;
+};
+
+PlanPricer::PlanPricer(const SimConfig& config, std::int64_t seq_len)
+    : impl_(std::make_unique<Impl>(Impl{sim::Ctx{config, seq_len, ThroughputTable(config.cost.kernel), {}}})) {}
+
+PlanPricer::~PlanPricer() = default;
+
+double PlanPricer::forward_seconds(const Plan& plan, std::span<const std::int64_t> gpus, std::uint64_t window,
+                                   std::uint64_t step, bool pipelined) const {
+  const sim::PlanCost c = sim::cost_plan(impl_->ctx, plan, gpus);
+  return sim::time_plan(impl_->ctx, c, gpus, {window, step}, pipelined, false);
+}
+
+}  // namespace libra::sim_detail

@@ -1,8 +1,23 @@
 # Runs one CLI test; see libra_cli_test in tests/CMakeLists.txt.
 # Set LIBRA_UPDATE_GOLDEN=1 to rewrite a golden file after reviewing a
 # deliberate format change by hand.
+cmake_minimum_required(VERSION 3.25)
+if(TMP)
+  file(REMOVE_RECURSE ${TMP})
+  file(MAKE_DIRECTORY ${TMP})
+  foreach(f ${COPY})
+    file(COPY ${WORKDIR}/${f} DESTINATION ${TMP})
+  endforeach()
+  string(REPLACE "%TMP%" "${TMP}" ARGS "${ARGS}")
+  string(REPLACE "%TMP%" "${TMP}" EXPECT_FILE "${EXPECT_FILE}")
+  string(REPLACE "%TMP%" "${TMP}" EXPECT_NO_FILE "${EXPECT_NO_FILE}")
+endif()
+set(input_args)
+if(STDIN)
+  set(input_args INPUT_FILE ${WORKDIR}/${STDIN})
+endif()
 execute_process(COMMAND ${LIBRA} ${ARGS}
-  WORKING_DIRECTORY ${WORKDIR}
+  WORKING_DIRECTORY ${WORKDIR} ${input_args}
   RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
 if(NOT "${rc}" STREQUAL "${EXPECT_EXIT}")
   message(FATAL_ERROR "libra ${ARGS}: exit status ${rc}, expected ${EXPECT_EXIT}\nstdout:\n${out}\nstderr:\n${err}")
@@ -30,4 +45,10 @@ if(NOT EXPECT_EXIT EQUAL 0)
   if(NOT n EQUAL 1)
     message(FATAL_ERROR "libra ${ARGS}: expected exactly one line on stderr, got ${n}:\n${err}")
   endif()
+endif()
+if(EXPECT_FILE AND NOT EXISTS "${EXPECT_FILE}")
+  message(FATAL_ERROR "libra ${ARGS}: expected ${EXPECT_FILE} to exist")
+endif()
+if(EXPECT_NO_FILE AND EXISTS "${EXPECT_NO_FILE}")
+  message(FATAL_ERROR "libra ${ARGS}: expected ${EXPECT_NO_FILE} not to exist")
 endif()

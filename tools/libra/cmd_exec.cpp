@@ -388,7 +388,7 @@ int exec_rank(Communicator& world, const ExecOptionsCli& opt) {
                  good ? "ok" : "FAIL");
     }
     fmt::print("result: {}\n", ok ? "within tolerance" : "BEYOND TOLERANCE");
-    verdict = ok ? kExitOk : kExitFailure;
+    verdict = ok ? kExitOk : kExitCheckFailed;
   }
   Result<std::vector<std::uint64_t>> verdicts = world.allgather(static_cast<std::uint64_t>(verdict));
   if (!verdicts.ok()) abort_job(world, verdicts.error());
@@ -553,7 +553,7 @@ const bool registered = register_command(70, [](CLI::App& app) {
   add_shape_options(ex, eo->shape, false);
   ex->add_option("--mode", eo->mode, "executor: tap, tap-split, ulysses (the baseline executor), ulysses-plan");
   ex->add_option("--seed", eo->seed, "seed of the random Q, K, V and dO");
-  ex->add_flag("--check", eo->check, "compare with the single-process reference on the whole sequences (exit 1 beyond tolerance)");
+  ex->add_flag("--check", eo->check, "compare with the single-process reference on the whole sequences (exit 3 beyond tolerance)");
   ex->add_option("--reference", eo->reference, "reference for --check: auto (naive fp64 when small), naive, kernel");
   ex->add_option("--trace", eo->trace, "write a Chrome trace-event JSON file of compute and transfers per rank");
   ex->add_option("--ranks", eo->ranks, "run N ranks as threads of this process instead of MPI");

@@ -60,7 +60,27 @@ double wall_seconds() {
   return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_nsec) * 1e-9;
 }
 
+// Every flag checked by name before the FMA probe and the timings start.
+Status check_flags(const KernelBenchOptions& o) {
+  if (o.repetitions < 1) return invalid_input(fmt::format("--repetitions {}: must be at least 1", o.repetitions));
+  if (!(o.min_seconds >= 0) || o.min_seconds > 60) {
+    return invalid_input(fmt::format("--min-seconds {}: must be in [0, 60]", o.min_seconds));
+  }
+  if (o.head_dim < 1 || o.head_dim > 1024) return invalid_input(fmt::format("--head-dim {}: must be in [1, 1024]", o.head_dim));
+  for (std::int64_t l : o.lengths) {
+    if (l < 1 || l > 1048576) return invalid_input(fmt::format("--lengths {}: every length must be in [1, 1048576]", l));
+  }
+  for (std::int64_t h : o.heads) {
+    if (h < 1 || h > 256) return invalid_input(fmt::format("--heads {}: every head count must be in [1, 256]", h));
+  }
+  if (o.clock == "cpu" && o.threads != 1) {
+    return invalid_input(fmt::format("--clock cpu: measures the calling thread only; use --threads 1 (not {}) or --clock wall", o.threads));
+  }
+  return {};
+}
+
 int run_kernel_bench(const KernelBenchOptions& o) {
+  if (Status s = check_flags(o); !s.ok()) return fail(s);
   kernel::ProfileOptions p;
   p.block_lens = o.lengths;
   p.heads = o.heads;

@@ -2,7 +2,6 @@
 // optimizer-step windows of a packed corpus.
 #include <fmt/format.h>
 
-#include <charconv>
 #include <cmath>
 #include <iostream>
 #include <memory>
@@ -26,11 +25,14 @@ struct PlaceOptions {
   std::int64_t gbs = 0;
   std::optional<std::int64_t> dp;  // default: the pool size
   std::string mode = "vrsp";
-  std::string seed = "0";
+  std::uint64_t seed = 0;
   std::optional<std::int64_t> seq_len;
   bool json = false;
   bool summary = false;
   std::string output = "-";
+  ElasticOptions elastic;  // --mode vrsp-elastic
+  std::string elastic_rule = "buddy";
+  const CLI::Option* mode_flag = nullptr;  // given explicitly?
 };
 
 // Population coefficient of variation of the workloads of the full windows.
@@ -78,11 +80,27 @@ Result<ModeStats> run_mode(const PlacementSampler& base, PlacementMode mode, con
 
 int run_place(const PlaceOptions& opt) {
   PlacementMode mode = PlacementMode::kVrsp;
+  if (opt.summary && opt.mode_flag != nullptr && opt.mode_flag->count() > 0) {
+    return fail(invalid_input("--mode " + opt.mode + ": --summary runs every mode; drop one of the two"));
+  }
   if (!opt.summary) {
     auto m = parse_placement_mode(opt.mode);
     if (!m.ok()) return fail(invalid_input("--mode " + opt.mode + ": unknown placement mode; expected one of vrsp, "
-                                           "sampler, random, zigzag, zigzag-swap, vrsp-refine"));
+                                           "sampler, random, zigzag, zigzag-swap, vrsp-refine, vrsp-elastic"));
     mode = *m;
+  }
+  ElasticOptions elastic = opt.elastic;
+  {
+    auto r = parse_elastic_rule(opt.elastic_rule);
+    if (!r.ok()) return fail(invalid_input("--elastic-rule " + opt.elastic_rule + ": expected buddy or lightest"));
+    elastic.rule = *r;
+  }
+  if (elastic.max_pools < 1) {
+    return fail(invalid_input("--elastic-k " + std::to_string(elastic.max_pools) + ": must be at least 1"));
+  }
+  if (!(elastic.threshold >= 0) || !std::isfinite(elastic.threshold)) {
+    return fail(invalid_input("--elastic-threshold " + fmt::format("{}", elastic.threshold) +
+                              ": must be a finite number >= 0"));
   }
   if (opt.pool_size < 1) return fail(invalid_input("--pool-size " + std::to_string(opt.pool_size) + ": must be at least 1"));
   if (opt.gbs < 1) return fail(invalid_input("--gbs " + std::to_string(opt.gbs) + ": must be at least 1"));
@@ -90,15 +108,7 @@ int run_place(const PlaceOptions& opt) {
   if (opt.seq_len && *opt.seq_len < 1) {
     return fail(invalid_input("--seq-len " + std::to_string(*opt.seq_len) + ": must be at least 1"));
   }
-  std::uint64_t seed = 0;
-  {
-    const char* first = opt.seed.data();
-    const char* last = first + opt.seed.size();
-    const auto [end, ec] = std::from_chars(first, last, seed);
-    if (ec != std::errc() || end != last || opt.seed.empty()) {
-      return fail(invalid_input("--seed " + opt.seed + ": must be an integer in [0, 18446744073709551615]"));
-    }
-  }
+  const std::uint64_t seed = opt.seed;
   auto sequences = load_packed_sequences(opt.source, opt.seq_len);
   if (!sequences.ok()) return fail(sequences.error());
   const auto n = static_cast<std::int64_t>(sequences->size());
@@ -106,14 +116,14 @@ int run_place(const PlaceOptions& opt) {
     return fail(invalid_input(opt.source + ": " + std::to_string(n) + " packed sequences, fewer than --gbs " +
                               std::to_string(opt.gbs) + " (one optimizer step)"));
   }
-  const SamplerOptions so{.gbs = opt.gbs, .dp = opt.dp.value_or(opt.pool_size), .placement = {.pool_size = opt.pool_size, .mode = mode, .seed = seed}};
+  const SamplerOptions so{.gbs = opt.gbs, .dp = opt.dp.value_or(opt.pool_size), .placement = {.pool_size = opt.pool_size, .mode = mode, .seed = seed, .elastic = elastic}};
   auto sampler = PlacementSampler::create(std::move(*sequences), so);
   if (!sampler.ok()) return fail(sampler.error());
   const std::int64_t windows = sampler->num_steps();
   const std::int64_t tail = sampler->dropped_tail();
   if (tail > 0) {
-    std::cerr << "libra: note: skipped the last " << tail << " packed sequence" << (tail == 1 ? "" : "s")
-              << " of " << opt.source << " (a partial window, fewer than --gbs " << opt.gbs << ")\n";
+    note(fmt::format("skipped the last {} packed sequence{} of {} (a partial window, fewer than --gbs {})", tail,
+                     tail == 1 ? "" : "s", opt.source, opt.gbs));
   }
   const std::int64_t dp = sampler->options().dp;
   const std::int64_t k = opt.gbs / opt.pool_size;
@@ -170,12 +180,14 @@ int run_place(const PlaceOptions& opt) {
     std::string table = fmt::format("{:>6} {:>8} {:>12} {:>12} {:>12} {:>20} {:>20}\n", "window", "first",
                                     "R-1", "bound_R-1", "gap", "max_load", "mean_load");
     double mean_imb = 0;
+    std::int64_t fused_windows = 0;  // windows with a domain of more than one pool
     for (std::int64_t step = 0; step < windows; ++step) {
       auto st = sampler->at(step);
       if (!st.ok()) return fail(st.error());
       const auto& pl = st->placement;
       const double lb = lower_bounds[static_cast<std::size_t>(step)];
       mean_imb += pl.imbalance;
+      if (pl.domains.size() < pl.pools.size()) ++fused_windows;
       std::int64_t max_load = 0, sum = 0;
       for (std::int64_t l : pl.loads) {
         max_load = std::max(max_load, l);
@@ -194,6 +206,12 @@ int run_place(const PlaceOptions& opt) {
                         {"pool_ga", st->layout.pool_ga},
                         {"pool_first_replica", st->layout.pool_first_replica},
                         {"order", st->order}}}});
+        // Elastic pools: the TAP domains and R - 1 over pools beside the
+        // imbalance over domains (other modes keep their output unchanged).
+        if (mode == PlacementMode::kVrspElastic) {
+          jw.back()["domains"] = pl.domains;
+          jw.back()["pool_imbalance"] = pl.pool_imbalance;
+        }
       } else {
         table += fmt::format("{:>6} {:>8} {:>12.6f} {:>12.6f} {:>12.6f} {:>20} {:>20.1f}\n", step, step * opt.gbs,
                              pl.imbalance, lb, pl.imbalance - lb, max_load,
@@ -208,6 +226,7 @@ int run_place(const PlaceOptions& opt) {
                           {"sequences", n},             {"skipped_tail", tail},
                           {"mean_imbalance", mean_imb}, {"mean_lower_bound", mean_lb},
                           {"workload_cv", cv},          {"lln_prediction", lln}};
+      if (mode == PlacementMode::kVrspElastic) j["fused_windows"] = fused_windows;
       // One window per line: readable, diffable, and still one JSON document.
       out = j.dump();
       out.pop_back();
@@ -220,6 +239,11 @@ int run_place(const PlaceOptions& opt) {
       out += table;
       out += fmt::format("# mean R-1 {:.6f}  mean bound {:.6f}  mean gap {:.6f}  CV(F) {:.4f}  LLN R-1 {:.6f}\n",
                          mean_imb, mean_lb, mean_imb - mean_lb, cv, lln);
+      if (mode == PlacementMode::kVrspElastic) {
+        out += fmt::format("# elastic ({}, k {}, threshold {}): {} of {} windows fuse pools; R-1 is over domains\n",
+                           elastic_rule_name(elastic.rule), elastic.max_pools, elastic.threshold, fused_windows,
+                           windows);
+      }
     }
   }
   return fail(write_file_atomic(opt.output, out));
@@ -236,13 +260,20 @@ const bool registered = register_command(30, [](CLI::App& app) {
   sub->add_option("--pool-size,-P", opts->pool_size, "Sequences per pool (P); must divide --gbs and --dp")->required();
   sub->add_option("--gbs,-D", opts->gbs, "Packed sequences per optimizer step (window)")->required();
   sub->add_option("--dp", opts->dp, "DP replicas for the layout (default: the pool size)");
-  sub->add_option("--mode", opts->mode, "vrsp, sampler, random, zigzag, zigzag-swap or vrsp-refine")
-      ->capture_default_str();
+  opts->mode_flag = sub->add_option(
+      "--mode", opts->mode, "vrsp, sampler, random, zigzag, zigzag-swap, vrsp-refine or vrsp-elastic; not with --summary");
   sub->add_option("--seed", opts->seed, "Base seed of the random mode (window w uses step_seed(seed, w))");
   sub->add_option("--seq-len", opts->seq_len, "Packed length for raw sources (default: the corpus' own)");
   sub->add_flag("--json", opts->json, "JSON output");
   sub->add_flag("--summary", opts->summary, "One row per mode (every mode): mean and max R-1, bound, gap, LLN");
   sub->add_option("--output,-o", opts->output, "Output file (default: standard output)");
+  sub->add_option("--elastic-k", opts->elastic.max_pools, "vrsp-elastic: at most this many pools per fused domain")
+      ->capture_default_str();
+  sub->add_option("--elastic-threshold", opts->elastic.threshold,
+                  "vrsp-elastic: fuse only pools whose load exceeds the mean pool load by more than this")
+      ->capture_default_str();
+  sub->add_option("--elastic-rule", opts->elastic_rule, "vrsp-elastic: buddy (static groups) or lightest")
+      ->capture_default_str();
   return std::vector<Handler>{{sub, [opts] { return run_place(*opts); }}};
 });
 

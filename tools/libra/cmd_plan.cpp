@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "commands.hpp"
+#include "plan_flags.hpp"
 #include "libra/corpus.hpp"
 #include "libra/io.hpp"
 #include "libra/plan.hpp"
@@ -19,13 +20,7 @@ namespace {
 struct PlanOptions {
   std::string source;
   std::string load;
-  std::optional<std::int64_t> seq_len;
-  std::optional<int> cp, head_shards, heads_q, heads_kv, head_dim;
-  std::optional<std::int64_t> block;
-  std::string dtype = "bf16";
-  std::optional<std::int64_t> window;
-  double tau = 0.03;
-  int chunks = 1;
+  PlanFlags plan;
   std::string mode = "tap";
   bool dedup_per_kv_head = false;
   std::optional<std::int64_t> pool_size;
@@ -33,6 +28,7 @@ struct PlanOptions {
   bool json = false;
   std::string output;
   std::string format;
+  std::vector<const CLI::Option*> pool_flags;  // --mode, --dedup-per-kv-head, --pool-size, --pool-index
 };
 
 std::string summary(const Plan& plan) {
@@ -62,35 +58,7 @@ std::string summary(const Plan& plan) {
 }
 
 Result<PlanConfig> config_from(const PlanOptions& o) {
-  auto need = [](const auto& v, const char* flag) -> Status {
-    if (!v) return invalid_input(std::string(flag) + " is required to plan a pool");
-    return {};
-  };
-  LIBRA_TRY(need(o.seq_len, "--seq-len"));
-  LIBRA_TRY(need(o.cp, "--cp"));
-  LIBRA_TRY(need(o.block, "--block"));
-  LIBRA_TRY(need(o.head_shards, "--head-shards"));
-  LIBRA_TRY(need(o.heads_q, "--heads-q"));
-  LIBRA_TRY(need(o.heads_kv, "--heads-kv"));
-  LIBRA_TRY(need(o.head_dim, "--head-dim"));
-  PlanConfig c;
-  c.seq_len = *o.seq_len;
-  c.cp = *o.cp;
-  c.block_size = *o.block;
-  c.head_shards = *o.head_shards;
-  c.shape.heads_q = *o.heads_q;
-  c.shape.heads_kv = *o.heads_kv;
-  c.shape.head_dim = *o.head_dim;
-  if (o.dtype == "bf16" || o.dtype == "fp16") {
-    c.shape.elem_bytes = 2;
-  } else if (o.dtype == "fp32") {
-    c.shape.elem_bytes = 4;
-  } else {
-    return invalid_input("--dtype " + o.dtype + ": must be bf16, fp16 or fp32");
-  }
-  if (o.window) c.shape.window = *o.window;
-  c.tau = o.tau;
-  c.chunks = o.chunks;
+  LIBRA_ASSIGN_OR_RETURN(PlanConfig c, plan_config_from(o.plan));
   auto m = parse_plan_mode(o.mode);
   if (!m.ok()) return invalid_input("--mode " + o.mode + ": must be one of tap, ulysses, tap-split");
   c.mode = *m;
@@ -102,6 +70,14 @@ Result<PlanConfig> config_from(const PlanOptions& o) {
 Result<Plan> plan_from_options(const PlanOptions& o) {
   if (!o.load.empty()) {
     if (!o.source.empty()) return invalid_input("--load " + o.load + ": give either a pool or --load, not both");
+    std::string given = first_plan_flag_given(o.plan);
+    for (const CLI::Option* f : o.pool_flags) {
+      if (given.empty() && f->count() > 0) given = f->get_name();
+    }
+    if (!given.empty()) {
+      return invalid_input("--load " + o.load + ": the saved plan fixes " + given + "; drop " + given +
+                           " or plan a pool instead");
+    }
     return load_plan(o.load);
   }
   if (o.source.empty()) return invalid_input("no pool given: name a POOL.jsonl (one line per slot) or --load PLAN");
@@ -128,6 +104,10 @@ Result<Plan> plan_from_options(const PlanOptions& o) {
 }
 
 int run_plan(const PlanOptions& o) {
+  if (!o.format.empty() && o.output.empty()) {
+    return fail(invalid_input("--format " + o.format + ": only sets the format of -o FILE; add -o FILE (--json prints "
+                              "the plan as JSON)"));
+  }
   auto plan = plan_from_options(o);
   if (!plan.ok()) return fail(plan.error());
   if (!o.output.empty()) {
@@ -150,21 +130,13 @@ const bool registered = register_command(40, [](CLI::App& app) {
       "plan", "Place one pool's SH-Tiles (TAP), build the exchange plan and chunks, print or save the plan");
   sub->add_option("pool", o->source, "Packed sequences, one per slot: JSONL file (or any corpus with --pool-size)");
   sub->add_option("--load", o->load, "Load a saved plan (JSON or binary) instead of planning");
-  sub->add_option("--seq-len", o->seq_len, "Packed length L");
-  sub->add_option("--cp", o->cp, "CP workers per slot");
-  sub->add_option("--block", o->block, "Query rows per SH-Tile (B)");
-  sub->add_option("--head-shards", o->head_shards, "Head shards per block (H)");
-  sub->add_option("--heads-q", o->heads_q, "Query heads (h_q)");
-  sub->add_option("--heads-kv", o->heads_kv, "KV heads (h_kv)");
-  sub->add_option("--head-dim", o->head_dim, "Head dimension (d)");
-  sub->add_option("--dtype", o->dtype, "Element type: bf16, fp16 or fp32")->capture_default_str();
-  sub->add_option("--window", o->window, "Sliding-window width (default: full causal)");
-  sub->add_option("--tau", o->tau, "Load slack of the soft target C")->capture_default_str();
-  sub->add_option("--chunks", o->chunks, "Pipeline chunks M; divides h_q/H")->capture_default_str();
-  sub->add_option("--mode", o->mode, "tap, ulysses or tap-split")->capture_default_str();
-  sub->add_flag("--dedup-per-kv-head", o->dedup_per_kv_head, "Fetch KV once per KV head instead of per head shard");
-  sub->add_option("--pool-size", o->pool_size, "Take --pool-size consecutive sequences as the pool");
-  sub->add_option("--pool-index", o->pool_index, "Which pool of --pool-size sequences (default 0)");
+  add_plan_flags(sub, o->plan, "required unless --load");
+  o->pool_flags = {
+      sub->add_option("--mode", o->mode, "tap, ulysses or tap-split"),
+      sub->add_flag("--dedup-per-kv-head", o->dedup_per_kv_head, "Fetch KV once per KV head instead of per head shard"),
+      sub->add_option("--pool-size", o->pool_size, "Take --pool-size consecutive sequences as the pool"),
+      sub->add_option("--pool-index", o->pool_index, "Which pool of --pool-size sequences"),
+  };
   sub->add_flag("--json", o->json, "Print the plan as JSON instead of the per-worker summary");
   sub->add_option("--output,-o", o->output, "Write the plan file (.json: JSON, otherwise binary)");
   sub->add_option("--format", o->format, "Plan file format: json or binary (default: by extension)");

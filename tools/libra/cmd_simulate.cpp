@@ -16,12 +16,18 @@
 #include <vector>
 
 #include "commands.hpp"
+#include "libra/elastic_sim.hpp"
 #include "libra/io.hpp"
 #include "libra/simulator.hpp"
 
 extern char** environ;
 
 namespace libra::cli {
+
+// cmd_simulate_elastic.cpp
+int run_simulate_elastic(SimConfig cfg, bool pool_given, bool shards_given, bool blocks_given,
+                         ElasticOptions elastic, const std::string& rule, bool json, const std::string& output);
+
 namespace {
 
 struct SimulateOptions {
@@ -33,6 +39,9 @@ struct SimulateOptions {
   bool json = false, csv = false, timing = false, progress = false;
   std::optional<std::string> report, config_out;
   std::string output = "-";
+  bool elastic = false;  // --elastic: vrsp-elastic against vrsp (cmd_simulate_elastic.cpp)
+  ElasticOptions elastic_options;
+  std::string elastic_rule = "buddy";
 };
 
 // Runs `gnuplot sim-plots.gp` inside `dir`: fork, chdir, execvp with an
@@ -84,6 +93,15 @@ int run_simulate(const SimulateOptions& o) {
   }
   if (o.source) cfg.source = *o.source;
   if (o.no_end_to_end) cfg.end_to_end = false;
+  if (o.elastic) {
+    auto given = [&](const char* key) {
+      auto it = o.values.find(key);
+      return it != o.values.end() && !it->second.empty();
+    };
+    if (!given("windows")) cfg.max_windows = 0;  // every window unless --windows says otherwise
+    return run_simulate_elastic(cfg, given("pool_size"), given("head_shards"), given("block_size"),
+                                o.elastic_options, o.elastic_rule, o.json, o.output);
+  }
   if (o.config_out) {
     Status s = write_file_atomic(*o.config_out, sim_config_json(cfg));
     if (!s.ok()) return fail(s);
@@ -160,6 +178,12 @@ const bool registered = register_command(50, [](CLI::App& app) {
   sub->add_flag("--timing", o->timing, "print where the time went on stderr (wall and CPU time)");
   sub->add_flag("--progress", o->progress, "progress on stderr even when it is not a terminal");
   sub->add_option("-o,--output", o->output, "output file (default stdout)");
+  sub->add_flag("--elastic", o->elastic,
+                "elastic pools: vrsp-elastic against vrsp for one (P, H, B) (default 8, 8, 16384), every window");
+  sub->add_option("--elastic-k", o->elastic_options.max_pools, "with --elastic: at most k pools per domain (default 2)");
+  sub->add_option("--elastic-threshold", o->elastic_options.threshold,
+                  "with --elastic: fuse above this excess over the mean pool load (default 0.05)");
+  sub->add_option("--elastic-rule", o->elastic_rule, "with --elastic: buddy (default) or lightest");
   return std::vector<Handler>{{sub, [o] { return run_simulate(*o); }}};
 });
 

@@ -16,6 +16,7 @@
 
 #include <functional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "libra/status.hpp"
@@ -24,7 +25,8 @@ namespace libra::cli {
 
 inline constexpr int kExitOk = 0;
 inline constexpr int kExitUsage = 2;  // bad input, bad flags, impossible configuration
-inline constexpr int kExitFailure = 1;  // a check ran and failed (e.g. --check tolerance)
+inline constexpr int kExitFailure = 1;  // internal error (a bug, out of memory)
+inline constexpr int kExitCheckFailed = 3;  // a check ran and failed (exec --check beyond tolerance)
 
 struct Handler {
   CLI::App* command;            // the leaf subcommand that runs this handler
@@ -34,10 +36,22 @@ struct Handler {
 // `order` sorts commands in --help; lower comes first.
 bool register_command(int order, std::function<std::vector<Handler>(CLI::App&)> setup);
 
-// Prints "libra: error: <message>" to stderr and returns kExitUsage (or
-// kExitFailure for internal errors).
+// Exit statuses (documented in README.md "Exit status"): 0 success, 2 bad
+// input (one line on stderr), 3 a --check that ran and found the result
+// beyond tolerance, 1 an internal error.
+//
+// Prints "libra: error: <message>" to stderr (control bytes escaped, so the
+// message is one line whatever a file name holds) and returns kExitUsage
+// (or kExitFailure for internal errors).
 int fail(const Error& error);
 int fail(const Status& status);
+
+// Prints "libra: note: <message>" to stderr, escaped like fail().
+void note(std::string_view message);
+
+// `text` with every control byte (below 0x20, and 0x7f) written as \xNN:
+// file names with a newline or an escape byte stay one inert line.
+std::string printable(std::string_view text);
 
 // The parent command `name` (e.g. "corpus", "bench"), created on first use so
 // several files can hang leaf commands under it.

@@ -1,0 +1,203 @@
+// vrsp-elastic: hand-computed windows, and properties over random windows
+// checked against naive recomputation (not against the planner's own
+// figures): step-equivalence, domains of at most k pools of one GA step,
+// exactly VRSP without outliers, never worse than VRSP, determinism.
+#include <gtest/gtest.h>
+#include <rapidcheck/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <numeric>
+#include <vector>
+
+#include "libra/placement.hpp"
+#include "libra/sampler.hpp"
+
+namespace libra {
+namespace {
+
+using Lists = std::vector<std::vector<std::int32_t>>;
+
+PlacementOptions elastic(std::int64_t p, std::int64_t dp, std::int64_t k = 2, double threshold = 0.05,
+                         ElasticRule rule = ElasticRule::kBuddy) {
+  return {.pool_size = p, .mode = PlacementMode::kVrspElastic, .dp = dp,
+          .elastic = {.max_pools = k, .threshold = threshold, .rule = rule}};
+}
+
+// Worked by hand in the comments: F = 12 1 1 1 4 4 4 5, P = 2, DP = 4
+// (two pools per GA step), mean pool load 8. VRSP: pools [0,3] [7,2] [4,6]
+// [5,1], loads 13 6 8 5, R-1 = 0.625: only pool 0 is above 1.05 * 8.
+const std::vector<std::int64_t> kWindow = {12, 1, 1, 1, 4, 4, 4, 5};
+
+TEST(Elastic, BuddyRuleHandComputed) {
+  // One fused domain at the buddy positions of GA step 0 (pools 0 and 1),
+  // singletons 2 and 3. Greedy by load per pool: 12 -> D{0,1} (6 per pool),
+  // 5 -> {2}, 4 -> {3}, 4 -> {3} (full at 8), 4 -> {2} (5 < 6; full at 9),
+  // 1, 1, 1 -> D{0,1} (15, full). The domain's 12 1 1 1 split by VRSP into
+  // [0,3] and [1,2]. Worst domain: pool 2 at 9 per pool: 9/8 - 1.
+  auto r = place_window(kWindow, elastic(2, 4));
+  ASSERT_TRUE(r.ok()) << r.error().message();
+  EXPECT_EQ(r->pools, (Lists{{0, 3}, {1, 2}, {7, 6}, {4, 5}}));
+  EXPECT_EQ(r->loads, (std::vector<std::int64_t>{13, 2, 9, 8}));
+  EXPECT_EQ(r->domains, (Lists{{0, 1}, {2}, {3}}));
+  EXPECT_DOUBLE_EQ(r->imbalance, 0.125);
+  EXPECT_DOUBLE_EQ(r->pool_imbalance, 0.625);
+  EXPECT_EQ(domain_slots(*r, 0), (std::vector<std::int32_t>{0, 3, 1, 2}));
+}
+
+TEST(Elastic, LightestRuleHandComputed) {
+  // VRSP's pools; GA step 0 (pools 0, 1): 13 is above 8.4, fused with 6:
+  // 19 / 2 = 9.5 per pool. GA step 1: 8 is not above 8.4.
+  auto r = place_window(kWindow, elastic(2, 4, 2, 0.05, ElasticRule::kLightest));
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->pools, (Lists{{0, 3}, {7, 2}, {4, 6}, {5, 1}}));
+  EXPECT_EQ(r->domains, (Lists{{0, 1}, {2}, {3}}));
+  EXPECT_DOUBLE_EQ(r->imbalance, 9.5 / 8 - 1);
+}
+
+TEST(Elastic, OnePoolPerGaStepOrHighThresholdIsVrsp) {
+  const auto vrsp = place_window(kWindow, {.pool_size = 2, .mode = PlacementMode::kVrsp});
+  for (const auto& o : {elastic(2, 2), elastic(2, 0), elastic(2, 4, 1), elastic(2, 4, 2, 0.7)}) {
+    auto r = place_window(kWindow, o);
+    ASSERT_TRUE(r.ok());
+    EXPECT_EQ(r->pools, vrsp->pools);
+    EXPECT_EQ(r->domains, (Lists{{0}, {1}, {2}, {3}}));
+    EXPECT_EQ(r->imbalance, vrsp->imbalance);
+  }
+}
+
+TEST(Elastic, BadSettings) {
+  auto k0 = place_window(kWindow, elastic(2, 4, 0));
+  ASSERT_FALSE(k0.ok());
+  EXPECT_NE(k0.error().message().find("at least 1"), std::string::npos);
+  EXPECT_FALSE(place_window(kWindow, elastic(2, 4, 2, -0.1)).ok());
+  EXPECT_FALSE(place_window(kWindow, elastic(2, 3)).ok());   // P does not divide DP
+  EXPECT_FALSE(place_window(kWindow, elastic(2, 16)).ok());  // DP does not divide D
+  EXPECT_EQ(*parse_elastic_rule("lightest"), ElasticRule::kLightest);
+  EXPECT_FALSE(parse_elastic_rule("random").ok());
+  EXPECT_EQ(*parse_placement_mode("vrsp-elastic"), PlacementMode::kVrspElastic);
+}
+
+TEST(Elastic, SamplerPassesItsDp) {
+  std::vector<std::int64_t> w = kWindow;
+  w.insert(w.end(), kWindow.begin(), kWindow.end());
+  auto s = PlacementSampler::from_workloads(
+      w, {.gbs = 8, .dp = 4, .placement = {.pool_size = 2, .mode = PlacementMode::kVrspElastic}});
+  ASSERT_TRUE(s.ok());
+  auto step = s->at(1);
+  ASSERT_TRUE(step.ok());
+  EXPECT_EQ(step->placement.domains, (Lists{{0, 1}, {2}, {3}}));
+  EXPECT_EQ(step->order.front(), 8);  // global indices: window 1 starts at 8
+}
+
+// Random windows with long tails: a few heavy outliers among light ones.
+struct Case {
+  std::vector<std::int64_t> w;
+  std::int64_t p, dp, k;
+  double threshold;
+  ElasticRule rule;
+};
+
+rc::Gen<Case> gen_case() {
+  return rc::gen::exec([] {
+    Case c;
+    c.p = *rc::gen::inRange<std::int64_t>(1, 6);
+    const auto ppg = *rc::gen::inRange<std::int64_t>(1, 5);
+    const auto ga = *rc::gen::inRange<std::int64_t>(1, 4);
+    c.dp = c.p * ppg;
+    c.k = *rc::gen::inRange<std::int64_t>(1, 5);
+    c.threshold = *rc::gen::elementOf(std::vector<double>{0.0, 0.05, 0.3});
+    c.rule = *rc::gen::elementOf(std::vector<ElasticRule>{ElasticRule::kBuddy, ElasticRule::kLightest});
+    const auto d = static_cast<std::size_t>(c.dp * ga);
+    c.w = *rc::gen::container<std::vector<std::int64_t>>(
+        d, rc::gen::weightedOneOf<std::int64_t>({{8, rc::gen::inRange<std::int64_t>(0, 1000)},
+                                                 {1, rc::gen::inRange<std::int64_t>(1000, 100000)}}));
+    if (std::all_of(c.w.begin(), c.w.end(), [](std::int64_t x) { return x == 0; })) c.w[0] = 1;
+    return c;
+  });
+}
+
+RC_GTEST_PROP(Elastic, Properties, ()) {
+  const Case c = *gen_case();
+  const auto got = place_window(c.w, elastic(c.p, c.dp, c.k, c.threshold, c.rule));
+  RC_ASSERT(got.ok());
+  const auto vrsp = place_window(c.w, {.pool_size = c.p, .mode = PlacementMode::kVrsp});
+  const std::size_t num_pools = c.w.size() / static_cast<std::size_t>(c.p);
+  const std::int64_t ppg = c.dp / c.p;
+
+  // Step-equivalence: pools of exactly P, every sequence exactly once.
+  RC_ASSERT(got->pools.size() == num_pools);
+  std::vector<int> seen(c.w.size(), 0);
+  std::vector<std::int64_t> loads;
+  for (const auto& pool : got->pools) {
+    RC_ASSERT(static_cast<std::int64_t>(pool.size()) == c.p);
+    std::int64_t load = 0;
+    for (std::int32_t i : pool) {
+      ++seen.at(static_cast<std::size_t>(i));
+      load += c.w[static_cast<std::size_t>(i)];
+    }
+    loads.push_back(load);
+  }
+  RC_ASSERT(std::all_of(seen.begin(), seen.end(), [](int s) { return s == 1; }));
+  RC_ASSERT(loads == got->loads);
+
+  // Domains: a partition of the pools, at most k pools, one GA step each;
+  // the buddy rule uses the fixed positions [j*k', (j+1)*k') of a step.
+  std::vector<int> in(num_pools, 0);
+  const std::int64_t kk = std::min(c.k, ppg);
+  for (const auto& d : got->domains) {
+    RC_ASSERT(!d.empty());
+    RC_ASSERT(static_cast<std::int64_t>(d.size()) <= c.k);
+    RC_ASSERT(std::is_sorted(d.begin(), d.end()));
+    for (std::int32_t q : d) {
+      ++in.at(static_cast<std::size_t>(q));
+      RC_ASSERT(q / ppg == d.front() / ppg);
+    }
+    if (c.rule == ElasticRule::kBuddy && d.size() > 1) {
+      RC_ASSERT(static_cast<std::int64_t>(d.size()) == kk);
+      RC_ASSERT((d.front() % ppg) % kk == 0);
+      RC_ASSERT(d.back() - d.front() == kk - 1);
+    }
+  }
+  RC_ASSERT(std::all_of(in.begin(), in.end(), [](int s) { return s == 1; }));
+
+  // The figures, recomputed naively in doubles.
+  const double sum = static_cast<double>(std::accumulate(c.w.begin(), c.w.end(), std::int64_t{0}));
+  const double mean = sum / static_cast<double>(num_pools);
+  double worst = 0;
+  for (const auto& d : got->domains) {
+    double l = 0;
+    for (std::int32_t q : d) l += static_cast<double>(loads[static_cast<std::size_t>(q)]);
+    worst = std::max(worst, l / static_cast<double>(d.size()));
+  }
+  RC_ASSERT(std::abs(got->imbalance - (worst / mean - 1)) <= 1e-9);
+  const double max_pool = static_cast<double>(*std::max_element(loads.begin(), loads.end()));
+  RC_ASSERT(std::abs(got->pool_imbalance - (max_pool / mean - 1)) <= 1e-9);
+
+  // Never worse than VRSP; exactly VRSP when VRSP has no pool above the
+  // threshold or nothing can fuse.
+  RC_ASSERT(got->imbalance <= vrsp->imbalance);
+  if (vrsp->imbalance <= c.threshold || kk < 2) {
+    RC_ASSERT(got->pools == vrsp->pools);
+    RC_ASSERT(got->domains.size() == num_pools);
+    RC_ASSERT(got->imbalance == vrsp->imbalance);
+  }
+  // Independent lower bound: the heaviest sequence's domain has at most k
+  // pools, so it carries at least (F_max + the k*P - 1 lightest) / k per pool.
+  std::vector<std::int64_t> sorted = c.w;
+  std::sort(sorted.begin(), sorted.end());
+  const auto take = std::min<std::size_t>(static_cast<std::size_t>(kk * c.p) - 1, sorted.size() - 1);
+  const double floor =
+      (static_cast<double>(sorted.back()) +
+       static_cast<double>(std::accumulate(sorted.begin(), sorted.begin() + static_cast<std::ptrdiff_t>(take),
+                                           std::int64_t{0}))) /
+      static_cast<double>(kk);
+  RC_ASSERT(got->imbalance >= std::max(0.0, floor / mean - 1) - 1e-9);
+
+  // Deterministic.
+  const auto again = place_window(c.w, elastic(c.p, c.dp, c.k, c.threshold, c.rule));
+  RC_ASSERT(again->pools == got->pools && again->domains == got->domains);
+}
+
+}  // namespace
+}  // namespace libra

@@ -1,0 +1,100 @@
+#include "plan_flags.hpp"
+
+#include <array>
+
+namespace libra::cli {
+
+namespace {
+// Qwen3-30B-A3B: num_attention_heads 32, num_key_value_heads 4, head_dim 128.
+// Llama 3 8B: 32 heads, 8 KV heads, hidden 4096; 70B: 64, 8, hidden 8192.
+constexpr std::array<ModelPreset, 3> kPresets = {{
+    {"qwen3-30b-a3b", 32, 4, 128},
+    {"llama3-8b", 32, 8, 128},
+    {"llama3-70b", 64, 8, 128},
+}};
+}  // namespace
+
+std::span<const ModelPreset> model_presets() { return kPresets; }
+
+std::string model_preset_names() {
+  std::string out;
+  for (const ModelPreset& p : kPresets) out += (out.empty() ? "" : ", ") + std::string(p.name);
+  return out;
+}
+
+Result<ModelPreset> find_model_preset(std::string_view name) {
+  for (const ModelPreset& p : kPresets) {
+    if (p.name == name) return p;
+  }
+  return invalid_input("--model " + std::string(name) + ": unknown model; known: " + model_preset_names());
+}
+
+Result<int> dtype_bytes(std::string_view dtype) {
+  if (dtype == "bf16" || dtype == "fp16") return 2;
+  if (dtype == "fp32") return 4;
+  return invalid_input("--dtype " + std::string(dtype) + ": must be bf16, fp16 or fp32");
+}
+
+void add_plan_flags(CLI::App* sub, PlanFlags& f, std::string_view required) {
+  const std::string req = " (" + std::string(required) + ")";
+  const std::string shape_req = " (" + std::string(required) + "; or --model)";
+  auto keep = [&](CLI::Option* o) { f.options.push_back(o); };
+  keep(sub->add_option("--seq-len", f.seq_len, "Packed length L of every slot" + req));
+  keep(sub->add_option("--cp", f.cp, "CP workers per slot" + req));
+  keep(sub->add_option("--block-size,--block", f.block, "Query rows per SH-Tile (B)" + req));
+  keep(sub->add_option("--head-shards", f.head_shards, "Head shards per block (H)" + req));
+  keep(sub->add_option("--model", f.model, "Attention shape preset: " + model_preset_names()));
+  keep(sub->add_option("--heads-q", f.heads_q, "Query heads h_q" + shape_req));
+  keep(sub->add_option("--heads-kv", f.heads_kv, "KV heads h_kv" + shape_req));
+  keep(sub->add_option("--head-dim", f.head_dim, "Head dimension d" + shape_req));
+  keep(sub->add_option("--dtype", f.dtype, "Element type: bf16, fp16 or fp32"));
+  keep(sub->add_option("--window", f.window, "Sliding-window width (default: full causal)"));
+  keep(sub->add_option("--tau", f.tau, "TAP load slack of the soft target C"));
+  keep(sub->add_option("--chunks", f.chunks, "Pipeline chunks M; divides h_q/H"));
+}
+
+std::string first_plan_flag_given(const PlanFlags& f) {
+  for (const CLI::Option* o : f.options) {
+    if (o->count() > 0) return o->get_name();
+  }
+  return {};
+}
+
+Result<PlanConfig> plan_config_from(const PlanFlags& f) {
+  PlanConfig c;
+  std::optional<int> hq = f.heads_q, hkv = f.heads_kv, d = f.head_dim;
+  if (!f.model.empty()) {
+    LIBRA_ASSIGN_OR_RETURN(ModelPreset p, find_model_preset(f.model));
+    if (!hq) hq = p.heads_q;
+    if (!hkv) hkv = p.heads_kv;
+    if (!d) d = p.head_dim;
+  }
+  auto need = [](const auto& v, const char* flag, const char* hint) -> Status {
+    if (!v) return invalid_input(std::string(flag) + " is required to plan a pool" + hint);
+    return {};
+  };
+  LIBRA_TRY(need(f.seq_len, "--seq-len", ""));
+  LIBRA_TRY(need(f.cp, "--cp", ""));
+  LIBRA_TRY(need(f.block, "--block-size", ""));
+  LIBRA_TRY(need(f.head_shards, "--head-shards", ""));
+  LIBRA_TRY(need(hq, "--heads-q", " (or --model NAME)"));
+  LIBRA_TRY(need(hkv, "--heads-kv", " (or --model NAME)"));
+  LIBRA_TRY(need(d, "--head-dim", " (or --model NAME)"));
+  c.seq_len = *f.seq_len;
+  c.cp = *f.cp;
+  c.block_size = *f.block;
+  c.head_shards = *f.head_shards;
+  c.shape.heads_q = *hq;
+  c.shape.heads_kv = *hkv;
+  c.shape.head_dim = *d;
+  LIBRA_ASSIGN_OR_RETURN(c.shape.elem_bytes, dtype_bytes(f.dtype));
+  if (f.window) {
+    if (*f.window < 1) return invalid_input("--window " + std::to_string(*f.window) + ": must be at least 1");
+    c.shape.window = *f.window;
+  }
+  c.tau = f.tau;
+  c.chunks = f.chunks;
+  return c;
+}
+
+}  // namespace libra::cli

@@ -1,0 +1,60 @@
+// The plan flags shared by `libra plan`, `libra exec` and `libra bench exec`:
+// one spelling, one set of dtype choices and defaults, and --model presets
+// for the attention shape.
+//
+//   PlanFlags flags;
+//   add_plan_flags(sub, flags, "required to plan a pool");
+//   ...after parsing:
+//   Result<PlanConfig> c = plan_config_from(flags);  // names the first missing flag
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "libra/plan.hpp"
+#include "libra/status.hpp"
+
+namespace libra::cli {
+
+// An attention shape by model name (heads from the models' published configs).
+struct ModelPreset {
+  std::string_view name;
+  int heads_q, heads_kv, head_dim;
+};
+// qwen3-30b-a3b (32/4/128), llama3-8b (32/8/128), llama3-70b (64/8/128).
+std::span<const ModelPreset> model_presets();
+[[nodiscard]] Result<ModelPreset> find_model_preset(std::string_view name);
+// "qwen3-30b-a3b, llama3-8b, llama3-70b" for messages and --help.
+std::string model_preset_names();
+
+struct PlanFlags {
+  std::string model;  // empty: no preset
+  std::optional<std::int64_t> seq_len, block, window;
+  std::optional<int> cp, head_shards, heads_q, heads_kv, head_dim;
+  std::string dtype = "bf16";
+  double tau = 0.03;
+  int chunks = 1;
+  std::vector<const CLI::Option*> options;  // every flag added, to tell which were given
+};
+
+// Adds --seq-len, --cp, --block-size (alias --block), --head-shards, --model,
+// --heads-q, --heads-kv, --head-dim, --dtype, --window, --tau, --chunks.
+// `required` is how --help describes the flags a plan needs ("required",
+// "required unless --load").
+void add_plan_flags(CLI::App* sub, PlanFlags& flags, std::string_view required);
+
+// The first plan flag given on the command line ("--seq-len"), or empty.
+std::string first_plan_flag_given(const PlanFlags& flags);
+
+// The configuration the flags describe (mode tap); the error names the first
+// missing or invalid flag. Shape flags override the --model preset.
+[[nodiscard]] Result<PlanConfig> plan_config_from(const PlanFlags& flags);
+
+// Element bytes of a --dtype value: bf16 and fp16 2, fp32 4.
+[[nodiscard]] Result<int> dtype_bytes(std::string_view dtype);
+
+}  // namespace libra::cli
