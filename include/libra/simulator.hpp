@@ -115,8 +115,8 @@ struct SimSetting {
 };
 std::span<const SimSetting> sim_settings();
 // Applies one setting from JSON (`value`) or from a flag's text (`text`,
-// lists comma-separated). `where` names the place in messages ("cfg.json:
-// \"gbs\"" or "--gbs 0x"). Integers must be plain decimal and fit int64.
+// lists comma-separated). `where` names the place in messages (the flag,
+// "--gbs"). Integers are plain decimal (core/decimal.hpp) and fit the type.
 [[nodiscard]] Status apply_sim_setting(const SimSetting& setting, std::string_view text, const std::string& where,
                                        SimConfig& config);
 // Applies a JSON config file (keys from sim_settings(), plus "comment";

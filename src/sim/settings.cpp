@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <variant>
 
+#include "core/decimal.hpp"
 #include "libra/simulator.hpp"
 
 namespace libra {
@@ -104,6 +105,12 @@ const T& as(const Value& v) {
   return std::get<T>(v);
 }
 
+// A preset's own message already names the flag; a config file adds its place.
+Status preset_error(const std::string& where, const Error& e) {
+  if (where.rfind("--", 0) == 0) return e;
+  return invalid_input(where + ": " + e.message());
+}
+
 Status regenerate_kernel(SimConfig& c, const std::string& where) {
   auto positive = [](double x) { return x > 0 && std::isfinite(x); };
   const AnalyticKernel& k = c.cost.analytic;
@@ -141,7 +148,7 @@ const std::vector<Entry>& entries() {
       {{"hardware", "--hardware", T::kString, "hardware profile: h200-fa3 (default) or h200-fa2"},
        [](SimConfig& c, const Value& v, const std::string& where) -> Status {
          auto m = hardware_profile(as<std::string>(v));
-         if (!m.ok()) return invalid_input(where + ": " + m.error().message());
+         if (!m.ok()) return preset_error(where, m.error());
          c.cost = *m;
          c.hardware = as<std::string>(v);
          return {};
@@ -150,7 +157,7 @@ const std::vector<Entry>& entries() {
       {{"model", "--model", T::kString, "attention preset: qwen3-30b-a3b (default)"},
        [](SimConfig& c, const Value& v, const std::string& where) -> Status {
          auto m = model_preset(as<std::string>(v));
-         if (!m.ok()) return invalid_input(where + ": " + m.error().message());
+         if (!m.ok()) return preset_error(where, m.error());
          c.model = *m;
          return {};
        },
@@ -254,27 +261,30 @@ const Entry* entry_of(std::string_view key) {
   return nullptr;
 }
 
-Result<std::int64_t> parse_int(std::string_view t, const std::string& where) {
-  std::int64_t v = 0;
-  const char* end = t.data() + t.size();
-  auto [p, ec] = std::from_chars(t.data(), end, v);
-  if (ec == std::errc::result_out_of_range) return invalid_input(where + ": out of the int64 range");
-  if (ec != std::errc() || p != end || t.empty()) return invalid_input(where + ": must be an integer");
-  return v;
+// The CLI's one decimal parser (core/decimal.hpp) and its messages, so a
+// simulate flag reads like every other libra flag.
+template <class I>
+Result<I> parse_int(std::string_view t, const std::string& where) {
+  const auto r = detail::parse_decimal<I>(t);
+  if (r.error == detail::DecimalError::kRange) {
+    return invalid_input(fmt::format("{}: {} is out of range (at most {})", where, t, std::numeric_limits<I>::max()));
+  }
+  if (!r.ok()) {
+    return invalid_input(fmt::format("{}: '{}' is not a decimal integer (digits only{}; no '+' or 0x)", where, t,
+                                     std::is_signed_v<I> ? ", an optional '-'" : ""));
+  }
+  return r.value;
 }
 
 // Text (a flag's value) to a typed value.
 Result<Value> from_text(SettingType type, std::string_view t, const std::string& where) {
   switch (type) {
     case T::kInt: {
-      LIBRA_ASSIGN_OR_RETURN(std::int64_t v, parse_int(t, where));
+      LIBRA_ASSIGN_OR_RETURN(std::int64_t v, parse_int<std::int64_t>(t, where));
       return Value(v);
     }
     case T::kUint: {
-      std::uint64_t v = 0;
-      const char* end = t.data() + t.size();
-      auto [p, ec] = std::from_chars(t.data(), end, v);
-      if (ec != std::errc() || p != end || t.empty()) return invalid_input(where + ": must be a non-negative integer");
+      LIBRA_ASSIGN_OR_RETURN(std::uint64_t v, parse_int<std::uint64_t>(t, where));
       return Value(v);
     }
     case T::kNumber: {
@@ -282,7 +292,7 @@ Result<Value> from_text(SettingType type, std::string_view t, const std::string&
       const char* end = t.data() + t.size();
       auto [p, ec] = std::from_chars(t.data(), end, v);
       if (ec != std::errc() || p != end || t.empty() || !std::isfinite(v)) {
-        return invalid_input(where + ": must be a number");
+        return invalid_input(fmt::format("{}: '{}' is not a number", where, t));
       }
       return Value(v);
     }
@@ -291,7 +301,7 @@ Result<Value> from_text(SettingType type, std::string_view t, const std::string&
       std::size_t start = 0;
       while (true) {
         const std::size_t comma = t.find(',', start);
-        LIBRA_ASSIGN_OR_RETURN(std::int64_t v, parse_int(t.substr(start, comma - start), where));
+        LIBRA_ASSIGN_OR_RETURN(std::int64_t v, parse_int<std::int64_t>(t.substr(start, comma - start), where));
         out.push_back(v);
         if (comma == std::string_view::npos) break;
         start = comma + 1;
@@ -302,7 +312,7 @@ Result<Value> from_text(SettingType type, std::string_view t, const std::string&
     case T::kBool:
       if (t == "true" || t == "1") return Value(true);
       if (t == "false" || t == "0") return Value(false);
-      return invalid_input(where + ": must be true or false");
+      return invalid_input(fmt::format("{}: '{}' must be true or false", where, t));
   }
   return invalid_input(where + ": unsupported");
 }

@@ -403,11 +403,16 @@ TEST(SimSettings, FlagTextAndJsonGiveTheSameConfig) {
     EXPECT_NE(sim_config_json(a), default_json) << st.key << " changed nothing";
   }
   SimConfig c;
-  Status big = apply_sim_setting(sim_settings()[4], "4294967298x", "--gbs 4294967298x", c);
-  EXPECT_FALSE(big.ok());
-  Status huge = apply_sim_setting(sim_settings()[4], "99999999999999999999", "--gbs 99999999999999999999", c);
+  const SimSetting& gbs = sim_settings()[4];
+  ASSERT_EQ(gbs.key, "gbs");
+  Status big = apply_sim_setting(gbs, "4294967298x", "--gbs", c);
+  ASSERT_FALSE(big.ok());
+  EXPECT_EQ(big.message(), "--gbs: '4294967298x' is not a decimal integer (digits only, an optional '-'; no '+' or 0x)");
+  Status huge = apply_sim_setting(gbs, "99999999999999999999", "--gbs", c);
   ASSERT_FALSE(huge.ok());
-  EXPECT_NE(huge.message().find("out of the int64 range"), std::string::npos);
+  EXPECT_NE(huge.message().find("--gbs: 99999999999999999999 is out of range"), std::string::npos);
+  EXPECT_TRUE(apply_sim_setting(gbs, "064", "--gbs", c).ok());  // decimal, never octal
+  EXPECT_EQ(c.gbs, 64);
 }
 
 TEST(Simulate, ValuesTheShapeNarrowsToIntAreCheckedFirst) {

@@ -88,7 +88,7 @@ int run_simulate(const SimulateOptions& o) {
     auto it = o.values.find(std::string(st.key));
     if (it == o.values.end() || it->second.empty()) continue;
     const std::string text = st.type == SettingType::kIntList ? join(it->second) : it->second.back();
-    Status s = apply_sim_setting(st, text, std::string(st.flag) + " " + text, cfg);
+    Status s = apply_sim_setting(st, text, std::string(st.flag), cfg);
     if (!s.ok()) return fail(s);
   }
   if (o.source) cfg.source = *o.source;
