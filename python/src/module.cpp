@@ -169,7 +169,7 @@ py::dict transfers_table(std::span<const libra::Transfer> xs) {
   return table(std::move(c));
 }
 
-std::string dtype_of(const libra::PlanConfig& c) { return c.shape.elem_bytes == 4 ? "fp32" : "bf16"; }
+std::string dtype_of(const libra::PlanConfig& c) { return libra::dtype_name(c.shape.dtype); }
 
 py::dict config_dict(const libra::Plan& plan) {
   const libra::PlanConfig& c = plan.config();
@@ -486,8 +486,7 @@ PYBIND11_MODULE(_libra, m) {
         c.shape.heads_q = heads_q;
         c.shape.heads_kv = heads_kv;
         c.shape.head_dim = head_dim;
-        if (dtype == "bf16" || dtype == "fp16") c.shape.elem_bytes = 2;
-        else if (dtype == "fp32") c.shape.elem_bytes = 4;
+        if (auto t = libra::parse_dtype(dtype); t.ok()) c.shape.dtype = *t;
         else bad("dtype " + dtype + ": must be bf16, fp16 or fp32");
         if (window) {
           if (*window < 1) bad("window " + std::to_string(*window) + ": must be >= 1 (None for plain causal)");

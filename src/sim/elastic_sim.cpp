@@ -45,7 +45,7 @@ PlanConfig domain_plan_config(const SimConfig& cfg, std::int64_t seq_len, const 
   pc.shape = {.heads_q = static_cast<int>(cfg.model.heads_q),
               .heads_kv = static_cast<int>(cfg.model.heads_kv),
               .head_dim = static_cast<int>(cfg.model.head_dim),
-              .elem_bytes = static_cast<int>(cfg.model.elem_bytes)};
+              .dtype = cfg.model.elem_bytes == 4 ? DType::kF32 : DType::kBF16};
   pc.tau = cfg.tau;
   pc.chunks = static_cast<int>(cfg.chunks);
   return pc;

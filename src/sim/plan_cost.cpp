@@ -60,7 +60,7 @@ PlanConfig plan_config(const Ctx& ctx, std::int64_t h, std::int64_t b, std::int6
   pc.shape = {.heads_q = static_cast<int>(ctx.cfg.model.heads_q),
               .heads_kv = static_cast<int>(ctx.cfg.model.heads_kv),
               .head_dim = static_cast<int>(ctx.cfg.model.head_dim),
-              .elem_bytes = static_cast<int>(ctx.cfg.model.elem_bytes)};
+              .dtype = ctx.cfg.model.elem_bytes == 4 ? DType::kF32 : DType::kBF16};
   pc.tau = ctx.cfg.tau;
   pc.chunks = static_cast<int>(chunks);
   pc.mode = mode;

@@ -98,6 +98,9 @@ Result<SimResult> simulate(std::span<const PackedSequence> seqs, std::int64_t se
     }
   }
   if (cfg.chunks < 1) return invalid_input(fmt::format("--chunks {}: must be at least 1", cfg.chunks));
+  if (cfg.model.elem_bytes != 2 && cfg.model.elem_bytes != 4) {
+    return invalid_input(fmt::format("--elem-bytes {}: must be 2 (bf16, fp16) or 4 (fp32)", cfg.model.elem_bytes));
+  }
   if (cfg.model.heads_q < 1 || cfg.model.heads_kv < 1 || cfg.model.heads_q % cfg.model.heads_kv != 0) {
     return invalid_input(fmt::format("--heads-kv {}: must be positive and divide --heads-q {}", cfg.model.heads_kv,
                                      cfg.model.heads_q));
