@@ -15,6 +15,8 @@ LIBRA = sys.argv[1] if len(sys.argv) > 1 else "build/release/tools/libra"
 CORPORA = [
     ("paper-1m", ["builtin:paper-1m"], 128, [16, 128], 16384),
     ("paper-256k", ["builtin:paper-256k"], 128, [16, 128], 16384),
+    ("paper-1m-v1", ["builtin:paper-1m-v1"], 128, [16, 128], 16384),
+    ("paper-256k-v1", ["builtin:paper-256k-v1"], 128, [16, 128], 16384),
     ("debian-source L=128K", ["data/corpora/debian-source.txt", "--seq-len", "131072"], 32, [16, 32], 4096),
 ]
 
