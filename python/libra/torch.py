@@ -185,19 +185,20 @@ class PlanRuntime:
     as index tensors.
     """
 
-    def __init__(self, plan, group, worker=None, threads=1, trace=False):
+    def __init__(self, plan, group, worker=None, threads=1, trace=False, check_calls=True):
         entry = _POOLS.get(id(group))
         if entry is None and worker is None:
             raise ValueError("PlanRuntime: group was not made by libra.torch.pool_group; pass worker=")
         size = dist.get_world_size(group)
-        if size != plan.num_workers:
-            raise ValueError(f"PlanRuntime: the group has {size} ranks but the plan has {plan.num_workers} workers")
         me = entry[1][dist.get_rank(group)] if worker is None else int(worker)
-        mine = torch.tensor(_fingerprint_words(plan.fingerprint) + [me], dtype=torch.int64)
-        everyone = [torch.zeros(3, dtype=torch.int64) for _ in range(size)]
+        # Every check below runs on what all ranks gathered, so they all raise the same line.
+        mine = torch.tensor(_fingerprint_words(plan.fingerprint) + [me, plan.num_workers], dtype=torch.int64)
+        everyone = [torch.zeros(4, dtype=torch.int64) for _ in range(size)]
         dist.all_gather(everyone, mine, group=group)
         fps = [(int(t[0]) << 32) | int(t[1]) for t in everyone]
         peers = [int(t[2]) for t in everyone]
+        if len(set(fps)) == 1 and int(everyone[0][3]) != size:
+            raise ValueError(f"PlanRuntime: the group has {size} ranks but the plan has {int(everyone[0][3])} workers")
         if len(set(fps)) != 1:
             counts = {}
             for i, f in enumerate(fps):
@@ -210,6 +211,7 @@ class PlanRuntime:
         self.group = group
         self.worker = me
         self.threads = threads
+        self.check_calls = check_calls
         # Chrome trace events of every attention call under this runtime (trace=True): per chunk, the
         # kernel calls (tid 0) and each all-to-all from issue to completion (tid 1).
         self.trace = [] if trace else None
@@ -548,6 +550,23 @@ def _cuda_pass(pass_index, calls, comp, window, scale):
         comp["dV"] += gv.float()
 
 
+def _call_problem(q, k, v, rt, window):
+    """What is wrong with an attention call's arguments, or None."""
+    if window != rt.window:
+        return f"window {window} differs from the plan's window {rt.window}"
+    want_q = (rt.home_rows, rt.heads_q, rt.head_dim)
+    want_kv = (rt.home_rows, rt.heads_kv, rt.head_dim)
+    for name, t, want in (("q", q, want_q), ("k", k, want_kv), ("v", v, want_kv)):
+        if not isinstance(t, torch.Tensor) or tuple(t.shape) != want:
+            shape = list(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+            return f"{name} has shape {shape} but the plan needs {list(want)}"
+    if not (q.dtype == k.dtype == v.dtype) or not (q.device == k.device == v.device):
+        return "q, k and v must share dtype and device"
+    if not q.is_cuda and q.dtype not in (torch.float32, torch.bfloat16):
+        return f"CPU tensors must be float32 or bfloat16, got {q.dtype}"
+    return None
+
+
 def attention(q, k, v, runtime, softmax_scale=None, window=None):
     """Core attention of this worker's home tokens under ``runtime``'s plan; differentiable.
 
@@ -558,18 +577,20 @@ def attention(q, k, v, runtime, softmax_scale=None, window=None):
     if not isinstance(runtime, PlanRuntime):
         raise ValueError("libra.torch.attention: runtime must be a libra.torch.PlanRuntime")
     rt = runtime
-    if window != rt.window:
-        raise ValueError(f"libra.torch.attention: window {window} differs from the plan's window {rt.window}")
-    want_q = (rt.home_rows, rt.heads_q, rt.head_dim)
-    want_kv = (rt.home_rows, rt.heads_kv, rt.head_dim)
-    for name, t, want in (("q", q, want_q), ("k", k, want_kv), ("v", v, want_kv)):
-        if tuple(t.shape) != want:
-            raise ValueError(f"libra.torch.attention: {name} has shape {list(t.shape)} but the plan needs {list(want)}")
-    if not (q.dtype == k.dtype == v.dtype) or not (q.device == k.device == v.device):
-        raise ValueError("libra.torch.attention: q, k and v must share dtype and device")
+    problem = _call_problem(q, k, v, rt, window)
+    if rt.check_calls:
+        # One small collective so that a bad call on one rank fails on every rank with the same line
+        # instead of leaving the others waiting in the exchange (PlanRuntime(check_calls=False) skips it).
+        flag = torch.tensor([0 if problem is None else 1], dtype=torch.int64)
+        dist.all_reduce(flag, group=rt.group)
+        if int(flag[0]):
+            msgs = [None] * dist.get_world_size(rt.group)
+            dist.all_gather_object(msgs, problem, group=rt.group)
+            first = next(i for i, m in enumerate(msgs) if m is not None)
+            raise ValueError(f"libra.torch.attention: group rank {first}: {msgs[first]}")
+    elif problem is not None:
+        raise ValueError(f"libra.torch.attention: {problem}")
     if q.is_cuda:
         _flash_attn()
-    elif q.dtype not in (torch.float32, torch.bfloat16):
-        raise ValueError(f"libra.torch.attention: CPU tensors must be float32 or bfloat16, got {q.dtype}")
     scale = 0.0 if softmax_scale is None else float(softmax_scale)
     return _Attention.apply(q.contiguous(), k.contiguous(), v.contiguous(), runtime, scale)

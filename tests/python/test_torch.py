@@ -114,11 +114,16 @@ def window_refused(rank):
     rt = lt.PlanRuntime(plan, group)
     x = torch.zeros(L // 2, 4, 16)
     y = torch.zeros(L // 2, 2, 16)
+    msgs = []
     try:
         lt.attention(x, y, y, rt)  # no window given: the plan's is 9
     except ValueError as e:
-        return str(e)
-    return None
+        msgs.append(str(e))
+    try:  # a bad shape on one rank only: every rank raises the same line, none waits in the exchange
+        lt.attention(x[:-1] if rank == 2 else x, y, y, rt, window=9)
+    except ValueError as e:
+        msgs.append(str(e))
+    return msgs
 
 
 def layer_grads(rank, world, P=2, cp=2, dm=32, hq=4, hkv=2, d=8):
@@ -178,7 +183,12 @@ def test_fingerprint_mismatch_raises_the_same_line_on_every_rank(four):
 
 
 def test_window_differing_from_the_plan_is_refused(four):
-    assert all(r["window_refused"] and "window" in r["window_refused"] for r in four)
+    assert all(len(r["window_refused"]) == 2 and "window" in r["window_refused"][0] for r in four)
+
+
+def test_a_bad_call_on_one_rank_fails_on_every_rank_alike(four):
+    msgs = [r["window_refused"][1] for r in four]
+    assert "group rank 2" in msgs[0] and "shape" in msgs[0] and all(m == msgs[0] for m in msgs)
 
 
 def test_layer_weight_grads_match(four):
