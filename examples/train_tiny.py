@@ -147,7 +147,7 @@ def train(rank, world, args, use_libra, data):
     torch.manual_seed(args.seed)
     model = TinyLM(args.seq_len, **model_kw)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
-    planner = lt.Planner(sampler, seq_len=args.seq_len, cp=CP, block_size=args.block, head_shards=2,
+    planner = lt.Planner(sampler, worker=worker, seq_len=args.seq_len, cp=CP, block_size=args.block, head_shards=2,
                          heads_q=args.heads_q, heads_kv=args.heads_kv, head_dim=args.d_model // args.heads_q,
                          chunks=2, dtype="fp32")
     ga = sampler.ga_steps
@@ -159,7 +159,7 @@ def train(rank, world, args, use_libra, data):
             break
         lengths = sampler.sequence(sampler.index(n))
         if use_libra:
-            rt = lt.PlanRuntime(planner.get(n), group)
+            rt = planner.runtime(n, group)
             logits = model(tokens[home], pos[home], lambda q, k, v: lt.attention(q, k, v, rt))
             tgt = target[home]
         else:
