@@ -214,6 +214,7 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--text", default="/usr/share/common-licenses/*", help="glob of text files to train on")
     ap.add_argument("--out", default="out/train_tiny", help="output folder for loss.csv and loss.png")
+    ap.add_argument("--check", type=float, help="exit 1 when the largest relative loss difference exceeds this")
     args = ap.parse_args()
     packed = pack_bytes(load_samples(args.text), args.seq_len)
     need = args.steps * args.gbs
@@ -256,6 +257,9 @@ def main():
     print(f"train_tiny: training wall time {ta:.1f} s (libra), {tp:.1f} s (plain), rank 0")
     print(f"largest relative loss difference: {max(rel):.3e} (step {rel.index(max(rel))})")
     print(f"wrote {os.path.join(args.out, 'loss.csv')} and loss.png")
+    if args.check is not None and not max(rel) <= args.check:
+        print(f"train_tiny: the loss difference exceeds --check {args.check}")
+        sys.exit(1)
 
 
 if __name__ == "__main__":
