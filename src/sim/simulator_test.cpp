@@ -358,7 +358,9 @@ TEST(Recommend, WorstWeightTradesMeanForTheWorstStep) {
     auto r = simulate(cfg);
     ASSERT_TRUE(r.ok());
     EXPECT_EQ(r->recommended, argmin(*r, w)) << w;
-    if (w > 0) EXPECT_NE(r->recommendation_reason.find("x worst"), std::string::npos);
+    if (w > 0) {
+      EXPECT_NE(r->recommendation_reason.find("x worst"), std::string::npos);
+    }
   }
   cfg.worst_weight = -1;
   EXPECT_FALSE(simulate(cfg).ok());
