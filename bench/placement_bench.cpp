@@ -33,10 +33,8 @@ std::vector<std::int64_t> window(std::size_t d) {
   return out;
 }
 
-void BM_Place(benchmark::State& state) {
-  const auto mode = libra::all_placement_modes()[static_cast<std::size_t>(state.range(0))];
-  const auto w = window(static_cast<std::size_t>(state.range(1)));
-  const libra::PlacementOptions o{.pool_size = 8, .mode = mode, .seed = 1};
+// Times place_window on `w`; returns the imbalance of the last call.
+double time_placement(benchmark::State& state, const std::vector<std::int64_t>& w, const libra::PlacementOptions& o) {
   double imbalance = 0;
   for (auto _ : state) {
     auto r = libra::place_window(w, o);
@@ -47,6 +45,13 @@ void BM_Place(benchmark::State& state) {
     imbalance = r->imbalance;
     benchmark::DoNotOptimize(r);
   }
+  return imbalance;
+}
+
+void BM_Place(benchmark::State& state) {
+  const auto mode = libra::all_placement_modes()[static_cast<std::size_t>(state.range(0))];
+  const auto w = window(static_cast<std::size_t>(state.range(1)));
+  const double imbalance = time_placement(state, w, {.pool_size = 8, .mode = mode, .seed = 1});
   state.SetLabel(std::string(libra::placement_mode_name(mode)));
   state.counters["R-1"] = imbalance;
   state.counters["bound_R-1"] = libra::lower_bound_imbalance(w, 8);
@@ -61,6 +66,18 @@ void modes_and_sizes(benchmark::internal::Benchmark* b) {
 }
 
 BENCHMARK(BM_Place)->Apply(modes_and_sizes);
+
+// vrsp-elastic (buddy rule, k 2) with DP = GBS/8 (GA 8, two pools per GA
+// step, as the paper's DP 16 at GBS 128), every window fusing or not as its
+// outliers decide.
+void BM_PlaceElastic(benchmark::State& state) {
+  const auto d = state.range(0);
+  const auto w = window(static_cast<std::size_t>(d));
+  state.counters["imbalance"] =
+      time_placement(state, w, {.pool_size = 8, .mode = libra::PlacementMode::kVrspElastic, .dp = d / 8});
+  state.SetItemsProcessed(state.iterations() * d);
+}
+BENCHMARK(BM_PlaceElastic)->Arg(128)->Arg(1024)->Arg(16384)->ArgName("gbs")->Unit(benchmark::kMicrosecond);
 
 void BM_LowerBound(benchmark::State& state) {
   const auto w = window(static_cast<std::size_t>(state.range(0)));
