@@ -309,23 +309,19 @@ TEST(AttentionForward, MatchesReferenceWithHeadDim64AndBf16) {
 TEST(AttentionKernel, Fp16StorageMatchesReference) {
   const auto targets = runnable_targets();
   for (std::size_t i = 0; i < targets.size(); ++i) {
-    {
-      const char* t = targets[i];
-      const I64 w = i % 2 == 0 ? kFullCausal : 100;
-      Problem p;
-      p.d = 128;
-      p.hq = 4;
-      p.hkv = 2;
-      p.dtype = DType::kF16;
-      p.samples = {140, 70};
-      p.window = w;
-      p.threads = 2;
-      p.pad = 2;
-      p.target = t;
-      p = layout(p, {{64, 100}, {33}}, {3, 0, 4, 1, 2}, 1);
-      const Outcome r = check_problem(p, 77);
-      EXPECT_TRUE(r.ok) << "target " << t << " window " << w << ": " << r.what;
-    }
+    Problem p;
+    p.d = 128;
+    p.hq = 4;
+    p.hkv = 2;
+    p.dtype = DType::kF16;
+    p.samples = {140, 70};
+    p.window = i % 2 == 0 ? kFullCausal : 100;  // both windows across the targets
+    p.threads = 2;
+    p.pad = 2;
+    p.target = targets[i];
+    p = layout(p, {{64, 100}, {33}}, {3, 0, 4, 1, 2}, 1);
+    const Outcome r = check_problem(p, 77);
+    EXPECT_TRUE(r.ok) << "target " << p.target << " window " << p.window << ": " << r.what;
   }
 }
 
