@@ -71,6 +71,16 @@ struct Wire {
 
 bool is_in(Phase p) { return p == Phase::kFwdIn || p == Phase::kBwdIn; }
 
+// dst[0..n) += src[0..n), both fp32 (src possibly unaligned: message bytes).
+void add_f32(std::byte* dst, const std::byte* src, std::int64_t n) {
+  float* d = reinterpret_cast<float*>(dst);
+  for (std::int64_t j = 0; j < n; ++j) {
+    float v;
+    std::memcpy(&v, src + 4 * j, 4);
+    d[j] += v;
+  }
+}
+
 double thread_cpu_seconds() {
   timespec ts{};
   clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
@@ -262,13 +272,7 @@ void ScheduleExecutor::unpack(const std::vector<Segment>& segs, bool home, const
       std::byte* row = dst + i * seg.at.stride * vb;
       if (seg.add) {
         // dK/dV partial sums: fp32 on the wire and at home.
-        float* d = reinterpret_cast<float*>(row);
-        const std::int64_t k = seg.at.run * s_.width(seg.field);
-        for (std::int64_t j = 0; j < k; ++j) {
-          float v;
-          std::memcpy(&v, src + 4 * j, 4);
-          d[j] += v;
-        }
+        add_f32(row, src, seg.at.run * s_.width(seg.field));
       } else {
         std::memcpy(row, src, n);
       }
@@ -293,13 +297,7 @@ void ScheduleExecutor::copy_self(const Exchange& x, bool from_home) {
       const std::byte* row = from + i * a.at.stride * vb;
       std::byte* out = to + i * b.at.stride * vb;
       if (b.add) {
-        float* d = reinterpret_cast<float*>(out);
-        const std::int64_t n = a.at.run * s_.width(a.field);
-        for (std::int64_t j = 0; j < n; ++j) {
-          float v;
-          std::memcpy(&v, row + 4 * j, 4);
-          d[j] += v;
-        }
+        add_f32(out, row, a.at.run * s_.width(a.field));
       } else {
         std::memcpy(out, row, static_cast<std::size_t>(a.at.run * vb));
       }
