@@ -311,6 +311,8 @@ def _watch(rt, work, name):
 
 def write_trace(path, events):
     """Writes Chrome trace-event JSON (chrome://tracing, Perfetto) of events gathered from the ranks."""
+    if os.path.dirname(path):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
         json.dump({"traceEvents": events, "displayTimeUnit": "ms"}, f)

@@ -515,6 +515,16 @@ Ptrs read_ptrs(const py::dict& d) {
   return p;
 }
 
+// RankPrograms.pack (buffers -> message) and .unpack (message -> buffers).
+auto copier(bool pack) {
+  return [pack](const RankPrograms& p, int phase, int chunk, int cls, const py::dict& bufs, std::uintptr_t msg,
+                I64 msg_vectors, I64 data_bytes) {
+    Ptrs b = read_ptrs(bufs);
+    py::gil_scoped_release release;
+    p.copy(phase, chunk, cls, b, reinterpret_cast<unsigned char*>(msg), msg_vectors, data_bytes, pack);
+  };
+}
+
 std::vector<int> check_order(const libra::Plan& plan, std::optional<std::vector<int>> order) {
   std::vector<int> peers;
   if (order) {
@@ -898,26 +908,10 @@ PYBIND11_MODULE(_libra, m) {
   py::class_<RankPrograms>(m, "RankPrograms")
       .def_property_readonly("info", [](const RankPrograms& p) { return schedule_dict(p.schedule(), p.order(), {}); })
       .def("splits", &RankPrograms::splits, py::arg("phase"), py::arg("chunk"), py::arg("cls"))
-      .def(
-          "pack",
-          [](const RankPrograms& p, int phase, int chunk, int cls, const py::dict& bufs, std::uintptr_t msg,
-             I64 msg_vectors, I64 data_bytes) {
-            Ptrs b = read_ptrs(bufs);
-            py::gil_scoped_release release;
-            p.copy(phase, chunk, cls, b, reinterpret_cast<unsigned char*>(msg), msg_vectors, data_bytes, true);
-          },
-          py::arg("phase"), py::arg("chunk"), py::arg("cls"), py::arg("buffers"), py::arg("msg"),
-          py::arg("msg_vectors"), py::arg("data_bytes"))
-      .def(
-          "unpack",
-          [](const RankPrograms& p, int phase, int chunk, int cls, const py::dict& bufs, std::uintptr_t msg,
-             I64 msg_vectors, I64 data_bytes) {
-            Ptrs b = read_ptrs(bufs);
-            py::gil_scoped_release release;
-            p.copy(phase, chunk, cls, b, reinterpret_cast<unsigned char*>(msg), msg_vectors, data_bytes, false);
-          },
-          py::arg("phase"), py::arg("chunk"), py::arg("cls"), py::arg("buffers"), py::arg("msg"),
-          py::arg("msg_vectors"), py::arg("data_bytes"))
+      .def("pack", copier(true), py::arg("phase"), py::arg("chunk"), py::arg("cls"), py::arg("buffers"),
+           py::arg("msg"), py::arg("msg_vectors"), py::arg("data_bytes"))
+      .def("unpack", copier(false), py::arg("phase"), py::arg("chunk"), py::arg("cls"), py::arg("buffers"),
+           py::arg("msg"), py::arg("msg_vectors"), py::arg("data_bytes"))
       .def(
           "apply",
           [](const RankPrograms& p, int phase, int cls, const py::dict& bufs,
