@@ -121,6 +121,19 @@ py::dict window_dict(const libra::WindowPlacement& w) {
   o["pools"] = pools;
   o["loads"] = int_array(w.loads);
   o["imbalance"] = w.imbalance;
+  // vrsp-elastic: pool indices fused into one TAP domain (unfused pools are domains of one).
+  py::list domains;
+  for (const auto& d : w.domains) domains.append(py::cast(d));
+  o["domains"] = domains;
+  o["pool_imbalance"] = w.pool_imbalance;
+  return o;
+}
+
+libra::PlacementOptions placement_options(I64 pool_size, const std::string& mode, std::uint64_t seed, I64 dp,
+                                          I64 elastic_k, double elastic_threshold, const std::string& elastic_rule) {
+  libra::PlacementOptions o{.pool_size = pool_size, .mode = placement_mode(mode), .seed = seed, .dp = dp};
+  o.elastic = {.max_pools = elastic_k, .threshold = elastic_threshold,
+               .rule = unwrap(libra::parse_elastic_rule(elastic_rule))};
   return o;
 }
 
@@ -630,26 +643,32 @@ PYBIND11_MODULE(_libra, m) {
       py::arg("sequences"));
   m.def(
       "place_window",
-      [](const py::object& seqs, I64 pool_size, const std::string& mode, std::uint64_t seed) {
+      [](const py::object& seqs, I64 pool_size, const std::string& mode, std::uint64_t seed, I64 dp, I64 elastic_k,
+         double elastic_threshold, const std::string& elastic_rule) {
         std::vector<I64> f = unwrap(libra::sequence_workloads(to_sequences(seqs, "sequences")));
-        libra::PlacementOptions o{.pool_size = pool_size, .mode = placement_mode(mode), .seed = seed};
+        libra::PlacementOptions o =
+            placement_options(pool_size, mode, seed, dp, elastic_k, elastic_threshold, elastic_rule);
         libra::WindowPlacement w = unwrap(libra::place_window(f, o));
         py::dict d = window_dict(w);
         d["workloads"] = int_array(f);
         d["lower_bound"] = libra::lower_bound_imbalance(f, pool_size);
         return d;
       },
-      py::arg("sequences"), py::arg("pool_size"), py::arg("mode") = "vrsp", py::arg("seed") = 0);
+      py::arg("sequences"), py::arg("pool_size"), py::arg("mode") = "vrsp", py::arg("seed") = 0,
+      py::arg("dp") = 0, py::arg("elastic_k") = 2, py::arg("elastic_threshold") = 0.05,
+      py::arg("elastic_rule") = "buddy");
 
   py::class_<libra::PlacementSampler>(m, "PlacementSampler")
       .def(py::init([](const py::object& seqs, I64 gbs, I64 dp, I64 pool_size, const std::string& mode,
-                       std::uint64_t seed) {
+                       std::uint64_t seed, I64 elastic_k, double elastic_threshold, const std::string& elastic_rule) {
              libra::SamplerOptions o{.gbs = gbs, .dp = dp,
-                                     .placement = {.pool_size = pool_size, .mode = placement_mode(mode), .seed = seed}};
+                                     .placement = placement_options(pool_size, mode, seed, dp, elastic_k,
+                                                                    elastic_threshold, elastic_rule)};
              return unwrap(libra::PlacementSampler::create(to_sequences(seqs, "sequences"), o));
            }),
            py::arg("sequences"), py::arg("gbs"), py::arg("dp"), py::arg("pool_size"), py::arg("mode") = "vrsp",
-           py::arg("seed") = 0)
+           py::arg("seed") = 0, py::arg("elastic_k") = 2, py::arg("elastic_threshold") = 0.05,
+           py::arg("elastic_rule") = "buddy")
       .def_property_readonly("num_steps", &libra::PlacementSampler::num_steps)
       .def_property_readonly("dropped_tail", &libra::PlacementSampler::dropped_tail)
       .def_property_readonly("gbs", [](const libra::PlacementSampler& s) { return s.options().gbs; })

@@ -352,3 +352,79 @@ def test_the_tap_split_case_really_splits_tiles():
     plan = libra.make_plan(POOLS[:2], seq_len=L, cp=2, block_size=8, head_shards=4, heads_q=8, heads_kv=2,
                            head_dim=16, chunks=2, mode="tap-split", tau=0.0, dtype="fp32")
     assert plan.tiles["piece"].max() > 0
+
+
+# ---------------------------------------------------------------- elastic pools (vrsp-elastic)
+
+# One GA step of 4 sequences (DP 4, P 2: two pools): the [64] outlier alone costs 4096 of the
+# window's 4992, so VRSP leaves its pool 69% above the mean and vrsp-elastic fuses both pools.
+ELASTIC_WINDOW = [[64], [8] * 8, [4] * 16, [2] * 32]
+
+
+def fwd_bwd_errors(rt, cp, seqs, ids, worker):
+    """attention fwd+bwd of this worker (slot worker // cp of the plan's pool `seqs`) vs the float64
+    reference; inputs seeded by the sequence's window index `ids[slot]`, so they do not depend on
+    which pool or domain runs it."""
+    slot, cpr = worker // cp, worker % cp
+    Q, K, V, G = slot_data(0, ids[slot], 4, 2, 16, torch.float32)
+    home = slice(cpr * (L // cp), (cpr + 1) * (L // cp))
+    q, k, v = (x[home].to(torch.float32).requires_grad_() for x in (Q, K, V))
+    o = lt.attention(q, k, v, rt)
+    (o.to(torch.float64) * G[home]).sum().backward()
+    Qr, Kr, Vr = (x.clone().requires_grad_() for x in (Q, K, V))
+    ref = reference_attention(Qr, Kr, Vr, seqs[slot])
+    (ref * G).sum().backward()
+    return {"o": rel_err(o, ref[home]), "dq": rel_err(q.grad, Qr.grad[home]),
+            "dk": rel_err(k.grad, Kr.grad[home]), "dv": rel_err(v.grad, Vr.grad[home])}
+
+
+def body_elastic(rank, world, P=2, cp=2, k=2):
+    step = libra.PlacementSampler(ELASTIC_WINDOW, 4, world // cp, P, mode="vrsp-elastic").at(0)
+    g = lt.domain_groups(P, cp, k=k)  # both kinds of group, once
+    replica, cpr = rank // cp, rank % cp
+    first = [int(x) for x in step["pool_first_replica"]]
+    pool = next(p for p in range(len(first)) if first[p] <= replica < first[p] + P)
+    domain = next(d for d in step["domains"] if pool in d)
+    kw = dict(seq_len=L, cp=cp, block_size=8, head_shards=2, heads_q=4, heads_kv=2, head_dim=16, chunks=2,
+              dtype="fp32")
+    out = {"domains": step["domains"], "pool_imbalance": step["pool_imbalance"], "imbalance": step["imbalance"]}
+    # The fused domain: slot s is slot s % P of pool domain[s // P] (docs/elastic.md), k*P slots.
+    ids = [step["pools"][p][s] for p in domain for s in range(P)]
+    seqs = [ELASTIC_WINDOW[i] for i in ids]
+    dslot = (replica - first[domain[0]]) if len(domain) > 1 else None
+    out["domain_worker_ok"] = g.domain_worker == dslot * cp + cpr
+    plan = libra.make_plan(seqs, **kw)
+    out["domain_workers"] = plan.num_workers
+    # Some tile of the outlier's slot runs on the other pool's workers: the domain really shares work.
+    tiles = plan.tiles
+    outlier_slot = ids.index(0)
+    out["outlier_shared"] = bool(((tiles["slot"] == outlier_slot) &
+                                  (tiles["worker"] // cp // P != outlier_slot // P)).any())
+    out["domain"] = fwd_bwd_errors(lt.PlanRuntime(plan, g.domain), cp, seqs, ids, g.domain_worker)
+    # The same rank's unfused pool (VRSP's) on its pool group, from the same domain_groups call.
+    pids = step["pools"][pool]
+    out["pool_worker_ok"] = g.pool_worker == (replica - first[pool]) * cp + cpr
+    pseqs = [ELASTIC_WINDOW[i] for i in pids]
+    out["pool"] = fwd_bwd_errors(lt.PlanRuntime(libra.make_plan(pseqs, **kw), g.pool), cp, pseqs, pids,
+                                 g.pool_worker)
+    return out
+
+
+def test_fused_domain_on_its_domain_group_matches_plain_attention():
+    results = spawn(body_elastic, 8)
+    r0 = results[0]
+    assert r0["domains"] == [[0, 1]] and r0["pool_imbalance"] > 0.5 and r0["imbalance"] < 0.05, r0
+    for r in results:
+        assert r["domain_worker_ok"] and r["pool_worker_ok"] and r["domain_workers"] == 8, r
+        assert r["outlier_shared"]
+        assert max(r["domain"].values()) < TOL["float32"], r["domain"]
+        assert max(r["pool"].values()) < TOL["float32"], r["pool"]
+
+
+def test_elastic_placement_in_the_binding():
+    w = libra.place_window(ELASTIC_WINDOW, 2, mode="vrsp-elastic", dp=4)
+    assert w["domains"] == [[0, 1]] and w["imbalance"] < w["pool_imbalance"]
+    assert libra.place_window(ELASTIC_WINDOW, 2, mode="vrsp-elastic", dp=4, elastic_k=1)["domains"] == [[0], [1]]
+    assert libra.place_window(ELASTIC_WINDOW, 2, mode="vrsp", dp=4)["domains"] == [[0], [1]]
+    with pytest.raises(ValueError, match="elastic rule"):
+        libra.place_window(ELASTIC_WINDOW, 2, mode="vrsp-elastic", dp=4, elastic_rule="nearest")
