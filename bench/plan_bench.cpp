@@ -51,7 +51,7 @@ libra::PlanConfig paper_config(std::int64_t seq_len, std::int64_t block, libra::
   c.cp = 8;
   c.block_size = block;
   c.head_shards = 8;
-  c.shape = {.heads_q = 32, .heads_kv = 4, .head_dim = 128, .elem_bytes = 2};
+  c.shape = {.heads_q = 32, .heads_kv = 4, .head_dim = 128, .dtype = libra::DType::kBF16};
   c.chunks = 4;
   c.mode = mode;
   return c;

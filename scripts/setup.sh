@@ -11,7 +11,7 @@ PACKAGES=(
   libhwy-dev libopenblas-dev
   gnuplot-nox python3 ccache
   python3-venv python3-pip python3-numpy python3-pytest python3-pybind11 pybind11-dev
-  python3-torch python3-matplotlib
+  python3-torch python3-matplotlib python3-dev python3-setuptools python3-wheel
 )
 
 missing=()

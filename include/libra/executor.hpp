@@ -169,6 +169,6 @@ ErrorStats compare_home(std::span<const float> got, std::span<const double> refe
 struct Tolerance {
   double o, lse, dq, dk, dv;
 };
-Tolerance tolerance_for(int elem_bytes);
+Tolerance tolerance_for(DType dtype);
 
 }  // namespace libra

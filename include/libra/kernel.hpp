@@ -53,33 +53,19 @@
 #include <type_traits>
 #include <vector>
 
+#include "libra/dtype.hpp"
 #include "libra/status.hpp"
 #include "libra/workload.hpp"
 
 namespace libra::kernel {
 
-enum class DType : std::uint8_t {
-  kF32,   // IEEE binary32
-  kBF16,  // the upper 16 bits of a binary32, rounded to nearest even
-};
-
-[[nodiscard]] constexpr std::int64_t dtype_bytes(DType t) { return t == DType::kF32 ? 4 : 2; }
-[[nodiscard]] const char* dtype_name(DType t);
-
-// bf16 conversions (round to nearest even; NaN stays NaN).
-[[nodiscard]] inline std::uint16_t bf16_from_f32(float f) {
-  std::uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((u >> 16) | 0x40u);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<std::uint16_t>(u >> 16);
-}
-[[nodiscard]] inline float f32_from_bf16(std::uint16_t b) {
-  std::uint32_t u = static_cast<std::uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
+// Element types are libra::DType (libra/dtype.hpp); the kernel accepts fp32
+// and bf16 storage (validate rejects the others).
+using libra::DType;
+using libra::dtype_bytes;
+using libra::dtype_name;
+using libra::bf16_from_f32;
+using libra::f32_from_bf16;
 
 // A view of a row-major [rows, heads, head_dim] tensor: element (t, h, c) is
 // at element offset t * row_stride + h * head_dim + c from data. Heads of a

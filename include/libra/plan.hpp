@@ -11,7 +11,7 @@
 //
 //   libra::PlanConfig cfg;
 //   cfg.seq_len = 1 << 20; cfg.cp = 8; cfg.block_size = 8192; cfg.head_shards = 8;
-//   cfg.shape = {.heads_q = 32, .heads_kv = 4, .head_dim = 128, .elem_bytes = 2};
+//   cfg.shape = {.heads_q = 32, .heads_kv = 4, .head_dim = 128, .dtype = libra::DType::kBF16};
 //   cfg.chunks = 4;
 //   libra::Result<libra::Plan> plan = libra::make_plan(pool, cfg);   // pool: P packed sequences
 //   if (!plan.ok()) return plan.error();
@@ -39,6 +39,7 @@
 #include <string_view>
 #include <vector>
 
+#include "libra/dtype.hpp"
 #include "libra/status.hpp"
 #include "libra/workload.hpp"
 
@@ -48,8 +49,9 @@ struct AttentionShape {
   int heads_q = 0;     // h_q
   int heads_kv = 0;    // h_kv, divides h_q
   int head_dim = 0;    // d
-  int elem_bytes = 2;  // e: 2 for bf16, 4 for fp32
+  DType dtype = DType::kBF16;  // element type of Q, K, V, O, dO (LSE and gradients travel in fp32)
   std::int64_t window = kFullCausal;  // sliding-window width w; kFullCausal = plain causal
+  std::int64_t elem_bytes() const { return dtype_bytes(dtype); }  // e
 };
 
 enum class PlanMode : std::uint8_t {
@@ -154,6 +156,21 @@ struct Transfer {
   std::int32_t tile = -1;    // Q/O: the tile; KV: -1
   std::int32_t group = -1;   // KV: the group; Q/O: -1
   std::int64_t bytes = 0;    // tokens x heads x head_dim x elem_bytes (x 2 for KV)
+  // Pipeline chunks in which dst reads the payload. Chunk lists
+  // (chunk_transfers): Q/O items first = last = their chunk m; a KV item
+  // arrives with the chunk of its first use (first_use == m, always) and its
+  // dK/dV partial is complete after last_use (Plan::kv_use of its heads).
+  // Whole-iteration lists (transfers): 0 and M - 1.
+  std::int32_t first_use = 0;
+  std::int32_t last_use = 0;
+};
+
+// The chunks in which a worker's tiles read one KV head of one group:
+// [first, last]; last < first when they never do.
+struct ChunkUse {
+  std::int32_t first = 0;
+  std::int32_t last = -1;
+  bool used() const { return last >= first; }
 };
 
 inline constexpr std::uint32_t kPlanFormatVersion = 1;
@@ -182,6 +199,12 @@ class Plan {
   std::span<const std::int32_t> worker_tiles(int r) const;
   // C_r: ids of the groups worker r holds, increasing (local or fetched).
   std::span<const std::int32_t> worker_groups(int r) const;
+  // The chunks in which worker r's tiles read KV head k of group g (through
+  // the chunk's query heads i with i / (h_q / h_kv) = k), recorded when the
+  // plan is built: the exchange sends each KV head with the chunk of its
+  // first use, and its dK/dV may go home after its last. Never used (for a
+  // group r does not hold, or a head outside the group): !used().
+  ChunkUse kv_use(int r, std::int32_t group, std::int32_t kv_head) const;
 
   std::span<const std::int64_t> worker_flops() const;  // load_r
   double imbalance() const;                            // max_r load_r / mean_r load_r - 1

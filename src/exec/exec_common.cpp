@@ -109,7 +109,7 @@ float slot_value(std::uint64_t seed, const PlanConfig& c, int slot, int tensor, 
                                 static_cast<std::uint64_t>(c.shape.head_dim) +
                             static_cast<std::uint64_t>(col);
   float v = harness_value(seed, static_cast<std::uint64_t>(slot) * 8u + static_cast<std::uint64_t>(tensor), idx);
-  if (c.shape.elem_bytes == 2) v = kernel::f32_from_bf16(kernel::bf16_from_f32(v));
+  v = round_to(c.shape.dtype, v);
   return v;
 }
 
@@ -208,11 +208,11 @@ ErrorStats compare_home(std::span<const float> got, std::span<const double> refe
   return s;
 }
 
-Tolerance tolerance_for(int elem_bytes) {
+Tolerance tolerance_for(DType dtype) {
   // fp32: kernel accumulation error only. bf16: inputs are exact bf16
   // values for both sides, but O, dO and the partial sums travel in bf16
   // (8 significant bits), so errors of a few bf16 ulps are expected.
-  if (elem_bytes == 4) return {2e-5, 2e-5, 5e-5, 5e-5, 5e-5};
+  if (dtype == DType::kF32) return {2e-5, 2e-5, 5e-5, 5e-5, 5e-5};
   return {2e-2, 2e-2, 5e-2, 5e-2, 5e-2};
 }
 

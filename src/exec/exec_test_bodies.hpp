@@ -133,7 +133,7 @@ inline PlanConfig case_config(const ExecCase& c) {
   cfg.shape.heads_q = c.heads_q;
   cfg.shape.heads_kv = c.heads_kv;
   cfg.shape.head_dim = c.head_dim;
-  cfg.shape.elem_bytes = c.elem_bytes;
+  cfg.shape.dtype = c.elem_bytes == 4 ? DType::kF32 : DType::kBF16;
   cfg.shape.window = c.window;
   cfg.chunks = c.chunks;
   cfg.dedup_per_kv_head = c.dedup_per_kv_head;
@@ -164,7 +164,7 @@ inline Status exec_case(Communicator& comm, const ExecCase& c, TraceRecorder* tr
   LIBRA_ASSIGN_OR_RETURN(SlotReference ref, harness_reference(c.data_seed, cfg, pool[static_cast<std::size_t>(slot)], slot));
   const std::int64_t lc = c.seq_len / c.cp, lo = (r % c.cp) * lc;
   const std::int64_t qw = c.heads_q * c.head_dim, kw = c.heads_kv * c.head_dim;
-  const Tolerance tol = tolerance_for(c.elem_bytes);
+  const Tolerance tol = tolerance_for(c.elem_bytes == 4 ? DType::kF32 : DType::kBF16);
   struct Check {
     const char* name;
     ErrorStats e;

@@ -270,13 +270,8 @@ Status PlanExecutor::init() {
   lc_ = cfg.seq_len / cp_;
   slot_ = r_ / cp_;
   home_lo_ = static_cast<std::int64_t>(r_ % cp_) * lc_;
-  if (cfg.shape.elem_bytes == 4) {
-    dt_ = DType::kF32;
-  } else if (cfg.shape.elem_bytes == 2) {
-    dt_ = DType::kBF16;
-  } else {
-    return invalid_input(fmt::format("executor: elem_bytes {} is neither 2 (bf16) nor 4 (fp32)", cfg.shape.elem_bytes));
-  }
+  dt_ = cfg.shape.dtype;
+  if (dt_ == DType::kF16) return invalid_input("executor: dtype fp16 is not supported by the CPU kernel yet");
   // Gradients are computed, sent and summed in fp32 whatever the input type.
   grad_dt_ = DType::kF32;
   if (opts_.threads < 1) return invalid_input(fmt::format("executor: threads {} must be at least 1", opts_.threads));

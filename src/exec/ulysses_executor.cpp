@@ -94,9 +94,7 @@ Status UlyssesExecutor::init() {
   if (hkv_ % cp_ != 0 && cp_ % hkv_ != 0) {
     return invalid_input(fmt::format("ulysses: --heads-kv {} and --cp {} must divide one another", hkv_, cp_));
   }
-  if (cfg_.shape.elem_bytes != 2 && cfg_.shape.elem_bytes != 4) {
-    return invalid_input(fmt::format("ulysses: elem_bytes {} is neither 2 (bf16) nor 4 (fp32)", cfg_.shape.elem_bytes));
-  }
+  if (cfg_.shape.dtype == DType::kF16) return invalid_input("ulysses: dtype fp16 is not supported by the CPU kernel yet");
   for (std::size_t p = 0; p < pool_.size(); ++p) {
     std::int64_t total = 0;
     for (std::int64_t l : pool_[p]) {
@@ -109,7 +107,7 @@ Status UlyssesExecutor::init() {
   }
   std::uint64_t fp = mix64(0x756c7973736573ULL, static_cast<std::uint64_t>(cfg_.seq_len));
   for (std::int64_t v : {std::int64_t{cp_}, std::int64_t{hq_}, std::int64_t{hkv_}, std::int64_t{cfg_.shape.head_dim},
-                         std::int64_t{cfg_.shape.elem_bytes}, cfg_.shape.window}) {
+                         static_cast<std::int64_t>(dtype_code(cfg_.shape.dtype)), cfg_.shape.window}) {
     fp = mix64(fp, static_cast<std::uint64_t>(v));
   }
   for (const auto& seq : pool_) {
@@ -124,7 +122,7 @@ Status UlyssesExecutor::init() {
   nq_ = hq_ / cp_;
   d_ = cfg_.shape.head_dim;
   lc_ = cfg_.seq_len / cp_;
-  dt_ = cfg_.shape.elem_bytes == 4 ? DType::kF32 : DType::kBF16;
+  dt_ = cfg_.shape.dtype;
   if (opts_.threads < 1) return invalid_input(fmt::format("executor: threads {} must be at least 1", opts_.threads));
   std::int64_t start = 0;
   for (std::int64_t len : pool_[static_cast<std::size_t>(slot_)]) {

@@ -11,8 +11,6 @@
 
 namespace libra::kernel {
 
-const char* dtype_name(DType t) { return t == DType::kF32 ? "fp32" : "bf16"; }
-
 namespace {
 
 std::string s(std::int64_t x) { return std::to_string(x); }

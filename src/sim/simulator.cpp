@@ -21,6 +21,7 @@
 #include "libra/placement.hpp"
 #include "libra/plan.hpp"
 #include "libra/workload.hpp"
+#include "sim/plan_pricer.hpp"
 
 namespace libra {
 
@@ -79,7 +80,7 @@ PlanConfig plan_config(const Ctx& ctx, std::int64_t h, std::int64_t b, std::int6
   pc.shape = {.heads_q = static_cast<int>(ctx.cfg.model.heads_q),
               .heads_kv = static_cast<int>(ctx.cfg.model.heads_kv),
               .head_dim = static_cast<int>(ctx.cfg.model.head_dim),
-              .elem_bytes = static_cast<int>(ctx.cfg.model.elem_bytes)};
+              .dtype = ctx.cfg.model.elem_bytes == 4 ? DType::kF32 : DType::kBF16};
   pc.tau = ctx.cfg.tau;
   pc.chunks = static_cast<int>(chunks);
   pc.mode = mode;
@@ -897,3 +898,24 @@ Result<SimResult> simulate(const SimConfig& cfg, const SimProgress& progress) {
 }
 
 }  // namespace libra
+
+// ----- Pricing for other units (sim/plan_pricer.hpp) -------------------------
+
+namespace libra::sim_detail {
+
+struct PlanPricer::Impl {
+  Ctx ctx;
+};
+
+PlanPricer::PlanPricer(const SimConfig& config, std::int64_t seq_len)
+    : impl_(std::make_unique<Impl>(Impl{Ctx{config, seq_len, ThroughputTable(config.cost.kernel), {}}})) {}
+
+PlanPricer::~PlanPricer() = default;
+
+double PlanPricer::forward_seconds(const Plan& plan, std::span<const std::int64_t> gpus, std::uint64_t window,
+                                   std::uint64_t step, bool pipelined) const {
+  const PlanCost c = cost_plan(impl_->ctx, plan, gpus);
+  return time_plan(impl_->ctx, c, gpus, {window, step}, pipelined, false);
+}
+
+}  // namespace libra::sim_detail

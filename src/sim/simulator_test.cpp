@@ -94,7 +94,7 @@ PlanConfig tiny_plan_config(PlanMode mode, int h, std::int64_t b, int chunks) {
   pc.cp = 2;
   pc.block_size = b;
   pc.head_shards = h;
-  pc.shape = {.heads_q = 4, .heads_kv = 2, .head_dim = 8, .elem_bytes = 2};
+  pc.shape = {.heads_q = 4, .heads_kv = 2, .head_dim = 8, .dtype = DType::kBF16};
   pc.chunks = chunks;
   pc.mode = mode;
   return pc;

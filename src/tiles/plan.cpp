@@ -48,7 +48,7 @@ std::vector<std::uint64_t> canonical_words(const PlanConfig& c, std::span<const 
   w.push_back(u(c.shape.heads_q));
   w.push_back(u(c.shape.heads_kv));
   w.push_back(u(c.shape.head_dim));
-  w.push_back(u(c.shape.elem_bytes));
+  w.push_back(dtype_code(c.shape.dtype));
   w.push_back(u(c.shape.window));
   w.push_back(std::bit_cast<std::uint64_t>(c.tau));
   w.push_back(u(c.chunks));
@@ -259,11 +259,50 @@ Result<Plan> build_plan(std::span<const PackedSequence> pool, const PlanConfig& 
     }
   }
 
+  // 5b. First and last chunk of every (worker, group, KV head): chunk m of a
+  //     tile reads the KV heads of its query heads heads.begin + [m*w/M,
+  //     (m+1)*w/M) in every group of its fragments.
+  {
+    d->kv_use_offsets.assign(d->worker_group_ids.size() + 1, 0);
+    for (std::size_t k = 0; k < d->worker_group_ids.size(); ++k) {
+      d->kv_use_offsets[k + 1] =
+          d->kv_use_offsets[k] + static_cast<std::size_t>(d->groups[static_cast<std::size_t>(d->worker_group_ids[k])].kv_heads.size());
+    }
+    d->kv_uses.assign(d->kv_use_offsets.back(), ChunkUse{});
+    const std::int32_t per = g.head_width / M;
+    for (const Tile& t : d->tiles) {
+      const auto r = static_cast<std::size_t>(t.worker);
+      const auto begin = d->worker_group_ids.begin() + static_cast<std::ptrdiff_t>(d->worker_group_offsets[r]);
+      const auto end = d->worker_group_ids.begin() + static_cast<std::ptrdiff_t>(d->worker_group_offsets[r + 1]);
+      for (std::int32_t fi = t.fragment_begin; fi < t.fragment_end; ++fi) {
+        const std::int32_t gid = d->fragments[static_cast<std::size_t>(fi)].group;
+        const KvGroup& grp = d->groups[static_cast<std::size_t>(gid)];
+        const auto at = static_cast<std::size_t>(std::lower_bound(begin, end, gid) - d->worker_group_ids.begin());
+        for (int m = 0; m < M; ++m) {
+          const std::int32_t q0 = t.heads.begin + m * per, q1 = q0 + per;
+          const std::int32_t k0 = std::max(grp.kv_heads.begin, q0 / g.group_size);
+          const std::int32_t k1 = std::min(grp.kv_heads.end, (q1 - 1) / g.group_size + 1);
+          for (std::int32_t kh = k0; kh < k1; ++kh) {
+            ChunkUse& u = d->kv_uses[d->kv_use_offsets[at] + static_cast<std::size_t>(kh - grp.kv_heads.begin)];
+            if (!u.used()) u = {m, m};
+            u.first = std::min(u.first, m);
+            u.last = std::max(u.last, m);
+          }
+        }
+      }
+    }
+  }
+
   // 6. Transfers, generated Q (by tile), KV (by destination, group,
   //    begin), O (by tile) and bucketed by (src, dst): one pass counts, the
   //    second writes each transfer straight into its bucket, so every bucket
   //    keeps the generation order.
-  auto generate = [&](auto&& sink) {
+  auto generate = [&](auto&& sink0) {
+    auto sink = [&](Transfer x) {
+      x.first_use = 0;
+      x.last_use = M - 1;
+      sink0(x);
+    };
     for (const Tile& t : d->tiles) {
       if (t.worker == t.home) continue;
       sink(Transfer{TransferKind::kQ, t.home, t.worker, t.slot, t.begin, t.end, t.heads, t.id, -1,
@@ -330,9 +369,18 @@ Result<Plan> build_plan(std::span<const PackedSequence> pool, const PlanConfig& 
           x.heads = chunk_kv[static_cast<std::size_t>(x.group % g.keys_per_sample) * M + m];
           if (x.heads.size() == 0) continue;
           x.bytes = kv_bytes(g, x.end - x.begin, x.heads.size());
+          x.first_use = M;
+          x.last_use = -1;
+          for (std::int32_t kh = x.heads.begin; kh < x.heads.end; ++kh) {
+            const ChunkUse u = view.kv_use(x.dst, x.group, kh);
+            if (!u.used()) continue;
+            x.first_use = std::min(x.first_use, u.first);
+            x.last_use = std::max(x.last_use, u.last);
+          }
         } else {
           x.heads = {x.heads.begin + m * per_chunk, x.heads.begin + (m + 1) * per_chunk};
           x.bytes = qo_bytes(g, x.end - x.begin, x.heads.size());
+          x.first_use = x.last_use = m;
         }
         bytes += x.bytes;
         d->chunk_transfers.push_back(x);
@@ -398,6 +446,17 @@ std::span<const Transfer> Plan::transfers(int src, int dst) const {
   return std::span<const Transfer>(d_->transfers).subspan(o[b], o[b + 1] - o[b]);
 }
 std::span<const Transfer> Plan::all_transfers() const { return d_->transfers; }
+
+ChunkUse Plan::kv_use(int r, std::int32_t group, std::int32_t kv_head) const {
+  if (r < 0 || r >= d_->num_workers) return {};
+  const auto ids = worker_groups(r);
+  const auto it = std::lower_bound(ids.begin(), ids.end(), group);
+  if (it == ids.end() || *it != group) return {};
+  const KvGroup& g = d_->groups[static_cast<std::size_t>(group)];
+  if (kv_head < g.kv_heads.begin || kv_head >= g.kv_heads.end) return {};
+  const std::size_t k = d_->worker_group_offsets[static_cast<std::size_t>(r)] + static_cast<std::size_t>(it - ids.begin());
+  return d_->kv_uses[d_->kv_use_offsets[k] + static_cast<std::size_t>(kv_head - g.kv_heads.begin)];
+}
 
 HeadRange Plan::chunk_heads(const Tile& tile, int m) const {
   const std::int32_t w = tile.heads.size() / d_->config.chunks;

@@ -27,6 +27,10 @@ struct Plan::Data {
   std::vector<std::int32_t> worker_tile_ids;
   std::vector<std::size_t> worker_group_offsets;  // W + 1
   std::vector<std::int32_t> worker_group_ids;
+  // Per entry of worker_group_ids: offset of its first KV head's ChunkUse in
+  // kv_uses (one per KV head of the group, in head order).
+  std::vector<std::size_t> kv_use_offsets;
+  std::vector<ChunkUse> kv_uses;
   std::vector<std::int64_t> worker_flops;
   double imbalance = 0;
   std::int64_t comm_bytes = 0;

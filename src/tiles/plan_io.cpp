@@ -44,7 +44,8 @@ std::string plan_to_json(const Plan& plan, int indent) {
   cfg["heads_q"] = c.shape.heads_q;
   cfg["heads_kv"] = c.shape.heads_kv;
   cfg["head_dim"] = c.shape.head_dim;
-  cfg["elem_bytes"] = c.shape.elem_bytes;
+  cfg["dtype"] = dtype_name(c.shape.dtype);
+  cfg["elem_bytes"] = c.shape.elem_bytes();  // for readers of format 1 without "dtype"
   cfg["window"] = c.shape.window == kFullCausal ? OJson(nullptr) : OJson(c.shape.window);
   cfg["tau"] = c.tau;
   cfg["chunks"] = c.chunks;
@@ -197,12 +198,18 @@ Result<Plan> plan_from_binary(std::string_view bytes, const std::string& source)
   PlanConfig c;
   std::uint64_t tau_bits = 0;
   int mode = 0, dedup = 0;
+  std::uint64_t dtype_word = 0;
   if (!next_int(c.seq_len, 1, kI64) || !next_int(c.cp, 1, kI32) || !next_int(c.block_size, 1, kI64) ||
       !next_int(c.head_shards, 1, kI32) || !next_int(c.shape.heads_q, 1, kI32) ||
       !next_int(c.shape.heads_kv, 1, kI32) || !next_int(c.shape.head_dim, 1, kI32) ||
-      !next_int(c.shape.elem_bytes, 1, kI32) || !next_int(c.shape.window, 1, kI64) || !next(tau_bits) ||
+      !next(dtype_word) || !next_int(c.shape.window, 1, kI64) || !next(tau_bits) ||
       !next_int(c.chunks, 1, kI32) || !next_int(mode, 0, 2) || !next_int(dedup, 0, 1)) {
     return bad("configuration");
+  }
+  if (!dtype_from_code(dtype_word, c.shape.dtype)) {
+    // Format-1 files hold the element size here: 4 and 2 decode above.
+    return invalid_input(source + ": malformed binary plan: element type word " + std::to_string(dtype_word) +
+                         " names no type (4 fp32, 2 bf16, 258 fp16)");
   }
   c.tau = std::bit_cast<double>(tau_bits);
   c.mode = static_cast<PlanMode>(mode);
@@ -312,14 +319,32 @@ Result<Plan> plan_from_json(std::string_view text, const std::string& source) {
     LIBRA_ASSIGN_OR_RETURN(std::int64_t hq, rd.integer(*cfg, "heads_q", w, 1, kI32));
     LIBRA_ASSIGN_OR_RETURN(std::int64_t hkv, rd.integer(*cfg, "heads_kv", w, 1, kI32));
     LIBRA_ASSIGN_OR_RETURN(std::int64_t hd, rd.integer(*cfg, "head_dim", w, 1, kI32));
-    LIBRA_ASSIGN_OR_RETURN(std::int64_t eb, rd.integer(*cfg, "elem_bytes", w, 1, kI32));
     LIBRA_ASSIGN_OR_RETURN(std::int64_t chunks, rd.integer(*cfg, "chunks", w, 1, kI32));
     c.cp = static_cast<int>(cp);
     c.head_shards = static_cast<int>(hs);
     c.shape.heads_q = static_cast<int>(hq);
     c.shape.heads_kv = static_cast<int>(hkv);
     c.shape.head_dim = static_cast<int>(hd);
-    c.shape.elem_bytes = static_cast<int>(eb);
+    // Format-1 writers gave only elem_bytes; newer ones give "dtype" (and
+    // elem_bytes for old readers), which must then agree.
+    if (cfg->contains("dtype")) {
+      const OJson& dt = (*cfg)["dtype"];
+      auto t = dt.is_string() ? parse_dtype(dt.get<std::string>()) : Result<DType>(invalid_input("dtype must be a string"));
+      if (!t.ok()) return invalid_input(source + ": config: " + t.error().message());
+      c.shape.dtype = *t;
+      if (cfg->contains("elem_bytes")) {
+        LIBRA_ASSIGN_OR_RETURN(std::int64_t eb, rd.integer(*cfg, "elem_bytes", w, 1, kI32));
+        if (eb != c.shape.elem_bytes()) {
+          return invalid_input(source + ": config: elem_bytes " + std::to_string(eb) + " disagrees with dtype " +
+                               dtype_name(c.shape.dtype) + " (" + std::to_string(c.shape.elem_bytes()) + " bytes)");
+        }
+      }
+    } else {
+      LIBRA_ASSIGN_OR_RETURN(std::int64_t eb, rd.integer(*cfg, "elem_bytes", w, 1, kI32));
+      auto t = dtype_from_elem_bytes(eb, source + ": config");
+      if (!t.ok()) return t.error();
+      c.shape.dtype = *t;
+    }
     c.chunks = static_cast<int>(chunks);
     LIBRA_ASSIGN_OR_RETURN(const OJson* win, rd.field(*cfg, "window", w));
     if (win->is_null()) {

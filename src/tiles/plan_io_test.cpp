@@ -26,7 +26,7 @@ PlanConfig small_config(PlanMode mode) {
   c.cp = 2;
   c.block_size = 8;
   c.head_shards = 4;
-  c.shape = {.heads_q = 8, .heads_kv = 2, .head_dim = 16, .elem_bytes = 2};
+  c.shape = {.heads_q = 8, .heads_kv = 2, .head_dim = 16, .dtype = libra::DType::kBF16};
   c.chunks = 2;
   c.mode = mode;
   return c;

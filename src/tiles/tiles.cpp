@@ -53,7 +53,7 @@ Status validate_plan_config(const PlanConfig& c) {
   if (s.heads_q < 1) return config_error("heads_q " + str(s.heads_q) + " must be positive");
   if (s.heads_kv < 1) return config_error("heads_kv " + str(s.heads_kv) + " must be positive");
   if (s.head_dim < 1) return config_error("head_dim " + str(s.head_dim) + " must be positive");
-  if (s.elem_bytes < 1) return config_error("elem_bytes " + str(s.elem_bytes) + " must be positive");
+  if (static_cast<int>(s.dtype) > static_cast<int>(DType::kF16)) return config_error("dtype " + str(static_cast<int>(s.dtype)) + " is not fp32, bf16 or fp16");
   if (s.window < 1) return config_error("window " + str(s.window) + " must be positive");
   if (!std::isfinite(c.tau) || c.tau < 0) {
     return config_error("tau " + std::to_string(c.tau) + " must be a finite number >= 0");
@@ -145,7 +145,7 @@ Result<Geometry> make_geometry(std::span<const PackedSequence> pool, const PlanC
   g.shard_len = config.seq_len / config.cp;
   g.block_size = config.block_size;
   g.head_dim = config.shape.head_dim;
-  g.elem_bytes = config.shape.elem_bytes;
+  g.elem_bytes = config.shape.elem_bytes();
   g.window = config.shape.window;
   g.tokens.reserve(pool.size());
   g.sample_base.reserve(pool.size() + 1);

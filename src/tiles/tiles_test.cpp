@@ -34,7 +34,7 @@ PlanConfig config(std::int64_t L, int cp, std::int64_t B, int H, int hq, int hkv
   c.shape.heads_q = hq;
   c.shape.heads_kv = hkv;
   c.shape.head_dim = d;
-  c.shape.elem_bytes = e;
+  c.shape.dtype = e == 4 ? libra::DType::kF32 : libra::DType::kBF16;
   c.tau = tau;
   return c;
 }
@@ -100,7 +100,7 @@ Result run(const std::vector<PackedSequence>& pool, const PlanConfig& c) {
   const int W = P * c.cp;
   const int H = c.head_shards;
   const int hq = c.shape.heads_q, hkv = c.shape.heads_kv;
-  const std::int64_t d = c.shape.head_dim, e = c.shape.elem_bytes;
+  const std::int64_t d = c.shape.head_dim, e = c.shape.elem_bytes();
   const std::int64_t per_worker = c.seq_len / c.cp;
   const std::int64_t kappa = H <= hkv ? hkv / H : 1;
   const std::int64_t v_kv = 2 * kappa * d * e;
@@ -221,7 +221,7 @@ void expect_matches_reference(const std::vector<PackedSequence>& pool, const Pla
 
 TEST(TapPlacement, MatchesHandComputedPoolWithTies) {
   // P = 3 slots, CP = 1 (worker r holds slot r), L = 4, B = 2, H = h_q = h_kv = 1,
-  // d = e = 1, tau = 0. Pool: slot 0 = [4], slot 1 = [1], slot 2 = [1].
+  // d = 1, e = 2 (bf16; byte counts below are worked for e = 1, the checks double them), tau = 0. Pool: slot 0 = [4], slot 1 = [1], slot 2 = [1].
   // Tiles: t0 = (0,0) rows [0,2): 1+2 = 3; t1 = (0,1) rows [2,4): 3+4 = 7;
   //        t2 = (1,0): 1; t3 = (2,0): 1.  Sum 12, C = 12/3 = 4.
   // v_kv = 2*1*1*1 = 2 B/token; V_Q+V_O = 2 B per row.
@@ -234,21 +234,21 @@ TEST(TapPlacement, MatchesHandComputedPoolWithTies) {
   // Loads 7, 4, 1 -> imbalance 7/4 - 1. Exchange: r1 fetches slot 0's
   // sample (8 B from r0), t0's Q (2 B, 0->1) and O (2 B, 1->0): total 12.
   const std::vector<PackedSequence> pool = {{4}, {1}, {1}};
-  const PlanConfig c = config(4, 1, 2, 1, 1, 1, 1, 1, 0.0);
+  const PlanConfig c = config(4, 1, 2, 1, 1, 1, 1, 2, 0.0);
   const Plan p = plan_or_die(pool, c);
   EXPECT_EQ(workers_of(p), (std::vector<int>{1, 0, 1, 2}));
   EXPECT_EQ(std::vector<std::int64_t>(p.worker_flops().begin(), p.worker_flops().end()),
             (std::vector<std::int64_t>{7, 4, 1}));
   EXPECT_DOUBLE_EQ(p.imbalance(), 0.75);
-  EXPECT_EQ(p.comm_bytes(), 12);
-  EXPECT_EQ(p.bytes(0, 1), 10);
-  EXPECT_EQ(p.bytes(1, 0), 2);
+  EXPECT_EQ(p.comm_bytes(), 24);
+  EXPECT_EQ(p.bytes(0, 1), 20);
+  EXPECT_EQ(p.bytes(1, 0), 4);
   EXPECT_EQ(p.bytes(0, 2) + p.bytes(2, 0) + p.bytes(1, 2) + p.bytes(2, 1), 0);
   expect_matches_reference(pool, c);
 }
 
 TEST(TapPlacement, MatchesHandComputedTwoSamplePool) {
-  // P = 1, CP = 2, L = 8, B = 2, H = h_q = h_kv = 2, d = e = 1, tau = 0.
+  // P = 1, CP = 2, L = 8, B = 2, H = h_q = h_kv = 2, d = 1, e = 2 (bf16; byte counts below are worked for e = 1, the checks double them), tau = 0.
   // Slot 0 = [4, 4]: worker 0 holds sample 0, worker 1 sample 1.
   // Blocks: 3, 7, 3, 7 pairs (x 1 head); C = 40 / 2 = 20.
   // Order: (b1,h0) (b1,h1) (b3,h0) (b3,h1) (b0,h0) (b0,h1) (b2,h0) (b2,h1).
@@ -256,7 +256,7 @@ TEST(TapPlacement, MatchesHandComputedTwoSamplePool) {
   // b1 tiles -> 0 (14), b3 tiles: 0 would reach 21 > 20 -> 1 (14); b0 -> 0
   // (17, then exactly 20 <= C), b2 -> 1. Nothing moves.
   const std::vector<PackedSequence> pool = {{4, 4}};
-  const PlanConfig c = config(8, 2, 2, 2, 2, 2, 1, 1, 0.0);
+  const PlanConfig c = config(8, 2, 2, 2, 2, 2, 1, 2, 0.0);
   const Plan p = plan_or_die(pool, c);
   EXPECT_EQ(workers_of(p), (std::vector<int>{0, 0, 0, 0, 1, 1, 1, 1}));
   EXPECT_EQ(p.comm_bytes(), 0);
@@ -300,7 +300,7 @@ TEST(TapPlacement, MatchesHandComputedGroupedQueryAttention) {
 TEST(TapPlacement, SlidingWindowCountsBandPairs) {
   // Window 2: query q sees min(q+1, 2) keys. Slot 0 = [4], B = 4: 1+2+2+2 = 7.
   const std::vector<PackedSequence> pool = {{4}};
-  PlanConfig c = config(4, 1, 4, 1, 1, 1, 1, 1, 0.03);
+  PlanConfig c = config(4, 1, 4, 1, 1, 1, 1, 2, 0.03);
   c.shape.window = 2;
   const Plan p = plan_or_die(pool, c);
   ASSERT_EQ(p.tiles().size(), 1U);
@@ -310,26 +310,26 @@ TEST(TapPlacement, SlidingWindowCountsBandPairs) {
 }
 
 TEST(UlyssesPlacement, MatchesHandComputedHeadSplit) {
-  // P = 1, CP = 2, h_q = h_kv = 2, L = 4, B = 2, d = e = 1. Slot 0 = [4].
+  // P = 1, CP = 2, h_q = h_kv = 2, L = 4, B = 2, d = 1, e = 2 (bf16; byte counts below are worked for e = 1, the checks double them). Slot 0 = [4].
   // Tiles (b, c) with one head each: worker = c. Loads 3+7 = 10 each.
   // Worker 1 gets b0's Q for head 1 (2 B) and returns O (2 B); worker 0 gets
   // b1's Q for head 0 and returns O; each fetches the other half of the
   // sample's K/V for its head: 2 tokens * 2 B. Each direction: 2 + 2 + 4 = 8.
   const std::vector<PackedSequence> pool = {{4}};
-  PlanConfig c = config(4, 2, 2, 2, 2, 2, 1, 1, 0.03);
+  PlanConfig c = config(4, 2, 2, 2, 2, 2, 1, 2, 0.03);
   c.mode = PlanMode::kUlysses;
   const Plan p = plan_or_die(pool, c);
   EXPECT_EQ(workers_of(p), (std::vector<int>{0, 1, 0, 1}));
   EXPECT_EQ(std::vector<std::int64_t>(p.worker_flops().begin(), p.worker_flops().end()),
             (std::vector<std::int64_t>{10, 10}));
-  EXPECT_EQ(p.comm_bytes(), 16);
-  EXPECT_EQ(p.bytes(0, 1), 8);
-  EXPECT_EQ(p.bytes(1, 0), 8);
+  EXPECT_EQ(p.comm_bytes(), 32);
+  EXPECT_EQ(p.bytes(0, 1), 16);
+  EXPECT_EQ(p.bytes(1, 0), 16);
 }
 
 TEST(TapSplitPlacement, MatchesHandComputedSplit) {
   // P = 2, CP = 1 (worker r holds slot r), L = B = 4, H = h_q = h_kv = 1,
-  // d = e = 1, tau = 0.2. Slot 0 = [4]: one tile, f = 1+2+3+4 = 10;
+  // d = 1, e = 2 (bf16; byte counts below are worked for e = 1, the checks double them), tau = 0.2. Slot 0 = [4]: one tile, f = 1+2+3+4 = 10;
   // slot 1 = [1]: f = 1. C = 1.2 * 11 / 2 = 6.6.
   // Plain TAP: 10 > C everywhere -> fallback worker 0 (load tie, dcomm 0
   // against 4*2 + 2*4 = 16); slot 1's tile -> worker 1. Loads 10, 1.
@@ -341,7 +341,7 @@ TEST(TapSplitPlacement, MatchesHandComputedSplit) {
   // slot 1's O (1 B) = 12; 1->0: O rows 0-2 (3 B), slot 1's token (2 B),
   // slot 1's Q (1 B) = 6.
   const std::vector<PackedSequence> pool = {{4}, {1}};
-  PlanConfig c = config(4, 1, 4, 1, 1, 1, 1, 1, 0.2);
+  PlanConfig c = config(4, 1, 4, 1, 1, 1, 1, 2, 0.2);
   const Plan tap = plan_or_die(pool, c);
   EXPECT_EQ(workers_of(tap), (std::vector<int>{0, 1}));
   EXPECT_DOUBLE_EQ(tap.imbalance(), 10.0 / 5.5 - 1);
@@ -355,8 +355,8 @@ TEST(TapSplitPlacement, MatchesHandComputedSplit) {
   EXPECT_EQ(p.tiles()[0].flops, 6);
   EXPECT_EQ(p.tiles()[1].flops, 4);
   EXPECT_DOUBLE_EQ(p.imbalance(), 6 / 5.5 - 1);
-  EXPECT_EQ(p.bytes(0, 1), 12);
-  EXPECT_EQ(p.bytes(1, 0), 6);
+  EXPECT_EQ(p.bytes(0, 1), 24);
+  EXPECT_EQ(p.bytes(1, 0), 12);
 }
 
 TEST(TapSplitPlacement, MeetsTauOnPaperPoolsWhereTapOvershoots) {
@@ -397,8 +397,8 @@ rc::Gen<Case> gen_case(PlanMode mode) {
     const std::int64_t B = *rc::gen::inRange(1, 9);
     const std::int64_t blocks_per_worker = *rc::gen::inRange(1, 4);
     const std::int64_t L = cp * B * blocks_per_worker;
-    const int hkv = *rc::gen::element(1, 2, 4);
-    const int hq = hkv * *rc::gen::element(1, 2, 4);
+    const int hkv = *rc::gen::element(2, 4);
+    const int hq = hkv * *rc::gen::element(2, 4);
     std::vector<int> shards;
     for (int H = 1; H <= hq; ++H) {
       if (hq % H == 0 && (H % hkv == 0 || hkv % H == 0) && (mode != PlanMode::kUlysses || true)) shards.push_back(H);
@@ -409,7 +409,7 @@ rc::Gen<Case> gen_case(PlanMode mode) {
     for (int M = 1; M <= std::max(width, 1); ++M) {
       if (width > 0 && width % M == 0 && (hq / H) % M == 0) chunks.push_back(M);
     }
-    k.config = config(L, cp, B, H, hq, hkv, *rc::gen::inRange(1, 4), *rc::gen::element(1, 2, 4),
+    k.config = config(L, cp, B, H, hq, hkv, *rc::gen::inRange(1, 4), *rc::gen::element(2, 4),
                       *rc::gen::element(0.0, 0.03, 0.2));
     k.config.mode = mode;
     k.config.chunks = chunks.empty() ? 1 : *rc::gen::elementOf(chunks);
@@ -460,7 +460,7 @@ void check_plan_invariants(const std::vector<PackedSequence>& pool, const PlanCo
   const int P = static_cast<int>(pool.size());
   const int W = plan.num_workers();
   const int M = c.chunks;
-  const std::int64_t d = c.shape.head_dim, e = c.shape.elem_bytes;
+  const std::int64_t d = c.shape.head_dim, e = c.shape.elem_bytes();
   const std::int64_t per_worker = c.seq_len / c.cp;
   const int group = c.shape.heads_q / c.shape.heads_kv;
   auto resides = [&](int p, std::int64_t x) { return p * c.cp + static_cast<int>(x / per_worker); };
@@ -651,12 +651,86 @@ RC_GTEST_PROP(DedupPerKvHead, NeverMoreBytesWhenSharedHeadsAreOnlyGrouped, ()) {
   RC_ASSERT(a.comm_bytes() == b.comm_bytes());
 }
 
+// kv_use and the chunk lists' first_use/last_use against a brute force over
+// tiles, fragments and chunk heads: every KV head arrives with the chunk of
+// its first use on the receiving worker.
+TEST(PlanChunks, KvUseRecordsFirstAndLastChunkOfEveryKvHead) {
+  const std::vector<PackedSequence> pool = {{9, 3, 4}, {16}, {2, 12, 2}, {5, 5}};
+  struct Shape {
+    int H, hq, hkv, M;
+    bool dedup;
+    PlanMode mode;
+  };
+  for (const Shape sh : {Shape{1, 8, 2, 4, false, PlanMode::kTap}, Shape{2, 8, 2, 2, false, PlanMode::kTap},
+                         Shape{4, 8, 1, 2, false, PlanMode::kTap}, Shape{4, 8, 2, 2, true, PlanMode::kTap},
+                         Shape{2, 8, 2, 4, false, PlanMode::kTapSplit}, Shape{2, 8, 4, 4, false, PlanMode::kUlysses}}) {
+    PlanConfig c = config(16, 2, 4, sh.H, sh.hq, sh.hkv, 4, 2, 0.0);
+    c.chunks = sh.M;
+    c.dedup_per_kv_head = sh.dedup;
+    c.mode = sh.mode;
+    const Plan p = plan_or_die(pool, c);
+    const int grp = sh.hq / sh.hkv, W = p.num_workers();
+    auto brute = [&](int r, std::int32_t gid, std::int32_t k) {
+      libra::ChunkUse u;
+      for (const Tile& t : p.tiles()) {
+        if (t.worker != r) continue;
+        bool has = false;
+        for (std::int32_t f = t.fragment_begin; f < t.fragment_end; ++f) has |= p.fragments()[static_cast<std::size_t>(f)].group == gid;
+        if (!has) continue;
+        for (int m = 0; m < sh.M; ++m) {
+          const libra::HeadRange ch = p.chunk_heads(t, m);
+          for (std::int32_t i = ch.begin; i < ch.end; ++i) {
+            if (i / grp != k) continue;
+            if (!u.used()) u = {m, m};
+            u.first = std::min(u.first, m);
+            u.last = std::max(u.last, m);
+          }
+        }
+      }
+      return u;
+    };
+    for (int r = 0; r < W; ++r) {
+      for (std::int32_t gid : p.worker_groups(r)) {
+        const libra::KvGroup& g = p.groups()[static_cast<std::size_t>(gid)];
+        for (std::int32_t k = g.kv_heads.begin; k < g.kv_heads.end; ++k) {
+          const libra::ChunkUse a = p.kv_use(r, gid, k), b = brute(r, gid, k);
+          EXPECT_EQ(a.first, b.first);
+          EXPECT_EQ(a.last, b.last);
+        }
+      }
+    }
+    for (int m = 0; m < sh.M; ++m) {
+      for (int s = 0; s < W; ++s) {
+        for (int d = 0; d < W; ++d) {
+          for (const libra::Transfer& x : p.chunk_transfers(m, s, d)) {
+            if (x.kind != libra::TransferKind::kKv) {
+              EXPECT_EQ(x.first_use, m);
+              EXPECT_EQ(x.last_use, m);
+              continue;
+            }
+            int first = sh.M, last = -1;
+            for (std::int32_t k = x.heads.begin; k < x.heads.end; ++k) {
+              const libra::ChunkUse b = brute(d, x.group, k);
+              ASSERT_TRUE(b.used()) << "KV head " << k << " of group " << x.group << " sent to a worker that never reads it";
+              first = std::min(first, b.first);
+              last = std::max(last, b.last);
+              EXPECT_EQ(b.first, m) << "KV head " << k << " arrives in chunk " << m << ", first read in " << b.first;
+            }
+            EXPECT_EQ(x.first_use, first);
+            EXPECT_EQ(x.last_use, last);
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(PlanChunks, GroupedQueryKvHeadTravelsWithFirstChunk) {
   // h_q = 8, h_kv = 2, H = 1: one shard of 8 query heads using KV heads 0,1
   // (query heads 0-3 -> KV 0, 4-7 -> KV 1). M = 4 chunks of 2 query heads:
   // KV head 0 first used by chunk 0, KV head 1 by chunk 2.
   const std::vector<PackedSequence> pool = {{4}, {4}};
-  PlanConfig c = config(4, 1, 4, 1, 8, 2, 1, 1, 0.0);
+  PlanConfig c = config(4, 1, 4, 1, 8, 2, 1, 2, 0.0);
   c.chunks = 4;
   const Plan p = plan_or_die(pool, c);
   const libra::HeadRange shard{0, 8}, kv{0, 2};

@@ -33,7 +33,7 @@ int main() {
   config.cp = 2;
   config.block_size = 8192;
   config.head_shards = 4;
-  config.shape = {.heads_q = 32, .heads_kv = 4, .head_dim = 128, .elem_bytes = 2};
+  config.shape = {.heads_q = 32, .heads_kv = 4, .head_dim = 128, .dtype = libra::DType::kBF16};
   auto plan = libra::make_plan(pool, config);
   if (!plan.ok()) {
     std::cerr << "consumer: " << plan.error().message() << '\n';

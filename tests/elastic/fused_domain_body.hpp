@@ -38,7 +38,7 @@ inline PlanConfig domain_config() {
   cfg.cp = kCp;
   cfg.block_size = 64;
   cfg.head_shards = 2;
-  cfg.shape = {.heads_q = 4, .heads_kv = 2, .head_dim = 16, .elem_bytes = 4};
+  cfg.shape = {.heads_q = 4, .heads_kv = 2, .head_dim = 16, .dtype = DType::kF32};
   cfg.chunks = 2;
   return cfg;
 }
@@ -97,7 +97,7 @@ inline Status fused_domain_case(Communicator& world) {
                          harness_reference(seed, cfg, pool[static_cast<std::size_t>(dslot)], dslot));
   const std::int64_t lc = cfg.seq_len / kCp, lo = c * lc;
   const std::int64_t qw = cfg.shape.heads_q * cfg.shape.head_dim, kw = cfg.shape.heads_kv * cfg.shape.head_dim;
-  const Tolerance tol = tolerance_for(cfg.shape.elem_bytes);
+  const Tolerance tol = tolerance_for(cfg.shape.dtype);
   const struct {
     const char* name;
     ErrorStats e;

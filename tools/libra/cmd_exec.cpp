@@ -128,7 +128,7 @@ Result<PlanConfig> make_config(const ShapeOptions& o, const std::string& mode) {
   cfg.shape.heads_q = o.heads_q;
   cfg.shape.heads_kv = o.heads_kv;
   cfg.shape.head_dim = o.head_dim;
-  cfg.shape.elem_bytes = o.dtype == "bf16" ? 2 : 4;
+  cfg.shape.dtype = o.dtype == "bf16" ? DType::kBF16 : DType::kF32;
   if (o.window) {
     if (*o.window < 1) return invalid_input(fmt::format("--window {}: must be at least 1", *o.window));
     cfg.shape.window = *o.window;
@@ -374,7 +374,7 @@ int exec_rank(Communicator& world, const ExecOptionsCli& opt) {
         e.merge(ErrorStats{std::strtod(a.c_str(), nullptr), std::strtod(b.c_str(), nullptr)});
       }
     }
-    const Tolerance tol = tolerance_for(cfg->shape.elem_bytes);
+    const Tolerance tol = tolerance_for(cfg->shape.dtype);
     const double tols[] = {tol.o, tol.lse, tol.dq, tol.dk, tol.dv};
     const char* names[] = {"O", "LSE", "dQ", "dK", "dV"};
     fmt::print("check ({} pool(s), every home gathered on its pool's rank 0, reference: {} on whole sequences):\n", pools,

@@ -9,10 +9,16 @@
 
 #include "commands.hpp"
 #include "libra/cost_model.hpp"
+#include "libra/elastic_sim.hpp"
 #include "libra/io.hpp"
 #include "libra/simulator.hpp"
 
 namespace libra::cli {
+
+// cmd_simulate_elastic.cpp
+int run_simulate_elastic(SimConfig cfg, bool pool_given, bool shards_given, bool blocks_given,
+                         ElasticOptions elastic, const std::string& rule, bool json, const std::string& output);
+
 namespace {
 
 struct SimulateOptions {
@@ -29,6 +35,9 @@ struct SimulateOptions {
   bool json = false, csv = false, timing = false;
   std::optional<std::string> report;
   std::string output = "-";
+  bool elastic = false;  // --elastic: vrsp-elastic against vrsp (cmd_simulate_elastic.cpp)
+  ElasticOptions elastic_options;
+  std::string elastic_rule = "buddy";
 };
 
 template <class T>
@@ -99,6 +108,11 @@ int run_simulate(const SimulateOptions& o) {
     cfg.cost.kernel = analytic_profile(k);
   }
 
+  if (o.elastic) {
+    if (!o.windows) cfg.max_windows = 0;  // every window unless --windows says otherwise
+    return run_simulate_elastic(cfg, !o.pool_sizes.empty(), !o.head_shards.empty(), !o.block_sizes.empty(),
+                                o.elastic_options, o.elastic_rule, o.json, o.output);
+  }
   SimProgress progress;
   const bool bar = stderr_is_terminal();
   if (bar) {
@@ -182,6 +196,12 @@ const bool registered = register_command(50, [](CLI::App& app) {
   sub->add_option("--report", o->report, "write plots, data and index.md into this directory");
   sub->add_flag("--timing", o->timing, "print where the time went on stderr");
   sub->add_option("-o,--output", o->output, "output file (default stdout)");
+  sub->add_flag("--elastic", o->elastic,
+                "elastic pools: vrsp-elastic against vrsp for one (P, H, B) (default 8, 8, 16384), every window");
+  sub->add_option("--elastic-k", o->elastic_options.max_pools, "with --elastic: at most k pools per domain (default 2)");
+  sub->add_option("--elastic-threshold", o->elastic_options.threshold,
+                  "with --elastic: fuse above this excess over the mean pool load (default 0.05)");
+  sub->add_option("--elastic-rule", o->elastic_rule, "with --elastic: buddy (default) or lightest");
   return std::vector<Handler>{{sub, [o] { return run_simulate(*o); }}};
 });
 

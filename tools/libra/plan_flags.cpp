@@ -29,9 +29,10 @@ Result<ModelPreset> find_model_preset(std::string_view name) {
   return invalid_input("--model " + std::string(name) + ": unknown model; known: " + model_preset_names());
 }
 
-Result<int> dtype_bytes(std::string_view dtype) {
-  if (dtype == "bf16" || dtype == "fp16") return 2;
-  if (dtype == "fp32") return 4;
+Result<DType> dtype_flag(std::string_view dtype) {
+  if (dtype == "bf16") return DType::kBF16;
+  if (dtype == "fp16") return DType::kF16;
+  if (dtype == "fp32") return DType::kF32;
   return invalid_input("--dtype " + std::string(dtype) + ": must be bf16, fp16 or fp32");
 }
 
@@ -87,7 +88,7 @@ Result<PlanConfig> plan_config_from(const PlanFlags& f) {
   c.shape.heads_q = *hq;
   c.shape.heads_kv = *hkv;
   c.shape.head_dim = *d;
-  LIBRA_ASSIGN_OR_RETURN(c.shape.elem_bytes, dtype_bytes(f.dtype));
+  LIBRA_ASSIGN_OR_RETURN(c.shape.dtype, dtype_flag(f.dtype));
   if (f.window) {
     if (*f.window < 1) return invalid_input("--window " + std::to_string(*f.window) + ": must be at least 1");
     c.shape.window = *f.window;

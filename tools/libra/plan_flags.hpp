@@ -54,7 +54,7 @@ std::string first_plan_flag_given(const PlanFlags& flags);
 // missing or invalid flag. Shape flags override the --model preset.
 [[nodiscard]] Result<PlanConfig> plan_config_from(const PlanFlags& flags);
 
-// Element bytes of a --dtype value: bf16 and fp16 2, fp32 4.
-[[nodiscard]] Result<int> dtype_bytes(std::string_view dtype);
+// The element type of a --dtype value: bf16, fp16 or fp32.
+[[nodiscard]] Result<DType> dtype_flag(std::string_view dtype);
 
 }  // namespace libra::cli

@@ -4,6 +4,9 @@ plans (see the comments there), independently of libra: the fingerprint is
 computed here from the format described in docs/plan-format.md.
 
     python3 expected.py   # rewrites gqa.json, ties.txt, ties_split.txt
+
+gqa_format1.json is gqa.json as format-1 writers wrote it (elem_bytes, no
+dtype): it must load to the same plan.
 """
 import json
 import struct
@@ -14,7 +17,7 @@ INT64_MAX = (1 << 63) - 1
 
 def fingerprint(cfg, pool, tiles):
     words = [0x4E4C50415242494C, 1, cfg["seq_len"], cfg["cp"], cfg["block_size"], cfg["head_shards"],
-             cfg["heads_q"], cfg["heads_kv"], cfg["head_dim"], cfg["elem_bytes"],
+             cfg["heads_q"], cfg["heads_kv"], cfg["head_dim"], {"fp32": 4, "bf16": 2, "fp16": 2 | 1 << 8}[cfg["dtype"]],
              INT64_MAX if cfg["window"] is None else cfg["window"],
              struct.unpack("<Q", struct.pack("<d", cfg["tau"]))[0], cfg["chunks"],
              {"tap": 0, "ulysses": 1, "tap-split": 2}[cfg["mode"]], int(cfg["dedup_per_kv_head"]), len(pool)]
@@ -43,7 +46,7 @@ def tile(i, slot, block, shard, begin, end, heads, kv, flops, home, worker, piec
 
 def config(mode, seq_len, cp, block, shards, hq, hkv, d, e, tau, chunks=1):
     return {"mode": mode, "seq_len": seq_len, "cp": cp, "block_size": block, "head_shards": shards,
-            "heads_q": hq, "heads_kv": hkv, "head_dim": d, "elem_bytes": e, "window": None, "tau": tau,
+            "heads_q": hq, "heads_kv": hkv, "head_dim": d, "dtype": {2: "bf16", 4: "fp32"}[e], "elem_bytes": e, "window": None, "tau": tau,
             "chunks": chunks, "dedup_per_kv_head": False}
 
 

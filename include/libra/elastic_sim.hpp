@@ -1,0 +1,70 @@
+// libra/elastic_sim.hpp: what elastic pools (placement mode vrsp-elastic)
+// buy and cost on a corpus, next to plain VRSP.
+//
+// Replays every full window of a corpus twice through the real planners:
+// VRSP pools, and vrsp-elastic domains (a fused domain planned by make_plan
+// as one pool of k*P slots). Reports how often fusing happens, the
+// worst-domain imbalance before and after TAP (per worker, normalised to the
+// window's mean load per worker), the bytes TAP exchanges per GA step and the
+// predicted core-attention latency per GA step (the simulator's cost model).
+//
+//   libra::SimConfig cfg;  cfg.source = "builtin:paper-1m";      // gbs 128, dp 16, cp 8
+//   libra::Result<libra::ElasticSimResult> r =
+//       libra::simulate_elastic(cfg, {.pool_size = 8, .head_shards = 8, .block_size = 16384}, {});
+//   std::cout << libra::elastic_table(*r);
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "libra/placement.hpp"
+#include "libra/simulator.hpp"
+#include "libra/status.hpp"
+
+namespace libra {
+
+// One figure with and without elastic pools: mean and worst over windows
+// (imbalances) or GA steps (bytes, latency).
+struct ElasticPair {
+  Stat vrsp, elastic;
+};
+
+struct ElasticSimResult {
+  std::string source;
+  std::int64_t seq_len = 0, gbs = 0, dp = 0, cp = 0;
+  SimCandidate candidate;
+  ElasticOptions elastic;
+  std::int64_t windows = 0;
+  std::int64_t steps = 0;          // GA steps (windows x GBS/DP)
+  std::int64_t fused_windows = 0;  // windows with at least one fused domain
+  std::int64_t fused_steps = 0;    // GA steps with at least one fused domain
+  std::int64_t fused_domains = 0;  // over all windows
+  std::int64_t lower_bound_windows = 0;  // windows whose whole-pool bound exceeds the threshold
+  // Placement level: VRSP's R - 1 over pools, vrsp-elastic's over domains.
+  ElasticPair placement_imbalance;
+  // After TAP: the window's most loaded worker over its mean worker load - 1.
+  ElasticPair worker_imbalance;
+  // Bytes TAP exchanges per GA step and layer (forward), summed over the
+  // step's pools or domains.
+  ElasticPair step_bytes;
+  // Predicted forward core-attention latency of one layer per GA step
+  // (pipelined, libra-full): the slowest pool or domain of the step.
+  ElasticPair step_latency;
+  // The same over the GA steps where vrsp-elastic fused pools only.
+  ElasticPair fused_step_latency;
+  // The same summed over the window's GA steps (they run one after another):
+  // the optimizer step's core-attention time of one layer, over windows.
+  ElasticPair window_latency;
+  double mean_window_speedup = 0;  // mean over windows of vrsp time / elastic time
+  double whole_pool_lower_bound = 0;  // mean over windows of VRSP's bound (placement.hpp)
+};
+
+// Errors: as libra::simulate for the configuration and the candidate; a
+// bad elastic setting as place_window. Identical results for any thread count.
+[[nodiscard]] Result<ElasticSimResult> simulate_elastic(const SimConfig& config, const SimCandidate& candidate,
+                                                        const ElasticOptions& elastic);
+
+std::string elastic_table(const ElasticSimResult& result);
+std::string elastic_json(const ElasticSimResult& result);
+
+}  // namespace libra

@@ -1,0 +1,203 @@
+// libra/schedule.hpp: the per-rank execution schedule of a plan, as a value.
+//
+// Defines `libra::RankSchedule`, everything one worker does to run a
+// libra::Plan forward and backward, derived by a pure function from the plan
+// alone (no communicator, no data): per pass and pipeline chunk m, the bytes
+// it exchanges with every peer (one all-to-all-v per (phase, chunk)), where
+// each piece of a message comes from and lands in, the kernel calls, the
+// order in which returned partial sums are added, and every buffer size.
+// The executors (libra/executor.hpp) run it on a Communicator and an
+// AttentionBackend; the PyTorch binding turns it into index tensors; tests
+// build all W schedules in one process and check them against the plan.
+//
+//   libra::Result<libra::Plan> plan = libra::make_plan(pool, cfg);
+//   libra::Result<libra::RankSchedule> s = libra::make_rank_schedule(*plan, /*worker=*/3);
+//   const libra::Exchange& x = s->exchange(libra::Phase::kFwdIn, /*chunk=*/0);
+//   for (int peer = 0; peer < s->workers; ++peer)
+//     for (const libra::Segment& seg : x.send[peer]) gather(seg.field, seg.at);  // -> x.send_bytes[peer]
+//   for (const libra::KernelCall& c : s->calls(libra::Pass::kForward, 0)) run(c, s->call_fragments(c));
+//
+// ---- Buffers ------------------------------------------------------------
+// Every tensor is a row-major array of "head vectors": `width` elements per
+// (row, head), width = head_dim for Q, K, V, O, dO, dQ, dK, dV and 1 for LSE.
+// All offsets, runs and strides below count head vectors, so one program
+// addresses Q, O, dO, dQ and LSE alike (and K, V, dK, dV alike); multiply by
+// width * dtype_bytes for bytes.
+//
+// Home buffers of worker r (= slot * cp + c): THD [L/CP tokens, heads,
+// width], the tokens of its slot at packed positions [c * L/CP, (c+1) * L/CP)
+// (home_row0 .. home_row0 + home_rows), all heads: h_q heads for the
+// Q family (Q, O, LSE, dO, dQ), h_kv for the KV family (K, V, dK, dV).
+// Head vector (t, h) is at (t - home_row0) * heads + h.
+//
+// Compute buffers of worker r: the concatenation of its regions, one per slot
+// it computes on. Region i covers rows [row0, row0 + rows) of that slot for
+// query heads q_heads (Q family, at q_offset) and KV heads kv_heads (KV
+// family, at kv_offset): head vector (t, h) of the Q family is at
+// q_offset + (t - row0) * q_heads.size() + (h - q_heads.begin). Sizes:
+// compute_q_vectors and compute_kv_vectors. Only the rows that segments fill
+// are ever read; dK/dV must be zeroed before the backward pass (the kernel
+// adds into them).
+//
+// Element types: Q, K, V, O, dO are stored and sent in `dtype`; LSE, dQ, dK
+// and dV in fp32 (field_dtype). Home dK/dV are fp32 sums.
+//
+// ---- Exchanges ------------------------------------------------------------
+// Phases: kFwdIn (Q, K, V: home -> compute), kFwdOut (O, LSE: compute ->
+// home), kBwdIn (Q, dO, O, LSE, K, V), kBwdOut (dQ assigned; dK, dV added).
+// The message to peer p in (phase, chunk m) is the concatenation of
+// send[p]'s segments in order, each `at.count()` head vectors of its field;
+// the peer's recv[r] lists the same segments (same fields and shapes, same
+// order) with its own destination programs. The peer may be r itself (data
+// that stays on the worker travels through the same path as a message to
+// self). Byte counts per peer are send_bytes / recv_bytes; displacements are
+// their prefix sums (send_displs / recv_displs), ready for MPI_Alltoallv,
+// NCCL grouped send/recv or torch all_to_all_single.
+//
+// Pipeline (paper section 6.3), the same loop for both passes: post in(0);
+// for m: post in(m+1), wait in(m), unpack, compute calls(m), pack and post
+// out(m); then wait every out(m) and unpack them in `apply_order` (fixed:
+// peer, then chunk), so fp32 sums of dK/dV do not depend on arrival order.
+// A KV head arrives with the chunk of its first use and its dK/dV goes home
+// with the chunk of its last (Plan::kv_use, recorded by the tiles stage).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "libra/dtype.hpp"
+#include "libra/plan.hpp"
+#include "libra/status.hpp"
+
+namespace libra {
+
+enum class Field : std::uint8_t { kQ, kK, kV, kO, kLse, kDo, kDq, kDk, kDv };
+inline constexpr int kNumFields = 9;
+[[nodiscard]] const char* field_name(Field f);  // "Q", "K", "V", "O", "LSE", "dO", "dQ", "dK", "dV"
+// K, V, dK, dV: h_kv heads; the others h_q.
+[[nodiscard]] constexpr bool is_kv_field(Field f) {
+  return f == Field::kK || f == Field::kV || f == Field::kDk || f == Field::kDv;
+}
+// Element type a field is stored and sent in for a data type `data`.
+[[nodiscard]] constexpr DType field_dtype(Field f, DType data) {
+  return (f == Field::kLse || f == Field::kDq || f == Field::kDk || f == Field::kDv) ? DType::kF32 : data;
+}
+
+enum class Phase : std::uint8_t { kFwdIn = 0, kFwdOut = 1, kBwdIn = 2, kBwdOut = 3 };
+enum class Pass : std::uint8_t { kForward = 0, kBackward = 1 };
+[[nodiscard]] const char* phase_name(Phase p);  // "fwd in", "fwd out", "bwd in", "bwd out"
+
+// An index program over head vectors: rows x run vectors at
+// offset + i * stride + [0, run), i in [0, rows).
+struct Strided {
+  std::int64_t offset = 0;
+  std::int64_t rows = 0;
+  std::int64_t run = 0;
+  std::int64_t stride = 0;
+  std::int64_t count() const { return rows * run; }
+  friend bool operator==(const Strided&, const Strided&) = default;
+};
+
+// One piece of a message: rows [t0, t1) x heads [h0, h1) of `field` of one
+// slot; `at` addresses it in this worker's buffer (home for sends of an In
+// phase and receives of an Out phase, compute otherwise).
+struct Segment {
+  Field field = Field::kQ;
+  bool add = false;  // receive side: dst += value (dK/dV partial sums)
+  std::int32_t slot = 0;
+  std::int64_t t0 = 0, t1 = 0;
+  std::int32_t h0 = 0, h1 = 0;
+  Strided at;
+};
+
+// One all-to-all-v of one worker: lists indexed by peer.
+struct Exchange {
+  std::vector<std::vector<Segment>> send, recv;  // [peer]
+  std::vector<std::int64_t> send_bytes, recv_bytes, send_displs, recv_displs;  // [peer]
+  std::int64_t total_send_bytes = 0, total_recv_bytes = 0;
+};
+
+// A compute region: see "Compute buffers" above.
+struct Region {
+  std::int32_t slot = 0;
+  std::int64_t row0 = 0, rows = 0;
+  HeadRange q_heads, kv_heads;
+  std::int64_t q_offset = 0, kv_offset = 0;
+};
+
+// A query fragment of a kernel call (the varlen convention of
+// libra/backend.hpp): sample-local queries [a, e) at rows q_row.. of the
+// call's Q view, the sample's keys 0 .. e-1 at rows kv_row.. of its K view.
+struct CallFragment {
+  std::int64_t q_row = 0, kv_row = 0, sample_len = 0, a = 0, e = 0;
+};
+
+// One kernel call on views of the compute buffers: Q family rows
+// [0, region.rows) x query heads [h0, h1) at q.offset (row stride q.stride),
+// KV family the same rows x KV heads [k0, k1); query head i of the call uses
+// KV head i / ((h1 - h0) / (k1 - k0)).
+struct KernelCall {
+  std::int32_t region = 0;
+  std::int32_t h0 = 0, h1 = 0, k0 = 0, k1 = 0;
+  Strided q, kv;  // rows = region rows, run = heads of the call, stride = the region's heads
+  std::int32_t fragment_begin = 0, fragment_end = 0;  // into RankSchedule::fragments
+};
+
+struct RankSchedule {
+  int worker = 0, workers = 0, cp = 0, chunks = 1;
+  int heads_q = 0, heads_kv = 0;
+  std::int64_t head_dim = 0;
+  DType dtype = DType::kF32;
+  std::int64_t window = kFullCausal;
+  std::int32_t slot = 0;
+  std::int64_t home_row0 = 0, home_rows = 0;
+  std::vector<Region> regions;
+  std::int64_t compute_q_vectors = 0, compute_kv_vectors = 0;
+  // [phase][chunk]
+  std::array<std::vector<Exchange>, 4> exchanges;
+  // [pass][chunk]
+  std::array<std::vector<std::vector<KernelCall>>, 2> kernel_calls;
+  std::vector<CallFragment> fragments;
+  // Out phases: the (peer, chunk) order in which received pieces are applied.
+  std::vector<std::pair<std::int32_t, std::int32_t>> apply_order;
+  // What every rank must agree on before running (plan fingerprint, or a hash
+  // of pool and config for the Ulysses schedule).
+  std::uint64_t fingerprint = 0;
+  std::string what;  // "plan" or "ulysses pool and configuration", for messages
+
+  const Exchange& exchange(Phase p, int m) const { return exchanges[static_cast<std::size_t>(p)][static_cast<std::size_t>(m)]; }
+  std::span<const KernelCall> calls(Pass p, int m) const {
+    return kernel_calls[static_cast<std::size_t>(p)][static_cast<std::size_t>(m)];
+  }
+  std::span<const CallFragment> call_fragments(const KernelCall& c) const {
+    return std::span<const CallFragment>(fragments).subspan(static_cast<std::size_t>(c.fragment_begin),
+                                                            static_cast<std::size_t>(c.fragment_end - c.fragment_begin));
+  }
+  std::int64_t width(Field f) const { return f == Field::kLse ? 1 : head_dim; }
+  // Head vectors of a field's home buffer.
+  std::int64_t home_vectors(Field f) const { return home_rows * (is_kv_field(f) ? heads_kv : heads_q); }
+  std::int64_t compute_vectors(Field f) const { return is_kv_field(f) ? compute_kv_vectors : compute_q_vectors; }
+  // Bytes of one head vector of a field as stored and sent.
+  std::int64_t vector_bytes(Field f) const { return width(f) * dtype_bytes(field_dtype(f, dtype)); }
+};
+
+// The fields of one phase's segments for a Q-family or KV-family item, in
+// message order.
+[[nodiscard]] std::span<const Field> phase_fields(Phase p, bool kv);
+
+// Worker `worker`'s schedule of `plan`. Pure and deterministic.
+[[nodiscard]] Result<RankSchedule> make_rank_schedule(const Plan& plan, int worker);
+
+// The Ulysses baseline as a schedule, written from its definition (no
+// plan): inside each slot's CP group, every rank receives all L rows of its
+// h_q/CP query heads (and the KV heads they use), computes whole samples,
+// and sends the outputs (backward: dQ, and dK/dV partial sums) back. One
+// chunk. Checks cp | h_q and that h_kv and cp divide one another.
+[[nodiscard]] Result<RankSchedule> make_ulysses_schedule(std::span<const PackedSequence> pool, const PlanConfig& config,
+                                                         int worker);
+
+}  // namespace libra

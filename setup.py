@@ -1,0 +1,52 @@
+"""Builds libra's C++ core and the `_libra` extension with CMake for `pip install .`.
+
+Environment:
+  LIBRA_BUILD_DIR  an existing CMake build directory of this checkout (e.g.
+                   build/release) to build `_libra` in instead of a fresh one:
+                   nothing already built is compiled again.
+  LIBRA_JOBS       parallel build jobs (default 2).
+"""
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+ROOT = Path(__file__).resolve().parent
+
+
+class CMakeExtension(Extension):
+    def __init__(self, name):
+        super().__init__(name, sources=[])
+
+
+class CMakeBuild(build_ext):
+    def build_extension(self, ext):
+        build_dir = os.environ.get("LIBRA_BUILD_DIR")
+        if build_dir:
+            build_dir = Path(build_dir).resolve()
+        else:
+            build_dir = Path(self.build_temp).resolve() / "cmake"
+        build_dir.mkdir(parents=True, exist_ok=True)
+        if not (build_dir / "CMakeCache.txt").exists():
+            args = [
+                "cmake", "-S", str(ROOT), "-B", str(build_dir), "-G", "Ninja",
+                "-DCMAKE_BUILD_TYPE=Release", "-DLIBRA_BUILD_PYTHON=ON", "-DLIBRA_BUILD_TESTS=OFF",
+                "-DLIBRA_BUILD_BENCH=OFF", "-DLIBRA_BUILD_TOOLS=OFF", "-DLIBRA_WITH_MPI=OFF",
+                f"-DPython3_EXECUTABLE={sys.executable}",
+            ]
+            subprocess.run(args, check=True)
+        jobs = os.environ.get("LIBRA_JOBS", "2")
+        subprocess.run(["cmake", "--build", str(build_dir), "--target", "_libra", "-j", jobs], check=True)
+        built = sorted((build_dir / "python").glob("_libra*.so"))
+        if not built:
+            raise RuntimeError(f"libra: CMake built no _libra module under {build_dir / 'python'}")
+        dest = Path(self.get_ext_fullpath(ext.name))
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(built[-1], dest)
+
+
+setup(ext_modules=[CMakeExtension("libra._libra")], cmdclass={"build_ext": CMakeBuild})

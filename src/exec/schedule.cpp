@@ -1,0 +1,473 @@
+// The per-rank schedule: a plan (or the Ulysses definition) turned into the
+// exchanges, kernel calls and buffer layout of one worker. Pure: the same
+// plan gives every worker schedules that match piece for piece, because each
+// side derives a message from the same plan lists in the same order.
+#include "libra/schedule.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <map>
+#include <tuple>
+
+namespace libra {
+
+namespace {
+
+constexpr Field kQOnly[] = {Field::kQ};
+constexpr Field kKv[] = {Field::kK, Field::kV};
+constexpr Field kOLse[] = {Field::kO, Field::kLse};
+constexpr Field kBwdQ[] = {Field::kQ, Field::kDo, Field::kO, Field::kLse};
+constexpr Field kDq[] = {Field::kDq};
+constexpr Field kDkv[] = {Field::kDk, Field::kDv};
+
+std::uint64_t mix64(std::uint64_t h, std::uint64_t v) {
+  h ^= v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
+  h ^= h >> 31;
+  h *= 0xbf58476d1ce4e5b9ULL;
+  h ^= h >> 29;
+  return h;
+}
+
+bool is_in(Phase p) { return p == Phase::kFwdIn || p == Phase::kBwdIn; }
+
+// Builds one worker's schedule piece by piece.
+class Builder {
+ public:
+  explicit Builder(RankSchedule& s) : s_(s) {
+    for (auto& per_phase : s_.exchanges) {
+      per_phase.assign(static_cast<std::size_t>(s_.chunks), Exchange{});
+      for (Exchange& x : per_phase) {
+        x.send.assign(static_cast<std::size_t>(s_.workers), {});
+        x.recv.assign(static_cast<std::size_t>(s_.workers), {});
+      }
+    }
+    for (auto& per_pass : s_.kernel_calls) per_pass.assign(static_cast<std::size_t>(s_.chunks), {});
+  }
+
+  Strided home(bool kv, std::int64_t t0, std::int64_t t1, std::int32_t h0, std::int32_t h1) const {
+    const std::int64_t heads = kv ? s_.heads_kv : s_.heads_q;
+    return {(t0 - s_.home_row0) * heads + h0, t1 - t0, h1 - h0, heads};
+  }
+  Strided compute(const Region& r, bool kv, std::int64_t t0, std::int64_t t1, std::int32_t h0, std::int32_t h1) const {
+    const HeadRange hr = kv ? r.kv_heads : r.q_heads;
+    return {(kv ? r.kv_offset : r.q_offset) + (t0 - r.row0) * hr.size() + (h0 - hr.begin), t1 - t0, h1 - h0, hr.size()};
+  }
+
+  // Rows [t0, t1) x heads [h0, h1) of `slot` travel from worker `src` to
+  // worker `dst` in (phase, m); this worker is one or both of them.
+  // `compute_region` is the region on whichever side holds compute buffers.
+  void item(Phase p, int m, int src, int dst, bool kv, std::int32_t slot, std::int64_t t0, std::int64_t t1,
+            std::int32_t h0, std::int32_t h1, const Region* src_region, const Region* dst_region, bool add = false) {
+    Exchange& x = s_.exchanges[static_cast<std::size_t>(p)][static_cast<std::size_t>(m)];
+    const bool in = is_in(p);
+    for (Field f : phase_fields(p, kv)) {
+      if (src == s_.worker) {
+        const Strided at = in ? home(kv, t0, t1, h0, h1) : compute(*src_region, kv, t0, t1, h0, h1);
+        x.send[static_cast<std::size_t>(dst)].push_back(Segment{f, false, slot, t0, t1, h0, h1, at});
+      }
+      if (dst == s_.worker) {
+        const Strided at = in ? compute(*dst_region, kv, t0, t1, h0, h1) : home(kv, t0, t1, h0, h1);
+        x.recv[static_cast<std::size_t>(src)].push_back(Segment{f, add, slot, t0, t1, h0, h1, at});
+      }
+    }
+  }
+
+  void finish() {
+    for (auto& per_phase : s_.exchanges) {
+      for (Exchange& x : per_phase) {
+        auto sizes = [&](const std::vector<std::vector<Segment>>& lists, std::vector<std::int64_t>& bytes,
+                         std::vector<std::int64_t>& displs, std::int64_t& total) {
+          bytes.assign(lists.size(), 0);
+          displs.assign(lists.size(), 0);
+          total = 0;
+          for (std::size_t p = 0; p < lists.size(); ++p) {
+            for (const Segment& seg : lists[p]) bytes[p] += seg.at.count() * s_.vector_bytes(seg.field);
+            displs[p] = total;
+            total += bytes[p];
+          }
+        };
+        sizes(x.send, x.send_bytes, x.send_displs, x.total_send_bytes);
+        sizes(x.recv, x.recv_bytes, x.recv_displs, x.total_recv_bytes);
+      }
+    }
+    s_.apply_order.clear();
+    for (int p = 0; p < s_.workers; ++p)
+      for (int m = 0; m < s_.chunks; ++m) s_.apply_order.emplace_back(p, m);
+  }
+
+ private:
+  RankSchedule& s_;
+};
+
+// Kernel calls of one chunk: the chunk's query heads of each tile, merged
+// across tiles of one region with the same heads (their query rows are
+// disjoint), split per KV head where the kernel's i / (h_q / h_kv) rule
+// cannot express the mapping.
+class CallList {
+ public:
+  void add(std::int32_t region, std::int32_t h0, std::int32_t h1, std::int32_t k0, std::int32_t k1,
+           const std::vector<CallFragment>& frags) {
+    for (Pending& c : calls_) {
+      if (c.region == region && c.h0 == h0 && c.h1 == h1 && c.k0 == k0 && c.k1 == k1) {
+        c.frags.insert(c.frags.end(), frags.begin(), frags.end());
+        return;
+      }
+    }
+    calls_.push_back({region, h0, h1, k0, k1, frags});
+  }
+  void add_split(std::int32_t region, HeadRange ch, int grp, const std::vector<CallFragment>& frags) {
+    const int k0 = ch.begin / grp, k1 = (ch.end - 1) / grp + 1;
+    const int n = ch.size(), nk = k1 - k0;
+    bool uniform = n % nk == 0;
+    for (int i = 0; uniform && i < n; ++i) uniform = (ch.begin + i) / grp - k0 == i / (n / nk);
+    if (uniform) {
+      add(region, ch.begin, ch.end, k0, k1, frags);
+      return;
+    }
+    for (int k = k0; k < k1; ++k) add(region, std::max(ch.begin, k * grp), std::min(ch.end, (k + 1) * grp), k, k + 1, frags);
+  }
+  void emit(RankSchedule& s, Pass pass, int m) {
+    auto& out = s.kernel_calls[static_cast<std::size_t>(pass)][static_cast<std::size_t>(m)];
+    for (const Pending& c : calls_) {
+      const Region& r = s.regions[static_cast<std::size_t>(c.region)];
+      KernelCall k;
+      k.region = c.region;
+      k.h0 = c.h0;
+      k.h1 = c.h1;
+      k.k0 = c.k0;
+      k.k1 = c.k1;
+      k.q = {r.q_offset + (c.h0 - r.q_heads.begin), r.rows, c.h1 - c.h0, r.q_heads.size()};
+      k.kv = {r.kv_offset + (c.k0 - r.kv_heads.begin), r.rows, c.k1 - c.k0, r.kv_heads.size()};
+      k.fragment_begin = static_cast<std::int32_t>(s.fragments.size());
+      s.fragments.insert(s.fragments.end(), c.frags.begin(), c.frags.end());
+      k.fragment_end = static_cast<std::int32_t>(s.fragments.size());
+      out.push_back(k);
+    }
+  }
+
+ private:
+  struct Pending {
+    std::int32_t region, h0, h1, k0, k1;
+    std::vector<CallFragment> frags;
+  };
+  std::vector<Pending> calls_;
+};
+
+void assign_offsets(RankSchedule& s) {
+  std::int64_t q = 0, kv = 0;
+  for (Region& r : s.regions) {
+    r.q_offset = q;
+    r.kv_offset = kv;
+    q += r.rows * r.q_heads.size();
+    kv += r.rows * r.kv_heads.size();
+  }
+  s.compute_q_vectors = q;
+  s.compute_kv_vectors = kv;
+}
+
+}  // namespace
+
+const char* field_name(Field f) {
+  static const char* kNames[] = {"Q", "K", "V", "O", "LSE", "dO", "dQ", "dK", "dV"};
+  return kNames[static_cast<int>(f)];
+}
+
+const char* phase_name(Phase p) {
+  static const char* kNames[] = {"fwd in", "fwd out", "bwd in", "bwd out"};
+  return kNames[static_cast<int>(p)];
+}
+
+std::span<const Field> phase_fields(Phase p, bool kv) {
+  switch (p) {
+    case Phase::kFwdIn: return kv ? std::span<const Field>(kKv) : std::span<const Field>(kQOnly);
+    case Phase::kFwdOut: return kv ? std::span<const Field>() : std::span<const Field>(kOLse);
+    case Phase::kBwdIn: return kv ? std::span<const Field>(kKv) : std::span<const Field>(kBwdQ);
+    case Phase::kBwdOut: return kv ? std::span<const Field>(kDkv) : std::span<const Field>(kDq);
+  }
+  return {};
+}
+
+Result<RankSchedule> make_rank_schedule(const Plan& plan, int worker) {
+  const PlanConfig& cfg = plan.config();
+  const int W = plan.num_workers();
+  if (worker < 0 || worker >= W) {
+    return invalid_input(fmt::format("schedule: worker {} outside the plan's {} workers", worker, W));
+  }
+  RankSchedule s;
+  s.worker = worker;
+  s.workers = W;
+  s.cp = cfg.cp;
+  s.chunks = cfg.chunks;
+  s.heads_q = cfg.shape.heads_q;
+  s.heads_kv = cfg.shape.heads_kv;
+  s.head_dim = cfg.shape.head_dim;
+  s.dtype = cfg.shape.dtype;
+  s.window = cfg.shape.window;
+  s.slot = worker / cfg.cp;
+  s.home_rows = cfg.seq_len / cfg.cp;
+  s.home_row0 = static_cast<std::int64_t>(worker % cfg.cp) * s.home_rows;
+  s.fingerprint = plan.fingerprint();
+  s.what = "plan";
+  const int grp = s.heads_q / s.heads_kv;
+  const auto tiles = plan.tiles();
+  const auto frags = plan.fragments();
+  const auto groups = plan.groups();
+  const auto my_tiles = plan.worker_tiles(worker);
+
+  // Regions: every slot this worker computes on, spanning its tiles' rows
+  // and heads and the token ranges and KV heads of the groups they use.
+  std::map<std::int32_t, Region> by_slot;
+  auto touch = [&](std::int32_t slot, std::int64_t lo, std::int64_t hi, HeadRange qh, HeadRange kh) {
+    auto [it, fresh] = by_slot.try_emplace(slot);
+    Region& r = it->second;
+    auto grow = [](HeadRange& into, HeadRange h) {
+      if (h.size() <= 0) return;
+      into = into.size() <= 0 ? h : HeadRange{std::min(into.begin, h.begin), std::max(into.end, h.end)};
+    };
+    if (fresh) {
+      r.slot = slot;
+      r.row0 = lo;
+      r.rows = hi - lo;
+    } else {
+      const std::int64_t end = std::max(r.row0 + r.rows, hi);
+      r.row0 = std::min(r.row0, lo);
+      r.rows = end - r.row0;
+    }
+    grow(r.q_heads, qh);
+    grow(r.kv_heads, kh);
+  };
+  for (std::int32_t id : my_tiles) {
+    const Tile& t = tiles[static_cast<std::size_t>(id)];
+    touch(t.slot, t.begin, t.end, t.heads, t.kv_heads);
+    for (std::int32_t f = t.fragment_begin; f < t.fragment_end; ++f) {
+      const KvGroup& g = groups[static_cast<std::size_t>(frags[static_cast<std::size_t>(f)].group)];
+      touch(g.slot, g.begin, g.end, HeadRange{0, 0}, g.kv_heads);
+    }
+  }
+  std::map<std::int32_t, std::int32_t> region_of;
+  for (auto& [slot, r] : by_slot) {
+    region_of[slot] = static_cast<std::int32_t>(s.regions.size());
+    s.regions.push_back(r);
+  }
+  assign_offsets(s);
+  auto region = [&](std::int32_t slot) -> const Region* {
+    auto it = region_of.find(slot);
+    return it == region_of.end() ? nullptr : &s.regions[static_cast<std::size_t>(it->second)];
+  };
+
+  Builder b(s);
+  // dK/dV returns, one per (from worker, to home, slot, rows, KV head): a
+  // head fetched once per head shard (contract dedup, H > h_kv) lands in one
+  // place of the worker's compute buffer, whose gradient sums every shard's
+  // contribution, so it goes home once, with the chunk of its last use.
+  using Cell = std::tuple<int, int, std::int32_t, std::int64_t, std::int64_t, std::int32_t>;
+  std::map<Cell, int> last_use;
+  std::map<Cell, int> first_use;  // local cells only: when the resident rows are copied in
+
+  // Remote transfers of the plan, chunk by chunk, in the plan's order.
+  for (int m = 0; m < s.chunks; ++m) {
+    for (int src = 0; src < W; ++src) {
+      for (int dst = 0; dst < W; ++dst) {
+        if (src != worker && dst != worker) continue;
+        for (const Transfer& x : plan.chunk_transfers(m, src, dst)) {
+          const std::int32_t h0 = x.heads.begin, h1 = x.heads.end;
+          switch (x.kind) {
+            case TransferKind::kQ:
+              b.item(Phase::kFwdIn, m, src, dst, false, x.slot, x.begin, x.end, h0, h1, nullptr, region(x.slot));
+              b.item(Phase::kBwdIn, m, src, dst, false, x.slot, x.begin, x.end, h0, h1, nullptr, region(x.slot));
+              break;
+            case TransferKind::kKv:
+              b.item(Phase::kFwdIn, m, src, dst, true, x.slot, x.begin, x.end, h0, h1, nullptr, region(x.slot));
+              b.item(Phase::kBwdIn, m, src, dst, true, x.slot, x.begin, x.end, h0, h1, nullptr, region(x.slot));
+              for (std::int32_t k = h0; k < h1; ++k) {
+                const int last = plan.kv_use(dst, x.group, k).last;
+                auto [it, fresh] = last_use.try_emplace(Cell{dst, src, x.slot, x.begin, x.end, k}, last);
+                if (!fresh) it->second = std::max(it->second, last);
+              }
+              break;
+            case TransferKind::kO:
+              b.item(Phase::kFwdOut, m, src, dst, false, x.slot, x.begin, x.end, h0, h1, region(x.slot), nullptr);
+              b.item(Phase::kBwdOut, m, src, dst, false, x.slot, x.begin, x.end, h0, h1, region(x.slot), nullptr);
+              break;
+          }
+        }
+      }
+    }
+  }
+
+  // Tiles computed on their own Q home move through the message to self.
+  for (std::int32_t id : my_tiles) {
+    const Tile& t = tiles[static_cast<std::size_t>(id)];
+    if (t.home != worker) continue;
+    const Region* r = region(t.slot);
+    for (int m = 0; m < s.chunks; ++m) {
+      const HeadRange ch = plan.chunk_heads(t, m);
+      for (Phase p : {Phase::kFwdIn, Phase::kBwdIn}) b.item(p, m, worker, worker, false, t.slot, t.begin, t.end, ch.begin, ch.end, nullptr, r);
+      for (Phase p : {Phase::kFwdOut, Phase::kBwdOut}) b.item(p, m, worker, worker, false, t.slot, t.begin, t.end, ch.begin, ch.end, r, nullptr);
+    }
+  }
+
+  // KV tokens resident on this worker: in with the first use of each head,
+  // home with the last.
+  for (std::int32_t gid : plan.worker_groups(worker)) {
+    const KvGroup& g = groups[static_cast<std::size_t>(gid)];
+    if (g.slot != s.slot) continue;
+    const std::int64_t t0 = std::max(g.begin, s.home_row0), t1 = std::min(g.end, s.home_row0 + s.home_rows);
+    if (t0 >= t1) continue;
+    for (std::int32_t k = g.kv_heads.begin; k < g.kv_heads.end; ++k) {
+      const ChunkUse u = plan.kv_use(worker, gid, k);
+      if (!u.used()) continue;
+      const Cell c{worker, worker, g.slot, t0, t1, k};
+      auto [lt, fresh_l] = last_use.try_emplace(c, u.last);
+      if (!fresh_l) lt->second = std::max(lt->second, u.last);
+      auto [ft, fresh_f] = first_use.try_emplace(c, u.first);
+      if (!fresh_f) ft->second = std::min(ft->second, u.first);
+    }
+  }
+  // Consecutive heads of one (from, to, slot, rows) with the same chunk
+  // become one rectangle.
+  auto for_runs = [](const std::map<Cell, int>& cells, auto&& emit) {
+    for (auto it = cells.begin(); it != cells.end();) {
+      auto [from, to, slot, t0, t1, k] = it->first;
+      const int chunk = it->second;
+      std::int32_t end = k + 1;
+      auto next = std::next(it);
+      while (next != cells.end()) {
+        auto [f2, to2, s2, a2, e2, k2] = next->first;
+        if (f2 != from || to2 != to || s2 != slot || a2 != t0 || e2 != t1 || k2 != end || next->second != chunk) break;
+        ++end;
+        ++next;
+      }
+      emit(from, to, slot, t0, t1, k, end, chunk);
+      it = next;
+    }
+  };
+  for_runs(first_use, [&](int, int, std::int32_t slot, std::int64_t t0, std::int64_t t1, std::int32_t k0,
+                          std::int32_t k1, int chunk) {
+    for (Phase p : {Phase::kFwdIn, Phase::kBwdIn}) b.item(p, chunk, worker, worker, true, slot, t0, t1, k0, k1, nullptr, region(slot));
+  });
+  for_runs(last_use, [&](int from, int to, std::int32_t slot, std::int64_t t0, std::int64_t t1, std::int32_t k0,
+                         std::int32_t k1, int chunk) {
+    b.item(Phase::kBwdOut, chunk, from, to, true, slot, t0, t1, k0, k1, region(slot), nullptr, /*add=*/true);
+  });
+
+  // Kernel calls, fragments relative to their region's rows.
+  for (int m = 0; m < s.chunks; ++m) {
+    CallList calls;
+    for (std::int32_t id : my_tiles) {
+      const Tile& t = tiles[static_cast<std::size_t>(id)];
+      const std::int32_t ri = region_of.at(t.slot);
+      const Region& r = s.regions[static_cast<std::size_t>(ri)];
+      std::vector<CallFragment> fr;
+      for (std::int32_t f = t.fragment_begin; f < t.fragment_end; ++f) {
+        const Fragment& x = frags[static_cast<std::size_t>(f)];
+        fr.push_back({x.sample_start + x.a - r.row0, x.sample_start - r.row0, x.sample_length, x.a, x.e});
+      }
+      calls.add_split(ri, plan.chunk_heads(t, m), grp, fr);
+    }
+    calls.emit(s, Pass::kForward, m);
+    s.kernel_calls[1][static_cast<std::size_t>(m)] = s.kernel_calls[0][static_cast<std::size_t>(m)];
+  }
+  b.finish();
+  return s;
+}
+
+Result<RankSchedule> make_ulysses_schedule(std::span<const PackedSequence> pool, const PlanConfig& config, int worker) {
+  PlanConfig c = config;
+  c.mode = PlanMode::kUlysses;
+  c.chunks = 1;
+  LIBRA_TRY(validate_plan_config(c));
+  const int cp = config.cp, hq = config.shape.heads_q, hkv = config.shape.heads_kv;
+  const int W = static_cast<int>(pool.size()) * cp;
+  if (worker < 0 || worker >= W) {
+    return invalid_input(fmt::format("ulysses: worker {} outside the pool's {} slots x CP {} = {} workers", worker,
+                                     pool.size(), cp, W));
+  }
+  if (hq % cp != 0) return invalid_input(fmt::format("ulysses: --cp {} must divide --heads-q {}", cp, hq));
+  if (hkv % cp != 0 && cp % hkv != 0) {
+    return invalid_input(fmt::format("ulysses: --heads-kv {} and --cp {} must divide one another", hkv, cp));
+  }
+  for (std::size_t p = 0; p < pool.size(); ++p) {
+    std::int64_t total = 0;
+    for (std::int64_t l : pool[p]) {
+      if (l <= 0) return invalid_input(fmt::format("ulysses: slot {} has a sample of length {}", p, l));
+      total += l;
+    }
+    if (total > config.seq_len) {
+      return invalid_input(fmt::format("ulysses: slot {} holds {} tokens, more than --seq-len {}", p, total, config.seq_len));
+    }
+  }
+  RankSchedule s;
+  s.worker = worker;
+  s.workers = W;
+  s.cp = cp;
+  s.chunks = 1;
+  s.heads_q = hq;
+  s.heads_kv = hkv;
+  s.head_dim = config.shape.head_dim;
+  s.dtype = config.shape.dtype;
+  s.window = config.shape.window;
+  s.slot = worker / cp;
+  s.home_rows = config.seq_len / cp;
+  s.home_row0 = static_cast<std::int64_t>(worker % cp) * s.home_rows;
+  s.what = "ulysses pool and configuration";
+  std::uint64_t fp = mix64(0x756c7973736573ULL, static_cast<std::uint64_t>(config.seq_len));
+  for (std::int64_t v : {std::int64_t{cp}, std::int64_t{hq}, std::int64_t{hkv}, std::int64_t{config.shape.head_dim},
+                         static_cast<std::int64_t>(dtype_code(config.shape.dtype)), config.shape.window}) {
+    fp = mix64(fp, static_cast<std::uint64_t>(v));
+  }
+  for (const auto& seq : pool) {
+    fp = mix64(fp, seq.size());
+    for (std::int64_t l : seq) fp = mix64(fp, static_cast<std::uint64_t>(l));
+  }
+  s.fingerprint = fp;
+
+  const int grp = hq / hkv, nq = hq / cp, me = worker % cp, base = s.slot * cp;
+  auto q_heads = [&](int r) { return HeadRange{r * nq, (r + 1) * nq}; };
+  auto kv_heads = [&](int r) { return HeadRange{r * nq / grp, ((r + 1) * nq - 1) / grp + 1}; };
+  const std::int64_t lc = s.home_rows;
+  s.regions.push_back(Region{s.slot, 0, config.seq_len, q_heads(me), kv_heads(me), 0, 0});
+  assign_offsets(s);
+  const Region* r = &s.regions[0];
+  Builder b(s);
+  for (int peer = 0; peer < cp; ++peer) {
+    const int w = base + peer;
+    // Head scatter: my rows of the peer's heads go to the peer; its rows of my heads come here.
+    for (Phase p : {Phase::kFwdIn, Phase::kBwdIn}) {
+      // (r is used only for the message to self, peer == me.)
+      b.item(p, 0, worker, w, false, s.slot, me * lc, (me + 1) * lc, q_heads(peer).begin, q_heads(peer).end, nullptr, r);
+      b.item(p, 0, worker, w, true, s.slot, me * lc, (me + 1) * lc, kv_heads(peer).begin, kv_heads(peer).end, nullptr, r);
+      if (w != worker) {
+        b.item(p, 0, w, worker, false, s.slot, peer * lc, (peer + 1) * lc, q_heads(me).begin, q_heads(me).end, nullptr, r);
+        b.item(p, 0, w, worker, true, s.slot, peer * lc, (peer + 1) * lc, kv_heads(me).begin, kv_heads(me).end, nullptr, r);
+      }
+    }
+  }
+  // Gather back: outputs of the peer's rows for my heads go to the peer.
+  for (int peer = 0; peer < cp; ++peer) {
+    const int w = base + peer;
+    b.item(Phase::kFwdOut, 0, worker, w, false, s.slot, peer * lc, (peer + 1) * lc, q_heads(me).begin, q_heads(me).end, r, nullptr);
+    b.item(Phase::kBwdOut, 0, worker, w, false, s.slot, peer * lc, (peer + 1) * lc, q_heads(me).begin, q_heads(me).end, r, nullptr);
+    b.item(Phase::kBwdOut, 0, worker, w, true, s.slot, peer * lc, (peer + 1) * lc, kv_heads(me).begin, kv_heads(me).end, r, nullptr, true);
+    if (w != worker) {
+      b.item(Phase::kFwdOut, 0, w, worker, false, s.slot, me * lc, (me + 1) * lc, q_heads(peer).begin, q_heads(peer).end, nullptr, nullptr);
+      b.item(Phase::kBwdOut, 0, w, worker, false, s.slot, me * lc, (me + 1) * lc, q_heads(peer).begin, q_heads(peer).end, nullptr, nullptr);
+      b.item(Phase::kBwdOut, 0, w, worker, true, s.slot, me * lc, (me + 1) * lc, kv_heads(peer).begin, kv_heads(peer).end, nullptr, nullptr, true);
+    }
+  }
+  std::vector<CallFragment> fr;
+  std::int64_t start = 0;
+  for (std::int64_t len : pool[static_cast<std::size_t>(s.slot)]) {
+    fr.push_back({start, start, len, 0, len});
+    start += len;
+  }
+  CallList calls;
+  calls.add(0, q_heads(me).begin, q_heads(me).end, kv_heads(me).begin, kv_heads(me).end, fr);
+  calls.emit(s, Pass::kForward, 0);
+  s.kernel_calls[1][0] = s.kernel_calls[0][0];
+  b.finish();
+  return s;
+}
+
+}  // namespace libra

@@ -1,0 +1,338 @@
+// The per-rank schedules of all W workers, built in one process and run
+// symbolically: every head vector carries a label naming what it holds
+// (field, slot, token, head), every kernel call checks the labels of what it
+// reads and writes labels of what it computes, and dK/dV carry a sum of
+// per-(query, key) hashes. The results are compared with what plain
+// attention over whole sequences reads and writes, computed here from the
+// pool alone.
+#include "libra/schedule.hpp"
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <map>
+#include <optional>
+
+#include "exec/exec_test_bodies.hpp"
+
+namespace libra {
+namespace {
+
+using exec_test::ExecCase;
+using Buf = std::vector<std::uint64_t>;
+
+constexpr std::uint64_t kEmpty = ~std::uint64_t{0};
+
+std::uint64_t label(Field f, std::int64_t slot, std::int64_t token, std::int64_t head) {
+  return (static_cast<std::uint64_t>(f) << 56) | (static_cast<std::uint64_t>(slot) << 40) |
+         (static_cast<std::uint64_t>(token) << 12) | static_cast<std::uint64_t>(head);
+}
+
+// The contribution of query (row, head) to key j's gradient.
+std::uint64_t contrib(std::int64_t slot, std::int64_t row, std::int64_t head, std::int64_t key) {
+  std::uint64_t z = label(Field::kDk, slot, row, head) * 0x9e3779b97f4a7c15ULL + static_cast<std::uint64_t>(key);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+struct Sim {
+  std::vector<RankSchedule> s;
+  std::vector<std::array<Buf, kNumFields>> home, compute;
+  std::string error;
+
+  Buf& buf(int r, Field f, bool at_home) {
+    return (at_home ? home : compute)[static_cast<std::size_t>(r)][static_cast<std::size_t>(f)];
+  }
+  bool fail(const std::string& e) {
+    if (error.empty()) error = e;
+    return false;
+  }
+  // Index of vector (i, j) of a program, bounds-checked against the buffer.
+  bool index(const Strided& a, std::int64_t i, std::int64_t j, const Buf& b, std::size_t& out, const char* what) {
+    const std::int64_t x = a.offset + i * a.stride + j;
+    if (a.offset < 0 || a.run > a.stride || x < 0 || x >= static_cast<std::int64_t>(b.size())) {
+      return fail(fmt::format("{}: vector {} outside its buffer of {}", what, x, b.size()));
+    }
+    out = static_cast<std::size_t>(x);
+    return true;
+  }
+  // Runs (phase, m): pairs every sender's list with its receiver's; in-phase
+  // messages land at once, out-phase messages are packed now and applied
+  // later in the receiver's apply order.
+  using Packed = std::map<std::tuple<int, int, int>, std::vector<std::uint64_t>>;  // (dst, src, m)
+  bool exchange(Phase p, int m, Packed* later) {
+    const bool in = p == Phase::kFwdIn || p == Phase::kBwdIn;
+    const int W = static_cast<int>(s.size());
+    for (int a = 0; a < W; ++a) {
+      for (int d = 0; d < W; ++d) {
+        const Exchange& xs = s[static_cast<std::size_t>(a)].exchange(p, m);
+        const Exchange& xr = s[static_cast<std::size_t>(d)].exchange(p, m);
+        const auto& send = xs.send[static_cast<std::size_t>(d)];
+        const auto& recv = xr.recv[static_cast<std::size_t>(a)];
+        const std::string where = fmt::format("{} chunk {} {} -> {}", phase_name(p), m, a, d);
+        if (send.size() != recv.size()) return fail(where + ": segment counts differ");
+        if (xs.send_bytes[static_cast<std::size_t>(d)] != xr.recv_bytes[static_cast<std::size_t>(a)]) {
+          return fail(where + ": byte counts differ");
+        }
+        std::vector<std::uint64_t> wire;
+        for (std::size_t k = 0; k < send.size(); ++k) {
+          const Segment &x = send[k], &y = recv[k];
+          if (x.field != y.field || x.slot != y.slot || x.t0 != y.t0 || x.t1 != y.t1 || x.h0 != y.h0 || x.h1 != y.h1 ||
+              x.at.rows != y.at.rows || x.at.run != y.at.run || x.at.rows != x.t1 - x.t0 || x.at.run != x.h1 - x.h0) {
+            return fail(where + fmt::format(": segment {} shapes differ", k));
+          }
+          if (y.add != (y.field == Field::kDk || y.field == Field::kDv)) return fail(where + ": only dK/dV add");
+          Buf& src = buf(a, x.field, in);
+          for (std::int64_t i = 0; i < x.at.rows; ++i)
+            for (std::int64_t j = 0; j < x.at.run; ++j) {
+              std::size_t at = 0;
+              if (!index(x.at, i, j, src, at, "send")) return false;
+              wire.push_back(src[at]);
+            }
+        }
+        if (in) {
+          if (!apply(d, recv, wire, true)) return false;
+        } else {
+          (*later)[{d, a, m}] = std::move(wire);
+        }
+      }
+    }
+    return true;
+  }
+  bool apply(int d, const std::vector<Segment>& recv, const std::vector<std::uint64_t>& wire, bool in) {
+    std::size_t w = 0;
+    for (const Segment& y : recv) {
+      Buf& dst = buf(d, y.field, !in);
+      for (std::int64_t i = 0; i < y.at.rows; ++i)
+        for (std::int64_t j = 0; j < y.at.run; ++j) {
+          std::size_t at = 0;
+          if (!index(y.at, i, j, dst, at, "recv")) return false;
+          if (y.add) {
+            dst[at] += wire[w++];
+          } else {
+            dst[at] = wire[w++];
+          }
+        }
+    }
+    return true;
+  }
+  bool apply_out(Phase p, const Packed& later) {
+    for (std::size_t d = 0; d < s.size(); ++d) {
+      for (auto [src, m] : s[d].apply_order) {
+        auto it = later.find({static_cast<int>(d), src, m});
+        if (it == later.end()) return fail("apply order names a missing message");
+        if (!apply(static_cast<int>(d), s[d].exchange(p, m).recv[static_cast<std::size_t>(src)], it->second, false)) return false;
+      }
+    }
+    return true;
+  }
+};
+
+// Runs both passes of the W schedules and checks them against the pool.
+void check_case(const ExecCase& c, int W) {
+  SCOPED_TRACE(c.name());
+  const std::vector<PackedSequence> pool = exec_test::random_pool(c.pool_seed, c.pool_size, c.seq_len);
+  PlanConfig cfg = exec_test::case_config(c);
+  Sim sim;
+  std::optional<Plan> plan;
+  if (c.mode != "ulysses-direct") {
+    auto mode = parse_plan_mode(c.mode);
+    ASSERT_TRUE(mode.ok());
+    cfg.mode = *mode;
+    auto p = make_plan(pool, cfg);
+    ASSERT_TRUE(p.ok()) << p.error().message();
+    plan.emplace(*p);
+    ASSERT_EQ(plan->num_workers(), W);
+  }
+  for (int r = 0; r < W; ++r) {
+    auto s = plan ? make_rank_schedule(*plan, r) : make_ulysses_schedule(pool, cfg, r);
+    ASSERT_TRUE(s.ok()) << s.error().message();
+    sim.s.push_back(std::move(*s));
+  }
+  const int grp = c.heads_q / c.heads_kv, M = sim.s[0].chunks;
+  const std::int64_t lc = c.seq_len / c.cp;
+
+  // Per-pair traffic equals the plan's byte matrix (LSE, which the plan's
+  // contract does not count, aside).
+  if (plan) {
+    for (int a = 0; a < W; ++a) {
+      for (int d = 0; d < W; ++d) {
+        if (a == d) continue;
+        std::int64_t bytes = 0;
+        for (Phase p : {Phase::kFwdIn, Phase::kFwdOut})
+          for (int m = 0; m < M; ++m)
+            for (const Segment& seg : sim.s[static_cast<std::size_t>(a)].exchange(p, m).send[static_cast<std::size_t>(d)])
+              if (seg.field != Field::kLse) bytes += seg.at.count() * sim.s[0].vector_bytes(seg.field);
+        EXPECT_EQ(bytes, plan->bytes(a, d)) << a << " -> " << d;
+      }
+    }
+  }
+
+  for (Pass pass : {Pass::kForward, Pass::kBackward}) {
+    const bool bwd = pass == Pass::kBackward;
+    // Home buffers hold labels of their own tokens; compute buffers start empty.
+    sim.home.assign(static_cast<std::size_t>(W), {});
+    sim.compute.assign(static_cast<std::size_t>(W), {});
+    for (int r = 0; r < W; ++r) {
+      const RankSchedule& s = sim.s[static_cast<std::size_t>(r)];
+      for (int fi = 0; fi < kNumFields; ++fi) {
+        const Field f = static_cast<Field>(fi);
+        Buf& h = sim.buf(r, f, true);
+        const bool output = f == Field::kDq || f == Field::kDk || f == Field::kDv || (!bwd && (f == Field::kO || f == Field::kLse));
+        const std::int64_t heads = is_kv_field(f) ? c.heads_kv : c.heads_q;
+        h.assign(static_cast<std::size_t>(s.home_vectors(f)), kEmpty);
+        for (std::int64_t t = 0; t < lc; ++t)
+          for (std::int64_t hd = 0; hd < heads; ++hd)
+            h[static_cast<std::size_t>(t * heads + hd)] =
+                (f == Field::kDk || f == Field::kDv) ? 0 : output ? kEmpty : label(f, s.slot, s.home_row0 + t, hd);
+        sim.buf(r, f, false).assign(static_cast<std::size_t>(s.compute_vectors(f)), (f == Field::kDk || f == Field::kDv) ? 0 : kEmpty);
+      }
+    }
+    // Computed (slot, row, head) counts.
+    std::map<std::tuple<int, std::int64_t, int>, int> computed;
+    Sim::Packed later;
+    const Phase in = bwd ? Phase::kBwdIn : Phase::kFwdIn, out = bwd ? Phase::kBwdOut : Phase::kFwdOut;
+    for (int m = 0; m < M; ++m) {
+      ASSERT_TRUE(sim.exchange(in, m, nullptr)) << sim.error;
+      for (int r = 0; r < W; ++r) {
+        const RankSchedule& s = sim.s[static_cast<std::size_t>(r)];
+        for (const KernelCall& call : s.calls(pass, m)) {
+          const Region& reg = s.regions[static_cast<std::size_t>(call.region)];
+          const int nh = call.h1 - call.h0, nk = call.k1 - call.k0;
+          ASSERT_TRUE(nk > 0 && nh % nk == 0);
+          for (const CallFragment& fr : s.call_fragments(call)) {
+            const std::int64_t start = reg.row0 + fr.kv_row;  // packed position of the sample's key 0
+            for (std::int64_t q = fr.a; q < fr.e; ++q) {
+              const std::int64_t row = fr.q_row + (q - fr.a);
+              for (int h = call.h0; h < call.h1; ++h) {
+                const int kvh = call.k0 + (h - call.h0) / (nh / nk);
+                ASSERT_EQ(kvh, h / grp) << "call maps query head " << h << " to KV head " << kvh;
+                std::size_t at = 0;
+                auto qv = [&](Field f) -> std::uint64_t& {
+                  EXPECT_TRUE(sim.index(call.q, row, h - call.h0, sim.buf(r, f, false), at, "call Q")) << sim.error;
+                  return sim.buf(r, f, false)[at];
+                };
+                ASSERT_EQ(qv(Field::kQ), label(Field::kQ, reg.slot, reg.row0 + row, h)) << "worker " << r << " chunk " << m;
+                if (bwd) {
+                  ASSERT_EQ(qv(Field::kDo), label(Field::kDo, reg.slot, reg.row0 + row, h));
+                  ASSERT_EQ(qv(Field::kO), label(Field::kO, reg.slot, reg.row0 + row, h));
+                  ASSERT_EQ(qv(Field::kLse), label(Field::kLse, reg.slot, reg.row0 + row, h));
+                  qv(Field::kDq) = label(Field::kDq, reg.slot, reg.row0 + row, h);
+                } else {
+                  qv(Field::kO) = label(Field::kO, reg.slot, reg.row0 + row, h);
+                  qv(Field::kLse) = label(Field::kLse, reg.slot, reg.row0 + row, h);
+                }
+                ++computed[{reg.slot, reg.row0 + row, h}];
+                const std::int64_t k_first = c.window == kFullCausal || c.window > q ? 0 : q - c.window + 1;
+                for (std::int64_t j = k_first; j <= q; ++j) {
+                  auto kv = [&](Field f) -> std::uint64_t& {
+                    EXPECT_TRUE(sim.index(call.kv, fr.kv_row + j, kvh - call.k0, sim.buf(r, f, false), at, "call KV")) << sim.error;
+                    return sim.buf(r, f, false)[at];
+                  };
+                  ASSERT_EQ(kv(Field::kK), label(Field::kK, reg.slot, start + j, kvh)) << "worker " << r << " chunk " << m;
+                  ASSERT_EQ(kv(Field::kV), label(Field::kV, reg.slot, start + j, kvh));
+                  if (bwd) {
+                    const std::uint64_t x = contrib(reg.slot, reg.row0 + row, h, start + j);
+                    kv(Field::kDk) += x;
+                    kv(Field::kDv) += x * 3;
+                  }
+                }
+              }
+            }
+          }
+        }
+      }
+      ASSERT_TRUE(sim.exchange(out, m, &later)) << sim.error;
+    }
+    ASSERT_TRUE(sim.apply_out(out, later)) << sim.error;
+
+    // Against whole-sequence attention: every real (slot, row, head) once,
+    // padding never; outputs home; dK/dV sums of every (query, key) once.
+    for (int slot = 0; slot < c.pool_size; ++slot) {
+      const PackedSequence& seq = pool[static_cast<std::size_t>(slot)];
+      std::vector<std::uint64_t> dk(static_cast<std::size_t>(c.seq_len * c.heads_kv), 0);
+      std::int64_t start = 0;
+      for (std::int64_t len : seq) {
+        for (std::int64_t q = 0; q < len; ++q) {
+          for (int h = 0; h < c.heads_q; ++h) {
+            EXPECT_EQ((computed[{slot, start + q, h}]), 1) << "slot " << slot << " row " << start + q << " head " << h;
+            const std::int64_t k_first = c.window == kFullCausal || c.window > q ? 0 : q - c.window + 1;
+            for (std::int64_t j = k_first; j <= q; ++j) dk[static_cast<std::size_t>((start + j) * c.heads_kv + h / grp)] += contrib(slot, start + q, h, start + j);
+          }
+        }
+        start += len;
+      }
+      for (std::int64_t t = start; t < c.seq_len; ++t)
+        for (int h = 0; h < c.heads_q; ++h) EXPECT_EQ((computed.count({slot, t, h})), 0U) << "padding row " << t;
+      for (int cr = 0; cr < c.cp; ++cr) {
+        const int r = slot * c.cp + cr;
+        for (std::int64_t t = 0; t < lc; ++t) {
+          const std::int64_t x = cr * lc + t;
+          for (int h = 0; h < c.heads_q; ++h) {
+            const std::size_t i = static_cast<std::size_t>(t * c.heads_q + h);
+            if (bwd) {
+              EXPECT_EQ(sim.buf(r, Field::kDq, true)[i], x < start ? label(Field::kDq, slot, x, h) : kEmpty);
+            } else {
+              EXPECT_EQ(sim.buf(r, Field::kO, true)[i], x < start ? label(Field::kO, slot, x, h) : kEmpty);
+              EXPECT_EQ(sim.buf(r, Field::kLse, true)[i], x < start ? label(Field::kLse, slot, x, h) : kEmpty);
+            }
+          }
+          if (!bwd) continue;
+          for (int h = 0; h < c.heads_kv; ++h) {
+            const std::size_t i = static_cast<std::size_t>(t * c.heads_kv + h);
+            EXPECT_EQ(sim.buf(r, Field::kDk, true)[i], dk[static_cast<std::size_t>(x * c.heads_kv + h)]) << "dK row " << x << " head " << h;
+            EXPECT_EQ(sim.buf(r, Field::kDv, true)[i], dk[static_cast<std::size_t>(x * c.heads_kv + h)] * 3);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(RankSchedule, EveryCaseOfTheExecutorMatrixRunsSymbolicallyOnFourWorkers) {
+  for (const ExecCase& c : exec_test::case_matrix(4)) check_case(c, 4);
+}
+
+TEST(RankSchedule, EveryCaseOfTheExecutorMatrixRunsSymbolicallyOnEightWorkers) {
+  for (const ExecCase& c : exec_test::case_matrix(8)) check_case(c, 8);
+}
+
+TEST(RankSchedule, LargerPoolsWithManyBlocksAndChunks) {
+  for (std::uint64_t seed : {11u, 12u, 13u}) {
+    ExecCase c;
+    c.pool_seed = seed;
+    c.pool_size = 3;
+    c.cp = 4;
+    c.seq_len = 512;
+    c.block = 32;
+    c.head_shards = 2;
+    c.heads_q = 8;
+    c.heads_kv = 2;
+    c.chunks = 4;
+    for (const char* mode : {"tap", "tap-split"}) {
+      c.mode = mode;
+      check_case(c, 12);
+    }
+  }
+}
+
+TEST(RankSchedule, IsAPureFunctionOfThePlan) {
+  ExecCase c;
+  auto pool = exec_test::random_pool(5, 2, c.seq_len);
+  auto plan = make_plan(pool, exec_test::case_config(c));
+  ASSERT_TRUE(plan.ok());
+  for (int r = 0; r < 4; ++r) {
+    auto a = make_rank_schedule(*plan, r), b = make_rank_schedule(*plan, r);
+    ASSERT_TRUE(a.ok() && b.ok());
+    EXPECT_EQ(a->compute_q_vectors, b->compute_q_vectors);
+    EXPECT_EQ(a->fragments.size(), b->fragments.size());
+    for (int p = 0; p < 4; ++p)
+      for (int m = 0; m < a->chunks; ++m) EXPECT_EQ(a->exchange(static_cast<Phase>(p), m).send_bytes, b->exchange(static_cast<Phase>(p), m).send_bytes);
+  }
+  EXPECT_FALSE(make_rank_schedule(*plan, 4).ok());
+  EXPECT_FALSE(make_rank_schedule(*plan, -1).ok());
+}
+
+}  // namespace
+}  // namespace libra

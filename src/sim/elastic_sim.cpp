@@ -1,0 +1,294 @@
+// Elastic pools against plain VRSP on a corpus (libra/elastic_sim.hpp).
+// Windows are independent: each is simulated on its own (threads pull window
+// indices) and the results are folded in window order, so the figures do not
+// depend on the thread count.
+#include "libra/elastic_sim.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <atomic>
+#include <nlohmann/json.hpp>
+#include <numeric>
+#include <thread>
+#include <vector>
+
+#include "libra/corpus.hpp"
+#include "libra/plan.hpp"
+#include "sim/plan_pricer.hpp"
+
+namespace libra {
+
+namespace {
+
+// What one placement (VRSP or vrsp-elastic) of one window costs.
+struct Side {
+  double placement_imbalance = 0;
+  double worker_imbalance = 0;
+  std::vector<double> bytes, latency;  // per GA step
+};
+
+struct WindowOut {
+  Status status;
+  Side vrsp, elastic;
+  std::int64_t fused_domains = 0, fused_steps = 0;
+  std::vector<bool> fused_step;  // per GA step
+  double lower_bound = 0;
+};
+
+PlanConfig domain_plan_config(const SimConfig& cfg, std::int64_t seq_len, const SimCandidate& c) {
+  PlanConfig pc;
+  pc.seq_len = seq_len;
+  pc.cp = static_cast<int>(cfg.cp);
+  pc.block_size = c.block_size;
+  pc.head_shards = static_cast<int>(c.head_shards);
+  pc.shape = {.heads_q = static_cast<int>(cfg.model.heads_q),
+              .heads_kv = static_cast<int>(cfg.model.heads_kv),
+              .head_dim = static_cast<int>(cfg.model.head_dim),
+              .dtype = cfg.model.elem_bytes == 4 ? DType::kF32 : DType::kBF16};
+  pc.tau = cfg.tau;
+  pc.chunks = static_cast<int>(cfg.chunks);
+  return pc;
+}
+
+// Plans every domain of a placement as one pool (a fused domain: k*P slots,
+// its workers the GPUs of its pools' replicas in domain order) and prices it.
+Status run_side(std::span<const PackedSequence> window, const WindowPlacement& pl, const SimConfig& cfg,
+                const PlanConfig& pc, const sim_detail::PlanPricer& pricer, std::uint64_t w, Side& out) {
+  LIBRA_ASSIGN_OR_RETURN(StepLayout layout, layout_window(pl, cfg.dp));
+  const auto ga = static_cast<std::size_t>(layout.ga_steps);
+  out.bytes.assign(ga, 0);
+  out.latency.assign(ga, 0);
+  out.placement_imbalance = pl.imbalance;
+  std::int64_t max_worker = 0;
+  double total = 0;
+  for (std::size_t d = 0; d < pl.domains.size(); ++d) {
+    std::vector<PackedSequence> pool;
+    for (std::int32_t i : domain_slots(pl, d)) pool.push_back(window[static_cast<std::size_t>(i)]);
+    std::vector<std::int64_t> gpus;
+    for (std::int32_t k : pl.domains[d]) {
+      const std::int64_t first = layout.pool_first_replica[static_cast<std::size_t>(k)];
+      const std::int64_t g = layout.pool_ga[static_cast<std::size_t>(k)];
+      if (g != layout.pool_ga[static_cast<std::size_t>(pl.domains[d].front())]) {
+        return internal_error("elastic: a domain spans two GA steps");
+      }
+      for (std::int64_t p = 0; p < layout.pool_size; ++p) {
+        for (std::int64_t c = 0; c < cfg.cp; ++c) gpus.push_back((first + p) * cfg.cp + c);
+      }
+    }
+    LIBRA_ASSIGN_OR_RETURN(Plan plan, make_plan(pool, pc));
+    for (std::int64_t f : plan.worker_flops()) {
+      max_worker = std::max(max_worker, f);
+      total += static_cast<double>(f);
+    }
+    const auto g = static_cast<std::size_t>(layout.pool_ga[static_cast<std::size_t>(pl.domains[d].front())]);
+    out.bytes[g] += static_cast<double>(plan.comm_bytes());
+    out.latency[g] = std::max(out.latency[g], pricer.forward_seconds(plan, gpus, w, g, true));
+  }
+  const double workers = static_cast<double>(pl.pools.size()) * static_cast<double>(layout.pool_size * cfg.cp);
+  out.worker_imbalance = total > 0 ? static_cast<double>(max_worker) * workers / total - 1 : 0;
+  return {};
+}
+
+WindowOut simulate_window(std::span<const PackedSequence> window, const SimConfig& cfg, const PlanConfig& pc,
+                          const SimCandidate& cand, const ElasticOptions& elastic,
+                          const sim_detail::PlanPricer& pricer, std::uint64_t w) {
+  WindowOut out;
+  auto run = [&]() -> Status {
+    LIBRA_ASSIGN_OR_RETURN(std::vector<std::int64_t> f, sequence_workloads(window));
+    LIBRA_ASSIGN_OR_RETURN(WindowPlacement vrsp, place_window(f, {.pool_size = cand.pool_size}));
+    LIBRA_ASSIGN_OR_RETURN(WindowPlacement el,
+                           place_window(f, {.pool_size = cand.pool_size, .mode = PlacementMode::kVrspElastic,
+                                            .dp = cfg.dp, .elastic = elastic}));
+    out.lower_bound = lower_bound_imbalance(f, cand.pool_size);
+    LIBRA_TRY(run_side(window, vrsp, cfg, pc, pricer, w, out.vrsp));
+    LIBRA_TRY(run_side(window, el, cfg, pc, pricer, w, out.elastic));
+    LIBRA_ASSIGN_OR_RETURN(StepLayout layout, layout_window(el, cfg.dp));
+    out.fused_step.assign(static_cast<std::size_t>(layout.ga_steps), false);
+    for (const auto& d : el.domains) {
+      if (d.size() < 2) continue;
+      ++out.fused_domains;
+      out.fused_step[static_cast<std::size_t>(layout.pool_ga[static_cast<std::size_t>(d.front())])] = true;
+    }
+    out.fused_steps = std::count(out.fused_step.begin(), out.fused_step.end(), true);
+    return {};
+  };
+  out.status = run();
+  return out;
+}
+
+Stat stat_of(const std::vector<double>& v) {
+  Stat s;
+  if (v.empty()) return s;
+  s.mean = std::accumulate(v.begin(), v.end(), 0.0) / static_cast<double>(v.size());
+  s.worst = *std::max_element(v.begin(), v.end());
+  return s;
+}
+
+}  // namespace
+
+Result<ElasticSimResult> simulate_elastic(const SimConfig& cfg, const SimCandidate& cand,
+                                          const ElasticOptions& elastic) {
+  LIBRA_TRY(validate_cost_model(cfg.cost));
+  if (cfg.gbs < 1) return invalid_input(fmt::format("--gbs {}: must be at least 1", cfg.gbs));
+  if (cfg.dp < 1 || cfg.gbs % cfg.dp != 0) {
+    return invalid_input(fmt::format("--dp {}: must divide --gbs {}", cfg.dp, cfg.gbs));
+  }
+  if (cand.pool_size < 1 || cfg.dp % cand.pool_size != 0) {
+    return invalid_input(fmt::format("--pool-size {}: must divide --dp {}", cand.pool_size, cfg.dp));
+  }
+  if (cfg.max_windows < 0) return invalid_input(fmt::format("--windows {}: must be >= 0", cfg.max_windows));
+  if (cfg.threads < 0) return invalid_input(fmt::format("--threads {}: must be >= 0", cfg.threads));
+  std::int64_t seq_len = cfg.seq_len;
+  if (seq_len == 0) {
+    LIBRA_ASSIGN_OR_RETURN(Corpus corpus, load_corpus(cfg.source));
+    seq_len = corpus.default_seq_len;
+  }
+  if (seq_len < 1) {
+    return invalid_input(fmt::format("--seq-len: required for {} (it has no default packed length)", cfg.source));
+  }
+  const PlanConfig pc = domain_plan_config(cfg, seq_len, cand);
+  if (Status s = validate_plan_config(pc); !s.ok()) {
+    return invalid_input(
+        fmt::format("--head-shards {} --block-size {}: {}", cand.head_shards, cand.block_size, s.message()));
+  }
+  LIBRA_ASSIGN_OR_RETURN(std::vector<PackedSequence> seqs, load_packed_sequences(cfg.source, seq_len));
+  const std::int64_t full = static_cast<std::int64_t>(seqs.size()) / cfg.gbs;
+  if (full < 1) {
+    return invalid_input(fmt::format("{}: {} packed sequences at --seq-len {} is shorter than one window of --gbs {}",
+                                     cfg.source, seqs.size(), seq_len, cfg.gbs));
+  }
+  const std::int64_t windows = cfg.max_windows == 0 ? full : std::min(full, cfg.max_windows);
+  const sim_detail::PlanPricer pricer(cfg, seq_len);
+
+  std::vector<WindowOut> wo(static_cast<std::size_t>(windows));
+  {
+    const std::int64_t threads =
+        std::min(windows, cfg.threads > 0 ? cfg.threads
+                                          : std::max<std::int64_t>(1, std::thread::hardware_concurrency()));
+    std::atomic<std::int64_t> next{0};
+    auto work = [&] {
+      for (std::int64_t i; (i = next++) < windows;) {
+        const auto window = std::span<const PackedSequence>(seqs).subspan(static_cast<std::size_t>(i * cfg.gbs),
+                                                                          static_cast<std::size_t>(cfg.gbs));
+        wo[static_cast<std::size_t>(i)] =
+            simulate_window(window, cfg, pc, cand, elastic, pricer, static_cast<std::uint64_t>(i));
+      }
+    };
+    std::vector<std::thread> pool;
+    for (std::int64_t t = 1; t < threads; ++t) pool.emplace_back(work);
+    work();
+    for (auto& th : pool) th.join();
+  }
+
+  ElasticSimResult r;
+  r.source = cfg.source;
+  r.seq_len = seq_len;
+  r.gbs = cfg.gbs;
+  r.dp = cfg.dp;
+  r.cp = cfg.cp;
+  r.candidate = cand;
+  r.elastic = elastic;
+  r.windows = windows;
+  r.steps = windows * (cfg.gbs / cfg.dp);
+  std::vector<double> pv, pe, wv, we, bv, be, lv, le, tv, te, fv, fe;
+  double lb = 0, speedup = 0;
+  for (const WindowOut& o : wo) {
+    if (!o.status.ok()) return o.status.error();
+    pv.push_back(o.vrsp.placement_imbalance);
+    pe.push_back(o.elastic.placement_imbalance);
+    wv.push_back(o.vrsp.worker_imbalance);
+    we.push_back(o.elastic.worker_imbalance);
+    bv.insert(bv.end(), o.vrsp.bytes.begin(), o.vrsp.bytes.end());
+    be.insert(be.end(), o.elastic.bytes.begin(), o.elastic.bytes.end());
+    lv.insert(lv.end(), o.vrsp.latency.begin(), o.vrsp.latency.end());
+    le.insert(le.end(), o.elastic.latency.begin(), o.elastic.latency.end());
+    for (std::size_t g = 0; g < o.fused_step.size(); ++g) {
+      if (!o.fused_step[g]) continue;
+      fv.push_back(o.vrsp.latency[g]);
+      fe.push_back(o.elastic.latency[g]);
+    }
+    tv.push_back(std::accumulate(o.vrsp.latency.begin(), o.vrsp.latency.end(), 0.0));
+    te.push_back(std::accumulate(o.elastic.latency.begin(), o.elastic.latency.end(), 0.0));
+    speedup += te.back() > 0 ? tv.back() / te.back() : 1.0;
+    r.fused_domains += o.fused_domains;
+    r.fused_steps += o.fused_steps;
+    r.fused_windows += o.fused_domains > 0 ? 1 : 0;
+    r.lower_bound_windows += o.lower_bound > elastic.threshold ? 1 : 0;
+    lb += o.lower_bound;
+  }
+  r.whole_pool_lower_bound = lb / static_cast<double>(windows);
+  r.placement_imbalance = {stat_of(pv), stat_of(pe)};
+  r.worker_imbalance = {stat_of(wv), stat_of(we)};
+  r.step_bytes = {stat_of(bv), stat_of(be)};
+  r.step_latency = {stat_of(lv), stat_of(le)};
+  r.window_latency = {stat_of(tv), stat_of(te)};
+  r.fused_step_latency = {stat_of(fv), stat_of(fe)};
+  r.mean_window_speedup = speedup / static_cast<double>(windows);
+  return r;
+}
+
+std::string elastic_table(const ElasticSimResult& r) {
+  std::string out = fmt::format(
+      "# elastic pools: {}  L {}  GBS {}  DP {}  CP {}  P {} H {} B {}  k {}  threshold {}  rule {}\n", r.source,
+      r.seq_len, r.gbs, r.dp, r.cp, r.candidate.pool_size, r.candidate.head_shards, r.candidate.block_size,
+      r.elastic.max_pools, r.elastic.threshold, elastic_rule_name(r.elastic.rule));
+  out += fmt::format("fused: {} of {} windows, {} of {} GA steps, {} domains; whole-pool bound above the threshold in "
+                     "{} windows (mean bound {:.4f})\n",
+                     r.fused_windows, r.windows, r.fused_steps, r.steps, r.fused_domains, r.lower_bound_windows,
+                     r.whole_pool_lower_bound);
+  out += fmt::format("{:<34} {:>12} {:>12} {:>12} {:>12}\n", "", "vrsp mean", "vrsp worst", "elastic mean",
+                     "elastic worst");
+  auto row = [&](const char* name, const ElasticPair& p, double scale, const char* unit) {
+    out += fmt::format("{:<34} {:>12.4f} {:>12.4f} {:>12.4f} {:>12.4f}{}\n", name, p.vrsp.mean * scale,
+                       p.vrsp.worst * scale, p.elastic.mean * scale, p.elastic.worst * scale, unit);
+  };
+  row("placement imbalance (R-1 / domain)", r.placement_imbalance, 1, "");
+  row("worker imbalance after TAP", r.worker_imbalance, 1, "");
+  row("bytes per GA step and layer", r.step_bytes, 1e-9, "  GB");
+  row("latency per GA step and layer", r.step_latency, 1e3, "  ms (forward, pipelined)");
+  row("latency of the fused GA steps", r.fused_step_latency, 1e3, "  ms");
+  row("latency per optimizer step, layer", r.window_latency, 1e3, "  ms (sum of its GA steps)");
+  const double extra = r.step_bytes.vrsp.mean > 0 ? r.step_bytes.elastic.mean / r.step_bytes.vrsp.mean - 1 : 0;
+  out += fmt::format("extra bytes {:+.2f}%   optimizer-step speedup vrsp/elastic: mean {:.4f}x, worst window {:.4f}x\n",
+                     100 * extra, r.mean_window_speedup,
+                     r.window_latency.elastic.worst > 0 ? r.window_latency.vrsp.worst / r.window_latency.elastic.worst
+                                                        : 0);
+  return out;
+}
+
+std::string elastic_json(const ElasticSimResult& r) {
+  using J = nlohmann::json;
+  auto pair = [](const ElasticPair& p) {
+    return J{{"vrsp", {{"mean", p.vrsp.mean}, {"worst", p.vrsp.worst}}},
+             {"elastic", {{"mean", p.elastic.mean}, {"worst", p.elastic.worst}}}};
+  };
+  J j = {{"source", r.source},
+         {"seq_len", r.seq_len},
+         {"gbs", r.gbs},
+         {"dp", r.dp},
+         {"cp", r.cp},
+         {"pool_size", r.candidate.pool_size},
+         {"head_shards", r.candidate.head_shards},
+         {"block_size", r.candidate.block_size},
+         {"elastic_k", r.elastic.max_pools},
+         {"elastic_threshold", r.elastic.threshold},
+         {"elastic_rule", std::string(elastic_rule_name(r.elastic.rule))},
+         {"windows", r.windows},
+         {"steps", r.steps},
+         {"fused_windows", r.fused_windows},
+         {"fused_steps", r.fused_steps},
+         {"fused_domains", r.fused_domains},
+         {"lower_bound_windows", r.lower_bound_windows},
+         {"whole_pool_lower_bound", r.whole_pool_lower_bound},
+         {"placement_imbalance", pair(r.placement_imbalance)},
+         {"worker_imbalance", pair(r.worker_imbalance)},
+         {"step_bytes", pair(r.step_bytes)},
+         {"step_latency_s", pair(r.step_latency)},
+         {"window_latency_s", pair(r.window_latency)},
+         {"fused_step_latency_s", pair(r.fused_step_latency)},
+         {"mean_window_speedup", r.mean_window_speedup}};
+  return j.dump() + "\n";
+}
+
+}  // namespace libra

@@ -1,0 +1,97 @@
+// simulate_elastic: with nothing to fuse both sides must agree exactly;
+// fusing counts match the placement API's domains; thread-count independence.
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "libra/elastic_sim.hpp"
+
+namespace libra {
+namespace {
+
+SimConfig small_config() {
+  SimConfig c;
+  c.source = "builtin:paper-256k";
+  c.seq_len = 8192;
+  c.gbs = 8;
+  c.dp = 4;
+  c.cp = 2;
+  c.model.heads_q = 4;
+  c.model.heads_kv = 2;
+  c.model.head_dim = 16;
+  c.chunks = 2;
+  c.max_windows = 6;
+  c.threads = 1;
+  return c;
+}
+constexpr SimCandidate kCand{.pool_size = 2, .head_shards = 2, .block_size = 1024};
+
+void expect_same(const ElasticPair& p) {
+  EXPECT_EQ(p.vrsp.mean, p.elastic.mean);
+  EXPECT_EQ(p.vrsp.worst, p.elastic.worst);
+}
+
+TEST(ElasticSim, NothingToFuseGivesVrspOnBothSides) {
+  {
+    auto r = simulate_elastic(small_config(), kCand, {.threshold = 1e9});
+    ASSERT_TRUE(r.ok()) << r.error().message();
+    EXPECT_EQ(r->fused_windows, 0);
+    expect_same(r->placement_imbalance);
+    expect_same(r->worker_imbalance);
+    expect_same(r->step_bytes);
+    expect_same(r->step_latency);
+    expect_same(r->window_latency);
+  }
+  SimConfig one = small_config();
+  one.dp = 2;  // one pool per GA step
+  auto r = simulate_elastic(one, kCand, {});
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->fused_domains, 0);
+  expect_same(r->step_latency);
+}
+
+TEST(ElasticSim, FusingMatchesThePlacementAndIsThreadIndependent) {
+  const SimConfig cfg = small_config();
+  auto r = simulate_elastic(cfg, kCand, {});
+  ASSERT_TRUE(r.ok()) << r.error().message();
+  auto seqs = load_packed_sequences(cfg.source, cfg.seq_len);
+  ASSERT_TRUE(seqs.ok());
+  std::int64_t windows = 0, domains = 0;
+  for (std::int64_t w = 0; w < cfg.max_windows; ++w) {
+    std::vector<PackedSequence> win(seqs->begin() + w * cfg.gbs, seqs->begin() + (w + 1) * cfg.gbs);
+    auto f = sequence_workloads(win);
+    ASSERT_TRUE(f.ok());
+    auto pl = place_window(*f, {.pool_size = 2, .mode = PlacementMode::kVrspElastic, .dp = cfg.dp});
+    ASSERT_TRUE(pl.ok());
+    std::int64_t fused = 0;
+    for (const auto& d : pl->domains) fused += d.size() > 1 ? 1 : 0;
+    domains += fused;
+    windows += fused > 0 ? 1 : 0;
+  }
+  EXPECT_GT(domains, 0);  // the test corpus must exercise fusing
+  EXPECT_EQ(r->fused_domains, domains);
+  EXPECT_EQ(r->fused_windows, windows);
+  EXPECT_EQ(r->steps, cfg.max_windows * 2);
+  // Two GA steps per window: the optimizer step is the sum of both.
+  EXPECT_NEAR(r->window_latency.vrsp.mean, 2 * r->step_latency.vrsp.mean, 1e-12);
+  SimConfig threaded = cfg;
+  threaded.threads = 3;
+  auto t = simulate_elastic(threaded, kCand, {});
+  ASSERT_TRUE(t.ok());
+  EXPECT_EQ(elastic_json(*t), elastic_json(*r));
+}
+
+TEST(ElasticSim, BadInput) {
+  SimConfig c = small_config();
+  c.dp = 3;
+  auto r = simulate_elastic(c, kCand, {});
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message().find("--dp 3"), std::string::npos);
+  auto k = simulate_elastic(small_config(), kCand, {.max_pools = 0});
+  EXPECT_FALSE(k.ok());
+  auto b = simulate_elastic(small_config(), {.pool_size = 2, .head_shards = 3, .block_size = 1024}, {});
+  EXPECT_FALSE(b.ok());
+}
+
+}  // namespace
+}  // namespace libra

@@ -1,0 +1,64 @@
+"""Helpers for the libra.torch tests: gloo process groups via torch.multiprocessing.spawn
+and a plain-attention reference in float64 (block-diagonal causal per sample)."""
+import json
+import os
+import tempfile
+import traceback
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def _entry(rank, world, init_file, out_dir, fn, args):
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank, world_size=world)
+    try:
+        result = fn(rank, world, *args)
+    except BaseException:
+        with open(os.path.join(out_dir, f"error.{rank}"), "w") as f:
+            f.write(traceback.format_exc())
+        raise
+    finally:
+        dist.barrier()
+        dist.destroy_process_group()
+    with open(os.path.join(out_dir, f"result.{rank}.json"), "w") as f:
+        json.dump(result, f)
+
+
+def spawn(fn, world, *args):
+    """Runs fn(rank, world, *args) on `world` gloo processes; returns the JSON results by rank."""
+    with tempfile.TemporaryDirectory() as d:
+        init_file = os.path.join(d, "init")
+        mp.spawn(_entry, args=(world, init_file, d, fn, args), nprocs=world, join=True)
+        out = []
+        for r in range(world):
+            with open(os.path.join(d, f"result.{r}.json")) as f:
+                out.append(json.load(f))
+        return out
+
+
+def reference_attention(q, k, v, samples, window=None, scale=None):
+    """Plain attention of one packed sequence: q [L, h_q, d], k/v [L, h_kv, d] (float64);
+    causal within each sample (bottom-right), optional sliding window; padding rows 0."""
+    L, hq, d = q.shape
+    hkv = k.shape[1]
+    ratio = hq // hkv
+    scale = d ** -0.5 if scale is None else scale
+    o = torch.zeros_like(q)
+    start = 0
+    kk = k.repeat_interleave(ratio, dim=1)
+    vv = v.repeat_interleave(ratio, dim=1)
+    for n in samples:
+        s = slice(start, start + n)
+        qs, ks, vs = q[s].transpose(0, 1), kk[s].transpose(0, 1), vv[s].transpose(0, 1)  # [h, n, d]
+        scores = qs @ ks.transpose(1, 2) * scale
+        i = torch.arange(n)[:, None]
+        j = torch.arange(n)[None, :]
+        mask = j <= i
+        if window is not None:
+            mask &= j > i - window
+        scores = scores.masked_fill(~mask, float("-inf"))
+        o[s] = (torch.softmax(scores, dim=-1) @ vs).transpose(0, 1)
+        start += n
+    return o

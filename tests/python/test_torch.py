@@ -1,0 +1,264 @@
+"""libra.torch on gloo (CPU): attention forward and backward against plain attention in float64.
+
+Each spawn runs many cases on one set of processes (process start-up
+dominates on a small machine). The reference is written here in torch:
+block-diagonal causal attention per sample over the whole packed sequence
+(tests/python/dist_util.py), in float64 from the same (rounded) inputs.
+"""
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.utils.checkpoint  # noqa: E402
+
+import libra  # noqa: E402
+import libra.torch as lt  # noqa: E402
+from dist_util import reference_attention, spawn  # noqa: E402
+
+L = 64
+POOLS = [[10, 30, 20], [64], [5, 5, 40, 3], [33, 17], [64], [1, 2, 3, 50], [8] * 8, [60]]
+TOL = {"float32": 2e-5, "bfloat16": 2e-2}
+
+
+def slot_data(pool_index, slot, hq, hkv, d, dtype, seed=0):
+    g = torch.Generator().manual_seed(1000 * seed + 100 * pool_index + slot)
+    q = torch.randn(L, hq, d, generator=g, dtype=torch.float64)
+    k = torch.randn(L, hkv, d, generator=g, dtype=torch.float64)
+    v = torch.randn(L, hkv, d, generator=g, dtype=torch.float64)
+    grad = torch.randn(L, hq, d, generator=g, dtype=torch.float64)
+    # The reference sees the same rounded inputs as libra.
+    return [x.to(dtype).to(torch.float64) for x in (q, k, v)] + [grad]
+
+
+def rel_err(got, want):
+    return float((got.detach().to(torch.float64) - want).abs().max() / want.abs().max().clamp_min(1e-30))
+
+
+def run_attention(rank, P, cp, pools, *, mode="tap", chunks=1, hq=4, hkv=2, d=16, block=8, shards=2,
+                  window=None, dtype="float32", dedup=False, checkpoint=False, tau=0.03):
+    """One case on this rank: returns errors of o, dq, dk, dv and the raw results."""
+    dt = getattr(torch, dtype)
+    group, worker = lt.pool_group(P, cp)
+    pool_index = rank // (P * cp)
+    pool = pools[pool_index * P:(pool_index + 1) * P]
+    plan = libra.make_plan(pool, seq_len=L, cp=cp, block_size=block, head_shards=shards, heads_q=hq,
+                           heads_kv=hkv, head_dim=d, chunks=chunks, mode=mode, window=window, tau=tau,
+                           dtype="fp32" if dtype == "float32" else "bf16", dedup_per_kv_head=dedup)
+    rt = lt.PlanRuntime(plan, group)
+    slot, cpr = worker // cp, worker % cp
+    Q, K, V, G = slot_data(pool_index, slot, hq, hkv, d, dt)
+    home = slice(cpr * (L // cp), (cpr + 1) * (L // cp))
+    q, k, v = (x[home].to(dt).requires_grad_() for x in (Q, K, V))
+    if checkpoint:
+        o = torch.utils.checkpoint.checkpoint(lambda a, b, c: lt.attention(a, b, c, rt, window=window), q, k, v,
+                                              use_reentrant=False)
+    else:
+        o = lt.attention(q, k, v, rt, window=window)
+    (o.to(torch.float64) * G[home]).sum().backward()
+    Qr, Kr, Vr = (x.clone().requires_grad_() for x in (Q, K, V))
+    ref = reference_attention(Qr, Kr, Vr, pool[slot], window=window)
+    (ref * G).sum().backward()
+    errs = {"o": rel_err(o, ref[home]), "dq": rel_err(q.grad, Qr.grad[home]),
+            "dk": rel_err(k.grad, Kr.grad[home]), "dv": rel_err(v.grad, Vr.grad[home])}
+    pad = sum(pool[slot])
+    padded = o.detach()[max(0, pad - cpr * (L // cp)):] if pad < (cpr + 1) * (L // cp) else o.detach()[:0]
+    return errs, (o.detach(), q.grad, k.grad, v.grad), bool((padded == 0).all())
+
+
+CASES_4 = [
+    dict(name="tap M1 fp32 GQA", mode="tap", chunks=1),
+    dict(name="tap M2 bf16", mode="tap", chunks=2, dtype="bfloat16"),
+    dict(name="tap M4 fp32 h_q 8", mode="tap", chunks=4, hq=8, hkv=2, shards=2),
+    dict(name="tap-split M2 fp32", mode="tap-split", chunks=2, hq=8, hkv=2, shards=4, tau=0.0),
+    dict(name="ulysses fp32", mode="ulysses", chunks=2, hq=4, hkv=4),
+    dict(name="window 7 tap M2 fp32", mode="tap", chunks=2, window=7),
+    dict(name="window 5 tap-split bf16", mode="tap-split", chunks=1, window=5, dtype="bfloat16"),
+    dict(name="dedup per kv head H>h_kv", mode="tap", chunks=1, hq=8, hkv=2, shards=4, dedup=True),
+    dict(name="checkpoint tap M2 fp32", mode="tap", chunks=2, checkpoint=True),
+]
+
+
+def body_4(rank, world):
+    out = {"errors": {}, "padding_zero": True}
+    for case in CASES_4:
+        kw = {k: v for k, v in case.items() if k != "name"}
+        errs, _, padded = run_attention(rank, 2, 2, POOLS, **kw)
+        out["errors"][case["name"]] = (kw.get("dtype", "float32"), errs)
+        out["padding_zero"] &= padded
+    # Bitwise determinism: the same case twice; and with vs without checkpointing.
+    a = run_attention(rank, 2, 2, POOLS, mode="tap", chunks=2, dtype="bfloat16")[1]
+    b = run_attention(rank, 2, 2, POOLS, mode="tap", chunks=2, dtype="bfloat16")[1]
+    c = run_attention(rank, 2, 2, POOLS, mode="tap", chunks=2, dtype="bfloat16", checkpoint=True)[1]
+    out["deterministic"] = all(torch.equal(x, y) for x, y in zip(a, b))
+    out["checkpoint_equal"] = all(torch.equal(x, y) for x, y in zip(a, c))
+    out["mismatch"] = fingerprint_mismatch(rank)
+    out["window_refused"] = window_refused(rank)
+    out["layer"] = layer_grads(rank, world)
+    return out
+
+
+def fingerprint_mismatch(rank):
+    group, _ = lt.pool_group(2, 2)
+    plan = libra.make_plan(POOLS[:2], seq_len=L, cp=2, block_size=8, head_shards=2, heads_q=4, heads_kv=2,
+                           head_dim=16, tau=0.5 if rank == 3 else 0.03)
+    try:
+        lt.PlanRuntime(plan, group)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+def window_refused(rank):
+    group, _ = lt.pool_group(2, 2)
+    plan = libra.make_plan(POOLS[:2], seq_len=L, cp=2, block_size=8, head_shards=2, heads_q=4, heads_kv=2,
+                           head_dim=16, window=9)
+    rt = lt.PlanRuntime(plan, group)
+    x = torch.zeros(L // 2, 4, 16)
+    y = torch.zeros(L // 2, 2, 16)
+    try:
+        lt.attention(x, y, y, rt)  # no window given: the plan's is 9
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+def layer_grads(rank, world, P=2, cp=2, dm=32, hq=4, hkv=2, d=8):
+    """Q/K/V/O projections around attention; weight grads all-reduced over every rank vs the reference."""
+    group, worker = lt.pool_group(P, cp)
+    plan = libra.make_plan(POOLS[:P], seq_len=L, cp=cp, block_size=8, head_shards=2, heads_q=hq, heads_kv=hkv,
+                           head_dim=d, chunks=2, dtype="fp32")
+    rt = lt.PlanRuntime(plan, group)
+    g = torch.Generator().manual_seed(7)
+    weights = [torch.randn(dm, n, generator=g, dtype=torch.float64) / dm ** 0.5
+               for n in (hq * d, hkv * d, hkv * d)] + [torch.randn(hq * d, dm, generator=g, dtype=torch.float64)]
+    xs = [torch.randn(L, dm, generator=g, dtype=torch.float64) for _ in range(P)]
+    gs = [torch.randn(L, dm, generator=g, dtype=torch.float64) for _ in range(P)]
+
+    def layer(x, ws, attn):
+        wq, wk, wv, wo = ws
+        n = x.shape[0]
+        o = attn((x @ wq).view(n, hq, d), (x @ wk).view(n, hkv, d), (x @ wv).view(n, hkv, d))
+        return o.reshape(n, hq * d) @ wo
+
+    slot, cpr = worker // cp, worker % cp
+    home = slice(cpr * (L // cp), (cpr + 1) * (L // cp))
+    ws = [w.to(torch.float32).requires_grad_() for w in weights]
+    out = layer(xs[slot][home].to(torch.float32), ws, lambda q, k, v: lt.attention(q, k, v, rt))
+    (out.to(torch.float64) * gs[slot][home]).sum().backward()
+    grads = [w.grad.clone() for w in ws]
+    for t in grads:
+        torch.distributed.all_reduce(t)  # the DP (x CP) gradient all-reduce
+    wr = [w.clone().requires_grad_() for w in weights]
+    for p in range(P):
+        ref = layer(xs[p], wr, lambda q, k, v, p=p: reference_attention(q, k, v, POOLS[p]))
+        (ref * gs[p]).sum().backward()
+    return max(rel_err(a, b.grad) for a, b in zip(grads, wr))
+
+
+@pytest.fixture(scope="module")
+def four():
+    return spawn(body_4, 4)
+
+
+def test_attention_matches_plain_attention_on_4_ranks(four):
+    for r in four:
+        for name, (dtype, errs) in r["errors"].items():
+            assert max(errs.values()) < TOL[dtype], (name, errs)
+        assert r["padding_zero"]
+
+
+def test_determinism_and_checkpoint(four):
+    assert all(r["deterministic"] for r in four)
+    assert all(r["checkpoint_equal"] for r in four)
+
+
+def test_fingerprint_mismatch_raises_the_same_line_on_every_rank(four):
+    msgs = [r["mismatch"] for r in four]
+    assert msgs[0] is not None and "fingerprint mismatch" in msgs[0] and "\n" not in msgs[0]
+    assert all(m == msgs[0] for m in msgs)
+
+
+def test_window_differing_from_the_plan_is_refused(four):
+    assert all(r["window_refused"] and "window" in r["window_refused"] for r in four)
+
+
+def test_layer_weight_grads_match(four):
+    assert all(r["layer"] < 1e-5 for r in four), [r["layer"] for r in four]
+
+
+CASES_8 = [
+    dict(name="P4 CP2 tap M2 fp32", P=4, cp=2, mode="tap", chunks=2),
+    dict(name="P4 CP2 tap-split M1 bf16", P=4, cp=2, mode="tap-split", chunks=1, dtype="bfloat16"),
+    dict(name="P2 CP4 tap M2 fp32", P=2, cp=4, mode="tap", chunks=2, block=4),
+    dict(name="P2 CP4 ulysses fp32", P=2, cp=4, mode="ulysses", chunks=1, hq=4, hkv=4),
+    dict(name="2 pools P2 CP2 tap M2 fp32", P=2, cp=2, mode="tap", chunks=2),
+]
+
+
+def body_8(rank, world):
+    out = {}
+    for case in CASES_8:
+        kw = {k: v for k, v in case.items() if k not in ("name", "P", "cp")}
+        errs, _, _ = run_attention(rank, case["P"], case["cp"], POOLS, **kw)
+        out[case["name"]] = (kw.get("dtype", "float32"), errs)
+    return out
+
+
+def test_attention_on_8_ranks():
+    for r in spawn(body_8, 8):
+        for name, (dtype, errs) in r.items():
+            assert max(errs.values()) < TOL[dtype], (name, errs)
+
+
+def test_sampler_resume_and_pools():
+    seqs = libra.pack([int(x) for x in torch.randint(1, 60, (400,), generator=torch.Generator().manual_seed(3))],
+                      L)["sequences"]
+    dp, P, gbs = 4, 2, 8
+    samplers = [lt.PlacementBatchSampler(seqs, gbs=gbs, dp=dp, pool_size=P, dp_rank=r) for r in range(dp)]
+    full = [list(s) for s in samplers]
+    core = libra.PlacementSampler(seqs, gbs, dp, P)
+    for n in range(len(samplers[0])):
+        step, ga = divmod(n, gbs // dp)
+        order = list(core.at(step)["order"])
+        assert [full[r][n][0] for r in range(dp)] == order[ga * dp:(ga + 1) * dp]
+        for r in range(dp):
+            pool = samplers[r].pool_indices(n)
+            assert full[r][n][0] == pool[r % P] and len(pool) == P
+    # Resume mid-run from a state dict: the rest of the sequence is identical.
+    s = lt.PlacementBatchSampler(seqs, gbs=gbs, dp=dp, pool_size=P, dp_rank=1)
+    it = iter(s)
+    head = [next(it) for _ in range(5)]
+    state = s.state_dict()
+    t = lt.PlacementBatchSampler(seqs, gbs=gbs, dp=dp, pool_size=P, dp_rank=1)
+    t.load_state_dict(state)
+    assert head + list(t) == full[1]
+    loader = torch.utils.data.DataLoader(list(range(len(seqs))), batch_sampler=t)
+    assert list(loader) == []  # exhausted
+    t.load_state_dict({"position": 0})
+    assert [int(b[0]) for b in torch.utils.data.DataLoader(list(range(len(seqs))), batch_sampler=t)] == \
+        [b[0] for b in full[1]]
+    with pytest.raises(ValueError):
+        t.load_state_dict({"position": -1})
+
+
+def test_planner_plans_ahead_on_a_thread():
+    seqs = libra.pack(list(range(1, 200)), L)["sequences"]
+    s = lt.PlacementBatchSampler(seqs, gbs=4, dp=2, pool_size=2, dp_rank=0)
+    kw = dict(seq_len=L, cp=2, block_size=8, head_shards=2, heads_q=4, heads_kv=2, head_dim=16)
+    planner = lt.Planner(s, **kw)
+    try:
+        for n in range(4):
+            assert planner.get(n) == libra.make_plan(s.pool(n), **kw)
+            assert n + 1 in planner._futures  # the next batch is being planned
+    finally:
+        planner.close()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_cuda_attention_needs_flash_attn_or_says_so():
+    try:
+        import flash_attn  # noqa: F401
+    except ImportError:
+        with pytest.raises(RuntimeError, match="flash_attn"):
+            lt._flash_attn()
+        return
+    pytest.skip("flash_attn present: the CUDA path is exercised by the GPU run in docs/python.md")
