@@ -28,9 +28,9 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-for p in (os.path.join(HERE, "..", "build", "release", "python"), os.path.join(HERE, "..", "python")):
-    if os.path.isdir(p) and p not in sys.path:  # run from a source tree; an installed libra also works
-        sys.path.insert(1, p)
+BUILT = os.path.join(HERE, "..", "build", "release", "python")
+if os.path.isdir(BUILT):  # a source tree with a release build; otherwise the installed package
+    sys.path[1:1] = [BUILT, os.path.join(HERE, "..", "python")]
 
 import libra  # noqa: E402
 import libra.torch as lt  # noqa: E402

@@ -1,23 +1,26 @@
 // libra/comm.hpp: the communicator the executors talk through.
 //
-// Defines `libra::Communicator`, one small interface over the few collective
-// and point-to-point operations the distributed executors need (non-blocking
-// byte sends and receives with request handles, barrier, allgather of one
-// 64-bit value, split, abort), and two implementations:
-//   - MPI (`mpi_world`, available when libra is built with LIBRA_WITH_MPI),
-//     for runs under `mpirun`;
-//   - in-process (`run_in_process`), where W ranks are W threads of one
-//     process sharing a mailbox, so executor tests run without mpirun and the
-//     same test bodies run over both.
+// Defines `libra::Communicator`: one non-blocking all-to-all-v (post, then
+// wait), barrier, allgather of one 64-bit value, split and abort. That is all
+// the executors need: every (phase, pipeline chunk) of a schedule
+// (libra/schedule.hpp) is one all-to-all-v, posted and waited on. It has no
+// tags and no polling, so NCCL grouped send/recv and torch.distributed's
+// all_to_all_single implement it directly. Implementations, each one class
+// (its table of virtual functions) in its own file of src/exec:
+//   - in-process (`run_in_process`, comm_inprocess.cpp): W ranks are W
+//     threads of one process, so executor tests run without mpirun and the
+//     same test bodies run over every communicator;
+//   - loopback (`make_loopback_communicator`, comm_loopback.cpp): one rank
+//     alone, for measuring its compute;
+//   - MPI (libra/comm_mpi.hpp, comm_mpi.cpp; when built with LIBRA_WITH_MPI):
+//     MPI_Ialltoallv on a duplicate of any MPI communicator.
 //
 //   std::vector<libra::Status> s = libra::run_in_process(4, [](libra::Communicator& c) {
-//     std::uint64_t mine = 10 + c.rank();
-//     LIBRA_ASSIGN_OR_RETURN(std::vector<std::uint64_t> all, c.allgather(mine));
-//     return libra::Status();
+//     std::vector<std::byte> out(4 * 8), in(4 * 8);   // 8 bytes to and from every rank
+//     std::vector<std::int64_t> n(4, 8), at = {0, 8, 16, 24};
+//     LIBRA_ASSIGN_OR_RETURN(libra::PendingExchange p, c.post({out, n, at, in, n, at}));
+//     return c.wait(p);
 //   });
-//
-// Tags: callers use tags in [0, kMaxUserTag); larger tags are reserved for
-// the collectives that implementations build from point-to-point messages.
 #pragma once
 
 #include <cstddef>
@@ -32,10 +35,20 @@
 
 namespace libra {
 
-inline constexpr int kMaxUserTag = 1 << 20;
+// The buffers of one all-to-all-v, indexed by peer (this rank included):
+// bytes send[send_displs[p], + send_counts[p]) go to peer p, and
+// recv_counts[p] bytes from peer p land at recv[recv_displs[p]..]. A rank's
+// recv_counts[p] must equal peer p's send_counts[rank]; implementations that
+// can see both sides report a difference as an error.
+struct AllToAllV {
+  std::span<const std::byte> send;
+  std::span<const std::int64_t> send_counts, send_displs;
+  std::span<std::byte> recv;
+  std::span<const std::int64_t> recv_counts, recv_displs;
+};
 
-// A pending non-blocking operation; completed (and invalidated) by wait_all.
-struct Request {
+// A posted exchange; completed (and invalidated) by wait.
+struct PendingExchange {
   std::int64_t id = -1;
   bool valid() const noexcept { return id >= 0; }
 };
@@ -46,59 +59,59 @@ class Communicator {
   virtual int rank() const = 0;
   virtual int size() const = 0;
 
-  // Non-blocking send/receive of raw bytes. The buffer must stay alive and
-  // unchanged until the request completes. A receive must be posted with
-  // exactly the size of the matching send (a different size is an error).
-  virtual Result<Request> isend(int dest, int tag, std::span<const std::byte> data) = 0;
-  virtual Result<Request> irecv(int source, int tag, std::span<std::byte> data) = 0;
+  // Posts one all-to-all-v without blocking. Every rank posts the same
+  // sequence of exchanges (this is how messages are matched: no tags); the
+  // buffers stay alive and the send bytes unchanged until wait returns.
+  // Several exchanges may be in flight; they may be waited on in any order.
+  [[nodiscard]] virtual Result<PendingExchange> post(const AllToAllV& x) = 0;
+  // Blocks until the exchange completed; invalidates it.
+  [[nodiscard]] virtual Status wait(PendingExchange& x) = 0;
+  // Lets the library move posted exchanges while the caller computes (MPI
+  // progresses non-blocking collectives only inside MPI calls). Default:
+  // nothing to do.
+  [[nodiscard]] virtual Status progress() { return Status(); }
 
-  // Blocks until every valid request completes; they are invalidated.
-  virtual Status wait_all(std::span<Request> requests) = 0;
-  // Drives progress without blocking; true (and the requests invalidated)
-  // when all have completed. Executors call it between kernel calls so that
-  // transfers advance while they compute.
-  virtual Result<bool> test_all(std::span<Request> requests) = 0;
-
-  virtual Status barrier() = 0;
+  [[nodiscard]] virtual Status barrier() = 0;
   // Every rank's value, indexed by rank.
-  virtual Result<std::vector<std::uint64_t>> allgather(std::uint64_t value) = 0;
+  [[nodiscard]] virtual Result<std::vector<std::uint64_t>> allgather(std::uint64_t value) = 0;
   // A sub-communicator of the ranks passing the same color, ordered by key
   // (then by rank): MPI_Comm_split.
-  virtual Result<std::unique_ptr<Communicator>> split(int color, int key) = 0;
+  [[nodiscard]] virtual Result<std::unique_ptr<Communicator>> split(int color, int key) = 0;
   // Ends every rank of the job after printing `message` (one line) on stderr.
   // For failures that other ranks cannot learn of in any other way.
   [[noreturn]] virtual void abort(const std::string& message) = 0;
 };
 
 // Helpers built on the interface.
+// post + wait.
+[[nodiscard]] Status exchange(Communicator& comm, const AllToAllV& x);
 // Every rank learns whether every rank succeeded. Returns `local` on a rank
 // that failed, and on the other ranks an error naming the failed ranks, so
 // all ranks stop together instead of some waiting forever.
 [[nodiscard]] Status agree_on_status(Communicator& comm, const Status& local, const std::string& what);
-
 // Gathers a variable-size byte string from every rank on `root` (result is
-// empty on the other ranks).
-[[nodiscard]] Result<std::vector<std::string>> gather_strings(Communicator& comm, int root,
-                                                              const std::string& mine, int tag);
+// empty on the other ranks). Collective.
+[[nodiscard]] Result<std::vector<std::string>> gather_strings(Communicator& comm, int root, const std::string& mine);
 
 // ---- in-process ----------------------------------------------------------
 
 // Runs `body` on `size` threads, each holding rank i of one in-process
-// world, and returns each rank's status. A receive that does not find its
-// message within `timeout_ms` fails with an error instead of hanging.
+// world, and returns each rank's status. A wait that does not find a peer's
+// data within `timeout_ms` fails with an error instead of hanging.
 std::vector<Status> run_in_process(int size, const std::function<Status(Communicator&)>& body,
                                    int timeout_ms = 60000);
 
 // ---- loopback --------------------------------------------------------------
 
 // A stand-in world of `size` ranks in which only rank `rank` exists, for
-// measuring one rank's compute alone (`libra bench exec`): sends vanish,
-// receives complete at once and leave their buffers unchanged, allgather
+// measuring one rank's compute alone (`libra bench exec`): the bytes to self
+// are copied, other peers' receive buffers are left unchanged, allgather
 // returns this rank's value for every rank, split returns a loopback of the
 // same rank and size.
 std::unique_ptr<Communicator> make_loopback_communicator(int rank, int size);
 
 // ---- MPI -----------------------------------------------------------------
+// (make_mpi_communicator(MPI_Comm) is in libra/comm_mpi.hpp.)
 
 // True when libra was built with the MPI communicator.
 bool mpi_built();
@@ -107,7 +120,7 @@ bool mpi_built();
 [[nodiscard]] Status mpi_init();
 // Finalises MPI if this process initialised it through mpi_init.
 void mpi_finalize();
-// The world communicator (MPI_COMM_WORLD). Requires mpi_init.
+// A communicator over MPI_COMM_WORLD. Requires mpi_init.
 [[nodiscard]] Result<std::unique_ptr<Communicator>> mpi_world();
 
 }  // namespace libra

@@ -99,25 +99,46 @@ class ThroughputTable {
 double compute_seconds(const KernelProfile& profile, double flops, double block_len, double heads,
                        bool backward = false);
 
-// Interconnect. Bandwidths are per GPU and direction, in GB/s (1e9 bytes/s).
-// Defaults: H200 NVLink 4 (450 GB/s per direction nominal, ~360 achieved by
-// all-to-all) and one 400 Gb/s RoCE NIC per GPU (50 GB/s, ~45 achieved),
-// 8 GPUs per node, 10 us per message (NCCL point-to-point start-up).
+// Interconnect: three tiers. GPUs are numbered node-major (node = gpu /
+// gpus_per_node) and nodes supernode-major (supernode = node /
+// nodes_per_supernode; a supernode is a rail group / leaf-switch domain).
+// Bandwidths are per GPU and direction, in GB/s (1e9 bytes/s):
+//   - intra_node_gbps: NVLink (H200 NVLink 4: 450 nominal, ~360 achieved);
+//   - inter_node_gbps: the GPU's NIC (one 400 Gb/s RoCE NIC per GPU: ~45),
+//     carrying all of the GPU's off-node traffic;
+//   - inter_supernode_gbps: the GPU's share of its supernode's uplinks to the
+//     spine (oversubscribed), carrying its cross-supernode traffic;
+//   - congestion_per_node: an all-to-all spanning n nodes gets
+//     inter_node_gbps / (1 + congestion_per_node * (n - 1)) from each NIC
+//     (incast and ECMP collisions on RoCE grow with the nodes that talk).
+// nodes_per_supernode, inter_supernode_gbps and congestion_per_node are
+// fitted to the paper's figure-14 growth of communication time with P
+// (docs/simulator.md, "Topology calibration"); they are not measured
+// network figures.
 struct Interconnect {
   std::int64_t gpus_per_node = 8;
+  std::int64_t nodes_per_supernode = 4;
   double intra_node_gbps = 360;
   double inter_node_gbps = 45;
+  double inter_supernode_gbps = 4;
+  double congestion_per_node = 0.9;
   double latency_us = 10;
 };
 
 // Each GPU's time to complete an all-to-all-v: bytes[src * W + dst] between
-// the W workers, worker w sitting on GPU gpu_of_worker[w] (node = gpu /
-// gpus_per_node). A worker sends intra- and inter-node traffic on separate
-// links at once, and sends and receives at once (full duplex):
-//   t_w = max(send_intra/B_intra, send_inter/B_inter,
-//             recv_intra/B_intra, recv_inter/B_inter)
-//         + latency * max(messages sent, messages received).
-// The diagonal (bytes that stay) is ignored.
+// the W workers, worker w sitting on GPU gpu_of_worker[w]. A worker's time is
+// set by the busiest link its traffic crosses, each full duplex and all at
+// once (NVLink and NIC in parallel):
+//   t_w = max over {send, recv} of max(intra / B_intra,
+//                                      (inter + cross) / B_nic(n),
+//                                      cross / B_supernode)
+// where B_nic(n) = B_inter / (1 + congestion_per_node (n - 1)) and n is the
+// number of distinct nodes among gpu_of_worker
+//         + latency * max(messages sent, messages received),
+// with intra = bytes to GPUs on the same node, inter = other nodes of the
+// same supernode, cross = other supernodes. So a pool's all-to-all costs more
+// as it spans more nodes (more bytes leave NVLink) and more supernodes (more
+// bytes share the spine). The diagonal (bytes that stay) is ignored.
 std::vector<double> alltoall_seconds(const Interconnect& net, std::span<const std::int64_t> bytes,
                                      std::span<const std::int64_t> gpu_of_worker);
 
@@ -178,6 +199,7 @@ double allreduce_seconds(const Interconnect& net, double bytes, std::int64_t dp)
 
 // Everything the simulator charges with.
 struct CostModel {
+  AnalyticKernel analytic;  // what `kernel` was generated from, unless a measured profile replaced it
   KernelProfile kernel = analytic_profile(AnalyticKernel{});
   Interconnect net;
   DeviceNoise noise;

@@ -7,18 +7,19 @@
 // log-sum-exp and, in the backward pass, the gradients that plain causal
 // attention over the whole packed sequences gives for those tokens.
 //
-// Two executors share the interface:
-//   - make_plan_executor: runs a libra::Plan (modes tap, tap-split, and
-//     ulysses as a plan). Follows the plan's per-chunk transfer lists: Q and
-//     KV go to the worker computing a tile, O (and LSE) come back to the Q
-//     home; backward sends Q, dO, O and LSE the same way, returns dQ and sums
-//     dK/dV partials back onto the ranks holding those tokens. Pipelined over
-//     the plan's M equal-head chunks (paper section 6.3): chunk m+1's input is
-//     dispatched and chunk m-1's output returned while chunk m computes.
+// Every executor is one engine running a RankSchedule (libra/schedule.hpp)
+// over a Communicator (libra/comm.hpp: one all-to-all-v per phase and
+// chunk) with an AttentionBackend (libra/backend.hpp: the kernel calls),
+// forward and backward through the same pipeline loop (paper section 6.3):
+// chunk m+1's input is posted and chunk m-1's output is in flight while
+// chunk m computes. The schedules differ:
+//   - make_plan_executor: a libra::Plan (modes tap, tap-split, and ulysses as
+//     a plan), via make_rank_schedule;
 //   - make_ulysses_executor: the classic Ulysses baseline written without a
-//     plan: a head-scatter all-to-all inside each slot's CP group, full
-//     attention on h_q/CP heads per rank, all-to-all back.
-// Both first agree with every rank on a fingerprint of what they will run;
+//     plan (make_ulysses_schedule): a head-scatter all-to-all inside each
+//     slot's CP group, full attention on h_q/CP heads per rank, all-to-all back;
+//   - make_schedule_executor: any schedule.
+// All first agree with every rank on a fingerprint of what they will run;
 // a disagreement ends every rank with the same error naming the ranks.
 //
 //   libra::Result<libra::Plan> plan = libra::make_plan(pool, cfg);
@@ -28,8 +29,8 @@
 //   libra::Result<libra::BackwardOutputs> g = (*ex)->backward({q, k, v}, *f, d_o);
 //
 // Tensors in the API are fp32, row-major [L/CP, heads, head_dim]; with a bf16
-// plan (elem_bytes 2) they are rounded to bf16 for transfer and compute
-// (LSE, dK/dV sums at the homes stay fp32).
+// or fp16 plan (AttentionShape::dtype) Q, K, V, O and dO are rounded to it
+// for transfer and compute (LSE, dQ and the dK/dV sums stay fp32).
 #pragma once
 
 #include <chrono>
@@ -40,8 +41,10 @@
 #include <string>
 #include <vector>
 
+#include "libra/backend.hpp"
 #include "libra/comm.hpp"
 #include "libra/plan.hpp"
+#include "libra/schedule.hpp"
 #include "libra/status.hpp"
 
 namespace libra {
@@ -78,6 +81,8 @@ class TraceRecorder {
 struct ExecOptions {
   int threads = 1;                 // kernel threads per rank
   TraceRecorder* trace = nullptr;  // optional; must outlive the executor
+  // The kernel; null: make_cpu_backend(). Must outlive the executor.
+  AttentionBackend* backend = nullptr;
 };
 
 // One rank's home tensors (fp32, row-major): q [L/CP, h_q, d], k and v
@@ -123,52 +128,19 @@ class Executor {
                                                                       const PlanConfig& config,
                                                                       const ExecOptions& options);
 
+// Runs `schedule` (this rank's: schedule.worker == pool.rank()) on `pool`.
+// Checks every program of the schedule against its buffers first.
+// Collective: agrees on schedule.fingerprint.
+[[nodiscard]] Result<std::unique_ptr<Executor>> make_schedule_executor(Communicator& pool, RankSchedule schedule,
+                                                                       const ExecOptions& options);
+
+// Every segment program, kernel view and fragment of `s` inside its
+// buffers, and byte counts consistent with the segments; the error names
+// the first that is not.
+[[nodiscard]] Status validate_schedule(const RankSchedule& s);
+
 // Ranks agree on `fingerprint`: on a mismatch every rank returns the same
 // kMismatch error listing which ranks hold which value.
 [[nodiscard]] Status agree_on_fingerprint(Communicator& comm, std::uint64_t fingerprint, const std::string& what);
-
-// ---- test harness: deterministic data and a whole-sequence reference ----
-
-// Deterministic pseudo-random values in [-1, 1) from (seed, stream, index)
-// (splitmix64; identical on every machine and standard library).
-float harness_value(std::uint64_t seed, std::uint64_t stream, std::uint64_t index);
-
-// The home tensors of worker r (= slot * cp + c) for a data seed: each
-// slot's whole-sequence tensors are generated from (seed, slot, tensor), so
-// any rank and the reference see the same numbers. `tensor` 0 Q, 1 K, 2 V,
-// 3 dO. The returned vector is [L/CP, heads, d].
-std::vector<float> harness_home_tensor(std::uint64_t seed, const PlanConfig& config, int worker, int tensor);
-
-// Whole-slot results of plain attention over all samples of one slot, laid
-// out [L, heads, d] like the concatenation of the slot's homes. kNaive: the
-// double-precision naive reference of libra/attention_reference.hpp (tiny
-// shapes); kKernel: the fp32 kernel in one process on the whole sequence
-// (no tiles, no communication), for sizes the naive reference cannot reach.
-enum class ReferenceKind { kNaive, kKernel };
-struct SlotReference {
-  std::vector<double> o, lse, dq, dk, dv;
-};
-[[nodiscard]] Result<SlotReference> harness_reference(std::uint64_t seed, const PlanConfig& config,
-                                                      const PackedSequence& sequence, int slot,
-                                                      ReferenceKind kind = ReferenceKind::kNaive, int threads = 1);
-
-// Error of a computed tensor against the reference over the rows of one
-// home: max |x - ref| and that divided by max |ref| (relative to the
-// tensor's scale, not per element, so near-zero entries do not dominate).
-struct ErrorStats {
-  double max_abs = 0;
-  double max_ref = 0;
-  double rel() const { return max_ref > 0 ? max_abs / max_ref : max_abs; }
-  void merge(const ErrorStats& o);
-};
-ErrorStats compare_home(std::span<const float> got, std::span<const double> reference, std::int64_t row_begin,
-                        std::int64_t rows, std::int64_t row_width);
-
-// Tolerances (relative to the tensor's largest magnitude) that the tests
-// and `libra exec --check` apply, by element size.
-struct Tolerance {
-  double o, lse, dq, dk, dv;
-};
-Tolerance tolerance_for(DType dtype);
 
 }  // namespace libra

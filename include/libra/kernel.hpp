@@ -3,7 +3,7 @@
 // full score matrix is never materialised, fp32 accumulation).
 //
 // Defines tensor views over row-major [rows, heads, head_dim] buffers with an
-// explicit row stride (fp32 or bf16), query fragments, and the two calls
+// explicit row stride (fp32, bf16 or fp16), query fragments, and the two calls
 // attention_forward / attention_backward.
 //
 // A call takes a batch of query fragments. Fragment f holds the sample-local
@@ -50,6 +50,7 @@
 #include <cstring>
 #include <span>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <vector>
 
@@ -59,13 +60,17 @@
 
 namespace libra::kernel {
 
-// Element types are libra::DType (libra/dtype.hpp); the kernel accepts fp32
-// and bf16 storage (validate rejects the others).
+// Element types are libra::DType (libra/dtype.hpp): every view may be fp32,
+// bf16 or fp16 (IEEE half) storage, except the LSE (fp32); the kernel widens
+// to fp32 when packing and accumulates in fp32. Outputs are rounded to their
+// view's type (fp16: nearest even, beyond +-65504 to +-inf, as IEEE does).
 using libra::DType;
 using libra::dtype_bytes;
 using libra::dtype_name;
 using libra::bf16_from_f32;
 using libra::f32_from_bf16;
+using libra::f16_from_f32;
+using libra::f32_from_f16;
 
 // A view of a row-major [rows, heads, head_dim] tensor: element (t, h, c) is
 // at element offset t * row_stride + h * head_dim + c from data. Heads of a
@@ -170,12 +175,29 @@ void release_thread_scratch();
 // The SIMD target chosen at run time, e.g. "AVX3" or "AVX2".
 [[nodiscard]] std::string simd_target();
 
+// Restricts the run-time target for the whole process: "auto" (the best the
+// CPU supports), "avx512", "avx2" or "scalar" (the portable fallback, one lane), so the
+// AVX2 code can be measured and tested on an AVX-512 machine. An unknown
+// name or one the CPU lacks is an invalid-input Error and changes nothing.
+// Not to be called while kernel calls run on other threads.
+[[nodiscard]] Status set_simd_target(std::string_view name);
+
 // This machine's fp32 FMA throughput in GFLOP/s on `threads` threads at
-// once: each thread runs 16 independent chains of vector FMAs (enough to
-// cover FMA latency times the number of FMA pipes) of the run-time SIMD
-// target for about `seconds`; FLOPs = 2 * lanes * chains * iterations.
+// once, for the run-time SIMD target: each thread runs independent chains of
+// vector FMAs held in registers (24 on 32-register targets, 12 on AVX2: more
+// than FMA latency times FMA pipes, and no spill) for about `seconds`;
+// FLOPs = 2 * lanes * chains * iterations.
 // Benchmarks divide by it to report the fraction of peak.
 [[nodiscard]] double measure_fma_peak_gflops(int threads, double seconds = 0.25);
+
+// The same probe, timed both ways: wall_gflops as above; cpu_gflops sums
+// each thread's FLOPs over its own CPU time, so time the thread waited for
+// a core on a shared machine does not count (the peak of the cores we got).
+struct FmaPeak {
+  double wall_gflops = 0;
+  double cpu_gflops = 0;
+};
+[[nodiscard]] FmaPeak measure_fma_peak(int threads, double seconds = 0.25);
 
 // Throughput profile for cost models (docs/kernel.md, data/profiles/): one
 // call = one causal sample of block_len tokens (fragment [0, block_len)) on

@@ -69,6 +69,7 @@
 #include <utility>
 #include <vector>
 
+#include "libra/backend.hpp"
 #include "libra/dtype.hpp"
 #include "libra/plan.hpp"
 #include "libra/status.hpp"
@@ -132,9 +133,7 @@ struct Region {
 // A query fragment of a kernel call (the varlen convention of
 // libra/backend.hpp): sample-local queries [a, e) at rows q_row.. of the
 // call's Q view, the sample's keys 0 .. e-1 at rows kv_row.. of its K view.
-struct CallFragment {
-  std::int64_t q_row = 0, kv_row = 0, sample_len = 0, a = 0, e = 0;
-};
+using CallFragment = QueryFragment;
 
 // One kernel call on views of the compute buffers: Q family rows
 // [0, region.rows) x query heads [h0, h1) at q.offset (row stride q.stride),

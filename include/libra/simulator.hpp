@@ -1,33 +1,55 @@
 // libra/simulator.hpp: the configuration simulator behind `libra simulate`.
 //
-// Replays a corpus, one optimizer-step window of GBS packed sequences at a
-// time, through the real planners (libra::place_window for sequence
-// placement, libra::make_plan for SH-Tiles, TAP and the exchange plan) for
-// every candidate (P, H, B), and charges the result with the cost model
+// Replays packed sequences, one optimizer-step window of GBS at a time,
+// through the real planners (libra::place_window for sequence placement,
+// libra::make_plan for SH-Tiles, TAP and the exchange plan) for every
+// candidate (P, H, B), and charges the result with the cost model
 // (cost_model.hpp). It reports, per candidate, inter-pool imbalance for every
 // placement mode, intra-pool imbalance, exchanged bytes and the predicted
-// core-attention step latency of the paper's baselines (ulysses, wlb, distca)
-// and Libra configurations; recommends the fastest candidate; and models the
-// end-to-end step (DP scaling at fixed GBS, per-microbatch forward times).
+// core-attention step latency of every Variant (the paper's baselines and
+// Libra configurations); recommends a candidate; models the end-to-end step
+// (DP scaling at fixed GBS, per-microbatch forward times); and sets the
+// paper's figures beside the runs they can be compared with.
 //
 //   libra::SimConfig cfg;                 // paper defaults: L = 1M, GBS 128, DP 16, CP 8
 //   cfg.source = "builtin:paper-1m";
-//   libra::Result<libra::SimResult> r = libra::simulate(cfg);
+//   auto in = libra::load_sim_input(cfg);                 // the corpus stage's reader
+//   auto r = libra::simulate(in->sequences, in->seq_len, cfg);
 //   std::cout << libra::sim_table(*r);   // or sim_json / sim_csv, write_sim_report
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "libra/cost_model.hpp"
 #include "libra/corpus.hpp"
+#include "libra/placement.hpp"
 #include "libra/status.hpp"
 
 namespace libra {
+
+// What the simulator times. One name table (variant_name / parse_variant);
+// results are looked up by enum, never by position.
+enum class Variant {
+  kUlysses,       // every sequence on its own CP group, loader order
+  kWlb,           // WLB-LLM as the paper reproduces it (no outlier deferral)
+  kDistca,        // DistCA's scope: one pool of P = DP, Libra's tiles and pipeliner
+  kLibraTap,      // Libra(TAP): loader-order pools
+  kLibraTapVrsp,  // Libra(TAP+VRSP)
+  kLibraFull,     // Libra(Full): + pipeliner
+  kLibraPlus,     // vrsp-refine pools, tap-split, per-KV-head dedup, pipeliner
+};
+std::string_view variant_name(Variant v);  // "ulysses", "wlb", "distca", "libra-tap", ...
+[[nodiscard]] Result<Variant> parse_variant(std::string_view name);
+std::span<const Variant> all_variants();
+// The variants timed per candidate (P, H, B), in output order.
+std::span<const Variant> candidate_variants();
 
 struct SimCandidate {
   std::int64_t pool_size = 0;    // P
@@ -38,7 +60,7 @@ struct SimCandidate {
 
 struct SimConfig {
   std::string source = "builtin:paper-1m";
-  std::int64_t seq_len = 0;  // L; 0 = the corpus' default packed length
+  std::int64_t seq_len = 0;  // L; 0 = the corpus' default packed length (load_sim_input)
   std::int64_t gbs = 128;    // D
   std::int64_t dp = 16;
   std::int64_t cp = 8;
@@ -51,9 +73,20 @@ struct SimConfig {
   double tau = 0.03;              // TAP slack (paper: 0.03)
   std::int64_t max_windows = 20;  // 0 = every full window of the corpus
   std::int64_t threads = 0;       // 0 = hardware concurrency
-  std::uint64_t seed = 0;         // the `random` placement baseline
+  std::uint64_t seed = 0;         // first seed of the `random` placement baseline
+  // Seeded random groupings per window (seeds seed .. seed + n - 1): the
+  // random baseline's R-1 is their mean, not one shuffle.
+  std::int64_t random_seeds = 32;
   std::vector<std::int64_t> scaling_dp = {1, 2, 4, 8, 16};  // end-to-end DP sweep
   bool end_to_end = true;         // run the DP sweep and microbatch model
+  // The recommendation minimises mean + worst_weight * worst libra-full
+  // latency (0: mean only, the paper's throughput criterion; > 0 also
+  // weighs the worst step, i.e. PP bubbles).
+  double worst_weight = 0;
+  // DistCA pools span every replica: skipped above this many GPUs (its W x W
+  // plans grow quadratically; the DP 1024 scale run would need ~GBs).
+  std::int64_t distca_max_gpus = 1024;
+  std::string hardware = "h200-fa3";  // the profile `cost` was built from
   CostModel cost;
 };
 
@@ -61,10 +94,37 @@ struct SimConfig {
 // h_kv 4, d 128, bf16, 48 layers, 3.3B active parameters).
 [[nodiscard]] Result<ModelShape> model_preset(std::string_view name);
 
-// Applies a JSON config file over `config` (keys as the CLI flags without
-// dashes, with '_' for '-', e.g. {"gbs":128,"pool_sizes":[4,8],
-// "inter_node_gbps":45,"model":"qwen3-30b-a3b"}). Unknown keys are errors.
+// Hardware profiles (compute-to-bandwidth ratio and topology), by name:
+//   "h200-fa3": H200, FlashAttention-3-class kernel (600/450 TFLOP/s fwd/bwd
+//               peak), NVLink 360 GB/s, RoCE 45 GB/s per GPU, 8 GPUs per node,
+//               4 nodes per supernode, 15 GB/s per GPU across supernodes;
+//   "h200-fa2": the same machine with a FlashAttention-2-class kernel (about
+//               0.6x the FA3 rates: 350/260 TFLOP/s).
+// docs/simulator.md gives the sources and the figure-14 calibration.
+[[nodiscard]] Result<CostModel> hardware_profile(std::string_view name);
+std::vector<std::string> hardware_profile_names();
+
+// --- Settings: one schema for the JSON config and the CLI flags. A setting's
+// JSON key is its flag without the dashes, '-' -> '_' ("--gbs" <-> "gbs").
+enum class SettingType { kInt, kUint, kNumber, kIntList, kString, kBool };
+struct SimSetting {
+  std::string_view key;   // JSON key, e.g. "pool_sizes"
+  std::string_view flag;  // CLI flag, e.g. "--pool-sizes"
+  SettingType type;
+  std::string_view help;
+};
+std::span<const SimSetting> sim_settings();
+// Applies one setting from JSON (`value`) or from a flag's text (`text`,
+// lists comma-separated). `where` names the place in messages (the flag,
+// "--gbs"). Integers are plain decimal (core/decimal.hpp) and fit the type.
+[[nodiscard]] Status apply_sim_setting(const SimSetting& setting, std::string_view text, const std::string& where,
+                                       SimConfig& config);
+// Applies a JSON config file (keys from sim_settings(), plus "comment";
+// "model" and "hardware" presets apply before the keys they contain).
+// Unknown keys are errors.
 [[nodiscard]] Status apply_sim_config_json(std::string_view json, const std::string& name, SimConfig& config);
+// Every setting's current value as a JSON config (applies back to the same config).
+std::string sim_config_json(const SimConfig& config);
 
 struct Stat {
   double mean = 0;
@@ -74,14 +134,14 @@ struct Stat {
 // Core-attention forward latency of one layer for one GA step (the slowest
 // GPU across DP), seconds, mean and worst over every step of every window.
 struct VariantLatency {
-  std::string name;  // "libra-tap", "libra-tap-vrsp", "libra-full", "libra-plus", "distca"
+  Variant variant;
   Stat seconds;
 };
 
 struct CandidateResult {
   SimCandidate candidate;
-  // Inter-pool imbalance R - 1 of every placement mode (placement order).
-  std::vector<std::pair<std::string, Stat>> inter_imbalance;
+  // Inter-pool imbalance R - 1 of every placement mode (all_placement_modes order).
+  std::vector<std::pair<PlacementMode, Stat>> inter_imbalance;
   Stat lower_bound;             // of R - 1 (placement::imbalance_lower_bound)
   Stat intra_imbalance;         // TAP on VRSP pools, over pools
   Stat intra_imbalance_plus;    // tap-split + per-KV-head dedup on vrsp-refine pools
@@ -89,8 +149,10 @@ struct CandidateResult {
   Stat comm_bytes_plus;
   Stat max_send_bytes;          // busiest worker of a pool
   Stat max_recv_bytes;
-  std::vector<VariantLatency> latency;
-  const VariantLatency* find(std::string_view name) const;
+  Stat comm_seconds;            // libra-tap-vrsp dispatch + return (forward, slowest worker), per pool-step
+  std::vector<VariantLatency> latency;  // candidate_variants(); distca absent when skipped
+  const VariantLatency* find(Variant v) const;
+  const Stat& inter(PlacementMode mode) const;
 };
 
 struct SkippedCandidate {
@@ -100,7 +162,7 @@ struct SkippedCandidate {
 
 struct DpScalingPoint {
   std::int64_t dp = 0;
-  std::int64_t pool_size = 0;  // Libra's P at this DP (min of the chosen P and DP)
+  std::int64_t pool_size = 0;  // Libra's P at this DP (gcd of the chosen P and DP)
   double ulysses_tokens_per_s = 0;
   double libra_tokens_per_s = 0;
   double ulysses_efficiency = 0;  // throughput / (dp * throughput at the smallest DP)
@@ -119,18 +181,34 @@ struct MicrobatchStats {
   std::vector<double> values;         // every microbatch, normalised
 };
 
+// One paper figure beside the run's value. Only figures of the run's dataset
+// and setting are listed (paper_figures.cpp holds the table, as data).
 struct PaperComparison {
+  std::string figure;    // "fig. 4", "sec. 8.4", ...
   std::string what;
-  double paper_256k = 0, paper_1m = 0, measured = 0;
+  double paper = 0;
+  double measured = 0;
+  std::string note;      // why the two differ in setting, when they do
 };
 
 struct SimTiming {
-  double load_s = 0, placement_s = 0, plan_s = 0, cost_s = 0, end_to_end_s = 0, total_s = 0;
+  double load_s = 0, total_s = 0, end_to_end_s = 0;  // wall
+  double cpu_s = 0;                                  // process CPU time (all threads)
+  double placement_s = 0, plan_s = 0, cost_s = 0;    // thread CPU time, summed over threads
   std::int64_t plans = 0;  // make_plan calls
-  // make_plan seconds (summed over threads) and calls, by what they served.
+  std::int64_t peak_rss_kb = 0;
+  // make_plan thread CPU seconds and calls, by what they served.
   std::map<std::string, std::pair<double, std::int64_t>> by_kind;
 };
 
+// Calibration statistics of a corpus (docs/corpora.md): over every full
+// window of `gbs` sequences, the mean R-1 of `seeds` seeded random groupings
+// at each pool size, and VRSP's R-1.
+struct CalibrationStats {
+  std::int64_t windows = 0;
+  std::vector<std::pair<std::int64_t, double>> random;  // (P, mean R-1)
+  std::vector<std::pair<std::int64_t, double>> vrsp;
+};
 struct SimResult {
   SimConfig config;
   std::int64_t seq_len = 0;
@@ -141,31 +219,57 @@ struct SimResult {
   Stat ulysses;  // core-attention forward latency per layer per step
   Stat wlb;
   std::int64_t wlb_split_samples = 0;  // samples the repacker had to cut to fit GBS sequences
+  std::string distca_skipped;          // why distca was not timed, when it was not
   std::int64_t recommended = -1;       // index in candidates
   std::int64_t runner_up = -1;
   std::string recommendation_reason;
-  std::vector<PaperComparison> paper;  // speedups over ulysses, recommended candidate
+  std::string paper_dataset;           // "1m", "256k" or "" (no paper figures apply)
+  std::vector<PaperComparison> paper;
+  std::vector<std::string> not_comparable;  // paper figures deliberately not set beside a number, and why
   std::vector<DpScalingPoint> dp_scaling;
   MicrobatchStats microbatch_ulysses, microbatch_libra;
+  // Random (mean of random_seeds groupings) and VRSP R-1 at P = 8 and 64
+  // over the simulated windows (figures 4 and 8), whatever the candidates.
+  CalibrationStats calibration;
   SimTiming timing;
 };
 
-// Progress: called with (done, total) work units, from the calling thread.
-using SimProgress = std::function<void(std::int64_t done, std::int64_t total)>;
+// Progress: called with (phase, done, total) windows of that phase, from the
+// calling thread; phases "windows" then "end-to-end".
+using SimProgress = std::function<void(std::string_view phase, std::int64_t done, std::int64_t total)>;
 
-// Runs the simulation. Errors (one line, naming the flag and the rule):
-// P not dividing DP or breaking the contract for every candidate, DP not
-// dividing GBS, CP not dividing h_q, zero bandwidth, a corpus shorter than
+// Packed sequences of config.source at config.seq_len (or the builtin's
+// default length), through the corpus stage's load_packed_sequences.
+struct SimInput {
+  std::vector<PackedSequence> sequences;
+  std::int64_t seq_len = 0;
+};
+[[nodiscard]] Result<SimInput> load_sim_input(const SimConfig& config);
+
+// Runs the simulation over `sequences` packed at `seq_len` (config.source
+// and config.seq_len are only reported). Pure: the same inputs give the same
+// result for any thread count. Errors (one line, naming the flag and the
+// rule): P not dividing DP or breaking the contract for every candidate, DP
+// not dividing GBS, CP not dividing h_q, zero bandwidth, fewer sequences than
 // one window. Candidates that break a rule while others do not are skipped
-// and listed in SimResult::skipped. Identical results for any thread count.
+// and listed in SimResult::skipped.
+[[nodiscard]] Result<SimResult> simulate(std::span<const PackedSequence> sequences, std::int64_t seq_len,
+                                         const SimConfig& config, const SimProgress& progress = {});
+// load_sim_input + simulate.
 [[nodiscard]] Result<SimResult> simulate(const SimConfig& config, const SimProgress& progress = {});
+
+[[nodiscard]] Result<CalibrationStats> calibration_stats(std::span<const PackedSequence> sequences, std::int64_t gbs,
+                                                         std::span<const std::int64_t> pool_sizes,
+                                                         std::int64_t seeds);
 
 // Outputs.
 std::string sim_table(const SimResult& result);  // the terminal table
 std::string sim_json(const SimResult& result);
 std::string sim_csv(const SimResult& result);    // one row per candidate
-// Writes DIR/index.md, DIR/*.dat and, when gnuplot is on PATH, DIR/*.png.
-[[nodiscard]] Status write_sim_report(const SimResult& result, const std::string& dir);
+// Writes DIR/index.md, DIR/*.dat, DIR/sim-plots.gp (render with `gnuplot
+// sim-plots.gp` inside DIR: the CLI does, without a shell), result.json/csv.
+// `rendered` says whether the PNGs exist, for index.md's note.
+[[nodiscard]] Status write_sim_report(const SimResult& result, const std::string& dir, bool rendered = true);
 
 // WLB-LLM baseline (as the paper reproduces it): repacks the raw samples of
 // one step into exactly `count` packed sequences of at most seq_len tokens,

@@ -22,16 +22,20 @@ chunk m computes. On CPU tensors it runs libra's kernel on the tensors'
 memory through the binding; on CUDA tensors ``flash_attn_varlen_func``.
 """
 import concurrent.futures
+import contextlib
+import json
 import threading
+import time
+
+import os
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
 from . import _libra, make_plan
-from . import schedule as _schedule
 
-__all__ = ["pool_group", "PlacementBatchSampler", "PlanRuntime", "Planner", "attention"]
+__all__ = ["pool_group", "PlacementBatchSampler", "PlanRuntime", "Planner", "attention", "write_trace"]
 
 _POOLS = {}  # id(group) -> (group, workers by group rank)
 
@@ -181,7 +185,7 @@ class PlanRuntime:
     as index tensors.
     """
 
-    def __init__(self, plan, group, worker=None, threads=1):
+    def __init__(self, plan, group, worker=None, threads=1, trace=False):
         entry = _POOLS.get(id(group))
         if entry is None and worker is None:
             raise ValueError("PlanRuntime: group was not made by libra.torch.pool_group; pass worker=")
@@ -206,39 +210,86 @@ class PlanRuntime:
         self.group = group
         self.worker = me
         self.threads = threads
-        cfg = plan.config
-        self.window = cfg["window"]
-        self.schedule = s = _schedule.build(plan, me, peers)
+        # Chrome trace events of every attention call under this runtime (trace=True): per chunk, the
+        # kernel calls (tid 0) and each all-to-all from issue to completion (tid 1).
+        self.trace = [] if trace else None
+        self._t0 = time.perf_counter()
+        self.window = plan.config["window"]
+        # libra's per-rank schedule (libra/schedule.hpp), its exchanges expanded to index arrays with
+        # the peers in group-rank order (what all_to_all_single's splits follow).
+        self.schedule = sd = _libra.rank_schedule(plan, me, peers)
+        self.home_rows, self.heads_q, self.heads_kv = sd["home_rows"], sd["heads_q"], sd["heads_kv"]
+        self.head_dim, self.num_chunks = sd["head_dim"], sd["chunks"]
 
         def t(a):
-            return torch.from_numpy(np.ascontiguousarray(a))
+            return torch.from_numpy(np.array(a, dtype=np.int64))  # a writable copy of the read-only array
 
-        self.self_src, self.self_dst = t(s.self_src), t(s.self_dst)
-        self.dkv_send_index, self.dkv_recv_index = t(s.dkv_send_index), t(s.dkv_recv_index)
-        self.chunks = []
-        for c in s.chunks:
-            self.chunks.append({
-                "send_index": t(c.send_index), "send_splits": c.send_splits, "recv_splits": c.recv_splits,
-                "q_send_index": t(c.q_send_index), "q_send_splits": c.q_send_splits,
-                "q_recv_splits": c.q_recv_splits, "q_select": t(c.q_select),
-                "kv_recv_k": t(c.kv_recv_k), "kv_recv_v": t(c.kv_recv_v), "kv_store": t(c.kv_store),
-                "calls": c.calls,
-            })
+        def side(x):
+            return {"splits": x["splits"],
+                    "fields": [(f["field"], f["class"], f["add"], t(f["pos"]), t(f["idx"])) for f in x["fields"]]}
+
+        phases = []
+        for p, per_chunk in enumerate(sd["exchanges"]):
+            chunks = [{"send": side(e["send"]), "recv": side(e["recv"])} for e in per_chunk]
+            phase = {"chunks": chunks}
+            if p in (_FWD_OUT, _BWD_OUT):
+                phase["apply"] = _apply_plan(per_chunk, sd["apply_order"])
+            phases.append(phase)
+        calls = [[[(q, kv, f) for (q, kv, f) in chunk] for chunk in per_pass] for per_pass in sd["calls"]]
+        self.index = {"phases": phases, "calls": calls}
+        self._on = {torch.device("cpu"): self.index}
 
     def on(self, device):
-        """The chunk index tensors on ``device`` (cached)."""
+        """The schedule's index tensors on ``device`` (copied once per device)."""
         device = torch.device(device)
-        if device.type == "cpu":
-            return self.chunks
-        cache = self.__dict__.setdefault("_on", {})
-        if device not in cache:
-            cache[device] = [{k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in c.items()}
-                             for c in self.chunks]
-        return cache[device]
+        if device not in self._on:
+            def move(x):
+                if isinstance(x, torch.Tensor):
+                    return x.to(device)
+                if isinstance(x, dict):
+                    return {k: move(v) for k, v in x.items()}
+                if isinstance(x, (list, tuple)):
+                    return type(x)(move(v) for v in x)
+                return x
+            self._on[device] = move(self.index)
+        return self._on[device]
 
     @property
     def fingerprint(self):
         return self.plan.fingerprint
+
+
+# ---------------------------------------------------------------- tracing
+
+def _event(rt, name, tid, start, end):
+    rt.trace.append({"name": name, "ph": "X", "pid": rt.worker, "tid": tid,
+                     "ts": round((start - rt._t0) * 1e6, 1), "dur": round((end - start) * 1e6, 1)})
+
+
+@contextlib.contextmanager
+def _compute(rt, name):
+    if rt.trace is None:
+        yield
+        return
+    start = time.perf_counter()
+    yield
+    _event(rt, name, 0, start, time.perf_counter())
+
+
+def _watch(rt, work, name):
+    """Records an async collective from its issue to its completion (its future's callback)."""
+    if rt.trace is not None:
+        start = time.perf_counter()
+        work.get_future().then(lambda _f: _event(rt, name, 1, start, time.perf_counter()))
+    return work
+
+
+def write_trace(path, events):
+    """Writes Chrome trace-event JSON (chrome://tracing, Perfetto) of events gathered from the ranks."""
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump({"traceEvents": events, "displayTimeUnit": "ms"}, f)
+    os.replace(tmp, path)
 
 
 # ---------------------------------------------------------------- transfers
@@ -254,18 +305,89 @@ def _a2a(out, inp, out_splits, in_splits, group):
                                   async_op=True)
 
 
-def _rows(x, d):
-    return x.reshape(-1, d)
+# ---------------------------------------------------------------- exchanges
+
+_FWD_IN, _FWD_OUT, _BWD_IN, _BWD_OUT = range(4)
+# Element classes of the binding's sub-messages (one all_to_all_single each): the data type,
+# LSE (fp32, 1 wide) and gradients (fp32); which a phase carries is fixed, so every rank posts the
+# same collectives even when its own part is empty.
+_PHASE_CLASSES = {_FWD_IN: (0,), _FWD_OUT: (0, 1), _BWD_IN: (0, 1), _BWD_OUT: (2,)}
+_PHASE_NAMES = {_FWD_IN: "fwd in", _FWD_OUT: "fwd out", _BWD_IN: "bwd in", _BWD_OUT: "bwd out"}
+
+
+def _apply_plan(per_chunk, apply_order):
+    """Out phases: each field's received pieces of every chunk, in the schedule's apply order (peer,
+    chunk), as positions into the chunks' class buffers concatenated in chunk order."""
+    rank = {tuple(pc): i for i, pc in enumerate(apply_order)}
+    offsets = {}
+    for c in range(3):
+        acc = 0
+        for m, e in enumerate(per_chunk):
+            offsets[(c, m)] = acc
+            acc += sum(e["recv"]["splits"][c])
+    entries = {}
+    for m, e in enumerate(per_chunk):
+        for f in e["recv"]["fields"]:
+            key = (f["field"], f["class"], f["add"])
+            pos = f["pos"] + offsets[(f["class"], m)]
+            order = np.array([rank[(int(p), m)] for p in f["peer"]], dtype=np.int64)
+            entries.setdefault(key, []).append((order, pos, f["idx"]))
+    out = []
+    for (field, cls, add), parts in entries.items():
+        order = np.concatenate([o for o, _, _ in parts])
+        pos = np.concatenate([p for _, p, _ in parts])
+        idx = np.concatenate([i for _, _, i in parts])
+        perm = np.argsort(order, kind="stable")
+        out.append((field, cls, add, torch.from_numpy(pos[perm].copy()), torch.from_numpy(idx[perm].copy())))
+    return out
+
+
+def _class_layout(c, dtype, d):
+    return (dtype, d) if c == 0 else (torch.float32, 1 if c == 1 else d)
+
+
+def _post(rt, phase, m, ex, bufs, dtype, d, device):
+    """Packs and posts (async) one (phase, chunk)'s sub-messages; returns [(class, work, recv)]."""
+    posted = []
+    for c in _PHASE_CLASSES[phase]:
+        dt, width = _class_layout(c, dtype, d)
+        send = torch.empty((sum(ex["send"]["splits"][c]), width), dtype=dt, device=device)
+        for field, cls, _add, pos, idx in ex["send"]["fields"]:
+            if cls == c:
+                send.index_copy_(0, pos, bufs[field].index_select(0, idx))
+        recv = torch.empty((sum(ex["recv"]["splits"][c]), width), dtype=dt, device=device)
+        work = _a2a(recv, send, ex["recv"]["splits"][c], ex["send"]["splits"][c], rt.group)
+        posted.append((c, _watch(rt, work, f"{_PHASE_NAMES[phase]} chunk {m} class {c}"), recv))
+    return posted
+
+
+def _unpack_in(ex, posted, bufs):
+    recvs = {}
+    for c, work, recv in posted:
+        work.wait()
+        recvs[c] = recv
+    for field, cls, _add, pos, idx in ex["recv"]["fields"]:
+        bufs[field].index_copy_(0, idx, recvs[cls].index_select(0, pos))
+
+
+def _unpack_out(apply, posted_by_chunk, bufs):
+    """Waits for every chunk's Out sub-messages and applies them in the schedule's fixed order, so
+    the fp32 sums of dK/dV do not depend on arrival order."""
+    per_class = {}
+    for posted in posted_by_chunk:
+        for c, work, recv in posted:
+            work.wait()
+            per_class.setdefault(c, []).append(recv)
+    cat = {c: torch.cat(v) for c, v in per_class.items()}
+    for field, cls, add, pos, idx in apply:
+        rows = cat[cls].index_select(0, pos)
+        if add:
+            bufs[field].index_add_(0, idx, rows)
+        else:
+            bufs[field].index_copy_(0, idx, rows)
 
 
 # ---------------------------------------------------------------- kernels
-
-def _view(t, dtype_name, head_offset, heads, row_stride_heads):
-    """A kernel view of a [rows, H, d] tensor's heads [head_offset, head_offset + heads)."""
-    d = t.shape[-1]
-    return (t.data_ptr() + head_offset * d * t.element_size(), dtype_name, t.shape[0], heads, d,
-            row_stride_heads * d)
-
 
 def _kernel_dtype(t):
     if t.dtype == torch.float32:
@@ -275,27 +397,26 @@ def _kernel_dtype(t):
     raise ValueError(f"libra.torch.attention: CPU tensors must be float32 or bfloat16, got {t.dtype}")
 
 
-class _CpuKernel:
-    @staticmethod
-    def forward(calls, qw, ks, vs, ow, lse, window, scale, threads):
-        dq = _kernel_dtype(qw)
-        dk = _kernel_dtype(ks)
-        H, S = qw.shape[1], ks.shape[1]
-        for (qo, qn, kvo, kn), frags in calls:
-            _libra.kernel_forward(_view(qw, dq, qo, qn, H), _view(ks, dk, kvo, kn, S), _view(vs, dk, kvo, kn, S),
-                                  _view(ow, dq, qo, qn, H), _view(lse, "fp32", qo, qn, H), frags, window, scale,
-                                  threads)
+def _view(buf, prog):
+    """Kernel view (data_ptr, dtype, rows, heads, width, row_stride) of a [vectors, width] buffer
+    addressed by a strided program (offset, rows, run, stride) over head vectors."""
+    offset, rows, run, stride = prog
+    width = buf.shape[1]
+    return (buf.data_ptr() + offset * width * buf.element_size(), _kernel_dtype(buf), rows, run, width,
+            stride * width)
 
-    @staticmethod
-    def backward(calls, qw, ks, vs, ow, dow, lse, dqw, dks, dvs, window, scale, threads):
-        dq = _kernel_dtype(qw)
-        dk = _kernel_dtype(ks)
-        H, S = qw.shape[1], ks.shape[1]
-        for (qo, qn, kvo, kn), frags in calls:
-            _libra.kernel_backward(_view(qw, dq, qo, qn, H), _view(ks, dk, kvo, kn, S), _view(vs, dk, kvo, kn, S),
-                                   _view(ow, dq, qo, qn, H), _view(dow, dq, qo, qn, H), _view(lse, "fp32", qo, qn, H),
-                                   _view(dqw, "fp32", qo, qn, H), _view(dks, "fp32", kvo, kn, S),
-                                   _view(dvs, "fp32", kvo, kn, S), frags, window, scale, threads)
+
+def _cpu_forward(calls, b, window, scale, threads):
+    for qp, kp, frags in calls:
+        _libra.kernel_forward(_view(b["Q"], qp), _view(b["K"], kp), _view(b["V"], kp), _view(b["O"], qp),
+                              _view(b["LSE"], qp), frags, window, scale, threads)
+
+
+def _cpu_backward(calls, b, window, scale, threads):
+    for qp, kp, frags in calls:
+        _libra.kernel_backward(_view(b["Q"], qp), _view(b["K"], kp), _view(b["V"], kp), _view(b["O"], qp),
+                               _view(b["dO"], qp), _view(b["LSE"], qp), _view(b["dQ"], qp), _view(b["dK"], kp),
+                               _view(b["dV"], kp), frags, window, scale, threads)
 
 
 def _flash_attn():
@@ -307,131 +428,124 @@ def _flash_attn():
     return flash_attn_varlen_func
 
 
-def _cuda_call(qw, ks, vs, key, frags, window, scale):
-    """One kernel call on CUDA through flash_attn_varlen_func; differentiable (autograd)."""
+def _vectors(prog, rows_idx, device):
+    """Head-vector indices [len(rows_idx), run] of rows rows_idx under a strided program."""
+    offset, _rows, run, stride = prog
+    return offset + rows_idx[:, None] * stride + torch.arange(run, device=device)[None, :]
+
+
+def _cuda_calls(calls, q, k, v, window, scale):
+    """Runs a chunk's calls with flash_attn_varlen_func (differentiable); returns [(q vectors, o)]."""
     fn = _flash_attn()
-    (qo, qn, kvo, kn) = key
-    f = torch.as_tensor(frags, device=qw.device)
-    q_idx = torch.cat([torch.arange(int(r[0]), int(r[0]) + int(r[4] - r[3]), device=qw.device) for r in frags])
-    k_idx = torch.cat([torch.arange(int(r[1]), int(r[1]) + int(r[4]), device=qw.device) for r in frags])
-    lq = f[:, 4] - f[:, 3]
-    lk = f[:, 4]
-    cu_q = torch.zeros(len(frags) + 1, dtype=torch.int32, device=qw.device)
-    cu_k = torch.zeros(len(frags) + 1, dtype=torch.int32, device=qw.device)
-    cu_q[1:] = torch.cumsum(lq, 0)
-    cu_k[1:] = torch.cumsum(lk, 0)
-    q = qw[q_idx, qo:qo + qn]
-    k = ks[k_idx, kvo:kvo + kn]
-    v = vs[k_idx, kvo:kvo + kn]
-    ws = (-1, -1) if window is None else (int(window) - 1, 0)
-    o = fn(q, k, v, cu_q, cu_k, int(lq.max()), int(lk.max()), softmax_scale=scale, causal=True, window_size=ws)
-    return q_idx, o
+    dev = q.device
+    out = []
+    for qp, kp, frags in calls:
+        f = torch.as_tensor(frags, device=dev)
+        q_rows = torch.cat([torch.arange(int(r[0]), int(r[0] + r[4] - r[3]), device=dev) for r in frags])
+        k_rows = torch.cat([torch.arange(int(r[1]), int(r[1] + r[4]), device=dev) for r in frags])
+        qv, kv = _vectors(qp, q_rows, dev), _vectors(kp, k_rows, dev)
+        cu_q = torch.zeros(len(frags) + 1, dtype=torch.int32, device=dev)
+        cu_k = torch.zeros(len(frags) + 1, dtype=torch.int32, device=dev)
+        cu_q[1:] = torch.cumsum(f[:, 4] - f[:, 3], 0)
+        cu_k[1:] = torch.cumsum(f[:, 4], 0)
+        ws = (-1, -1) if window is None else (int(window) - 1, 0)
+        o = fn(q[qv], k[kv], v[kv], cu_q, cu_k, int((f[:, 4] - f[:, 3]).max()), int(f[:, 4].max()),
+               softmax_scale=scale, causal=True, window_size=ws)
+        out.append((qv, o))
+    return out
 
 
 # ---------------------------------------------------------------- attention
 
 class _Attention(torch.autograd.Function):
+    """libra's pipelined executor on torch tensors (libra/schedule.hpp's loop).
+
+    Each pass, per chunk m: post in(m) for every chunk up front, wait in(m),
+    unpack, compute the chunk's kernel calls, pack and post out(m); then wait
+    every out and apply them in the schedule's fixed order. Forward: Q, K, V
+    in; O, LSE out. Backward: Q, dO, O, LSE, K, V in; dQ assigned and fp32
+    dK/dV partial sums added at home. Only the home tensors are saved between
+    the passes.
+    """
+
     @staticmethod
     def forward(ctx, q, k, v, rt, scale):
-        s = rt.schedule
-        d = s.head_dim
-        cw = s.chunk_heads
-        window = _libra.FULL_CAUSAL if rt.window is None else int(rt.window)
-        cuda = q.is_cuda
-        src = torch.cat([_rows(q, d), _rows(k, d), _rows(v, d)])
-        works, recvs = [], []
-        for c in rt.chunks:
-            send = src.index_select(0, c["send_index"].to(src.device))
-            recv = src.new_empty((sum(c["recv_splits"]), d))
-            works.append(_a2a(recv, send, c["recv_splits"], c["send_splits"], rt.group))
-            recvs.append(recv)
-        store_rows = s.store_tokens * s.store_heads
-        ks = src.new_zeros((store_rows, d))
-        vs = src.new_zeros((store_rows, d))
-        kf, vf = _rows(k, d), _rows(v, d)
-        if len(rt.self_src):
-            ks.index_copy_(0, rt.self_dst, kf.index_select(0, rt.self_src))
-            vs.index_copy_(0, rt.self_dst, vf.index_select(0, rt.self_src))
-        ks3 = ks.view(s.store_tokens, s.store_heads, d)
-        vs3 = vs.view(s.store_tokens, s.store_heads, d)
-        saved_q, saved_o, saved_lse, o_works, o_recvs = [], [], [], [], []
-        for c, w, recv in zip(rt.chunks, works, recvs):
-            w.wait()
-            if len(c["kv_store"]):
-                ks.index_copy_(0, c["kv_store"], recv.index_select(0, c["kv_recv_k"]))
-                vs.index_copy_(0, c["kv_store"], recv.index_select(0, c["kv_recv_v"]))
-            qw = recv.index_select(0, c["q_select"]).view(-1, cw, d)
-            ow = torch.zeros_like(qw)
-            lse = torch.zeros((qw.shape[0], cw, 1), dtype=torch.float32, device=q.device)
-            if cuda:
-                for key, frags in c["calls"]:
-                    rows, out = _cuda_call(qw, ks3, vs3, key, frags, rt.window, scale or None)
-                    ow[rows, key[0]:key[0] + key[1]] = out
-            else:
-                _CpuKernel.forward(c["calls"], qw, ks3, vs3, ow, lse, window, scale, rt.threads)
-            o_recv = q.new_empty((sum(c["q_send_splits"]), d))
-            o_works.append(_a2a(o_recv, ow.view(-1, d), c["q_send_splits"], c["q_recv_splits"], rt.group))
-            o_recvs.append(o_recv)
-            saved_q.append(qw)
-            saved_o.append(ow)
-            saved_lse.append(lse)
-        o = torch.zeros_like(q)
-        of = o.view(-1, d)
-        for c, w, r in zip(rt.chunks, o_works, o_recvs):
-            w.wait()
-            of.index_copy_(0, c["q_send_index"], r)
-        ctx.rt, ctx.scale, ctx.window = rt, scale, window
-        ctx.fwd = (saved_q, saved_o, saved_lse, ks3, vs3)
-        ctx.shapes = (q.shape, k.shape, q.dtype)
+        d, dt, dev = rt.head_dim, q.dtype, q.device
+        ix = rt.on(dev)
+        sd = rt.schedule
+        cq, ckv = sd["compute_q_vectors"], sd["compute_kv_vectors"]
+        home = {"Q": q.view(-1, d), "K": k.view(-1, d), "V": v.view(-1, d),
+                "O": torch.zeros_like(q).view(-1, d),
+                "LSE": torch.zeros((q.shape[0] * q.shape[1], 1), dtype=torch.float32, device=dev)}
+        comp = {"Q": q.new_zeros((cq, d)), "K": q.new_zeros((ckv, d)), "V": q.new_zeros((ckv, d)),
+                "O": q.new_zeros((cq, d)), "LSE": torch.zeros((cq, 1), dtype=torch.float32, device=dev)}
+        _run_pass(rt, ix, _FWD_IN, _FWD_OUT, 0, home, comp, dt, d, dev, scale)
+        o = home["O"].view(q.shape)
+        ctx.rt, ctx.scale, ctx.lse = rt, scale, home["LSE"]
+        ctx.save_for_backward(q, k, v, o)
         return o
 
     @staticmethod
     def backward(ctx, do):
-        rt = ctx.rt
-        s = rt.schedule
-        d, cw = s.head_dim, s.chunk_heads
-        saved_q, saved_o, saved_lse, ks3, vs3 = ctx.fwd
-        if do.is_cuda:
-            raise RuntimeError("libra.torch.attention: the CUDA backward pass is not implemented")
-        qshape, kshape, dtype = ctx.shapes
-        dof = do.contiguous().view(-1, d)
-        works, recvs = [], []
-        for c in rt.chunks:
-            send = dof.index_select(0, c["q_send_index"])
-            recv = dof.new_empty((sum(c["q_recv_splits"]), d))
-            works.append(_a2a(recv, send, c["q_recv_splits"], c["q_send_splits"], rt.group))
-            recvs.append(recv)
-        dks = torch.zeros(ks3.shape, dtype=torch.float32)
-        dvs = torch.zeros(vs3.shape, dtype=torch.float32)
-        dq_works, dq_recvs = [], []
-        for i, (c, w, recv) in enumerate(zip(rt.chunks, works, recvs)):
-            w.wait()
-            dow = recv.view(-1, cw, d)
-            dqw = torch.zeros(dow.shape, dtype=torch.float32)
-            _CpuKernel.backward(c["calls"], saved_q[i], ks3, vs3, saved_o[i], dow, saved_lse[i], dqw, dks, dvs,
-                                ctx.window, ctx.scale, rt.threads)
-            dq_recv = torch.empty((sum(c["q_send_splits"]), d), dtype=torch.float32)
-            dq_works.append(_a2a(dq_recv, dqw.view(-1, d), c["q_send_splits"], c["q_recv_splits"], rt.group))
-            dq_recvs.append(dq_recv)
-        # dK/dV partial sums go back to the workers whose home tokens they belong to.
-        dstore = torch.cat([dks.view(-1, d), dvs.view(-1, d)])
-        dsend = dstore.index_select(0, rt.dkv_send_index)
-        drecv = torch.empty((sum(s.dkv_recv_splits), d), dtype=torch.float32)
-        dkv_work = _a2a(drecv, dsend, s.dkv_recv_splits, s.dkv_send_splits, rt.group)
-        k_rows = s.k_rows
-        dkv = torch.zeros((2 * k_rows, d), dtype=torch.float32)
-        if len(rt.self_src):
-            dkv.index_add_(0, rt.self_src, dks.view(-1, d).index_select(0, rt.self_dst))
-            dkv.index_add_(0, k_rows + rt.self_src, dvs.view(-1, d).index_select(0, rt.self_dst))
-        dq = torch.zeros((qshape[0] * qshape[1], d), dtype=torch.float32)
-        for c, w, r in zip(rt.chunks, dq_works, dq_recvs):
-            w.wait()
-            dq.index_copy_(0, c["q_send_index"], r)
-        dkv_work.wait()
-        dkv.index_add_(0, rt.dkv_recv_index, drecv)
-        dk = dkv[:k_rows].view(kshape).to(dtype)
-        dv = dkv[k_rows:].view(kshape).to(dtype)
-        return dq.view(qshape).to(dtype), dk, dv, None, None
+        rt, scale = ctx.rt, ctx.scale
+        q, k, v, o = ctx.saved_tensors
+        o, lse = o.view(-1, rt.head_dim), ctx.lse
+        d, dt, dev = rt.head_dim, q.dtype, q.device
+        ix = rt.on(dev)
+        sd = rt.schedule
+        cq, ckv = sd["compute_q_vectors"], sd["compute_kv_vectors"]
+        f32 = dict(dtype=torch.float32, device=dev)
+        home = {"Q": q.view(-1, d), "K": k.view(-1, d), "V": v.view(-1, d), "O": o, "LSE": lse,
+                "dO": do.contiguous().view(-1, d).to(dt), "dQ": torch.zeros((q.numel() // d, d), **f32),
+                "dK": torch.zeros((k.numel() // d, d), **f32), "dV": torch.zeros((v.numel() // d, d), **f32)}
+        comp = {n: q.new_zeros((cq if n in ("Q", "O", "dO") else ckv, d)) for n in ("Q", "K", "V", "O", "dO")}
+        comp["LSE"] = torch.zeros((cq, 1), **f32)
+        comp["dQ"] = torch.zeros((cq, d), **f32)
+        comp["dK"] = torch.zeros((ckv, d), **f32)
+        comp["dV"] = torch.zeros((ckv, d), **f32)
+        _run_pass(rt, ix, _BWD_IN, _BWD_OUT, 1, home, comp, dt, d, dev, scale)
+        return (home["dQ"].view(q.shape).to(dt), home["dK"].view(k.shape).to(dt), home["dV"].view(v.shape).to(dt),
+                None, None)
+
+
+def _run_pass(rt, ix, phase_in, phase_out, pass_index, home, comp, dt, d, dev, scale):
+    window = _libra.FULL_CAUSAL if rt.window is None else int(rt.window)
+    ins, outs = ix["phases"][phase_in]["chunks"], ix["phases"][phase_out]["chunks"]
+    posted_in = [_post(rt, phase_in, m, ex, home, dt, d, dev) for m, ex in enumerate(ins)]
+    posted_out = []
+    for m, ex in enumerate(ins):
+        _unpack_in(ex, posted_in[m], comp)
+        calls = ix["calls"][pass_index][m]
+        with _compute(rt, f"{'fwd' if pass_index == 0 else 'bwd'} compute chunk {m}"):
+            if dev.type == "cuda":
+                _cuda_pass(pass_index, calls, comp, rt.window, scale or None)
+            elif pass_index == 0:
+                _cpu_forward(calls, comp, window, scale, rt.threads)
+            else:
+                _cpu_backward(calls, comp, window, scale, rt.threads)
+        posted_out.append(_post(rt, phase_out, m, outs[m], comp, dt, d, dev))
+    _unpack_out(ix["phases"][phase_out]["apply"], posted_out, home)
+
+
+def _cuda_pass(pass_index, calls, comp, window, scale):
+    if pass_index == 0:
+        with torch.no_grad():
+            for qv, o in _cuda_calls(calls, comp["Q"], comp["K"], comp["V"], window, scale):
+                comp["O"][qv] = o.to(comp["O"].dtype)
+        return
+    # Backward: flash_attn's own backward, through autograd on a recomputed forward.
+    with torch.enable_grad():
+        q, k, v = (comp[n].detach().requires_grad_() for n in ("Q", "K", "V"))
+        res = _cuda_calls(calls, q, k, v, window, scale)
+        if not res:
+            return
+        gq, gk, gv = torch.autograd.grad([o for _, o in res], (q, k, v), [comp["dO"][qv] for qv, _ in res],
+                                         allow_unused=True)
+    if gq is not None:
+        comp["dQ"] += gq.float()
+    if gk is not None:
+        comp["dK"] += gk.float()
+        comp["dV"] += gv.float()
 
 
 def attention(q, k, v, runtime, softmax_scale=None, window=None):
@@ -443,11 +557,11 @@ def attention(q, k, v, runtime, softmax_scale=None, window=None):
     """
     if not isinstance(runtime, PlanRuntime):
         raise ValueError("libra.torch.attention: runtime must be a libra.torch.PlanRuntime")
-    s = runtime.schedule
-    if window != runtime.window:
-        raise ValueError(f"libra.torch.attention: window {window} differs from the plan's window {runtime.window}")
-    want_q = (s.home_rows, s.heads_q, s.head_dim)
-    want_kv = (s.home_rows, s.heads_kv, s.head_dim)
+    rt = runtime
+    if window != rt.window:
+        raise ValueError(f"libra.torch.attention: window {window} differs from the plan's window {rt.window}")
+    want_q = (rt.home_rows, rt.heads_q, rt.head_dim)
+    want_kv = (rt.home_rows, rt.heads_kv, rt.head_dim)
     for name, t, want in (("q", q, want_q), ("k", k, want_kv), ("v", v, want_kv)):
         if tuple(t.shape) != want:
             raise ValueError(f"libra.torch.attention: {name} has shape {list(t.shape)} but the plan needs {list(want)}")

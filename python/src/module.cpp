@@ -17,8 +17,11 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
+#include <array>
 #include <cstdint>
 #include <cstring>
+#include <map>
 #include <optional>
 #include <string>
 #include <utility>
@@ -30,6 +33,7 @@
 #include "libra/placement.hpp"
 #include "libra/plan.hpp"
 #include "libra/sampler.hpp"
+#include "libra/schedule.hpp"
 #include "libra/simulator.hpp"
 #include "libra/status.hpp"
 #include "libra/workload.hpp"
@@ -232,6 +236,122 @@ std::vector<libra::kernel::Fragment> kernel_fragments(const py::array_t<I64, py:
   auto r = a.unchecked<2>();
   for (py::ssize_t i = 0; i < a.shape(0); ++i) out[static_cast<std::size_t>(i)] = {r(i, 0), r(i, 1), r(i, 2), r(i, 3), r(i, 4)};
   return out;
+}
+
+
+// ---- rank schedules (libra/schedule.hpp) as index arrays for libra.torch.
+//
+// A message of one (phase, chunk) is split by element class, one
+// all_to_all_single per class present: 0 = data (Q, K, V, O, dO; the plan's
+// dtype, head_dim wide), 1 = LSE (fp32, 1 wide), 2 = gradients (dQ, dK, dV;
+// fp32, head_dim wide). Both sides list a peer's segments in the same order,
+// so the per-class sub-messages agree too. For every field, `pos` are head
+// vector positions in the class's message (all peers, in `order`) and `idx`
+// the head vectors of the field's buffer they come from or go to.
+
+int field_class(libra::Field f) {
+  switch (f) {
+    case libra::Field::kLse: return 1;
+    case libra::Field::kDq:
+    case libra::Field::kDk:
+    case libra::Field::kDv: return 2;
+    default: return 0;
+  }
+}
+
+void expand(const libra::Strided& at, std::vector<I64>& out) {
+  for (I64 i = 0; i < at.rows; ++i) {
+    for (I64 j = 0; j < at.run; ++j) out.push_back(at.offset + i * at.stride + j);
+  }
+}
+
+struct FieldLists {
+  std::vector<I64> pos, idx, peer;
+};
+
+py::dict side(const std::vector<std::vector<libra::Segment>>& lists, const std::vector<int>& order, bool recv) {
+  std::array<I64, 3> count{};
+  std::array<std::vector<I64>, 3> splits;
+  for (auto& v : splits) v.assign(order.size(), 0);
+  std::map<std::pair<int, bool>, FieldLists> fields;  // (field, add)
+  for (std::size_t gi = 0; gi < order.size(); ++gi) {
+    const int peer = order[gi];
+    for (const libra::Segment& seg : lists[static_cast<std::size_t>(peer)]) {
+      const int c = field_class(seg.field);
+      FieldLists& fl = fields[{static_cast<int>(seg.field), recv && seg.add}];
+      const std::size_t before = fl.idx.size();
+      expand(seg.at, fl.idx);
+      for (std::size_t i = before; i < fl.idx.size(); ++i) {
+        fl.pos.push_back(count[static_cast<std::size_t>(c)]++);
+        fl.peer.push_back(peer);
+      }
+      splits[static_cast<std::size_t>(c)][gi] += seg.at.count();
+    }
+  }
+  py::list fl_out;
+  for (auto& [key, fl] : fields) {
+    py::dict d;
+    d["field"] = libra::field_name(static_cast<libra::Field>(key.first));
+    d["class"] = field_class(static_cast<libra::Field>(key.first));
+    d["add"] = key.second;
+    d["pos"] = int_array(std::move(fl.pos));
+    d["idx"] = int_array(std::move(fl.idx));
+    d["peer"] = int_array(std::move(fl.peer));
+    fl_out.append(d);
+  }
+  py::dict o;
+  o["fields"] = fl_out;
+  o["splits"] = py::cast(std::vector<std::vector<I64>>(splits.begin(), splits.end()));
+  return o;
+}
+
+py::dict schedule_dict(const libra::RankSchedule& s, const std::vector<int>& order) {
+  py::dict o;
+  o["worker"] = s.worker;
+  o["workers"] = s.workers;
+  o["chunks"] = s.chunks;
+  o["heads_q"] = s.heads_q;
+  o["heads_kv"] = s.heads_kv;
+  o["head_dim"] = s.head_dim;
+  o["dtype"] = std::string(libra::dtype_name(s.dtype));
+  o["window"] = s.window == libra::kFullCausal ? py::object(py::none()) : py::object(py::int_(s.window));
+  o["home_row0"] = s.home_row0;
+  o["home_rows"] = s.home_rows;
+  o["compute_q_vectors"] = s.compute_q_vectors;
+  o["compute_kv_vectors"] = s.compute_kv_vectors;
+  o["fingerprint"] = s.fingerprint;
+  py::list phases;
+  for (int p = 0; p < 4; ++p) {
+    py::list chunks;
+    for (int m = 0; m < s.chunks; ++m) {
+      const libra::Exchange& x = s.exchange(static_cast<libra::Phase>(p), m);
+      py::dict e;
+      e["send"] = side(x.send, order, false);
+      e["recv"] = side(x.recv, order, true);
+      chunks.append(e);
+    }
+    phases.append(chunks);
+  }
+  o["exchanges"] = phases;
+  py::list passes;
+  for (int p = 0; p < 2; ++p) {
+    py::list chunks;
+    for (int m = 0; m < s.chunks; ++m) {
+      py::list calls;
+      for (const libra::KernelCall& c : s.calls(static_cast<libra::Pass>(p), m)) {
+        std::vector<I64> f;
+        for (const libra::CallFragment& x : s.call_fragments(c)) f.insert(f.end(), {x.q_row, x.kv_row, x.sample_len, x.a, x.e});
+        calls.append(py::make_tuple(py::make_tuple(c.q.offset, c.q.rows, c.q.run, c.q.stride),
+                                    py::make_tuple(c.kv.offset, c.kv.rows, c.kv.run, c.kv.stride),
+                                    int_array(std::move(f), 5)));
+      }
+      chunks.append(calls);
+    }
+    passes.append(chunks);
+  }
+  o["calls"] = passes;
+  o["apply_order"] = py::cast(s.apply_order);
+  return o;
 }
 
 }  // namespace
@@ -582,4 +702,30 @@ PYBIND11_MODULE(_libra, m) {
       py::arg("dk"), py::arg("dv"), py::arg("fragments"), py::arg("window") = libra::kFullCausal,
       py::arg("softmax_scale") = 0.0f, py::arg("threads") = 1);
   m.def("simd_target", &libra::kernel::simd_target);
+
+  m.def(
+      "rank_schedule",
+      [](const libra::Plan& plan, int worker, std::optional<std::vector<int>> order) {
+        check_worker(plan, worker, "worker");
+        std::vector<int> peers;
+        if (order) {
+          peers = *order;
+          std::vector<int> sorted = peers;
+          std::sort(sorted.begin(), sorted.end());
+          for (int i = 0; i < plan.num_workers(); ++i) {
+            if (sorted.size() != static_cast<std::size_t>(plan.num_workers()) || sorted[static_cast<std::size_t>(i)] != i) {
+              bad("rank_schedule order: must be a permutation of the plan's " + std::to_string(plan.num_workers()) +
+                  " workers");
+            }
+          }
+        } else {
+          for (int i = 0; i < plan.num_workers(); ++i) peers.push_back(i);
+        }
+        libra::Result<libra::RankSchedule> r = [&] {
+          py::gil_scoped_release release;
+          return libra::make_rank_schedule(plan, worker);
+        }();
+        return schedule_dict(unwrap(std::move(r)), peers);
+      },
+      py::arg("plan"), py::arg("worker"), py::arg("order") = py::none());
 }

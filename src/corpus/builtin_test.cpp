@@ -47,7 +47,10 @@ TEST(BuiltinCorpus, OtherSeedsStayCalibrated) {
       auto c = builtin_corpus(name, seed);
       ASSERT_TRUE(c.ok());
       expect_within(static_cast<double>(percentile_by_counting(c->raw_lengths, 50)), spec->paper_median, 0.05);
-      expect_within(static_cast<double>(percentile_by_counting(c->raw_lengths, 99)), spec->paper_p99, 0.05);
+      // The v2 tails are flat above the p99 (tail index 0.2 to 0.5), so the
+      // nearest-rank p99 of 450K samples has a standard error of ~2.5%
+      // (sqrt(0.99 * 0.01 / n) times dQ/du at 0.99): 8% is 3 errors.
+      expect_within(static_cast<double>(percentile_by_counting(c->raw_lengths, 99)), spec->paper_p99, 0.08);
     }
   }
 }
@@ -90,7 +93,7 @@ TEST(BuiltinCorpus, IsReproducibleAndSeedSelectsTheStream) {
 TEST(BuiltinCorpus, RejectsUnknownNamesAndBadSeeds) {
   auto unknown = load_corpus("builtin:paper-2m");
   ASSERT_FALSE(unknown.ok());
-  EXPECT_EQ(unknown.error().message(), "builtin:paper-2m: unknown builtin corpus (known: paper-1m, paper-256k)");
+  EXPECT_EQ(unknown.error().message(), "builtin:paper-2m: unknown builtin corpus (known: paper-1m, paper-256k, paper-1m-v2, paper-256k-v2, paper-1m-v1, paper-256k-v1)");
   for (const char* bad : {"builtin:paper-1m:", "builtin:paper-1m:-1", "builtin:paper-1m:18446744073709551616",
                           "builtin:paper-1m:1:2", "builtin:paper-1m:0x10"}) {
     auto r = load_corpus(bad);

@@ -1,20 +1,18 @@
-// The MPI communicator: a thin wrapper over one MPI communicator, compiled only
-// when LIBRA_WITH_MPI is on and OpenMPI was found (LIBRA_HAVE_MPI); comm.cpp
-// holds the stand-ins otherwise.
-#include "libra/comm.hpp"
-
+// The MPI communicator: one MPI_Ialltoallv per exchange on a duplicate of
+// the caller's communicator. Compiled only when LIBRA_WITH_MPI is on and
+// OpenMPI was found (LIBRA_HAVE_MPI); comm.cpp holds the stand-ins otherwise.
 #include <fmt/format.h>
 
 #include <chrono>
 #include <climits>
-#include <thread>
 #include <iostream>
 #include <map>
+#include <thread>
 
-#include <mpi.h>
+#include "libra/comm.hpp"
+#include "libra/comm_mpi.hpp"
 
 namespace libra {
-
 
 namespace {
 
@@ -29,17 +27,18 @@ std::string mpi_error_text(int code) {
 
 class MpiCommunicator final : public Communicator {
  public:
-  MpiCommunicator(MPI_Comm comm, bool owned) : comm_(comm), owned_(owned) {
+  // Takes ownership of `comm` (a duplicate or a split made for libra).
+  explicit MpiCommunicator(MPI_Comm comm) : comm_(comm) {
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
     // Errors come back as return codes so they become libra::Error values.
     MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
   }
   ~MpiCommunicator() override {
-    for (auto& [id, req] : requests_) {
-      if (req != MPI_REQUEST_NULL) MPI_Request_free(&req);
+    for (auto& [id, p] : pending_) {
+      if (p.request != MPI_REQUEST_NULL) MPI_Wait(&p.request, MPI_STATUS_IGNORE);
     }
-    if (owned_) MPI_Comm_free(&comm_);
+    MPI_Comm_free(&comm_);
   }
   MpiCommunicator(const MpiCommunicator&) = delete;
   MpiCommunicator& operator=(const MpiCommunicator&) = delete;
@@ -47,22 +46,22 @@ class MpiCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
 
-  Result<Request> isend(int dest, int tag, std::span<const std::byte> data) override {
-    LIBRA_TRY(check_count(data.size(), dest, "send to"));
-    MPI_Request req;
-    int rc = MPI_Isend(data.data(), static_cast<int>(data.size()), MPI_BYTE, dest, tag, comm_, &req);
-    if (rc != MPI_SUCCESS) return fail("MPI_Isend", rc);
-    return remember(req);
-  }
-
-  Result<Request> irecv(int source, int tag, std::span<std::byte> data) override {
-    LIBRA_TRY(check_count(data.size(), source, "receive from"));
-    MPI_Request req;
-    int rc = MPI_Irecv(data.data(), static_cast<int>(data.size()), MPI_BYTE, source, tag, comm_, &req);
-    if (rc != MPI_SUCCESS) return fail("MPI_Irecv", rc);
-    Request r = remember(req);
-    expected_[r.id] = {source, tag, data.size()};
-    return r;
+  Result<PendingExchange> post(const AllToAllV& x) override {
+    Pending p;
+    LIBRA_TRY(to_int(x.send_counts, p.sc, "send counts", x.send.size()));
+    LIBRA_TRY(to_int(x.send_displs, p.sd, "send displacements", x.send.size()));
+    LIBRA_TRY(to_int(x.recv_counts, p.rc, "receive counts", x.recv.size()));
+    LIBRA_TRY(to_int(x.recv_displs, p.rd, "receive displacements", x.recv.size()));
+    // MPI reads the count arrays until completion: they live in `pending_`.
+    const std::int64_t id = next_id_++;
+    Pending& q = pending_.emplace(id, std::move(p)).first->second;
+    int rc = MPI_Ialltoallv(x.send.data(), q.sc.data(), q.sd.data(), MPI_BYTE, x.recv.data(), q.rc.data(), q.rd.data(),
+                            MPI_BYTE, comm_, &q.request);
+    if (rc != MPI_SUCCESS) {
+      pending_.erase(id);
+      return fail("MPI_Ialltoallv", rc);
+    }
+    return PendingExchange{id};
   }
 
   // Polls instead of blocking in MPI_Wait: OpenMPI's blocking wait spins
@@ -70,33 +69,35 @@ class MpiCommunicator final : public Communicator {
   // as in CI) takes the core away from the ranks that are computing. After
   // a short spin the poll sleeps 50 us between tests; MPI_Test still drives
   // progress.
-  Status wait_all(std::span<Request> requests) override {
+  Status wait(PendingExchange& x) override {
+    auto it = pending_.find(x.id);
+    if (it == pending_.end()) return internal_error(fmt::format("MPI rank {}: unknown exchange {}", rank_, x.id));
     for (int spin = 0;; ++spin) {
-      LIBRA_ASSIGN_OR_RETURN(bool done, test_all(requests));
-      if (done) return Status();
+      int flag = 0;
+      int rc = MPI_Test(&it->second.request, &flag, MPI_STATUS_IGNORE);
+      if (rc != MPI_SUCCESS) return fail("MPI_Test", rc);
+      if (flag) break;
+      // Other exchanges in flight move too (non-blocking collectives
+      // progress only inside MPI calls).
+      LIBRA_TRY(progress());
       if (spin >= 64) std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
+    pending_.erase(it);
+    x.id = -1;
+    return Status();
   }
 
-  Result<bool> test_all(std::span<Request> requests) override {
-    bool all = true;
-    for (Request& r : requests) {
-      if (!r.valid()) continue;
-      auto it = requests_.find(r.id);
-      if (it == requests_.end()) return internal_error(fmt::format("MPI rank {}: unknown request {}", rank_, r.id));
+  Status progress() override {
+    for (auto& [id, p] : pending_) {
+      if (p.request == MPI_REQUEST_NULL || p.done) continue;
       int flag = 0;
-      MPI_Status st;
-      int rc = MPI_Test(&it->second, &flag, &st);
+      int rc = MPI_Test(&p.request, &flag, MPI_STATUS_IGNORE);
       if (rc != MPI_SUCCESS) return fail("MPI_Test", rc);
-      if (!flag) {
-        all = false;
-        continue;
-      }
-      LIBRA_TRY(check_received(r.id, st));
-      requests_.erase(it);
-      r.id = -1;
+      // A completed request becomes MPI_REQUEST_NULL; a later test of it
+      // returns at once.
+      if (flag) p.done = true;
     }
-    return all;
+    return Status();
   }
 
   Status barrier() override {
@@ -116,7 +117,7 @@ class MpiCommunicator final : public Communicator {
     MPI_Comm sub;
     int rc = MPI_Comm_split(comm_, color, key, &sub);
     if (rc != MPI_SUCCESS) return fail("MPI_Comm_split", rc);
-    return std::unique_ptr<Communicator>(std::make_unique<MpiCommunicator>(sub, true));
+    return std::unique_ptr<Communicator>(std::make_unique<MpiCommunicator>(sub));
   }
 
   [[noreturn]] void abort(const std::string& message) override {
@@ -126,39 +127,26 @@ class MpiCommunicator final : public Communicator {
   }
 
  private:
-  struct Expected {
-    int source;
-    int tag;
-    std::size_t bytes;
+  struct Pending {
+    std::vector<int> sc, sd, rc, rd;
+    MPI_Request request = MPI_REQUEST_NULL;
+    bool done = false;
   };
 
-  Request remember(MPI_Request req) {
-    Request r{next_id_++};
-    requests_[r.id] = req;
-    return r;
-  }
-
-  Status check_count(std::size_t n, int peer, const char* what) const {
-    if (peer < 0 || peer >= size_) {
-      return internal_error(fmt::format("MPI rank {}: {} rank {} outside [0, {})", rank_, what, peer, size_));
+  // MPI counts and displacements are int: a block or offset past 2 GiB is
+  // refused with a message instead of wrapping.
+  Status to_int(std::span<const std::int64_t> v, std::vector<int>& out, const char* what, std::size_t buffer) const {
+    if (v.size() != static_cast<std::size_t>(size_)) {
+      return internal_error(fmt::format("MPI rank {}: {} for {} peers in a communicator of {}", rank_, what, v.size(), size_));
     }
-    if (n > static_cast<std::size_t>(INT_MAX)) {
-      return invalid_input(fmt::format("MPI rank {}: a message of {} bytes to/from rank {} exceeds the 2 GiB MPI count limit",
-                                       rank_, n, peer));
-    }
-    return Status();
-  }
-
-  Status check_received(std::int64_t id, const MPI_Status& st) {
-    auto it = expected_.find(id);
-    if (it == expected_.end()) return Status();
-    Expected e = it->second;
-    expected_.erase(it);
-    int count = 0;
-    MPI_Get_count(&st, MPI_BYTE, &count);
-    if (static_cast<std::size_t>(count) != e.bytes) {
-      return internal_error(fmt::format("MPI rank {}: message from rank {} with tag {} has {} bytes, expected {}", rank_,
-                                        e.source, e.tag, count, e.bytes));
+    out.resize(v.size());
+    for (std::size_t p = 0; p < v.size(); ++p) {
+      if (v[p] < 0 || v[p] > INT_MAX || static_cast<std::uint64_t>(v[p]) > buffer) {
+        return invalid_input(fmt::format("MPI rank {}: {} entry {} for rank {} exceeds the 2 GiB MPI count limit or the "
+                                         "{}-byte buffer; use more pipeline chunks (--chunks) to shrink each exchange",
+                                         rank_, what, v[p], p, buffer));
+      }
+      out[p] = static_cast<int>(v[p]);
     }
     return Status();
   }
@@ -168,12 +156,10 @@ class MpiCommunicator final : public Communicator {
   }
 
   MPI_Comm comm_;
-  bool owned_;
   int rank_ = 0;
   int size_ = 1;
   std::int64_t next_id_ = 0;
-  std::map<std::int64_t, MPI_Request> requests_;
-  std::map<std::int64_t, Expected> expected_;
+  std::map<std::int64_t, Pending> pending_;
 };
 
 }  // namespace
@@ -195,11 +181,16 @@ void mpi_finalize() {
   if (g_initialised_here && !finalised) MPI_Finalize();
 }
 
-Result<std::unique_ptr<Communicator>> mpi_world() {
+Result<std::unique_ptr<Communicator>> make_mpi_communicator(MPI_Comm comm) {
   int initialised = 0;
   MPI_Initialized(&initialised);
-  if (!initialised) return internal_error("mpi_world: MPI is not initialised (call mpi_init first)");
-  return std::unique_ptr<Communicator>(std::make_unique<MpiCommunicator>(MPI_COMM_WORLD, false));
+  if (!initialised) return internal_error("make_mpi_communicator: MPI is not initialised (call mpi_init first)");
+  MPI_Comm dup;
+  int rc = MPI_Comm_dup(comm, &dup);
+  if (rc != MPI_SUCCESS) return internal_error("MPI_Comm_dup failed: " + mpi_error_text(rc));
+  return std::unique_ptr<Communicator>(std::make_unique<MpiCommunicator>(dup));
 }
+
+Result<std::unique_ptr<Communicator>> mpi_world() { return make_mpi_communicator(MPI_COMM_WORLD); }
 
 }  // namespace libra

@@ -7,32 +7,60 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <numeric>
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "libra/comm.hpp"
+#include "exec/harness.hpp"
 #include "libra/executor.hpp"
 #include "libra/plan.hpp"
 
 namespace libra::exec_test {
 
-// Point-to-point ring, allgather, barrier, split and gather_strings.
+// All-to-all-v with a different size per (sender, receiver), two
+// exchanges in flight waited on out of order, allgather, barrier, split and
+// gather_strings.
 inline Status comm_basics(Communicator& comm) {
   const int r = comm.rank(), w = comm.size();
-  std::vector<std::int32_t> out(5), in(5, -1);
-  for (int i = 0; i < 5; ++i) out[static_cast<std::size_t>(i)] = r * 100 + i;
-  std::vector<Request> reqs;
-  LIBRA_ASSIGN_OR_RETURN(Request a, comm.irecv((r + w - 1) % w, 7, std::as_writable_bytes(std::span<std::int32_t>(in))));
-  reqs.push_back(a);
-  LIBRA_ASSIGN_OR_RETURN(Request b, comm.isend((r + 1) % w, 7, std::as_bytes(std::span<const std::int32_t>(out))));
-  reqs.push_back(b);
-  LIBRA_TRY(comm.wait_all(reqs));
-  const int left = (r + w - 1) % w;
-  for (int i = 0; i < 5; ++i) {
-    if (in[static_cast<std::size_t>(i)] != left * 100 + i) {
-      return internal_error(fmt::format("rank {}: ring element {} is {}, expected {}", r, i, in[static_cast<std::size_t>(i)],
-                                        left * 100 + i));
+  // Rank a sends (a + 2 * b) % 5 int32 values a * 1000 + b * 10 + i to rank b.
+  auto count = [](int a, int b) { return (a + 2 * b) % 5; };
+  struct Buffers {
+    std::vector<std::int32_t> send, recv;
+    std::vector<std::int64_t> sc, sd, rc, rd;
+  };
+  auto make = [&](int salt) {
+    Buffers b;
+    for (int p = 0; p < w; ++p) {
+      b.sd.push_back(static_cast<std::int64_t>(b.send.size()) * 4);
+      for (int i = 0; i < count(r, p); ++i) b.send.push_back(salt + r * 1000 + p * 10 + i);
+      b.sc.push_back(count(r, p) * 4);
+      b.rd.push_back(std::accumulate(b.rc.begin(), b.rc.end(), std::int64_t{0}));
+      b.rc.push_back(count(p, r) * 4);
+    }
+    b.recv.assign(static_cast<std::size_t>((b.rd.back() + b.rc.back()) / 4), -1);
+    return b;
+  };
+  Buffers one = make(0), two = make(500000);
+  auto spec = [](Buffers& b) {
+    return AllToAllV{std::as_bytes(std::span<const std::int32_t>(b.send)), b.sc, b.sd,
+                     std::as_writable_bytes(std::span<std::int32_t>(b.recv)), b.rc, b.rd};
+  };
+  LIBRA_ASSIGN_OR_RETURN(PendingExchange x1, comm.post(spec(one)));
+  LIBRA_ASSIGN_OR_RETURN(PendingExchange x2, comm.post(spec(two)));
+  LIBRA_TRY(comm.progress());
+  LIBRA_TRY(comm.wait(x2));
+  LIBRA_TRY(comm.wait(x1));
+  for (const auto& [b, salt] : {std::pair<const Buffers*, int>{&one, 0}, {&two, 500000}}) {
+    std::size_t at = 0;
+    for (int p = 0; p < w; ++p) {
+      for (int i = 0; i < count(p, r); ++i, ++at) {
+        const std::int32_t want = salt + p * 1000 + r * 10 + i;
+        if (b->recv[at] != want) {
+          return internal_error(fmt::format("rank {}: element {} from rank {} is {}, expected {}", r, i, p, b->recv[at], want));
+        }
+      }
     }
   }
   LIBRA_ASSIGN_OR_RETURN(std::vector<std::uint64_t> all, comm.allgather(static_cast<std::uint64_t>(r * r + 1)));
@@ -53,7 +81,7 @@ inline Status comm_basics(Communicator& comm) {
   if (sub_all[static_cast<std::size_t>(sub->rank())] != static_cast<std::uint64_t>(r)) {
     return internal_error(fmt::format("rank {}: split rank {} does not hold this rank", r, sub->rank()));
   }
-  LIBRA_ASSIGN_OR_RETURN(std::vector<std::string> strs, gather_strings(comm, 0, std::string(static_cast<std::size_t>(r), 'x'), 300));
+  LIBRA_ASSIGN_OR_RETURN(std::vector<std::string> strs, gather_strings(comm, 0, std::string(static_cast<std::size_t>(r), 'x')));
   if (r == 0) {
     for (int i = 0; i < w; ++i) {
       if (strs[static_cast<std::size_t>(i)] != std::string(static_cast<std::size_t>(i), 'x')) {
@@ -80,14 +108,14 @@ struct ExecCase {
   std::int64_t block = 32;
   int head_shards = 2;
   int heads_q = 4, heads_kv = 2, head_dim = 16;
-  int elem_bytes = 4;
+  DType dtype = DType::kF32;
   std::int64_t window = kFullCausal;
   int chunks = 1;
   std::string mode = "tap";  // tap | tap-split | ulysses (plan) | ulysses-direct
   bool dedup_per_kv_head = false;
   std::string name() const {
-    return fmt::format("{} P={} CP={} L={} B={} H={} hq={} hkv={} d={} e={} w={} M={} seed={}", mode, pool_size, cp,
-                       seq_len, block, head_shards, heads_q, heads_kv, head_dim, elem_bytes,
+    return fmt::format("{} P={} CP={} L={} B={} H={} hq={} hkv={} d={} {} w={} M={} seed={}", mode, pool_size, cp,
+                       seq_len, block, head_shards, heads_q, heads_kv, head_dim, dtype_name(dtype),
                        window == kFullCausal ? std::string("full") : std::to_string(window), chunks, pool_seed);
   }
 };
@@ -133,7 +161,7 @@ inline PlanConfig case_config(const ExecCase& c) {
   cfg.shape.heads_q = c.heads_q;
   cfg.shape.heads_kv = c.heads_kv;
   cfg.shape.head_dim = c.head_dim;
-  cfg.shape.dtype = c.elem_bytes == 4 ? DType::kF32 : DType::kBF16;
+  cfg.shape.dtype = c.dtype;
   cfg.shape.window = c.window;
   cfg.chunks = c.chunks;
   cfg.dedup_per_kv_head = c.dedup_per_kv_head;
@@ -164,7 +192,7 @@ inline Status exec_case(Communicator& comm, const ExecCase& c, TraceRecorder* tr
   LIBRA_ASSIGN_OR_RETURN(SlotReference ref, harness_reference(c.data_seed, cfg, pool[static_cast<std::size_t>(slot)], slot));
   const std::int64_t lc = c.seq_len / c.cp, lo = (r % c.cp) * lc;
   const std::int64_t qw = c.heads_q * c.head_dim, kw = c.heads_kv * c.head_dim;
-  const Tolerance tol = tolerance_for(c.elem_bytes == 4 ? DType::kF32 : DType::kBF16);
+  const Tolerance tol = tolerance_for(c.dtype);
   struct Check {
     const char* name;
     ErrorStats e;
@@ -258,7 +286,7 @@ inline std::vector<ExecCase> case_matrix(int world) {
     b.heads_kv = 1;
     b.head_shards = 4;
     b.chunks = 2;
-    b.elem_bytes = 2;
+    b.dtype = DType::kBF16;
     cases.push_back(b);
   }
   ExecCase dedup;

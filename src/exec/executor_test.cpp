@@ -110,6 +110,107 @@ TEST(PlanExecutor, TraceShowsEachChunkDispatchedBeforeThePreviousComputes) {
   EXPECT_EQ(pids.size(), 4u);
 }
 
+// Runs forward and backward of `plan` on 4 in-process ranks; returns each
+// rank's outputs concatenated.
+std::vector<std::vector<float>> run_plan(const Plan& plan, const PlanConfig& cfg) {
+  std::vector<std::vector<float>> out(static_cast<std::size_t>(plan.num_workers()));
+  auto st = run_in_process(plan.num_workers(), [&](Communicator& comm) -> Status {
+    LIBRA_ASSIGN_OR_RETURN(auto ex, make_plan_executor(comm, plan, {}));
+    const int r = comm.rank();
+    auto q = harness_home_tensor(3, cfg, r, 0), k = harness_home_tensor(3, cfg, r, 1), v = harness_home_tensor(3, cfg, r, 2),
+         d_o = harness_home_tensor(3, cfg, r, 3);
+    LIBRA_ASSIGN_OR_RETURN(ForwardOutputs f, ex->forward({q, k, v}));
+    LIBRA_ASSIGN_OR_RETURN(BackwardOutputs g, ex->backward({q, k, v}, f, d_o));
+    auto& o = out[static_cast<std::size_t>(r)];
+    for (const auto* t : {&f.o, &f.lse, &g.dq, &g.dk, &g.dv}) o.insert(o.end(), t->begin(), t->end());
+    return Status();
+  });
+  expect_all_ok(st, "run_plan");
+  return out;
+}
+
+TEST(PlanExecutor, APlanSavedToAFileGivesTheSameNumbersAsPlanningInProcess) {
+  ExecCase c;
+  c.chunks = 2;
+  c.heads_q = 8;
+  c.mode = "tap-split";
+  auto pool = exec_test::random_pool(9, 2, c.seq_len);
+  PlanConfig cfg = exec_test::case_config(c);
+  cfg.mode = PlanMode::kTapSplit;
+  Result<Plan> plan = make_plan(pool, cfg);
+  ASSERT_TRUE(plan.ok());
+  const auto direct = run_plan(*plan, cfg);
+  for (const char* name : {"/libra_exec_saved.bin", "/libra_exec_saved.json"}) {
+    const std::string path = testing::TempDir() + name;
+    ASSERT_TRUE(save_plan(*plan, path).ok());
+    Result<Plan> loaded = load_plan(path);
+    ASSERT_TRUE(loaded.ok()) << loaded.error().message();
+    EXPECT_EQ(loaded->fingerprint(), plan->fingerprint());
+    // Bit for bit: the same schedule, kernel calls and summation order.
+    EXPECT_EQ(run_plan(*loaded, loaded->config()), direct) << name;
+  }
+}
+
+// fp16 storage end to end when the kernel accepts it; until then every rank
+// stops with one clear error instead of computing in another type.
+TEST(PlanExecutor, Fp16EndToEndOrOneClearError) {
+  for (const char* mode : {"tap", "ulysses-direct"}) {
+    ExecCase c;
+    c.mode = mode;
+    c.dtype = DType::kF16;
+    c.chunks = mode == std::string("tap") ? 2 : 1;
+    const bool supported = make_cpu_backend()->supports(DType::kF16).ok();
+    auto st = run_in_process(4, [&](Communicator& comm) { return exec_test::exec_case(comm, c); });
+    for (const Status& s : st) {
+      if (supported) {
+        EXPECT_TRUE(s.ok()) << s.message();
+      } else {
+        ASSERT_FALSE(s.ok());
+        EXPECT_NE(s.message().find("dtype fp16 is not supported by the kernel"), std::string::npos) << s.message();
+      }
+    }
+  }
+}
+
+TEST(CpuBackend, RejectsViewsOfAnotherDeviceAndReportsItsTypes) {
+  auto be = make_cpu_backend();
+  EXPECT_EQ(be->device(), Device::kCpu);
+  EXPECT_TRUE(be->supports(DType::kF32).ok());
+  EXPECT_TRUE(be->supports(DType::kBF16).ok());
+  std::vector<float> q(16, 0.5f), o(16), lse(4);
+  const QueryFragment f{0, 0, 4, 0, 4};
+  AttentionForward a{ConstView{q.data(), DType::kF32, 4, 1, 4, 4}, ConstView{q.data(), DType::kF32, 4, 1, 4, 4},
+                     ConstView{q.data(), DType::kF32, 4, 1, 4, 4}, View{o.data(), DType::kF32, 4, 1, 4, 4},
+                     View{lse.data(), DType::kF32, 4, 1, 1, 1}, {&f, 1}};
+  ASSERT_TRUE(be->forward(a, {}).ok());
+  // Uniform scores: every output row is the mean of V's rows, 0.5.
+  for (float x : o) EXPECT_FLOAT_EQ(x, 0.5f);
+  a.k.device = Device::kCuda;
+  Status s = be->forward(a, {});
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("tensor k is on device cuda"), std::string::npos) << s.message();
+}
+
+TEST(ScheduleExecutor, RefusesASchedulePointingOutsideItsBuffers) {
+  ExecCase c;
+  auto pool = exec_test::random_pool(3, 2, c.seq_len);
+  Result<Plan> plan = make_plan(pool, exec_test::case_config(c));
+  ASSERT_TRUE(plan.ok());
+  Result<RankSchedule> s = make_rank_schedule(*plan, 0);
+  ASSERT_TRUE(s.ok());
+  EXPECT_TRUE(validate_schedule(*s).ok());
+  RankSchedule bad = *s;
+  for (auto& segs : bad.exchanges[0][0].send) {
+    if (!segs.empty()) {
+      segs[0].at.offset = bad.home_vectors(segs[0].field);
+      break;
+    }
+  }
+  Status v = validate_schedule(bad);
+  ASSERT_FALSE(v.ok());
+  EXPECT_NE(v.message().find("outside its buffer"), std::string::npos) << v.message();
+}
+
 TEST(UlyssesExecutor, RejectsHeadCountsTheGroupCannotSplit) {
   ExecCase c;
   c.heads_q = 6;

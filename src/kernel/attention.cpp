@@ -4,6 +4,7 @@
 // reduction. The block arithmetic itself is in attention_simd.cpp.
 #include <algorithm>
 #include <barrier>
+#include <ctime>
 #include <initializer_list>
 #include <chrono>
 #include <cmath>
@@ -189,9 +190,19 @@ Arena& thread_arena() {
 
 std::string simd_target() { return detail::best_target_name(); }
 
+Status set_simd_target(std::string_view name) { return detail::restrict_targets(name); }
+
 void release_thread_scratch() { thread_arena().release(); }
 
-double measure_fma_peak_gflops(int threads, double seconds) {
+namespace {
+double thread_cpu_now() {
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_nsec) * 1e-9;
+}
+}  // namespace
+
+FmaPeak measure_fma_peak(int threads, double seconds) {
   threads = std::clamp(threads, 1, 1024);
   // Calibrate the iteration count on one thread, then run all threads at once.
   float sink = 0;
@@ -206,18 +217,29 @@ double measure_fma_peak_gflops(int threads, double seconds) {
   }
   iters = std::max<std::int64_t>(1, static_cast<std::int64_t>(static_cast<double>(iters) * seconds / dt));
   std::vector<float> sinks(static_cast<std::size_t>(threads));
-  std::int64_t lanes = 0;
+  std::vector<double> cpu(static_cast<std::size_t>(threads));
+  std::int64_t flops_per_iter = 0;
+  auto body = [&](int t) {
+    const double c0 = thread_cpu_now();
+    const std::int64_t f = detail::fma_loop(iters, &sinks[static_cast<std::size_t>(t)]);
+    cpu[static_cast<std::size_t>(t)] = thread_cpu_now() - c0;
+    return f;
+  };
   const auto t0 = std::chrono::steady_clock::now();
   {
     std::vector<std::jthread> pool;
-    for (int t = 1; t < threads; ++t) {
-      pool.emplace_back([&, t] { (void)detail::fma_loop(iters, &sinks[static_cast<std::size_t>(t)]); });
-    }
-    lanes = detail::fma_loop(iters, &sinks[0]);
+    for (int t = 1; t < threads; ++t) pool.emplace_back([&body, t] { (void)body(t); });
+    flops_per_iter = body(0);
   }
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  return 2.0 * static_cast<double>(lanes) * 16.0 * static_cast<double>(iters) * threads / wall / 1e9;
+  const double per_thread = static_cast<double>(flops_per_iter) * static_cast<double>(iters);
+  FmaPeak p;
+  p.wall_gflops = per_thread * threads / wall / 1e9;
+  for (double c : cpu) p.cpu_gflops += per_thread / std::max(c, 1e-9) / 1e9;
+  return p;
 }
+
+double measure_fma_peak_gflops(int threads, double seconds) { return measure_fma_peak(threads, seconds).wall_gflops; }
 
 Status attention_forward(const ForwardArgs& args) {
   LIBRA_TRY(validate(args));

@@ -11,12 +11,17 @@
 #endif
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
+#include <hwy/cache_control.h>
 #include <hwy/contrib/math/math-inl.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <string>
+#include <string_view>
+#include <utility>
 
 #include "kernel/detail.hpp"
 
@@ -31,6 +36,16 @@ using I64 = std::int64_t;
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
+// Vector registers of the target: AVX-512 (and Arm) have 32, AVX2 and SSE
+// 16. Register tiles and the FMA probe are sized from this: a tile or a set
+// of chains that does not fit spills to the stack, and every FMA then waits
+// on a store-to-load round trip (the AVX2 slowdown of the 32-register shapes).
+#if (HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3) || HWY_ARCH_ARM
+constexpr int kVecRegs = 32;
+#else
+constexpr int kVecRegs = 16;
+#endif
+
 // C[R x V*L] (+)= A[R x K] * B[K x V*L]; A(r, k) = a[r*ars + k*aks].
 // With accumulate, the old C rows are first scaled by cscale[r] (if given):
 // that is the online-softmax rescale of the output, fused into the store.
@@ -42,6 +57,12 @@ HWY_INLINE void Tile(const float* HWY_RESTRICT a, I64 ars, I64 aks, const float*
   VF s[R][V];
   for (int r = 0; r < R; ++r)
     for (int v = 0; v < V; ++v) s[r][v] = hn::Zero(df);
+  // The C rows are read after the k loop; fetching them now hides the miss
+  // (dQ accumulates into a per-thread buffer far larger than L2).
+  if (accumulate) {
+    for (int r = 0; r < R; ++r)
+      for (I64 off = 0; off < V * L; off += 16) hwy::Prefetch(c + r * ldc + off);  // 16 floats: one line
+  }
   for (I64 k = 0; k < kdim; ++k) {
     VF bv[V];
     for (int v = 0; v < V; ++v) bv[v] = hn::LoadU(df, b + k * ldb + v * L);
@@ -65,25 +86,27 @@ HWY_INLINE void Tile(const float* HWY_RESTRICT a, I64 ars, I64 aks, const float*
   }
 }
 
-constexpr int kRows = 6;  // 6 rows x 4 vectors = 24 accumulators of 32 registers
+// Register tile of the block product: kRows x kCols vectors of accumulators
+// plus kCols B vectors and one broadcast A value must fit in the registers.
+// 32 registers: 6 x 4 (24 + 4 + 1 = 29); 16 registers: 6 x 2 (12 + 2 + 1 = 15,
+// the classic Haswell sgemm shape).
+constexpr int kRows = 6;
+constexpr int kCols = kVecRegs >= 32 ? 4 : 2;
 
-template <int V>
-HWY_INLINE void RowPanel(I64 m, const float* a, I64 ars, I64 aks, const float* b, I64 ldb, float* c, I64 ldc,
+// All column panels of rows [0, R): the A strip stays in L1 while B panels
+// stream past it (A often comes from a buffer bigger than L2).
+template <int R>
+HWY_INLINE void RowStrip(I64 n, const float* a, I64 ars, I64 aks, const float* b, I64 ldb, float* c, I64 ldc,
                          I64 kdim, const float* cscale, bool acc) {
-  I64 r = 0;
-  for (; r + kRows <= m; r += kRows) {
-    Tile<kRows, V>(a + r * ars, ars, aks, b, ldb, c + r * ldc, ldc, kdim, cscale ? cscale + r : nullptr, acc);
-  }
-  const float* ar = a + r * ars;
-  float* cr = c + r * ldc;
-  const float* sr = cscale ? cscale + r : nullptr;
-  switch (m - r) {
-    case 5: Tile<5, V>(ar, ars, aks, b, ldb, cr, ldc, kdim, sr, acc); break;
-    case 4: Tile<4, V>(ar, ars, aks, b, ldb, cr, ldc, kdim, sr, acc); break;
-    case 3: Tile<3, V>(ar, ars, aks, b, ldb, cr, ldc, kdim, sr, acc); break;
-    case 2: Tile<2, V>(ar, ars, aks, b, ldb, cr, ldc, kdim, sr, acc); break;
-    case 1: Tile<1, V>(ar, ars, aks, b, ldb, cr, ldc, kdim, sr, acc); break;
-    default: break;
+  const DF df;
+  const I64 L = static_cast<I64>(hn::Lanes(df));
+  for (I64 n0 = 0; n0 < n; n0 += kCols * L) {
+    switch (std::min<I64>(kCols, (n - n0) / L)) {
+      case 4: Tile<R, 4>(a, ars, aks, b + n0, ldb, c + n0, ldc, kdim, cscale, acc); break;
+      case 3: Tile<R, 3>(a, ars, aks, b + n0, ldb, c + n0, ldc, kdim, cscale, acc); break;
+      case 2: Tile<R, 2>(a, ars, aks, b + n0, ldb, c + n0, ldc, kdim, cscale, acc); break;
+      default: Tile<R, 1>(a, ars, aks, b + n0, ldb, c + n0, ldc, kdim, cscale, acc); break;
+    }
   }
 }
 
@@ -91,16 +114,38 @@ HWY_INLINE void RowPanel(I64 m, const float* a, I64 ars, I64 aks, const float* b
 // count (packed buffers are padded so it always is).
 HWY_NOINLINE void Gemm(I64 m, I64 n, I64 kdim, const float* a, I64 ars, I64 aks, const float* b, I64 ldb,
                        float* c, I64 ldc, const float* cscale, bool acc) {
-  const DF df;
-  const I64 L = static_cast<I64>(hn::Lanes(df));
-  for (I64 n0 = 0; n0 < n; n0 += 4 * L) {
-    switch (std::min<I64>(4, (n - n0) / L)) {
-      case 4: RowPanel<4>(m, a, ars, aks, b + n0, ldb, c + n0, ldc, kdim, cscale, acc); break;
-      case 3: RowPanel<3>(m, a, ars, aks, b + n0, ldb, c + n0, ldc, kdim, cscale, acc); break;
-      case 2: RowPanel<2>(m, a, ars, aks, b + n0, ldb, c + n0, ldc, kdim, cscale, acc); break;
-      default: RowPanel<1>(m, a, ars, aks, b + n0, ldb, c + n0, ldc, kdim, cscale, acc); break;
+  I64 r = 0;
+  for (; r + kRows <= m; r += kRows) {
+    // Fetch the next strip of A now: A is often a block of a buffer far
+    // bigger than L2, and with narrow (AVX2) panels the first tile of a
+    // strip consumes it 4x faster than the hardware prefetcher delivers.
+    const I64 next = std::min<I64>(kRows, m - r - kRows);
+    if (aks == 1) {
+      for (I64 i = 0; i < next; ++i)
+        for (I64 k = 0; k < kdim; k += 16) hwy::Prefetch(a + (r + kRows + i) * ars + k);
+    } else if (ars == 1 && next > 0) {
+      for (I64 k = 0; k < kdim; ++k) hwy::Prefetch(a + (r + kRows) + k * aks);
     }
+    RowStrip<kRows>(n, a + r * ars, ars, aks, b, ldb, c + r * ldc, ldc, kdim, cscale ? cscale + r : nullptr, acc);
   }
+  const float* ar = a + r * ars;
+  float* cr = c + r * ldc;
+  const float* sr = cscale ? cscale + r : nullptr;
+  switch (m - r) {
+    case 5: RowStrip<5>(n, ar, ars, aks, b, ldb, cr, ldc, kdim, sr, acc); break;
+    case 4: RowStrip<4>(n, ar, ars, aks, b, ldb, cr, ldc, kdim, sr, acc); break;
+    case 3: RowStrip<3>(n, ar, ars, aks, b, ldb, cr, ldc, kdim, sr, acc); break;
+    case 2: RowStrip<2>(n, ar, ars, aks, b, ldb, cr, ldc, kdim, sr, acc); break;
+    case 1: RowStrip<1>(n, ar, ars, aks, b, ldb, cr, ldc, kdim, sr, acc); break;
+    default: break;
+  }
+}
+
+// Fetches n floats into L2 (not L1: a block's operands are 32 KiB each)
+// while the current block computes: the next key block's panels (forward)
+// or query block's rows (backward) come from buffers far bigger than L2.
+HWY_INLINE void PrefetchL2(const float* p, I64 n) {
+  for (I64 i = 0; i < n; i += 16) __builtin_prefetch(p + i, 0, 2);
 }
 
 HWY_INLINE float RowMax(const float* x, I64 n) {
@@ -150,6 +195,10 @@ void ForwardTask(const FwdCtx& cx, const FwdTask& t, float* scratch) {
   for (I64 jb = jb0; jb <= jb1; ++jb) {
     const I64 j0 = jb * kBk;
     const I64 blk = gr.block_off + jb;
+    if (jb < jb1) {
+      PrefetchL2(cx.kt + (blk + 1) * dp * kBk, dp * kBk);
+      PrefetchL2(cx.v + (blk + 1) * kBk * dp, kBk * dp);
+    }
     Gemm(M, kBk, d, qb, dp, 1, cx.kt + blk * dp * kBk, kBk, sb, kBk, nullptr, false);
     const bool diag = j0 + kBk - 1 > qpos0;
     const bool edge = j0 < first_key(qlast, w);
@@ -217,6 +266,12 @@ void BackwardTask(const BwdCtx& cx, const BwdTask& t, float* scratch, float* dq_
         const I64 row = f.q_row + (qs - f.a);
         const float* qb = qp + row * dp;
         const float* dob = dop + row * dp;
+        if (qs + kBq <= qhi) {
+          const I64 nm = std::min<I64>(kBq, qhi - qs - kBq + 1) * dp;
+          PrefetchL2(qb + kBq * dp, nm);
+          PrefetchL2(dob + kBq * dp, nm);
+          PrefetchL2(dq + (row + kBq) * dp, nm);
+        }
         Gemm(M, kBk, d, qb, dp, 1, kt, kBk, pb, kBk, nullptr, false);
         Gemm(M, kBk, d, dob, dp, 1, vt, kBk, sb, kBk, nullptr, false);
         const bool diag = j0 + kBk - 1 > qs;
@@ -253,19 +308,27 @@ void BackwardTask(const BwdCtx& cx, const BwdTask& t, float* scratch, float* dq_
   }
 }
 
+// Peak probe: independent chains acc = acc * mul + add. Enough chains to
+// cover FMA latency (4-5 cycles) times FMA pipes (2) on every x86 core since
+// Haswell, and few enough that chains plus the two constants stay in
+// registers (16 chains on AVX2 would need 18 of 16 and spill: that probe
+// read half the peak). Returns FLOPs per iteration.
 I64 FmaLoop(I64 iters, float* sink) {
   const DF df;
-  constexpr int kChains = 16;
+  constexpr int kChains = kVecRegs >= 32 ? 24 : 12;
   VF acc[kChains];
   for (int i = 0; i < kChains; ++i) acc[i] = hn::Set(df, static_cast<float>(i));
   const VF mul = hn::Set(df, 0.999999f), add = hn::Set(df, 1e-7f);
-  for (I64 it = 0; it < iters; ++it) {
-    for (int i = 0; i < kChains; ++i) acc[i] = hn::MulAdd(acc[i], mul, add);
-  }
+  // Unrolled by a fold, not left to the compiler: GCC peels at most 16
+  // iterations, and a rolled loop over 24 chains keeps them in memory.
+  const auto step = [&]<std::size_t... I>(std::index_sequence<I...>) {
+    ((acc[I] = hn::MulAdd(acc[I], mul, add)), ...);
+  };
+  for (I64 it = 0; it < iters; ++it) step(std::make_index_sequence<kChains>{});
   VF total = acc[0];
   for (int i = 1; i < kChains; ++i) total = hn::Add(total, acc[i]);
   *sink = hn::GetLane(total);
-  return static_cast<I64>(hn::Lanes(df));
+  return 2 * kChains * static_cast<I64>(hn::Lanes(df));
 }
 
 }  // namespace HWY_NAMESPACE
@@ -287,9 +350,51 @@ void forward_task(const FwdCtx& cx, const FwdTask& t, float* scratch) {
 void backward_task(const BwdCtx& cx, const BwdTask& t, float* scratch, float* dq_acc) {
   HWY_DYNAMIC_DISPATCH(BackwardTask)(cx, t, scratch, dq_acc);
 }
+namespace {
+// hwy::SupportedTargets() re-points dispatch at every target the CPU has
+// (Highway 1.0 updates the chosen target inside it, ignoring
+// DisableTargets), so it is called only here, and the result is kept: what
+// the CPU supports, and the subset dispatch is restricted to.
+std::int64_t cpu_targets() {
+  static const std::int64_t all = hwy::SupportedTargets() & HWY_TARGETS;
+  return all;
+}
+std::atomic<std::int64_t>& active_targets() {
+  static std::atomic<std::int64_t> active{cpu_targets()};
+  return active;
+}
+}  // namespace
+
 const char* best_target_name() {
-  const std::int64_t targets = hwy::SupportedTargets() & HWY_TARGETS;
-  return hwy::TargetName(targets & -targets);
+  const std::int64_t t = active_targets().load();
+  return hwy::TargetName(t & -t);
+}
+
+Status restrict_targets(std::string_view name) {
+  std::int64_t want = 0;
+  if (name == "avx512") {
+    want = HWY_AVX3;
+  } else if (name == "avx2") {
+    want = HWY_AVX2;
+  } else if (name == "scalar") {
+    want = HWY_SCALAR;
+  } else if (name != "auto") {
+    return invalid_input("simd target '" + std::string(name) + "' is not one of auto, avx512, avx2, scalar");
+  }
+  const std::int64_t all = cpu_targets();
+  if (want != 0 && (all & want) == 0) {
+    return invalid_input("simd target '" + std::string(name) + "' is not supported by this CPU or not compiled in");
+  }
+  // Highway numbers targets best first (lower bit = better): disabling every
+  // lower bit leaves `want` as the best remaining one.
+  const std::int64_t disabled = want == 0 ? 0 : want - 1;
+  hwy::DisableTargets(disabled);
+  // Point dispatch at the restricted set now (SupportedTargets itself has
+  // just pointed it at every target).
+  const std::int64_t allowed = hwy::SupportedTargets() & ~disabled;
+  hwy::GetChosenTarget().Update(allowed);
+  active_targets().store(all & ~disabled);
+  return {};
 }
 
 }  // namespace libra::kernel::detail

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string_view>
 #include <vector>
 
 #include "libra/kernel.hpp"
@@ -83,22 +84,16 @@ void forward_task(const FwdCtx& cx, const FwdTask& t, float* scratch);
 // dq_acc: this thread's [hg][rows][dp] dQ accumulator (unscaled).
 void backward_task(const BwdCtx& cx, const BwdTask& t, float* scratch, float* dq_acc);
 const char* best_target_name();
-// Runs `iters` iterations of 16 FMA chains; returns lanes per vector (and a
-// sink value so the loop is not optimised away).
+// Restricts dispatch to `name` and worse targets (see set_simd_target).
+Status restrict_targets(std::string_view name);
+// Runs `iters` iterations of the target's FMA chains; returns the FLOPs of
+// one iteration (and a sink value so the loop is not optimised away).
 std::int64_t fma_loop(std::int64_t iters, float* sink);
 
-// Element access for packing (scalar, any dtype).
-inline float load_elem(const void* base, DType t, std::int64_t offset) {
-  if (t == DType::kF32) return static_cast<const float*>(base)[offset];
-  return f32_from_bf16(static_cast<const std::uint16_t*>(base)[offset]);
-}
-inline void store_elem(void* base, DType t, std::int64_t offset, float x) {
-  if (t == DType::kF32) {
-    static_cast<float*>(base)[offset] = x;
-  } else {
-    static_cast<std::uint16_t*>(base)[offset] = bf16_from_f32(x);
-  }
-}
+// Element access for packing (scalar, any dtype): fp32, bf16 and fp16 all
+// widen to fp32, and every product accumulates in fp32.
+inline float load_elem(const void* base, DType t, std::int64_t offset) { return load_as_f32(base, t, offset); }
+inline void store_elem(void* base, DType t, std::int64_t offset, float x) { store_from_f32(base, t, offset, x); }
 template <class Void>
 inline std::int64_t elem_offset(const BasicTensor<Void>& t, std::int64_t row, std::int64_t head) {
   return row * t.row_stride + head * t.head_dim;

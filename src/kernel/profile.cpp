@@ -85,12 +85,7 @@ Result<std::vector<ProfileEntry>> measure_profile(const ProfileOptions& o) {
   for (auto* buf : {&q, &k, &v, &d_o}) {
     for (std::size_t i = 0; i < n; i += static_cast<std::size_t>(eb)) {
       const float x = static_cast<float>(static_cast<double>(rng() >> 11) * 0x1.0p-53 * 2.0 - 1.0);
-      if (o.dtype == DType::kF32) {
-        std::memcpy(buf->data() + i, &x, 4);
-      } else {
-        const std::uint16_t b = bf16_from_f32(x);
-        std::memcpy(buf->data() + i, &b, 2);
-      }
+      store_from_f32(buf->data(), o.dtype, static_cast<std::int64_t>(i) / eb, x);
     }
   }
   std::vector<ProfileEntry> entries;

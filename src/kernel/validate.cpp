@@ -19,7 +19,9 @@ template <class Void>
 Status check_view(const char* call, const char* name, const BasicTensor<Void>& t) {
   const std::string at = std::string(call) + ": tensor " + name + ": ";
   if (t.data == nullptr) return invalid_input(at + "data pointer is null (or a slice was out of range)");
-  if (t.dtype != DType::kF32 && t.dtype != DType::kBF16) return invalid_input(at + "unknown dtype");
+  if (t.dtype != DType::kF32 && t.dtype != DType::kBF16 && t.dtype != DType::kF16) {
+    return invalid_input(at + "dtype code " + s(static_cast<int>(t.dtype)) + " is not fp32, bf16 or fp16");
+  }
   if (t.rows < 0) return invalid_input(at + "rows must be >= 0, got " + s(t.rows));
   if (t.heads < 1) return invalid_input(at + "heads must be >= 1, got " + s(t.heads));
   if (t.head_dim < 1) return invalid_input(at + "head_dim must be >= 1, got " + s(t.head_dim));

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -144,26 +145,35 @@ double compute_seconds(const KernelProfile& profile, double flops, double block_
 std::vector<double> alltoall_seconds(const Interconnect& net, std::span<const std::int64_t> bytes,
                                      std::span<const std::int64_t> gpu_of_worker) {
   const std::size_t w = gpu_of_worker.size();
-  std::vector<double> send_intra(w, 0), send_inter(w, 0), recv_intra(w, 0), recv_inter(w, 0);
+  // [worker][tier]: bytes sent / received over tier 0 intra-node, 1 same
+  // supernode, 2 across supernodes.
+  std::vector<std::array<double, 3>> sent_b(w, {0, 0, 0}), recv_b(w, {0, 0, 0});
   std::vector<std::int64_t> sent(w, 0), received(w, 0);
+  const std::int64_t per_sn = net.gpus_per_node * net.nodes_per_supernode;
   for (std::size_t s = 0; s < w; ++s) {
     for (std::size_t d = 0; d < w; ++d) {
       const std::int64_t b = bytes[s * w + d];
       if (s == d || b == 0) continue;
-      const bool same_node = gpu_of_worker[s] / net.gpus_per_node == gpu_of_worker[d] / net.gpus_per_node;
-      (same_node ? send_intra : send_inter)[s] += static_cast<double>(b);
-      (same_node ? recv_intra : recv_inter)[d] += static_cast<double>(b);
+      const std::int64_t gs = gpu_of_worker[s], gd = gpu_of_worker[d];
+      const int tier = gs / net.gpus_per_node == gd / net.gpus_per_node ? 0 : gs / per_sn == gd / per_sn ? 1 : 2;
+      sent_b[s][static_cast<std::size_t>(tier)] += static_cast<double>(b);
+      recv_b[d][static_cast<std::size_t>(tier)] += static_cast<double>(b);
       ++sent[s];
       ++received[d];
     }
   }
   std::vector<double> t(w, 0);
+  std::vector<std::int64_t> nodes(gpu_of_worker.begin(), gpu_of_worker.end());
+  for (auto& n : nodes) n /= net.gpus_per_node;
+  std::sort(nodes.begin(), nodes.end());
+  const auto spanned = static_cast<double>(std::unique(nodes.begin(), nodes.end()) - nodes.begin());
   const double bi = net.intra_node_gbps * 1e9;
-  const double be = net.inter_node_gbps * 1e9;
+  const double be = net.inter_node_gbps * 1e9 / (1.0 + net.congestion_per_node * std::max(0.0, spanned - 1));
+  const double bs = net.inter_supernode_gbps * 1e9;
+  auto link = [&](const std::array<double, 3>& x) { return std::max({x[0] / bi, (x[1] + x[2]) / be, x[2] / bs}); };
   for (std::size_t r = 0; r < w; ++r) {
-    const double transfer =
-        std::max({send_intra[r] / bi, send_inter[r] / be, recv_intra[r] / bi, recv_inter[r] / be});
-    t[r] = transfer + net.latency_us * 1e-6 * static_cast<double>(std::max(sent[r], received[r]));
+    t[r] = std::max(link(sent_b[r]), link(recv_b[r])) +
+           net.latency_us * 1e-6 * static_cast<double>(std::max(sent[r], received[r]));
   }
   return t;
 }
@@ -227,6 +237,17 @@ Status validate_cost_model(const CostModel& m) {
   }
   if (!(m.net.latency_us >= 0) || !std::isfinite(m.net.latency_us)) {
     return invalid_input(fmt::format("--latency-us {}: must be a non-negative number", m.net.latency_us));
+  }
+  if (!positive(m.net.inter_supernode_gbps)) {
+    return invalid_input(
+        fmt::format("--inter-supernode-gbps {}: bandwidth must be positive", m.net.inter_supernode_gbps));
+  }
+  if (!(m.net.congestion_per_node >= 0) || !std::isfinite(m.net.congestion_per_node)) {
+    return invalid_input(
+        fmt::format("--congestion-per-node {}: must be a non-negative number", m.net.congestion_per_node));
+  }
+  if (m.net.nodes_per_supernode < 1) {
+    return invalid_input(fmt::format("--nodes-per-supernode {}: must be at least 1", m.net.nodes_per_supernode));
   }
   if (m.net.gpus_per_node < 1) {
     return invalid_input(fmt::format("--gpus-per-node {}: must be at least 1", m.net.gpus_per_node));

@@ -1,4 +1,5 @@
 #include "libra/cost_model.hpp"
+#include "libra/simulator.hpp"
 
 #include <gtest/gtest.h>
 
@@ -91,7 +92,8 @@ TEST(KernelProfile, LoadsEveryProfileShippedInData) {
 }
 
 TEST(AlltoallSeconds, IntraAndInterNodeLinksHandComputed) {
-  Interconnect net{.gpus_per_node = 8, .intra_node_gbps = 100, .inter_node_gbps = 10, .latency_us = 5};
+  Interconnect net{.gpus_per_node = 8, .intra_node_gbps = 100, .inter_node_gbps = 10, .congestion_per_node = 0,
+                   .latency_us = 5};
   // Workers 0,1 on node 0 (GPUs 0, 1); workers 2,3 on node 1 (GPUs 8, 9).
   std::vector<std::int64_t> gpus = {0, 1, 8, 9};
   std::vector<std::int64_t> bytes(16, 0);
@@ -108,12 +110,63 @@ TEST(AlltoallSeconds, IntraAndInterNodeLinksHandComputed) {
 }
 
 TEST(AlltoallSeconds, NodeMajorNumberingDecidesTheLink) {
-  Interconnect net{.gpus_per_node = 2, .intra_node_gbps = 100, .inter_node_gbps = 10, .latency_us = 0};
+  Interconnect net{.gpus_per_node = 2, .intra_node_gbps = 100, .inter_node_gbps = 10, .congestion_per_node = 0,
+                   .latency_us = 0};
   std::vector<std::int64_t> bytes = {0, 1'000'000'000, 0, 0};
   std::vector<std::int64_t> same_node = {2, 3};   // node 1, node 1
   std::vector<std::int64_t> across = {1, 2};      // node 0, node 1
   EXPECT_NEAR(alltoall_seconds(net, bytes, same_node)[0], 0.01, 1e-12);
   EXPECT_NEAR(alltoall_seconds(net, bytes, across)[0], 0.1, 1e-12);
+}
+
+// Three tiers by hand: 2 GPUs per node, 2 nodes per supernode (GPUs 0-3 in
+// supernode 0, 4-7 in supernode 1); NVLink 100, NIC 10, spine share 2 GB/s.
+// Every worker sends 1 GB to every other worker (a uniform all-to-all).
+TEST(AlltoallSeconds, TopologyTiersHandComputed) {
+  Interconnect net{.gpus_per_node = 2, .nodes_per_supernode = 2, .intra_node_gbps = 100, .inter_node_gbps = 10,
+                   .inter_supernode_gbps = 2, .congestion_per_node = 0, .latency_us = 0};
+  auto uniform = [](std::size_t w) {
+    std::vector<std::int64_t> b(w * w, 1'000'000'000);
+    for (std::size_t i = 0; i < w; ++i) b[i * w + i] = 0;
+    return b;
+  };
+  // One node (GPUs 0, 1): 1 GB over NVLink = 0.01 s.
+  std::vector<std::int64_t> one_node = {0, 1};
+  for (double t : alltoall_seconds(net, uniform(2), one_node)) EXPECT_NEAR(t, 0.01, 1e-12);
+  // Two nodes of one supernode (GPUs 0-3): each GPU sends 1 GB on NVLink
+  // (0.01 s) and 2 GB through its NIC (0.2 s): the NIC is the busiest link.
+  std::vector<std::int64_t> two_nodes = {0, 1, 2, 3};
+  for (double t : alltoall_seconds(net, uniform(4), two_nodes)) EXPECT_NEAR(t, 0.2, 1e-12);
+  // Across two supernodes (GPUs 0-7): 1 GB NVLink, 6 GB through the NIC
+  // (0.6 s), of which 4 GB leave the supernode: 4 / 2 = 2 s, the busiest.
+  std::vector<std::int64_t> two_sn = {0, 1, 2, 3, 4, 5, 6, 7};
+  for (double t : alltoall_seconds(net, uniform(8), two_sn)) EXPECT_NEAR(t, 2.0, 1e-12);
+  // With a fast spine the NIC decides again: 6 GB / 10 = 0.6 s.
+  net.inter_supernode_gbps = 1000;
+  for (double t : alltoall_seconds(net, uniform(8), two_sn)) EXPECT_NEAR(t, 0.6, 1e-12);
+  // The same pool placed at GPUs 2-9 spans supernodes 0, 1 and 2 (GPU 8, 9).
+  net.inter_supernode_gbps = 2;
+  std::vector<std::int64_t> shifted = {2, 3, 4, 5, 6, 7, 8, 9};
+  auto t = alltoall_seconds(net, uniform(8), shifted);
+  // GPU 2 (supernode 0): 1 GB NVLink, 6 GB NIC, 6 GB cross-supernode: 3 s.
+  EXPECT_NEAR(t[0], 3.0, 1e-12);
+  // GPU 4 (supernode 1, with 5, 6, 7): 1 NVLink + 2 same-supernode + 4 cross: 2 s.
+  EXPECT_NEAR(t[2], 2.0, 1e-12);
+  // Congestion: the two-node pool's NICs run at 10 / (1 + 0.5 x 1) GB/s:
+  // 2 GB / 6.667 GB/s = 0.3 s; one node has no NIC traffic to slow.
+  net.congestion_per_node = 0.5;
+  for (double x : alltoall_seconds(net, uniform(4), two_nodes)) EXPECT_NEAR(x, 0.3, 1e-12);
+  for (double x : alltoall_seconds(net, uniform(2), one_node)) EXPECT_NEAR(x, 0.01, 1e-12);
+}
+
+TEST(HardwareProfile, Fa2HasTheSameNetworkAndASlowerKernel) {
+  auto fa3 = hardware_profile("h200-fa3");
+  auto fa2 = hardware_profile("h200-fa2");
+  ASSERT_TRUE(fa3.ok() && fa2.ok());
+  EXPECT_EQ(fa2->net.inter_node_gbps, fa3->net.inter_node_gbps);
+  const double r3 = profile_gflops(fa3->kernel, 8192, 4, false), r2 = profile_gflops(fa2->kernel, 8192, 4, false);
+  EXPECT_NEAR(r2 / r3, 350.0 / 600.0, 1e-9);
+  EXPECT_FALSE(hardware_profile("h100").ok());
 }
 
 TEST(Overlap, PipelinerExposesOnlyFirstDispatchAndLastReturnWhenComputeCovers) {

@@ -5,6 +5,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -20,9 +21,13 @@ namespace {
 
 std::string cand(const SimCandidate& c) { return fmt::format("P={} H={} B={}", c.pool_size, c.head_shards, c.block_size); }
 double ms(double s) { return s * 1e3; }
-const char* kVariants[] = {"libra-tap", "libra-tap-vrsp", "libra-full", "libra-plus", "distca"};
-
-std::string paper_cell(double v) { return v == 0 ? std::string("-") : fmt::format("{:.4g}", v); }
+std::string vname(Variant v) { return std::string(variant_name(v)); }
+std::string mname(PlacementMode m) { return std::string(placement_mode_name(m)); }
+// A candidate's latency of `v`, or NaN when it was not timed (distca at scale).
+Stat lat_of(const CandidateResult& k, Variant v) {
+  const VariantLatency* l = k.find(v);
+  return l == nullptr ? Stat{std::nan(""), std::nan("")} : l->seconds;
+}
 
 }  // namespace
 
@@ -32,8 +37,13 @@ std::string sim_table(const SimResult& r) {
   o += fmt::format("libra simulate: {}  L={}  GBS={}  DP={}  CP={}  model {} (h_q={} h_kv={} d={} e={})\n", c.source,
                    r.seq_len, c.gbs, c.dp, c.cp, c.model.name, c.model.heads_q, c.model.heads_kv, c.model.head_dim,
                    c.model.elem_bytes);
-  o += fmt::format("{} windows, {} GA steps, {} candidates, M={} chunks, tau={}, kernel profile '{}', noise sigma {}\n",
-                   r.windows, r.steps, r.candidates.size(), c.chunks, c.tau, c.cost.kernel.device, c.cost.noise.sigma);
+  o += fmt::format("{} windows, {} GA steps, {} candidates, M={} chunks, tau={}, hardware {} (kernel '{}'), noise sigma {}\n",
+                   r.windows, r.steps, r.candidates.size(), c.chunks, c.tau, c.hardware, c.cost.kernel.device,
+                   c.cost.noise.sigma);
+  o += fmt::format("topology: {} GPUs/node at {} GB/s, {} nodes/supernode at {} GB/s, {} GB/s across supernodes\n",
+                   c.cost.net.gpus_per_node, c.cost.net.intra_node_gbps, c.cost.net.nodes_per_supernode,
+                   c.cost.net.inter_node_gbps, c.cost.net.inter_supernode_gbps);
+  if (!r.distca_skipped.empty()) o += fmt::format("{}\n", r.distca_skipped);
   for (const auto& s : r.skipped) o += fmt::format("skipped {}: {}\n", cand(s.candidate), s.reason);
   o += "\nCore-attention forward latency per layer per GA step (slowest GPU), ms, mean / worst over steps\n";
   o += fmt::format("  baselines: ulysses {:.3f} / {:.3f}   wlb {:.3f} / {:.3f}{}\n", ms(r.ulysses.mean),
@@ -49,26 +59,38 @@ std::string sim_table(const SimResult& r) {
     if (static_cast<std::int64_t>(i) == r.recommended) name += " *";
     if (static_cast<std::int64_t>(i) == r.runner_up) name += " +";
     o += fmt::format("{:<24} {:>9.4f} {:>9.4f} {:>9.4f} {:>9.4f} {:>9.4f} {:>9.4f} {:>10.1f}", name,
-                     k.inter_imbalance[0].second.mean, k.inter_imbalance[1].second.mean,
-                     k.inter_imbalance[2].second.mean, k.inter_imbalance[5].second.mean, k.intra_imbalance.mean,
-                     k.intra_imbalance_plus.mean, k.comm_bytes.mean / 1e6);
-    for (const char* v : kVariants) {
-      const auto* l = k.find(v);
-      o += fmt::format(" {:>8.3f}/{:<8.3f}", ms(l->seconds.mean), ms(l->seconds.worst));
+                     k.inter(PlacementMode::kVrsp).mean, k.inter(PlacementMode::kSampler).mean,
+                     k.inter(PlacementMode::kRandom).mean, k.inter(PlacementMode::kVrspRefine).mean,
+                     k.intra_imbalance.mean, k.intra_imbalance_plus.mean, k.comm_bytes.mean / 1e6);
+    for (Variant v : candidate_variants()) {
+      const Stat l = lat_of(k, v);
+      o += fmt::format(" {:>8.3f}/{:<8.3f}", ms(l.mean), ms(l.worst));
     }
     o += "\n";
   }
-  o += "(R-1: inter-pool imbalance, mean over windows; intra: TAP on VRSP pools; intra+: tap-split + per-KV-head dedup on\n"
+  o += "(R-1: inter-pool imbalance, mean over windows (rand: mean of --random-seeds groupings); intra: TAP on VRSP pools; intra+: tap-split + per-KV-head dedup on\n"
        " vrsp-refine pools; MB/pool: exchanged bytes per pool per layer; latencies mean/worst ms; * recommended, + runner-up)\n";
   if (r.recommended >= 0) {
     o += "\nRecommendation: " + r.recommendation_reason + "\n";
   }
-  o += "\nPaper comparison (recommended candidate)\n";
-  o += fmt::format("  {:<58} {:>10} {:>10} {:>10}\n", "figure", "paper 256K", "paper 1M", "libra");
-  for (const auto& p : r.paper) {
-    o += fmt::format("  {:<58} {:>10} {:>10} {:>10.4g}\n", p.what, paper_cell(p.paper_256k), paper_cell(p.paper_1m),
-                     p.measured);
+  if (!r.calibration.random.empty()) {
+    o += fmt::format("\nCorpus calibration statistics over the simulated windows (GBS {}):", c.gbs);
+    for (std::size_t i = 0; i < r.calibration.random.size(); ++i) {
+      o += fmt::format("  P={}: random R-1 {:.4f}, vrsp R-1 {:.4f};", r.calibration.random[i].first,
+                       r.calibration.random[i].second, r.calibration.vrsp[i].second);
+    }
+    o += "\n";
   }
+  if (!r.paper.empty()) {
+    o += fmt::format("\nPaper comparison: the paper's {} dataset, same setting (P=8 figures use the best P=8 candidate)\n",
+                     r.paper_dataset == "1m" ? "1M" : "256K");
+    o += fmt::format("  {:<9} {:<58} {:>10} {:>10}\n", "figure", "what", "paper", "libra");
+    for (const auto& p : r.paper) {
+      o += fmt::format("  {:<9} {:<58} {:>10.4g} {:>10.4g}{}\n", p.figure, p.what, p.paper, p.measured,
+                       p.note.empty() ? std::string() : fmt::format("  ({})", p.note));
+    }
+  }
+  for (const auto& n : r.not_comparable) o += fmt::format("Not compared: {}\n", n);
   if (!r.dp_scaling.empty()) {
     o += "\nEnd-to-end throughput at fixed GBS (tokens/s) and scaling efficiency\n";
     o += "  (replicas meet at the gradient all-reduce | every layer synchronises all replicas)\n";
@@ -102,6 +124,10 @@ std::string sim_json(const SimResult& r) {
                  {"layers", c.model.layers}, {"gpus_per_node", c.cost.net.gpus_per_node},
                  {"intra_node_gbps", c.cost.net.intra_node_gbps}, {"inter_node_gbps", c.cost.net.inter_node_gbps},
                  {"latency_us", c.cost.net.latency_us}, {"noise_sigma", c.cost.noise.sigma},
+                 {"nodes_per_supernode", c.cost.net.nodes_per_supernode},
+                 {"inter_supernode_gbps", c.cost.net.inter_supernode_gbps},
+                 {"congestion_per_node", c.cost.net.congestion_per_node}, {"hardware", c.hardware},
+                 {"random_seeds", c.random_seeds}, {"worst_weight", c.worst_weight},
                  {"kernel_profile", c.cost.kernel.device}};
   j["windows"] = r.windows;
   j["steps"] = r.steps;
@@ -114,7 +140,7 @@ std::string sim_json(const SimResult& r) {
     e["head_shards"] = k.candidate.head_shards;
     e["block_size"] = k.candidate.block_size;
     J inter;
-    for (const auto& [m, s] : k.inter_imbalance) inter[m] = stat(s);
+    for (const auto& [m, s] : k.inter_imbalance) inter[mname(m)] = stat(s);
     e["inter_imbalance"] = inter;
     e["inter_imbalance_lower_bound"] = stat(k.lower_bound);
     e["intra_imbalance"] = stat(k.intra_imbalance);
@@ -123,8 +149,9 @@ std::string sim_json(const SimResult& r) {
     e["comm_bytes_plus"] = stat(k.comm_bytes_plus);
     e["max_send_bytes"] = stat(k.max_send_bytes);
     e["max_recv_bytes"] = stat(k.max_recv_bytes);
+    e["comm_seconds"] = stat(k.comm_seconds);
     J lat;
-    for (const auto& v : k.latency) lat[v.name] = stat(v.seconds);
+    for (const auto& v : k.latency) lat[vname(v.variant)] = stat(v.seconds);
     e["latency"] = lat;
     j["candidates"].push_back(e);
   }
@@ -136,10 +163,19 @@ std::string sim_json(const SimResult& r) {
   j["recommended"] = r.recommended;
   j["runner_up"] = r.runner_up;
   j["recommendation"] = r.recommendation_reason;
+  j["distca_skipped"] = r.distca_skipped;
+  j["calibration"] = J::object();
+  for (std::size_t i = 0; i < r.calibration.random.size(); ++i) {
+    j["calibration"][fmt::format("P={}", r.calibration.random[i].first)] = {
+        {"random", r.calibration.random[i].second}, {"vrsp", r.calibration.vrsp[i].second}};
+  }
+  j["paper_dataset"] = r.paper_dataset;
   j["paper"] = J::array();
   for (const auto& p : r.paper) {
-    j["paper"].push_back({{"what", p.what}, {"paper_256k", p.paper_256k}, {"paper_1m", p.paper_1m}, {"measured", p.measured}});
+    j["paper"].push_back({{"figure", p.figure}, {"what", p.what}, {"paper", p.paper}, {"measured", p.measured},
+                          {"note", p.note}});
   }
+  j["not_comparable"] = r.not_comparable;
   j["dp_scaling"] = J::array();
   for (const auto& p : r.dp_scaling) {
     j["dp_scaling"].push_back({{"dp", p.dp}, {"pool_size", p.pool_size},
@@ -160,10 +196,10 @@ std::string sim_json(const SimResult& r) {
 std::string sim_csv(const SimResult& r) {
   std::string o = "pool_size,head_shards,block_size";
   if (!r.candidates.empty()) {
-    for (const auto& [m, s] : r.candidates[0].inter_imbalance) o += ",inter_" + m;
+    for (const auto& [m, s] : r.candidates[0].inter_imbalance) o += ",inter_" + mname(m);
   }
   o += ",lower_bound,intra,intra_plus,comm_bytes,comm_bytes_plus,max_send_bytes,max_recv_bytes";
-  for (const char* v : kVariants) o += fmt::format(",{}_mean_s,{}_worst_s", v, v);
+  for (Variant v : candidate_variants()) o += fmt::format(",{}_mean_s,{}_worst_s", vname(v), vname(v));
   o += ",ulysses_mean_s,ulysses_worst_s,wlb_mean_s,wlb_worst_s,recommended\n";
   for (std::size_t i = 0; i < r.candidates.size(); ++i) {
     const auto& k = r.candidates[i];
@@ -172,9 +208,9 @@ std::string sim_csv(const SimResult& r) {
     o += fmt::format(",{:.6g},{:.6g},{:.6g},{:.0f},{:.0f},{:.0f},{:.0f}", k.lower_bound.mean, k.intra_imbalance.mean,
                      k.intra_imbalance_plus.mean, k.comm_bytes.mean, k.comm_bytes_plus.mean, k.max_send_bytes.mean,
                      k.max_recv_bytes.mean);
-    for (const char* v : kVariants) {
-      const auto* l = k.find(v);
-      o += fmt::format(",{:.6g},{:.6g}", l->seconds.mean, l->seconds.worst);
+    for (Variant v : candidate_variants()) {
+      const Stat l = lat_of(k, v);
+      o += fmt::format(",{:.6g},{:.6g}", l.mean, l.worst);
     }
     o += fmt::format(",{:.6g},{:.6g},{:.6g},{:.6g},{}\n", r.ulysses.mean, r.ulysses.worst, r.wlb.mean, r.wlb.worst,
                      static_cast<std::int64_t>(i) == r.recommended ? 1 : 0);
@@ -182,13 +218,7 @@ std::string sim_csv(const SimResult& r) {
   return o;
 }
 
-namespace {
-
-bool have_gnuplot() { return std::system("command -v gnuplot >/dev/null 2>&1") == 0; }
-
-}  // namespace
-
-Status write_sim_report(const SimResult& r, const std::string& dir) {
+Status write_sim_report(const SimResult& r, const std::string& dir, bool rendered) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec || !std::filesystem::is_directory(dir)) {
@@ -209,8 +239,8 @@ Status write_sim_report(const SimResult& r, const std::string& dir) {
   std::vector<std::string> modes;
   if (!by_p.empty()) {
     for (const auto& [m, s] : by_p.begin()->second->inter_imbalance) {
-      modes.push_back(m);
-      imb += " " + m;
+      modes.push_back(mname(m));
+      imb += fmt::format(" {}", mname(m));
     }
   }
   imb += " lower_bound intra_tap\n";
@@ -226,11 +256,11 @@ Status write_sim_report(const SimResult& r, const std::string& dir) {
   LIBRA_TRY(put("sim-imbalance.dat", imb));
   LIBRA_TRY(put("sim-bytes.dat", bytes));
   std::string lat = "# candidate_index ulysses wlb";
-  for (const char* v : kVariants) lat += std::string(" ") + v;
+  for (Variant v : candidate_variants()) lat += fmt::format(" {}", vname(v));
   lat += "  (mean ms)\n";
   for (std::size_t i = 0; i < r.candidates.size(); ++i) {
     lat += fmt::format("\"{}\" {:.6g} {:.6g}", cand(r.candidates[i].candidate), ms(r.ulysses.mean), ms(r.wlb.mean));
-    for (const char* v : kVariants) lat += fmt::format(" {:.6g}", ms(r.candidates[i].find(v)->seconds.mean));
+    for (Variant v : candidate_variants()) lat += fmt::format(" {:.6g}", ms(lat_of(r.candidates[i], v).mean));
     lat += "\n";
   }
   LIBRA_TRY(put("sim-latency.dat", lat));
@@ -267,7 +297,8 @@ Status write_sim_report(const SimResult& r, const std::string& dir) {
     gp += fmt::format("'sim-imbalance.dat' using 1:($" "{}" "+1e-6) with linespoints title '{}', ", m + 2, modes[m]);
   }
   gp += fmt::format("'sim-imbalance.dat' using 1:(${}+1e-6) with lines dt 2 title 'lower bound'\n", modes.size() + 2);
-  gp += "unset logscale\nset logscale x 2\nset logscale y\nset key top left inside\n";
+  // Every later plot has plain linear labels: the decade format above must not leak.
+  gp += "unset logscale\nset format y \"% h\"\nset logscale x 2\nset logscale y\nset key top left inside\n";
   gp += "set output 'sim-bytes.png'\nset title 'Exchanged bytes per pool per layer vs pool size'\nset ylabel 'MB'\n"
         "plot 'sim-bytes.dat' using 1:2 with linespoints title 'tap (VRSP pools)', "
         "'sim-bytes.dat' using 1:3 with linespoints title 'tap-split + per-KV-head dedup', "
@@ -291,19 +322,15 @@ Status write_sim_report(const SimResult& r, const std::string& dir) {
         "'' using 4 title 'libra-tap', '' using 5 title 'libra-tap-vrsp', '' using 6 title 'libra-full', "
         "'' using 7 title 'libra-plus', '' using 8 title 'distca'\n";
   LIBRA_TRY(put("sim-plots.gp", gp));
-  bool plotted = false;
-  if (have_gnuplot()) {
-    const std::string cmd = "cd '" + dir + "' && gnuplot sim-plots.gp >/dev/null 2>&1";
-    plotted = std::system(cmd.c_str()) == 0;
-  }
+  const bool plotted = rendered;
 
   std::string md = "# libra simulate report\n\n";
   md += fmt::format("Corpus `{}`, L = {}, GBS = {}, DP = {}, CP = {}, model {}; {} windows, {} GA steps.\n\n",
                     r.config.source, r.seq_len, r.config.gbs, r.config.dp, r.config.cp, r.config.model.name, r.windows,
                     r.steps);
   if (r.recommended >= 0) md += "**Recommendation:** " + r.recommendation_reason + "\n\n";
-  md += plotted ? "" : "(gnuplot was not available: the figures below were not rendered; the .dat files and "
-                       "sim-plots.gp are here.)\n\n";
+  md += plotted ? "" : "(The figures below were not rendered (gnuplot missing or failed); render them with "
+                       "`gnuplot sim-plots.gp` in this directory.)\n\n";
   md += "## Inter-pool imbalance vs P (paper figures 4 and 8)\n\n![imbalance](sim-imbalance.png)\n\n";
   md += "## Exchanged bytes vs P (paper figure 14)\n\n![bytes](sim-bytes.png)\n\n";
   md += "## Core-attention latency per candidate (paper section 8.4)\n\n![latency](sim-latency.png)\n\n";

@@ -18,6 +18,7 @@
 #include <memory>
 #include <vector>
 
+#include "exec/harness.hpp"
 #include "libra/comm.hpp"
 #include "libra/executor.hpp"
 #include "libra/placement.hpp"

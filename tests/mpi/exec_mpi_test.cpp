@@ -13,6 +13,7 @@
 
 #include "exec/exec_test_bodies.hpp"
 #include "libra/comm.hpp"
+#include "libra/comm_mpi.hpp"
 
 namespace {
 
@@ -60,6 +61,27 @@ int run(const std::string& what) {
       c.heads_q = 8;
       report(fmt::format("pool {} of {}", world.rank() / 4, w / 4), exec_test::exec_case(**pool, c));
     }
+  }
+  if (what == "mpi-pools") {
+    // The same, with the pools made by the caller's own MPI_Comm_split and
+    // handed to libra: a communicator from any MPI_Comm.
+    MPI_Comm sub;
+    MPI_Comm_split(MPI_COMM_WORLD, world.rank() / 4, world.rank(), &sub);
+    {
+      auto pool = make_mpi_communicator(sub);
+      if (!pool.ok()) {
+        report("make_mpi_communicator", pool.error());
+      } else {
+        exec_test::ExecCase c;
+        c.pool_seed = 200 + static_cast<std::uint64_t>(world.rank() / 4);
+        c.chunks = 4;
+        c.heads_q = 8;
+        c.mode = "tap-split";
+        report(fmt::format("MPI_Comm pool {} of {}", world.rank() / 4, w / 4), exec_test::exec_case(**pool, c));
+        report("comm_basics on an MPI_Comm pool", exec_test::comm_basics(**pool));
+      }
+    }
+    MPI_Comm_free(&sub);
   }
   if (world.rank() == 0) std::printf("libra_exec_mpi_test %s: %d ranks, %d bodies, %d failed\n", what.c_str(), w, ran, failures);
   world_or->reset();

@@ -262,3 +262,10 @@ def test_cuda_attention_needs_flash_attn_or_says_so():
             lt._flash_attn()
         return
     pytest.skip("flash_attn present: the CUDA path is exercised by the GPU run in docs/python.md")
+
+
+def test_the_tap_split_case_really_splits_tiles():
+    # The distributed "tap-split M2 fp32" case above relies on this plan cutting tiles into pieces.
+    plan = libra.make_plan(POOLS[:2], seq_len=L, cp=2, block_size=8, head_shards=4, heads_q=8, heads_kv=2,
+                           head_dim=16, chunks=2, mode="tap-split", tau=0.0, dtype="fp32")
+    assert plan.tiles["piece"].max() > 0

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "commands.hpp"
+#include "exec/harness.hpp"
 #include "libra/comm.hpp"
 #include "libra/corpus.hpp"
 #include "libra/executor.hpp"
@@ -52,6 +53,7 @@ struct ExecOptionsCli {
   std::string reference = "auto";
   std::string trace;
   int ranks = 0;  // > 0: in-process ranks instead of MPI
+  std::string plan;  // a saved plan: pool and shape come from it
 };
 
 struct BenchOptionsCli {
@@ -64,17 +66,15 @@ struct BenchOptionsCli {
 void add_shape_options(CLI::App* sub, ShapeOptions& o, bool bench) {
   sub->add_option("source", o.source, "pool: JSON Lines file (one packed sequence per line) or builtin:NAME, whose "
                                        "sequences are scaled to --seq-len (default builtin:paper-1m)");
-  auto* L = sub->add_option("--seq-len", o.seq_len, "packed length L of every slot");
-  auto* cp = sub->add_option("--cp", o.cp, "CP workers per slot");
-  auto* b = sub->add_option("--block", o.block, "query rows per SH-Tile (B)");
-  auto* h = sub->add_option("--head-shards", o.head_shards, "head shards per block (H)");
-  auto* hq = sub->add_option("--heads-q", o.heads_q, "query heads");
-  auto* hkv = sub->add_option("--heads-kv", o.heads_kv, "KV heads");
-  auto* d = sub->add_option("--head-dim", o.head_dim, "head dimension");
-  if (!bench) {
-    for (auto* opt : {L, cp, b, h, hq, hkv, d}) opt->required();
-  }
-  sub->add_option("--dtype", o.dtype, "element type: fp32 or bf16")->check(CLI::IsMember({"fp32", "bf16"}));
+  sub->add_option("--seq-len", o.seq_len, "packed length L of every slot");
+  sub->add_option("--cp", o.cp, "CP workers per slot");
+  sub->add_option("--block", o.block, "query rows per SH-Tile (B)");
+  sub->add_option("--head-shards", o.head_shards, "head shards per block (H)");
+  sub->add_option("--heads-q", o.heads_q, "query heads");
+  sub->add_option("--heads-kv", o.heads_kv, "KV heads");
+  sub->add_option("--head-dim", o.head_dim, "head dimension");
+  // exec requires the shape unless --plan gives it (checked in make_config).
+  sub->add_option("--dtype", o.dtype, "element type: fp32, bf16 or fp16")->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
   sub->add_option("--window", o.window, "sliding-window width (default: full causal)");
   sub->add_option("--tau", o.tau, "TAP load slack");
   sub->add_option("--chunks", o.chunks, "pipeline chunks M");
@@ -120,6 +120,13 @@ Result<std::vector<PackedSequence>> draw_pool(const std::vector<PackedSequence>&
 }
 
 Result<PlanConfig> make_config(const ShapeOptions& o, const std::string& mode) {
+  const std::pair<const char*, std::int64_t> needed[] = {{"--seq-len", o.seq_len},     {"--cp", o.cp},
+                                                         {"--block", o.block},         {"--head-shards", o.head_shards},
+                                                         {"--heads-q", o.heads_q},     {"--heads-kv", o.heads_kv},
+                                                         {"--head-dim", o.head_dim}};
+  for (const auto& [flag, v] : needed) {
+    if (v == 0) return invalid_input(fmt::format("{} is required (or --plan FILE, whose plan carries the shape)", flag));
+  }
   PlanConfig cfg;
   cfg.seq_len = o.seq_len;
   cfg.cp = o.cp;
@@ -128,7 +135,7 @@ Result<PlanConfig> make_config(const ShapeOptions& o, const std::string& mode) {
   cfg.shape.heads_q = o.heads_q;
   cfg.shape.heads_kv = o.heads_kv;
   cfg.shape.head_dim = o.head_dim;
-  cfg.shape.dtype = o.dtype == "bf16" ? DType::kBF16 : DType::kF32;
+  LIBRA_ASSIGN_OR_RETURN(cfg.shape.dtype, parse_dtype(o.dtype));
   if (o.window) {
     if (*o.window < 1) return invalid_input(fmt::format("--window {}: must be at least 1", *o.window));
     cfg.shape.window = *o.window;
@@ -179,13 +186,11 @@ std::string bytes_text(std::int64_t b) {
   std::abort();  // not reached: abort ends the job
 }
 
-constexpr int kCheckTag = kMaxUserTag - 64;
-
 // The body every rank runs. Returns the exit status; only world rank 0
 // prints.
 int exec_rank(Communicator& world, const ExecOptionsCli& opt) {
   const bool root = world.rank() == 0;
-  const ShapeOptions& so = opt.shape;
+  ShapeOptions so = opt.shape;
   auto fail_all = [&](const Status& local) -> int {
     // Every rank learns of the failure. A failure of rank 0 is printed by
     // rank 0 alone (the flags are the same everywhere, so the other ranks
@@ -205,8 +210,29 @@ int exec_rank(Communicator& world, const ExecOptionsCli& opt) {
     return local.ok() || local.error().code() != ErrorCode::kInternal ? kExitUsage : kExitFailure;
   };
 
-  // Configuration and pool: every rank derives the same from the flags.
-  Result<PlanConfig> cfg = make_config(so, opt.mode);
+  // Configuration and pool: every rank derives the same from the flags, or
+  // loads the same plan file (which carries both).
+  std::optional<Plan> saved;
+  if (!opt.plan.empty()) {
+    Result<Plan> p = load_plan(opt.plan);
+    if (int rc = fail_all(p.status()); rc != kExitOk) return rc;
+    saved = *p;
+    const PlanConfig& c = saved->config();
+    so.seq_len = c.seq_len;
+    so.cp = c.cp;
+    so.block = c.block_size;
+    so.head_shards = c.head_shards;
+    so.heads_q = c.shape.heads_q;
+    so.heads_kv = c.shape.heads_kv;
+    so.head_dim = c.shape.head_dim;
+    so.dtype = dtype_name(c.shape.dtype);
+    so.window = c.shape.window == kFullCausal ? std::nullopt : std::optional<std::int64_t>(c.shape.window);
+    so.tau = c.tau;
+    so.chunks = c.chunks;
+    so.pool_size = saved->pool_size();
+    so.source = opt.plan;
+  }
+  Result<PlanConfig> cfg = saved ? Result<PlanConfig>(saved->config()) : make_config(so, opt.mode);
   if (int rc = fail_all(cfg.status()); rc != kExitOk) return rc;
   const int W = world.size();
   const int P = so.pool_size > 0 ? so.pool_size : W / so.cp;
@@ -222,8 +248,10 @@ int exec_rank(Communicator& world, const ExecOptionsCli& opt) {
   const int pool_id = world.rank() / Wp;
 
   double scale = 1.0;
-  Result<std::vector<PackedSequence>> all = load_scaled(so.source, so.seq_len, &scale);
-  Result<std::vector<PackedSequence>> pool = all.ok() ? draw_pool(*all, so.source, so.pool_index + pool_id, P)
+  Result<std::vector<PackedSequence>> all =
+      saved ? Result<std::vector<PackedSequence>>(std::vector<PackedSequence>(saved->pool().begin(), saved->pool().end()))
+            : load_scaled(so.source, so.seq_len, &scale);
+  Result<std::vector<PackedSequence>> pool = all.ok() ? draw_pool(*all, so.source, saved ? 0 : so.pool_index + pool_id, P)
                                                       : Result<std::vector<PackedSequence>>(all.error());
   if (int rc = fail_all(pool.status()); rc != kExitOk) return rc;
 
@@ -238,7 +266,10 @@ int exec_rank(Communicator& world, const ExecOptionsCli& opt) {
   eo.trace = opt.trace.empty() ? nullptr : &trace;
   std::optional<Plan> plan;
   Result<std::unique_ptr<Executor>> ex = internal_error("no executor");
-  if (opt.mode == "ulysses") {
+  if (saved) {
+    plan = *saved;
+    ex = make_plan_executor(pc, *plan, eo);
+  } else if (opt.mode == "ulysses") {
     ex = make_ulysses_executor(pc, *pool, *cfg, eo);
   } else {
     Result<Plan> p = make_plan(*pool, *cfg);
@@ -274,7 +305,7 @@ int exec_rank(Communicator& world, const ExecOptionsCli& opt) {
   if (root) {
     fmt::print("libra exec: {} ranks = {} pool(s) x W {} (P {} x CP {}); mode {}, M {}, L {}, h_q {}, h_kv {}, d {}, {}, "
                "window {}, {} kernel thread(s) per rank\n",
-               W, pools, Wp, P, so.cp, opt.mode, cfg->chunks, so.seq_len, so.heads_q, so.heads_kv, so.head_dim, so.dtype,
+               W, pools, Wp, P, so.cp, saved ? fmt::format("{} (plan {})", plan_mode_name(cfg->mode), opt.plan) : opt.mode, cfg->chunks, so.seq_len, so.heads_q, so.heads_kv, so.head_dim, so.dtype,
                so.window ? std::to_string(*so.window) : std::string("full"), so.threads);
     if (scale != 1.0) fmt::print("pool source: {} with sample lengths scaled by {:.6g}\n", so.source, scale);
     std::string tokens;
@@ -318,7 +349,7 @@ int exec_rank(Communicator& world, const ExecOptionsCli& opt) {
     for (const std::vector<float>* t : {&f->o, &f->lse, &g->dq, &g->dk, &g->dv}) {
       mine.append(reinterpret_cast<const char*>(t->data()), t->size() * sizeof(float));
     }
-    Result<std::vector<std::string>> gathered = gather_strings(pc, 0, mine, kCheckTag);
+    Result<std::vector<std::string>> gathered = gather_strings(pc, 0, mine);
     if (!gathered.ok()) abort_job(world, gathered.error());
     if (pc.rank() == 0) {
       const std::int64_t qw = so.heads_q * so.head_dim, kw = so.heads_kv * so.head_dim;
@@ -361,7 +392,7 @@ int exec_rank(Communicator& world, const ExecOptionsCli& opt) {
   }
   std::string stats;
   for (const ErrorStats& e : errs) stats += fmt::format("{:a} {:a} ", e.max_abs, e.max_ref);
-  Result<std::vector<std::string>> all_stats = gather_strings(world, 0, stats, kCheckTag - 8);
+  Result<std::vector<std::string>> all_stats = gather_strings(world, 0, stats);
   if (!all_stats.ok()) abort_job(world, all_stats.error());
   int verdict = kExitOk;
   if (root) {
@@ -557,6 +588,8 @@ const bool registered = register_command(70, [](CLI::App& app) {
   ex->add_option("--reference", eo->reference, "reference for --check: auto (naive fp64 when small), naive, kernel");
   ex->add_option("--trace", eo->trace, "write a Chrome trace-event JSON file of compute and transfers per rank");
   ex->add_option("--ranks", eo->ranks, "run N ranks as threads of this process instead of MPI");
+  ex->add_option("--plan", eo->plan, "run a saved plan file (libra plan -o FILE): its pool and shape replace the source "
+                                     "and shape flags");
   handlers.push_back({ex, [eo] { return run_exec(*eo); }});
 
   CLI::App* bench = command_group(app, "bench", "Measure libra's components on this machine");

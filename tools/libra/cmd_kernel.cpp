@@ -4,8 +4,6 @@
 // model loads (format: docs/kernel.md).
 #include <fmt/format.h>
 
-#include <time.h>
-
 #include <algorithm>
 #include <fstream>
 #include <iostream>
@@ -31,6 +29,7 @@ struct KernelBenchOptions {
   double min_seconds = 0.05;
   int repetitions = 3;
   std::string clock = "wall";
+  std::string target = "auto";
 };
 
 std::string cpu_model() {
@@ -47,17 +46,6 @@ std::string cpu_model() {
     }
   }
   return "unknown CPU";
-}
-
-double thread_cpu_seconds() {
-  timespec t{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
-  return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_nsec) * 1e-9;
-}
-double wall_seconds() {
-  timespec t{};
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_nsec) * 1e-9;
 }
 
 // Every flag checked by name before the FMA probe and the timings start.
@@ -88,23 +76,24 @@ int run_kernel_bench(const KernelBenchOptions& o) {
   p.threads = o.threads;
   p.min_seconds = o.min_seconds;
   p.repetitions = o.repetitions;
-  if (o.dtype == "fp32") {
-    p.dtype = kernel::DType::kF32;
-  } else if (o.dtype == "bf16") {
-    p.dtype = kernel::DType::kBF16;
-  } else {
-    return fail(invalid_input("--dtype " + o.dtype + ": must be fp32 or bf16"));
+  auto dtype = parse_dtype(o.dtype);
+  if (!dtype.ok()) return fail(invalid_input("--dtype " + o.dtype + ": " + dtype.error().message()));
+  p.dtype = *dtype;
+  if (Status s = kernel::set_simd_target(o.target); !s.ok()) {
+    return fail(invalid_input("--target " + o.target + ": " + s.message()));
   }
   if (o.clock != "wall" && o.clock != "cpu") return fail(invalid_input("--clock " + o.clock + ": must be wall or cpu"));
   p.thread_cpu_clock = o.clock == "cpu";
   if (o.threads < 1 || o.threads > 1024) {
     return fail(invalid_input("--threads " + std::to_string(o.threads) + ": must be in [1, 1024]"));
   }
-  // With the CPU clock the peak is rescaled by the share of wall time this
-  // thread actually ran (threads == 1: the probe runs on the calling thread).
-  const double c0 = thread_cpu_seconds(), w0 = wall_seconds();
-  double peak = kernel::measure_fma_peak_gflops(o.threads, 0.2);
-  if (o.clock == "cpu") peak *= (wall_seconds() - w0) / std::max(1e-9, thread_cpu_seconds() - c0);
+  // The best of 5 short probes (contention only lowers a reading), by the
+  // same clock as the timings.
+  double peak = 0;
+  for (int i = 0; i < 5; ++i) {
+    const kernel::FmaPeak r = kernel::measure_fma_peak(o.threads, 0.05);
+    peak = std::max(peak, o.clock == "cpu" ? r.cpu_gflops : r.wall_gflops);
+  }
   auto entries = kernel::measure_profile(p);
   if (!entries.ok()) return fail(entries.error());
   const std::string device = cpu_model() + " (" + kernel::simd_target() + ")";
@@ -144,7 +133,8 @@ const bool registered = register_command(80, [](CLI::App& app) {
   sub->add_option("--lengths", o->lengths, "Per-call block lengths (tokens)")->delimiter(',');
   sub->add_option("--heads", o->heads, "Heads per call")->delimiter(',');
   sub->add_option("--head-dim", o->head_dim, "Head dimension");
-  sub->add_option("--dtype", o->dtype, "fp32 or bf16");
+  sub->add_option("--dtype", o->dtype, "fp32, bf16 or fp16 (storage; accumulation is fp32)");
+  sub->add_option("--target", o->target, "SIMD target: auto, avx512, avx2 or scalar");
   sub->add_option("--min-seconds", o->min_seconds, "Minimum seconds per timing");
   sub->add_option("--repetitions", o->repetitions, "Timings per entry (median kept)");
   sub->add_option("--clock", o->clock, "wall, or cpu (the calling thread's CPU time; --threads 1 only)");

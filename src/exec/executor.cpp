@@ -1,0 +1,453 @@
+// The execution engine: one RankSchedule run over a Communicator with an
+// AttentionBackend. Both passes go through run_pass, the pipeline loop of
+// paper section 6.3; everything the loop moves is described by the schedule,
+// so this file has no knowledge of plans, tiles or Ulysses.
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cstring>
+#include <memory>
+
+#include "libra/backend.hpp"
+#include "libra/comm.hpp"
+#include "libra/executor.hpp"
+#include "libra/schedule.hpp"
+
+namespace libra {
+
+namespace {
+
+// A byte buffer kept across calls (an executor serves every layer) and not
+// zero-filled again on every call: only the bytes segments fill are read.
+class RawBuffer {
+ public:
+  void ensure(std::size_t n) {
+    if (n != n_) {
+      // Zeroed once when (re)allocated, so rows no transfer fills (the
+      // loopback measurement of `libra bench exec`) never hold stale bytes
+      // that read as NaN or denormal floats and slow the kernel down.
+      p_.reset(n ? new std::byte[n]() : nullptr);
+      n_ = n;
+    }
+  }
+  void zero() {
+    if (n_) std::memset(p_.get(), 0, n_);
+  }
+  std::byte* data() { return p_.get(); }
+  std::size_t size() const { return n_; }
+
+ private:
+  std::unique_ptr<std::byte[]> p_;
+  std::size_t n_ = 0;
+};
+
+// One all-to-all-v in flight, traced from posting to the end of its wait.
+struct Wire {
+  RawBuffer send, recv;
+  PendingExchange pending;
+  double posted_us = 0;
+};
+
+bool is_in(Phase p) { return p == Phase::kFwdIn || p == Phase::kBwdIn; }
+
+class ScheduleExecutor final : public Executor {
+ public:
+  ScheduleExecutor(Communicator& comm, RankSchedule s, ExecOptions opts)
+      : comm_(comm), s_(std::move(s)), opts_(opts) {}
+
+  Status init();
+  Result<ForwardOutputs> forward(const AttentionInputs& in) override;
+  Result<BackwardOutputs> backward(const AttentionInputs& in, const ForwardOutputs& fwd,
+                                   std::span<const float> d_o) override;
+  double last_compute_seconds() const override { return compute_seconds_; }
+
+ private:
+  RawBuffer& buf(Field f, bool home) {
+    return (home ? home_ : compute_)[static_cast<std::size_t>(f)];
+  }
+  std::byte* at(Field f, bool home, std::int64_t vector) {
+    return buf(f, home).data() + vector * s_.vector_bytes(f);
+  }
+  Status check_inputs(const AttentionInputs& in, const ForwardOutputs* fwd, std::span<const float> d_o) const;
+  void load_home(Field f, std::span<const float> x);
+  std::vector<float> read_home(Field f);
+  void prepare(bool backward);
+  void pack(Phase p, int m, Wire& w);
+  void unpack(const std::vector<Segment>& segs, bool home, const std::byte* src);
+  Status post(Phase p, int m, Wire& w);
+  Status wait(Phase p, int m, Wire& w);
+  Status compute(Pass pass, int m);
+  Status run_pass(Pass pass);
+
+  Communicator& comm_;
+  RankSchedule s_;
+  ExecOptions opts_;
+  std::unique_ptr<AttentionBackend> owned_backend_;
+  AttentionBackend* backend_ = nullptr;
+  std::array<RawBuffer, kNumFields> home_, compute_;
+  std::vector<Wire> in_, out_;
+  std::vector<std::byte> workspace_;
+  double compute_seconds_ = 0;
+};
+
+Status ScheduleExecutor::init() {
+  if (opts_.threads < 1) return invalid_input(fmt::format("executor: threads {} must be at least 1", opts_.threads));
+  backend_ = opts_.backend;
+  if (!backend_) {
+    owned_backend_ = make_cpu_backend();
+    backend_ = owned_backend_.get();
+  }
+  Status local = validate_schedule(s_);
+  if (local.ok()) local = backend_->supports(s_.dtype);
+  LIBRA_TRY(agree_on_status(comm_, local, "executor setup"));
+  in_.resize(static_cast<std::size_t>(s_.chunks));
+  out_.resize(static_cast<std::size_t>(s_.chunks));
+  return Status();
+}
+
+Status ScheduleExecutor::check_inputs(const AttentionInputs& in, const ForwardOutputs* fwd,
+                                      std::span<const float> d_o) const {
+  const auto qn = static_cast<std::size_t>(s_.home_vectors(Field::kQ) * s_.head_dim);
+  const auto kn = static_cast<std::size_t>(s_.home_vectors(Field::kK) * s_.head_dim);
+  auto check = [&](std::size_t got, std::size_t want, const char* name) -> Status {
+    if (got != want) {
+      return invalid_input(fmt::format("executor rank {}: {} has {} elements, expected L/CP x heads x head_dim = {}",
+                                       s_.worker, name, got, want));
+    }
+    return Status();
+  };
+  LIBRA_TRY(check(in.q.size(), qn, "q"));
+  LIBRA_TRY(check(in.k.size(), kn, "k"));
+  LIBRA_TRY(check(in.v.size(), kn, "v"));
+  if (fwd) {
+    LIBRA_TRY(check(fwd->o.size(), qn, "o"));
+    LIBRA_TRY(check(fwd->lse.size(), static_cast<std::size_t>(s_.home_vectors(Field::kLse)), "lse"));
+    LIBRA_TRY(check(d_o.size(), qn, "d_o"));
+  }
+  return Status();
+}
+
+void ScheduleExecutor::load_home(Field f, std::span<const float> x) {
+  RawBuffer& b = buf(f, true);
+  const DType t = field_dtype(f, s_.dtype);
+  b.ensure(x.size() * static_cast<std::size_t>(dtype_bytes(t)));
+  if (t == DType::kF32) {
+    if (!x.empty()) std::memcpy(b.data(), x.data(), x.size() * 4);
+    return;
+  }
+  for (std::size_t i = 0; i < x.size(); ++i) store_from_f32(b.data(), t, static_cast<std::int64_t>(i), x[i]);
+}
+
+std::vector<float> ScheduleExecutor::read_home(Field f) {
+  const DType t = field_dtype(f, s_.dtype);
+  std::vector<float> out(static_cast<std::size_t>(s_.home_vectors(f) * s_.width(f)));
+  for (std::size_t i = 0; i < out.size(); ++i) out[i] = load_as_f32(buf(f, true).data(), t, static_cast<std::int64_t>(i));
+  return out;
+}
+
+// Home outputs zeroed (padding rows stay 0; dK/dV are sums), compute
+// buffers sized for the pass.
+void ScheduleExecutor::prepare(bool backward) {
+  const Field outs_f[] = {Field::kO, Field::kLse};
+  const Field outs_b[] = {Field::kDq, Field::kDk, Field::kDv};
+  for (Field f : backward ? std::span<const Field>(outs_b) : std::span<const Field>(outs_f)) {
+    RawBuffer& b = buf(f, true);
+    b.ensure(static_cast<std::size_t>(s_.home_vectors(f) * s_.vector_bytes(f)));
+    b.zero();
+  }
+  for (int fi = 0; fi < kNumFields; ++fi) {
+    const Field f = static_cast<Field>(fi);
+    const bool needed = backward || f == Field::kQ || f == Field::kK || f == Field::kV || f == Field::kO || f == Field::kLse;
+    if (!needed) continue;
+    RawBuffer& b = buf(f, false);
+    b.ensure(static_cast<std::size_t>(s_.compute_vectors(f) * s_.vector_bytes(f)));
+    // The kernel adds into dK and dV.
+    if (f == Field::kDk || f == Field::kDv) b.zero();
+  }
+}
+
+void ScheduleExecutor::pack(Phase p, int m, Wire& w) {
+  const Exchange& x = s_.exchange(p, m);
+  w.send.ensure(static_cast<std::size_t>(x.total_send_bytes));
+  w.recv.ensure(static_cast<std::size_t>(x.total_recv_bytes));
+  const bool from_home = is_in(p);
+  std::byte* cur = w.send.data();
+  for (const auto& segs : x.send) {
+    for (const Segment& seg : segs) {
+      const std::int64_t vb = s_.vector_bytes(seg.field);
+      const auto n = static_cast<std::size_t>(seg.at.run * vb);
+      const std::byte* src = at(seg.field, from_home, seg.at.offset);
+      for (std::int64_t i = 0; i < seg.at.rows; ++i) {
+        std::memcpy(cur, src + i * seg.at.stride * vb, n);
+        cur += n;
+      }
+    }
+  }
+}
+
+void ScheduleExecutor::unpack(const std::vector<Segment>& segs, bool home, const std::byte* src) {
+  for (const Segment& seg : segs) {
+    const std::int64_t vb = s_.vector_bytes(seg.field);
+    const auto n = static_cast<std::size_t>(seg.at.run * vb);
+    std::byte* dst = at(seg.field, home, seg.at.offset);
+    for (std::int64_t i = 0; i < seg.at.rows; ++i) {
+      std::byte* row = dst + i * seg.at.stride * vb;
+      if (seg.add) {
+        // dK/dV partial sums: fp32 on the wire and at home.
+        float* d = reinterpret_cast<float*>(row);
+        const std::int64_t k = seg.at.run * s_.width(seg.field);
+        for (std::int64_t j = 0; j < k; ++j) {
+          float v;
+          std::memcpy(&v, src + 4 * j, 4);
+          d[j] += v;
+        }
+      } else {
+        std::memcpy(row, src, n);
+      }
+      src += n;
+    }
+  }
+}
+
+Status ScheduleExecutor::post(Phase p, int m, Wire& w) {
+  pack(p, m, w);
+  const Exchange& x = s_.exchange(p, m);
+  if (opts_.trace) w.posted_us = opts_.trace->now_us();
+  LIBRA_ASSIGN_OR_RETURN(w.pending, comm_.post({std::span<const std::byte>(w.send.data(), w.send.size()), x.send_bytes,
+                                                x.send_displs, std::span<std::byte>(w.recv.data(), w.recv.size()),
+                                                x.recv_bytes, x.recv_displs}));
+  return Status();
+}
+
+Status ScheduleExecutor::wait(Phase p, int m, Wire& w) {
+  TraceRecorder* tr = opts_.trace;
+  const double w0 = tr ? tr->now_us() : 0;
+  LIBRA_TRY(comm_.wait(w.pending));
+  if (tr) {
+    const std::string pass = (p == Phase::kFwdIn || p == Phase::kFwdOut) ? "fwd" : "bwd";
+    const std::string name = fmt::format("{} {} chunk {}", pass, is_in(p) ? "input" : "output", m);
+    const double w1 = tr->now_us();
+    tr->record("wait " + name, TraceRecorder::kWait, w0, w1);
+    tr->record(name, TraceRecorder::kTransfer, w.posted_us, w1);
+  }
+  return Status();
+}
+
+Status ScheduleExecutor::compute(Pass pass, int m) {
+  TraceRecorder* tr = opts_.trace;
+  const double t0 = tr ? tr->now_us() : 0;
+  const auto c0 = std::chrono::steady_clock::now();
+  auto view = [&](Field f, const Strided& v) {
+    return View{at(f, false, v.offset), field_dtype(f, s_.dtype), v.rows, v.run, s_.width(f), v.stride * s_.width(f),
+                Device::kCpu};
+  };
+  for (const KernelCall& c : s_.calls(pass, m)) {
+    const auto frags = s_.call_fragments(c);
+    if (pass == Pass::kForward) {
+      AttentionForward a{view(Field::kQ, c.q), view(Field::kK, c.kv), view(Field::kV, c.kv), view(Field::kO, c.q),
+                         view(Field::kLse, c.q), frags, s_.window, opts_.threads};
+      workspace_.resize(backend_->forward_workspace_bytes(a));
+      LIBRA_TRY(backend_->forward(a, workspace_));
+    } else {
+      AttentionBackward a{view(Field::kQ, c.q),   view(Field::kK, c.kv),  view(Field::kV, c.kv),
+                          view(Field::kO, c.q),   view(Field::kDo, c.q),  view(Field::kLse, c.q),
+                          view(Field::kDq, c.q),  view(Field::kDk, c.kv), view(Field::kDv, c.kv),
+                          frags,                  s_.window,              opts_.threads};
+      workspace_.resize(backend_->backward_workspace_bytes(a));
+      LIBRA_TRY(backend_->backward(a, workspace_));
+    }
+    // Let the communication library move the other chunks' data.
+    LIBRA_TRY(comm_.progress());
+  }
+  compute_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - c0).count();
+  if (tr) {
+    tr->record(fmt::format("{} compute chunk {}", pass == Pass::kForward ? "fwd" : "bwd", m), TraceRecorder::kCompute,
+               t0, tr->now_us());
+  }
+  return Status();
+}
+
+// The pipeliner schedule of paper section 6.3, shared by both passes: post
+// chunk 0's inputs; for each chunk m, post chunk m+1's inputs, wait only for
+// chunk m's, compute it while chunk m+1 arrives and chunk m-1 returns, then
+// post chunk m's outputs; wait for every return at the end and apply them in
+// the schedule's fixed order.
+Status ScheduleExecutor::run_pass(Pass pass) {
+  const Phase in = pass == Pass::kForward ? Phase::kFwdIn : Phase::kBwdIn;
+  const Phase out = pass == Pass::kForward ? Phase::kFwdOut : Phase::kBwdOut;
+  const int M = s_.chunks;
+  LIBRA_TRY(post(in, 0, in_[0]));
+  for (int m = 0; m < M; ++m) {
+    const auto mu = static_cast<std::size_t>(m);
+    if (m + 1 < M) LIBRA_TRY(post(in, m + 1, in_[mu + 1]));
+    LIBRA_TRY(wait(in, m, in_[mu]));
+    const Exchange& x = s_.exchange(in, m);
+    for (std::size_t p = 0; p < x.recv.size(); ++p) unpack(x.recv[p], false, in_[mu].recv.data() + x.recv_displs[p]);
+    LIBRA_TRY(compute(pass, m));
+    LIBRA_TRY(post(out, m, out_[mu]));
+  }
+  for (int m = 0; m < M; ++m) LIBRA_TRY(wait(out, m, out_[static_cast<std::size_t>(m)]));
+  for (auto [peer, m] : s_.apply_order) {
+    const Exchange& x = s_.exchange(out, m);
+    const auto pu = static_cast<std::size_t>(peer);
+    unpack(x.recv[pu], true, out_[static_cast<std::size_t>(m)].recv.data() + x.recv_displs[pu]);
+  }
+  return Status();
+}
+
+Result<ForwardOutputs> ScheduleExecutor::forward(const AttentionInputs& in) {
+  LIBRA_TRY(agree_on_status(comm_, check_inputs(in, nullptr, {}), "executor forward inputs"));
+  compute_seconds_ = 0;
+  load_home(Field::kQ, in.q);
+  load_home(Field::kK, in.k);
+  load_home(Field::kV, in.v);
+  prepare(false);
+  LIBRA_TRY(run_pass(Pass::kForward));
+  ForwardOutputs out;
+  out.o = read_home(Field::kO);
+  out.lse = read_home(Field::kLse);
+  return out;
+}
+
+Result<BackwardOutputs> ScheduleExecutor::backward(const AttentionInputs& in, const ForwardOutputs& fwd,
+                                                   std::span<const float> d_o) {
+  LIBRA_TRY(agree_on_status(comm_, check_inputs(in, &fwd, d_o), "executor backward inputs"));
+  compute_seconds_ = 0;
+  load_home(Field::kQ, in.q);
+  load_home(Field::kK, in.k);
+  load_home(Field::kV, in.v);
+  load_home(Field::kO, fwd.o);
+  load_home(Field::kLse, fwd.lse);
+  load_home(Field::kDo, d_o);
+  prepare(true);
+  LIBRA_TRY(run_pass(Pass::kBackward));
+  BackwardOutputs out;
+  out.dq = read_home(Field::kDq);
+  out.dk = read_home(Field::kDk);
+  out.dv = read_home(Field::kDv);
+  return out;
+}
+
+Status check_program(const RankSchedule& s, const Strided& a, std::int64_t buffer, const std::string& what) {
+  if (a.rows < 0 || a.run < 0 || a.offset < 0 || a.run > a.stride ||
+      (a.rows > 0 && a.run > 0 && a.offset + (a.rows - 1) * a.stride + a.run > buffer)) {
+    return invalid_input(fmt::format("schedule of worker {}: {} (offset {}, {} rows of {} vectors, stride {}) lies "
+                                     "outside its buffer of {} vectors",
+                                     s.worker, what, a.offset, a.rows, a.run, a.stride, buffer));
+  }
+  return Status();
+}
+
+}  // namespace
+
+Status validate_schedule(const RankSchedule& s) {
+  if (s.workers < 1 || s.worker < 0 || s.worker >= s.workers || s.chunks < 1 || s.heads_q < 1 || s.heads_kv < 1 ||
+      s.head_dim < 1) {
+    return invalid_input(fmt::format("schedule: worker {} of {}, {} chunks, heads {}/{}, head_dim {} is not a schedule",
+                                     s.worker, s.workers, s.chunks, s.heads_q, s.heads_kv, s.head_dim));
+  }
+  for (int p = 0; p < 4; ++p) {
+    if (s.exchanges[static_cast<std::size_t>(p)].size() != static_cast<std::size_t>(s.chunks)) {
+      return invalid_input("schedule: exchanges of a phase do not cover its chunks");
+    }
+    for (int m = 0; m < s.chunks; ++m) {
+      const Exchange& x = s.exchange(static_cast<Phase>(p), m);
+      const bool in = is_in(static_cast<Phase>(p));
+      for (int side = 0; side < 2; ++side) {
+        const auto& lists = side == 0 ? x.send : x.recv;
+        const auto& bytes = side == 0 ? x.send_bytes : x.recv_bytes;
+        const auto& displs = side == 0 ? x.send_displs : x.recv_displs;
+        if (lists.size() != static_cast<std::size_t>(s.workers) || bytes.size() != lists.size() || displs.size() != lists.size()) {
+          return invalid_input("schedule: an exchange does not list every peer");
+        }
+        std::int64_t total = 0;
+        for (std::size_t peer = 0; peer < lists.size(); ++peer) {
+          std::int64_t n = 0;
+          for (const Segment& seg : lists[peer]) {
+            const bool home = side == 0 ? in : !in;
+            const std::int64_t buffer = home ? s.home_vectors(seg.field) : s.compute_vectors(seg.field);
+            LIBRA_TRY(check_program(s, seg.at, buffer,
+                                    fmt::format("{} chunk {} {} {} of peer {}", phase_name(static_cast<Phase>(p)), m,
+                                                side == 0 ? "send" : "receive", field_name(seg.field), peer)));
+            if (seg.add && (side == 0 || !home || field_dtype(seg.field, s.dtype) != DType::kF32)) {
+              return invalid_input("schedule: only fp32 home buffers are added into");
+            }
+            n += seg.at.count() * s.vector_bytes(seg.field);
+          }
+          if (n != bytes[peer] || displs[peer] != total) return invalid_input("schedule: byte counts disagree with the segments");
+          total += n;
+        }
+        if (total != (side == 0 ? x.total_send_bytes : x.total_recv_bytes)) {
+          return invalid_input("schedule: total bytes disagree with the segments");
+        }
+      }
+    }
+  }
+  for (auto [peer, m] : s.apply_order) {
+    if (peer < 0 || peer >= s.workers || m < 0 || m >= s.chunks) return invalid_input("schedule: apply order out of range");
+  }
+  for (int pass = 0; pass < 2; ++pass) {
+    if (s.kernel_calls[static_cast<std::size_t>(pass)].size() != static_cast<std::size_t>(s.chunks)) {
+      return invalid_input("schedule: kernel calls do not cover the chunks");
+    }
+    for (int m = 0; m < s.chunks; ++m) {
+      for (const KernelCall& c : s.calls(static_cast<Pass>(pass), m)) {
+        LIBRA_TRY(check_program(s, c.q, s.compute_q_vectors, fmt::format("kernel call Q view of chunk {}", m)));
+        LIBRA_TRY(check_program(s, c.kv, s.compute_kv_vectors, fmt::format("kernel call KV view of chunk {}", m)));
+        if (c.fragment_begin < 0 || c.fragment_begin > c.fragment_end ||
+            static_cast<std::size_t>(c.fragment_end) > s.fragments.size()) {
+          return invalid_input("schedule: kernel call fragments out of range");
+        }
+        // Rows the fragments touch lie inside the views (the kernel checks
+        // the rest of each fragment).
+        for (const CallFragment& f : s.call_fragments(c)) {
+          if (f.q_row < 0 || f.kv_row < 0 || f.q_row + (f.e - f.a) > c.q.rows || f.kv_row + f.e > c.kv.rows) {
+            return invalid_input(fmt::format("schedule of worker {}: a fragment of chunk {} reaches past its views", s.worker, m));
+          }
+        }
+      }
+    }
+  }
+  return Status();
+}
+
+Result<std::unique_ptr<Executor>> make_schedule_executor(Communicator& pool, RankSchedule schedule,
+                                                         const ExecOptions& options) {
+  if (pool.size() != schedule.workers || pool.rank() != schedule.worker) {
+    return invalid_input(fmt::format("executor: rank {} of a {}-rank communicator was given the schedule of worker {} "
+                                     "of {}",
+                                     pool.rank(), pool.size(), schedule.worker, schedule.workers));
+  }
+  LIBRA_TRY(agree_on_fingerprint(pool, schedule.fingerprint, schedule.what));
+  auto ex = std::make_unique<ScheduleExecutor>(pool, std::move(schedule), options);
+  LIBRA_TRY(ex->init());
+  return std::unique_ptr<Executor>(std::move(ex));
+}
+
+Result<std::unique_ptr<Executor>> make_plan_executor(Communicator& pool, const Plan& plan, const ExecOptions& options) {
+  if (pool.size() != plan.num_workers()) {
+    return invalid_input(fmt::format("executor: the pool communicator has {} ranks but the plan has {} workers "
+                                     "(P = {}, CP = {}); run with W = P * CP ranks per pool",
+                                     pool.size(), plan.num_workers(), plan.pool_size(), plan.config().cp));
+  }
+  // Agree before building: the schedule of a plan another rank does not
+  // hold would not match its messages.
+  LIBRA_TRY(agree_on_fingerprint(pool, plan.fingerprint(), "plan"));
+  LIBRA_ASSIGN_OR_RETURN(RankSchedule s, make_rank_schedule(plan, pool.rank()));
+  return make_schedule_executor(pool, std::move(s), options);
+}
+
+Result<std::unique_ptr<Executor>> make_ulysses_executor(Communicator& pool, std::span<const PackedSequence> sequences,
+                                                        const PlanConfig& config, const ExecOptions& options) {
+  const std::int64_t W = static_cast<std::int64_t>(sequences.size()) * config.cp;
+  if (pool.size() != W) {
+    return invalid_input(fmt::format("ulysses executor: the pool communicator has {} ranks but the pool has {} slots x "
+                                     "CP {} = {} workers",
+                                     pool.size(), sequences.size(), config.cp, W));
+  }
+  Result<RankSchedule> s = make_ulysses_schedule(sequences, config, pool.rank());
+  LIBRA_TRY(agree_on_status(pool, s.status(), "ulysses schedule"));
+  return make_schedule_executor(pool, std::move(*s), options);
+}
+
+}  // namespace libra

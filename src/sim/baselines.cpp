@@ -1,0 +1,30 @@
+// The baselines that do not depend on the candidate: ulysses (and wlb, which
+// is ulysses over wlb_repack's sequences, wlb.cpp), and DistCA's limits.
+#include <fmt/format.h>
+
+#include "sim/internal.hpp"
+
+namespace libra::sim {
+
+Result<std::vector<double>> ulysses_steps(const Ctx& ctx, std::span<const PackedSequence> seqs, std::uint64_t window,
+                                          Timing& tm, const std::string& kind) {
+  const std::int64_t dp = ctx.cfg.dp;
+  const std::int64_t ga = static_cast<std::int64_t>(seqs.size()) / dp;
+  StepMax sm{std::vector<double>(static_cast<std::size_t>(ga), 0.0)};
+  const PlanConfig pc = ulysses_config(ctx);
+  for (std::int64_t i = 0; i < static_cast<std::int64_t>(seqs.size()); ++i) {
+    const std::int64_t g = i / dp, r = i % dp;
+    auto gpus = pool_gpus(r, 1, ctx.cfg.cp);
+    LIBRA_ASSIGN_OR_RETURN(PlanCost c, price_pool(ctx, seqs.subspan(static_cast<std::size_t>(i), 1), pc, gpus, tm, kind));
+    sm.put(g, time_plan(ctx, c, gpus, {window, static_cast<std::uint64_t>(g)}, false, false));
+  }
+  return sm.step;
+}
+
+std::string distca_skip_reason(const SimConfig& cfg) {
+  if (cfg.dp * cfg.cp <= cfg.distca_max_gpus) return {};
+  return fmt::format("distca not timed: its pool spans DP x CP = {} GPUs, more than --distca-max-gpus {}",
+                     cfg.dp * cfg.cp, cfg.distca_max_gpus);
+}
+
+}  // namespace libra::sim

@@ -1,0 +1,150 @@
+// Internal to the sim stage: the pieces simulate() is built from, one unit
+// each (plan_cost.cpp, baselines.cpp, sweep.cpp, end_to_end.cpp,
+// recommend.cpp, paper_figures.cpp), so that a new variant (e.g. a fused
+// domain of k pools priced as one TAP domain of k * P slots) is a call to
+// price_pool with its own slots and GPUs.
+//
+//   sim::Ctx ctx{cfg, seq_len, ThroughputTable(cfg.cost.kernel), candidates};
+//   auto gpus = sim::pool_gpus(/*first replica*/ 0, /*slots*/ 16, cfg.cp);
+//   auto cost = sim::price_pool(ctx, sequences_of_the_domain, sim::tap_config(ctx, h, b), gpus, timing, "fused");
+//   double s = sim::time_plan(ctx, *cost, gpus, {window, step}, /*pipelined=*/true, /*backward=*/false);
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "libra/plan.hpp"
+#include "libra/simulator.hpp"
+
+namespace libra::sim {
+
+struct Ctx {
+  const SimConfig& cfg;
+  std::int64_t seq_len;
+  ThroughputTable table;
+  std::vector<SimCandidate> candidates;
+};
+
+// Thread CPU time (CLOCK_THREAD_CPUTIME_ID), seconds: what --timing's
+// per-phase figures sum, so that waiting on a loaded machine is not counted.
+double thread_cpu_seconds();
+double process_cpu_seconds();
+double wall_seconds();  // steady clock
+std::int64_t peak_rss_kb();
+
+struct Timing {
+  double placement = 0, plan = 0, cost = 0;  // thread CPU seconds
+  std::int64_t plans = 0;
+  std::map<std::string, std::pair<double, std::int64_t>> by_kind;  // make_plan seconds and calls
+};
+void add_timing(SimTiming& total, const Timing& t);
+
+// Per-worker times of one plan, before device noise: a plan is priced once
+// and timed many times (variants, DP points).
+struct PlanCost {
+  int workers = 0;
+  std::int64_t chunks = 1;
+  std::vector<double> comp_fwd, comp_bwd;              // whole tiles, full head width per call
+  std::vector<double> chunk_comp_fwd, chunk_comp_bwd;  // one chunk (heads / M per call)
+  std::vector<double> disp_fwd, ret_fwd, disp_bwd, ret_bwd;  // whole-step all-to-all, per worker
+  // [m][worker]: chunk m's all-to-all times.
+  std::vector<std::vector<double>> cdisp_fwd, cret_fwd, cdisp_bwd, cret_bwd;
+  std::int64_t comm_bytes = 0, max_send = 0, max_recv = 0;
+  double imbalance = 0;
+};
+
+PlanConfig plan_config(const Ctx& ctx, std::int64_t h, std::int64_t b, std::int64_t chunks, PlanMode mode,
+                       bool dedup_kv);
+PlanConfig tap_config(const Ctx& ctx, std::int64_t h, std::int64_t b);
+PlanConfig ulysses_config(const Ctx& ctx);
+
+// GPU ids of a domain's workers: slot p of a domain whose slot 0 sits on
+// replica `first` is replica first + p; its CP ranks are GPUs replica * CP + c.
+// Any slot count works (a pool, DistCA's whole DP, a fused domain).
+std::vector<std::int64_t> pool_gpus(std::int64_t first, std::int64_t slots, std::int64_t cp);
+
+// A plan's per-worker times on `gpus` (the plan's workers in order).
+PlanCost cost_plan(const Ctx& ctx, const Plan& plan, std::span<const std::int64_t> gpus);
+
+// make_plan over `sequences` (one per slot) and the cost of the plan on `gpus`.
+Result<PlanCost> price_pool(const Ctx& ctx, std::span<const PackedSequence> sequences, const PlanConfig& pc,
+                            std::span<const std::int64_t> gpus, Timing& tm, const std::string& kind);
+
+struct NoiseKey {
+  std::uint64_t window = 0, step = 0;
+};
+// Latency of one domain-step: collectives finish when their slowest worker
+// does; compute carries each GPU's noise factor for this step.
+double time_plan(const Ctx& ctx, const PlanCost& c, std::span<const std::int64_t> gpus, NoiseKey key, bool pipelined,
+                 bool backward);
+// Forward dispatch + return of the slowest worker, unpipelined (figure 14's
+// "communication").
+double comm_seconds(const PlanCost& c);
+
+double max_of(const std::vector<double>& v);
+Stat stat_of(const std::vector<double>& v);
+std::string cand_name(const SimCandidate& c);
+double seq_tokens(const PackedSequence& s);
+std::vector<PackedSequence> pool_of(std::span<const PackedSequence> window, const std::vector<std::int32_t>& idx);
+
+// Collects, per GA step, the slowest of several concurrent domain latencies.
+struct StepMax {
+  std::vector<double> step;
+  void put(std::int64_t g, double v) {
+    step[static_cast<std::size_t>(g)] = std::max(step[static_cast<std::size_t>(g)], v);
+  }
+};
+
+// --- Baselines (baselines.cpp).
+// Latency per GA step of Ulysses over sequences in loader order (replica r
+// of GA step g runs sequence g * DP + r).
+Result<std::vector<double>> ulysses_steps(const Ctx& ctx, std::span<const PackedSequence> seqs, std::uint64_t window,
+                                          Timing& tm, const std::string& kind);
+// Whether distca can be timed at this DP, and why not.
+std::string distca_skip_reason(const SimConfig& cfg);
+
+// --- Candidate sweep of one window (sweep.cpp).
+struct CandWindow {
+  std::vector<double> inter;  // per placement mode, all_placement_modes() order
+  double lower_bound = 0;
+  std::vector<double> intra, intra_plus, bytes, bytes_plus, send, recv, comm;  // per pool
+  std::map<Variant, std::vector<double>> steps;  // per GA step latency
+};
+struct WindowResult {
+  Status status;
+  std::vector<double> ulysses, wlb;  // per GA step
+  std::int64_t wlb_split = 0;
+  std::vector<CandWindow> cand;
+  Timing timing;
+};
+WindowResult simulate_window(const Ctx& ctx, std::span<const PackedSequence> window, std::uint64_t w);
+// Mean R-1 of `seeds` random groupings (seeds first .. first + seeds - 1).
+Result<double> mean_random_imbalance(std::span<const std::int64_t> f, std::int64_t pool_size, std::uint64_t first,
+                                     std::int64_t seeds);
+Status check_candidate(const Ctx& ctx, const SimCandidate& c);
+
+// --- End-to-end model (end_to_end.cpp).
+struct E2eWindow {
+  Status status;
+  std::vector<double> ulysses_time, libra_time;  // per DP point: the optimizer step's seconds
+  std::vector<double> ulysses_sync, libra_sync;  // the same when every layer syncs all replicas
+  std::vector<double> mb_ulysses, mb_libra;       // forward seconds per microbatch at cfg.dp
+  double tokens = 0;
+  Timing timing;
+};
+E2eWindow e2e_window(const Ctx& ctx, std::span<const PackedSequence> window, std::uint64_t w,
+                     const SimCandidate& rec, const std::vector<std::int64_t>& dps);
+// Folds the windows into res.dp_scaling and the microbatch statistics.
+Status fold_end_to_end(const std::vector<E2eWindow>& er, const std::vector<std::int64_t>& dps,
+                       const SimCandidate& rec, SimResult& res);
+
+// --- Recommendation (recommend.cpp): sets recommended, runner_up, reason.
+void recommend(SimResult& res);
+
+// --- Paper figures (paper_figures.cpp): fills paper_dataset, paper and not_comparable.
+void compare_with_paper(SimResult& res);
+
+}  // namespace libra::sim

@@ -1,0 +1,269 @@
+// The plan-cost unit: a plan's per-worker compute and communication times
+// (cost_model.hpp), and the timing helpers every other unit shares.
+#include <fmt/format.h>
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cmath>
+#include <ctime>
+#include <numeric>
+
+#include "sim/internal.hpp"
+#include "sim/plan_pricer.hpp"
+
+namespace libra::sim {
+
+double thread_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+double process_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+double wall_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+std::int64_t peak_rss_kb() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return static_cast<std::int64_t>(ru.ru_maxrss);
+}
+
+void add_timing(SimTiming& total, const Timing& t) {
+  total.placement_s += t.placement;
+  total.plan_s += t.plan;
+  total.cost_s += t.cost;
+  total.plans += t.plans;
+  for (const auto& [k, v] : t.by_kind) {
+    auto& dst = total.by_kind[k];
+    dst.first += v.first;
+    dst.second += v.second;
+  }
+}
+
+PlanConfig plan_config(const Ctx& ctx, std::int64_t h, std::int64_t b, std::int64_t chunks, PlanMode mode,
+                       bool dedup_kv) {
+  // simulate() has checked every narrowed value against INT32_MAX.
+  PlanConfig pc;
+  pc.seq_len = ctx.seq_len;
+  pc.cp = static_cast<int>(ctx.cfg.cp);
+  pc.block_size = b;
+  pc.head_shards = static_cast<int>(h);
+  pc.shape = {.heads_q = static_cast<int>(ctx.cfg.model.heads_q),
+              .heads_kv = static_cast<int>(ctx.cfg.model.heads_kv),
+              .head_dim = static_cast<int>(ctx.cfg.model.head_dim),
+              .dtype = ctx.cfg.model.elem_bytes == 4 ? DType::kF32 : DType::kBF16};
+  pc.tau = ctx.cfg.tau;
+  pc.chunks = static_cast<int>(chunks);
+  pc.mode = mode;
+  pc.dedup_per_kv_head = dedup_kv;
+  return pc;
+}
+
+PlanConfig tap_config(const Ctx& ctx, std::int64_t h, std::int64_t b) {
+  return plan_config(ctx, h, b, ctx.cfg.chunks, PlanMode::kTap, false);
+}
+
+// Ulysses: one slot, the sequence's own CP group, heads split over CP.
+PlanConfig ulysses_config(const Ctx& ctx) {
+  return plan_config(ctx, 1, ctx.seq_len / ctx.cfg.cp, 1, PlanMode::kUlysses, false);
+}
+
+// Turns a plan into per-worker compute and communication times. The forward
+// pass moves Q and KV out and O back; the backward pass moves Q, dO and KV
+// out and dQ plus the dK/dV partial sums (KV reversed) back.
+PlanCost cost_plan(const Ctx& ctx, const Plan& plan, std::span<const std::int64_t> gpus) {
+  PlanCost c;
+  const int w = plan.num_workers();
+  const std::size_t ws = static_cast<std::size_t>(w);
+  c.workers = w;
+  c.chunks = plan.config().chunks;
+  c.comp_fwd.assign(ws, 0);
+  c.comp_bwd.assign(ws, 0);
+  c.chunk_comp_fwd.assign(ws, 0);
+  c.chunk_comp_bwd.assign(ws, 0);
+  const double m = static_cast<double>(c.chunks);
+  // Calls of the same shape repeat (every full block); cache their rates.
+  std::map<std::pair<std::int64_t, std::int32_t>, std::pair<double, double>> rate;
+  auto rates = [&](std::int64_t rows, double heads) {
+    auto key = std::make_pair(rows, static_cast<std::int32_t>(std::lround(heads * 64)));
+    auto it = rate.find(key);
+    if (it != rate.end()) return it->second;
+    auto v = std::make_pair(ctx.table.gflops(static_cast<double>(rows), heads, false) * 1e9,
+                            ctx.table.gflops(static_cast<double>(rows), heads, true) * 1e9);
+    rate.emplace(key, v);
+    return v;
+  };
+  for (const Tile& t : plan.tiles()) {
+    const auto r = static_cast<std::size_t>(t.worker);
+    const std::int64_t rows = t.end - t.begin;
+    const double heads = static_cast<double>(t.heads.size());
+    const double fwd = forward_flops(t.flops, ctx.cfg.model.head_dim);
+    const double bwd = 2.5 * fwd;  // 10 d vs 4 d FLOPs per pair (workload.hpp)
+    auto full = rates(rows, heads);
+    c.comp_fwd[r] += fwd / full.first;
+    c.comp_bwd[r] += bwd / full.second;
+    auto part = rates(rows, heads / m);
+    c.chunk_comp_fwd[r] += fwd / m / part.first;
+    c.chunk_comp_bwd[r] += bwd / m / part.second;
+  }
+  // Byte matrices by kind, whole step and per chunk.
+  auto kind_matrices = [&](auto&& transfers_of) {
+    std::vector<std::int64_t> q(ws * ws, 0), kv(ws * ws, 0), o(ws * ws, 0);
+    for (int s = 0; s < w; ++s) {
+      for (int t = 0; t < w; ++t) {
+        if (s == t) continue;
+        for (const Transfer& x : transfers_of(s, t)) {
+          auto& mtx = x.kind == TransferKind::kQ ? q : x.kind == TransferKind::kKv ? kv : o;
+          mtx[static_cast<std::size_t>(s) * ws + static_cast<std::size_t>(t)] += x.bytes;
+        }
+      }
+    }
+    std::vector<std::int64_t> df(ws * ws), rf(ws * ws), db(ws * ws), rb(ws * ws);
+    for (std::size_t s = 0; s < ws; ++s) {
+      for (std::size_t t = 0; t < ws; ++t) {
+        const std::size_t i = s * ws + t;
+        df[i] = q[i] + kv[i];
+        rf[i] = o[i];
+        db[i] = 2 * q[i] + kv[i];
+        rb[i] = o[i] + kv[t * ws + s];
+      }
+    }
+    return std::array<std::vector<double>, 4>{alltoall_seconds(ctx.cfg.cost.net, df, gpus),
+                                              alltoall_seconds(ctx.cfg.cost.net, rf, gpus),
+                                              alltoall_seconds(ctx.cfg.cost.net, db, gpus),
+                                              alltoall_seconds(ctx.cfg.cost.net, rb, gpus)};
+  };
+  auto whole = kind_matrices([&](int s, int t) { return plan.transfers(s, t); });
+  c.disp_fwd = std::move(whole[0]);
+  c.ret_fwd = std::move(whole[1]);
+  c.disp_bwd = std::move(whole[2]);
+  c.ret_bwd = std::move(whole[3]);
+  if (c.chunks > 1) {
+    for (int k = 0; k < c.chunks; ++k) {
+      auto part = kind_matrices([&](int s, int t) { return plan.chunk_transfers(k, s, t); });
+      c.cdisp_fwd.push_back(std::move(part[0]));
+      c.cret_fwd.push_back(std::move(part[1]));
+      c.cdisp_bwd.push_back(std::move(part[2]));
+      c.cret_bwd.push_back(std::move(part[3]));
+    }
+  }
+  c.comm_bytes = plan.comm_bytes();
+  for (int r = 0; r < w; ++r) {
+    c.max_send = std::max(c.max_send, plan.send_bytes(r));
+    c.max_recv = std::max(c.max_recv, plan.recv_bytes(r));
+  }
+  c.imbalance = plan.imbalance();
+  return c;
+}
+
+double max_of(const std::vector<double>& v) { return v.empty() ? 0.0 : *std::max_element(v.begin(), v.end()); }
+
+// Latency of one pool-step: collectives finish when their slowest worker
+// does; compute carries each GPU's noise factor for this step.
+double time_plan(const Ctx& ctx, const PlanCost& c, std::span<const std::int64_t> gpus, NoiseKey key,
+                 bool pipelined, bool backward) {
+  const auto ws = static_cast<std::size_t>(c.workers);
+  auto noisy_max = [&](const std::vector<double>& comp) {
+    double m = 0;
+    for (std::size_t r = 0; r < ws; ++r) {
+      m = std::max(m, comp[r] * noise_factor(ctx.cfg.cost.noise, key.window, key.step,
+                                              static_cast<std::uint64_t>(gpus[r])));
+    }
+    return m;
+  };
+  if (!pipelined || c.chunks <= 1) {
+    const PhaseSeconds s{max_of(backward ? c.disp_bwd : c.disp_fwd), noisy_max(backward ? c.comp_bwd : c.comp_fwd),
+                         max_of(backward ? c.ret_bwd : c.ret_fwd)};
+    return serial_seconds(s);
+  }
+  const double comp = noisy_max(backward ? c.chunk_comp_bwd : c.chunk_comp_fwd);
+  std::vector<PhaseSeconds> chunks;
+  for (std::size_t k = 0; k < c.cdisp_fwd.size(); ++k) {
+    chunks.push_back({max_of(backward ? c.cdisp_bwd[k] : c.cdisp_fwd[k]), comp,
+                      max_of(backward ? c.cret_bwd[k] : c.cret_fwd[k])});
+  }
+  return pipelined_seconds(chunks);
+}
+
+double comm_seconds(const PlanCost& c) { return max_of(c.disp_fwd) + max_of(c.ret_fwd); }
+
+std::vector<std::int64_t> pool_gpus(std::int64_t first, std::int64_t slots, std::int64_t cp) {
+  std::vector<std::int64_t> g;
+  g.reserve(static_cast<std::size_t>(slots * cp));
+  for (std::int64_t p = 0; p < slots; ++p) {
+    for (std::int64_t c = 0; c < cp; ++c) g.push_back((first + p) * cp + c);
+  }
+  return g;
+}
+
+Result<PlanCost> price_pool(const Ctx& ctx, std::span<const PackedSequence> sequences, const PlanConfig& pc,
+                            std::span<const std::int64_t> gpus, Timing& tm, const std::string& kind) {
+  double t0 = thread_cpu_seconds();
+  auto plan = make_plan(sequences, pc);
+  const double dt = thread_cpu_seconds() - t0;
+  tm.plan += dt;
+  ++tm.plans;
+  auto& k = tm.by_kind[kind];
+  k.first += dt;
+  ++k.second;
+  if (!plan.ok()) return plan.error();
+  t0 = thread_cpu_seconds();
+  PlanCost c = cost_plan(ctx, *plan, gpus);
+  tm.cost += thread_cpu_seconds() - t0;
+  return c;
+}
+
+Stat stat_of(const std::vector<double>& v) {
+  Stat s;
+  if (v.empty()) return s;
+  s.mean = std::accumulate(v.begin(), v.end(), 0.0) / static_cast<double>(v.size());
+  s.worst = *std::max_element(v.begin(), v.end());
+  return s;
+}
+
+std::string cand_name(const SimCandidate& c) {
+  return fmt::format("P={} H={} B={}", c.pool_size, c.head_shards, c.block_size);
+}
+
+double seq_tokens(const PackedSequence& s) {
+  return static_cast<double>(std::accumulate(s.begin(), s.end(), std::int64_t{0}));
+}
+
+std::vector<PackedSequence> pool_of(std::span<const PackedSequence> window, const std::vector<std::int32_t>& idx) {
+  std::vector<PackedSequence> out;
+  out.reserve(idx.size());
+  for (std::int32_t i : idx) out.push_back(window[static_cast<std::size_t>(i)]);
+  return out;
+}
+
+}  // namespace libra::sim
+
+// ----- Pricing for other units (sim/plan_pricer.hpp) -------------------------
+
+namespace libra::sim_detail {
+
+struct PlanPricer::Impl {
+  sim::Ctx ctx;
+};
+
+PlanPricer::PlanPricer(const SimConfig& config, std::int64_t seq_len)
+    : impl_(std::make_unique<Impl>(Impl{sim::Ctx{config, seq_len, ThroughputTable(config.cost.kernel), {}}})) {}
+
+PlanPricer::~PlanPricer() = default;
+
+double PlanPricer::forward_seconds(const Plan& plan, std::span<const std::int64_t> gpus, std::uint64_t window,
+                                   std::uint64_t step, bool pipelined) const {
+  const sim::PlanCost c = sim::cost_plan(impl_->ctx, plan, gpus);
+  return sim::time_plan(impl_->ctx, c, gpus, {window, step}, pipelined, false);
+}
+
+}  // namespace libra::sim_detail

@@ -1,0 +1,179 @@
+// The candidate sweep of one window: every (P, H, B), every placement mode,
+// the Libra variants and DistCA, through the real planners.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <limits>
+
+#include "libra/workload.hpp"
+#include "sim/internal.hpp"
+
+namespace libra::sim {
+
+Result<double> mean_random_imbalance(std::span<const std::int64_t> f, std::int64_t pool_size, std::uint64_t first,
+                                     std::int64_t seeds) {
+  double sum = 0;
+  for (std::int64_t s = 0; s < seeds; ++s) {
+    LIBRA_ASSIGN_OR_RETURN(
+        WindowPlacement pl,
+        place_window(f, {.pool_size = pool_size, .mode = PlacementMode::kRandom, .seed = first + static_cast<std::uint64_t>(s)}));
+    sum += pl.imbalance;
+  }
+  return sum / static_cast<double>(std::max<std::int64_t>(seeds, 1));
+}
+
+Status check_candidate(const Ctx& ctx, const SimCandidate& c) {
+  if (c.pool_size < 1 || ctx.cfg.dp % c.pool_size != 0) {
+    return invalid_input(fmt::format("--pool-size {}: must divide --dp {}", c.pool_size, ctx.cfg.dp));
+  }
+  // Checked before plan_config narrows them to int.
+  if (c.head_shards < 1 || c.head_shards > ctx.cfg.model.heads_q) {
+    return invalid_input(fmt::format("--head-shards {}: must be in [1, --heads-q {}]", c.head_shards,
+                                     ctx.cfg.model.heads_q));
+  }
+  Status s = validate_plan_config(tap_config(ctx, c.head_shards, c.block_size));
+  if (!s.ok()) {
+    return invalid_input(fmt::format("--head-shards {} --block-size {}: {}", c.head_shards, c.block_size,
+                                     s.message()));
+  }
+  return {};
+}
+
+namespace {
+
+using Placed = std::pair<WindowPlacement, StepLayout>;
+
+struct Timed {
+  Variant variant;
+  bool pipelined;
+};
+
+// What run_pools records per pool besides step latencies.
+enum class Record { kNothing, kTap, kPlus };
+
+}  // namespace
+
+WindowResult simulate_window(const Ctx& ctx, std::span<const PackedSequence> window, std::uint64_t w) {
+  WindowResult out;
+  const SimConfig& cfg = ctx.cfg;
+  const std::int64_t ga = cfg.gbs / cfg.dp;
+  Timing& tm = out.timing;
+  auto fail = [&](const Error& e) {
+    out.status = e;
+    return out;
+  };
+  double t0 = thread_cpu_seconds();
+  auto f = sequence_workloads(window);
+  tm.placement += thread_cpu_seconds() - t0;
+  if (!f.ok()) return fail(f.error());
+
+  // Baselines that do not depend on the candidate.
+  auto uly = ulysses_steps(ctx, window, w, tm, "ulysses");
+  if (!uly.ok()) return fail(uly.error());
+  out.ulysses = std::move(*uly);
+  auto repacked = wlb_repack(window, ctx.seq_len, static_cast<std::int64_t>(window.size()));
+  if (!repacked.ok()) return fail(repacked.error());
+  out.wlb_split = repacked->split_samples;
+  auto wlb = ulysses_steps(ctx, repacked->sequences, w, tm, "wlb");
+  if (!wlb.ok()) return fail(wlb.error());
+  out.wlb = std::move(*wlb);
+
+  auto placement_for = [&](std::int64_t p, PlacementMode mode) -> Result<Placed> {
+    const double t1 = thread_cpu_seconds();
+    LIBRA_ASSIGN_OR_RETURN(WindowPlacement pl, place_window(*f, {.pool_size = p, .mode = mode, .seed = cfg.seed}));
+    LIBRA_ASSIGN_OR_RETURN(StepLayout lay, layout_window(pl, cfg.dp));
+    tm.placement += thread_cpu_seconds() - t1;
+    return std::make_pair(std::move(pl), std::move(lay));
+  };
+  // Every pool of a placement through make_plan; step latencies of the given
+  // variants into cw.steps.
+  auto run_pools = [&](const Placed& pl, const PlanConfig& pc, const std::vector<Timed>& variants, CandWindow& cw,
+                       Record rec) -> Status {
+    const auto& [placement, layout] = pl;
+    std::vector<StepMax> sms(variants.size(), StepMax{std::vector<double>(static_cast<std::size_t>(ga), 0.0)});
+    for (std::size_t k = 0; k < placement.pools.size(); ++k) {
+      const auto pool = pool_of(window, placement.pools[k]);
+      const auto gpus = pool_gpus(layout.pool_first_replica[k], static_cast<std::int64_t>(pool.size()), cfg.cp);
+      LIBRA_ASSIGN_OR_RETURN(PlanCost c,
+                             price_pool(ctx, pool, pc, gpus, tm, std::string(variant_name(variants[0].variant))));
+      const std::int64_t g = layout.pool_ga[k];
+      for (std::size_t v = 0; v < variants.size(); ++v) {
+        sms[v].put(g, time_plan(ctx, c, gpus, {w, static_cast<std::uint64_t>(g)}, variants[v].pipelined, false));
+      }
+      if (rec == Record::kTap) {
+        cw.intra.push_back(c.imbalance);
+        cw.bytes.push_back(static_cast<double>(c.comm_bytes));
+        cw.send.push_back(static_cast<double>(c.max_send));
+        cw.recv.push_back(static_cast<double>(c.max_recv));
+        cw.comm.push_back(comm_seconds(c));
+      } else if (rec == Record::kPlus) {
+        cw.intra_plus.push_back(c.imbalance);
+        cw.bytes_plus.push_back(static_cast<double>(c.comm_bytes));
+      }
+    }
+    for (std::size_t v = 0; v < variants.size(); ++v) cw.steps[variants[v].variant] = std::move(sms[v].step);
+    return {};
+  };
+
+  const bool time_distca = distca_skip_reason(cfg).empty();
+  std::map<std::pair<std::int64_t, std::int64_t>, std::vector<double>> distca;  // per (H, B)
+  std::map<std::int64_t, std::map<PlacementMode, Placed>> by_p;
+  const auto modes = all_placement_modes();
+  out.cand.resize(ctx.candidates.size());
+  for (std::size_t ci = 0; ci < ctx.candidates.size(); ++ci) {
+    const SimCandidate& cand = ctx.candidates[ci];
+    CandWindow& cw = out.cand[ci];
+    auto it = by_p.find(cand.pool_size);
+    if (it == by_p.end()) {
+      std::map<PlacementMode, Placed> placed;
+      for (PlacementMode mode : modes) {
+        auto pl = placement_for(cand.pool_size, mode);
+        if (!pl.ok()) return fail(pl.error());
+        placed.emplace(mode, std::move(*pl));
+      }
+      it = by_p.emplace(cand.pool_size, std::move(placed)).first;
+    }
+    const auto& placed = it->second;
+    for (PlacementMode mode : modes) {
+      if (mode == PlacementMode::kRandom) {
+        const double t1 = thread_cpu_seconds();
+        auto r = mean_random_imbalance(*f, cand.pool_size, cfg.seed, cfg.random_seeds);
+        tm.placement += thread_cpu_seconds() - t1;
+        if (!r.ok()) return fail(r.error());
+        cw.inter.push_back(*r);
+      } else {
+        cw.inter.push_back(placed.at(mode).first.imbalance);
+      }
+    }
+    cw.lower_bound = imbalance_lower_bound(*f, cand.pool_size) - 1.0;
+
+    const PlanConfig tap = tap_config(ctx, cand.head_shards, cand.block_size);
+    const PlanConfig plus =
+        plan_config(ctx, cand.head_shards, cand.block_size, cfg.chunks, PlanMode::kTapSplit, true);
+    Status s = run_pools(placed.at(PlacementMode::kSampler), tap, {{Variant::kLibraTap, false}}, cw, Record::kNothing);
+    if (s.ok()) {
+      s = run_pools(placed.at(PlacementMode::kVrsp), tap,
+                    {{Variant::kLibraTapVrsp, false}, {Variant::kLibraFull, true}}, cw, Record::kTap);
+    }
+    if (s.ok()) {
+      s = run_pools(placed.at(PlacementMode::kVrspRefine), plus, {{Variant::kLibraPlus, true}}, cw, Record::kPlus);
+    }
+    if (s.ok() && time_distca) {
+      // One pool of P = DP per GA step in loader order; once per (H, B).
+      const auto key = std::make_pair(cand.head_shards, cand.block_size);
+      auto d = distca.find(key);
+      if (d == distca.end()) {
+        auto pl = placement_for(cfg.dp, PlacementMode::kSampler);
+        if (!pl.ok()) return fail(pl.error());
+        CandWindow tmp;
+        s = run_pools(*pl, tap, {{Variant::kDistca, true}}, tmp, Record::kNothing);
+        if (s.ok()) d = distca.emplace(key, tmp.steps[Variant::kDistca]).first;
+      }
+      if (s.ok()) cw.steps[Variant::kDistca] = d->second;
+    }
+    if (!s.ok()) return fail(s.error());
+  }
+  return out;
+}
+
+}  // namespace libra::sim
