@@ -54,7 +54,7 @@ PlanConfig domain_plan_config(const SimConfig& cfg, std::int64_t seq_len, const 
 // Plans every domain of a placement as one pool (a fused domain: k*P slots,
 // its workers the GPUs of its pools' replicas in domain order) and prices it.
 Status run_side(std::span<const PackedSequence> window, const WindowPlacement& pl, const SimConfig& cfg,
-                const PlanConfig& pc, const sim_detail::PlanPricer& pricer, std::uint64_t w, Side& out) {
+                const PlanConfig& pc, const detail::PlanPricer& pricer, std::uint64_t w, Side& out) {
   LIBRA_ASSIGN_OR_RETURN(StepLayout layout, layout_window(pl, cfg.dp));
   const auto ga = static_cast<std::size_t>(layout.ga_steps);
   out.bytes.assign(ga, 0);
@@ -92,7 +92,7 @@ Status run_side(std::span<const PackedSequence> window, const WindowPlacement& p
 
 WindowOut simulate_window(std::span<const PackedSequence> window, const SimConfig& cfg, const PlanConfig& pc,
                           const SimCandidate& cand, const ElasticOptions& elastic,
-                          const sim_detail::PlanPricer& pricer, std::uint64_t w) {
+                          const detail::PlanPricer& pricer, std::uint64_t w) {
   WindowOut out;
   auto run = [&]() -> Status {
     LIBRA_ASSIGN_OR_RETURN(std::vector<std::int64_t> f, sequence_workloads(window));
@@ -159,7 +159,7 @@ Result<ElasticSimResult> simulate_elastic(const SimConfig& cfg, const SimCandida
                                      cfg.source, seqs.size(), seq_len, cfg.gbs));
   }
   const std::int64_t windows = cfg.max_windows == 0 ? full : std::min(full, cfg.max_windows);
-  const sim_detail::PlanPricer pricer(cfg, seq_len);
+  const detail::PlanPricer pricer(cfg, seq_len);
 
   std::vector<WindowOut> wo(static_cast<std::size_t>(windows));
   {

@@ -13,7 +13,7 @@
 #include "sim/internal.hpp"
 #include "sim/plan_pricer.hpp"
 
-namespace libra::sim {
+namespace libra::detail {
 
 double thread_cpu_seconds() {
   timespec ts{};
@@ -245,25 +245,25 @@ std::vector<PackedSequence> pool_of(std::span<const PackedSequence> window, cons
   return out;
 }
 
-}  // namespace libra::sim
+}  // namespace libra::detail
 
 // ----- Pricing for other units (sim/plan_pricer.hpp) -------------------------
 
-namespace libra::sim_detail {
+namespace libra::detail {
 
 struct PlanPricer::Impl {
-  sim::Ctx ctx;
+  detail::Ctx ctx;
 };
 
 PlanPricer::PlanPricer(const SimConfig& config, std::int64_t seq_len)
-    : impl_(std::make_unique<Impl>(Impl{sim::Ctx{config, seq_len, ThroughputTable(config.cost.kernel), {}}})) {}
+    : impl_(std::make_unique<Impl>(Impl{detail::Ctx{config, seq_len, ThroughputTable(config.cost.kernel), {}}})) {}
 
 PlanPricer::~PlanPricer() = default;
 
 double PlanPricer::forward_seconds(const Plan& plan, std::span<const std::int64_t> gpus, std::uint64_t window,
                                    std::uint64_t step, bool pipelined) const {
-  const sim::PlanCost c = sim::cost_plan(impl_->ctx, plan, gpus);
-  return sim::time_plan(impl_->ctx, c, gpus, {window, step}, pipelined, false);
+  const detail::PlanCost c = detail::cost_plan(impl_->ctx, plan, gpus);
+  return detail::time_plan(impl_->ctx, c, gpus, {window, step}, pipelined, false);
 }
 
-}  // namespace libra::sim_detail
+}  // namespace libra::detail

@@ -10,7 +10,7 @@
 #include "libra/plan.hpp"
 #include "libra/simulator.hpp"
 
-namespace libra::sim_detail {
+namespace libra::detail {
 
 class PlanPricer {
  public:
@@ -30,4 +30,4 @@ class PlanPricer {
   std::unique_ptr<Impl> impl_;
 };
 
-}  // namespace libra::sim_detail
+}  // namespace libra::detail
