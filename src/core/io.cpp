@@ -98,7 +98,7 @@ Status check_writable_dir(const std::string& path) {
       }
       return {};
     }
-    if (errno != ENOENT) return invalid_input(path + ": " + dir + ": " + std::strerror(errno));
+    if (errno != ENOENT && errno != ENOTDIR) return invalid_input(path + ": " + dir + ": " + std::strerror(errno));
     const std::size_t slash = dir.find_last_of('/');
     if (slash == std::string::npos) return {};  // relative: the working directory is checked by the write
     dir = slash == 0 ? "/" : dir.substr(0, slash);

@@ -17,7 +17,10 @@ span starting so is a mention. Each is checked one of three ways:
 - expensive (simulate, exec, bench): parsed only, with LIBRA_PARSE_ONLY=1
   (every flag exists, every value is well formed, every output directory
   exists), and must exit 0.
+
+Every ```json block must also be valid JSON (a format example people copy).
 """
+import json
 import os
 import re
 import shlex
@@ -40,7 +43,7 @@ def commands_of(path):
         if line.strip().startswith("```"):
             in_fence = not in_fence
             continue
-        code = in_fence or (line.startswith("    ") and not line.lstrip().startswith(("-", "*")))
+        code = in_fence or (line.startswith("    ") and not line.lstrip().startswith(("- ", "* ")))
         if code:
             block.append((i + 1, line.strip()))
         else:
@@ -83,6 +86,11 @@ def main():
     help_cache = {}
     for f in files:
         rel = os.path.relpath(f, root)
+        for m in re.finditer(r"^```json\n(.*?)^```", open(f, encoding="utf-8").read(), re.S | re.M):
+            try:
+                json.loads(m.group(1))
+            except ValueError as e:
+                failures.append(f"{rel}: a ```json block is not valid JSON: {e}")
         for no, cmd, mention in commands_of(f):
             try:
                 argv = shlex.split(cmd)[1:]
