@@ -147,7 +147,7 @@ def train(rank, world, args, use_libra, data):
     torch.manual_seed(args.seed)
     model = TinyLM(args.seq_len, **model_kw)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
-    planner = lt.Planner(sampler, seq_len=args.seq_len, cp=CP, block_size=args.block, head_shards=2,
+    planner = lt.Planner(sampler, worker=worker, seq_len=args.seq_len, cp=CP, block_size=args.block, head_shards=2,
                          heads_q=args.heads_q, heads_kv=args.heads_kv, head_dim=args.d_model // args.heads_q,
                          chunks=2, dtype="fp32")
     ga = sampler.ga_steps
@@ -159,7 +159,7 @@ def train(rank, world, args, use_libra, data):
             break
         lengths = sampler.sequence(sampler.index(n))
         if use_libra:
-            rt = lt.PlanRuntime(planner.get(n), group)
+            rt = planner.runtime(n, group)
             logits = model(tokens[home], pos[home], lambda q, k, v: lt.attention(q, k, v, rt))
             tgt = target[home]
         else:
@@ -214,6 +214,7 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--text", default="/usr/share/common-licenses/*", help="glob of text files to train on")
     ap.add_argument("--out", default="out/train_tiny", help="output folder for loss.csv and loss.png")
+    ap.add_argument("--check", type=float, help="exit 1 when the largest relative loss difference exceeds this")
     args = ap.parse_args()
     packed = pack_bytes(load_samples(args.text), args.seq_len)
     need = args.steps * args.gbs
@@ -256,6 +257,9 @@ def main():
     print(f"train_tiny: training wall time {ta:.1f} s (libra), {tp:.1f} s (plain), rank 0")
     print(f"largest relative loss difference: {max(rel):.3e} (step {rel.index(max(rel))})")
     print(f"wrote {os.path.join(args.out, 'loss.csv')} and loss.png")
+    if args.check is not None and not max(rel) <= args.check:
+        print(f"train_tiny: the loss difference exceeds --check {args.check}")
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -15,8 +15,16 @@ LIBRA = sys.argv[1] if len(sys.argv) > 1 else "build/release/tools/libra"
 CORPORA = [
     ("paper-1m", ["builtin:paper-1m"], 128, [16, 128], 16384),
     ("paper-256k", ["builtin:paper-256k"], 128, [16, 128], 16384),
+    ("paper-1m-v1", ["builtin:paper-1m-v1"], 128, [16, 128], 16384),
+    ("paper-256k-v1", ["builtin:paper-256k-v1"], 128, [16, 128], 16384),
     ("debian-source L=128K", ["data/corpora/debian-source.txt", "--seq-len", "131072"], 32, [16, 32], 4096),
 ]
+
+
+# The simulator's default interconnect (fitted to paper figure 14: NIC
+# congestion per node spanned, 4-node supernodes behind a 4 GB/s spine
+# share) and a flat one (no congestion, full bisection).
+NETS = [("fitted", []), ("flat", ["--congestion-per-node", "0", "--inter-supernode-gbps", "45"])]
 
 
 def run(args):
@@ -45,20 +53,23 @@ def main():
             print(f"| {name} | {gbs} | {dp} | {len(v['windows'])} | {v['mean_imbalance']:.4f} | "
                   f"{r['mean_imbalance']:.4f} | {v['mean_lower_bound']:.4f} | " + " | ".join(cells) + " |")
     print("\n### Simulator (libra simulate --elastic, P = 8, H = 8, CP = 8, k = 2, threshold 0.05)\n")
-    print("| corpus | DP | GA | rule | fused windows | fused GA steps | placement imbalance vrsp -> elastic (mean / worst) "
+    print("| network | corpus | DP | GA | rule | fused windows | fused GA steps | placement imbalance vrsp -> elastic (mean / worst) "
           "| worker imbalance after TAP (mean / worst) | extra bytes | fused-step latency ms | optimizer-step latency ms "
           "| speedup mean / worst window |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for name, src, gbs, dps, block in CORPORA:
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    # Nothing fuses on the v2 builtins, so both networks agree there: flat only where it fuses.
+    runs = [(net, net_args, c) for net, net_args in NETS for c in CORPORA
+            if net == "fitted" or c[0].endswith("-v1") or c[0].startswith("debian")]
+    for net, net_args, (name, src, gbs, dps, block) in runs:
         for dp in dps:
             for rule in ("buddy", "lightest"):
                 j = run(["simulate"] + src + ["--elastic", "--gbs", str(gbs), "--dp", str(dp), "--block-size",
-                                              str(block), "--elastic-rule", rule, "--json"])
+                                              str(block), "--elastic-rule", rule, "--json"] + net_args)
                 pi, wi, b = j["placement_imbalance"], j["worker_imbalance"], j["step_bytes"]
                 fl, wl = j["fused_step_latency_s"], j["window_latency_s"]
                 extra = b["elastic"]["mean"] / b["vrsp"]["mean"] - 1
                 worst = wl["vrsp"]["worst"] / wl["elastic"]["worst"]
-                print(f"| {name} | {dp} | {gbs // dp} | {rule} | {j['fused_windows']} of {j['windows']} | "
+                print(f"| {net} | {name} | {dp} | {gbs // dp} | {rule} | {j['fused_windows']} of {j['windows']} | "
                       f"{j['fused_steps']} of {j['steps']} | "
                       f"{pi['vrsp']['mean']:.4f} / {pi['vrsp']['worst']:.4f} -> {pi['elastic']['mean']:.4f} / {pi['elastic']['worst']:.4f} | "
                       f"{wi['vrsp']['mean']:.4f} / {wi['vrsp']['worst']:.4f} -> {wi['elastic']['mean']:.4f} / {wi['elastic']['worst']:.4f} | "

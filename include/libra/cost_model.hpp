@@ -110,9 +110,10 @@ double compute_seconds(const KernelProfile& profile, double flops, double block_
 //     carrying all of the GPU's off-node traffic;
 //   - inter_supernode_gbps: the GPU's share of its supernode's uplinks to the
 //     spine (oversubscribed), carrying its cross-supernode traffic;
-//   - congestion_per_node: an all-to-all spanning n nodes gets
-//     inter_node_gbps / (1 + congestion_per_node * (n - 1)) from each NIC
-//     (incast and ECMP collisions on RoCE grow with the nodes that talk).
+//   - congestion_per_node: an all-to-all spanning n >= 2 nodes gets
+//     inter_node_gbps / (1 + congestion_per_node * (n - 2)) from each NIC
+//     (two nodes exchange rail to rail at full speed; incast and ECMP
+//     collisions on RoCE grow with every further node that talks).
 // nodes_per_supernode, inter_supernode_gbps and congestion_per_node are
 // fitted to the paper's figure-14 growth of communication time with P
 // (docs/simulator.md, "Topology calibration"); they are not measured
@@ -122,8 +123,8 @@ struct Interconnect {
   std::int64_t nodes_per_supernode = 4;
   double intra_node_gbps = 360;
   double inter_node_gbps = 45;
-  double inter_supernode_gbps = 4;
-  double congestion_per_node = 0.9;
+  double inter_supernode_gbps = 7.5;
+  double congestion_per_node = 0.5;
   double latency_us = 10;
 };
 
@@ -134,7 +135,7 @@ struct Interconnect {
 //   t_w = max over {send, recv} of max(intra / B_intra,
 //                                      (inter + cross) / B_nic(n),
 //                                      cross / B_supernode)
-// where B_nic(n) = B_inter / (1 + congestion_per_node (n - 1)) and n is the
+// where B_nic(n) = B_inter / (1 + congestion_per_node max(0, n - 2)) and n is the
 // number of distinct nodes among gpu_of_worker
 //         + latency * max(messages sent, messages received),
 // with intra = bytes to GPUs on the same node, inter = other nodes of the

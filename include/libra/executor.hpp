@@ -101,6 +101,20 @@ struct BackwardOutputs {
   std::vector<float> dk, dv;  // [L/CP, h_kv, d]
 };
 
+// Where the last forward or backward call of a rank spent its time.
+// CPU times are of the calling thread (CLOCK_THREAD_CPUTIME_ID): with
+// ExecOptions::threads == 1 the kernel runs on it, and the difference
+// cpu - kernel_cpu is the executor's own work (packing, unpacking, type
+// conversions, buffer set-up), which a busy or oversubscribed machine does
+// not inflate the way it inflates wall times.
+struct PassStats {
+  double wall = 0;        // the whole call
+  double kernel = 0;      // inside backend calls (wall)
+  double cpu = 0;         // the whole call (thread CPU time)
+  double kernel_cpu = 0;  // inside backend calls (thread CPU time)
+  double wait = 0;        // blocked in Communicator::wait (wall)
+};
+
 class Executor {
  public:
   virtual ~Executor() = default;
@@ -111,6 +125,8 @@ class Executor {
                                                          std::span<const float> d_o) = 0;
   // Seconds spent inside kernel calls by the last forward / backward call.
   virtual double last_compute_seconds() const = 0;
+  // All timings of the last forward / backward call.
+  virtual PassStats last_stats() const = 0;
 };
 
 // `pool` must have plan.num_workers() ranks, numbered as the plan numbers

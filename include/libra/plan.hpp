@@ -28,8 +28,8 @@
 //     (query, key) pairs. Real forward FLOPs = 4 * head_dim * flops
 //     (libra::forward_flops).
 //   - byte counts are exact int64; Q/O bytes per token per head =
-//     head_dim * elem_bytes, KV bytes per token per KV head =
-//     2 * head_dim * elem_bytes (K and V).
+//     head_dim * elem_bytes() (the size of shape.dtype), KV bytes per token per KV head =
+//     2 * head_dim * elem_bytes() (K and V).
 #pragma once
 
 #include <cstdint>

@@ -31,13 +31,15 @@
 // Head vector (t, h) is at (t - home_row0) * heads + h.
 //
 // Compute buffers of worker r: the concatenation of its regions, one per slot
-// it computes on. Region i covers rows [row0, row0 + rows) of that slot for
-// query heads q_heads (Q family, at q_offset) and KV heads kv_heads (KV
-// family, at kv_offset): head vector (t, h) of the Q family is at
-// q_offset + (t - row0) * q_heads.size() + (h - q_heads.begin). Sizes:
-// compute_q_vectors and compute_kv_vectors. Only the rows that segments fill
-// are ever read; dK/dV must be zeroed before the backward pass (the kernel
-// adds into them).
+// it computes on. A region packs only the rows the worker needs: for the Q
+// family the rows of its tiles (q_rows), for the KV family the tokens of the
+// samples they attend to (kv_rows), each a sorted list of runs of slot rows
+// [begin, end) stored from packed row `at` on; heads q_heads (Q family, at
+// q_offset) and kv_heads (KV family, at kv_offset). Head vector (t, h) of
+// the Q family is at q_offset + q_row(t) * q_heads.size() + (h -
+// q_heads.begin), q_row(t) = run.at + t - run.begin for the run holding t.
+// Sizes: compute_q_vectors and compute_kv_vectors. dK/dV must be zeroed
+// before the backward pass (the kernel adds into them).
 //
 // Element types: Q, K, V, O, dO are stored and sent in `dtype`; LSE, dQ, dK
 // and dV in fp32 (field_dtype). Home dK/dV are fp32 sums.
@@ -122,12 +124,22 @@ struct Exchange {
   std::int64_t total_send_bytes = 0, total_recv_bytes = 0;
 };
 
+// Slot rows [begin, end) stored at packed rows [at, at + end - begin).
+struct RowRun {
+  std::int64_t begin = 0, end = 0, at = 0;
+};
+
 // A compute region: see "Compute buffers" above.
 struct Region {
   std::int32_t slot = 0;
-  std::int64_t row0 = 0, rows = 0;
   HeadRange q_heads, kv_heads;
-  std::int64_t q_offset = 0, kv_offset = 0;
+  std::vector<RowRun> q_rows, kv_rows;
+  std::int64_t q_row_count = 0, kv_row_count = 0;  // packed rows
+  std::int64_t q_offset = 0, kv_offset = 0;        // head vectors
+  // Packed row of slot row t, or -1 when no run holds it.
+  std::int64_t q_row(std::int64_t t) const { return find(q_rows, t); }
+  std::int64_t kv_row(std::int64_t t) const { return find(kv_rows, t); }
+  static std::int64_t find(const std::vector<RowRun>& runs, std::int64_t t);
 };
 
 // A query fragment of a kernel call (the varlen convention of
@@ -135,10 +147,10 @@ struct Region {
 // call's Q view, the sample's keys 0 .. e-1 at rows kv_row.. of its K view.
 using CallFragment = QueryFragment;
 
-// One kernel call on views of the compute buffers: Q family rows
-// [0, region.rows) x query heads [h0, h1) at q.offset (row stride q.stride),
-// KV family the same rows x KV heads [k0, k1); query head i of the call uses
-// KV head i / ((h1 - h0) / (k1 - k0)).
+// One kernel call on views of the compute buffers: the region's packed Q
+// family rows x query heads [h0, h1) at q.offset (row stride q.stride), its
+// packed KV family rows x KV heads [k0, k1); query head i of the call uses
+// KV head i / ((h1 - h0) / (k1 - k0)). Fragment rows are packed rows.
 struct KernelCall {
   std::int32_t region = 0;
   std::int32_t h0 = 0, h1 = 0, k0 = 0, k1 = 0;

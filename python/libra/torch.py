@@ -145,28 +145,46 @@ class Planner:
     """Plans batch n+1 on a background CPU thread while batch n trains.
 
     ``get(n)`` returns the plan of batch n (waiting for it if needed) and
-    starts planning batch n+1. make_plan releases the GIL, so planning and
-    training run at once. Keyword arguments are those of libra.make_plan.
+    starts planning batch n+1. With ``worker=`` (the worker index from
+    pool_group) the thread also derives that worker's schedule, which
+    ``runtime(n, group)`` hands to PlanRuntime. make_plan and the schedule
+    release the GIL, so planning and training run at once. The other keyword
+    arguments are those of libra.make_plan.
     """
 
-    def __init__(self, sampler, **plan_kwargs):
+    def __init__(self, sampler, worker=None, **plan_kwargs):
         self._sampler = sampler
+        self._worker = worker
         self._kw = plan_kwargs
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="libra-planner")
         self._futures = {}
+        self._done = {}
+
+    def _work(self, pool):
+        plan = make_plan(pool, **self._kw)
+        sched = None if self._worker is None else _libra.rank_programs(plan, self._worker)
+        return plan, sched
 
     def _submit(self, n):
-        if n < len(self._sampler) and n not in self._futures:
-            pool = self._sampler.pool(n)
-            self._futures[n] = self._pool.submit(make_plan, pool, **self._kw)
+        if n < len(self._sampler) and n not in self._futures and n not in self._done:
+            self._futures[n] = self._pool.submit(self._work, self._sampler.pool(n))
+
+    def _result(self, n):
+        if n not in self._done:
+            self._submit(n)
+            self._done = {n: self._futures.pop(n).result()}
+            for old in [k for k in self._futures if k < n]:
+                self._futures.pop(old).cancel()
+            self._submit(n + 1)
+        return self._done[n]
 
     def get(self, n):
-        self._submit(n)
-        plan = self._futures.pop(n).result()
-        for old in [k for k in self._futures if k < n]:
-            self._futures.pop(old).cancel()
-        self._submit(n + 1)
-        return plan
+        return self._result(n)[0]
+
+    def runtime(self, n, group, **kwargs):
+        """PlanRuntime of batch n on ``group`` (collective), from the prefetched plan and schedule."""
+        plan, sched = self._result(n)
+        return PlanRuntime(plan, group, schedule=sched, **kwargs)
 
     def close(self):
         self._pool.shutdown(wait=True, cancel_futures=True)
@@ -185,19 +203,21 @@ class PlanRuntime:
     as index tensors.
     """
 
-    def __init__(self, plan, group, worker=None, threads=1, trace=False):
+    def __init__(self, plan, group, worker=None, threads=1, trace=False, check_calls=True, schedule=None,
+                 exchange="auto"):
         entry = _POOLS.get(id(group))
         if entry is None and worker is None:
             raise ValueError("PlanRuntime: group was not made by libra.torch.pool_group; pass worker=")
         size = dist.get_world_size(group)
-        if size != plan.num_workers:
-            raise ValueError(f"PlanRuntime: the group has {size} ranks but the plan has {plan.num_workers} workers")
         me = entry[1][dist.get_rank(group)] if worker is None else int(worker)
-        mine = torch.tensor(_fingerprint_words(plan.fingerprint) + [me], dtype=torch.int64)
-        everyone = [torch.zeros(3, dtype=torch.int64) for _ in range(size)]
+        # Every check below runs on what all ranks gathered, so they all raise the same line.
+        mine = torch.tensor(_fingerprint_words(plan.fingerprint) + [me, plan.num_workers], dtype=torch.int64)
+        everyone = [torch.zeros(4, dtype=torch.int64) for _ in range(size)]
         dist.all_gather(everyone, mine, group=group)
         fps = [(int(t[0]) << 32) | int(t[1]) for t in everyone]
         peers = [int(t[2]) for t in everyone]
+        if len(set(fps)) == 1 and int(everyone[0][3]) != size:
+            raise ValueError(f"PlanRuntime: the group has {size} ranks but the plan has {int(everyone[0][3])} workers")
         if len(set(fps)) != 1:
             counts = {}
             for i, f in enumerate(fps):
@@ -210,6 +230,12 @@ class PlanRuntime:
         self.group = group
         self.worker = me
         self.threads = threads
+        self.check_calls = check_calls
+        if exchange not in ("auto", "programs", "index"):
+            raise ValueError(f"PlanRuntime: exchange {exchange!r} must be auto, programs or index")
+        # How messages are packed: "programs" copies the schedule's runs in C++ (CPU tensors),
+        # "index" uses index tensors and torch ops (any device; what CUDA tensors use).
+        self.exchange = exchange
         # Chrome trace events of every attention call under this runtime (trace=True): per chunk, the
         # kernel calls (tid 0) and each all-to-all from issue to completion (tid 1).
         self.trace = [] if trace else None
@@ -217,31 +243,30 @@ class PlanRuntime:
         self.window = plan.config["window"]
         # libra's per-rank schedule (libra/schedule.hpp), its exchanges expanded to index arrays with
         # the peers in group-rank order (what all_to_all_single's splits follow).
-        self.schedule = sd = _libra.rank_schedule(plan, me, peers)
-        self.home_rows, self.heads_q, self.heads_kv = sd["home_rows"], sd["heads_q"], sd["heads_kv"]
-        self.head_dim, self.num_chunks = sd["head_dim"], sd["chunks"]
-
-        def t(a):
-            return torch.from_numpy(np.array(a, dtype=np.int64))  # a writable copy of the read-only array
-
-        def side(x):
-            return {"splits": x["splits"],
-                    "fields": [(f["field"], f["class"], f["add"], t(f["pos"]), t(f["idx"])) for f in x["fields"]]}
-
-        phases = []
-        for p, per_chunk in enumerate(sd["exchanges"]):
-            chunks = [{"send": side(e["send"]), "recv": side(e["recv"])} for e in per_chunk]
-            phase = {"chunks": chunks}
-            if p in (_FWD_OUT, _BWD_OUT):
-                phase["apply"] = _apply_plan(per_chunk, sd["apply_order"])
-            phases.append(phase)
-        calls = [[[(q, kv, f) for (q, kv, f) in chunk] for chunk in per_pass] for per_pass in sd["calls"]]
-        self.index = {"phases": phases, "calls": calls}
-        self._on = {torch.device("cpu"): self.index}
+        progs = schedule
+        if progs is not None:
+            info = progs.info
+            if info["order"] != peers or info["worker"] != me or info["fingerprint"] != plan.fingerprint:
+                progs = None
+        if progs is None:
+            progs = _libra.rank_programs(plan, me, peers)
+            info = progs.info
+        self.programs, self.schedule = progs, info
+        self.home_rows, self.heads_q, self.heads_kv = info["home_rows"], info["heads_q"], info["heads_kv"]
+        self.head_dim, self.num_chunks = info["head_dim"], info["chunks"]
+        self.splits = {(p, m, c): progs.splits(p, m, c)
+                       for p, classes in _PHASE_CLASSES.items() for m in range(self.num_chunks) for c in classes}
+        self._peers = peers
+        self._on = {}
 
     def on(self, device):
-        """The schedule's index tensors on ``device`` (copied once per device)."""
+        """The schedule as index tensors on ``device`` (built once per device; the CUDA path's
+        exchanges; CPU tensors use the C++ programs instead)."""
         device = torch.device(device)
+        if torch.device("cpu") not in self._on:
+            sd = _libra.rank_schedule(self.plan, self.worker, self._peers)
+            self._on[torch.device("cpu")] = _index_tensors(sd)
+        self.index = self._on[torch.device("cpu")]
         if device not in self._on:
             def move(x):
                 if isinstance(x, torch.Tensor):
@@ -286,6 +311,8 @@ def _watch(rt, work, name):
 
 def write_trace(path, events):
     """Writes Chrome trace-event JSON (chrome://tracing, Perfetto) of events gathered from the ranks."""
+    if os.path.dirname(path):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
         json.dump({"traceEvents": events, "displayTimeUnit": "ms"}, f)
@@ -315,10 +342,31 @@ _PHASE_CLASSES = {_FWD_IN: (0,), _FWD_OUT: (0, 1), _BWD_IN: (0, 1), _BWD_OUT: (2
 _PHASE_NAMES = {_FWD_IN: "fwd in", _FWD_OUT: "fwd out", _BWD_IN: "bwd in", _BWD_OUT: "bwd out"}
 
 
-def _apply_plan(per_chunk, apply_order):
+def _index_tensors(sd):
+    """The binding's schedule dict as the index tensors the passes use."""
+    def t(a):
+        return torch.from_numpy(np.array(a, dtype=np.int64))  # a writable copy of the read-only array
+
+    def side(x):
+        return {"splits": x["splits"],
+                "fields": [(f["field"], f["class"], f["add"], t(f["pos"]), t(f["idx"])) for f in x["fields"]]}
+
+    phases = []
+    for p, per_chunk in enumerate(sd["exchanges"]):
+        phase = {"chunks": [{"send": side(e["send"]), "recv": side(e["recv"])} for e in per_chunk]}
+        if p in (_FWD_OUT, _BWD_OUT):
+            phase["apply"] = _apply_plan(per_chunk, sd["apply_order"], sd["workers"])
+        phases.append(phase)
+    return {"phases": phases, "calls": sd["calls"]}
+
+
+def _apply_plan(per_chunk, apply_order, workers):
     """Out phases: each field's received pieces of every chunk, in the schedule's apply order (peer,
     chunk), as positions into the chunks' class buffers concatenated in chunk order."""
-    rank = {tuple(pc): i for i, pc in enumerate(apply_order)}
+    M = len(per_chunk)
+    rank = np.zeros(workers * M, dtype=np.int64)
+    for i, (peer, m) in enumerate(apply_order):
+        rank[peer * M + m] = i
     offsets = {}
     for c in range(3):
         acc = 0
@@ -330,7 +378,7 @@ def _apply_plan(per_chunk, apply_order):
         for f in e["recv"]["fields"]:
             key = (f["field"], f["class"], f["add"])
             pos = f["pos"] + offsets[(f["class"], m)]
-            order = np.array([rank[(int(p), m)] for p in f["peer"]], dtype=np.int64)
+            order = rank[f["peer"] * M + m]
             entries.setdefault(key, []).append((order, pos, f["idx"]))
     out = []
     for (field, cls, add), parts in entries.items():
@@ -385,6 +433,46 @@ def _unpack_out(apply, posted_by_chunk, bufs):
             bufs[field].index_add_(0, idx, rows)
         else:
             bufs[field].index_copy_(0, idx, rows)
+
+
+def _ptrs(bufs):
+    return {name: (t.data_ptr(), t.shape[0]) for name, t in bufs.items()}
+
+
+def _post_cpu(rt, phase, m, bufs, dtype, d):
+    """CPU: packs one (phase, chunk)'s sub-messages with the C++ programs and posts them."""
+    posted = []
+    data_bytes = torch.empty(0, dtype=dtype).element_size()
+    ptrs = _ptrs(bufs)
+    for c in _PHASE_CLASSES[phase]:
+        dt, width = _class_layout(c, dtype, d)
+        send_splits, recv_splits = rt.splits[(phase, m, c)]
+        send = torch.empty((sum(send_splits), width), dtype=dt)
+        rt.programs.pack(phase, m, c, ptrs, send.data_ptr(), send.shape[0], data_bytes)
+        recv = torch.empty((sum(recv_splits), width), dtype=dt)
+        work = _a2a(recv, send, recv_splits, send_splits, rt.group)
+        posted.append((c, _watch(rt, work, f"{_PHASE_NAMES[phase]} chunk {m} class {c}"), recv))
+    return posted
+
+
+def _unpack_in_cpu(rt, phase, m, posted, bufs, dtype):
+    data_bytes = torch.empty(0, dtype=dtype).element_size()
+    ptrs = _ptrs(bufs)
+    for c, work, recv in posted:
+        work.wait()
+        rt.programs.unpack(phase, m, c, ptrs, recv.data_ptr(), recv.shape[0], data_bytes)
+
+
+def _unpack_out_cpu(rt, phase, posted_by_chunk, bufs, dtype):
+    data_bytes = torch.empty(0, dtype=dtype).element_size()
+    ptrs = _ptrs(bufs)
+    per_class = {}
+    for posted in posted_by_chunk:
+        for c, work, recv in posted:
+            work.wait()
+            per_class.setdefault(c, []).append(recv)
+    for c, recvs in per_class.items():
+        rt.programs.apply(phase, c, ptrs, [(r.data_ptr(), r.shape[0]) for r in recvs], data_bytes)
 
 
 # ---------------------------------------------------------------- kernels
@@ -471,7 +559,6 @@ class _Attention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, rt, scale):
         d, dt, dev = rt.head_dim, q.dtype, q.device
-        ix = rt.on(dev)
         sd = rt.schedule
         cq, ckv = sd["compute_q_vectors"], sd["compute_kv_vectors"]
         home = {"Q": q.view(-1, d), "K": k.view(-1, d), "V": v.view(-1, d),
@@ -479,7 +566,7 @@ class _Attention(torch.autograd.Function):
                 "LSE": torch.zeros((q.shape[0] * q.shape[1], 1), dtype=torch.float32, device=dev)}
         comp = {"Q": q.new_zeros((cq, d)), "K": q.new_zeros((ckv, d)), "V": q.new_zeros((ckv, d)),
                 "O": q.new_zeros((cq, d)), "LSE": torch.zeros((cq, 1), dtype=torch.float32, device=dev)}
-        _run_pass(rt, ix, _FWD_IN, _FWD_OUT, 0, home, comp, dt, d, dev, scale)
+        _run_pass(rt, _FWD_IN, _FWD_OUT, 0, home, comp, dt, d, dev, scale)
         o = home["O"].view(q.shape)
         ctx.rt, ctx.scale, ctx.lse = rt, scale, home["LSE"]
         ctx.save_for_backward(q, k, v, o)
@@ -491,7 +578,6 @@ class _Attention(torch.autograd.Function):
         q, k, v, o = ctx.saved_tensors
         o, lse = o.view(-1, rt.head_dim), ctx.lse
         d, dt, dev = rt.head_dim, q.dtype, q.device
-        ix = rt.on(dev)
         sd = rt.schedule
         cq, ckv = sd["compute_q_vectors"], sd["compute_kv_vectors"]
         f32 = dict(dtype=torch.float32, device=dev)
@@ -503,28 +589,43 @@ class _Attention(torch.autograd.Function):
         comp["dQ"] = torch.zeros((cq, d), **f32)
         comp["dK"] = torch.zeros((ckv, d), **f32)
         comp["dV"] = torch.zeros((ckv, d), **f32)
-        _run_pass(rt, ix, _BWD_IN, _BWD_OUT, 1, home, comp, dt, d, dev, scale)
+        _run_pass(rt, _BWD_IN, _BWD_OUT, 1, home, comp, dt, d, dev, scale)
         return (home["dQ"].view(q.shape).to(dt), home["dK"].view(k.shape).to(dt), home["dV"].view(v.shape).to(dt),
                 None, None)
 
 
-def _run_pass(rt, ix, phase_in, phase_out, pass_index, home, comp, dt, d, dev, scale):
+def _run_pass(rt, phase_in, phase_out, pass_index, home, comp, dt, d, dev, scale):
     window = _libra.FULL_CAUSAL if rt.window is None else int(rt.window)
-    ins, outs = ix["phases"][phase_in]["chunks"], ix["phases"][phase_out]["chunks"]
-    posted_in = [_post(rt, phase_in, m, ex, home, dt, d, dev) for m, ex in enumerate(ins)]
+    calls = rt.schedule["calls"][pass_index]
+    on_gpu = dev.type == "cuda"
+    cuda = on_gpu or rt.exchange == "index"  # index-tensor exchanges
+    if cuda:
+        ix = rt.on(dev)
+        ins, outs = ix["phases"][phase_in]["chunks"], ix["phases"][phase_out]["chunks"]
+        posted_in = [_post(rt, phase_in, m, ex, home, dt, d, dev) for m, ex in enumerate(ins)]
+    else:
+        posted_in = [_post_cpu(rt, phase_in, m, home, dt, d) for m in range(rt.num_chunks)]
     posted_out = []
-    for m, ex in enumerate(ins):
-        _unpack_in(ex, posted_in[m], comp)
-        calls = ix["calls"][pass_index][m]
+    for m in range(rt.num_chunks):
+        if cuda:
+            _unpack_in(ins[m], posted_in[m], comp)
+        else:
+            _unpack_in_cpu(rt, phase_in, m, posted_in[m], comp, dt)
         with _compute(rt, f"{'fwd' if pass_index == 0 else 'bwd'} compute chunk {m}"):
-            if dev.type == "cuda":
-                _cuda_pass(pass_index, calls, comp, rt.window, scale or None)
+            if on_gpu:
+                _cuda_pass(pass_index, calls[m], comp, rt.window, scale or None)
             elif pass_index == 0:
-                _cpu_forward(calls, comp, window, scale, rt.threads)
+                _cpu_forward(calls[m], comp, window, scale, rt.threads)
             else:
-                _cpu_backward(calls, comp, window, scale, rt.threads)
-        posted_out.append(_post(rt, phase_out, m, outs[m], comp, dt, d, dev))
-    _unpack_out(ix["phases"][phase_out]["apply"], posted_out, home)
+                _cpu_backward(calls[m], comp, window, scale, rt.threads)
+        if cuda:
+            posted_out.append(_post(rt, phase_out, m, outs[m], comp, dt, d, dev))
+        else:
+            posted_out.append(_post_cpu(rt, phase_out, m, comp, dt, d))
+    if cuda:
+        _unpack_out(ix["phases"][phase_out]["apply"], posted_out, home)
+    else:
+        _unpack_out_cpu(rt, phase_out, posted_out, home, dt)
 
 
 def _cuda_pass(pass_index, calls, comp, window, scale):
@@ -548,6 +649,23 @@ def _cuda_pass(pass_index, calls, comp, window, scale):
         comp["dV"] += gv.float()
 
 
+def _call_problem(q, k, v, rt, window):
+    """What is wrong with an attention call's arguments, or None."""
+    if window != rt.window:
+        return f"window {window} differs from the plan's window {rt.window}"
+    want_q = (rt.home_rows, rt.heads_q, rt.head_dim)
+    want_kv = (rt.home_rows, rt.heads_kv, rt.head_dim)
+    for name, t, want in (("q", q, want_q), ("k", k, want_kv), ("v", v, want_kv)):
+        if not isinstance(t, torch.Tensor) or tuple(t.shape) != want:
+            shape = list(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+            return f"{name} has shape {shape} but the plan needs {list(want)}"
+    if not (q.dtype == k.dtype == v.dtype) or not (q.device == k.device == v.device):
+        return "q, k and v must share dtype and device"
+    if not q.is_cuda and q.dtype not in (torch.float32, torch.bfloat16):
+        return f"CPU tensors must be float32 or bfloat16, got {q.dtype}"
+    return None
+
+
 def attention(q, k, v, runtime, softmax_scale=None, window=None):
     """Core attention of this worker's home tokens under ``runtime``'s plan; differentiable.
 
@@ -558,18 +676,20 @@ def attention(q, k, v, runtime, softmax_scale=None, window=None):
     if not isinstance(runtime, PlanRuntime):
         raise ValueError("libra.torch.attention: runtime must be a libra.torch.PlanRuntime")
     rt = runtime
-    if window != rt.window:
-        raise ValueError(f"libra.torch.attention: window {window} differs from the plan's window {rt.window}")
-    want_q = (rt.home_rows, rt.heads_q, rt.head_dim)
-    want_kv = (rt.home_rows, rt.heads_kv, rt.head_dim)
-    for name, t, want in (("q", q, want_q), ("k", k, want_kv), ("v", v, want_kv)):
-        if tuple(t.shape) != want:
-            raise ValueError(f"libra.torch.attention: {name} has shape {list(t.shape)} but the plan needs {list(want)}")
-    if not (q.dtype == k.dtype == v.dtype) or not (q.device == k.device == v.device):
-        raise ValueError("libra.torch.attention: q, k and v must share dtype and device")
+    problem = _call_problem(q, k, v, rt, window)
+    if rt.check_calls:
+        # One small collective so that a bad call on one rank fails on every rank with the same line
+        # instead of leaving the others waiting in the exchange (PlanRuntime(check_calls=False) skips it).
+        flag = torch.tensor([0 if problem is None else 1], dtype=torch.int64)
+        dist.all_reduce(flag, group=rt.group)
+        if int(flag[0]):
+            msgs = [None] * dist.get_world_size(rt.group)
+            dist.all_gather_object(msgs, problem, group=rt.group)
+            first = next(i for i, m in enumerate(msgs) if m is not None)
+            raise ValueError(f"libra.torch.attention: group rank {first}: {msgs[first]}")
+    elif problem is not None:
+        raise ValueError(f"libra.torch.attention: {problem}")
     if q.is_cuda:
         _flash_attn()
-    elif q.dtype not in (torch.float32, torch.bfloat16):
-        raise ValueError(f"libra.torch.attention: CPU tensors must be float32 or bfloat16, got {q.dtype}")
     scale = 0.0 if softmax_scale is None else float(softmax_scale)
     return _Attention.apply(q.contiguous(), k.contiguous(), v.contiguous(), runtime, scale)

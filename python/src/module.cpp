@@ -269,27 +269,36 @@ struct FieldLists {
   std::vector<I64> pos, idx, peer;
 };
 
-py::dict side(const std::vector<std::vector<libra::Segment>>& lists, const std::vector<int>& order, bool recv) {
-  std::array<I64, 3> count{};
-  std::array<std::vector<I64>, 3> splits;
-  for (auto& v : splits) v.assign(order.size(), 0);
+struct Side {
+  std::vector<std::vector<I64>> splits;               // [class][group rank]
   std::map<std::pair<int, bool>, FieldLists> fields;  // (field, add)
+};
+
+// Expands one side of an exchange; plain C++, run without the GIL.
+Side expand_side(const std::vector<std::vector<libra::Segment>>& lists, const std::vector<int>& order, bool recv) {
+  Side out;
+  std::array<I64, 3> count{};
+  out.splits.assign(3, std::vector<I64>(order.size(), 0));
   for (std::size_t gi = 0; gi < order.size(); ++gi) {
     const int peer = order[gi];
     for (const libra::Segment& seg : lists[static_cast<std::size_t>(peer)]) {
       const int c = field_class(seg.field);
-      FieldLists& fl = fields[{static_cast<int>(seg.field), recv && seg.add}];
+      FieldLists& fl = out.fields[{static_cast<int>(seg.field), recv && seg.add}];
       const std::size_t before = fl.idx.size();
       expand(seg.at, fl.idx);
       for (std::size_t i = before; i < fl.idx.size(); ++i) {
         fl.pos.push_back(count[static_cast<std::size_t>(c)]++);
         fl.peer.push_back(peer);
       }
-      splits[static_cast<std::size_t>(c)][gi] += seg.at.count();
+      out.splits[static_cast<std::size_t>(c)][gi] += seg.at.count();
     }
   }
+  return out;
+}
+
+py::dict side_dict(Side&& x) {
   py::list fl_out;
-  for (auto& [key, fl] : fields) {
+  for (auto& [key, fl] : x.fields) {
     py::dict d;
     d["field"] = libra::field_name(static_cast<libra::Field>(key.first));
     d["class"] = field_class(static_cast<libra::Field>(key.first));
@@ -301,12 +310,27 @@ py::dict side(const std::vector<std::vector<libra::Segment>>& lists, const std::
   }
   py::dict o;
   o["fields"] = fl_out;
-  o["splits"] = py::cast(std::vector<std::vector<I64>>(splits.begin(), splits.end()));
+  o["splits"] = py::cast(x.splits);
   return o;
 }
 
-py::dict schedule_dict(const libra::RankSchedule& s, const std::vector<int>& order) {
+// [phase][chunk] = (send, recv)
+using Expanded = std::vector<std::vector<std::pair<Side, Side>>>;
+
+Expanded expand_all(const libra::RankSchedule& s, const std::vector<int>& order) {
+  Expanded out(4);
+  for (int p = 0; p < 4; ++p) {
+    for (int m = 0; m < s.chunks; ++m) {
+      const libra::Exchange& x = s.exchange(static_cast<libra::Phase>(p), m);
+      out[static_cast<std::size_t>(p)].emplace_back(expand_side(x.send, order, false), expand_side(x.recv, order, true));
+    }
+  }
+  return out;
+}
+
+py::dict schedule_dict(const libra::RankSchedule& s, const std::vector<int>& order, Expanded&& ex) {
   py::dict o;
+  o["order"] = py::cast(order);
   o["worker"] = s.worker;
   o["workers"] = s.workers;
   o["chunks"] = s.chunks;
@@ -321,13 +345,12 @@ py::dict schedule_dict(const libra::RankSchedule& s, const std::vector<int>& ord
   o["compute_kv_vectors"] = s.compute_kv_vectors;
   o["fingerprint"] = s.fingerprint;
   py::list phases;
-  for (int p = 0; p < 4; ++p) {
+  for (auto& per_chunk : ex) {  // empty when not expanded
     py::list chunks;
-    for (int m = 0; m < s.chunks; ++m) {
-      const libra::Exchange& x = s.exchange(static_cast<libra::Phase>(p), m);
+    for (auto& [send, recv] : per_chunk) {
       py::dict e;
-      e["send"] = side(x.send, order, false);
-      e["recv"] = side(x.recv, order, true);
+      e["send"] = side_dict(std::move(send));
+      e["recv"] = side_dict(std::move(recv));
       chunks.append(e);
     }
     phases.append(chunks);
@@ -352,6 +375,169 @@ py::dict schedule_dict(const libra::RankSchedule& s, const std::vector<int>& ord
   o["calls"] = passes;
   o["apply_order"] = py::cast(s.apply_order);
   return o;
+}
+
+// ---- rank programs: a rank schedule kept in C++ for CPU tensors. pack/unpack/apply copy the
+// schedule's strided runs between torch tensors' memory and message buffers (memcpy, fp32 adds),
+// with the GIL released; nothing is expanded per head vector, so paper-scale schedules cost what
+// make_rank_schedule costs. Buffers are passed as {field name: (data_ptr, head vectors)}; their
+// element sizes follow the field's class (data: data_bytes, LSE and gradients: fp32).
+
+struct Ptrs {
+  std::array<unsigned char*, libra::kNumFields> ptr{};
+  std::array<I64, libra::kNumFields> vectors{};
+};
+
+class RankPrograms {
+ public:
+  RankPrograms(libra::RankSchedule s, std::vector<int> order) : s_(std::move(s)), order_(std::move(order)) {}
+  const libra::RankSchedule& schedule() const { return s_; }
+  const std::vector<int>& order() const { return order_; }
+
+  I64 vector_bytes(libra::Field f, I64 data_bytes) const {
+    switch (field_class(f)) {
+      case 0: return s_.head_dim * data_bytes;
+      case 1: return 4;
+      default: return s_.head_dim * 4;
+    }
+  }
+
+  // Vectors per group rank of one (phase, chunk, class), send and receive.
+  std::pair<std::vector<I64>, std::vector<I64>> splits(int phase, int chunk, int cls) const {
+    const libra::Exchange& x = exchange(phase, chunk);
+    std::vector<I64> send(order_.size(), 0), recv(order_.size(), 0);
+    for (std::size_t gi = 0; gi < order_.size(); ++gi) {
+      for (const auto& seg : x.send[static_cast<std::size_t>(order_[gi])]) {
+        if (field_class(seg.field) == cls) send[gi] += seg.at.count();
+      }
+      for (const auto& seg : x.recv[static_cast<std::size_t>(order_[gi])]) {
+        if (field_class(seg.field) == cls) recv[gi] += seg.at.count();
+      }
+    }
+    return {send, recv};
+  }
+
+  // Message (send side) <- buffers, or buffers <- message (receive side, assignment).
+  void copy(int phase, int chunk, int cls, const Ptrs& bufs, unsigned char* msg, I64 msg_vectors, I64 data_bytes,
+            bool pack) const {
+    const libra::Exchange& x = exchange(phase, chunk);
+    const auto& lists = pack ? x.send : x.recv;
+    I64 pos = 0;
+    for (int peer : order_) {
+      for (const auto& seg : lists[static_cast<std::size_t>(peer)]) {
+        if (field_class(seg.field) != cls) continue;
+        move(seg, bufs, msg, msg_vectors, pos, data_bytes, pack, false);
+      }
+    }
+    if (pos != msg_vectors) bad("rank programs: message of " + std::to_string(msg_vectors) + " vectors, schedule needs " + std::to_string(pos));
+  }
+
+  // Out phases: every chunk's received messages applied in the schedule's (peer, chunk) order.
+  void apply(int phase, int cls, const Ptrs& bufs, const std::vector<std::pair<std::uintptr_t, I64>>& msgs,
+             I64 data_bytes) const {
+    if (msgs.size() != static_cast<std::size_t>(s_.chunks)) bad("rank programs: one message per chunk expected");
+    // Offset of each peer's piece in each chunk's message.
+    std::vector<std::vector<I64>> start(static_cast<std::size_t>(s_.chunks), std::vector<I64>(static_cast<std::size_t>(s_.workers), 0));
+    for (int m = 0; m < s_.chunks; ++m) {
+      const libra::Exchange& x = exchange(phase, m);
+      I64 pos = 0;
+      for (int peer : order_) {
+        start[static_cast<std::size_t>(m)][static_cast<std::size_t>(peer)] = pos;
+        for (const auto& seg : x.recv[static_cast<std::size_t>(peer)]) {
+          if (field_class(seg.field) == cls) pos += seg.at.count();
+        }
+      }
+      if (pos != msgs[static_cast<std::size_t>(m)].second) bad("rank programs: received message size differs from the schedule");
+    }
+    for (const auto& [peer, m] : s_.apply_order) {
+      const libra::Exchange& x = exchange(phase, m);
+      I64 pos = start[static_cast<std::size_t>(m)][static_cast<std::size_t>(peer)];
+      auto* msg = reinterpret_cast<unsigned char*>(msgs[static_cast<std::size_t>(m)].first);
+      for (const auto& seg : x.recv[static_cast<std::size_t>(peer)]) {
+        if (field_class(seg.field) != cls) continue;
+        move(seg, bufs, msg, msgs[static_cast<std::size_t>(m)].second, pos, data_bytes, false, seg.add);
+      }
+    }
+  }
+
+ private:
+  const libra::Exchange& exchange(int phase, int chunk) const {
+    if (phase < 0 || phase > 3 || chunk < 0 || chunk >= s_.chunks) bad("rank programs: no such phase or chunk");
+    return s_.exchange(static_cast<libra::Phase>(phase), chunk);
+  }
+
+  void move(const libra::Segment& seg, const Ptrs& bufs, unsigned char* msg, I64 msg_vectors, I64& pos,
+            I64 data_bytes, bool pack, bool add) const {
+    const auto f = static_cast<std::size_t>(seg.field);
+    unsigned char* buf = bufs.ptr[f];
+    const libra::Strided& at = seg.at;
+    if (buf == nullptr) bad(std::string("rank programs: no buffer for field ") + libra::field_name(seg.field));
+    if (at.offset < 0 || at.run < 0 || at.rows < 0 ||
+        (at.rows > 0 && at.offset + (at.rows - 1) * at.stride + at.run > bufs.vectors[f]) ||
+        pos + at.count() > msg_vectors) {
+      bad(std::string("rank programs: segment of field ") + libra::field_name(seg.field) + " lies outside its buffer");
+    }
+    const I64 vb = vector_bytes(seg.field, data_bytes);
+    for (I64 i = 0; i < at.rows; ++i) {
+      unsigned char* b = buf + (at.offset + i * at.stride) * vb;
+      unsigned char* m = msg + (pos + i * at.run) * vb;
+      const auto n = static_cast<std::size_t>(at.run * vb);
+      if (pack) {
+        std::memcpy(m, b, n);
+      } else if (!add) {
+        std::memcpy(b, m, n);
+      } else {  // fp32 partial sums
+        float* dst = reinterpret_cast<float*>(b);
+        const float* src = reinterpret_cast<const float*>(m);
+        for (std::size_t j = 0; j < n / 4; ++j) dst[j] += src[j];
+      }
+    }
+    pos += at.count();
+  }
+
+  libra::RankSchedule s_;
+  std::vector<int> order_;
+};
+
+Ptrs read_ptrs(const py::dict& d) {
+  Ptrs p;
+  for (auto item : d) {
+    const std::string name = py::str(item.first);
+    int f = -1;
+    for (int i = 0; i < libra::kNumFields; ++i) {
+      if (name == libra::field_name(static_cast<libra::Field>(i))) f = i;
+    }
+    if (f < 0) bad("rank programs: unknown field " + name);
+    auto [ptr, vectors] = item.second.cast<std::pair<std::uintptr_t, I64>>();
+    p.ptr[static_cast<std::size_t>(f)] = reinterpret_cast<unsigned char*>(ptr);
+    p.vectors[static_cast<std::size_t>(f)] = vectors;
+  }
+  return p;
+}
+
+// RankPrograms.pack (buffers -> message) and .unpack (message -> buffers).
+auto copier(bool pack) {
+  return [pack](const RankPrograms& p, int phase, int chunk, int cls, const py::dict& bufs, std::uintptr_t msg,
+                I64 msg_vectors, I64 data_bytes) {
+    Ptrs b = read_ptrs(bufs);
+    py::gil_scoped_release release;
+    p.copy(phase, chunk, cls, b, reinterpret_cast<unsigned char*>(msg), msg_vectors, data_bytes, pack);
+  };
+}
+
+std::vector<int> check_order(const libra::Plan& plan, std::optional<std::vector<int>> order) {
+  std::vector<int> peers;
+  if (order) {
+    peers = *order;
+    std::vector<int> sorted = peers;
+    std::sort(sorted.begin(), sorted.end());
+    bool ok = sorted.size() == static_cast<std::size_t>(plan.num_workers());
+    for (std::size_t i = 0; ok && i < sorted.size(); ++i) ok = sorted[i] == static_cast<int>(i);
+    if (!ok) bad("rank schedule order: must be a permutation of the plan's " + std::to_string(plan.num_workers()) + " workers");
+  } else {
+    for (int i = 0; i < plan.num_workers(); ++i) peers.push_back(i);
+  }
+  return peers;
 }
 
 }  // namespace
@@ -705,27 +891,46 @@ PYBIND11_MODULE(_libra, m) {
 
   m.def(
       "rank_schedule",
+      [](const libra::Plan& plan, int worker, std::optional<std::vector<int>> order, bool expand) {
+        check_worker(plan, worker, "worker");
+        std::vector<int> peers = check_order(plan, order);
+        Expanded ex;
+        libra::Result<libra::RankSchedule> r = [&] {
+          py::gil_scoped_release release;
+          auto sched = libra::make_rank_schedule(plan, worker);
+          if (sched.ok() && expand) ex = expand_all(*sched, peers);
+          return sched;
+        }();
+        return schedule_dict(unwrap(std::move(r)), peers, std::move(ex));
+      },
+      py::arg("plan"), py::arg("worker"), py::arg("order") = py::none(), py::arg("expand") = true);
+
+  py::class_<RankPrograms>(m, "RankPrograms")
+      .def_property_readonly("info", [](const RankPrograms& p) { return schedule_dict(p.schedule(), p.order(), {}); })
+      .def("splits", &RankPrograms::splits, py::arg("phase"), py::arg("chunk"), py::arg("cls"))
+      .def("pack", copier(true), py::arg("phase"), py::arg("chunk"), py::arg("cls"), py::arg("buffers"),
+           py::arg("msg"), py::arg("msg_vectors"), py::arg("data_bytes"))
+      .def("unpack", copier(false), py::arg("phase"), py::arg("chunk"), py::arg("cls"), py::arg("buffers"),
+           py::arg("msg"), py::arg("msg_vectors"), py::arg("data_bytes"))
+      .def(
+          "apply",
+          [](const RankPrograms& p, int phase, int cls, const py::dict& bufs,
+             const std::vector<std::pair<std::uintptr_t, I64>>& msgs, I64 data_bytes) {
+            Ptrs b = read_ptrs(bufs);
+            py::gil_scoped_release release;
+            p.apply(phase, cls, b, msgs, data_bytes);
+          },
+          py::arg("phase"), py::arg("cls"), py::arg("buffers"), py::arg("msgs"), py::arg("data_bytes"));
+  m.def(
+      "rank_programs",
       [](const libra::Plan& plan, int worker, std::optional<std::vector<int>> order) {
         check_worker(plan, worker, "worker");
-        std::vector<int> peers;
-        if (order) {
-          peers = *order;
-          std::vector<int> sorted = peers;
-          std::sort(sorted.begin(), sorted.end());
-          for (int i = 0; i < plan.num_workers(); ++i) {
-            if (sorted.size() != static_cast<std::size_t>(plan.num_workers()) || sorted[static_cast<std::size_t>(i)] != i) {
-              bad("rank_schedule order: must be a permutation of the plan's " + std::to_string(plan.num_workers()) +
-                  " workers");
-            }
-          }
-        } else {
-          for (int i = 0; i < plan.num_workers(); ++i) peers.push_back(i);
-        }
+        std::vector<int> peers = check_order(plan, order);
         libra::Result<libra::RankSchedule> r = [&] {
           py::gil_scoped_release release;
           return libra::make_rank_schedule(plan, worker);
         }();
-        return schedule_dict(unwrap(std::move(r)), peers);
+        return RankPrograms(unwrap(std::move(r)), std::move(peers));
       },
       py::arg("plan"), py::arg("worker"), py::arg("order") = py::none());
 }

@@ -29,6 +29,21 @@ struct World {
   std::mutex mu;
   std::condition_variable cv;
   std::map<std::tuple<std::uint64_t, int, int>, std::vector<std::byte>> mailbox;  // (exchange, src, dst)
+  // Consumed message buffers, reused by later posts: executors post the
+  // same sizes call after call, and fresh large allocations would fault in
+  // new pages every time.
+  std::multimap<std::size_t, std::vector<std::byte>> spare;  // by capacity
+  std::vector<std::byte> take(std::size_t n) {
+    auto it = spare.lower_bound(n);
+    if (it == spare.end()) return std::vector<std::byte>(n);
+    std::vector<std::byte> v = std::move(it->second);
+    spare.erase(it);
+    v.resize(n);
+    return v;
+  }
+  void give(std::vector<std::byte>&& v) {
+    if (v.capacity() > 0 && spare.size() < 4096) spare.emplace(v.capacity(), std::move(v));
+  }
   // Sub-worlds created by split, keyed by (split sequence number, color).
   std::map<std::pair<std::uint64_t, int>, std::shared_ptr<World>> children;
 };
@@ -61,11 +76,23 @@ class InProcessCommunicator final : public Communicator {
     LIBRA_TRY(check_blocks(rank_, "send", x.send_counts, x.send_displs, x.send.size(), size()));
     LIBRA_TRY(check_blocks(rank_, "receive", x.recv_counts, x.recv_displs, x.recv.size(), size()));
     const std::uint64_t seq = next_seq_++;
+    const auto me = static_cast<std::size_t>(rank_);
+    if (x.send_counts[me] != x.recv_counts[me]) {
+      return internal_error(fmt::format("in-process rank {}: exchange {}: {} bytes to itself, {} expected", rank_, seq,
+                                        x.send_counts[me], x.recv_counts[me]));
+    }
+    // The block to self lands at once; the others go through the mailbox.
+    if (x.send_counts[me] > 0) {
+      std::memcpy(x.recv.data() + x.recv_displs[me], x.send.data() + x.send_displs[me], static_cast<std::size_t>(x.send_counts[me]));
+    }
     {
       std::lock_guard<std::mutex> lock(world_->mu);
       for (int p = 0; p < size(); ++p) {
-        const auto begin = x.send.begin() + x.send_displs[static_cast<std::size_t>(p)];
-        world_->mailbox[{seq, rank_, p}].assign(begin, begin + x.send_counts[static_cast<std::size_t>(p)]);
+        if (p == rank_) continue;
+        const auto n = static_cast<std::size_t>(x.send_counts[static_cast<std::size_t>(p)]);
+        std::vector<std::byte> msg = world_->take(n);
+        if (n > 0) std::memcpy(msg.data(), x.send.data() + x.send_displs[static_cast<std::size_t>(p)], n);
+        world_->mailbox[{seq, rank_, p}] = std::move(msg);
       }
     }
     world_->cv.notify_all();
@@ -83,6 +110,7 @@ class InProcessCommunicator final : public Communicator {
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(world_->timeout_ms);
     std::unique_lock<std::mutex> lock(world_->mu);
     for (int src = 0; src < size(); ++src) {
+      if (src == rank_) continue;
       const auto key = std::make_tuple(p.seq, src, rank_);
       auto msg = world_->mailbox.find(key);
       while (msg == world_->mailbox.end()) {
@@ -100,6 +128,7 @@ class InProcessCommunicator final : public Communicator {
                                           p.seq, src, msg->second.size(), want));
       }
       if (want > 0) std::memcpy(p.recv.data() + p.displs[static_cast<std::size_t>(src)], msg->second.data(), static_cast<std::size_t>(want));
+      world_->give(std::move(msg->second));
       world_->mailbox.erase(msg);
     }
     return Status();

@@ -284,6 +284,16 @@ inline std::vector<ExecCase> case_matrix(int world) {
     b.chunks = 2;
     b.dtype = DType::kBF16;
     cases.push_back(b);
+    // fp16 storage, GQA, two chunks.
+    ExecCase h;
+    h.mode = mode;
+    h.pool_size = P;
+    h.pool_seed = seed++;
+    h.heads_q = 8;
+    h.heads_kv = 2;
+    h.chunks = mode == std::string("ulysses-direct") ? 1 : 2;
+    h.dtype = DType::kF16;
+    cases.push_back(h);
   }
   ExecCase dedup;
   dedup.mode = "tap";

@@ -4,6 +4,8 @@
 // so this file has no knowledge of plans, tiles or Ulysses.
 #include <fmt/format.h>
 
+#include <time.h>
+
 #include <chrono>
 #include <cstring>
 #include <memory>
@@ -41,14 +43,60 @@ class RawBuffer {
   std::size_t n_ = 0;
 };
 
+// Message bytes: fully written before they are read, so never zeroed.
+class WireBuffer {
+ public:
+  void ensure(std::size_t n) {
+    if (n > cap_) {
+      p_.reset(new std::byte[n]);
+      cap_ = n;
+    }
+    n_ = n;
+  }
+  std::byte* data() { return p_.get(); }
+  std::size_t size() const { return n_; }
+
+ private:
+  std::unique_ptr<std::byte[]> p_;
+  std::size_t n_ = 0, cap_ = 0;
+};
+
 // One all-to-all-v in flight, traced from posting to the end of its wait.
 struct Wire {
-  RawBuffer send, recv;
+  WireBuffer send, recv;
+  std::vector<std::int64_t> send_counts, recv_counts;  // the exchange's, with the block to self 0
   PendingExchange pending;
   double posted_us = 0;
 };
 
 bool is_in(Phase p) { return p == Phase::kFwdIn || p == Phase::kBwdIn; }
+
+double thread_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+double since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Fills a pass's wall and CPU totals when the call returns.
+class PassTimer {
+ public:
+  explicit PassTimer(PassStats& s) : s_(s), c0_(thread_cpu_seconds()) { s_ = PassStats{}; }
+  ~PassTimer() {
+    s_.wall = since(t0_);
+    s_.cpu = thread_cpu_seconds() - c0_;
+  }
+  PassTimer(const PassTimer&) = delete;
+  PassTimer& operator=(const PassTimer&) = delete;
+
+ private:
+  PassStats& s_;
+  std::chrono::steady_clock::time_point t0_ = std::chrono::steady_clock::now();
+  double c0_;
+};
 
 class ScheduleExecutor final : public Executor {
  public:
@@ -59,7 +107,8 @@ class ScheduleExecutor final : public Executor {
   Result<ForwardOutputs> forward(const AttentionInputs& in) override;
   Result<BackwardOutputs> backward(const AttentionInputs& in, const ForwardOutputs& fwd,
                                    std::span<const float> d_o) override;
-  double last_compute_seconds() const override { return compute_seconds_; }
+  double last_compute_seconds() const override { return stats_.kernel; }
+  PassStats last_stats() const override { return stats_; }
 
  private:
   RawBuffer& buf(Field f, bool home) {
@@ -74,6 +123,7 @@ class ScheduleExecutor final : public Executor {
   void prepare(bool backward);
   void pack(Phase p, int m, Wire& w);
   void unpack(const std::vector<Segment>& segs, bool home, const std::byte* src);
+  void copy_self(const Exchange& x, bool from_home);
   Status post(Phase p, int m, Wire& w);
   Status wait(Phase p, int m, Wire& w);
   Status compute(Pass pass, int m);
@@ -85,9 +135,10 @@ class ScheduleExecutor final : public Executor {
   std::unique_ptr<AttentionBackend> owned_backend_;
   AttentionBackend* backend_ = nullptr;
   std::array<RawBuffer, kNumFields> home_, compute_;
-  std::vector<Wire> in_, out_;
+  // [pass][chunk]: each pass keeps its own message buffers across calls.
+  std::array<std::vector<Wire>, 2> in_, out_;
   std::vector<std::byte> workspace_;
-  double compute_seconds_ = 0;
+  PassStats stats_;
 };
 
 Status ScheduleExecutor::init() {
@@ -100,8 +151,8 @@ Status ScheduleExecutor::init() {
   Status local = validate_schedule(s_);
   if (local.ok()) local = backend_->supports(s_.dtype);
   LIBRA_TRY(agree_on_status(comm_, local, "executor setup"));
-  in_.resize(static_cast<std::size_t>(s_.chunks));
-  out_.resize(static_cast<std::size_t>(s_.chunks));
+  for (auto* w : {&in_, &out_})
+    for (auto& per_pass : *w) per_pass.resize(static_cast<std::size_t>(s_.chunks));
   return Status();
 }
 
@@ -172,8 +223,12 @@ void ScheduleExecutor::pack(Phase p, int m, Wire& w) {
   w.recv.ensure(static_cast<std::size_t>(x.total_recv_bytes));
   const bool from_home = is_in(p);
   std::byte* cur = w.send.data();
-  for (const auto& segs : x.send) {
-    for (const Segment& seg : segs) {
+  for (std::size_t peer = 0; peer < x.send.size(); ++peer) {
+    if (static_cast<int>(peer) == s_.worker) {
+      cur += x.send_bytes[peer];  // moved by copy_self, never packed
+      continue;
+    }
+    for (const Segment& seg : x.send[peer]) {
       const std::int64_t vb = s_.vector_bytes(seg.field);
       const auto n = static_cast<std::size_t>(seg.at.run * vb);
       const std::byte* src = at(seg.field, from_home, seg.at.offset);
@@ -209,20 +264,58 @@ void ScheduleExecutor::unpack(const std::vector<Segment>& segs, bool home, const
   }
 }
 
+// The data a worker sends itself moves straight from its source to its
+// destination programs (one copy, not pack + exchange + unpack); the
+// schedule lists both sides in the same order.
+void ScheduleExecutor::copy_self(const Exchange& x, bool from_home) {
+  const auto me = static_cast<std::size_t>(s_.worker);
+  const auto& src = x.send[me];
+  const auto& dst = x.recv[me];
+  for (std::size_t k = 0; k < src.size() && k < dst.size(); ++k) {
+    const Segment &a = src[k], &b = dst[k];
+    const std::int64_t vb = s_.vector_bytes(a.field);
+    const std::byte* from = at(a.field, from_home, a.at.offset);
+    std::byte* to = at(b.field, !from_home, b.at.offset);
+    for (std::int64_t i = 0; i < a.at.rows; ++i) {
+      const std::byte* row = from + i * a.at.stride * vb;
+      std::byte* out = to + i * b.at.stride * vb;
+      if (b.add) {
+        float* d = reinterpret_cast<float*>(out);
+        const std::int64_t n = a.at.run * s_.width(a.field);
+        for (std::int64_t j = 0; j < n; ++j) {
+          float v;
+          std::memcpy(&v, row + 4 * j, 4);
+          d[j] += v;
+        }
+      } else {
+        std::memcpy(out, row, static_cast<std::size_t>(a.at.run * vb));
+      }
+    }
+  }
+}
+
 Status ScheduleExecutor::post(Phase p, int m, Wire& w) {
   pack(p, m, w);
   const Exchange& x = s_.exchange(p, m);
+  const auto me = static_cast<std::size_t>(s_.worker);
+  w.send_counts = x.send_bytes;
+  w.recv_counts = x.recv_bytes;
+  w.send_counts[me] = w.recv_counts[me] = 0;
   if (opts_.trace) w.posted_us = opts_.trace->now_us();
-  LIBRA_ASSIGN_OR_RETURN(w.pending, comm_.post({std::span<const std::byte>(w.send.data(), w.send.size()), x.send_bytes,
+  LIBRA_ASSIGN_OR_RETURN(w.pending, comm_.post({std::span<const std::byte>(w.send.data(), w.send.size()), w.send_counts,
                                                 x.send_displs, std::span<std::byte>(w.recv.data(), w.recv.size()),
-                                                x.recv_bytes, x.recv_displs}));
+                                                w.recv_counts, x.recv_displs}));
+  // Inputs to self are ready now; outputs to self are applied in order at the end.
+  if (is_in(p)) copy_self(x, true);
   return Status();
 }
 
 Status ScheduleExecutor::wait(Phase p, int m, Wire& w) {
   TraceRecorder* tr = opts_.trace;
   const double w0 = tr ? tr->now_us() : 0;
+  const auto t0 = std::chrono::steady_clock::now();
   LIBRA_TRY(comm_.wait(w.pending));
+  stats_.wait += since(t0);
   if (tr) {
     const std::string pass = (p == Phase::kFwdIn || p == Phase::kFwdOut) ? "fwd" : "bwd";
     const std::string name = fmt::format("{} {} chunk {}", pass, is_in(p) ? "input" : "output", m);
@@ -237,6 +330,7 @@ Status ScheduleExecutor::compute(Pass pass, int m) {
   TraceRecorder* tr = opts_.trace;
   const double t0 = tr ? tr->now_us() : 0;
   const auto c0 = std::chrono::steady_clock::now();
+  const double cpu0 = thread_cpu_seconds();
   auto view = [&](Field f, const Strided& v) {
     return View{at(f, false, v.offset), field_dtype(f, s_.dtype), v.rows, v.run, s_.width(f), v.stride * s_.width(f),
                 Device::kCpu};
@@ -259,7 +353,8 @@ Status ScheduleExecutor::compute(Pass pass, int m) {
     // Let the communication library move the other chunks' data.
     LIBRA_TRY(comm_.progress());
   }
-  compute_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - c0).count();
+  stats_.kernel += since(c0);
+  stats_.kernel_cpu += thread_cpu_seconds() - cpu0;
   if (tr) {
     tr->record(fmt::format("{} compute chunk {}", pass == Pass::kForward ? "fwd" : "bwd", m), TraceRecorder::kCompute,
                t0, tr->now_us());
@@ -276,28 +371,38 @@ Status ScheduleExecutor::run_pass(Pass pass) {
   const Phase in = pass == Pass::kForward ? Phase::kFwdIn : Phase::kBwdIn;
   const Phase out = pass == Pass::kForward ? Phase::kFwdOut : Phase::kBwdOut;
   const int M = s_.chunks;
-  LIBRA_TRY(post(in, 0, in_[0]));
+  std::vector<Wire>& ins = in_[static_cast<std::size_t>(pass)];
+  std::vector<Wire>& outs = out_[static_cast<std::size_t>(pass)];
+  LIBRA_TRY(post(in, 0, ins[0]));
   for (int m = 0; m < M; ++m) {
     const auto mu = static_cast<std::size_t>(m);
-    if (m + 1 < M) LIBRA_TRY(post(in, m + 1, in_[mu + 1]));
-    LIBRA_TRY(wait(in, m, in_[mu]));
+    if (m + 1 < M) LIBRA_TRY(post(in, m + 1, ins[mu + 1]));
+    LIBRA_TRY(wait(in, m, ins[mu]));
     const Exchange& x = s_.exchange(in, m);
-    for (std::size_t p = 0; p < x.recv.size(); ++p) unpack(x.recv[p], false, in_[mu].recv.data() + x.recv_displs[p]);
+    for (std::size_t p = 0; p < x.recv.size(); ++p) {
+      if (static_cast<int>(p) != s_.worker) unpack(x.recv[p], false, ins[mu].recv.data() + x.recv_displs[p]);
+    }
     LIBRA_TRY(compute(pass, m));
-    LIBRA_TRY(post(out, m, out_[mu]));
+    LIBRA_TRY(post(out, m, outs[mu]));
   }
-  for (int m = 0; m < M; ++m) LIBRA_TRY(wait(out, m, out_[static_cast<std::size_t>(m)]));
+  for (int m = 0; m < M; ++m) LIBRA_TRY(wait(out, m, outs[static_cast<std::size_t>(m)]));
   for (auto [peer, m] : s_.apply_order) {
     const Exchange& x = s_.exchange(out, m);
     const auto pu = static_cast<std::size_t>(peer);
-    unpack(x.recv[pu], true, out_[static_cast<std::size_t>(m)].recv.data() + x.recv_displs[pu]);
+    // Compute rows of an output are final once its chunk computed (a dK/dV
+    // rectangle goes home after its last use), so self reads them now.
+    if (peer == s_.worker) {
+      copy_self(x, false);
+    } else {
+      unpack(x.recv[pu], true, outs[static_cast<std::size_t>(m)].recv.data() + x.recv_displs[pu]);
+    }
   }
   return Status();
 }
 
 Result<ForwardOutputs> ScheduleExecutor::forward(const AttentionInputs& in) {
+  PassTimer timer(stats_);
   LIBRA_TRY(agree_on_status(comm_, check_inputs(in, nullptr, {}), "executor forward inputs"));
-  compute_seconds_ = 0;
   load_home(Field::kQ, in.q);
   load_home(Field::kK, in.k);
   load_home(Field::kV, in.v);
@@ -311,8 +416,8 @@ Result<ForwardOutputs> ScheduleExecutor::forward(const AttentionInputs& in) {
 
 Result<BackwardOutputs> ScheduleExecutor::backward(const AttentionInputs& in, const ForwardOutputs& fwd,
                                                    std::span<const float> d_o) {
+  PassTimer timer(stats_);
   LIBRA_TRY(agree_on_status(comm_, check_inputs(in, &fwd, d_o), "executor backward inputs"));
-  compute_seconds_ = 0;
   load_home(Field::kQ, in.q);
   load_home(Field::kK, in.k);
   load_home(Field::kV, in.v);
@@ -381,6 +486,20 @@ Status validate_schedule(const RankSchedule& s) {
           return invalid_input("schedule: total bytes disagree with the segments");
         }
       }
+    }
+  }
+  // The message to self is copied segment by segment: both sides must agree.
+  for (int p = 0; p < 4; ++p) {
+    for (int m = 0; m < s.chunks; ++m) {
+      const Exchange& x = s.exchange(static_cast<Phase>(p), m);
+      const auto& a = x.send[static_cast<std::size_t>(s.worker)];
+      const auto& b = x.recv[static_cast<std::size_t>(s.worker)];
+      bool same = a.size() == b.size();
+      for (std::size_t k = 0; same && k < a.size(); ++k) {
+        same = a[k].field == b[k].field && a[k].at.rows == b[k].at.rows && a[k].at.run == b[k].at.run;
+      }
+      if (!same) return invalid_input(fmt::format("schedule of worker {}: {} chunk {}: the message to self does not match "
+                                                  "its receipt", s.worker, phase_name(static_cast<Phase>(p)), m));
     }
   }
   for (auto [peer, m] : s.apply_order) {

@@ -140,6 +140,8 @@ Tolerance tolerance_for(DType dtype) {
   // values for both sides, but O, dO and the partial sums travel in bf16
   // (8 significant bits), so errors of a few bf16 ulps are expected.
   if (dtype == DType::kF32) return {2e-5, 2e-5, 5e-5, 5e-5, 5e-5};
+  // fp16 keeps 11 significant bits (bf16 8): measured errors ~3e-4.
+  if (dtype == DType::kF16) return {2e-3, 2e-3, 5e-3, 5e-3, 5e-3};
   return {2e-2, 2e-2, 5e-2, 5e-2, 5e-2};
 }
 

@@ -49,9 +49,12 @@ class Builder {
     const std::int64_t heads = kv ? s_.heads_kv : s_.heads_q;
     return {(t0 - s_.home_row0) * heads + h0, t1 - t0, h1 - h0, heads};
   }
+  // Rows [t0, t1) lie in one run (tile rows, or a sample's tokens within a
+  // home shard, always do).
   Strided compute(const Region& r, bool kv, std::int64_t t0, std::int64_t t1, std::int32_t h0, std::int32_t h1) const {
     const HeadRange hr = kv ? r.kv_heads : r.q_heads;
-    return {(kv ? r.kv_offset : r.q_offset) + (t0 - r.row0) * hr.size() + (h0 - hr.begin), t1 - t0, h1 - h0, hr.size()};
+    const std::int64_t row = kv ? r.kv_row(t0) : r.q_row(t0);
+    return {(kv ? r.kv_offset : r.q_offset) + row * hr.size() + (h0 - hr.begin), t1 - t0, h1 - h0, hr.size()};
   }
 
   // Rows [t0, t1) x heads [h0, h1) of `slot` travel from worker `src` to
@@ -137,8 +140,8 @@ class CallList {
       k.h1 = c.h1;
       k.k0 = c.k0;
       k.k1 = c.k1;
-      k.q = {r.q_offset + (c.h0 - r.q_heads.begin), r.rows, c.h1 - c.h0, r.q_heads.size()};
-      k.kv = {r.kv_offset + (c.k0 - r.kv_heads.begin), r.rows, c.k1 - c.k0, r.kv_heads.size()};
+      k.q = {r.q_offset + (c.h0 - r.q_heads.begin), r.q_row_count, c.h1 - c.h0, r.q_heads.size()};
+      k.kv = {r.kv_offset + (c.k0 - r.kv_heads.begin), r.kv_row_count, c.k1 - c.k0, r.kv_heads.size()};
       k.fragment_begin = static_cast<std::int32_t>(s.fragments.size());
       s.fragments.insert(s.fragments.end(), c.frags.begin(), c.frags.end());
       k.fragment_end = static_cast<std::int32_t>(s.fragments.size());
@@ -154,19 +157,46 @@ class CallList {
   std::vector<Pending> calls_;
 };
 
+// Sorted, merged runs of the given row ranges, packed from row 0.
+std::vector<RowRun> pack_runs(std::vector<std::pair<std::int64_t, std::int64_t>> ranges, std::int64_t& count) {
+  std::sort(ranges.begin(), ranges.end());
+  std::vector<RowRun> runs;
+  for (auto [b, e] : ranges) {
+    if (b >= e) continue;
+    if (!runs.empty() && b <= runs.back().end) {
+      runs.back().end = std::max(runs.back().end, e);
+    } else {
+      runs.push_back({b, e, 0});
+    }
+  }
+  count = 0;
+  for (RowRun& r : runs) {
+    r.at = count;
+    count += r.end - r.begin;
+  }
+  return runs;
+}
+
 void assign_offsets(RankSchedule& s) {
   std::int64_t q = 0, kv = 0;
   for (Region& r : s.regions) {
     r.q_offset = q;
     r.kv_offset = kv;
-    q += r.rows * r.q_heads.size();
-    kv += r.rows * r.kv_heads.size();
+    q += r.q_row_count * r.q_heads.size();
+    kv += r.kv_row_count * r.kv_heads.size();
   }
   s.compute_q_vectors = q;
   s.compute_kv_vectors = kv;
 }
 
 }  // namespace
+
+std::int64_t Region::find(const std::vector<RowRun>& runs, std::int64_t t) {
+  auto it = std::upper_bound(runs.begin(), runs.end(), t, [](std::int64_t x, const RowRun& r) { return x < r.begin; });
+  if (it == runs.begin()) return -1;
+  --it;
+  return t < it->end ? it->at + (t - it->begin) : -1;
+}
 
 const char* field_name(Field f) {
   static const char* kNames[] = {"Q", "K", "V", "O", "LSE", "dO", "dQ", "dK", "dV"};
@@ -215,40 +245,37 @@ Result<RankSchedule> make_rank_schedule(const Plan& plan, int worker) {
   const auto groups = plan.groups();
   const auto my_tiles = plan.worker_tiles(worker);
 
-  // Regions: every slot this worker computes on, spanning its tiles' rows
-  // and heads and the token ranges and KV heads of the groups they use.
-  std::map<std::int32_t, Region> by_slot;
-  auto touch = [&](std::int32_t slot, std::int64_t lo, std::int64_t hi, HeadRange qh, HeadRange kh) {
-    auto [it, fresh] = by_slot.try_emplace(slot);
-    Region& r = it->second;
-    auto grow = [](HeadRange& into, HeadRange h) {
-      if (h.size() <= 0) return;
-      into = into.size() <= 0 ? h : HeadRange{std::min(into.begin, h.begin), std::max(into.end, h.end)};
-    };
-    if (fresh) {
-      r.slot = slot;
-      r.row0 = lo;
-      r.rows = hi - lo;
-    } else {
-      const std::int64_t end = std::max(r.row0 + r.rows, hi);
-      r.row0 = std::min(r.row0, lo);
-      r.rows = end - r.row0;
-    }
-    grow(r.q_heads, qh);
-    grow(r.kv_heads, kh);
+  // Regions: every slot this worker computes on, with the rows and heads of
+  // its tiles (Q family) and the tokens and KV heads of the groups they use
+  // (KV family).
+  struct Touched {
+    Region r;
+    std::vector<std::pair<std::int64_t, std::int64_t>> q, kv;
+  };
+  std::map<std::int32_t, Touched> by_slot;
+  auto grow = [](HeadRange& into, HeadRange h) {
+    if (h.size() <= 0) return;
+    into = into.size() <= 0 ? h : HeadRange{std::min(into.begin, h.begin), std::max(into.end, h.end)};
   };
   for (std::int32_t id : my_tiles) {
     const Tile& t = tiles[static_cast<std::size_t>(id)];
-    touch(t.slot, t.begin, t.end, t.heads, t.kv_heads);
+    Touched& x = by_slot[t.slot];
+    x.r.slot = t.slot;
+    grow(x.r.q_heads, t.heads);
+    grow(x.r.kv_heads, t.kv_heads);
+    x.q.emplace_back(t.begin, t.end);
     for (std::int32_t f = t.fragment_begin; f < t.fragment_end; ++f) {
       const KvGroup& g = groups[static_cast<std::size_t>(frags[static_cast<std::size_t>(f)].group)];
-      touch(g.slot, g.begin, g.end, HeadRange{0, 0}, g.kv_heads);
+      grow(x.r.kv_heads, g.kv_heads);
+      x.kv.emplace_back(g.begin, g.end);
     }
   }
   std::map<std::int32_t, std::int32_t> region_of;
-  for (auto& [slot, r] : by_slot) {
+  for (auto& [slot, x] : by_slot) {
+    x.r.q_rows = pack_runs(std::move(x.q), x.r.q_row_count);
+    x.r.kv_rows = pack_runs(std::move(x.kv), x.r.kv_row_count);
     region_of[slot] = static_cast<std::int32_t>(s.regions.size());
-    s.regions.push_back(r);
+    s.regions.push_back(std::move(x.r));
   }
   assign_offsets(s);
   auto region = [&](std::int32_t slot) -> const Region* {
@@ -362,7 +389,7 @@ Result<RankSchedule> make_rank_schedule(const Plan& plan, int worker) {
       std::vector<CallFragment> fr;
       for (std::int32_t f = t.fragment_begin; f < t.fragment_end; ++f) {
         const Fragment& x = frags[static_cast<std::size_t>(f)];
-        fr.push_back({x.sample_start + x.a - r.row0, x.sample_start - r.row0, x.sample_length, x.a, x.e});
+        fr.push_back({r.q_row(x.sample_start + x.a), r.kv_row(x.sample_start), x.sample_length, x.a, x.e});
       }
       calls.add_split(ri, plan.chunk_heads(t, m), grp, fr);
     }
@@ -427,7 +454,13 @@ Result<RankSchedule> make_ulysses_schedule(std::span<const PackedSequence> pool,
   auto q_heads = [&](int r) { return HeadRange{r * nq, (r + 1) * nq}; };
   auto kv_heads = [&](int r) { return HeadRange{r * nq / grp, ((r + 1) * nq - 1) / grp + 1}; };
   const std::int64_t lc = s.home_rows;
-  s.regions.push_back(Region{s.slot, 0, config.seq_len, q_heads(me), kv_heads(me), 0, 0});
+  Region whole;
+  whole.slot = s.slot;
+  whole.q_heads = q_heads(me);
+  whole.kv_heads = kv_heads(me);
+  whole.q_rows = whole.kv_rows = {RowRun{0, config.seq_len, 0}};
+  whole.q_row_count = whole.kv_row_count = config.seq_len;
+  s.regions.push_back(whole);
   assign_offsets(s);
   const Region* r = &s.regions[0];
   Builder b(s);

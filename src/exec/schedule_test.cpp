@@ -198,12 +198,22 @@ void check_case(const ExecCase& c, int W) {
         const RankSchedule& s = sim.s[static_cast<std::size_t>(r)];
         for (const KernelCall& call : s.calls(pass, m)) {
           const Region& reg = s.regions[static_cast<std::size_t>(call.region)];
+          // Slot row of a packed row (the inverse of the region's runs).
+          auto slot_row = [](const std::vector<RowRun>& runs, std::int64_t packed) -> std::int64_t {
+            for (const RowRun& run : runs)
+              if (packed >= run.at && packed < run.at + (run.end - run.begin)) return run.begin + (packed - run.at);
+            return -1;
+          };
           const int nh = call.h1 - call.h0, nk = call.k1 - call.k0;
           ASSERT_TRUE(nk > 0 && nh % nk == 0);
           for (const CallFragment& fr : s.call_fragments(call)) {
-            const std::int64_t start = reg.row0 + fr.kv_row;  // packed position of the sample's key 0
+            const std::int64_t start = slot_row(reg.kv_rows, fr.kv_row);  // slot position of the sample's key 0
+            ASSERT_GE(start, 0);
+            ASSERT_EQ(slot_row(reg.kv_rows, fr.kv_row + fr.e - 1), start + fr.e - 1) << "a sample's keys span two runs";
             for (std::int64_t q = fr.a; q < fr.e; ++q) {
               const std::int64_t row = fr.q_row + (q - fr.a);
+              const std::int64_t srow = slot_row(reg.q_rows, row);
+              ASSERT_EQ(srow, start + q) << "query row maps to another slot row";
               for (int h = call.h0; h < call.h1; ++h) {
                 const int kvh = call.k0 + (h - call.h0) / (nh / nk);
                 ASSERT_EQ(kvh, h / grp) << "call maps query head " << h << " to KV head " << kvh;
@@ -212,17 +222,17 @@ void check_case(const ExecCase& c, int W) {
                   EXPECT_TRUE(sim.index(call.q, row, h - call.h0, sim.buf(r, f, false), at, "call Q")) << sim.error;
                   return sim.buf(r, f, false)[at];
                 };
-                ASSERT_EQ(qv(Field::kQ), label(Field::kQ, reg.slot, reg.row0 + row, h)) << "worker " << r << " chunk " << m;
+                ASSERT_EQ(qv(Field::kQ), label(Field::kQ, reg.slot, srow, h)) << "worker " << r << " chunk " << m;
                 if (bwd) {
-                  ASSERT_EQ(qv(Field::kDo), label(Field::kDo, reg.slot, reg.row0 + row, h));
-                  ASSERT_EQ(qv(Field::kO), label(Field::kO, reg.slot, reg.row0 + row, h));
-                  ASSERT_EQ(qv(Field::kLse), label(Field::kLse, reg.slot, reg.row0 + row, h));
-                  qv(Field::kDq) = label(Field::kDq, reg.slot, reg.row0 + row, h);
+                  ASSERT_EQ(qv(Field::kDo), label(Field::kDo, reg.slot, srow, h));
+                  ASSERT_EQ(qv(Field::kO), label(Field::kO, reg.slot, srow, h));
+                  ASSERT_EQ(qv(Field::kLse), label(Field::kLse, reg.slot, srow, h));
+                  qv(Field::kDq) = label(Field::kDq, reg.slot, srow, h);
                 } else {
-                  qv(Field::kO) = label(Field::kO, reg.slot, reg.row0 + row, h);
-                  qv(Field::kLse) = label(Field::kLse, reg.slot, reg.row0 + row, h);
+                  qv(Field::kO) = label(Field::kO, reg.slot, srow, h);
+                  qv(Field::kLse) = label(Field::kLse, reg.slot, srow, h);
                 }
-                ++computed[{reg.slot, reg.row0 + row, h}];
+                ++computed[{reg.slot, srow, h}];
                 const std::int64_t k_first = c.window == kFullCausal || c.window > q ? 0 : q - c.window + 1;
                 for (std::int64_t j = k_first; j <= q; ++j) {
                   auto kv = [&](Field f) -> std::uint64_t& {
@@ -232,7 +242,7 @@ void check_case(const ExecCase& c, int W) {
                   ASSERT_EQ(kv(Field::kK), label(Field::kK, reg.slot, start + j, kvh)) << "worker " << r << " chunk " << m;
                   ASSERT_EQ(kv(Field::kV), label(Field::kV, reg.slot, start + j, kvh));
                   if (bwd) {
-                    const std::uint64_t x = contrib(reg.slot, reg.row0 + row, h, start + j);
+                    const std::uint64_t x = contrib(reg.slot, srow, h, start + j);
                     kv(Field::kDk) += x;
                     kv(Field::kDv) += x * 3;
                   }

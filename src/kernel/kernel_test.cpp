@@ -309,23 +309,19 @@ TEST(AttentionForward, MatchesReferenceWithHeadDim64AndBf16) {
 TEST(AttentionKernel, Fp16StorageMatchesReference) {
   const auto targets = runnable_targets();
   for (std::size_t i = 0; i < targets.size(); ++i) {
-    {
-      const char* t = targets[i];
-      const I64 w = i % 2 == 0 ? kFullCausal : 100;
-      Problem p;
-      p.d = 128;
-      p.hq = 4;
-      p.hkv = 2;
-      p.dtype = DType::kF16;
-      p.samples = {140, 70};
-      p.window = w;
-      p.threads = 2;
-      p.pad = 2;
-      p.target = t;
-      p = layout(p, {{64, 100}, {33}}, {3, 0, 4, 1, 2}, 1);
-      const Outcome r = check_problem(p, 77);
-      EXPECT_TRUE(r.ok) << "target " << t << " window " << w << ": " << r.what;
-    }
+    Problem p;
+    p.d = 128;
+    p.hq = 4;
+    p.hkv = 2;
+    p.dtype = DType::kF16;
+    p.samples = {140, 70};
+    p.window = i % 2 == 0 ? kFullCausal : 100;  // both windows across the targets
+    p.threads = 2;
+    p.pad = 2;
+    p.target = targets[i];
+    p = layout(p, {{64, 100}, {33}}, {3, 0, 4, 1, 2}, 1);
+    const Outcome r = check_problem(p, 77);
+    EXPECT_TRUE(r.ok) << "target " << p.target << " window " << p.window << ": " << r.what;
   }
 }
 
@@ -400,19 +396,24 @@ TEST(AttentionBackward, IsBitwiseDeterministicForAFixedThreadCount) {
   d_o.fill(rng, 1.0f);
   ForwardArgs fa{q.cview(), k.cview(), v.cview(), o.view(), lse.view(), p.frags, kFullCausal, 0.0f, 2, 0.0};
   ASSERT_TRUE(attention_forward(fa).ok());
-  std::vector<std::vector<unsigned char>> runs;
-  for (int rep = 0; rep < 2; ++rep) {
-    Buf dq(DType::kF32, p.q_rows, 2, 32), dk(DType::kF32, p.kv_rows, 1, 32), dv(DType::kF32, p.kv_rows, 1, 32);
-    BackwardArgs ba{q.cview(), k.cview(), v.cview(), o.cview(), d_o.cview(), lse.cview(), dq.view(), dk.view(),
-                    dv.view(), p.frags, kFullCausal, 0.0f, 2};
-    ba.min_flops_per_thread = 0;
-    ASSERT_TRUE(attention_backward(ba).ok());
-    std::vector<unsigned char> all = dq.bytes;
-    all.insert(all.end(), dk.bytes.begin(), dk.bytes.end());
-    all.insert(all.end(), dv.bytes.begin(), dv.bytes.end());
-    runs.push_back(all);
+  // On every runnable target (each has its own tile shape and prefetches).
+  for (const char* t : runnable_targets()) {
+    const TargetScope target(t);
+    ASSERT_TRUE(target.ok());
+    std::vector<std::vector<unsigned char>> runs;
+    for (int rep = 0; rep < 2; ++rep) {
+      Buf dq(DType::kF32, p.q_rows, 2, 32), dk(DType::kF32, p.kv_rows, 1, 32), dv(DType::kF32, p.kv_rows, 1, 32);
+      BackwardArgs ba{q.cview(), k.cview(), v.cview(), o.cview(), d_o.cview(), lse.cview(), dq.view(), dk.view(),
+                      dv.view(), p.frags, kFullCausal, 0.0f, 2};
+      ba.min_flops_per_thread = 0;
+      ASSERT_TRUE(attention_backward(ba).ok());
+      std::vector<unsigned char> all = dq.bytes;
+      all.insert(all.end(), dk.bytes.begin(), dk.bytes.end());
+      all.insert(all.end(), dv.bytes.begin(), dv.bytes.end());
+      runs.push_back(all);
+    }
+    EXPECT_EQ(runs[0], runs[1]) << "target " << t;
   }
-  EXPECT_EQ(runs[0], runs[1]);
 }
 
 TEST(AttentionBackward, AccumulatesDqWhenAsked) {

@@ -168,7 +168,9 @@ std::vector<double> alltoall_seconds(const Interconnect& net, std::span<const st
   std::sort(nodes.begin(), nodes.end());
   const auto spanned = static_cast<double>(std::unique(nodes.begin(), nodes.end()) - nodes.begin());
   const double bi = net.intra_node_gbps * 1e9;
-  const double be = net.inter_node_gbps * 1e9 / (1.0 + net.congestion_per_node * std::max(0.0, spanned - 1));
+  // Two nodes exchange rail to rail at the NIC's speed; every further node
+  // adds incast and ECMP collisions.
+  const double be = net.inter_node_gbps * 1e9 / (1.0 + net.congestion_per_node * std::max(0.0, spanned - 2));
   const double bs = net.inter_supernode_gbps * 1e9;
   auto link = [&](const std::array<double, 3>& x) { return std::max({x[0] / bi, (x[1] + x[2]) / be, x[2] / bs}); };
   for (std::size_t r = 0; r < w; ++r) {

@@ -152,10 +152,13 @@ TEST(AlltoallSeconds, TopologyTiersHandComputed) {
   EXPECT_NEAR(t[0], 3.0, 1e-12);
   // GPU 4 (supernode 1, with 5, 6, 7): 1 NVLink + 2 same-supernode + 4 cross: 2 s.
   EXPECT_NEAR(t[2], 2.0, 1e-12);
-  // Congestion: the two-node pool's NICs run at 10 / (1 + 0.5 x 1) GB/s:
-  // 2 GB / 6.667 GB/s = 0.3 s; one node has no NIC traffic to slow.
+  // Congestion: two nodes run at the NIC's speed (0.2 s as above); the
+  // 4-node pool (GPUs 0-7, fast spine) at 10 / (1 + 0.5 x 2) = 5 GB/s:
+  // 6 GB / 5 GB/s = 1.2 s; one node has no NIC traffic to slow.
   net.congestion_per_node = 0.5;
-  for (double x : alltoall_seconds(net, uniform(4), two_nodes)) EXPECT_NEAR(x, 0.3, 1e-12);
+  net.inter_supernode_gbps = 1000;
+  for (double x : alltoall_seconds(net, uniform(4), two_nodes)) EXPECT_NEAR(x, 0.2, 1e-12);
+  for (double x : alltoall_seconds(net, uniform(8), two_sn)) EXPECT_NEAR(x, 1.2, 1e-12);
   for (double x : alltoall_seconds(net, uniform(2), one_node)) EXPECT_NEAR(x, 0.01, 1e-12);
 }
 

@@ -15,7 +15,7 @@
 
 #include "libra/corpus.hpp"
 #include "libra/plan.hpp"
-#include "sim/plan_pricer.hpp"
+#include "sim/internal.hpp"
 
 namespace libra {
 
@@ -36,25 +36,11 @@ struct WindowOut {
   double lower_bound = 0;
 };
 
-PlanConfig domain_plan_config(const SimConfig& cfg, std::int64_t seq_len, const SimCandidate& c) {
-  PlanConfig pc;
-  pc.seq_len = seq_len;
-  pc.cp = static_cast<int>(cfg.cp);
-  pc.block_size = c.block_size;
-  pc.head_shards = static_cast<int>(c.head_shards);
-  pc.shape = {.heads_q = static_cast<int>(cfg.model.heads_q),
-              .heads_kv = static_cast<int>(cfg.model.heads_kv),
-              .head_dim = static_cast<int>(cfg.model.head_dim),
-              .dtype = cfg.model.elem_bytes == 4 ? DType::kF32 : DType::kBF16};
-  pc.tau = cfg.tau;
-  pc.chunks = static_cast<int>(cfg.chunks);
-  return pc;
-}
-
 // Plans every domain of a placement as one pool (a fused domain: k*P slots,
 // its workers the GPUs of its pools' replicas in domain order) and prices it.
-Status run_side(std::span<const PackedSequence> window, const WindowPlacement& pl, const SimConfig& cfg,
-                const PlanConfig& pc, const detail::PlanPricer& pricer, std::uint64_t w, Side& out) {
+Status run_side(std::span<const PackedSequence> window, const WindowPlacement& pl, const detail::Ctx& ctx,
+                const PlanConfig& pc, std::uint64_t w, Side& out) {
+  const SimConfig& cfg = ctx.cfg;
   LIBRA_ASSIGN_OR_RETURN(StepLayout layout, layout_window(pl, cfg.dp));
   const auto ga = static_cast<std::size_t>(layout.ga_steps);
   out.bytes.assign(ga, 0);
@@ -72,9 +58,8 @@ Status run_side(std::span<const PackedSequence> window, const WindowPlacement& p
       if (g != layout.pool_ga[static_cast<std::size_t>(pl.domains[d].front())]) {
         return internal_error("elastic: a domain spans two GA steps");
       }
-      for (std::int64_t p = 0; p < layout.pool_size; ++p) {
-        for (std::int64_t c = 0; c < cfg.cp; ++c) gpus.push_back((first + p) * cfg.cp + c);
-      }
+      const std::vector<std::int64_t> pg = detail::pool_gpus(first, layout.pool_size, cfg.cp);
+      gpus.insert(gpus.end(), pg.begin(), pg.end());
     }
     LIBRA_ASSIGN_OR_RETURN(Plan plan, make_plan(pool, pc));
     for (std::int64_t f : plan.worker_flops()) {
@@ -83,16 +68,18 @@ Status run_side(std::span<const PackedSequence> window, const WindowPlacement& p
     }
     const auto g = static_cast<std::size_t>(layout.pool_ga[static_cast<std::size_t>(pl.domains[d].front())]);
     out.bytes[g] += static_cast<double>(plan.comm_bytes());
-    out.latency[g] = std::max(out.latency[g], pricer.forward_seconds(plan, gpus, w, g, true));
+    const detail::PlanCost cost = detail::cost_plan(ctx, plan, gpus);
+    out.latency[g] = std::max(out.latency[g], detail::time_plan(ctx, cost, gpus, {w, g}, /*pipelined=*/true,
+                                                             /*backward=*/false));
   }
   const double workers = static_cast<double>(pl.pools.size()) * static_cast<double>(layout.pool_size * cfg.cp);
   out.worker_imbalance = total > 0 ? static_cast<double>(max_worker) * workers / total - 1 : 0;
   return {};
 }
 
-WindowOut simulate_window(std::span<const PackedSequence> window, const SimConfig& cfg, const PlanConfig& pc,
-                          const SimCandidate& cand, const ElasticOptions& elastic,
-                          const detail::PlanPricer& pricer, std::uint64_t w) {
+WindowOut simulate_window(std::span<const PackedSequence> window, const detail::Ctx& ctx, const PlanConfig& pc,
+                          const SimCandidate& cand, const ElasticOptions& elastic, std::uint64_t w) {
+  const SimConfig& cfg = ctx.cfg;
   WindowOut out;
   auto run = [&]() -> Status {
     LIBRA_ASSIGN_OR_RETURN(std::vector<std::int64_t> f, sequence_workloads(window));
@@ -101,8 +88,8 @@ WindowOut simulate_window(std::span<const PackedSequence> window, const SimConfi
                            place_window(f, {.pool_size = cand.pool_size, .mode = PlacementMode::kVrspElastic,
                                             .dp = cfg.dp, .elastic = elastic}));
     out.lower_bound = lower_bound_imbalance(f, cand.pool_size);
-    LIBRA_TRY(run_side(window, vrsp, cfg, pc, pricer, w, out.vrsp));
-    LIBRA_TRY(run_side(window, el, cfg, pc, pricer, w, out.elastic));
+    LIBRA_TRY(run_side(window, vrsp, ctx, pc, w, out.vrsp));
+    LIBRA_TRY(run_side(window, el, ctx, pc, w, out.elastic));
     LIBRA_ASSIGN_OR_RETURN(StepLayout layout, layout_window(el, cfg.dp));
     out.fused_step.assign(static_cast<std::size_t>(layout.ga_steps), false);
     for (const auto& d : el.domains) {
@@ -115,14 +102,6 @@ WindowOut simulate_window(std::span<const PackedSequence> window, const SimConfi
   };
   out.status = run();
   return out;
-}
-
-Stat stat_of(const std::vector<double>& v) {
-  Stat s;
-  if (v.empty()) return s;
-  s.mean = std::accumulate(v.begin(), v.end(), 0.0) / static_cast<double>(v.size());
-  s.worst = *std::max_element(v.begin(), v.end());
-  return s;
 }
 
 }  // namespace
@@ -139,27 +118,21 @@ Result<ElasticSimResult> simulate_elastic(const SimConfig& cfg, const SimCandida
   }
   if (cfg.max_windows < 0) return invalid_input(fmt::format("--windows {}: must be >= 0", cfg.max_windows));
   if (cfg.threads < 0) return invalid_input(fmt::format("--threads {}: must be >= 0", cfg.threads));
-  std::int64_t seq_len = cfg.seq_len;
-  if (seq_len == 0) {
-    LIBRA_ASSIGN_OR_RETURN(Corpus corpus, load_corpus(cfg.source));
-    seq_len = corpus.default_seq_len;
-  }
-  if (seq_len < 1) {
-    return invalid_input(fmt::format("--seq-len: required for {} (it has no default packed length)", cfg.source));
-  }
-  const PlanConfig pc = domain_plan_config(cfg, seq_len, cand);
+  LIBRA_ASSIGN_OR_RETURN(SimInput in, load_sim_input(cfg));
+  const std::int64_t seq_len = in.seq_len;
+  const std::vector<PackedSequence>& seqs = in.sequences;
+  const detail::Ctx ctx{cfg, seq_len, ThroughputTable(cfg.cost.kernel), {cand}};
+  const PlanConfig pc = detail::tap_config(ctx, cand.head_shards, cand.block_size);
   if (Status s = validate_plan_config(pc); !s.ok()) {
     return invalid_input(
         fmt::format("--head-shards {} --block-size {}: {}", cand.head_shards, cand.block_size, s.message()));
   }
-  LIBRA_ASSIGN_OR_RETURN(std::vector<PackedSequence> seqs, load_packed_sequences(cfg.source, seq_len));
   const std::int64_t full = static_cast<std::int64_t>(seqs.size()) / cfg.gbs;
   if (full < 1) {
     return invalid_input(fmt::format("{}: {} packed sequences at --seq-len {} is shorter than one window of --gbs {}",
                                      cfg.source, seqs.size(), seq_len, cfg.gbs));
   }
   const std::int64_t windows = cfg.max_windows == 0 ? full : std::min(full, cfg.max_windows);
-  const detail::PlanPricer pricer(cfg, seq_len);
 
   std::vector<WindowOut> wo(static_cast<std::size_t>(windows));
   {
@@ -172,7 +145,7 @@ Result<ElasticSimResult> simulate_elastic(const SimConfig& cfg, const SimCandida
         const auto window = std::span<const PackedSequence>(seqs).subspan(static_cast<std::size_t>(i * cfg.gbs),
                                                                           static_cast<std::size_t>(cfg.gbs));
         wo[static_cast<std::size_t>(i)] =
-            simulate_window(window, cfg, pc, cand, elastic, pricer, static_cast<std::uint64_t>(i));
+            simulate_window(window, ctx, pc, cand, elastic, static_cast<std::uint64_t>(i));
       }
     };
     std::vector<std::thread> pool;
@@ -218,12 +191,12 @@ Result<ElasticSimResult> simulate_elastic(const SimConfig& cfg, const SimCandida
     lb += o.lower_bound;
   }
   r.whole_pool_lower_bound = lb / static_cast<double>(windows);
-  r.placement_imbalance = {stat_of(pv), stat_of(pe)};
-  r.worker_imbalance = {stat_of(wv), stat_of(we)};
-  r.step_bytes = {stat_of(bv), stat_of(be)};
-  r.step_latency = {stat_of(lv), stat_of(le)};
-  r.window_latency = {stat_of(tv), stat_of(te)};
-  r.fused_step_latency = {stat_of(fv), stat_of(fe)};
+  r.placement_imbalance = {detail::stat_of(pv), detail::stat_of(pe)};
+  r.worker_imbalance = {detail::stat_of(wv), detail::stat_of(we)};
+  r.step_bytes = {detail::stat_of(bv), detail::stat_of(be)};
+  r.step_latency = {detail::stat_of(lv), detail::stat_of(le)};
+  r.window_latency = {detail::stat_of(tv), detail::stat_of(te)};
+  r.fused_step_latency = {detail::stat_of(fv), detail::stat_of(fe)};
   r.mean_window_speedup = speedup / static_cast<double>(windows);
   return r;
 }

@@ -11,7 +11,6 @@
 #include <numeric>
 
 #include "sim/internal.hpp"
-#include "sim/plan_pricer.hpp"
 
 namespace libra::detail {
 
@@ -243,27 +242,6 @@ std::vector<PackedSequence> pool_of(std::span<const PackedSequence> window, cons
   out.reserve(idx.size());
   for (std::int32_t i : idx) out.push_back(window[static_cast<std::size_t>(i)]);
   return out;
-}
-
-}  // namespace libra::detail
-
-// ----- Pricing for other units (sim/plan_pricer.hpp) -------------------------
-
-namespace libra::detail {
-
-struct PlanPricer::Impl {
-  detail::Ctx ctx;
-};
-
-PlanPricer::PlanPricer(const SimConfig& config, std::int64_t seq_len)
-    : impl_(std::make_unique<Impl>(Impl{detail::Ctx{config, seq_len, ThroughputTable(config.cost.kernel), {}}})) {}
-
-PlanPricer::~PlanPricer() = default;
-
-double PlanPricer::forward_seconds(const Plan& plan, std::span<const std::int64_t> gpus, std::uint64_t window,
-                                   std::uint64_t step, bool pipelined) const {
-  const detail::PlanCost c = detail::cost_plan(impl_->ctx, plan, gpus);
-  return detail::time_plan(impl_->ctx, c, gpus, {window, step}, pipelined, false);
 }
 
 }  // namespace libra::detail

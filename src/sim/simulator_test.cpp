@@ -335,6 +335,37 @@ TEST(SimConfigJson, AppliesKeysAndRejectsUnknownOnes) {
   EXPECT_FALSE(apply_sim_config_json(R"({"gbs": "x"})", "cfg.json", c).ok());
 }
 
+TEST(Recommend, WorstWeightTradesMeanForTheWorstStep) {
+  SimConfig cfg = tiny_config();
+  cfg.max_windows = 0;
+  cfg.pool_sizes = {1, 2, 4};
+  cfg.head_shards = {1, 2};
+  cfg.cost.noise.sigma = 0.05;
+  cfg.end_to_end = false;
+  auto argmin = [](const SimResult& r, double w) {
+    std::size_t best = 0;
+    auto score = [&](std::size_t i) {
+      const Stat& s = r.candidates[i].find(Variant::kLibraFull)->seconds;
+      return s.mean + w * s.worst;
+    };
+    for (std::size_t i = 1; i < r.candidates.size(); ++i) {
+      if (score(i) < score(best)) best = i;
+    }
+    return static_cast<std::int64_t>(best);
+  };
+  for (double w : {0.0, 1.0, 1e6}) {
+    cfg.worst_weight = w;
+    auto r = simulate(cfg);
+    ASSERT_TRUE(r.ok());
+    EXPECT_EQ(r->recommended, argmin(*r, w)) << w;
+    if (w > 0) {
+      EXPECT_NE(r->recommendation_reason.find("x worst"), std::string::npos);
+    }
+  }
+  cfg.worst_weight = -1;
+  EXPECT_FALSE(simulate(cfg).ok());
+}
+
 TEST(Variants, NameTableRoundTrips) {
   std::set<std::string_view> names;
   for (Variant v : all_variants()) {

@@ -34,7 +34,7 @@ def rel_err(got, want):
 
 
 def run_attention(rank, P, cp, pools, *, mode="tap", chunks=1, hq=4, hkv=2, d=16, block=8, shards=2,
-                  window=None, dtype="float32", dedup=False, checkpoint=False, tau=0.03):
+                  window=None, dtype="float32", dedup=False, checkpoint=False, tau=0.03, exchange="auto"):
     """One case on this rank: returns errors of o, dq, dk, dv and the raw results."""
     dt = getattr(torch, dtype)
     group, worker = lt.pool_group(P, cp)
@@ -43,7 +43,7 @@ def run_attention(rank, P, cp, pools, *, mode="tap", chunks=1, hq=4, hkv=2, d=16
     plan = libra.make_plan(pool, seq_len=L, cp=cp, block_size=block, head_shards=shards, heads_q=hq,
                            heads_kv=hkv, head_dim=d, chunks=chunks, mode=mode, window=window, tau=tau,
                            dtype="fp32" if dtype == "float32" else "bf16", dedup_per_kv_head=dedup)
-    rt = lt.PlanRuntime(plan, group)
+    rt = lt.PlanRuntime(plan, group, exchange=exchange)
     slot, cpr = worker // cp, worker % cp
     Q, K, V, G = slot_data(pool_index, slot, hq, hkv, d, dt)
     home = slice(cpr * (L // cp), (cpr + 1) * (L // cp))
@@ -88,12 +88,37 @@ def body_4(rank, world):
     a = run_attention(rank, 2, 2, POOLS, mode="tap", chunks=2, dtype="bfloat16")[1]
     b = run_attention(rank, 2, 2, POOLS, mode="tap", chunks=2, dtype="bfloat16")[1]
     c = run_attention(rank, 2, 2, POOLS, mode="tap", chunks=2, dtype="bfloat16", checkpoint=True)[1]
+    # The index-tensor exchanges (what CUDA tensors use) move the same bytes as the C++ programs.
+    i = run_attention(rank, 2, 2, POOLS, mode="tap", chunks=2, dtype="bfloat16", exchange="index")[1]
+    out["index_equal"] = all(torch.equal(x, y) for x, y in zip(a, i))
     out["deterministic"] = all(torch.equal(x, y) for x, y in zip(a, b))
     out["checkpoint_equal"] = all(torch.equal(x, y) for x, y in zip(a, c))
     out["mismatch"] = fingerprint_mismatch(rank)
     out["window_refused"] = window_refused(rank)
     out["layer"] = layer_grads(rank, world)
+    out["planner_runtime"] = planner_runtime(rank)
     return out
+
+
+def planner_runtime(rank):
+    """Planner(worker=...).runtime(n, group) (plan and schedule from the background thread) runs
+    exactly what a PlanRuntime of make_plan(sampler.pool(n)) runs."""
+    group, worker = lt.pool_group(2, 2)
+    kw = dict(seq_len=L, cp=2, block_size=8, head_shards=2, heads_q=4, heads_kv=2, head_dim=16, chunks=2,
+              dtype="fp32")
+    sampler = lt.PlacementBatchSampler(POOLS, gbs=4, dp=2, pool_size=2, dp_rank=rank // 2)
+    planner = lt.Planner(sampler, worker=worker, **kw)
+    same = True
+    try:
+        for n in range(len(sampler)):
+            a = planner.runtime(n, group)
+            b = lt.PlanRuntime(libra.make_plan(sampler.pool(n), **kw), group)
+            x = torch.randn(L // 2, 4, 16, generator=torch.Generator().manual_seed(n))
+            y = torch.randn(L // 2, 2, 16, generator=torch.Generator().manual_seed(n + 1))
+            same &= a.fingerprint == b.fingerprint and torch.equal(lt.attention(x, y, y, a), lt.attention(x, y, y, b))
+    finally:
+        planner.close()
+    return same
 
 
 def fingerprint_mismatch(rank):
@@ -114,11 +139,16 @@ def window_refused(rank):
     rt = lt.PlanRuntime(plan, group)
     x = torch.zeros(L // 2, 4, 16)
     y = torch.zeros(L // 2, 2, 16)
+    msgs = []
     try:
         lt.attention(x, y, y, rt)  # no window given: the plan's is 9
     except ValueError as e:
-        return str(e)
-    return None
+        msgs.append(str(e))
+    try:  # a bad shape on one rank only: every rank raises the same line, none waits in the exchange
+        lt.attention(x[:-1] if rank == 2 else x, y, y, rt, window=9)
+    except ValueError as e:
+        msgs.append(str(e))
+    return msgs
 
 
 def layer_grads(rank, world, P=2, cp=2, dm=32, hq=4, hkv=2, d=8):
@@ -169,6 +199,7 @@ def test_attention_matches_plain_attention_on_4_ranks(four):
 def test_determinism_and_checkpoint(four):
     assert all(r["deterministic"] for r in four)
     assert all(r["checkpoint_equal"] for r in four)
+    assert all(r["index_equal"] for r in four)
 
 
 def test_fingerprint_mismatch_raises_the_same_line_on_every_rank(four):
@@ -178,7 +209,16 @@ def test_fingerprint_mismatch_raises_the_same_line_on_every_rank(four):
 
 
 def test_window_differing_from_the_plan_is_refused(four):
-    assert all(r["window_refused"] and "window" in r["window_refused"] for r in four)
+    assert all(len(r["window_refused"]) == 2 and "window" in r["window_refused"][0] for r in four)
+
+
+def test_a_bad_call_on_one_rank_fails_on_every_rank_alike(four):
+    msgs = [r["window_refused"][1] for r in four]
+    assert "group rank 2" in msgs[0] and "shape" in msgs[0] and all(m == msgs[0] for m in msgs)
+
+
+def test_planner_runtime_is_the_same_runtime(four):
+    assert all(r["planner_runtime"] for r in four)
 
 
 def test_layer_weight_grads_match(four):
