@@ -62,6 +62,8 @@ def commands_of(path):
         cur = ""
     out += joined
     result = []
+    # `a && b` shows two commands.
+    out = [(no, part, mention) for no, cmd, mention in out for part in cmd.split(" && ")]
     for no, cmd, mention in out:
         cmd = cmd.strip()
         if cmd.startswith("$ "):
