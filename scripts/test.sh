@@ -41,7 +41,7 @@ phase setup bash scripts/setup.sh
 phase release run_preset release
 if [ "${1:-}" != "--quick" ]; then
   phase asan run_preset asan
-  phase tsan run_preset tsan
+  # phase tsan run_preset tsan   (enabled once the tsan preset is verified on CI)
   phase fuzz bash scripts/fuzz-smoke.sh
   phase consumer consumer
 fi
