@@ -2,8 +2,9 @@
 # Sets up, builds and runs every libra test: the release build (unit,
 # property, CLI golden and bad-input, contract, docs commands, MPI, Python),
 # the AddressSanitizer + UBSan build (every test, MPI included), the
-# ThreadSanitizer build (the threaded tests only: in-process communicator,
-# executor ranks, kernel and simulator threads), short fuzz runs of every
+# ThreadSanitizer build (only the exec, kernel, sim and elastic test programs;
+# the threaded tests: in-process communicator, executor ranks, kernel and
+# simulator threads), short fuzz runs of every
 # parser of untrusted files and the find_package consumer. Prints the time
 # of each phase at the end.
 # Usage: bash scripts/test.sh [--quick]   (--quick: release build only)
@@ -41,7 +42,7 @@ phase setup bash scripts/setup.sh
 phase release run_preset release
 if [ "${1:-}" != "--quick" ]; then
   phase asan run_preset asan
-  # phase tsan run_preset tsan   (enabled once the tsan preset is verified on CI)
+  phase tsan run_preset tsan
   phase fuzz bash scripts/fuzz-smoke.sh
   phase consumer consumer
 fi
