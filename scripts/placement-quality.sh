@@ -16,7 +16,7 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 libra="${1:-$root/build/release/tools/libra}"
 out="${2:-$root/docs/figures}"
 mkdir -p "$out"
-corpora=(paper-256k paper-1m)
+corpora=(paper-256k-v1 paper-1m-v1)  # the first calibration, outlier-heavy: what docs/placement.md analyses
 modes=(sampler random zigzag zigzag-swap vrsp vrsp-refine)
 
 # One TSV row per (corpus, gbs, P): windows, CV(F), bound, LLN, then each mode's mean R-1.
@@ -66,10 +66,10 @@ set yrange [1e-5:5]
 set format y "10^{%T}"
 set key bottom left font ",9"
 set grid
-do for [c in "paper-256k paper-1m"] {
+do for [c in "paper-256k-v1 paper-1m-v1"] {
   set title "builtin:".c font ",12"
-  paper_random = (c eq "paper-256k") ? 1.077 : 0.525
-  paper_vrsp = (c eq "paper-256k") ? 0.0050 : 0.0066
+  paper_random = (c eq "paper-256k-v1") ? 1.077 : 0.525
+  paper_vrsp = (c eq "paper-256k-v1") ? 0.0050 : 0.0066
   set label 1 at 8, paper_random "" point pt 6 ps 2.5 lc rgb "black" front
   set label 2 at 8, paper_vrsp "" point pt 6 ps 2.5 lc rgb "red" front
   plot "$out/placement-pool-size.tsv" using (stringcolumn(1) eq c ? \$3 : NaN):8 with linespoints lw 2 title "sampler", \

@@ -1,7 +1,8 @@
 // libra/comm_mpi.hpp: a libra::Communicator over any MPI communicator.
 //
 // Defines make_mpi_communicator, available when libra is built with MPI
-// (LIBRA_WITH_MPI; mpi_built() says so). The communicator works on a
+// (LIBRA_WITH_MPI; mpi_built() says so) and compiled with MPI on the include
+// path (link MPI::MPI_CXX; libra.hpp does not include this header). The communicator works on a
 // duplicate of `comm` (MPI_Comm_dup, collective over comm), so libra's
 // exchanges never match the caller's own messages; the caller keeps `comm`.
 // Each all-to-all-v is one MPI_Ialltoallv.

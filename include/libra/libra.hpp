@@ -10,6 +10,7 @@
 
 // core: errors, exact arithmetic, workload model, files
 #include "libra/checked.hpp"
+#include "libra/dtype.hpp"
 #include "libra/io.hpp"
 #include "libra/status.hpp"
 #include "libra/workload.hpp"
@@ -23,8 +24,10 @@
 #include "libra/plan.hpp"
 // execution
 #include "libra/attention_reference.hpp"
+#include "libra/backend.hpp"
 #include "libra/comm.hpp"
 #include "libra/executor.hpp"
+#include "libra/schedule.hpp"
 #include "libra/kernel.hpp"
 // simulation
 #include "libra/cost_model.hpp"

@@ -71,6 +71,16 @@ struct Wire {
 
 bool is_in(Phase p) { return p == Phase::kFwdIn || p == Phase::kBwdIn; }
 
+// dst[0..n) += src[0..n), both fp32 (src possibly unaligned: message bytes).
+void add_f32(std::byte* dst, const std::byte* src, std::int64_t n) {
+  float* d = reinterpret_cast<float*>(dst);
+  for (std::int64_t j = 0; j < n; ++j) {
+    float v;
+    std::memcpy(&v, src + 4 * j, 4);
+    d[j] += v;
+  }
+}
+
 double thread_cpu_seconds() {
   timespec ts{};
   clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
@@ -111,15 +121,15 @@ class ScheduleExecutor final : public Executor {
   PassStats last_stats() const override { return stats_; }
 
  private:
-  RawBuffer& buf(Field f, bool home) {
-    return (home ? home_ : compute_)[static_cast<std::size_t>(f)];
-  }
+  RawBuffer& buf(Field f) { return compute_[static_cast<std::size_t>(f)]; }
   std::byte* at(Field f, bool home, std::int64_t vector) {
-    return buf(f, home).data() + vector * s_.vector_bytes(f);
+    std::byte* base = home ? home_[static_cast<std::size_t>(f)] : buf(f).data();
+    return base + vector * s_.vector_bytes(f);
   }
   Status check_inputs(const AttentionInputs& in, const ForwardOutputs* fwd, std::span<const float> d_o) const;
   void load_home(Field f, std::span<const float> x);
-  std::vector<float> read_home(Field f);
+  void output_home(Field f, std::vector<float>& out);
+  void finish_output(Field f, std::vector<float>& out);
   void prepare(bool backward);
   void pack(Phase p, int m, Wire& w);
   void unpack(const std::vector<Segment>& segs, bool home, const std::byte* src);
@@ -134,7 +144,11 @@ class ScheduleExecutor final : public Executor {
   ExecOptions opts_;
   std::unique_ptr<AttentionBackend> owned_backend_;
   AttentionBackend* backend_ = nullptr;
-  std::array<RawBuffer, kNumFields> home_, compute_;
+  // Home buffers: fp32 fields are the caller's tensors themselves (inputs
+  // are only read; outputs are written straight into the result vectors);
+  // other types live converted in home_store_.
+  std::array<std::byte*, kNumFields> home_{};
+  std::array<RawBuffer, kNumFields> home_store_, compute_;
   // [pass][chunk]: each pass keeps its own message buffers across calls.
   std::array<std::vector<Wire>, 2> in_, out_;
   std::vector<std::byte> workspace_;
@@ -179,38 +193,47 @@ Status ScheduleExecutor::check_inputs(const AttentionInputs& in, const ForwardOu
 }
 
 void ScheduleExecutor::load_home(Field f, std::span<const float> x) {
-  RawBuffer& b = buf(f, true);
   const DType t = field_dtype(f, s_.dtype);
-  b.ensure(x.size() * static_cast<std::size_t>(dtype_bytes(t)));
   if (t == DType::kF32) {
-    if (!x.empty()) std::memcpy(b.data(), x.data(), x.size() * 4);
+    // Read only: In phases pack and copy from home, never into it.
+    home_[static_cast<std::size_t>(f)] = reinterpret_cast<std::byte*>(const_cast<float*>(x.data()));
     return;
   }
+  RawBuffer& b = home_store_[static_cast<std::size_t>(f)];
+  b.ensure(x.size() * static_cast<std::size_t>(dtype_bytes(t)));
   for (std::size_t i = 0; i < x.size(); ++i) store_from_f32(b.data(), t, static_cast<std::int64_t>(i), x[i]);
+  home_[static_cast<std::size_t>(f)] = b.data();
 }
 
-std::vector<float> ScheduleExecutor::read_home(Field f) {
-  const DType t = field_dtype(f, s_.dtype);
-  std::vector<float> out(static_cast<std::size_t>(s_.home_vectors(f) * s_.width(f)));
-  for (std::size_t i = 0; i < out.size(); ++i) out[i] = load_as_f32(buf(f, true).data(), t, static_cast<std::int64_t>(i));
-  return out;
-}
-
-// Home outputs zeroed (padding rows stay 0; dK/dV are sums), compute
-// buffers sized for the pass.
-void ScheduleExecutor::prepare(bool backward) {
-  const Field outs_f[] = {Field::kO, Field::kLse};
-  const Field outs_b[] = {Field::kDq, Field::kDk, Field::kDv};
-  for (Field f : backward ? std::span<const Field>(outs_b) : std::span<const Field>(outs_f)) {
-    RawBuffer& b = buf(f, true);
-    b.ensure(static_cast<std::size_t>(s_.home_vectors(f) * s_.vector_bytes(f)));
-    b.zero();
+// An output's home: zeroed (padding rows stay 0; dK/dV are sums), the
+// result vector itself when the field is fp32.
+void ScheduleExecutor::output_home(Field f, std::vector<float>& out) {
+  const auto n = static_cast<std::size_t>(s_.home_vectors(f) * s_.width(f));
+  out.assign(n, 0.0f);
+  if (field_dtype(f, s_.dtype) == DType::kF32) {
+    home_[static_cast<std::size_t>(f)] = reinterpret_cast<std::byte*>(out.data());
+    return;
   }
+  RawBuffer& b = home_store_[static_cast<std::size_t>(f)];
+  b.ensure(static_cast<std::size_t>(s_.home_vectors(f) * s_.vector_bytes(f)));
+  b.zero();
+  home_[static_cast<std::size_t>(f)] = b.data();
+}
+
+void ScheduleExecutor::finish_output(Field f, std::vector<float>& out) {
+  const DType t = field_dtype(f, s_.dtype);
+  if (t == DType::kF32) return;
+  const std::byte* b = home_[static_cast<std::size_t>(f)];
+  for (std::size_t i = 0; i < out.size(); ++i) out[i] = load_as_f32(b, t, static_cast<std::int64_t>(i));
+}
+
+// Compute buffers sized for the pass.
+void ScheduleExecutor::prepare(bool backward) {
   for (int fi = 0; fi < kNumFields; ++fi) {
     const Field f = static_cast<Field>(fi);
     const bool needed = backward || f == Field::kQ || f == Field::kK || f == Field::kV || f == Field::kO || f == Field::kLse;
     if (!needed) continue;
-    RawBuffer& b = buf(f, false);
+    RawBuffer& b = buf(f);
     b.ensure(static_cast<std::size_t>(s_.compute_vectors(f) * s_.vector_bytes(f)));
     // The kernel adds into dK and dV.
     if (f == Field::kDk || f == Field::kDv) b.zero();
@@ -249,13 +272,7 @@ void ScheduleExecutor::unpack(const std::vector<Segment>& segs, bool home, const
       std::byte* row = dst + i * seg.at.stride * vb;
       if (seg.add) {
         // dK/dV partial sums: fp32 on the wire and at home.
-        float* d = reinterpret_cast<float*>(row);
-        const std::int64_t k = seg.at.run * s_.width(seg.field);
-        for (std::int64_t j = 0; j < k; ++j) {
-          float v;
-          std::memcpy(&v, src + 4 * j, 4);
-          d[j] += v;
-        }
+        add_f32(row, src, seg.at.run * s_.width(seg.field));
       } else {
         std::memcpy(row, src, n);
       }
@@ -280,13 +297,7 @@ void ScheduleExecutor::copy_self(const Exchange& x, bool from_home) {
       const std::byte* row = from + i * a.at.stride * vb;
       std::byte* out = to + i * b.at.stride * vb;
       if (b.add) {
-        float* d = reinterpret_cast<float*>(out);
-        const std::int64_t n = a.at.run * s_.width(a.field);
-        for (std::int64_t j = 0; j < n; ++j) {
-          float v;
-          std::memcpy(&v, row + 4 * j, 4);
-          d[j] += v;
-        }
+        add_f32(out, row, a.at.run * s_.width(a.field));
       } else {
         std::memcpy(out, row, static_cast<std::size_t>(a.at.run * vb));
       }
@@ -406,11 +417,12 @@ Result<ForwardOutputs> ScheduleExecutor::forward(const AttentionInputs& in) {
   load_home(Field::kQ, in.q);
   load_home(Field::kK, in.k);
   load_home(Field::kV, in.v);
+  ForwardOutputs out;
+  output_home(Field::kO, out.o);
+  output_home(Field::kLse, out.lse);
   prepare(false);
   LIBRA_TRY(run_pass(Pass::kForward));
-  ForwardOutputs out;
-  out.o = read_home(Field::kO);
-  out.lse = read_home(Field::kLse);
+  finish_output(Field::kO, out.o);
   return out;
 }
 
@@ -424,12 +436,12 @@ Result<BackwardOutputs> ScheduleExecutor::backward(const AttentionInputs& in, co
   load_home(Field::kO, fwd.o);
   load_home(Field::kLse, fwd.lse);
   load_home(Field::kDo, d_o);
+  BackwardOutputs out;
+  output_home(Field::kDq, out.dq);
+  output_home(Field::kDk, out.dk);
+  output_home(Field::kDv, out.dv);
   prepare(true);
   LIBRA_TRY(run_pass(Pass::kBackward));
-  BackwardOutputs out;
-  out.dq = read_home(Field::kDq);
-  out.dk = read_home(Field::kDk);
-  out.dv = read_home(Field::kDv);
   return out;
 }
 

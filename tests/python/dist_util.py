@@ -10,9 +10,12 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 
-def _entry(rank, world, init_file, out_dir, fn, args):
+BACKEND = "gloo"  # the CUDA test switches to nccl
+
+
+def _entry(rank, world, init_file, out_dir, fn, args, backend):
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank, world_size=world)
+    dist.init_process_group(backend, init_method="file://" + init_file, rank=rank, world_size=world)
     try:
         result = fn(rank, world, *args)
     except BaseException:
@@ -30,7 +33,7 @@ def spawn(fn, world, *args):
     """Runs fn(rank, world, *args) on `world` gloo processes; returns the JSON results by rank."""
     with tempfile.TemporaryDirectory() as d:
         init_file = os.path.join(d, "init")
-        mp.spawn(_entry, args=(world, init_file, d, fn, args), nprocs=world, join=True)
+        mp.spawn(_entry, args=(world, init_file, d, fn, args, BACKEND), nprocs=world, join=True)
         out = []
         for r in range(world):
             with open(os.path.join(d, f"result.{r}.json")) as f:

@@ -293,15 +293,73 @@ def test_planner_plans_ahead_on_a_thread():
         planner.close()
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
-def test_cuda_attention_needs_flash_attn_or_says_so():
+def test_planner_refuses_a_batch_out_of_range():
+    seqs = libra.pack(list(range(1, 200)), L)["sequences"]
+    s = lt.PlacementBatchSampler(seqs, gbs=4, dp=2, pool_size=2, dp_rank=0)
+    kw = dict(seq_len=L, cp=2, block_size=8, head_shards=2, heads_q=4, heads_kv=2, head_dim=16)
+    planner = lt.Planner(s, **kw)
+    try:
+        for n in (len(s), len(s) + 99, -1):
+            with pytest.raises(ValueError) as e:
+                planner.get(n)
+            assert str(e.value) == f"Planner: batch {n} must be in [0, {len(s)})"
+        assert planner.get(len(s) - 1) == libra.make_plan(s.pool(len(s) - 1), **kw)  # still usable
+    finally:
+        planner.close()
+
+
+def _has_flash_attn():
     try:
         import flash_attn  # noqa: F401
     except ImportError:
-        with pytest.raises(RuntimeError, match="flash_attn"):
-            lt._flash_attn()
-        return
-    pytest.skip("flash_attn present: the CUDA path is exercised by the GPU run in docs/python.md")
+        return False
+    return True
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_cuda_attention_without_flash_attn_says_so():
+    if _has_flash_attn():
+        pytest.skip("flash_attn is importable")
+    with pytest.raises(RuntimeError, match="flash_attn"):
+        lt._flash_attn()
+
+
+def body_cuda(rank, world):
+    """One NCCL process per GPU: P = world, CP = 1; CUDA bf16 attention vs the float64 reference."""
+    torch.cuda.set_device(rank)
+    errs, _, _ = run_attention_cuda(rank, world)
+    return errs
+
+
+def run_attention_cuda(rank, P):
+    group, worker = lt.pool_group(P, 1)
+    pool = POOLS[:P]
+    plan = libra.make_plan(pool, seq_len=L, cp=1, block_size=8, head_shards=2, heads_q=4, heads_kv=2,
+                           head_dim=64, chunks=2)
+    rt = lt.PlanRuntime(plan, group)
+    Q, K, V, G = slot_data(0, worker, 4, 2, 64, torch.bfloat16)
+    q, k, v = (x.to(torch.bfloat16).cuda().requires_grad_() for x in (Q, K, V))
+    o = lt.attention(q, k, v, rt)
+    (o.double() * G.cuda()).sum().backward()
+    Qr, Kr, Vr = (x.clone().requires_grad_() for x in (Q, K, V))
+    ref = reference_attention(Qr, Kr, Vr, pool[worker])
+    (ref * G).sum().backward()
+    return ({"o": rel_err(o.cpu(), ref), "dq": rel_err(q.grad.cpu(), Qr.grad), "dk": rel_err(k.grad.cpu(), Kr.grad),
+             "dv": rel_err(v.grad.cpu(), Vr.grad)}, None, None)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or not _has_flash_attn(), reason="needs CUDA and flash_attn")
+def test_cuda_attention_matches_plain_attention():
+    import dist_util  # noqa: PLC0415
+
+    world = min(2, torch.cuda.device_count())
+    dist_util.BACKEND = "nccl"
+    try:
+        results = spawn(body_cuda, world)
+    finally:
+        dist_util.BACKEND = "gloo"
+    for errs in results:
+        assert max(errs.values()) < TOL["bfloat16"], errs
 
 
 def test_the_tap_split_case_really_splits_tiles():
