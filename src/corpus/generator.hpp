@@ -5,19 +5,15 @@
 #include <cstdint>
 #include <vector>
 
+#include "libra/splitmix64.hpp"
+
 namespace libra::detail {
 
-// splitmix64 (Steele, Lea, Flood 2014): a tiny generator whose output is the
-// same on every platform, unlike std:: distributions.
+// libra's splitmix64 stream with a unit-interval draw.
 class SplitMix64 {
  public:
   explicit SplitMix64(std::uint64_t seed) : state_(seed) {}
-  std::uint64_t next() {
-    std::uint64_t z = (state_ += 0x9E3779B97F4A7C15ULL);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-    return z ^ (z >> 31);
-  }
+  std::uint64_t next() { return splitmix64_next(state_); }
   // Uniform in the open interval (0, 1): the top 53 bits plus one half.
   double next_unit() { return (static_cast<double>(next() >> 11) + 0.5) * 0x1.0p-53; }
 

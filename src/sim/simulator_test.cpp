@@ -471,10 +471,10 @@ TEST(Simulate, PureOverSequencesAndLoadedThroughTheCorpusReader) {
 }
 
 TEST(SimTiming, ThreadCpuTimeDoesNotCountWaiting) {
-  const double cpu0 = sim::thread_cpu_seconds(), wall0 = sim::wall_seconds();
+  const double cpu0 = detail::thread_cpu_seconds(), wall0 = detail::wall_seconds();
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  EXPECT_LT(sim::thread_cpu_seconds() - cpu0, 0.05);
-  EXPECT_GE(sim::wall_seconds() - wall0, 0.19);
+  EXPECT_LT(detail::thread_cpu_seconds() - cpu0, 0.05);
+  EXPECT_GE(detail::wall_seconds() - wall0, 0.19);
 }
 
 // Calibration targets of the builtin corpora (docs/corpora.md): the paper's
