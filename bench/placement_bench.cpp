@@ -9,6 +9,7 @@
 
 #include "libra/corpus.hpp"
 #include "libra/placement.hpp"
+#include "libra/splitmix64.hpp"
 
 namespace {
 
@@ -29,11 +30,7 @@ std::vector<std::int64_t> window(std::size_t d, bool outliers = false) {
   std::uint64_t state = 0x5eed;
   std::vector<std::int64_t> out(d);
   for (auto& x : out) {
-    std::uint64_t z = (state += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    z ^= z >> 31;
-    x = pool[z % pool.size()];
+    x = pool[libra::splitmix64_next(state) % pool.size()];
   }
   return out;
 }

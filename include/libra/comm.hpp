@@ -85,9 +85,10 @@ class Communicator {
 // Helpers built on the interface.
 // post + wait.
 [[nodiscard]] Status exchange(Communicator& comm, const AllToAllV& x);
-// Every rank learns whether every rank succeeded. Returns `local` on a rank
-// that failed, and on the other ranks an error naming the failed ranks, so
-// all ranks stop together instead of some waiting forever.
+// Every rank learns whether every rank succeeded, and if not, the same error
+// on every rank: the lowest failed rank's message, naming the failed ranks
+// unless all failed alike (e.g. "q has 10 values, expected 12 (rank(s) 2 of
+// 4)"), so all ranks stop together and the job prints one line.
 [[nodiscard]] Status agree_on_status(Communicator& comm, const Status& local, const std::string& what);
 // Gathers a variable-size byte string from every rank on `root` (result is
 // empty on the other ranks). Collective.

@@ -25,11 +25,9 @@
 #include <vector>
 
 #include "libra/status.hpp"
+#include "libra/workload.hpp"  // PackedSequence
 
 namespace libra {
-
-// The sample lengths of one packed sequence, in order.
-using PackedSequence = std::vector<std::int64_t>;
 
 enum class CorpusKind { kRaw, kPacked };
 

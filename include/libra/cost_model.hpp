@@ -22,6 +22,8 @@
 //   double lat = libra::pipelined_seconds({d / 4, c / 4, r / 4}, 4);
 #pragma once
 
+#include "libra/splitmix64.hpp"  // splitmix64, the hash behind noise and seeds
+
 #include <cstdint>
 #include <span>
 #include <string>
@@ -210,13 +212,5 @@ struct CostModel {
 // Checks the model's constants; the message names the flag, e.g.
 // "--inter-node-gbps 0: bandwidth must be positive".
 [[nodiscard]] Status validate_cost_model(const CostModel& model);
-
-// splitmix64 (Steele, Lea, Flood 2014): the hash behind noise and seeds.
-constexpr std::uint64_t splitmix64(std::uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
 
 }  // namespace libra

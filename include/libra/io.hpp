@@ -29,6 +29,11 @@ namespace libra {
 // the reason, e.g. "/nonexistent/x.json: directory /nonexistent does not exist".
 [[nodiscard]] Status check_writable(const std::string& path);
 
+// The same before writing into directory `path`, created if missing (with
+// its parents): an existing directory, or a path whose nearest existing
+// ancestor is a writable directory.
+[[nodiscard]] Status check_writable_dir(const std::string& path);
+
 // True when both paths name one existing file (same device and inode), so an
 // output would replace an input.
 bool same_file(const std::string& a, const std::string& b);

@@ -36,7 +36,7 @@
 #include <string_view>
 #include <vector>
 
-#include "libra/corpus.hpp"
+#include "libra/workload.hpp"
 #include "libra/status.hpp"
 
 namespace libra {

@@ -39,7 +39,6 @@
 #include <string_view>
 #include <vector>
 
-#include "libra/corpus.hpp"
 #include "libra/dtype.hpp"
 #include "libra/status.hpp"
 #include "libra/workload.hpp"

@@ -23,7 +23,7 @@
 #include <optional>
 #include <vector>
 
-#include "libra/corpus.hpp"
+#include "libra/workload.hpp"
 #include "libra/placement.hpp"
 #include "libra/status.hpp"
 

@@ -27,9 +27,32 @@ enum class ErrorCode {
   kInternal,      // a libra invariant failed: a bug, please report
 };
 
+// `text` as printable ASCII: every byte below 0x20 or from 0x7f up becomes
+// \xNN. Every Error message goes through it, so no file name, JSON parser
+// excerpt or corrupt byte can split the one line or reach a terminal raw.
+inline std::string printable_ascii(std::string text) {
+  std::size_t bad = 0;
+  for (char ch : text) bad += static_cast<unsigned char>(ch) < 0x20 || static_cast<unsigned char>(ch) >= 0x7f;
+  if (bad == 0) return text;
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(text.size() + 3 * bad);
+  for (char ch : text) {
+    const auto c = static_cast<unsigned char>(ch);
+    if (c < 0x20 || c >= 0x7f) {
+      out += "\\x";
+      out += kHex[c >> 4];
+      out += kHex[c & 15];
+    } else {
+      out += ch;
+    }
+  }
+  return out;
+}
+
 class [[nodiscard]] Error {
  public:
-  Error(ErrorCode code, std::string message) : code_(code), message_(std::move(message)) {}
+  Error(ErrorCode code, std::string message) : code_(code), message_(printable_ascii(std::move(message))) {}
   ErrorCode code() const noexcept { return code_; }
   const std::string& message() const noexcept { return message_; }
 

@@ -15,10 +15,15 @@
 #include <cstdint>
 #include <limits>
 #include <span>
+#include <vector>
 
 #include "libra/status.hpp"
 
 namespace libra {
+
+// One packed sequence: the sample lengths of one slot, in packing order.
+// Here in core, not corpus, so the planners do not depend on the readers.
+using PackedSequence = std::vector<std::int64_t>;
 
 // Window value meaning "unbounded": plain causal attention.
 inline constexpr std::int64_t kFullCausal = std::numeric_limits<std::int64_t>::max();

@@ -210,6 +210,8 @@ class Planner:
             self._futures[n] = self._pool.submit(self._work, self._sampler.pool(n))
 
     def _result(self, n):
+        if not 0 <= n < len(self._sampler):
+            raise ValueError(f"Planner: batch {n} must be in [0, {len(self._sampler)})")
         if n not in self._done:
             self._submit(n)
             self._done = {n: self._futures.pop(n).result()}

@@ -85,6 +85,26 @@ Status check_writable(const std::string& path) {
   return {};
 }
 
+Status check_writable_dir(const std::string& path) {
+  if (path.empty()) return invalid_input("output directory path is empty");
+  std::string dir = path;
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  struct stat st {};
+  for (;;) {
+    if (::stat(dir.c_str(), &st) == 0) {
+      if (!S_ISDIR(st.st_mode)) return invalid_input(path + ": " + dir + " exists and is not a directory");
+      if (::access(dir.c_str(), W_OK | X_OK) != 0) {
+        return invalid_input(path + ": directory " + dir + " is not writable: " + std::strerror(errno));
+      }
+      return {};
+    }
+    if (errno != ENOENT && errno != ENOTDIR) return invalid_input(path + ": " + dir + ": " + std::strerror(errno));
+    const std::size_t slash = dir.find_last_of('/');
+    if (slash == std::string::npos) return {};  // relative: the working directory is checked by the write
+    dir = slash == 0 ? "/" : dir.substr(0, slash);
+  }
+}
+
 bool same_file(const std::string& a, const std::string& b) {
   struct stat sa {}, sb {};
   if (a == "-" || b == "-" || ::stat(a.c_str(), &sa) != 0 || ::stat(b.c_str(), &sb) != 0) return false;

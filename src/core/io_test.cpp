@@ -36,5 +36,32 @@ TEST(ReadFile, ReportsMissingFile) {
   EXPECT_EQ(r.error().code(), ErrorCode::kIo);
 }
 
+TEST(ReadFile, RejectsADirectory) {
+  auto r = read_file(fs::temp_directory_path().string());
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message().find("not a regular file"), std::string::npos);
+}
+
+// The checks made before any work agree with what the write then does.
+TEST(CheckWritable, AgreesWithWriteFileAtomic) {
+  fs::path dir = fs::temp_directory_path() / ("libra_check_test_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const std::string file = (dir / "out.txt").string();
+  EXPECT_TRUE(check_writable("-").ok());
+  EXPECT_TRUE(check_writable(file).ok());
+  EXPECT_TRUE(write_file_atomic(file, "x").ok());
+  EXPECT_EQ(check_writable("/nonexistent-dir/x.txt").message(), "/nonexistent-dir/x.txt: directory /nonexistent-dir does not exist");
+  EXPECT_FALSE(write_file_atomic("/nonexistent-dir/x.txt", "x").ok());
+  EXPECT_EQ(check_writable(dir.string()).message(), dir.string() + ": is a directory, not a file");
+  EXPECT_EQ(check_writable(file + "/y").message(), file + "/y: " + file + " is not a directory");
+  EXPECT_TRUE(check_writable_dir((dir / "a" / "b").string()).ok());
+  EXPECT_TRUE(check_writable_dir(dir.string() + "/").ok());
+  EXPECT_EQ(check_writable_dir(file + "/sub").message(), file + "/sub: " + file + " exists and is not a directory");
+  EXPECT_TRUE(same_file(file, (dir / "." / "out.txt").string()));
+  EXPECT_FALSE(same_file(file, (dir / "other.txt").string()));
+  EXPECT_FALSE(same_file("-", "-"));
+  fs::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace libra

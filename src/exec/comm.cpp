@@ -12,6 +12,33 @@ Status exchange(Communicator& comm, const AllToAllV& x) {
   return comm.wait(p);
 }
 
+namespace {
+
+// Every rank's string on every rank: one all-to-all-v in which each rank
+// sends its string to every peer.
+Result<std::vector<std::string>> allgather_strings(Communicator& comm, const std::string& mine) {
+  const auto W = static_cast<std::size_t>(comm.size());
+  LIBRA_ASSIGN_OR_RETURN(std::vector<std::uint64_t> sizes, comm.allgather(mine.size()));
+  std::vector<std::int64_t> send_counts(W, static_cast<std::int64_t>(mine.size())), send_displs(W, 0), recv_counts(W, 0),
+      recv_displs(W, 0);
+  std::int64_t total = 0;
+  for (std::size_t p = 0; p < W; ++p) {
+    recv_counts[p] = static_cast<std::int64_t>(sizes[p]);
+    recv_displs[p] = total;
+    total += recv_counts[p];
+  }
+  std::vector<std::byte> recv(static_cast<std::size_t>(total));
+  LIBRA_TRY(exchange(comm, {std::as_bytes(std::span<const char>(mine)), send_counts, send_displs, recv, recv_counts,
+                            recv_displs}));
+  std::vector<std::string> out(W);
+  for (std::size_t p = 0; p < W; ++p) {
+    out[p].assign(reinterpret_cast<const char*>(recv.data()) + recv_displs[p], static_cast<std::size_t>(recv_counts[p]));
+  }
+  return out;
+}
+
+}  // namespace
+
 Status agree_on_status(Communicator& comm, const Status& local, const std::string& what) {
   LIBRA_ASSIGN_OR_RETURN(std::vector<std::uint64_t> ok, comm.allgather(local.ok() ? 1u : 0u));
   std::vector<int> failed;
@@ -19,9 +46,23 @@ Status agree_on_status(Communicator& comm, const Status& local, const std::strin
     if (ok[r] == 0) failed.push_back(static_cast<int>(r));
   }
   if (failed.empty()) return Status();
-  if (!local.ok()) return local;
-  return Error(ErrorCode::kMismatch,
-               fmt::format("{}: failed on rank(s) {} (see their message)", what, fmt::join(failed, ",")));
+  // Every rank takes this branch (they all saw the same flags), so the
+  // messages can be exchanged: all ranks then return the same error, built
+  // from the gathered messages only, and one line is printed for the job
+  // however many ranks failed.
+  const std::string mine = local.ok() ? std::string() : std::string(1, static_cast<char>('0' + static_cast<int>(local.error().code()))) + local.message();
+  LIBRA_ASSIGN_OR_RETURN(std::vector<std::string> all, allgather_strings(comm, mine));
+  const std::string& first = all[static_cast<std::size_t>(failed.front())];
+  const auto code = static_cast<ErrorCode>(first.empty() ? static_cast<int>(ErrorCode::kInternal) : first[0] - '0');
+  const std::string msg = first.empty() ? std::string("unknown failure") : first.substr(1);
+  bool same = true;
+  for (int r : failed) same = same && all[static_cast<std::size_t>(r)] == first;
+  const std::size_t W = ok.size();
+  if (same && failed.size() == W) return Error(code, msg);
+  if (same) return Error(code, fmt::format("{} (rank(s) {} of {})", msg, fmt::join(failed, ","), W));
+  std::vector<int> rest(failed.begin() + 1, failed.end());
+  return Error(code, fmt::format("{} (rank {} of {}; {} also failed on rank(s) {})", msg, failed.front(), W, what,
+                                 fmt::join(rest, ",")));
 }
 
 Result<std::vector<std::string>> gather_strings(Communicator& comm, int root, const std::string& mine) {

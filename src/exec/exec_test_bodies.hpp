@@ -16,6 +16,7 @@
 #include "exec/harness.hpp"
 #include "libra/executor.hpp"
 #include "libra/plan.hpp"
+#include "libra/splitmix64.hpp"
 
 namespace libra::exec_test {
 
@@ -125,12 +126,7 @@ struct ExecCase {
 // with padding. Deterministic in the seed (splitmix64, no std distributions).
 inline std::vector<PackedSequence> random_pool(std::uint64_t seed, int slots, std::int64_t seq_len) {
   std::uint64_t s = seed * 0x9e3779b97f4a7c15ULL + 12345;
-  auto next = [&]() {
-    std::uint64_t z = (s += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-  };
+  auto next = [&]() { return splitmix64_next(s); };
   auto below = [&](std::int64_t n) { return static_cast<std::int64_t>(next() % static_cast<std::uint64_t>(n)); };
   std::vector<PackedSequence> pool(static_cast<std::size_t>(slots));
   for (auto& seq : pool) {

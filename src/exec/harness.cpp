@@ -12,14 +12,13 @@
 
 #include "libra/attention_reference.hpp"
 #include "libra/kernel.hpp"
+#include "libra/splitmix64.hpp"
 
 namespace libra {
 
 float harness_value(std::uint64_t seed, std::uint64_t stream, std::uint64_t index) {
   std::uint64_t z = seed * 0x9e3779b97f4a7c15ULL + stream * 0xd1b54a32d192ed03ULL + index + 0x632be59bd9b4e019ULL;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  z ^= z >> 31;
+  z = splitmix64_mix(z);
   // 24 random bits -> [-1, 1).
   return static_cast<float>(static_cast<double>(z >> 40) / 8388608.0 - 1.0);
 }

@@ -14,6 +14,7 @@
 #include <optional>
 
 #include "exec/exec_test_bodies.hpp"
+#include "libra/splitmix64.hpp"
 
 namespace libra {
 namespace {
@@ -31,9 +32,7 @@ std::uint64_t label(Field f, std::int64_t slot, std::int64_t token, std::int64_t
 // The contribution of query (row, head) to key j's gradient.
 std::uint64_t contrib(std::int64_t slot, std::int64_t row, std::int64_t head, std::int64_t key) {
   std::uint64_t z = label(Field::kDk, slot, row, head) * 0x9e3779b97f4a7c15ULL + static_cast<std::uint64_t>(key);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
+  return splitmix64_mix(z);
 }
 
 struct Sim {

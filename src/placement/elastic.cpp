@@ -8,7 +8,7 @@
 
 #include "placement/internal.hpp"
 
-namespace libra::placement_detail {
+namespace libra::detail {
 
 namespace {
 
@@ -164,4 +164,4 @@ ElasticPlacement place_elastic(std::span<const std::int64_t> w, const PlacementO
   return vrsp;
 }
 
-}  // namespace libra::placement_detail
+}  // namespace libra::detail

@@ -8,7 +8,7 @@
 
 #include "libra/placement.hpp"
 
-namespace libra::placement_detail {
+namespace libra::detail {
 
 using Pools = std::vector<std::vector<std::int32_t>>;
 
@@ -26,4 +26,4 @@ struct ElasticPlacement {
 };
 ElasticPlacement place_elastic(std::span<const std::int64_t> w, const PlacementOptions& options, std::int64_t sum);
 
-}  // namespace libra::placement_detail
+}  // namespace libra::detail

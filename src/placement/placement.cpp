@@ -17,7 +17,7 @@
 
 namespace libra {
 
-namespace placement_detail {
+namespace detail {
 
 // Indices by decreasing F, ties by increasing index (contract section 3).
 // Sorting (F, index) pairs in place keeps the comparisons cache-friendly.
@@ -60,13 +60,13 @@ std::vector<std::int64_t> pool_loads(const Pools& pools, std::span<const std::in
   return loads;
 }
 
-}  // namespace placement_detail
+}  // namespace detail
 
 namespace {
 
-using placement_detail::heavy_first;
-using placement_detail::place_vrsp;
-using placement_detail::pool_loads;
+using detail::heavy_first;
+using detail::place_vrsp;
+using detail::pool_loads;
 
 // Exact products of int64 loads with a pool count need 128 bits.
 __extension__ typedef __int128 Int128;
@@ -87,7 +87,7 @@ constexpr std::array<std::string_view, 2> kRuleNames = {"buddy", "lightest"};
 // lowers the sum of squared loads), but the bound keeps the worst case cheap.
 constexpr std::int64_t kSwapsPerSequence = 16;
 
-using placement_detail::Pools;
+using detail::Pools;
 
 // R - 1 of `max_load` against `sum` over `k` pools, from an exact numerator so
 // that two placements with the same maximum give bit-identical figures.
@@ -445,7 +445,7 @@ Result<WindowPlacement> place_window(std::span<const std::int64_t> workloads, co
     case PlacementMode::kRandom: {
       std::vector<std::int32_t> order(workloads.size());
       std::iota(order.begin(), order.end(), 0);
-      placement_detail::shuffle(std::span<std::int32_t>(order), options.seed);
+      detail::shuffle(std::span<std::int32_t>(order), options.seed);
       pools = place_consecutive(order, p);
       break;
     }
@@ -473,7 +473,7 @@ Result<WindowPlacement> place_window(std::span<const std::int64_t> workloads, co
         return invalid_input("elastic pools: dp " + std::to_string(dp) + ": must be a multiple of the pool size " +
                              std::to_string(p) + " that divides the window size " + std::to_string(workloads.size()));
       }
-      auto e = placement_detail::place_elastic(workloads, options, sum);
+      auto e = detail::place_elastic(workloads, options, sum);
       pools = std::move(e.pools);
       domains = std::move(e.domains);
       break;

@@ -1,30 +1,24 @@
 // placement/random.hpp (private): the reproducible randomness of the
-// `random` placement mode. splitmix64 and an unbiased rejection mapping are
-// written out here because std::uniform_int_distribution and std::shuffle
-// differ between standard libraries, and a placement must be the same on
-// every machine.
+// `random` placement mode: libra's splitmix64 and an unbiased rejection
+// mapping, because std::uniform_int_distribution and std::shuffle differ
+// between standard libraries, and a placement must be the same on every
+// machine.
 #pragma once
 
 #include <cstdint>
 #include <span>
 #include <utility>
 
-namespace libra::placement_detail {
+#include "libra/splitmix64.hpp"
 
-// One step of splitmix64 (Steele, Lea, Flood 2014): advances `state`.
-inline std::uint64_t splitmix64(std::uint64_t& state) {
-  std::uint64_t z = (state += 0x9e3779b97f4a7c15ULL);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
+namespace libra::detail {
 
 // Uniform in [0, n), n >= 1: rejects the 2^64 mod n lowest draws so that
 // every residue is equally likely.
 inline std::uint64_t uniform_below(std::uint64_t& state, std::uint64_t n) {
   const std::uint64_t threshold = (0 - n) % n;
   for (;;) {
-    const std::uint64_t x = splitmix64(state);
+    const std::uint64_t x = splitmix64_next(state);
     if (x >= threshold) return x % n;
   }
 }
@@ -39,4 +33,4 @@ void shuffle(std::span<T> items, std::uint64_t seed) {
   }
 }
 
-}  // namespace libra::placement_detail
+}  // namespace libra::detail

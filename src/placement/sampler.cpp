@@ -11,9 +11,9 @@ std::uint64_t step_seed(std::uint64_t seed, std::int64_t step) {
   // Two splitmix64 rounds so that nearby (seed, step) pairs give unrelated
   // shuffles; the mapping is fixed forever because resumed runs rely on it.
   std::uint64_t state = seed;
-  const std::uint64_t a = placement_detail::splitmix64(state);
+  const std::uint64_t a = splitmix64_next(state);
   std::uint64_t s2 = a ^ static_cast<std::uint64_t>(step);
-  return placement_detail::splitmix64(s2);
+  return splitmix64_next(s2);
 }
 
 Result<PlacementSampler> PlacementSampler::from_workloads(std::vector<std::int64_t> workloads,

@@ -4,7 +4,7 @@
 
 #include "sim/internal.hpp"
 
-namespace libra::sim {
+namespace libra::detail {
 
 Result<std::vector<double>> ulysses_steps(const Ctx& ctx, std::span<const PackedSequence> seqs, std::uint64_t window,
                                           Timing& tm, const std::string& kind) {
@@ -27,4 +27,4 @@ std::string distca_skip_reason(const SimConfig& cfg) {
                      cfg.dp * cfg.cp, cfg.distca_max_gpus);
 }
 
-}  // namespace libra::sim
+}  // namespace libra::detail

@@ -38,7 +38,7 @@ struct WindowOut {
 
 // Plans every domain of a placement as one pool (a fused domain: k*P slots,
 // its workers the GPUs of its pools' replicas in domain order) and prices it.
-Status run_side(std::span<const PackedSequence> window, const WindowPlacement& pl, const sim::Ctx& ctx,
+Status run_side(std::span<const PackedSequence> window, const WindowPlacement& pl, const detail::Ctx& ctx,
                 const PlanConfig& pc, std::uint64_t w, Side& out) {
   const SimConfig& cfg = ctx.cfg;
   LIBRA_ASSIGN_OR_RETURN(StepLayout layout, layout_window(pl, cfg.dp));
@@ -58,7 +58,7 @@ Status run_side(std::span<const PackedSequence> window, const WindowPlacement& p
       if (g != layout.pool_ga[static_cast<std::size_t>(pl.domains[d].front())]) {
         return internal_error("elastic: a domain spans two GA steps");
       }
-      const std::vector<std::int64_t> pg = sim::pool_gpus(first, layout.pool_size, cfg.cp);
+      const std::vector<std::int64_t> pg = detail::pool_gpus(first, layout.pool_size, cfg.cp);
       gpus.insert(gpus.end(), pg.begin(), pg.end());
     }
     LIBRA_ASSIGN_OR_RETURN(Plan plan, make_plan(pool, pc));
@@ -68,8 +68,8 @@ Status run_side(std::span<const PackedSequence> window, const WindowPlacement& p
     }
     const auto g = static_cast<std::size_t>(layout.pool_ga[static_cast<std::size_t>(pl.domains[d].front())]);
     out.bytes[g] += static_cast<double>(plan.comm_bytes());
-    const sim::PlanCost cost = sim::cost_plan(ctx, plan, gpus);
-    out.latency[g] = std::max(out.latency[g], sim::time_plan(ctx, cost, gpus, {w, g}, /*pipelined=*/true,
+    const detail::PlanCost cost = detail::cost_plan(ctx, plan, gpus);
+    out.latency[g] = std::max(out.latency[g], detail::time_plan(ctx, cost, gpus, {w, g}, /*pipelined=*/true,
                                                              /*backward=*/false));
   }
   const double workers = static_cast<double>(pl.pools.size()) * static_cast<double>(layout.pool_size * cfg.cp);
@@ -77,7 +77,7 @@ Status run_side(std::span<const PackedSequence> window, const WindowPlacement& p
   return {};
 }
 
-WindowOut simulate_window(std::span<const PackedSequence> window, const sim::Ctx& ctx, const PlanConfig& pc,
+WindowOut simulate_window(std::span<const PackedSequence> window, const detail::Ctx& ctx, const PlanConfig& pc,
                           const SimCandidate& cand, const ElasticOptions& elastic, std::uint64_t w) {
   const SimConfig& cfg = ctx.cfg;
   WindowOut out;
@@ -121,8 +121,8 @@ Result<ElasticSimResult> simulate_elastic(const SimConfig& cfg, const SimCandida
   LIBRA_ASSIGN_OR_RETURN(SimInput in, load_sim_input(cfg));
   const std::int64_t seq_len = in.seq_len;
   const std::vector<PackedSequence>& seqs = in.sequences;
-  const sim::Ctx ctx{cfg, seq_len, ThroughputTable(cfg.cost.kernel), {cand}};
-  const PlanConfig pc = sim::tap_config(ctx, cand.head_shards, cand.block_size);
+  const detail::Ctx ctx{cfg, seq_len, ThroughputTable(cfg.cost.kernel), {cand}};
+  const PlanConfig pc = detail::tap_config(ctx, cand.head_shards, cand.block_size);
   if (Status s = validate_plan_config(pc); !s.ok()) {
     return invalid_input(
         fmt::format("--head-shards {} --block-size {}: {}", cand.head_shards, cand.block_size, s.message()));
@@ -191,12 +191,12 @@ Result<ElasticSimResult> simulate_elastic(const SimConfig& cfg, const SimCandida
     lb += o.lower_bound;
   }
   r.whole_pool_lower_bound = lb / static_cast<double>(windows);
-  r.placement_imbalance = {sim::stat_of(pv), sim::stat_of(pe)};
-  r.worker_imbalance = {sim::stat_of(wv), sim::stat_of(we)};
-  r.step_bytes = {sim::stat_of(bv), sim::stat_of(be)};
-  r.step_latency = {sim::stat_of(lv), sim::stat_of(le)};
-  r.window_latency = {sim::stat_of(tv), sim::stat_of(te)};
-  r.fused_step_latency = {sim::stat_of(fv), sim::stat_of(fe)};
+  r.placement_imbalance = {detail::stat_of(pv), detail::stat_of(pe)};
+  r.worker_imbalance = {detail::stat_of(wv), detail::stat_of(we)};
+  r.step_bytes = {detail::stat_of(bv), detail::stat_of(be)};
+  r.step_latency = {detail::stat_of(lv), detail::stat_of(le)};
+  r.window_latency = {detail::stat_of(tv), detail::stat_of(te)};
+  r.fused_step_latency = {detail::stat_of(fv), detail::stat_of(fe)};
   r.mean_window_speedup = speedup / static_cast<double>(windows);
   return r;
 }

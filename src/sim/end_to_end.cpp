@@ -6,7 +6,7 @@
 #include "libra/workload.hpp"
 #include "sim/internal.hpp"
 
-namespace libra::sim {
+namespace libra::detail {
 
 E2eWindow e2e_window(const Ctx& ctx, std::span<const PackedSequence> window, std::uint64_t w,
                      const SimCandidate& rec, const std::vector<std::int64_t>& dps) {
@@ -180,4 +180,4 @@ Status fold_end_to_end(const std::vector<E2eWindow>& er, const std::vector<std::
   return {};
 }
 
-}  // namespace libra::sim
+}  // namespace libra::detail

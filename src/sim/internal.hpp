@@ -4,10 +4,10 @@
 // domain of k pools priced as one TAP domain of k * P slots) is a call to
 // price_pool with its own slots and GPUs.
 //
-//   sim::Ctx ctx{cfg, seq_len, ThroughputTable(cfg.cost.kernel), candidates};
-//   auto gpus = sim::pool_gpus(/*first replica*/ 0, /*slots*/ 16, cfg.cp);
-//   auto cost = sim::price_pool(ctx, sequences_of_the_domain, sim::tap_config(ctx, h, b), gpus, timing, "fused");
-//   double s = sim::time_plan(ctx, *cost, gpus, {window, step}, /*pipelined=*/true, /*backward=*/false);
+//   detail::Ctx ctx{cfg, seq_len, ThroughputTable(cfg.cost.kernel), candidates};
+//   auto gpus = detail::pool_gpus(/*first replica*/ 0, /*slots*/ 16, cfg.cp);
+//   auto cost = detail::price_pool(ctx, sequences_of_the_domain, detail::tap_config(ctx, h, b), gpus, timing, "fused");
+//   double s = detail::time_plan(ctx, *cost, gpus, {window, step}, /*pipelined=*/true, /*backward=*/false);
 #pragma once
 
 #include <cstdint>
@@ -19,7 +19,7 @@
 #include "libra/plan.hpp"
 #include "libra/simulator.hpp"
 
-namespace libra::sim {
+namespace libra::detail {
 
 struct Ctx {
   const SimConfig& cfg;
@@ -147,4 +147,4 @@ void recommend(SimResult& res);
 // --- Paper figures (paper_figures.cpp): fills paper_dataset, paper and not_comparable.
 void compare_with_paper(SimResult& res);
 
-}  // namespace libra::sim
+}  // namespace libra::detail

@@ -9,7 +9,7 @@
 
 #include "sim/internal.hpp"
 
-namespace libra::sim {
+namespace libra::detail {
 
 namespace {
 
@@ -177,4 +177,4 @@ void compare_with_paper(SimResult& res) {
   }
 }
 
-}  // namespace libra::sim
+}  // namespace libra::detail

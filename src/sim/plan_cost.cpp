@@ -12,7 +12,7 @@
 
 #include "sim/internal.hpp"
 
-namespace libra::sim {
+namespace libra::detail {
 
 double thread_cpu_seconds() {
   timespec ts{};
@@ -244,4 +244,4 @@ std::vector<PackedSequence> pool_of(std::span<const PackedSequence> window, cons
   return out;
 }
 
-}  // namespace libra::sim
+}  // namespace libra::detail

@@ -7,7 +7,7 @@
 
 #include "sim/internal.hpp"
 
-namespace libra::sim {
+namespace libra::detail {
 
 void recommend(SimResult& res) {
   const double ww = res.config.worst_weight;
@@ -39,4 +39,4 @@ void recommend(SimResult& res) {
       second.comm_bytes.mean / 1e6);
 }
 
-}  // namespace libra::sim
+}  // namespace libra::detail

@@ -381,8 +381,18 @@ Status apply_sim_setting(const SimSetting& setting, std::string_view text, const
 }
 
 Status apply_sim_config_json(std::string_view text, const std::string& name, SimConfig& c) {
-  nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) return invalid_input(name + ": not a JSON object (simulator config)");
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::parse_error& e) {
+    return invalid_input(fmt::format("{}: not valid JSON: syntax error at byte {} (simulator config)", name, e.byte));
+  } catch (const nlohmann::json::exception&) {
+    return invalid_input(name + ": not valid JSON: a number is out of range (simulator config)");
+  }
+  if (!j.is_object()) {
+    return invalid_input(fmt::format("{}: the simulator config must be a JSON object {{\"key\": value, ...}}, got {}", name,
+                                     j.type_name()));
+  }
   std::map<std::string_view, const nlohmann::json*> given;
   for (auto it = j.begin(); it != j.end(); ++it) {
     if (it.key() == "comment") continue;

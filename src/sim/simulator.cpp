@@ -23,7 +23,7 @@
 
 namespace libra {
 
-using namespace sim;
+using namespace detail;
 
 Result<SimInput> load_sim_input(const SimConfig& cfg) {
   std::int64_t seq_len = cfg.seq_len;
@@ -98,6 +98,10 @@ Result<SimResult> simulate(std::span<const PackedSequence> seqs, std::int64_t se
     }
   }
   if (cfg.chunks < 1) return invalid_input(fmt::format("--chunks {}: must be at least 1", cfg.chunks));
+  // 0 layers would price an empty model: 100% scaling efficiency, silently.
+  if (cfg.end_to_end && cfg.model.layers < 1) {
+    return invalid_input(fmt::format("--layers {}: must be at least 1 (or --no-end-to-end)", cfg.model.layers));
+  }
   if (cfg.model.elem_bytes != 2 && cfg.model.elem_bytes != 4) {
     return invalid_input(fmt::format("--elem-bytes {}: must be 2 (bf16, fp16) or 4 (fp32)", cfg.model.elem_bytes));
   }

@@ -471,10 +471,10 @@ TEST(Simulate, PureOverSequencesAndLoadedThroughTheCorpusReader) {
 }
 
 TEST(SimTiming, ThreadCpuTimeDoesNotCountWaiting) {
-  const double cpu0 = sim::thread_cpu_seconds(), wall0 = sim::wall_seconds();
+  const double cpu0 = detail::thread_cpu_seconds(), wall0 = detail::wall_seconds();
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  EXPECT_LT(sim::thread_cpu_seconds() - cpu0, 0.05);
-  EXPECT_GE(sim::wall_seconds() - wall0, 0.19);
+  EXPECT_LT(detail::thread_cpu_seconds() - cpu0, 0.05);
+  EXPECT_GE(detail::wall_seconds() - wall0, 0.19);
 }
 
 // Calibration targets of the builtin corpora (docs/corpora.md): the paper's
@@ -483,11 +483,17 @@ TEST(SimTiming, ThreadCpuTimeDoesNotCountWaiting) {
 // Tolerances: random P = 8 within 25%, P = 64 within 15%, VRSP within a
 // factor 1.6 (what one tail index can fit; docs/corpora.md gives the misses).
 TEST(CorpusCalibration, BuiltinsMatchThePapersInterPoolFigures) {
+  // Targets: figure 4 (random grouping, GBS 128) and figure 8 (VRSP), the
+  // paper's numbers. Tolerances (docs/corpora.md, "Calibration"): 10% on
+  // every statistic, except random R-1 at P = 8 on 256K, which the
+  // two-parameter tail misses by 12-13% (the fit's best; 15% asserted).
   struct Target {
     const char* source;
     double random8, random64, vrsp8;
+    double tol_random8;
   };
-  for (const Target& t : {Target{"builtin:paper-1m", 0.90, 0.08, 0.0066}, Target{"builtin:paper-256k", 1.08, 0.09, 0.0050}}) {
+  for (const Target& t : {Target{"builtin:paper-1m", 0.90, 0.08, 0.0066, 0.10},
+                          Target{"builtin:paper-256k", 1.08, 0.09, 0.0050, 0.15}}) {
     SimConfig cfg;
     cfg.source = t.source;
     auto in = load_sim_input(cfg);
@@ -496,10 +502,9 @@ TEST(CorpusCalibration, BuiltinsMatchThePapersInterPoolFigures) {
     auto st = calibration_stats(in->sequences, 128, ps, 32);
     ASSERT_TRUE(st.ok()) << st.error().message();
     EXPECT_GE(st->windows, 32) << t.source;
-    EXPECT_NEAR(st->random[0].second, t.random8, 0.25 * t.random8) << t.source;
-    EXPECT_NEAR(st->random[1].second, t.random64, 0.15 * t.random64) << t.source;
-    EXPECT_GT(st->vrsp[0].second, t.vrsp8 / 1.6) << t.source;
-    EXPECT_LT(st->vrsp[0].second, t.vrsp8 * 1.6) << t.source;
+    EXPECT_NEAR(st->random[0].second, t.random8, t.tol_random8 * t.random8) << t.source;
+    EXPECT_NEAR(st->random[1].second, t.random64, 0.10 * t.random64) << t.source;
+    EXPECT_NEAR(st->vrsp[0].second, t.vrsp8, 0.10 * t.vrsp8) << t.source;
   }
   // The v1 corpora keep their old statistics (VRSP at its lower bound).
   SimConfig v1;

@@ -8,7 +8,7 @@
 #include "libra/workload.hpp"
 #include "sim/internal.hpp"
 
-namespace libra::sim {
+namespace libra::detail {
 
 Result<double> mean_random_imbalance(std::span<const std::int64_t> f, std::int64_t pool_size, std::uint64_t first,
                                      std::int64_t seeds) {
@@ -176,4 +176,4 @@ WindowResult simulate_window(const Ctx& ctx, std::span<const PackedSequence> win
   return out;
 }
 
-}  // namespace libra::sim
+}  // namespace libra::detail

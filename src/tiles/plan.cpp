@@ -10,7 +10,7 @@
 
 namespace libra {
 
-namespace tiles_detail {
+namespace detail {
 
 namespace {
 
@@ -396,12 +396,12 @@ Result<Plan> build_plan(std::span<const PackedSequence> pool, const PlanConfig& 
   return Plan(std::move(d));
 }
 
-}  // namespace tiles_detail
+}  // namespace detail
 
 Result<Plan> make_plan(std::span<const PackedSequence> pool, const PlanConfig& config) {
-  LIBRA_ASSIGN_OR_RETURN(tiles_detail::Geometry geo, tiles_detail::make_geometry(pool, config));
-  LIBRA_ASSIGN_OR_RETURN(std::vector<tiles_detail::PlacedRows> rows, tiles_detail::place_tiles(geo, config));
-  return tiles_detail::build_plan(pool, config, geo, std::move(rows), "plan");
+  LIBRA_ASSIGN_OR_RETURN(detail::Geometry geo, detail::make_geometry(pool, config));
+  LIBRA_ASSIGN_OR_RETURN(std::vector<detail::PlacedRows> rows, detail::place_tiles(geo, config));
+  return detail::build_plan(pool, config, geo, std::move(rows), "plan");
 }
 
 // ---- accessors -------------------------------------------------------------

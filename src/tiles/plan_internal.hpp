@@ -43,7 +43,7 @@ struct Plan::Data {
   std::uint64_t fingerprint = 0;
 };
 
-namespace tiles_detail {
+namespace detail {
 
 // Everything the placers and the builder derive from (pool, config) once.
 struct Geometry {
@@ -136,5 +136,5 @@ struct PlacedRows {
                                                          std::span<const Tile> tiles);
 [[nodiscard]] std::uint64_t hash_words(std::span<const std::uint64_t> words);
 
-}  // namespace tiles_detail
+}  // namespace detail
 }  // namespace libra

@@ -18,7 +18,7 @@ namespace libra {
 namespace {
 
 using OJson = nlohmann::ordered_json;
-using tiles_detail::PlacedRows;
+using detail::PlacedRows;
 
 constexpr char kMagic[8] = {'L', 'I', 'B', 'R', 'A', 'P', 'L', 'N'};
 constexpr std::size_t kHeaderBytes = 32;  // magic, u32 version, u32 flags, u64 fingerprint, u64 words
@@ -131,16 +131,16 @@ Status check_fingerprint(const Plan& plan, std::uint64_t stated, const std::stri
 
 Result<Plan> finish(std::span<const PackedSequence> pool, const PlanConfig& config, std::vector<PlacedRows> rows,
                     const std::string& source) {
-  auto geo = tiles_detail::make_geometry(pool, config);
+  auto geo = detail::make_geometry(pool, config);
   if (!geo.ok()) return Error(geo.error().code(), source + ": " + geo.error().message());
-  return tiles_detail::build_plan(pool, config, *geo, std::move(rows), source);
+  return detail::build_plan(pool, config, *geo, std::move(rows), source);
 }
 
 }  // namespace
 
 std::string plan_to_binary(const Plan& plan) {
   const std::vector<std::uint64_t> words =
-      tiles_detail::canonical_words(plan.config(), plan.pool(), plan.tiles());
+      detail::canonical_words(plan.config(), plan.pool(), plan.tiles());
   std::string out;
   out.reserve(kHeaderBytes + 8 * words.size());
   out.append(kMagic, sizeof kMagic);
@@ -169,7 +169,7 @@ Result<Plan> plan_from_binary(std::string_view bytes, const std::string& source)
   }
   std::vector<std::uint64_t> w(count);
   for (std::size_t i = 0; i < count; ++i) w[i] = get_u64(bytes, kHeaderBytes + 8 * i);
-  if (tiles_detail::hash_words(w) != stated) {
+  if (detail::hash_words(w) != stated) {
     return mismatch_error(source + ": fingerprint " + hex(stated) + " does not match the file's content");
   }
 

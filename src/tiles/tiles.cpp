@@ -99,7 +99,7 @@ Status validate_plan_config(const PlanConfig& c) {
   return {};
 }
 
-namespace tiles_detail {
+namespace detail {
 
 std::int32_t Geometry::sample_at(int p, std::int64_t x) const {
   const auto first = starts.begin() + sample_base[p];
@@ -465,5 +465,5 @@ Result<std::vector<PlacedRows>> place_tiles(const Geometry& geo, const PlanConfi
   return split_max < tap_max ? split : tap;
 }
 
-}  // namespace tiles_detail
+}  // namespace detail
 }  // namespace libra

@@ -16,7 +16,11 @@ set(input_args)
 if(STDIN)
   set(input_args INPUT_FILE ${WORKDIR}/${STDIN})
 endif()
-execute_process(COMMAND ${LIBRA} ${ARGS}
+set(launcher)
+if(ENV)
+  set(launcher ${CMAKE_COMMAND} -E env ${ENV})
+endif()
+execute_process(COMMAND ${launcher} ${LIBRA} ${ARGS}
   WORKING_DIRECTORY ${WORKDIR} ${input_args}
   RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
 if(NOT "${rc}" STREQUAL "${EXPECT_EXIT}")

@@ -5,6 +5,11 @@ cd "$(dirname "$0")/../.."
 prefix=$(mktemp -d)
 trap 'rm -rf "$prefix"' EXIT
 cmake --install build/release --prefix "$prefix/install" >/dev/null
+# Our warning flags (with -Werror) are for building libra, never exported.
+if grep -l -e libra_build_flags -e Werror "$prefix"/install/lib*/cmake/libra/*.cmake; then
+  echo "consumer: the installed package exports libra's build flags" >&2
+  exit 1
+fi
 cmake -S tests/consumer -B "$prefix/build" -G Ninja -DCMAKE_PREFIX_PATH="$prefix/install" >/dev/null
 cmake --build "$prefix/build" >/dev/null
 "$prefix/build/consumer"

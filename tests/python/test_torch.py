@@ -293,6 +293,21 @@ def test_planner_plans_ahead_on_a_thread():
         planner.close()
 
 
+def test_planner_refuses_a_batch_out_of_range():
+    seqs = libra.pack(list(range(1, 200)), L)["sequences"]
+    s = lt.PlacementBatchSampler(seqs, gbs=4, dp=2, pool_size=2, dp_rank=0)
+    kw = dict(seq_len=L, cp=2, block_size=8, head_shards=2, heads_q=4, heads_kv=2, head_dim=16)
+    planner = lt.Planner(s, **kw)
+    try:
+        for n in (len(s), len(s) + 99, -1):
+            with pytest.raises(ValueError) as e:
+                planner.get(n)
+            assert str(e.value) == f"Planner: batch {n} must be in [0, {len(s)})"
+        assert planner.get(len(s) - 1) == libra.make_plan(s.pool(len(s) - 1), **kw)  # still usable
+    finally:
+        planner.close()
+
+
 def _has_flash_attn():
     try:
         import flash_attn  # noqa: F401

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <iostream>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <numeric>
 #include <optional>
 #include <sstream>
@@ -20,6 +21,7 @@
 #include <vector>
 
 #include "commands.hpp"
+#include "plan_flags.hpp"
 #include "exec/harness.hpp"
 #include "libra/comm.hpp"
 #include "libra/corpus.hpp"
@@ -31,12 +33,13 @@ namespace {
 
 struct ShapeOptions {
   std::string source = "builtin:paper-1m";
+  PlanFlags flags;  // as given; the fields below are resolved from them (or a --plan file)
   std::int64_t seq_len = 0;
   int cp = 0;
   std::int64_t block = 0;
   int head_shards = 0;
   int heads_q = 0, heads_kv = 0, head_dim = 0;
-  std::string dtype = "fp32";
+  std::string dtype = "bf16";
   std::optional<std::int64_t> window;
   double tau = 0.03;
   int chunks = 1;
@@ -54,6 +57,10 @@ struct ExecOptionsCli {
   std::string trace;
   int ranks = 0;  // > 0: in-process ranks instead of MPI
   std::string plan;  // a saved plan: pool and shape come from it
+  bool json = false;
+  const CLI::Option* reference_flag = nullptr;
+  const CLI::Option* ranks_flag = nullptr;
+  std::vector<const CLI::Option*> pool_flags;  // source, --pool-size, --pool-index, --mode: fixed by --plan
   int repeat = 1;    // forward + backward runs; timings and check of the last
 };
 
@@ -64,24 +71,33 @@ struct BenchOptionsCli {
   int repeat = 1;
 };
 
-void add_shape_options(CLI::App* sub, ShapeOptions& o, bool bench) {
-  sub->add_option("source", o.source, "pool: JSON Lines file (one packed sequence per line) or builtin:NAME, whose "
-                                       "sequences are scaled to --seq-len (default builtin:paper-1m)");
-  sub->add_option("--seq-len", o.seq_len, "packed length L of every slot");
-  sub->add_option("--cp", o.cp, "CP workers per slot");
-  sub->add_option("--block", o.block, "query rows per SH-Tile (B)");
-  sub->add_option("--head-shards", o.head_shards, "head shards per block (H)");
-  sub->add_option("--heads-q", o.heads_q, "query heads");
-  sub->add_option("--heads-kv", o.heads_kv, "KV heads");
-  sub->add_option("--head-dim", o.head_dim, "head dimension");
-  // exec requires the shape unless --plan gives it (checked in make_config).
-  sub->add_option("--dtype", o.dtype, "element type: fp32, bf16 or fp16")->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
-  sub->add_option("--window", o.window, "sliding-window width (default: full causal)");
-  sub->add_option("--tau", o.tau, "TAP load slack");
-  sub->add_option("--chunks", o.chunks, "pipeline chunks M");
-  sub->add_option("--pool-size", o.pool_size, bench ? "slots per pool P (default 4)" : "slots per pool P (default: ranks / cp)");
-  sub->add_option("--pool-index", o.pool_index, "first pool drawn from the source: sequences [index*P, ...)");
+std::vector<const CLI::Option*> add_shape_options(CLI::App* sub, ShapeOptions& o, bool bench) {
+  std::vector<const CLI::Option*> pool_flags;
+  pool_flags.push_back(sub->add_option("source", o.source, "pool: JSON Lines file (one packed sequence per line) or "
+                                                           "builtin:NAME, whose sequences are scaled to --seq-len"));
+  add_plan_flags(sub, o.flags, bench ? "default: a CPU-sized pool, see docs/executor.md" : "required unless --plan");
+  if (!bench) o.flags.instead = "--plan FILE, whose plan carries the shape";
+  pool_flags.push_back(sub->add_option("--pool-size", o.pool_size,
+                                       bench ? "slots per pool P (default 4)" : "slots per pool P (default: ranks / cp)"));
+  pool_flags.push_back(
+      sub->add_option("--pool-index", o.pool_index, "first pool drawn from the source: sequences [index*P, ...)"));
   sub->add_option("--threads", o.threads, "kernel threads per rank");
+  return pool_flags;
+}
+
+// The resolved shape fields of `so` from a configuration (flags or a plan file).
+void adopt_config(ShapeOptions& so, const PlanConfig& c) {
+  so.seq_len = c.seq_len;
+  so.cp = c.cp;
+  so.block = c.block_size;
+  so.head_shards = c.head_shards;
+  so.heads_q = c.shape.heads_q;
+  so.heads_kv = c.shape.heads_kv;
+  so.head_dim = c.shape.head_dim;
+  so.dtype = dtype_name(c.shape.dtype);
+  so.window = c.shape.window == kFullCausal ? std::nullopt : std::optional<std::int64_t>(c.shape.window);
+  so.tau = c.tau;
+  so.chunks = c.chunks;
 }
 
 // Packed sequences of the source at --seq-len. A built-in corpus made for
@@ -120,34 +136,16 @@ Result<std::vector<PackedSequence>> draw_pool(const std::vector<PackedSequence>&
   return std::vector<PackedSequence>(all.begin() + first, all.begin() + first + P);
 }
 
-Result<PlanConfig> make_config(const ShapeOptions& o, const std::string& mode) {
-  const std::pair<const char*, std::int64_t> needed[] = {{"--seq-len", o.seq_len},     {"--cp", o.cp},
-                                                         {"--block", o.block},         {"--head-shards", o.head_shards},
-                                                         {"--heads-q", o.heads_q},     {"--heads-kv", o.heads_kv},
-                                                         {"--head-dim", o.head_dim}};
-  for (const auto& [flag, v] : needed) {
-    if (v == 0) return invalid_input(fmt::format("{} is required (or --plan FILE, whose plan carries the shape)", flag));
-  }
-  PlanConfig cfg;
-  cfg.seq_len = o.seq_len;
-  cfg.cp = o.cp;
-  cfg.block_size = o.block;
-  cfg.head_shards = o.head_shards;
-  cfg.shape.heads_q = o.heads_q;
-  cfg.shape.heads_kv = o.heads_kv;
-  cfg.shape.head_dim = o.head_dim;
-  LIBRA_ASSIGN_OR_RETURN(cfg.shape.dtype, parse_dtype(o.dtype));
-  if (o.window) {
-    if (*o.window < 1) return invalid_input(fmt::format("--window {}: must be at least 1", *o.window));
-    cfg.shape.window = *o.window;
-  }
-  cfg.tau = o.tau;
-  cfg.chunks = o.chunks;
+// The configuration of the flags for one executor mode; also fills the
+// resolved shape fields of `o`.
+Result<PlanConfig> make_config(ShapeOptions& o, const std::string& mode) {
+  LIBRA_ASSIGN_OR_RETURN(PlanConfig cfg, plan_config_from(o.flags));
   if (o.threads < 1) return invalid_input(fmt::format("--threads {}: must be at least 1", o.threads));
   const std::string plan_mode = mode == "ulysses" ? "ulysses" : (mode == "ulysses-plan" ? "ulysses" : mode);
   LIBRA_ASSIGN_OR_RETURN(cfg.mode, parse_plan_mode(plan_mode));
   if (mode == "ulysses") cfg.chunks = 1;
   LIBRA_TRY(validate_plan_config(cfg));
+  adopt_config(o, cfg);
   return cfg;
 }
 
@@ -192,23 +190,14 @@ std::string bytes_text(std::int64_t b) {
 int exec_rank(Communicator& world, const ExecOptionsCli& opt) {
   const bool root = world.rank() == 0;
   ShapeOptions so = opt.shape;
+  // Every rank learns of a failure and of the same message (the lowest
+  // failed rank's, naming the ranks); world rank 0 alone prints it, so the
+  // job prints one line however many ranks failed.
   auto fail_all = [&](const Status& local) -> int {
-    // Every rank learns of the failure. A failure of rank 0 is printed by
-    // rank 0 alone (the flags are the same everywhere, so the other ranks
-    // usually fail the same way); otherwise rank 0 names the failed ranks and
-    // each of them prints its own message.
-    Result<std::vector<std::uint64_t>> oks = world.allgather(local.ok() ? 1u : 0u);
-    if (!oks.ok()) return fail(oks.error());
-    std::vector<int> failed;
-    for (std::size_t i = 0; i < oks->size(); ++i)
-      if ((*oks)[i] == 0) failed.push_back(static_cast<int>(i));
-    if (failed.empty()) return kExitOk;
-    if (root && !local.ok()) return fail(local.error());
-    if (root) {
-      return fail(mismatch_error(fmt::format("libra exec: failed on rank(s) {}", fmt::join(failed, ","))));
-    }
-    if (!local.ok() && (*oks)[0] != 0) return fail(local.error());
-    return local.ok() || local.error().code() != ErrorCode::kInternal ? kExitUsage : kExitFailure;
+    const Status agreed = agree_on_status(world, local, "libra exec");
+    if (agreed.ok()) return kExitOk;
+    if (root) return fail(agreed.error());
+    return agreed.error().code() == ErrorCode::kInternal ? kExitFailure : kExitUsage;
   };
 
   // Configuration and pool: every rank derives the same from the flags, or
@@ -218,18 +207,7 @@ int exec_rank(Communicator& world, const ExecOptionsCli& opt) {
     Result<Plan> p = load_plan(opt.plan);
     if (int rc = fail_all(p.status()); rc != kExitOk) return rc;
     saved = *p;
-    const PlanConfig& c = saved->config();
-    so.seq_len = c.seq_len;
-    so.cp = c.cp;
-    so.block = c.block_size;
-    so.head_shards = c.head_shards;
-    so.heads_q = c.shape.heads_q;
-    so.heads_kv = c.shape.heads_kv;
-    so.head_dim = c.shape.head_dim;
-    so.dtype = dtype_name(c.shape.dtype);
-    so.window = c.shape.window == kFullCausal ? std::nullopt : std::optional<std::int64_t>(c.shape.window);
-    so.tau = c.tau;
-    so.chunks = c.chunks;
+    adopt_config(so, saved->config());
     so.pool_size = saved->pool_size();
     so.source = opt.plan;
   }
@@ -238,10 +216,15 @@ int exec_rank(Communicator& world, const ExecOptionsCli& opt) {
   const int W = world.size();
   const int P = so.pool_size > 0 ? so.pool_size : W / so.cp;
   Status layout;
-  if (P < 1 || W % (P * so.cp) != 0) {
+  if (so.pool_size > 0 && W % (P * so.cp) != 0) {
     layout = invalid_input(fmt::format("{} ranks: must be a multiple of --pool-size {} x --cp {} = {} (one pool of W = "
                                        "P x CP ranks, or several side by side)",
                                        W, P, so.cp, P * so.cp));
+  } else if (so.pool_size <= 0 && W < so.cp) {
+    layout = invalid_input(fmt::format("{} rank(s): fewer than --cp {}; one pool needs --pool-size x --cp ranks", W, so.cp));
+  } else if (so.pool_size <= 0 && W % so.cp != 0) {
+    layout = invalid_input(fmt::format("{} ranks: must be a multiple of --cp {} (--pool-size defaults to ranks / cp)", W,
+                                       so.cp));
   }
   if (int rc = fail_all(layout); rc != kExitOk) return rc;
   const int Wp = P * so.cp;
@@ -318,32 +301,78 @@ int exec_rank(Communicator& world, const ExecOptionsCli& opt) {
   auto fw = max_mean(world, fwd_wall), fc = max_mean(world, fwd_compute), bw = max_mean(world, bwd_wall),
        bc = max_mean(world, bwd_compute);
   if (!fw.ok() || !fc.ok() || !bw.ok() || !bc.ok()) abort_job(world, internal_error("allgather of timings failed"));
-  if (root) {
-    fmt::print("libra exec: {} ranks = {} pool(s) x W {} (P {} x CP {}); mode {}, M {}, L {}, h_q {}, h_kv {}, d {}, {}, "
-               "window {}, {} kernel thread(s) per rank\n",
-               W, pools, Wp, P, so.cp, saved ? fmt::format("{} (plan {})", plan_mode_name(cfg->mode), opt.plan) : opt.mode, cfg->chunks, so.seq_len, so.heads_q, so.heads_kv, so.head_dim, so.dtype,
-               so.window ? std::to_string(*so.window) : std::string("full"), so.threads);
-    if (scale != 1.0) fmt::print("pool source: {} with sample lengths scaled by {:.6g}\n", so.source, scale);
-    std::string tokens;
+
+  // Every pool's figures, gathered on world rank 0 from the pool roots, so a
+  // multi-pool run reports every pool, not pool 0 alone.
+  std::string desc;
+  if (pc.rank() == 0) {
+    nlohmann::json d;
+    std::vector<std::int64_t> tokens;
+    std::size_t samples = 0;
     for (const auto& seq : *pool) {
-      tokens += fmt::format(" {}", std::accumulate(seq.begin(), seq.end(), std::int64_t{0}));
+      tokens.push_back(std::accumulate(seq.begin(), seq.end(), std::int64_t{0}));
+      samples += seq.size();
     }
-    fmt::print("pool 0: {} samples, tokens per slot:{}\n",
-               std::accumulate(pool->begin(), pool->end(), std::size_t{0}, [](std::size_t a, const PackedSequence& s) {
-                 return a + s.size();
-               }),
-               tokens);
+    d["pool"] = saved ? 0 : so.pool_index + pool_id;
+    d["samples"] = samples;
+    d["tokens_per_slot"] = tokens;
     if (plan) {
-      fmt::print("pool 0 plan: {} tiles, intra-pool imbalance {:.4f}, exchanged {} per pass\n", plan->tiles().size(),
-                 plan->imbalance(), bytes_text(plan->comm_bytes()));
+      d["tiles"] = plan->tiles().size();
+      d["imbalance"] = plan->imbalance();
+      d["comm_bytes"] = plan->comm_bytes();
     }
-    fmt::print("forward:  wall {:.4f} s (slowest rank), kernel compute {:.4f} s slowest / {:.4f} s mean rank\n",
-               fw->first, fc->first, fc->second);
-    fmt::print("backward: wall {:.4f} s (slowest rank), kernel compute {:.4f} s slowest / {:.4f} s mean rank\n",
-               bw->first, bc->first, bc->second);
-    fmt::print("overhead: wall over the busiest rank's kernel time forward {:+.1f}%, backward {:+.1f}%; executor CPU "
-               "outside the kernel (thread CPU time, max over ranks) forward {:.1f}%, backward {:.1f}% of kernel CPU\n",
-               100 * (fw->first / fc->first - 1), 100 * (bw->first / bc->first - 1), 100 * fo->first, 100 * bo->first);
+    desc = d.dump();
+  }
+  Result<std::vector<std::string>> descs = gather_strings(world, 0, desc);
+  if (!descs.ok()) abort_job(world, descs.error());
+  nlohmann::ordered_json report;
+  std::vector<nlohmann::json> pool_info;
+  if (root) {
+    for (int p = 0; p < pools; ++p) pool_info.push_back(nlohmann::json::parse((*descs)[static_cast<std::size_t>(p * Wp)]));
+    const std::string mode_text = saved ? fmt::format("{} (plan {})", plan_mode_name(cfg->mode), opt.plan) : opt.mode;
+    if (opt.json) {
+      report["ranks"] = W;
+      report["pool_ranks"] = Wp;
+      report["pool_size"] = P;
+      report["cp"] = so.cp;
+      report["mode"] = mode_text;
+      report["chunks"] = cfg->chunks;
+      report["seq_len"] = so.seq_len;
+      report["heads_q"] = so.heads_q;
+      report["heads_kv"] = so.heads_kv;
+      report["head_dim"] = so.head_dim;
+      report["dtype"] = so.dtype;
+      report["window"] = so.window ? nlohmann::ordered_json(*so.window) : nlohmann::ordered_json(nullptr);
+      report["threads"] = so.threads;
+      report["source"] = so.source;
+      report["length_scale"] = scale;
+      report["pools"] = pool_info;
+      report["forward"] = {{"wall_s", fw->first}, {"compute_max_s", fc->first}, {"compute_mean_s", fc->second}};
+      report["backward"] = {{"wall_s", bw->first}, {"compute_max_s", bc->first}, {"compute_mean_s", bc->second}};
+      report["executor_cpu_over_kernel_cpu"] = {{"forward", fo->first}, {"backward", bo->first}};
+    } else {
+      fmt::print("libra exec: {} ranks = {} pool(s) x W {} (P {} x CP {}); mode {}, M {}, L {}, h_q {}, h_kv {}, d {}, "
+                 "{}, window {}, {} kernel thread(s) per rank\n",
+                 W, pools, Wp, P, so.cp, mode_text, cfg->chunks, so.seq_len, so.heads_q, so.heads_kv, so.head_dim,
+                 so.dtype, so.window ? std::to_string(*so.window) : std::string("full"), so.threads);
+      if (scale != 1.0) fmt::print("pool source: {} with sample lengths scaled by {:.6g}\n", so.source, scale);
+      for (const nlohmann::json& d : pool_info) {
+        fmt::print("pool {}: {} samples, tokens per slot: {}\n", d["pool"].get<std::int64_t>(),
+                   d["samples"].get<std::int64_t>(), fmt::join(d["tokens_per_slot"].get<std::vector<std::int64_t>>(), " "));
+        if (d.contains("tiles")) {
+          fmt::print("pool {} plan: {} tiles, intra-pool imbalance {:.4f}, exchanged {} per pass\n",
+                     d["pool"].get<std::int64_t>(), d["tiles"].get<std::int64_t>(), d["imbalance"].get<double>(),
+                     bytes_text(d["comm_bytes"].get<std::int64_t>()));
+        }
+      }
+      fmt::print("forward:  wall {:.4f} s (slowest rank), kernel compute {:.4f} s slowest / {:.4f} s mean rank\n",
+                 fw->first, fc->first, fc->second);
+      fmt::print("backward: wall {:.4f} s (slowest rank), kernel compute {:.4f} s slowest / {:.4f} s mean rank\n",
+                 bw->first, bc->first, bc->second);
+      fmt::print("overhead: wall over the busiest rank's kernel time forward {:+.1f}%, backward {:+.1f}%; executor CPU "
+                 "outside the kernel (thread CPU time, max over ranks) forward {:.1f}%, backward {:.1f}% of kernel CPU\n",
+                 100 * (fw->first / fc->first - 1), 100 * (bw->first / bc->first - 1), 100 * fo->first, 100 * bo->first);
+    }
   }
 
   if (!opt.trace.empty()) {
@@ -352,16 +381,25 @@ int exec_rank(Communicator& world, const ExecOptionsCli& opt) {
       if (root) return fail(ts.error());
       return kExitUsage;
     }
-    if (root) fmt::print("trace: {} (Chrome trace-event JSON; lanes per rank: compute, transfer, wait)\n", opt.trace);
+    if (root && opt.json) report["trace"] = opt.trace;
+    if (root && !opt.json) {
+      fmt::print("trace: {} (Chrome trace-event JSON; lanes per rank: compute, transfer, wait)\n", opt.trace);
+    }
   }
 
-  if (!opt.check) return kExitOk;
+  auto print_report = [&] {
+    if (root && opt.json) fmt::print("{}\n", report.dump(1));
+  };
+  if (!opt.check) {
+    print_report();
+    return kExitOk;
+  }
 
   // Gather every home of the pool on its rank 0, which compares each slot
   // with the single-process reference on the whole sequence.
   const std::int64_t lc = so.seq_len / so.cp;
   std::vector<ErrorStats> errs(5);
-  std::string which;
+  std::string which = "naive";
   Status check_status;
   {
     std::string mine;
@@ -379,7 +417,8 @@ int exec_rank(Communicator& world, const ExecOptionsCli& opt) {
         work *= so.heads_q * so.head_dim;
         ReferenceKind kind = ReferenceKind::kNaive;
         if (opt.reference == "kernel" || (opt.reference == "auto" && work > 2e8)) kind = ReferenceKind::kKernel;
-        which = kind == ReferenceKind::kNaive ? "naive fp64" : "fp32 kernel in one process";
+        // One pool may mix references (auto): report the weaker one.
+        if (kind == ReferenceKind::kKernel) which = "kernel";
         Result<SlotReference> ref = harness_reference(data_seed, *cfg, seq, slot, kind, so.threads);
         if (!ref.ok()) {
           check_status = ref.error();
@@ -411,40 +450,83 @@ int exec_rank(Communicator& world, const ExecOptionsCli& opt) {
   }
   std::string stats;
   for (const ErrorStats& e : errs) stats += fmt::format("{:a} {:a} ", e.max_abs, e.max_ref);
+  stats += which;
   Result<std::vector<std::string>> all_stats = gather_strings(world, 0, stats);
   if (!all_stats.ok()) abort_job(world, all_stats.error());
   int verdict = kExitOk;
   if (root) {
-    std::vector<ErrorStats> total(5);
-    for (int p = 0; p < pools; ++p) {
-      std::istringstream in((*all_stats)[static_cast<std::size_t>(p * Wp)]);
-      for (ErrorStats& e : total) {
-        std::string a, b;
-        in >> a >> b;
-        e.merge(ErrorStats{std::strtod(a.c_str(), nullptr), std::strtod(b.c_str(), nullptr)});
-      }
-    }
     const Tolerance tol = tolerance_for(cfg->shape.dtype);
     const double tols[] = {tol.o, tol.lse, tol.dq, tol.dk, tol.dv};
     const char* names[] = {"O", "LSE", "dQ", "dK", "dV"};
-    fmt::print("check ({} pool(s), every home gathered on its pool's rank 0, reference: {} on whole sequences):\n", pools,
-               which);
-    bool ok = true;
-    for (int i = 0; i < 5; ++i) {
-      const bool good = total[static_cast<std::size_t>(i)].rel() <= tols[i];
-      ok = ok && good;
-      fmt::print("  {:<4} max abs error {:.3e}  relative {:.3e}  (tolerance {:.0e})  {}\n", names[i],
-                 total[static_cast<std::size_t>(i)].max_abs, total[static_cast<std::size_t>(i)].rel(), tols[i],
-                 good ? "ok" : "FAIL");
+    auto refname = [](const std::string& w) {
+      return w == "kernel" ? std::string("fp32 kernel in one process") : std::string("naive fp64");
+    };
+    std::vector<ErrorStats> total(5);
+    std::vector<std::vector<ErrorStats>> per_pool(static_cast<std::size_t>(pools), std::vector<ErrorStats>(5));
+    std::vector<std::string> pool_ref(static_cast<std::size_t>(pools));
+    for (int p = 0; p < pools; ++p) {
+      std::istringstream in((*all_stats)[static_cast<std::size_t>(p * Wp)]);
+      for (int i = 0; i < 5; ++i) {
+        std::string a, b;
+        in >> a >> b;
+        const ErrorStats e{std::strtod(a.c_str(), nullptr), std::strtod(b.c_str(), nullptr)};
+        per_pool[static_cast<std::size_t>(p)][static_cast<std::size_t>(i)] = e;
+        total[static_cast<std::size_t>(i)].merge(e);
+      }
+      in >> pool_ref[static_cast<std::size_t>(p)];
     }
-    fmt::print("result: {}\n", ok ? "within tolerance" : "BEYOND TOLERANCE");
+    auto within = [&](const std::vector<ErrorStats>& e, int i) { return e[static_cast<std::size_t>(i)].rel() <= tols[i]; };
+    bool ok = true;
+    for (int i = 0; i < 5; ++i) ok = ok && within(total, i);
+    auto tensors_json = [&](const std::vector<ErrorStats>& e) {
+      nlohmann::ordered_json t;
+      for (int i = 0; i < 5; ++i) {
+        t[names[i]] = {{"max_abs_error", e[static_cast<std::size_t>(i)].max_abs},
+                       {"relative_error", e[static_cast<std::size_t>(i)].rel()},
+                       {"tolerance", tols[i]},
+                       {"ok", within(e, i)}};
+      }
+      return t;
+    };
+    if (opt.json) {
+      nlohmann::ordered_json c;
+      c["within_tolerance"] = ok;
+      c["tensors"] = tensors_json(total);
+      c["pools"] = nlohmann::ordered_json::array();
+      for (int p = 0; p < pools; ++p) {
+        c["pools"].push_back({{"pool", pool_info[static_cast<std::size_t>(p)]["pool"]},
+                              {"reference", refname(pool_ref[static_cast<std::size_t>(p)])},
+                              {"tensors", tensors_json(per_pool[static_cast<std::size_t>(p)])}});
+      }
+      report["check"] = c;
+      print_report();
+    } else {
+      fmt::print("check ({} pool(s), every home gathered on its pool's rank 0, reference on whole sequences):\n", pools);
+      for (int p = 0; p < pools && pools > 1; ++p) {
+        const auto& e = per_pool[static_cast<std::size_t>(p)];
+        bool pool_ok = true;
+        std::string rels;
+        for (int i = 0; i < 5; ++i) {
+          pool_ok = pool_ok && within(e, i);
+          rels += fmt::format(" {} {:.2e}", names[i], e[static_cast<std::size_t>(i)].rel());
+        }
+        fmt::print("  pool {} ({}): relative{}  {}\n", pool_info[static_cast<std::size_t>(p)]["pool"].get<std::int64_t>(),
+                   refname(pool_ref[static_cast<std::size_t>(p)]), rels, pool_ok ? "ok" : "FAIL");
+      }
+      if (pools == 1) fmt::print("  reference: {}\n", refname(pool_ref[0]));
+      for (int i = 0; i < 5; ++i) {
+        fmt::print("  {:<4} max abs error {:.3e}  relative {:.3e}  (tolerance {:.0e})  {}\n", names[i],
+                   total[static_cast<std::size_t>(i)].max_abs, total[static_cast<std::size_t>(i)].rel(), tols[i],
+                   within(total, i) ? "ok" : "FAIL");
+      }
+      fmt::print("result: {}\n", ok ? "within tolerance" : "BEYOND TOLERANCE");
+    }
     verdict = ok ? kExitOk : kExitCheckFailed;
   }
   Result<std::vector<std::uint64_t>> verdicts = world.allgather(static_cast<std::uint64_t>(verdict));
   if (!verdicts.ok()) abort_job(world, verdicts.error());
   return static_cast<int>((*verdicts)[0]);
 }
-
 int run_exec(const ExecOptionsCli& opt) {
   static const char* kModes[] = {"tap", "tap-split", "ulysses", "ulysses-plan"};
   if (std::find_if(std::begin(kModes), std::end(kModes), [&](const char* m) { return opt.mode == m; }) == std::end(kModes)) {
@@ -453,6 +535,43 @@ int run_exec(const ExecOptionsCli& opt) {
   if (opt.repeat < 1) return fail(invalid_input(fmt::format("--repeat {}: must be at least 1", opt.repeat)));
   if (opt.reference != "auto" && opt.reference != "naive" && opt.reference != "kernel") {
     return fail(invalid_input("--reference " + opt.reference + ": expected auto, naive or kernel"));
+  }
+  if (opt.reference_flag != nullptr && opt.reference_flag->count() > 0 && !opt.check) {
+    return fail(invalid_input("--reference " + opt.reference + ": only used by --check; add --check or drop --reference"));
+  }
+  if (!opt.plan.empty()) {
+    std::string given = first_plan_flag_given(opt.shape.flags);
+    for (const CLI::Option* f : opt.pool_flags) {
+      if (given.empty() && f->count() > 0) given = f->get_name();
+    }
+    if (!given.empty()) {
+      return fail(invalid_input("--plan " + opt.plan + ": the saved plan fixes " + given + "; drop " + given +
+                                " or plan from the flags instead"));
+    }
+  }
+  // Under mpirun every process would start --ranks threads of its own: the
+  // job would run (and print) once per process.
+  const char* mpi_size = nullptr;
+  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"}) {
+    if (mpi_size == nullptr) mpi_size = std::getenv(var);
+  }
+  const bool ranks_given = opt.ranks_flag != nullptr && opt.ranks_flag->count() > 0;
+  if (ranks_given && mpi_size != nullptr) {
+    // Each process reaches this line; the first alone prints it.
+    const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
+    if (rank == nullptr) rank = std::getenv("PMI_RANK");
+    if (rank == nullptr || std::string(rank) == "0") {
+      fail(invalid_input(fmt::format("--ranks {}: starts in-process ranks, but this is already one of the processes of "
+                                     "mpirun; drop --ranks (mpirun -np sets the ranks)",
+                                     opt.ranks)));
+    }
+    return kExitUsage;
+  }
+  if (ranks_given && opt.ranks < 1) {
+    return fail(invalid_input(fmt::format("--ranks {}: must be at least 1", opt.ranks)));
+  }
+  if (!ranks_given && mpi_size == nullptr) {
+    return fail(invalid_input("no ranks: run under mpirun -np N, or give --ranks N for N in-process ranks"));
   }
   if (opt.ranks > 0) {
     if (opt.ranks > 256) return fail(invalid_input(fmt::format("--ranks {}: at most 256 in-process ranks", opt.ranks)));
@@ -518,15 +637,21 @@ int run_bench(BenchOptionsCli opt) {
   ShapeOptions& so = opt.shape;
   // CPU-sized defaults scaled from the paper's setting (P = 8, CP = 8,
   // L = 1M, B = 8192, H = 8, h_q = 32, h_kv = 4, d = 128).
-  if (so.seq_len == 0) so.seq_len = 16384;
-  if (so.cp == 0) so.cp = 4;
+  PlanFlags& f = so.flags;
+  if (!f.seq_len) f.seq_len = 16384;
+  if (!f.cp) f.cp = 4;
+  if (*f.cp < 1) return fail(invalid_input(fmt::format("--cp {}: must be at least 1", *f.cp)));
   if (so.pool_size == 0) so.pool_size = 4;
-  if (so.block == 0) so.block = so.seq_len / so.cp / 4;
-  if (so.heads_q == 0) so.heads_q = 8;
-  if (so.heads_kv == 0) so.heads_kv = 2;
-  if (so.head_shards == 0) so.head_shards = 4;
-  if (so.head_dim == 0) so.head_dim = 64;
-  if (opt.pools < 1 || opt.repeat < 1) return fail(invalid_input("--pools and --repeat must be at least 1"));
+  if (so.pool_size < 1) return fail(invalid_input(fmt::format("--pool-size {}: must be at least 1", so.pool_size)));
+  if (!f.block) f.block = *f.seq_len / *f.cp / 4;
+  if (f.model.empty()) {
+    if (!f.heads_q) f.heads_q = 8;
+    if (!f.heads_kv) f.heads_kv = 2;
+    if (!f.head_dim) f.head_dim = 64;
+  }
+  if (!f.head_shards) f.head_shards = 4;
+  if (opt.pools < 1) return fail(invalid_input(fmt::format("--pools {}: must be at least 1", opt.pools)));
+  if (opt.repeat < 1) return fail(invalid_input(fmt::format("--repeat {}: must be at least 1", opt.repeat)));
   const char* modes[] = {"ulysses", "tap", "tap-split"};
   std::vector<PlanConfig> cfgs;
   for (const char* m : modes) {
@@ -538,6 +663,16 @@ int run_bench(BenchOptionsCli opt) {
   Result<std::vector<PackedSequence>> all = load_scaled(so.source, so.seq_len, &scale);
   if (!all.ok()) return fail(all.error());
   const int P = so.pool_size, W = P * so.cp;
+  // Every pool is checked to exist before the first measurement.
+  const auto n = static_cast<std::int64_t>(all->size());
+  if (so.pool_index < 0 || (so.pool_index + opt.pools) * P > n) {
+    return fail(invalid_input(fmt::format("--pools {}: {} holds {} whole pool(s) of --pool-size {}{}", opt.pools, so.source,
+                                          n / P, P,
+                                          so.pool_index == 0 ? std::string()
+                                                             : fmt::format(", {} from --pool-index {}",
+                                                                           std::max<std::int64_t>(0, n / P - so.pool_index),
+                                                                           so.pool_index))));
+  }
   fmt::print("libra bench exec: per-worker attention compute time measured with the real kernel ({}), every worker of a "
              "pool run one after another on this machine ({} kernel thread(s)), not concurrently; straggler = slowest "
              "worker\n",
@@ -601,13 +736,16 @@ const bool registered = register_command(70, [](CLI::App& app) {
   auto* ex = app.add_subcommand("exec", "Run a pool's attention forward and backward through a distributed executor "
                                         "(under mpirun, or --ranks N in-process) and check it");
   auto eo = std::make_shared<ExecOptionsCli>();
-  add_shape_options(ex, eo->shape, false);
-  ex->add_option("--mode", eo->mode, "executor: tap, tap-split, ulysses (the baseline executor), ulysses-plan");
+  eo->pool_flags = add_shape_options(ex, eo->shape, false);
+  eo->pool_flags.push_back(
+      ex->add_option("--mode", eo->mode, "executor: tap, tap-split, ulysses (the baseline executor), ulysses-plan"));
   ex->add_option("--seed", eo->seed, "seed of the random Q, K, V and dO");
   ex->add_flag("--check", eo->check, "compare with the single-process reference on the whole sequences (exit 3 beyond tolerance)");
-  ex->add_option("--reference", eo->reference, "reference for --check: auto (naive fp64 when small), naive, kernel");
+  eo->reference_flag =
+      ex->add_option("--reference", eo->reference, "reference for --check: auto (naive fp64 when small), naive, kernel");
   ex->add_option("--trace", eo->trace, "write a Chrome trace-event JSON file of compute and transfers per rank");
-  ex->add_option("--ranks", eo->ranks, "run N ranks as threads of this process instead of MPI");
+  eo->ranks_flag = ex->add_option("--ranks", eo->ranks, "run N ranks as threads of this process instead of MPI");
+  ex->add_flag("--json", eo->json, "print the run, every pool and the --check result as one JSON document");
   ex->add_option("--repeat", eo->repeat, "run forward and backward N times on the same executor; the last run is timed "
                                          "and checked");
   ex->add_option("--plan", eo->plan, "run a saved plan file (libra plan -o FILE): its pool and shape replace the source "

@@ -33,6 +33,7 @@ struct PlaceOptions {
   ElasticOptions elastic;  // --mode vrsp-elastic
   std::string elastic_rule = "buddy";
   const CLI::Option* mode_flag = nullptr;  // given explicitly?
+  std::vector<const CLI::Option*> elastic_flags;  // meaningful with --mode vrsp-elastic only
 };
 
 // Population coefficient of variation of the workloads of the full windows.
@@ -80,6 +81,11 @@ Result<ModeStats> run_mode(const PlacementSampler& base, PlacementMode mode, con
 
 int run_place(const PlaceOptions& opt) {
   PlacementMode mode = PlacementMode::kVrsp;
+  for (const CLI::Option* f : opt.elastic_flags) {
+    if (f->count() > 0 && opt.mode != "vrsp-elastic") {
+      return fail(invalid_input(f->get_name() + ": only with --mode vrsp-elastic (the mode is " + opt.mode + ")"));
+    }
+  }
   if (opt.summary && opt.mode_flag != nullptr && opt.mode_flag->count() > 0) {
     return fail(invalid_input("--mode " + opt.mode + ": --summary runs every mode; drop one of the two"));
   }
@@ -267,13 +273,13 @@ const bool registered = register_command(30, [](CLI::App& app) {
   sub->add_flag("--json", opts->json, "JSON output");
   sub->add_flag("--summary", opts->summary, "One row per mode (every mode): mean and max R-1, bound, gap, LLN");
   sub->add_option("--output,-o", opts->output, "Output file (default: standard output)");
-  sub->add_option("--elastic-k", opts->elastic.max_pools, "vrsp-elastic: at most this many pools per fused domain")
-      ->capture_default_str();
-  sub->add_option("--elastic-threshold", opts->elastic.threshold,
+  opts->elastic_flags.push_back(sub->add_option("--elastic-k", opts->elastic.max_pools, "vrsp-elastic: at most this many pools per fused domain")
+      ->capture_default_str());
+  opts->elastic_flags.push_back(sub->add_option("--elastic-threshold", opts->elastic.threshold,
                   "vrsp-elastic: fuse only pools whose load exceeds the mean pool load by more than this")
-      ->capture_default_str();
-  sub->add_option("--elastic-rule", opts->elastic_rule, "vrsp-elastic: buddy (static groups) or lightest")
-      ->capture_default_str();
+      ->capture_default_str());
+  opts->elastic_flags.push_back(sub->add_option("--elastic-rule", opts->elastic_rule, "vrsp-elastic: buddy (static groups) or lightest")
+      ->capture_default_str());
   return std::vector<Handler>{{sub, [opts] { return run_place(*opts); }}};
 });
 

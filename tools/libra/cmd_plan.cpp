@@ -131,6 +131,7 @@ const bool registered = register_command(40, [](CLI::App& app) {
   sub->add_option("pool", o->source, "Packed sequences, one per slot: JSONL file (or any corpus with --pool-size)");
   sub->add_option("--load", o->load, "Load a saved plan (JSON or binary) instead of planning");
   add_plan_flags(sub, o->plan, "required unless --load");
+  o->plan.instead = "--load PLAN";
   o->pool_flags = {
       sub->add_option("--mode", o->mode, "tap, ulysses or tap-split"),
       sub->add_flag("--dedup-per-kv-head", o->dedup_per_kv_head, "Fetch KV once per KV head instead of per head shard"),

@@ -42,6 +42,7 @@ struct SimulateOptions {
   bool elastic = false;  // --elastic: vrsp-elastic against vrsp (cmd_simulate_elastic.cpp)
   ElasticOptions elastic_options;
   std::string elastic_rule = "buddy";
+  std::vector<const CLI::Option*> elastic_flags;  // meaningful with --elastic only
 };
 
 // Runs `gnuplot sim-plots.gp` inside `dir`: fork, chdir, execvp with an
@@ -76,6 +77,11 @@ std::string join(const std::vector<std::string>& v) {
 }
 
 int run_simulate(const SimulateOptions& o) {
+  if (o.json && o.csv) return fail(invalid_input("--json and --csv: choose one output format"));
+  if (o.report && o.elastic) return fail(invalid_input("--report " + *o.report + ": --elastic writes no report; drop one"));
+  for (const CLI::Option* f : o.elastic_flags) {
+    if (!o.elastic && f->count() > 0) return fail(invalid_input(f->get_name() + ": only with --elastic; add --elastic or drop it"));
+  }
   SimConfig cfg;
   if (o.config) {
     auto text = read_file(*o.config);
@@ -180,10 +186,12 @@ const bool registered = register_command(50, [](CLI::App& app) {
   sub->add_option("-o,--output", o->output, "output file (default stdout)");
   sub->add_flag("--elastic", o->elastic,
                 "elastic pools: vrsp-elastic against vrsp for one (P, H, B) (default 8, 8, 16384), every window");
-  sub->add_option("--elastic-k", o->elastic_options.max_pools, "with --elastic: at most k pools per domain (default 2)");
-  sub->add_option("--elastic-threshold", o->elastic_options.threshold,
-                  "with --elastic: fuse above this excess over the mean pool load (default 0.05)");
-  sub->add_option("--elastic-rule", o->elastic_rule, "with --elastic: buddy (default) or lightest");
+  o->elastic_flags = {
+      sub->add_option("--elastic-k", o->elastic_options.max_pools, "with --elastic: at most k pools per domain (default 2)"),
+      sub->add_option("--elastic-threshold", o->elastic_options.threshold,
+                      "with --elastic: fuse above this excess over the mean pool load (default 0.05)"),
+      sub->add_option("--elastic-rule", o->elastic_rule, "with --elastic: buddy (default) or lightest"),
+  };
   return std::vector<Handler>{{sub, [o] { return run_simulate(*o); }}};
 });
 

@@ -70,17 +70,19 @@ Result<PlanConfig> plan_config_from(const PlanFlags& f) {
     if (!hkv) hkv = p.heads_kv;
     if (!d) d = p.head_dim;
   }
-  auto need = [](const auto& v, const char* flag, const char* hint) -> Status {
+  const std::string instead = f.instead.empty() ? "" : " (or " + f.instead + ")";
+  const std::string shape_instead = " (or --model NAME" + (f.instead.empty() ? "" : ", or " + f.instead) + ")";
+  auto need = [](const auto& v, const char* flag, const std::string& hint) -> Status {
     if (!v) return invalid_input(std::string(flag) + " is required to plan a pool" + hint);
     return {};
   };
-  LIBRA_TRY(need(f.seq_len, "--seq-len", ""));
-  LIBRA_TRY(need(f.cp, "--cp", ""));
-  LIBRA_TRY(need(f.block, "--block-size", ""));
-  LIBRA_TRY(need(f.head_shards, "--head-shards", ""));
-  LIBRA_TRY(need(hq, "--heads-q", " (or --model NAME)"));
-  LIBRA_TRY(need(hkv, "--heads-kv", " (or --model NAME)"));
-  LIBRA_TRY(need(d, "--head-dim", " (or --model NAME)"));
+  LIBRA_TRY(need(f.seq_len, "--seq-len", instead));
+  LIBRA_TRY(need(f.cp, "--cp", instead));
+  LIBRA_TRY(need(f.block, "--block-size", instead));
+  LIBRA_TRY(need(f.head_shards, "--head-shards", instead));
+  LIBRA_TRY(need(hq, "--heads-q", shape_instead));
+  LIBRA_TRY(need(hkv, "--heads-kv", shape_instead));
+  LIBRA_TRY(need(d, "--head-dim", shape_instead));
   c.seq_len = *f.seq_len;
   c.cp = *f.cp;
   c.block_size = *f.block;
