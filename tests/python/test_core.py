@@ -276,7 +276,7 @@ def ran_inside(call):
 
 
 def test_long_calls_release_the_gil():
-    n = 1500
+    n = 6000  # long enough (tens of ms) even on an idle AVX-512 core
     q = np.ones((n, 4, 64), dtype=np.float32)
     o, lse = np.zeros_like(q), np.zeros((n, 4, 1), dtype=np.float32)
     frags = np.array([[0, 0, n, 0, n]], dtype=np.int64)
