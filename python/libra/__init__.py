@@ -26,20 +26,56 @@ except ImportError:  # source tree: python/ and build/<preset>/python on sys.pat
 
 __version__ = "0.1.0"
 
+
+class ArgumentError(ValueError, TypeError):
+    """An argument of the wrong type: one line naming the call, the types given and the signature.
+
+    A ValueError like every other bad argument, and a TypeError for code that
+    already catches pybind11's own error.
+    """
+
+
+def _type_name(value):
+    return type(value).__name__
+
+
+def _one_line_type_errors(fn):
+    # pybind11 reports a type mismatch in several lines and echoes every argument
+    # (a pool of a million samples included); libra's rule is one bounded line.
+    name = fn.__name__
+
+    def call(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except TypeError as e:
+            text = str(e)
+            if "incompatible function arguments" not in text:
+                raise
+            given = ", ".join([_type_name(a) for a in args] + [f"{k}={_type_name(v)}" for k, v in kwargs.items()])
+            expected = " | ".join(line.strip().split(". ", 1)[-1] for line in text.splitlines()
+                                  if line.strip()[:1].isdigit())
+            raise ArgumentError(f"{name}(): arguments of types ({given}) do not match {expected}") from None
+
+    call.__name__ = name
+    call.__qualname__ = name
+    call.__doc__ = fn.__doc__
+    return call
+
+
 FULL_CAUSAL = _libra.FULL_CAUSAL
 Plan = _libra.Plan
 PlacementSampler = _libra.PlacementSampler
-builtin_corpora = _libra.builtin_corpora
-corpus_stats = _libra.corpus_stats
-load_lengths = _libra.load_lengths
-load_packed_sequences = _libra.load_packed_sequences
-load_plan = _libra.load_plan
-make_plan = _libra.make_plan
-pack = _libra.pack
-place_window = _libra.place_window
-plan_from_bytes = _libra.plan_from_bytes
-plan_from_json = _libra.plan_from_json
-sequence_workloads = _libra.sequence_workloads
+builtin_corpora = _one_line_type_errors(_libra.builtin_corpora)
+corpus_stats = _one_line_type_errors(_libra.corpus_stats)
+load_lengths = _one_line_type_errors(_libra.load_lengths)
+load_packed_sequences = _one_line_type_errors(_libra.load_packed_sequences)
+load_plan = _one_line_type_errors(_libra.load_plan)
+make_plan = _one_line_type_errors(_libra.make_plan)
+pack = _one_line_type_errors(_libra.pack)
+place_window = _one_line_type_errors(_libra.place_window)
+plan_from_bytes = _one_line_type_errors(_libra.plan_from_bytes)
+plan_from_json = _one_line_type_errors(_libra.plan_from_json)
+sequence_workloads = _one_line_type_errors(_libra.sequence_workloads)
 
 # Transfer kinds in Plan.transfers()["kind"].
 TRANSFER_Q, TRANSFER_KV, TRANSFER_O = 0, 1, 2
@@ -59,7 +95,7 @@ def simulate(config=None):
 
 
 __all__ = [
-    "FULL_CAUSAL", "Plan", "PlacementSampler", "builtin_corpora", "corpus_stats", "load_lengths",
+    "ArgumentError", "FULL_CAUSAL", "Plan", "PlacementSampler", "builtin_corpora", "corpus_stats", "load_lengths",
     "load_packed_sequences", "load_plan", "make_plan", "pack", "place_window", "plan_from_bytes",
     "plan_from_json", "sequence_workloads", "simulate", "TRANSFER_Q", "TRANSFER_KV", "TRANSFER_O",
 ]

@@ -203,6 +203,20 @@ def test_errors_are_value_errors_with_the_cli_line(tmp_path, libra_cli):
         libra.make_plan(POOL, 64)  # keyword-only
 
 
+def test_wrong_argument_types_give_one_line_value_errors():
+    shape = dict(cp=2, block_size=8, head_shards=2, heads_q=4, heads_kv=2, head_dim=16)
+    with pytest.raises(ValueError) as e:
+        libra.make_plan(POOL, seq_len="64", **shape)
+    text = str(e.value)
+    assert "\n" not in text
+    assert text.startswith("make_plan(): arguments of types (list, seq_len=str, cp=int")
+    assert "seq_len: int" in text  # the signature it expected
+    big = [1] * 100_000
+    with pytest.raises(ValueError) as e:
+        libra.place_window(big, "4")
+    assert "\n" not in str(e.value) and len(str(e.value)) < 1000  # the argument is not echoed
+
+
 def test_simulate_returns_the_cli_json(tmp_path, libra_cli):
     cfg = {"source": "builtin:paper-256k", "windows": 1, "pool_sizes": [4], "head_shards": [8],
            "block_sizes": [8192], "threads": 1, "scaling_dp": [1, 2]}
@@ -276,7 +290,7 @@ def ran_inside(call):
 
 
 def test_long_calls_release_the_gil():
-    n = 6000  # long enough (tens of ms) even on an idle AVX-512 core
+    n = 6000  # long enough (a few hundred ms) even on an idle AVX-512 core
     q = np.ones((n, 4, 64), dtype=np.float32)
     o, lse = np.zeros_like(q), np.zeros((n, 4, 1), dtype=np.float32)
     frags = np.array([[0, 0, n, 0, n]], dtype=np.int64)
