@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
@@ -59,6 +60,8 @@ struct ExecOptionsCli {
   std::string plan;  // a saved plan: pool and shape come from it
   bool json = false;
   const CLI::Option* reference_flag = nullptr;
+  double check_tolerance = 0;  // with check_tolerance_flag: one relative tolerance for every tensor
+  const CLI::Option* check_tolerance_flag = nullptr;
   const CLI::Option* ranks_flag = nullptr;
   std::vector<const CLI::Option*> pool_flags;  // source, --pool-size, --pool-index, --mode: fixed by --plan
   int repeat = 1;    // forward + backward runs; timings and check of the last
@@ -456,7 +459,10 @@ int exec_rank(Communicator& world, const ExecOptionsCli& opt) {
   int verdict = kExitOk;
   if (root) {
     const Tolerance tol = tolerance_for(cfg->shape.dtype);
-    const double tols[] = {tol.o, tol.lse, tol.dq, tol.dk, tol.dv};
+    double tols[] = {tol.o, tol.lse, tol.dq, tol.dk, tol.dv};
+    if (opt.check_tolerance_flag != nullptr && opt.check_tolerance_flag->count() > 0) {
+      for (double& t : tols) t = opt.check_tolerance;
+    }
     const char* names[] = {"O", "LSE", "dQ", "dK", "dV"};
     auto refname = [](const std::string& w) {
       return w == "kernel" ? std::string("fp32 kernel in one process") : std::string("naive fp64");
@@ -521,6 +527,13 @@ int exec_rank(Communicator& world, const ExecOptionsCli& opt) {
       }
       fmt::print("result: {}\n", ok ? "within tolerance" : "BEYOND TOLERANCE");
     }
+    for (int i = 0; i < 5 && !ok; ++i) {
+      if (within(total, i)) continue;
+      std::fflush(stdout);
+      fmt::print(stderr, "libra: error: --check: {} relative error {:.3e} is beyond the tolerance {:.0e} (exit status 3)\n",
+                 names[i], total[static_cast<std::size_t>(i)].rel(), tols[i]);
+      break;
+    }
     verdict = ok ? kExitOk : kExitCheckFailed;
   }
   Result<std::vector<std::uint64_t>> verdicts = world.allgather(static_cast<std::uint64_t>(verdict));
@@ -535,6 +548,15 @@ int run_exec(const ExecOptionsCli& opt) {
   if (opt.repeat < 1) return fail(invalid_input(fmt::format("--repeat {}: must be at least 1", opt.repeat)));
   if (opt.reference != "auto" && opt.reference != "naive" && opt.reference != "kernel") {
     return fail(invalid_input("--reference " + opt.reference + ": expected auto, naive or kernel"));
+  }
+  if (opt.check_tolerance_flag != nullptr && opt.check_tolerance_flag->count() > 0) {
+    if (!opt.check) {
+      return fail(invalid_input(fmt::format("--check-tolerance {}: only used by --check; add --check or drop it",
+                                            opt.check_tolerance)));
+    }
+    if (!(opt.check_tolerance >= 0) || !std::isfinite(opt.check_tolerance)) {
+      return fail(invalid_input(fmt::format("--check-tolerance {}: must be a finite number >= 0", opt.check_tolerance)));
+    }
   }
   if (opt.reference_flag != nullptr && opt.reference_flag->count() > 0 && !opt.check) {
     return fail(invalid_input("--reference " + opt.reference + ": only used by --check; add --check or drop --reference"));
@@ -743,6 +765,9 @@ const bool registered = register_command(70, [](CLI::App& app) {
   ex->add_flag("--check", eo->check, "compare with the single-process reference on the whole sequences (exit 3 beyond tolerance)");
   eo->reference_flag =
       ex->add_option("--reference", eo->reference, "reference for --check: auto (naive fp64 when small), naive, kernel");
+  eo->check_tolerance_flag = ex->add_option(
+      "--check-tolerance", eo->check_tolerance,
+      "one relative tolerance for every tensor in --check (default per dtype: fp32 2e-5 to 5e-5, fp16 2e-3 to 5e-3, bf16 2e-2 to 5e-2)");
   ex->add_option("--trace", eo->trace, "write a Chrome trace-event JSON file of compute and transfers per rank");
   eo->ranks_flag = ex->add_option("--ranks", eo->ranks, "run N ranks as threads of this process instead of MPI");
   ex->add_flag("--json", eo->json, "print the run, every pool and the --check result as one JSON document");
