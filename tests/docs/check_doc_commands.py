@@ -4,8 +4,8 @@
 Usage: check_doc_commands.py LIBRA REPO_ROOT
 
 A command is a line of a code block (fenced or indented, continuation
-backslashes joined) that starts with `libra`, `mpirun -np N libra` or
-`/usr/bin/time -v libra`; a trailing `# comment` is dropped. An inline code
+backslashes joined) that starts with `libra`, `build/release/tools/libra`,
+`mpirun [--flags] -np N libra` or `/usr/bin/time -v libra`; a trailing `# comment` is dropped. An inline code
 span starting so is a mention. Each is checked one of three ways:
 
 - a mention, or a synopsis (holds a placeholder such as SOURCE, FILE, P,
@@ -70,7 +70,8 @@ def commands_of(path):
             cmd = cmd[2:]
         cmd = re.sub(r"\s+#.*$", "", cmd)
         cmd = re.sub(r"^/usr/bin/time -v\s+", "", cmd)
-        cmd = re.sub(r"^mpirun\s+-np\s+\S+\s+", "", cmd)
+        cmd = re.sub(r"^mpirun\s+(--\S+\s+)*-np\s+\S+\s+(--\S+\s+)*", "", cmd)
+        cmd = re.sub(r"^(\S*/)?tools/libra\s+", "libra ", cmd)  # the tool as the build leaves it
         if re.match(r"^libra\s+[a-z]", cmd):
             result.append((no, cmd, mention))
     return result
