@@ -5,6 +5,10 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <optional>
+#include <string>
+#include <vector>
+
 namespace libra {
 
 Status exchange(Communicator& comm, const AllToAllV& x) {
@@ -14,23 +18,29 @@ Status exchange(Communicator& comm, const AllToAllV& x) {
 
 namespace {
 
-// Every rank's string on every rank: one all-to-all-v in which each rank
-// sends its string to every peer.
-Result<std::vector<std::string>> allgather_strings(Communicator& comm, const std::string& mine) {
+// Every rank's string to `root`, or to every rank when there is no root:
+// one all-to-all-v after the sizes are known everywhere.
+Result<std::vector<std::string>> collect_strings(Communicator& comm, const std::string& mine, std::optional<int> root) {
   const auto W = static_cast<std::size_t>(comm.size());
   LIBRA_ASSIGN_OR_RETURN(std::vector<std::uint64_t> sizes, comm.allgather(mine.size()));
-  std::vector<std::int64_t> send_counts(W, static_cast<std::int64_t>(mine.size())), send_displs(W, 0), recv_counts(W, 0),
-      recv_displs(W, 0);
+  const auto n = static_cast<std::int64_t>(mine.size());
+  const bool receives = !root || comm.rank() == *root;
+  std::vector<std::int64_t> send_counts(W, root ? 0 : n), send_displs(W, 0), recv_counts(W, 0), recv_displs(W, 0);
+  if (root) send_counts[static_cast<std::size_t>(*root)] = n;
   std::int64_t total = 0;
-  for (std::size_t p = 0; p < W; ++p) {
-    recv_counts[p] = static_cast<std::int64_t>(sizes[p]);
-    recv_displs[p] = total;
-    total += recv_counts[p];
+  if (receives) {
+    for (std::size_t p = 0; p < W; ++p) {
+      recv_counts[p] = static_cast<std::int64_t>(sizes[p]);
+      recv_displs[p] = total;
+      total += recv_counts[p];
+    }
   }
   std::vector<std::byte> recv(static_cast<std::size_t>(total));
   LIBRA_TRY(exchange(comm, {std::as_bytes(std::span<const char>(mine)), send_counts, send_displs, recv, recv_counts,
                             recv_displs}));
-  std::vector<std::string> out(W);
+  std::vector<std::string> out;
+  if (!receives) return out;
+  out.resize(W);
   for (std::size_t p = 0; p < W; ++p) {
     out[p].assign(reinterpret_cast<const char*>(recv.data()) + recv_displs[p], static_cast<std::size_t>(recv_counts[p]));
   }
@@ -51,7 +61,7 @@ Status agree_on_status(Communicator& comm, const Status& local, const std::strin
   // from the gathered messages only, and one line is printed for the job
   // however many ranks failed.
   const std::string mine = local.ok() ? std::string() : std::string(1, static_cast<char>('0' + static_cast<int>(local.error().code()))) + local.message();
-  LIBRA_ASSIGN_OR_RETURN(std::vector<std::string> all, allgather_strings(comm, mine));
+  LIBRA_ASSIGN_OR_RETURN(std::vector<std::string> all, collect_strings(comm, mine, std::nullopt));
   const std::string& first = all[static_cast<std::size_t>(failed.front())];
   const auto code = static_cast<ErrorCode>(first.empty() ? static_cast<int>(ErrorCode::kInternal) : first[0] - '0');
   const std::string msg = first.empty() ? std::string("unknown failure") : first.substr(1);
@@ -66,28 +76,7 @@ Status agree_on_status(Communicator& comm, const Status& local, const std::strin
 }
 
 Result<std::vector<std::string>> gather_strings(Communicator& comm, int root, const std::string& mine) {
-  const auto W = static_cast<std::size_t>(comm.size());
-  LIBRA_ASSIGN_OR_RETURN(std::vector<std::uint64_t> sizes, comm.allgather(mine.size()));
-  std::vector<std::int64_t> send_counts(W, 0), send_displs(W, 0), recv_counts(W, 0), recv_displs(W, 0);
-  send_counts[static_cast<std::size_t>(root)] = static_cast<std::int64_t>(mine.size());
-  std::int64_t total = 0;
-  if (comm.rank() == root) {
-    for (std::size_t p = 0; p < W; ++p) {
-      recv_counts[p] = static_cast<std::int64_t>(sizes[p]);
-      recv_displs[p] = total;
-      total += recv_counts[p];
-    }
-  }
-  std::vector<std::byte> recv(static_cast<std::size_t>(total));
-  LIBRA_TRY(exchange(comm, {std::as_bytes(std::span<const char>(mine)), send_counts, send_displs, recv, recv_counts,
-                            recv_displs}));
-  std::vector<std::string> out;
-  if (comm.rank() != root) return out;
-  out.resize(W);
-  for (std::size_t p = 0; p < W; ++p) {
-    out[p].assign(reinterpret_cast<const char*>(recv.data()) + recv_displs[p], static_cast<std::size_t>(recv_counts[p]));
-  }
-  return out;
+  return collect_strings(comm, mine, root);
 }
 
 #ifndef LIBRA_HAVE_MPI
