@@ -156,6 +156,7 @@ struct KernelCall {
   std::int32_t h0 = 0, h1 = 0, k0 = 0, k1 = 0;
   Strided q, kv;  // rows = region rows, run = heads of the call, stride = the region's heads
   std::int32_t fragment_begin = 0, fragment_end = 0;  // into RankSchedule::fragments
+  bool q_home = false, kv_home = false;
 };
 
 struct RankSchedule {
