@@ -733,6 +733,8 @@ def _call_problem(q, k, v, rt, window):
         return "q, k and v must share dtype and device"
     if not q.is_cuda and q.dtype not in (torch.float32, torch.bfloat16):
         return f"CPU tensors must be float32 or bfloat16, got {q.dtype}"
+    if q.is_cuda and q.dtype not in (torch.float16, torch.bfloat16):
+        return f"CUDA tensors must be float16 or bfloat16 (flash_attn's types), got {q.dtype}"
     return None
 
 
