@@ -144,6 +144,12 @@ inline void store_from_f32(void* base, DType t, std::int64_t i, float x) {
   const std::uint16_t b = t == DType::kBF16 ? bf16_from_f32(x) : f16_from_f32(x);
   std::memcpy(static_cast<unsigned char*>(base) + 2 * i, &b, 2);
 }
+// n elements at once, element for element equal to store_from_f32 /
+// load_as_f32; written as plain loops the compiler vectorises (the
+// executor converts whole home tensors on every call).
+void store_all_from_f32(const float* in, std::int64_t n, DType t, void* out);
+void load_all_as_f32(const void* in, std::int64_t n, DType t, float* out);
+
 // x rounded to type t and back (the value a t buffer would hold).
 [[nodiscard]] inline float round_to(DType t, float x) {
   if (t == DType::kBF16) return f32_from_bf16(bf16_from_f32(x));

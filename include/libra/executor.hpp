@@ -28,6 +28,11 @@
 //   libra::Result<libra::ForwardOutputs> f = (*ex)->forward({q, k, v});
 //   libra::Result<libra::BackwardOutputs> g = (*ex)->backward({q, k, v}, *f, d_o);
 //
+// A training loop that owns its output memory (a caching allocator, buffers
+// reused per layer) calls forward_into / backward_into instead: the forms
+// above allocate fresh vectors, whose first touch costs page faults that
+// are not attention work.
+//
 // Tensors in the API are fp32, row-major [L/CP, heads, head_dim]; with a bf16
 // or fp16 plan (AttentionShape::dtype) Q, K, V, O and dO are rounded to it
 // for transfer and compute (LSE, dQ and the dK/dV sums stay fp32).
@@ -101,6 +106,15 @@ struct BackwardOutputs {
   std::vector<float> dk, dv;  // [L/CP, h_kv, d]
 };
 
+// Caller-owned outputs, shaped as above. Every element is written (padding
+// rows with 0), so they need no initialisation.
+struct ForwardOutputSpans {
+  std::span<float> o, lse;
+};
+struct BackwardOutputSpans {
+  std::span<float> dq, dk, dv;
+};
+
 // Where the last forward or backward call of a rank spent its time.
 // CPU times are of the calling thread (CLOCK_THREAD_CPUTIME_ID): with
 // ExecOptions::threads == 1 the kernel runs on it, and the difference
@@ -119,10 +133,19 @@ class Executor {
  public:
   virtual ~Executor() = default;
   // Collective over the pool communicator.
-  [[nodiscard]] virtual Result<ForwardOutputs> forward(const AttentionInputs& in) = 0;
-  // `fwd` is this rank's forward result, d_o the output gradient [L/CP, h_q, d].
-  [[nodiscard]] virtual Result<BackwardOutputs> backward(const AttentionInputs& in, const ForwardOutputs& fwd,
-                                                         std::span<const float> d_o) = 0;
+  [[nodiscard]] virtual Status forward_into(const AttentionInputs& in, const ForwardOutputSpans& out) = 0;
+  // o and lse are this rank's forward outputs, d_o the output gradient [L/CP, h_q, d].
+  [[nodiscard]] virtual Status backward_into(const AttentionInputs& in, std::span<const float> o,
+                                             std::span<const float> lse, std::span<const float> d_o,
+                                             const BackwardOutputSpans& out) = 0;
+  // Home sizes in floats: q, o and d_o (and dq); k and v (and dk, dv); lse.
+  virtual std::size_t q_elements() const = 0;
+  virtual std::size_t kv_elements() const = 0;
+  virtual std::size_t lse_elements() const = 0;
+  // The same, allocating the outputs.
+  [[nodiscard]] Result<ForwardOutputs> forward(const AttentionInputs& in);
+  [[nodiscard]] Result<BackwardOutputs> backward(const AttentionInputs& in, const ForwardOutputs& fwd,
+                                                 std::span<const float> d_o);
   // Seconds spent inside kernel calls by the last forward / backward call.
   virtual double last_compute_seconds() const = 0;
   // All timings of the last forward / backward call.

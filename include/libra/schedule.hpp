@@ -41,6 +41,15 @@
 // Sizes: compute_q_vectors and compute_kv_vectors. dK/dV must be zeroed
 // before the backward pass (the kernel adds into them).
 //
+// Data read in place (ScheduleOptions::read_home_in_place, the default): a
+// tile computed on its own Q home, and a sample whose tokens all lie in this
+// worker's home shard, are not copied at all. Their kernel calls carry
+// q_home / kv_home and address the home buffers directly (fragment rows are
+// then home rows, t - home_row0); the kernel writes O, LSE, dQ and adds dK/dV
+// at home. Only data that crosses workers, or a sample split across home
+// shards (whose keys must be contiguous), goes through compute buffers and
+// the message to self.
+//
 // Element types: Q, K, V, O, dO are stored and sent in `dtype`; LSE, dQ, dK
 // and dV in fp32 (field_dtype). Home dK/dV are fp32 sums.
 //
@@ -151,6 +160,9 @@ using CallFragment = QueryFragment;
 // family rows x query heads [h0, h1) at q.offset (row stride q.stride), its
 // packed KV family rows x KV heads [k0, k1); query head i of the call uses
 // KV head i / ((h1 - h0) / (k1 - k0)). Fragment rows are packed rows.
+// q_home (kv_home): the Q family (KV family) views address the home buffers
+// instead, rows = home_rows, stride = heads_q (heads_kv), and fragment rows
+// are home rows.
 struct KernelCall {
   std::int32_t region = 0;
   std::int32_t h0 = 0, h1 = 0, k0 = 0, k1 = 0;
@@ -167,6 +179,9 @@ struct RankSchedule {
   std::int64_t window = kFullCausal;
   std::int32_t slot = 0;
   std::int64_t home_row0 = 0, home_rows = 0;
+  // Home rows [0, home_tokens) hold tokens of samples; the rest is padding,
+  // which no exchange or kernel call writes.
+  std::int64_t home_tokens = 0;
   std::vector<Region> regions;
   std::int64_t compute_q_vectors = 0, compute_kv_vectors = 0;
   // [phase][chunk]
@@ -201,8 +216,15 @@ struct RankSchedule {
 // message order.
 [[nodiscard]] std::span<const Field> phase_fields(Phase p, bool kv);
 
+struct ScheduleOptions {
+  // Kernel calls read and write data already on the worker at home (see
+  // "Data read in place"); false routes everything through compute buffers,
+  // for a backend that can only address buffers it owns.
+  bool read_home_in_place = true;
+};
+
 // Worker `worker`'s schedule of `plan`. Pure and deterministic.
-[[nodiscard]] Result<RankSchedule> make_rank_schedule(const Plan& plan, int worker);
+[[nodiscard]] Result<RankSchedule> make_rank_schedule(const Plan& plan, int worker, const ScheduleOptions& options = {});
 
 // The Ulysses baseline as a schedule, written from its definition (no
 // plan): inside each slot's CP group, every rank receives all L rows of its

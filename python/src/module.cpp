@@ -327,6 +327,9 @@ py::dict side_dict(Side&& x) {
   return o;
 }
 
+// libra.torch's kernel calls address compute buffers only (for now).
+constexpr libra::ScheduleOptions kPythonScheduleOptions{.read_home_in_place = false};
+
 // [phase][chunk] = (send, recv)
 using Expanded = std::vector<std::vector<std::pair<Side, Side>>>;
 
@@ -916,7 +919,7 @@ PYBIND11_MODULE(_libra, m) {
         Expanded ex;
         libra::Result<libra::RankSchedule> r = [&] {
           py::gil_scoped_release release;
-          auto sched = libra::make_rank_schedule(plan, worker);
+          auto sched = libra::make_rank_schedule(plan, worker, kPythonScheduleOptions);
           if (sched.ok() && expand) ex = expand_all(*sched, peers);
           return sched;
         }();
@@ -947,7 +950,7 @@ PYBIND11_MODULE(_libra, m) {
         std::vector<int> peers = check_order(plan, order);
         libra::Result<libra::RankSchedule> r = [&] {
           py::gil_scoped_release release;
-          return libra::make_rank_schedule(plan, worker);
+          return libra::make_rank_schedule(plan, worker, kPythonScheduleOptions);
         }();
         return RankPrograms(unwrap(std::move(r)), std::move(peers));
       },

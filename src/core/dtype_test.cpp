@@ -2,6 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
+#include <vector>
+
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -88,6 +91,37 @@ TEST(DType, LoadAndStoreThroughEveryType) {
     store_from_f32(buf, t, 1, 0.3f);
     EXPECT_EQ(load_as_f32(buf, t, 1), round_to(t, 0.3f));
     EXPECT_NEAR(load_as_f32(buf, t, 1), 0.3f, t == DType::kBF16 ? 2e-3 : 2e-4);
+  }
+}
+
+// The bulk forms against the scalar ones over bit patterns that cover every
+// exponent (NaN, infinities, subnormals, ties included) of both directions.
+TEST(DType, BulkConversionsEqualTheScalarOnes) {
+  std::vector<float> in;
+  for (std::uint64_t u = 0; u < (1ull << 32); u += 0x10001ull * 7 + 3) {
+    const auto b = static_cast<std::uint32_t>(u);
+    float f;
+    std::memcpy(&f, &b, 4);
+    in.push_back(f);
+  }
+  for (std::uint32_t b : {0x7fc00000u, 0xffc00001u, 0x7f800001u, 0x7f800000u, 0x3f808000u, 0x3f818000u}) {
+    float f;
+    std::memcpy(&f, &b, 4);
+    in.push_back(f);
+  }
+  const auto n = static_cast<std::int64_t>(in.size());
+  for (DType t : {DType::kF32, DType::kBF16, DType::kF16}) {
+    SCOPED_TRACE(dtype_name(t));
+    std::vector<unsigned char> bulk(in.size() * 4), scalar(in.size() * 4);
+    store_all_from_f32(in.data(), n, t, bulk.data());
+    for (std::int64_t i = 0; i < n; ++i) store_from_f32(scalar.data(), t, i, in[static_cast<std::size_t>(i)]);
+    ASSERT_EQ(bulk, scalar);
+    std::vector<float> back(in.size());
+    load_all_as_f32(bulk.data(), n, t, back.data());
+    for (std::int64_t i = 0; i < n; ++i) {
+      const float want = load_as_f32(scalar.data(), t, i), got = back[static_cast<std::size_t>(i)];
+      ASSERT_EQ(std::memcmp(&want, &got, 4), 0) << i;
+    }
   }
 }
 

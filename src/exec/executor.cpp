@@ -114,9 +114,12 @@ class ScheduleExecutor final : public Executor {
       : comm_(comm), s_(std::move(s)), opts_(opts) {}
 
   Status init();
-  Result<ForwardOutputs> forward(const AttentionInputs& in) override;
-  Result<BackwardOutputs> backward(const AttentionInputs& in, const ForwardOutputs& fwd,
-                                   std::span<const float> d_o) override;
+  Status forward_into(const AttentionInputs& in, const ForwardOutputSpans& out) override;
+  Status backward_into(const AttentionInputs& in, std::span<const float> o, std::span<const float> lse,
+                       std::span<const float> d_o, const BackwardOutputSpans& out) override;
+  std::size_t q_elements() const override { return static_cast<std::size_t>(s_.home_vectors(Field::kQ) * s_.head_dim); }
+  std::size_t kv_elements() const override { return static_cast<std::size_t>(s_.home_vectors(Field::kK) * s_.head_dim); }
+  std::size_t lse_elements() const override { return static_cast<std::size_t>(s_.home_vectors(Field::kLse)); }
   double last_compute_seconds() const override { return stats_.kernel; }
   PassStats last_stats() const override { return stats_; }
 
@@ -126,10 +129,15 @@ class ScheduleExecutor final : public Executor {
     std::byte* base = home ? home_[static_cast<std::size_t>(f)] : buf(f).data();
     return base + vector * s_.vector_bytes(f);
   }
-  Status check_inputs(const AttentionInputs& in, const ForwardOutputs* fwd, std::span<const float> d_o) const;
+  struct Sizes {
+    const char* name;
+    std::size_t got, want;
+    const char* unit = "head_dim";
+  };
+  Status check_sizes(std::initializer_list<Sizes> sizes) const;
   void load_home(Field f, std::span<const float> x);
-  void output_home(Field f, std::vector<float>& out);
-  void finish_output(Field f, std::vector<float>& out);
+  void output_home(Field f, std::span<float> out);
+  void finish_output(Field f, std::span<float> out);
   void prepare(bool backward);
   void pack(Phase p, int m, Wire& w);
   void unpack(const std::vector<Segment>& segs, bool home, const std::byte* src);
@@ -170,24 +178,12 @@ Status ScheduleExecutor::init() {
   return Status();
 }
 
-Status ScheduleExecutor::check_inputs(const AttentionInputs& in, const ForwardOutputs* fwd,
-                                      std::span<const float> d_o) const {
-  const auto qn = static_cast<std::size_t>(s_.home_vectors(Field::kQ) * s_.head_dim);
-  const auto kn = static_cast<std::size_t>(s_.home_vectors(Field::kK) * s_.head_dim);
-  auto check = [&](std::size_t got, std::size_t want, const char* name) -> Status {
-    if (got != want) {
-      return invalid_input(fmt::format("executor rank {}: {} has {} elements, expected L/CP x heads x head_dim = {}",
-                                       s_.worker, name, got, want));
+Status ScheduleExecutor::check_sizes(std::initializer_list<Sizes> sizes) const {
+  for (const Sizes& x : sizes) {
+    if (x.got != x.want) {
+      return invalid_input(fmt::format("executor rank {}: {} has {} elements, expected {} (L/CP rows x heads x {})",
+                                       s_.worker, x.name, x.got, x.want, x.unit));
     }
-    return Status();
-  };
-  LIBRA_TRY(check(in.q.size(), qn, "q"));
-  LIBRA_TRY(check(in.k.size(), kn, "k"));
-  LIBRA_TRY(check(in.v.size(), kn, "v"));
-  if (fwd) {
-    LIBRA_TRY(check(fwd->o.size(), qn, "o"));
-    LIBRA_TRY(check(fwd->lse.size(), static_cast<std::size_t>(s_.home_vectors(Field::kLse)), "lse"));
-    LIBRA_TRY(check(d_o.size(), qn, "d_o"));
   }
   return Status();
 }
@@ -201,30 +197,31 @@ void ScheduleExecutor::load_home(Field f, std::span<const float> x) {
   }
   RawBuffer& b = home_store_[static_cast<std::size_t>(f)];
   b.ensure(x.size() * static_cast<std::size_t>(dtype_bytes(t)));
-  for (std::size_t i = 0; i < x.size(); ++i) store_from_f32(b.data(), t, static_cast<std::int64_t>(i), x[i]);
+  store_all_from_f32(x.data(), static_cast<std::int64_t>(x.size()), t, b.data());
   home_[static_cast<std::size_t>(f)] = b.data();
 }
 
-// An output's home: zeroed (padding rows stay 0; dK/dV are sums), the
-// result vector itself when the field is fp32.
-void ScheduleExecutor::output_home(Field f, std::vector<float>& out) {
-  const auto n = static_cast<std::size_t>(s_.home_vectors(f) * s_.width(f));
-  out.assign(n, 0.0f);
-  if (field_dtype(f, s_.dtype) == DType::kF32) {
-    home_[static_cast<std::size_t>(f)] = reinterpret_cast<std::byte*>(out.data());
-    return;
+// An output's home: the caller's memory itself when the field is fp32.
+// Every real row is written by an exchange or a kernel call, so only the
+// padding rows are zeroed, and dK/dV, which are sums, entirely.
+void ScheduleExecutor::output_home(Field f, std::span<float> out) {
+  std::byte* home = reinterpret_cast<std::byte*>(out.data());
+  if (field_dtype(f, s_.dtype) != DType::kF32) {
+    RawBuffer& b = home_store_[static_cast<std::size_t>(f)];
+    b.ensure(static_cast<std::size_t>(s_.home_vectors(f) * s_.vector_bytes(f)));
+    home = b.data();
   }
-  RawBuffer& b = home_store_[static_cast<std::size_t>(f)];
-  b.ensure(static_cast<std::size_t>(s_.home_vectors(f) * s_.vector_bytes(f)));
-  b.zero();
-  home_[static_cast<std::size_t>(f)] = b.data();
+  home_[static_cast<std::size_t>(f)] = home;
+  const std::int64_t heads = is_kv_field(f) ? s_.heads_kv : s_.heads_q;
+  const std::int64_t first = (f == Field::kDk || f == Field::kDv) ? 0 : s_.home_tokens * heads;
+  std::memset(home + first * s_.vector_bytes(f), 0, static_cast<std::size_t>((s_.home_vectors(f) - first) * s_.vector_bytes(f)));
 }
 
-void ScheduleExecutor::finish_output(Field f, std::vector<float>& out) {
+void ScheduleExecutor::finish_output(Field f, std::span<float> out) {
   const DType t = field_dtype(f, s_.dtype);
   if (t == DType::kF32) return;
   const std::byte* b = home_[static_cast<std::size_t>(f)];
-  for (std::size_t i = 0; i < out.size(); ++i) out[i] = load_as_f32(b, t, static_cast<std::int64_t>(i));
+  load_all_as_f32(b, static_cast<std::int64_t>(out.size()), t, out.data());
 }
 
 // Compute buffers sized for the pass.
@@ -342,22 +339,23 @@ Status ScheduleExecutor::compute(Pass pass, int m) {
   const double t0 = tr ? tr->now_us() : 0;
   const auto c0 = std::chrono::steady_clock::now();
   const double cpu0 = thread_cpu_seconds();
-  auto view = [&](Field f, const Strided& v) {
-    return View{at(f, false, v.offset), field_dtype(f, s_.dtype), v.rows, v.run, s_.width(f), v.stride * s_.width(f),
-                Device::kCpu};
-  };
   for (const KernelCall& c : s_.calls(pass, m)) {
     const auto frags = s_.call_fragments(c);
+    auto view = [&](Field f) {
+      const bool home = is_kv_field(f) ? c.kv_home : c.q_home;
+      const Strided& v = is_kv_field(f) ? c.kv : c.q;
+      return View{at(f, home, v.offset), field_dtype(f, s_.dtype), v.rows, v.run, s_.width(f), v.stride * s_.width(f),
+                  Device::kCpu};
+    };
     if (pass == Pass::kForward) {
-      AttentionForward a{view(Field::kQ, c.q), view(Field::kK, c.kv), view(Field::kV, c.kv), view(Field::kO, c.q),
-                         view(Field::kLse, c.q), frags, s_.window, opts_.threads};
+      AttentionForward a{view(Field::kQ), view(Field::kK),   view(Field::kV), view(Field::kO),
+                         view(Field::kLse), frags,           s_.window,       opts_.threads};
       workspace_.resize(backend_->forward_workspace_bytes(a));
       LIBRA_TRY(backend_->forward(a, workspace_));
     } else {
-      AttentionBackward a{view(Field::kQ, c.q),   view(Field::kK, c.kv),  view(Field::kV, c.kv),
-                          view(Field::kO, c.q),   view(Field::kDo, c.q),  view(Field::kLse, c.q),
-                          view(Field::kDq, c.q),  view(Field::kDk, c.kv), view(Field::kDv, c.kv),
-                          frags,                  s_.window,              opts_.threads};
+      AttentionBackward a{view(Field::kQ),  view(Field::kK),  view(Field::kV),  view(Field::kO),
+                          view(Field::kDo), view(Field::kLse), view(Field::kDq), view(Field::kDk),
+                          view(Field::kDv), frags,             s_.window,        opts_.threads};
       workspace_.resize(backend_->backward_workspace_bytes(a));
       LIBRA_TRY(backend_->backward(a, workspace_));
     }
@@ -411,38 +409,45 @@ Status ScheduleExecutor::run_pass(Pass pass) {
   return Status();
 }
 
-Result<ForwardOutputs> ScheduleExecutor::forward(const AttentionInputs& in) {
+Status ScheduleExecutor::forward_into(const AttentionInputs& in, const ForwardOutputSpans& out) {
   PassTimer timer(stats_);
-  LIBRA_TRY(agree_on_status(comm_, check_inputs(in, nullptr, {}), "executor forward inputs"));
+  const std::size_t qn = q_elements(), kn = kv_elements(), ln = lse_elements();
+  LIBRA_TRY(agree_on_status(comm_,
+                            check_sizes({{"q", in.q.size(), qn}, {"k", in.k.size(), kn}, {"v", in.v.size(), kn},
+                                         {"o (output)", out.o.size(), qn}, {"lse (output)", out.lse.size(), ln, "1"}}),
+                            "executor forward inputs"));
   load_home(Field::kQ, in.q);
   load_home(Field::kK, in.k);
   load_home(Field::kV, in.v);
-  ForwardOutputs out;
   output_home(Field::kO, out.o);
   output_home(Field::kLse, out.lse);
   prepare(false);
   LIBRA_TRY(run_pass(Pass::kForward));
   finish_output(Field::kO, out.o);
-  return out;
+  return Status();
 }
 
-Result<BackwardOutputs> ScheduleExecutor::backward(const AttentionInputs& in, const ForwardOutputs& fwd,
-                                                   std::span<const float> d_o) {
+Status ScheduleExecutor::backward_into(const AttentionInputs& in, std::span<const float> o, std::span<const float> lse,
+                                       std::span<const float> d_o, const BackwardOutputSpans& out) {
   PassTimer timer(stats_);
-  LIBRA_TRY(agree_on_status(comm_, check_inputs(in, &fwd, d_o), "executor backward inputs"));
+  const std::size_t qn = q_elements(), kn = kv_elements(), ln = lse_elements();
+  LIBRA_TRY(agree_on_status(
+      comm_,
+      check_sizes({{"q", in.q.size(), qn}, {"k", in.k.size(), kn}, {"v", in.v.size(), kn}, {"o", o.size(), qn},
+                   {"lse", lse.size(), ln, "1"}, {"d_o", d_o.size(), qn}, {"dq (output)", out.dq.size(), qn},
+                   {"dk (output)", out.dk.size(), kn}, {"dv (output)", out.dv.size(), kn}}),
+      "executor backward inputs"));
   load_home(Field::kQ, in.q);
   load_home(Field::kK, in.k);
   load_home(Field::kV, in.v);
-  load_home(Field::kO, fwd.o);
-  load_home(Field::kLse, fwd.lse);
+  load_home(Field::kO, o);
+  load_home(Field::kLse, lse);
   load_home(Field::kDo, d_o);
-  BackwardOutputs out;
   output_home(Field::kDq, out.dq);
   output_home(Field::kDk, out.dk);
   output_home(Field::kDv, out.dv);
   prepare(true);
-  LIBRA_TRY(run_pass(Pass::kBackward));
-  return out;
+  return run_pass(Pass::kBackward);
 }
 
 Status check_program(const RankSchedule& s, const Strided& a, std::int64_t buffer, const std::string& what) {
@@ -456,6 +461,24 @@ Status check_program(const RankSchedule& s, const Strided& a, std::int64_t buffe
 }
 
 }  // namespace
+
+Result<ForwardOutputs> Executor::forward(const AttentionInputs& in) {
+  ForwardOutputs out;
+  out.o.resize(q_elements());
+  out.lse.resize(lse_elements());
+  LIBRA_TRY(forward_into(in, {out.o, out.lse}));
+  return out;
+}
+
+Result<BackwardOutputs> Executor::backward(const AttentionInputs& in, const ForwardOutputs& fwd,
+                                           std::span<const float> d_o) {
+  BackwardOutputs out;
+  out.dq.resize(q_elements());
+  out.dk.resize(kv_elements());
+  out.dv.resize(kv_elements());
+  LIBRA_TRY(backward_into(in, fwd.o, fwd.lse, d_o, {out.dq, out.dk, out.dv}));
+  return out;
+}
 
 Status validate_schedule(const RankSchedule& s) {
   if (s.workers < 1 || s.worker < 0 || s.worker >= s.workers || s.chunks < 1 || s.heads_q < 1 || s.heads_kv < 1 ||
@@ -514,6 +537,10 @@ Status validate_schedule(const RankSchedule& s) {
                                                   "its receipt", s.worker, phase_name(static_cast<Phase>(p)), m));
     }
   }
+  if (s.home_tokens < 0 || s.home_tokens > s.home_rows) {
+    return invalid_input(fmt::format("schedule of worker {}: {} token rows in a home shard of {}", s.worker,
+                                     s.home_tokens, s.home_rows));
+  }
   for (auto [peer, m] : s.apply_order) {
     if (peer < 0 || peer >= s.workers || m < 0 || m >= s.chunks) return invalid_input("schedule: apply order out of range");
   }
@@ -523,8 +550,10 @@ Status validate_schedule(const RankSchedule& s) {
     }
     for (int m = 0; m < s.chunks; ++m) {
       for (const KernelCall& c : s.calls(static_cast<Pass>(pass), m)) {
-        LIBRA_TRY(check_program(s, c.q, s.compute_q_vectors, fmt::format("kernel call Q view of chunk {}", m)));
-        LIBRA_TRY(check_program(s, c.kv, s.compute_kv_vectors, fmt::format("kernel call KV view of chunk {}", m)));
+        LIBRA_TRY(check_program(s, c.q, c.q_home ? s.home_vectors(Field::kQ) : s.compute_q_vectors,
+                                fmt::format("kernel call Q view of chunk {}", m)));
+        LIBRA_TRY(check_program(s, c.kv, c.kv_home ? s.home_vectors(Field::kK) : s.compute_kv_vectors,
+                                fmt::format("kernel call KV view of chunk {}", m)));
         if (c.fragment_begin < 0 || c.fragment_begin > c.fragment_end ||
             static_cast<std::size_t>(c.fragment_end) > s.fragments.size()) {
           return invalid_input("schedule: kernel call fragments out of range");

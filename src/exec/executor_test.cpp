@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <limits>
 #include <set>
 
 #include "exec/exec_test_bodies.hpp"
@@ -129,6 +130,54 @@ std::vector<std::vector<float>> run_plan(const Plan& plan, const PlanConfig& cfg
   });
   expect_all_ok(st, "run_plan");
   return out;
+}
+
+// The caller-owned forms write every element: outputs filled with NaN
+// beforehand come back equal, bit for bit, to the allocating forms', and
+// padding rows are 0 (the second slot ends with 86 rows of padding on its
+// last CP rank). The same holds with nothing read in place.
+TEST(PlanExecutor, CallerOwnedOutputsNeedNoInitialisation) {
+  ExecCase c;
+  c.chunks = 2;
+  const std::vector<PackedSequence> pool = {{200, 30, 26}, {120, 40, 10}};
+  const PlanConfig cfg = exec_test::case_config(c);
+  Result<Plan> plan = make_plan(pool, cfg);
+  ASSERT_TRUE(plan.ok());
+  const auto direct = run_plan(*plan, cfg);
+  for (bool in_place : {true, false}) {
+    std::vector<std::vector<float>> into(static_cast<std::size_t>(plan->num_workers()));
+    auto st = run_in_process(plan->num_workers(), [&](Communicator& comm) -> Status {
+      const int r = comm.rank();
+      LIBRA_ASSIGN_OR_RETURN(RankSchedule s, make_rank_schedule(*plan, r, {.read_home_in_place = in_place}));
+      LIBRA_ASSIGN_OR_RETURN(auto ex, make_schedule_executor(comm, std::move(s), {}));
+      auto q = harness_home_tensor(3, cfg, r, 0), k = harness_home_tensor(3, cfg, r, 1),
+           v = harness_home_tensor(3, cfg, r, 2), d_o = harness_home_tensor(3, cfg, r, 3);
+      const float nan = std::numeric_limits<float>::quiet_NaN();
+      std::vector<float> o(ex->q_elements(), nan), lse(ex->lse_elements(), nan), dq(ex->q_elements(), nan),
+          dk(ex->kv_elements(), nan), dv(ex->kv_elements(), nan);
+      LIBRA_TRY(ex->forward_into({q, k, v}, {o, lse}));
+      LIBRA_TRY(ex->backward_into({q, k, v}, o, lse, d_o, {dq, dk, dv}));
+      auto& out = into[static_cast<std::size_t>(r)];
+      for (const auto* t : {&o, &lse, &dq, &dk, &dv}) out.insert(out.end(), t->begin(), t->end());
+      return Status();
+    });
+    expect_all_ok(st, "forward_into");
+    if (in_place) {
+      EXPECT_EQ(into, direct);
+    } else {
+      // Another summation order of dK/dV: equal to rounding.
+      for (std::size_t r = 0; r < into.size(); ++r) {
+        ASSERT_EQ(into[r].size(), direct[r].size());
+        for (std::size_t i = 0; i < into[r].size(); ++i) ASSERT_NEAR(into[r][i], direct[r][i], 1e-5) << r << " " << i;
+      }
+    }
+  }
+  // Padding rows of the last rank's home: 0 in o (the first part of its output).
+  const std::int64_t lc = c.seq_len / c.cp, padding = c.seq_len - 170;
+  const auto& last = direct.back();
+  for (std::int64_t i = (lc - padding) * c.heads_q * c.head_dim; i < lc * c.heads_q * c.head_dim; ++i) {
+    ASSERT_EQ(last[static_cast<std::size_t>(i)], 0.0f);
+  }
 }
 
 TEST(PlanExecutor, APlanSavedToAFileGivesTheSameNumbersAsPlanningInProcess) {

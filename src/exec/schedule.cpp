@@ -109,39 +109,51 @@ class Builder {
 // cannot express the mapping.
 class CallList {
  public:
-  void add(std::int32_t region, std::int32_t h0, std::int32_t h1, std::int32_t k0, std::int32_t k1,
+  // Calls are keyed by where their views live as well as by heads: a call's
+  // fragments share one Q view and one KV view.
+  struct Where {
+    std::int32_t region = 0;
+    bool q_home = false, kv_home = false;
+    friend bool operator==(const Where&, const Where&) = default;
+  };
+  void add(Where w, std::int32_t h0, std::int32_t h1, std::int32_t k0, std::int32_t k1,
            const std::vector<CallFragment>& frags) {
+    if (frags.empty()) return;
     for (Pending& c : calls_) {
-      if (c.region == region && c.h0 == h0 && c.h1 == h1 && c.k0 == k0 && c.k1 == k1) {
+      if (c.where == w && c.h0 == h0 && c.h1 == h1 && c.k0 == k0 && c.k1 == k1) {
         c.frags.insert(c.frags.end(), frags.begin(), frags.end());
         return;
       }
     }
-    calls_.push_back({region, h0, h1, k0, k1, frags});
+    calls_.push_back({w, h0, h1, k0, k1, frags});
   }
-  void add_split(std::int32_t region, HeadRange ch, int grp, const std::vector<CallFragment>& frags) {
+  void add_split(Where w, HeadRange ch, int grp, const std::vector<CallFragment>& frags) {
     const int k0 = ch.begin / grp, k1 = (ch.end - 1) / grp + 1;
     const int n = ch.size(), nk = k1 - k0;
     bool uniform = n % nk == 0;
     for (int i = 0; uniform && i < n; ++i) uniform = (ch.begin + i) / grp - k0 == i / (n / nk);
     if (uniform) {
-      add(region, ch.begin, ch.end, k0, k1, frags);
+      add(w, ch.begin, ch.end, k0, k1, frags);
       return;
     }
-    for (int k = k0; k < k1; ++k) add(region, std::max(ch.begin, k * grp), std::min(ch.end, (k + 1) * grp), k, k + 1, frags);
+    for (int k = k0; k < k1; ++k) add(w, std::max(ch.begin, k * grp), std::min(ch.end, (k + 1) * grp), k, k + 1, frags);
   }
   void emit(RankSchedule& s, Pass pass, int m) {
     auto& out = s.kernel_calls[static_cast<std::size_t>(pass)][static_cast<std::size_t>(m)];
     for (const Pending& c : calls_) {
-      const Region& r = s.regions[static_cast<std::size_t>(c.region)];
+      const Region& r = s.regions[static_cast<std::size_t>(c.where.region)];
       KernelCall k;
-      k.region = c.region;
+      k.region = c.where.region;
       k.h0 = c.h0;
       k.h1 = c.h1;
       k.k0 = c.k0;
       k.k1 = c.k1;
-      k.q = {r.q_offset + (c.h0 - r.q_heads.begin), r.q_row_count, c.h1 - c.h0, r.q_heads.size()};
-      k.kv = {r.kv_offset + (c.k0 - r.kv_heads.begin), r.kv_row_count, c.k1 - c.k0, r.kv_heads.size()};
+      k.q_home = c.where.q_home;
+      k.kv_home = c.where.kv_home;
+      k.q = k.q_home ? Strided{c.h0, s.home_rows, c.h1 - c.h0, s.heads_q}
+                     : Strided{r.q_offset + (c.h0 - r.q_heads.begin), r.q_row_count, c.h1 - c.h0, r.q_heads.size()};
+      k.kv = k.kv_home ? Strided{c.k0, s.home_rows, c.k1 - c.k0, s.heads_kv}
+                       : Strided{r.kv_offset + (c.k0 - r.kv_heads.begin), r.kv_row_count, c.k1 - c.k0, r.kv_heads.size()};
       k.fragment_begin = static_cast<std::int32_t>(s.fragments.size());
       s.fragments.insert(s.fragments.end(), c.frags.begin(), c.frags.end());
       k.fragment_end = static_cast<std::int32_t>(s.fragments.size());
@@ -151,7 +163,8 @@ class CallList {
 
  private:
   struct Pending {
-    std::int32_t region, h0, h1, k0, k1;
+    Where where;
+    std::int32_t h0, h1, k0, k1;
     std::vector<CallFragment> frags;
   };
   std::vector<Pending> calls_;
@@ -175,6 +188,14 @@ std::vector<RowRun> pack_runs(std::vector<std::pair<std::int64_t, std::int64_t>>
     count += r.end - r.begin;
   }
   return runs;
+}
+
+// Rows of the home shard [row0, row0 + rows) that hold tokens: samples are
+// packed from position 0, padding follows them.
+std::int64_t home_tokens(const PackedSequence& seq, std::int64_t row0, std::int64_t rows) {
+  std::int64_t tokens = 0;
+  for (std::int64_t l : seq) tokens += l;
+  return std::clamp<std::int64_t>(tokens - row0, 0, rows);
 }
 
 void assign_offsets(RankSchedule& s) {
@@ -218,7 +239,7 @@ std::span<const Field> phase_fields(Phase p, bool kv) {
   return {};
 }
 
-Result<RankSchedule> make_rank_schedule(const Plan& plan, int worker) {
+Result<RankSchedule> make_rank_schedule(const Plan& plan, int worker, const ScheduleOptions& options) {
   const PlanConfig& cfg = plan.config();
   const int W = plan.num_workers();
   if (worker < 0 || worker >= W) {
@@ -237,6 +258,7 @@ Result<RankSchedule> make_rank_schedule(const Plan& plan, int worker) {
   s.slot = worker / cfg.cp;
   s.home_rows = cfg.seq_len / cfg.cp;
   s.home_row0 = static_cast<std::int64_t>(worker % cfg.cp) * s.home_rows;
+  s.home_tokens = home_tokens(plan.pool()[static_cast<std::size_t>(s.slot)], s.home_row0, s.home_rows);
   s.fingerprint = plan.fingerprint();
   s.what = "plan";
   const int grp = s.heads_q / s.heads_kv;
@@ -244,6 +266,14 @@ Result<RankSchedule> make_rank_schedule(const Plan& plan, int worker) {
   const auto frags = plan.fragments();
   const auto groups = plan.groups();
   const auto my_tiles = plan.worker_tiles(worker);
+  // What the kernel reads in place: a tile on its own Q home; a sample whose
+  // tokens all lie in this worker's home shard (its keys are then contiguous
+  // there too).
+  const bool in_place = options.read_home_in_place;
+  auto q_at_home = [&](const Tile& t) { return in_place && t.home == worker; };
+  auto kv_at_home = [&](const KvGroup& g) {
+    return in_place && g.slot == s.slot && g.begin >= s.home_row0 && g.end <= s.home_row0 + s.home_rows;
+  };
 
   // Regions: every slot this worker computes on, with the rows and heads of
   // its tiles (Q family) and the tokens and KV heads of the groups they use
@@ -261,11 +291,14 @@ Result<RankSchedule> make_rank_schedule(const Plan& plan, int worker) {
     const Tile& t = tiles[static_cast<std::size_t>(id)];
     Touched& x = by_slot[t.slot];
     x.r.slot = t.slot;
-    grow(x.r.q_heads, t.heads);
-    grow(x.r.kv_heads, t.kv_heads);
-    x.q.emplace_back(t.begin, t.end);
+    if (!q_at_home(t)) {
+      grow(x.r.q_heads, t.heads);
+      x.q.emplace_back(t.begin, t.end);
+    }
     for (std::int32_t f = t.fragment_begin; f < t.fragment_end; ++f) {
       const KvGroup& g = groups[static_cast<std::size_t>(frags[static_cast<std::size_t>(f)].group)];
+      if (kv_at_home(g)) continue;
+      grow(x.r.kv_heads, t.kv_heads);
       grow(x.r.kv_heads, g.kv_heads);
       x.kv.emplace_back(g.begin, g.end);
     }
@@ -323,10 +356,11 @@ Result<RankSchedule> make_rank_schedule(const Plan& plan, int worker) {
     }
   }
 
-  // Tiles computed on their own Q home move through the message to self.
+  // Tiles computed on their own Q home and not read in place move through
+  // the message to self.
   for (std::int32_t id : my_tiles) {
     const Tile& t = tiles[static_cast<std::size_t>(id)];
-    if (t.home != worker) continue;
+    if (t.home != worker || q_at_home(t)) continue;
     const Region* r = region(t.slot);
     for (int m = 0; m < s.chunks; ++m) {
       const HeadRange ch = plan.chunk_heads(t, m);
@@ -339,7 +373,7 @@ Result<RankSchedule> make_rank_schedule(const Plan& plan, int worker) {
   // home with the last.
   for (std::int32_t gid : plan.worker_groups(worker)) {
     const KvGroup& g = groups[static_cast<std::size_t>(gid)];
-    if (g.slot != s.slot) continue;
+    if (g.slot != s.slot || kv_at_home(g)) continue;
     const std::int64_t t0 = std::max(g.begin, s.home_row0), t1 = std::min(g.end, s.home_row0 + s.home_rows);
     if (t0 >= t1) continue;
     for (std::int32_t k = g.kv_heads.begin; k < g.kv_heads.end; ++k) {
@@ -386,12 +420,18 @@ Result<RankSchedule> make_rank_schedule(const Plan& plan, int worker) {
       const Tile& t = tiles[static_cast<std::size_t>(id)];
       const std::int32_t ri = region_of.at(t.slot);
       const Region& r = s.regions[static_cast<std::size_t>(ri)];
-      std::vector<CallFragment> fr;
+      const bool q_home = q_at_home(t);
+      std::vector<CallFragment> split[2];  // by whether the sample's K/V is read in place
       for (std::int32_t f = t.fragment_begin; f < t.fragment_end; ++f) {
         const Fragment& x = frags[static_cast<std::size_t>(f)];
-        fr.push_back({r.q_row(x.sample_start + x.a), r.kv_row(x.sample_start), x.sample_length, x.a, x.e});
+        const bool kv_home = kv_at_home(groups[static_cast<std::size_t>(x.group)]);
+        const std::int64_t q_row = q_home ? x.sample_start + x.a - s.home_row0 : r.q_row(x.sample_start + x.a);
+        const std::int64_t kv_row = kv_home ? x.sample_start - s.home_row0 : r.kv_row(x.sample_start);
+        split[kv_home].push_back({q_row, kv_row, x.sample_length, x.a, x.e});
       }
-      calls.add_split(ri, plan.chunk_heads(t, m), grp, fr);
+      for (int kv_home = 0; kv_home < 2; ++kv_home) {
+        calls.add_split({ri, q_home, kv_home == 1}, plan.chunk_heads(t, m), grp, split[kv_home]);
+      }
     }
     calls.emit(s, Pass::kForward, m);
     s.kernel_calls[1][static_cast<std::size_t>(m)] = s.kernel_calls[0][static_cast<std::size_t>(m)];
@@ -438,6 +478,7 @@ Result<RankSchedule> make_ulysses_schedule(std::span<const PackedSequence> pool,
   s.slot = worker / cp;
   s.home_rows = config.seq_len / cp;
   s.home_row0 = static_cast<std::int64_t>(worker % cp) * s.home_rows;
+  s.home_tokens = home_tokens(pool[static_cast<std::size_t>(s.slot)], s.home_row0, s.home_rows);
   s.what = "ulysses pool and configuration";
   std::uint64_t fp = mix64(0x756c7973736573ULL, static_cast<std::uint64_t>(config.seq_len));
   for (std::int64_t v : {std::int64_t{cp}, std::int64_t{hq}, std::int64_t{hkv}, std::int64_t{config.shape.head_dim},
@@ -496,7 +537,7 @@ Result<RankSchedule> make_ulysses_schedule(std::span<const PackedSequence> pool,
     start += len;
   }
   CallList calls;
-  calls.add(0, q_heads(me).begin, q_heads(me).end, kv_heads(me).begin, kv_heads(me).end, fr);
+  calls.add({0, false, false}, q_heads(me).begin, q_heads(me).end, kv_heads(me).begin, kv_heads(me).end, fr);
   calls.emit(s, Pass::kForward, 0);
   s.kernel_calls[1][0] = s.kernel_calls[0][0];
   b.finish();

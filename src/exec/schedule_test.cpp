@@ -129,8 +129,8 @@ struct Sim {
 };
 
 // Runs both passes of the W schedules and checks them against the pool.
-void check_case(const ExecCase& c, int W) {
-  SCOPED_TRACE(c.name());
+void check_case(const ExecCase& c, int W, ScheduleOptions options = {}) {
+  SCOPED_TRACE(c.name() + (options.read_home_in_place ? "" : " (nothing read in place)"));
   const std::vector<PackedSequence> pool = exec_test::random_pool(c.pool_seed, c.pool_size, c.seq_len);
   PlanConfig cfg = exec_test::case_config(c);
   Sim sim;
@@ -145,7 +145,7 @@ void check_case(const ExecCase& c, int W) {
     ASSERT_EQ(plan->num_workers(), W);
   }
   for (int r = 0; r < W; ++r) {
-    auto s = plan ? make_rank_schedule(*plan, r) : make_ulysses_schedule(pool, cfg, r);
+    auto s = plan ? make_rank_schedule(*plan, r, options) : make_ulysses_schedule(pool, cfg, r);
     ASSERT_TRUE(s.ok()) << s.error().message();
     sim.s.push_back(std::move(*s));
   }
@@ -204,23 +204,29 @@ void check_case(const ExecCase& c, int W) {
               if (packed >= run.at && packed < run.at + (run.end - run.begin)) return run.begin + (packed - run.at);
             return -1;
           };
+          // Views at home address the worker's own shard: slot row = home_row0 + row.
+          if (call.q_home || call.kv_home) {
+            ASSERT_EQ(reg.slot, s.slot) << "a call reads another slot at home";
+          }
+          auto q_slot_row = [&](std::int64_t row) { return call.q_home ? s.home_row0 + row : slot_row(reg.q_rows, row); };
+          auto kv_slot_row = [&](std::int64_t row) { return call.kv_home ? s.home_row0 + row : slot_row(reg.kv_rows, row); };
           const int nh = call.h1 - call.h0, nk = call.k1 - call.k0;
           ASSERT_TRUE(nk > 0 && nh % nk == 0);
           for (const CallFragment& fr : s.call_fragments(call)) {
-            const std::int64_t start = slot_row(reg.kv_rows, fr.kv_row);  // slot position of the sample's key 0
+            const std::int64_t start = kv_slot_row(fr.kv_row);  // slot position of the sample's key 0
             ASSERT_GE(start, 0);
-            ASSERT_EQ(slot_row(reg.kv_rows, fr.kv_row + fr.e - 1), start + fr.e - 1) << "a sample's keys span two runs";
+            ASSERT_EQ(kv_slot_row(fr.kv_row + fr.e - 1), start + fr.e - 1) << "a sample's keys span two runs";
             for (std::int64_t q = fr.a; q < fr.e; ++q) {
               const std::int64_t row = fr.q_row + (q - fr.a);
-              const std::int64_t srow = slot_row(reg.q_rows, row);
+              const std::int64_t srow = q_slot_row(row);
               ASSERT_EQ(srow, start + q) << "query row maps to another slot row";
               for (int h = call.h0; h < call.h1; ++h) {
                 const int kvh = call.k0 + (h - call.h0) / (nh / nk);
                 ASSERT_EQ(kvh, h / grp) << "call maps query head " << h << " to KV head " << kvh;
                 std::size_t at = 0;
                 auto qv = [&](Field f) -> std::uint64_t& {
-                  EXPECT_TRUE(sim.index(call.q, row, h - call.h0, sim.buf(r, f, false), at, "call Q")) << sim.error;
-                  return sim.buf(r, f, false)[at];
+                  EXPECT_TRUE(sim.index(call.q, row, h - call.h0, sim.buf(r, f, call.q_home), at, "call Q")) << sim.error;
+                  return sim.buf(r, f, call.q_home)[at];
                 };
                 ASSERT_EQ(qv(Field::kQ), label(Field::kQ, reg.slot, srow, h)) << "worker " << r << " chunk " << m;
                 if (bwd) {
@@ -236,8 +242,8 @@ void check_case(const ExecCase& c, int W) {
                 const std::int64_t k_first = c.window == kFullCausal || c.window > q ? 0 : q - c.window + 1;
                 for (std::int64_t j = k_first; j <= q; ++j) {
                   auto kv = [&](Field f) -> std::uint64_t& {
-                    EXPECT_TRUE(sim.index(call.kv, fr.kv_row + j, kvh - call.k0, sim.buf(r, f, false), at, "call KV")) << sim.error;
-                    return sim.buf(r, f, false)[at];
+                    EXPECT_TRUE(sim.index(call.kv, fr.kv_row + j, kvh - call.k0, sim.buf(r, f, call.kv_home), at, "call KV")) << sim.error;
+                    return sim.buf(r, f, call.kv_home)[at];
                   };
                   ASSERT_EQ(kv(Field::kK), label(Field::kK, reg.slot, start + j, kvh)) << "worker " << r << " chunk " << m;
                   ASSERT_EQ(kv(Field::kV), label(Field::kV, reg.slot, start + j, kvh));
@@ -301,6 +307,52 @@ void check_case(const ExecCase& c, int W) {
 
 TEST(RankSchedule, EveryCaseOfTheExecutorMatrixRunsSymbolicallyOnFourWorkers) {
   for (const ExecCase& c : exec_test::case_matrix(4)) check_case(c, 4);
+}
+
+TEST(RankSchedule, WithNothingReadInPlaceEveryCaseStillRuns) {
+  for (const ExecCase& c : exec_test::case_matrix(4)) check_case(c, 4, {.read_home_in_place = false});
+  for (const ExecCase& c : exec_test::case_matrix(8)) check_case(c, 8, {.read_home_in_place = false});
+}
+
+// Reading in place must actually remove the copies it claims to: no call of
+// a tile on its own home goes through compute buffers, and the message to
+// self shrinks to what crosses home shards.
+TEST(RankSchedule, InPlaceCallsReplaceTheMessageToSelf) {
+  for (const ExecCase& c : exec_test::case_matrix(4)) {
+    SCOPED_TRACE(c.name());
+    if (c.mode == "ulysses-direct") continue;
+    const std::vector<PackedSequence> pool = exec_test::random_pool(c.pool_seed, c.pool_size, c.seq_len);
+    PlanConfig cfg = exec_test::case_config(c);
+    auto mode = parse_plan_mode(c.mode);
+    ASSERT_TRUE(mode.ok());
+    cfg.mode = *mode;
+    auto plan = make_plan(pool, cfg);
+    ASSERT_TRUE(plan.ok());
+    std::int64_t self_in_place = 0, self_copied = 0, home_calls = 0;
+    for (int r = 0; r < plan->num_workers(); ++r) {
+      auto a = make_rank_schedule(*plan, r), b = make_rank_schedule(*plan, r, {.read_home_in_place = false});
+      ASSERT_TRUE(a.ok() && b.ok());
+      for (int p = 0; p < 4; ++p)
+        for (int m = 0; m < a->chunks; ++m) {
+          self_in_place += a->exchange(static_cast<Phase>(p), m).send_bytes[static_cast<std::size_t>(r)];
+          self_copied += b->exchange(static_cast<Phase>(p), m).send_bytes[static_cast<std::size_t>(r)];
+          // Messages between workers are the same either way.
+          for (int peer = 0; peer < plan->num_workers(); ++peer) {
+            if (peer == r) continue;
+            EXPECT_EQ(a->exchange(static_cast<Phase>(p), m).send_bytes[static_cast<std::size_t>(peer)],
+                      b->exchange(static_cast<Phase>(p), m).send_bytes[static_cast<std::size_t>(peer)]);
+          }
+        }
+      EXPECT_LE(a->compute_q_vectors, b->compute_q_vectors);
+      EXPECT_LE(a->compute_kv_vectors, b->compute_kv_vectors);
+      for (int m = 0; m < a->chunks; ++m) {
+        for (const KernelCall& call : a->calls(Pass::kForward, m)) home_calls += call.q_home;
+        for (const KernelCall& call : b->calls(Pass::kForward, m)) EXPECT_FALSE(call.q_home || call.kv_home);
+      }
+    }
+    EXPECT_GT(home_calls, 0);
+    EXPECT_LT(self_in_place, self_copied);
+  }
 }
 
 TEST(RankSchedule, EveryCaseOfTheExecutorMatrixRunsSymbolicallyOnEightWorkers) {
