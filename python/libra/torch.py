@@ -531,22 +531,35 @@ def _view(buf, prog):
     """Kernel view (data_ptr, dtype, rows, heads, width, row_stride) of a [vectors, width] buffer
     addressed by a strided program (offset, rows, run, stride) over head vectors."""
     offset, rows, run, stride = prog
+    # The kernel checks fragments against the view, not the view against the memory behind it.
+    if offset < 0 or run < 0 or (rows > 0 and offset + (rows - 1) * stride + run > buf.shape[0]):
+        raise RuntimeError(f"libra.torch: kernel view {tuple(prog)} lies outside its buffer of {buf.shape[0]} vectors")
     width = buf.shape[1]
     return (buf.data_ptr() + offset * width * buf.element_size(), _kernel_dtype(buf), rows, run, width,
             stride * width)
 
 
-def _cpu_forward(calls, b, window, scale, threads):
-    for qp, kp, frags in calls:
-        _libra.kernel_forward(_view(b["Q"], qp), _view(b["K"], kp), _view(b["V"], kp), _view(b["O"], qp),
-                              _view(b["LSE"], qp), frags, window, scale, threads)
+def _sources(call, home, comp):
+    """A kernel call's (q program, kv program, fragments, Q-family buffers, KV-family buffers): a call
+    with q_home (kv_home) reads and writes the home buffers of that family in place, else the compute
+    buffers (libra/schedule.hpp, "Data read in place")."""
+    qp, kp, frags, q_home, kv_home = call
+    return qp, kp, frags, home if q_home else comp, home if kv_home else comp
 
 
-def _cpu_backward(calls, b, window, scale, threads):
-    for qp, kp, frags in calls:
-        _libra.kernel_backward(_view(b["Q"], qp), _view(b["K"], kp), _view(b["V"], kp), _view(b["O"], qp),
-                               _view(b["dO"], qp), _view(b["LSE"], qp), _view(b["dQ"], qp), _view(b["dK"], kp),
-                               _view(b["dV"], kp), frags, window, scale, threads)
+def _cpu_forward(calls, home, comp, window, scale, threads):
+    for call in calls:
+        qp, kp, frags, bq, bk = _sources(call, home, comp)
+        _libra.kernel_forward(_view(bq["Q"], qp), _view(bk["K"], kp), _view(bk["V"], kp), _view(bq["O"], qp),
+                              _view(bq["LSE"], qp), frags, window, scale, threads)
+
+
+def _cpu_backward(calls, home, comp, window, scale, threads):
+    for call in calls:
+        qp, kp, frags, bq, bk = _sources(call, home, comp)
+        _libra.kernel_backward(_view(bq["Q"], qp), _view(bk["K"], kp), _view(bk["V"], kp), _view(bq["O"], qp),
+                               _view(bq["dO"], qp), _view(bq["LSE"], qp), _view(bq["dQ"], qp),
+                               _view(bk["dK"], kp), _view(bk["dV"], kp), frags, window, scale, threads)
 
 
 def _flash_attn():
@@ -564,24 +577,27 @@ def _vectors(prog, rows_idx, device):
     return offset + rows_idx[:, None] * stride + torch.arange(run, device=device)[None, :]
 
 
-def _cuda_calls(calls, q, k, v, window, scale):
-    """Runs a chunk's calls with flash_attn_varlen_func (differentiable); returns [(q vectors, o)]."""
+def _cuda_calls(calls, home, comp, window, scale):
+    """Runs a chunk's calls with flash_attn_varlen_func (differentiable) on the Q, K, V of `home` and
+    `comp` (each call reads the buffers its flags name); returns [(q_home, q vectors, o)]."""
     fn = _flash_attn()
-    dev = q.device
     out = []
-    for qp, kp, frags in calls:
-        f = torch.as_tensor(frags, device=dev)
-        q_rows = torch.cat([torch.arange(int(r[0]), int(r[0] + r[4] - r[3]), device=dev) for r in frags])
-        k_rows = torch.cat([torch.arange(int(r[1]), int(r[1] + r[4]), device=dev) for r in frags])
-        qv, kv = _vectors(qp, q_rows, dev), _vectors(kp, k_rows, dev)
-        cu_q = torch.zeros(len(frags) + 1, dtype=torch.int32, device=dev)
-        cu_k = torch.zeros(len(frags) + 1, dtype=torch.int32, device=dev)
-        cu_q[1:] = torch.cumsum(f[:, 4] - f[:, 3], 0)
-        cu_k[1:] = torch.cumsum(f[:, 4], 0)
+    for call in calls:
+        qp, kp, frags, bq, bk = _sources(call, home, comp)
+        q_home = call[3]
+        dev = bq["Q"].device
+        f = np.asarray(frags, dtype=np.int64)
+        nq, nk = f[:, 4] - f[:, 3], f[:, 4]  # per fragment: queries [a, e), keys 0 .. e-1
+        q_rows = np.concatenate([np.arange(r, r + n) for r, n in zip(f[:, 0], nq)])
+        k_rows = np.concatenate([np.arange(r, r + n) for r, n in zip(f[:, 1], nk)])
+        qv = _vectors(qp, torch.from_numpy(q_rows).to(dev), dev)
+        kv = _vectors(kp, torch.from_numpy(k_rows).to(dev), dev)
+        cu_q = torch.from_numpy(np.concatenate([[0], np.cumsum(nq)]).astype(np.int32)).to(dev)
+        cu_k = torch.from_numpy(np.concatenate([[0], np.cumsum(nk)]).astype(np.int32)).to(dev)
         ws = (-1, -1) if window is None else (int(window) - 1, 0)
-        o = fn(q[qv], k[kv], v[kv], cu_q, cu_k, int((f[:, 4] - f[:, 3]).max()), int(f[:, 4].max()),
+        o = fn(bq["Q"][qv], bk["K"][kv], bk["V"][kv], cu_q, cu_k, int(nq.max()), int(nk.max()),
                softmax_scale=scale, causal=True, window_size=ws)
-        out.append((qv, o))
+        out.append((q_home, qv, o))
     return out
 
 
@@ -636,10 +652,18 @@ class _Attention(torch.autograd.Function):
                 None, None)
 
 
+# Test-only: "flash" makes every pass take the CUDA tensors' path (flash_attn_varlen_func, as
+# _flash_attn returns it, and the index-tensor exchanges) whatever the tensors' device, so the tests
+# run that path on CPU with a stand-in for flash_attn. None: CUDA tensors take it, CPU tensors not.
+_compute_backend = None
+
+
 def _run_pass(rt, phase_in, phase_out, pass_index, home, comp, dt, d, dev, scale):
     window = _libra.FULL_CAUSAL if rt.window is None else int(rt.window)
     calls = rt.schedule["calls"][pass_index]
-    on_gpu = dev.type == "cuda"
+    if _compute_backend not in (None, "flash"):
+        raise ValueError(f"libra.torch._compute_backend {_compute_backend!r} must be None or 'flash'")
+    on_gpu = dev.type == "cuda" or _compute_backend == "flash"
     cuda = on_gpu or rt.exchange == "index"  # index-tensor exchanges
     if cuda:
         ix = rt.on(dev)
@@ -655,11 +679,11 @@ def _run_pass(rt, phase_in, phase_out, pass_index, home, comp, dt, d, dev, scale
             _unpack_in_cpu(rt, phase_in, m, posted_in[m], comp, dt)
         with _compute(rt, f"{'fwd' if pass_index == 0 else 'bwd'} compute chunk {m}"):
             if on_gpu:
-                _cuda_pass(pass_index, calls[m], comp, rt.window, scale or None)
+                _cuda_pass(pass_index, calls[m], home, comp, rt.window, scale or None)
             elif pass_index == 0:
-                _cpu_forward(calls[m], comp, window, scale, rt.threads)
+                _cpu_forward(calls[m], home, comp, window, scale, rt.threads)
             else:
-                _cpu_backward(calls[m], comp, window, scale, rt.threads)
+                _cpu_backward(calls[m], home, comp, window, scale, rt.threads)
         if cuda:
             posted_out.append(_post(rt, phase_out, m, outs[m], comp, dt, d, dev))
         else:
@@ -670,25 +694,29 @@ def _run_pass(rt, phase_in, phase_out, pass_index, home, comp, dt, d, dev, scale
         _unpack_out_cpu(rt, phase_out, posted_out, home, dt)
 
 
-def _cuda_pass(pass_index, calls, comp, window, scale):
+def _cuda_pass(pass_index, calls, home, comp, window, scale):
+    if not calls:
+        return
+    bufs = {True: home, False: comp}  # by a call's q_home / kv_home
     if pass_index == 0:
         with torch.no_grad():
-            for qv, o in _cuda_calls(calls, comp["Q"], comp["K"], comp["V"], window, scale):
-                comp["O"][qv] = o.to(comp["O"].dtype)
+            for q_home, qv, o in _cuda_calls(calls, home, comp, window, scale):
+                dst = bufs[q_home]["O"]
+                dst[qv] = o.to(dst.dtype)
         return
-    # Backward: flash_attn's own backward, through autograd on a recomputed forward.
+    # Backward: flash_attn's own backward, through autograd on a recomputed forward, with one leaf
+    # per buffer the calls read (home or compute Q; K and V), each gradient added where the kernel
+    # would add it (dQ of a row is computed once, so adding into the zeroed dQ assigns it).
+    read = sorted({(call[3], "Q") for call in calls} | {(call[4], n) for call in calls for n in ("K", "V")})
     with torch.enable_grad():
-        q, k, v = (comp[n].detach().requires_grad_() for n in ("Q", "K", "V"))
-        res = _cuda_calls(calls, q, k, v, window, scale)
-        if not res:
-            return
-        gq, gk, gv = torch.autograd.grad([o for _, o in res], (q, k, v), [comp["dO"][qv] for qv, _ in res],
-                                         allow_unused=True)
-    if gq is not None:
-        comp["dQ"] += gq.float()
-    if gk is not None:
-        comp["dK"] += gk.float()
-        comp["dV"] += gv.float()
+        leaves = {key: bufs[key[0]][key[1]].detach().requires_grad_() for key in read}
+        src = {where: {n: leaves.get((where, n)) for n in ("Q", "K", "V")} for where in (True, False)}
+        res = _cuda_calls(calls, src[True], src[False], window, scale)
+        grads = torch.autograd.grad([o for _, _, o in res], [leaves[key] for key in read],
+                                    [bufs[q_home]["dO"][qv] for q_home, qv, _ in res], allow_unused=True)
+    for (where, n), g in zip(read, grads):
+        if g is not None:
+            bufs[where]["d" + n] += g.float()
 
 
 def _call_problem(q, k, v, rt, window):
@@ -705,6 +733,8 @@ def _call_problem(q, k, v, rt, window):
         return "q, k and v must share dtype and device"
     if not q.is_cuda and q.dtype not in (torch.float32, torch.bfloat16):
         return f"CPU tensors must be float32 or bfloat16, got {q.dtype}"
+    if q.is_cuda and q.dtype not in (torch.float16, torch.bfloat16):
+        return f"CUDA tensors must be float16 or bfloat16 (flash_attn's types), got {q.dtype}"
     return None
 
 

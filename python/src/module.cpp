@@ -382,7 +382,7 @@ py::dict schedule_dict(const libra::RankSchedule& s, const std::vector<int>& ord
         for (const libra::CallFragment& x : s.call_fragments(c)) f.insert(f.end(), {x.q_row, x.kv_row, x.sample_len, x.a, x.e});
         calls.append(py::make_tuple(py::make_tuple(c.q.offset, c.q.rows, c.q.run, c.q.stride),
                                     py::make_tuple(c.kv.offset, c.kv.rows, c.kv.run, c.kv.stride),
-                                    int_array(std::move(f), 5)));
+                                    int_array(std::move(f), 5), c.q_home, c.kv_home));
       }
       chunks.append(calls);
     }

@@ -33,6 +33,9 @@ def rel_err(got, want):
     return float((got.detach().to(torch.float64) - want).abs().max() / want.abs().max().clamp_min(1e-30))
 
 
+LAST_RUNTIME = [None]  # the runtime of run_attention's last case
+
+
 def run_attention(rank, P, cp, pools, *, mode="tap", chunks=1, hq=4, hkv=2, d=16, block=8, shards=2,
                   window=None, dtype="float32", dedup=False, checkpoint=False, tau=0.03, exchange="auto"):
     """One case on this rank: returns errors of o, dq, dk, dv and the raw results."""
@@ -44,6 +47,7 @@ def run_attention(rank, P, cp, pools, *, mode="tap", chunks=1, hq=4, hkv=2, d=16
                            heads_kv=hkv, head_dim=d, chunks=chunks, mode=mode, window=window, tau=tau,
                            dtype="fp32" if dtype == "float32" else "bf16", dedup_per_kv_head=dedup)
     rt = lt.PlanRuntime(plan, group, exchange=exchange)
+    LAST_RUNTIME[0] = rt
     slot, cpr = worker // cp, worker % cp
     Q, K, V, G = slot_data(pool_index, slot, hq, hkv, d, dt)
     home = slice(cpr * (L // cp), (cpr + 1) * (L // cp))
@@ -97,6 +101,78 @@ def body_4(rank, world):
     out["window_refused"] = window_refused(rank)
     out["layer"] = layer_grads(rank, world)
     out["planner_runtime"] = planner_runtime(rank)
+    out["flash"] = flash_path(rank)
+    return out
+
+
+# ---------------------------------------------------------------- the CUDA tensors' path on CPU
+
+def stand_in_flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
+                                    softmax_scale=None, causal=False, window_size=(-1, -1)):
+    """flash_attn_varlen_func's contract, the part libra.torch uses, in plain torch (differentiable):
+    q [total_q, h_q, d], k/v [total_k, h_kv, d], sequence i = rows cu_seqlens[i] .. cu_seqlens[i+1];
+    query head h uses KV head h // (h_q / h_kv); causal is bottom-right aligned (query i of s_q sees
+    keys j <= i + s_k - s_q), window_size (left, right) bounds j to [i' - left, i' + right]; the
+    output has q's dtype, computed in fp32."""
+    STAND_IN_CALLS[0] += 1
+    assert dropout_p == 0.0 and causal
+    assert cu_seqlens_q.dtype == cu_seqlens_k.dtype == torch.int32 and len(cu_seqlens_q) == len(cu_seqlens_k)
+    assert q.device == k.device == v.device == cu_seqlens_q.device and q.shape[1] % k.shape[1] == 0
+    cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    assert cq[-1] == q.shape[0] and ck[-1] == k.shape[0] == v.shape[0]
+    # flash_attn sizes its grid from the max lengths: too small would silently drop rows.
+    assert max_seqlen_q >= max(b - a for a, b in zip(cq, cq[1:]))
+    assert max_seqlen_k >= max(b - a for a, b in zip(ck, ck[1:]))
+    scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
+    ratio = q.shape[1] // k.shape[1]
+    left, right = window_size[0], 0  # causal: flash_attn sets the right window to 0
+    out = []
+    for i in range(len(cq) - 1):
+        qs = q[cq[i]:cq[i + 1]].float()
+        ks = k[ck[i]:ck[i + 1]].float().repeat_interleave(ratio, dim=1)
+        vs = v[ck[i]:ck[i + 1]].float().repeat_interleave(ratio, dim=1)
+        sq, sk = qs.shape[0], ks.shape[0]
+        pos = torch.arange(sq)[:, None] + (sk - sq)
+        j = torch.arange(sk)[None, :]
+        mask = j <= pos + right
+        if left >= 0:
+            mask &= j >= pos - left
+        scores = torch.einsum("qhd,khd->hqk", qs, ks) * scale
+        p = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1).nan_to_num(0.0)
+        out.append(torch.einsum("hqk,khd->qhd", p, vs))
+    return torch.cat(out).to(q.dtype)
+
+
+STAND_IN_CALLS = [0]
+
+CASES_FLASH = [
+    dict(name="flash tap M2 fp32 GQA", mode="tap", chunks=2),
+    dict(name="flash tap M1 bf16", mode="tap", chunks=1, dtype="bfloat16"),
+    dict(name="flash tap-split M2 fp32", mode="tap-split", chunks=2, hq=8, hkv=2, shards=4, tau=0.0),
+    dict(name="flash ulysses fp32", mode="ulysses", chunks=1, hq=4, hkv=4),
+    dict(name="flash window 7 tap M2 fp32", mode="tap", chunks=2, window=7),
+    dict(name="flash dedup per kv head", mode="tap", chunks=1, hq=8, hkv=2, shards=4, dedup=True),
+]
+
+
+def flash_path(rank):
+    """The CUDA tensors' path (flash_attn_varlen_func calls, flash backward through autograd,
+    index-tensor exchanges) forced on CPU tensors with the stand-in above, against float64 plain
+    attention; also whether the stand-in really ran and how many calls read home buffers in place."""
+    saved = lt._compute_backend, lt._flash_attn
+    lt._compute_backend, lt._flash_attn = "flash", lambda: stand_in_flash_attn_varlen_func
+    out = {"errors": {}, "in_place_calls": 0}
+    try:
+        for case in CASES_FLASH:
+            kw = {k: v for k, v in case.items() if k != "name"}
+            before = STAND_IN_CALLS[0]
+            errs, _, padded = run_attention(rank, 2, 2, POOLS, **kw)
+            errs["stand_in_calls"] = STAND_IN_CALLS[0] - before
+            out["errors"][case["name"]] = (kw.get("dtype", "float32"), errs, padded)
+            calls = LAST_RUNTIME[0].schedule["calls"]
+            out["in_place_calls"] += sum(c[3] or c[4] for per_pass in calls for chunk in per_pass for c in chunk)
+    finally:
+        lt._compute_backend, lt._flash_attn = saved
     return out
 
 
@@ -215,6 +291,15 @@ def test_window_differing_from_the_plan_is_refused(four):
 def test_a_bad_call_on_one_rank_fails_on_every_rank_alike(four):
     msgs = [r["window_refused"][1] for r in four]
     assert "group rank 2" in msgs[0] and "shape" in msgs[0] and all(m == msgs[0] for m in msgs)
+
+
+def test_the_cuda_path_forced_on_cpu_matches_plain_attention(four):
+    # Every rank computes something in every case, so each ran the stand-in for flash_attn.
+    for r in four:
+        for name, (dtype, errs, padded) in r["flash"]["errors"].items():
+            assert errs.pop("stand_in_calls") > 0, name
+            assert max(errs.values()) < TOL[dtype], (name, errs)
+            assert padded, name
 
 
 def test_planner_runtime_is_the_same_runtime(four):
