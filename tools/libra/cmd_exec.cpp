@@ -19,6 +19,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "commands.hpp"
@@ -428,12 +429,17 @@ int exec_rank(Communicator& world, const ExecOptionsCli& opt) {
   Status check_status;
   {
     std::string mine;
+    mine.reserve((2 * f->o.size() + f->lse.size() + 2 * g->dk.size()) * sizeof(float));
     for (const std::vector<float>* t : {&f->o, &f->lse, &g->dq, &g->dk, &g->dv}) {
       mine.append(reinterpret_cast<const char*>(t->data()), t->size() * sizeof(float));
     }
     Result<std::vector<std::string>> gathered = gather_strings(pc, 0, mine);
     if (!gathered.ok()) abort_job(world, gathered.error());
     if (pc.rank() == 0) {
+      // The pool's other ranks wait for the verdict meanwhile: the kernel
+      // reference may use their threads (up to the machine's).
+      const int reference_threads = std::max(
+          so.threads, std::min(static_cast<int>(std::thread::hardware_concurrency()), pc.size() * so.threads));
       const std::int64_t qw = so.heads_q * so.head_dim, kw = so.heads_kv * so.head_dim;
       for (int slot = 0; slot < P && check_status.ok(); ++slot) {
         const PackedSequence& seq = (*pool)[static_cast<std::size_t>(slot)];
@@ -444,7 +450,7 @@ int exec_rank(Communicator& world, const ExecOptionsCli& opt) {
         if (opt.reference == "kernel" || (opt.reference == "auto" && work > 2e8)) kind = ReferenceKind::kKernel;
         // One pool may mix references (auto): report the weaker one.
         if (kind == ReferenceKind::kKernel) which = "kernel";
-        Result<SlotReference> ref = harness_reference(data_seed, *cfg, seq, slot, kind, so.threads);
+        Result<SlotReference> ref = harness_reference(data_seed, *cfg, seq, slot, kind, reference_threads);
         if (!ref.ok()) {
           check_status = ref.error();
           break;
