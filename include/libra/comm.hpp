@@ -97,8 +97,11 @@ class Communicator {
 // ---- in-process ----------------------------------------------------------
 
 // Runs `body` on `size` threads, each holding rank i of one in-process
-// world, and returns each rank's status. A wait that does not find a peer's
-// data within `timeout_ms` fails with an error instead of hanging.
+// world, and returns each rank's status. Each byte is copied once, from the
+// sender's send buffer into the receiver's receive buffer, by whichever rank
+// is waiting when both have posted. A wait that does not find a peer's data
+// within `timeout_ms` fails with an error instead of hanging, and withdraws
+// this rank's posted exchanges (a peer posting one later gets an error).
 std::vector<Status> run_in_process(int size, const std::function<Status(Communicator&)>& body,
                                    int timeout_ms = 60000);
 

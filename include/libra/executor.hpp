@@ -33,9 +33,11 @@
 // above allocate fresh vectors, whose first touch costs page faults that
 // are not attention work.
 //
-// Tensors in the API are fp32, row-major [L/CP, heads, head_dim]; with a bf16
-// or fp16 plan (AttentionShape::dtype) Q, K, V, O and dO are rounded to it
-// for transfer and compute (LSE, dQ and the dK/dV sums stay fp32).
+// Tensors in the API are row-major [L/CP, heads, head_dim]. Q, K, V, O and
+// dO are fp32 or the plan's own type (AttentionShape::dtype: bf16 or fp16
+// bit patterns, HomeTensor / HomeOutput); fp32 ones are rounded to the
+// plan's type for transfer and compute, the plan's type is used where it
+// lies, with no conversion. LSE, dQ and the dK/dV sums are always fp32.
 #pragma once
 
 #include <chrono>
@@ -90,10 +92,32 @@ struct ExecOptions {
   AttentionBackend* backend = nullptr;
 };
 
-// One rank's home tensors (fp32, row-major): q [L/CP, h_q, d], k and v
-// [L/CP, h_kv, d].
+// A home tensor the executor reads: fp32, or 16-bit bit patterns of type
+// `dtype` (bf16 or fp16), which must then be the plan's type.
+struct HomeTensor {
+  const void* data = nullptr;
+  std::size_t elements = 0;
+  DType dtype = DType::kF32;
+  HomeTensor() = default;
+  HomeTensor(std::span<const float> x) : data(x.data()), elements(x.size()) {}  // NOLINT: implicit by design
+  HomeTensor(const std::vector<float>& x) : HomeTensor(std::span<const float>(x)) {}  // NOLINT
+  HomeTensor(std::span<const std::uint16_t> bits, DType type) : data(bits.data()), elements(bits.size()), dtype(type) {}
+};
+
+// A home output the executor writes (O): fp32, or the plan's 16-bit type.
+struct HomeOutput {
+  void* data = nullptr;
+  std::size_t elements = 0;
+  DType dtype = DType::kF32;
+  HomeOutput() = default;
+  HomeOutput(std::span<float> x) : data(x.data()), elements(x.size()) {}  // NOLINT
+  HomeOutput(std::vector<float>& x) : HomeOutput(std::span<float>(x)) {}  // NOLINT
+  HomeOutput(std::span<std::uint16_t> bits, DType type) : data(bits.data()), elements(bits.size()), dtype(type) {}
+};
+
+// One rank's home tensors: q [L/CP, h_q, d], k and v [L/CP, h_kv, d].
 struct AttentionInputs {
-  std::span<const float> q, k, v;
+  HomeTensor q, k, v;
 };
 
 struct ForwardOutputs {
@@ -109,7 +133,8 @@ struct BackwardOutputs {
 // Caller-owned outputs, shaped as above. Every element is written (padding
 // rows with 0), so they need no initialisation.
 struct ForwardOutputSpans {
-  std::span<float> o, lse;
+  HomeOutput o;
+  std::span<float> lse;
 };
 struct BackwardOutputSpans {
   std::span<float> dq, dk, dv;
@@ -135,8 +160,8 @@ class Executor {
   // Collective over the pool communicator.
   [[nodiscard]] virtual Status forward_into(const AttentionInputs& in, const ForwardOutputSpans& out) = 0;
   // o and lse are this rank's forward outputs, d_o the output gradient [L/CP, h_q, d].
-  [[nodiscard]] virtual Status backward_into(const AttentionInputs& in, std::span<const float> o,
-                                             std::span<const float> lse, std::span<const float> d_o,
+  [[nodiscard]] virtual Status backward_into(const AttentionInputs& in, const HomeTensor& o,
+                                             std::span<const float> lse, const HomeTensor& d_o,
                                              const BackwardOutputSpans& out) = 0;
   // Home sizes in floats: q, o and d_o (and dq); k and v (and dk, dv); lse.
   virtual std::size_t q_elements() const = 0;

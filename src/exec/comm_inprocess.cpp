@@ -1,20 +1,33 @@
-// The in-process communicator: W ranks as W threads sharing one mailbox.
-// Exchanges are matched by their sequence number (every rank posts the same
-// sequence); posting copies the send blocks into the mailbox, so the only
-// blocking operation is a wait, which gives up after a timeout rather than
-// hanging a test.
+// The in-process communicator: W ranks as W threads of one process.
+//
+// Exchanges are matched by sequence number (every rank posts the same
+// sequence). Each message byte moves once, straight from the sender's send
+// buffer into the receiver's receive buffer: a post registers this rank's
+// buffers in the exchange's slot and, for every peer that posted the exchange
+// before, queues the copies both ways between the two. Whichever rank is
+// blocked in a wait (of any exchange) does queued copies, so ranks that are
+// idle move the data while busy ones compute; and since a rank waiting for a
+// copy can always do it itself, no rank's progress depends on another rank's
+// wait: posts never block and waits may come in any order. A wait returns
+// once every block to and from this rank has been copied, which is when the
+// caller may touch both buffers again. The buffers are registered only from
+// post to the end of its wait: a wait that times out, and a communicator that
+// ends with exchanges still posted, withdraw them (after any copy in flight on
+// them finished), and a peer meeting a withdrawn side gets an error instead of
+// touching memory its owner may have freed.
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
+#include <deque>
 #include <exception>
 #include <iostream>
 #include <map>
 #include <mutex>
+#include <set>
 #include <thread>
-#include <tuple>
 
 #include "libra/comm.hpp"
 
@@ -22,28 +35,46 @@ namespace libra {
 
 namespace {
 
+// Big blocks are split so that several waiting ranks share their copy.
+constexpr std::int64_t kPiece = std::int64_t{1} << 20;
+
+// One rank's half of one exchange.
+struct Side {
+  bool posted = false;
+  bool gone = false;  // withdrawn: its buffers must not be touched any more
+  std::span<const std::byte> send;
+  std::span<std::byte> recv;
+  std::vector<std::int64_t> sc, sd, rc, rd;
+  // Copies to or from this rank not finished, plus one per direction to a
+  // peer that has not posted yet: zero means the exchange is done here.
+  std::int64_t left = 0;
+  std::string error;  // the first problem found for this rank, reported by its wait
+};
+
+struct Slot {
+  explicit Slot(int n) : sides(static_cast<std::size_t>(n)) {}
+  std::vector<Side> sides;  // by rank
+  int finished = 0;         // sides waited or withdrawn: the slot goes when all are
+};
+
+// Bytes [offset, + bytes) of the block src sends to dst.
+struct Copy {
+  std::uint64_t seq;
+  Side* src;
+  Side* dst;
+  int from, to;
+  std::int64_t offset, bytes;
+};
+
 struct World {
-  World(int n, int timeout) : size(n), timeout_ms(timeout) {}
+  World(int n, int timeout) : size(n), timeout_ms(timeout), copying(static_cast<std::size_t>(n)) {}
   int size;
   int timeout_ms;
   std::mutex mu;
   std::condition_variable cv;
-  std::map<std::tuple<std::uint64_t, int, int>, std::vector<std::byte>> mailbox;  // (exchange, src, dst)
-  // Consumed message buffers, reused by later posts: executors post the
-  // same sizes call after call, and fresh large allocations would fault in
-  // new pages every time.
-  std::multimap<std::size_t, std::vector<std::byte>> spare;  // by capacity
-  std::vector<std::byte> take(std::size_t n) {
-    auto it = spare.lower_bound(n);
-    if (it == spare.end()) return std::vector<std::byte>(n);
-    std::vector<std::byte> v = std::move(it->second);
-    spare.erase(it);
-    v.resize(n);
-    return v;
-  }
-  void give(std::vector<std::byte>&& v) {
-    if (v.capacity() > 0 && spare.size() < 4096) spare.emplace(v.capacity(), std::move(v));
-  }
+  std::map<std::uint64_t, Slot> slots;  // by exchange sequence number; nodes stay put, so Side* are stable
+  std::deque<Copy> copies;              // both sides registered, waiting for a rank to do them
+  std::vector<int> copying;             // by rank: copies in flight touching it
   // Sub-worlds created by split, keyed by (split sequence number, color).
   std::map<std::pair<std::uint64_t, int>, std::shared_ptr<World>> children;
 };
@@ -68,6 +99,10 @@ Status check_blocks(int rank, const char* side, std::span<const std::int64_t> co
 class InProcessCommunicator final : public Communicator {
  public:
   InProcessCommunicator(std::shared_ptr<World> world, int rank) : world_(std::move(world)), rank_(rank) {}
+  ~InProcessCommunicator() override {
+    std::unique_lock<std::mutex> lock(world_->mu);
+    withdraw(lock);
+  }
 
   int rank() const override { return rank_; }
   int size() const override { return world_->size; }
@@ -81,57 +116,63 @@ class InProcessCommunicator final : public Communicator {
       return internal_error(fmt::format("in-process rank {}: exchange {}: {} bytes to itself, {} expected", rank_, seq,
                                         x.send_counts[me], x.recv_counts[me]));
     }
-    // The block to self lands at once; the others go through the mailbox.
     if (x.send_counts[me] > 0) {
       std::memcpy(x.recv.data() + x.recv_displs[me], x.send.data() + x.send_displs[me], static_cast<std::size_t>(x.send_counts[me]));
     }
+    Side mine;
+    mine.posted = true;
+    mine.send = x.send;
+    mine.recv = x.recv;
+    mine.sc.assign(x.send_counts.begin(), x.send_counts.end());
+    mine.sd.assign(x.send_displs.begin(), x.send_displs.end());
+    mine.rc.assign(x.recv_counts.begin(), x.recv_counts.end());
+    mine.rd.assign(x.recv_displs.begin(), x.recv_displs.end());
+    mine.left = 2 * (size() - 1);
     {
       std::lock_guard<std::mutex> lock(world_->mu);
+      Slot& slot = world_->slots.try_emplace(seq, size()).first->second;
+      slot.sides[me] = std::move(mine);
       for (int p = 0; p < size(); ++p) {
-        if (p == rank_) continue;
-        const auto n = static_cast<std::size_t>(x.send_counts[static_cast<std::size_t>(p)]);
-        std::vector<std::byte> msg = world_->take(n);
-        if (n > 0) std::memcpy(msg.data(), x.send.data() + x.send_displs[static_cast<std::size_t>(p)], n);
-        world_->mailbox[{seq, rank_, p}] = std::move(msg);
+        if (p != rank_ && slot.sides[static_cast<std::size_t>(p)].posted) pair(slot, seq, p);
       }
     }
-    world_->cv.notify_all();
-    Pending pending{seq, x.recv, {x.recv_counts.begin(), x.recv_counts.end()}, {x.recv_displs.begin(), x.recv_displs.end()}};
-    pending_.emplace(static_cast<std::int64_t>(seq), std::move(pending));
+    world_->cv.notify_all();  // new copies to do, or a peer done through empty blocks
+    pending_.insert(seq);
     return PendingExchange{static_cast<std::int64_t>(seq)};
   }
 
   Status wait(PendingExchange& x) override {
-    auto it = pending_.find(x.id);
-    if (it == pending_.end()) return internal_error(fmt::format("in-process rank {}: unknown exchange {}", rank_, x.id));
-    const Pending p = std::move(it->second);
-    pending_.erase(it);
-    x.id = -1;
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(world_->timeout_ms);
-    std::unique_lock<std::mutex> lock(world_->mu);
-    for (int src = 0; src < size(); ++src) {
-      if (src == rank_) continue;
-      const auto key = std::make_tuple(p.seq, src, rank_);
-      auto msg = world_->mailbox.find(key);
-      while (msg == world_->mailbox.end()) {
-        if (world_->cv.wait_until(lock, deadline) == std::cv_status::timeout) {
-          msg = world_->mailbox.find(key);
-          if (msg != world_->mailbox.end()) break;
-          return Error(ErrorCode::kInternal, fmt::format("in-process rank {}: no data from rank {} for exchange {} after {} ms",
-                                                         rank_, src, p.seq, world_->timeout_ms));
-        }
-        msg = world_->mailbox.find(key);
-      }
-      const std::int64_t want = p.counts[static_cast<std::size_t>(src)];
-      if (static_cast<std::int64_t>(msg->second.size()) != want) {
-        return internal_error(fmt::format("in-process rank {}: exchange {}: rank {} sent {} bytes, expected {}", rank_,
-                                          p.seq, src, msg->second.size(), want));
-      }
-      if (want > 0) std::memcpy(p.recv.data() + p.displs[static_cast<std::size_t>(src)], msg->second.data(), static_cast<std::size_t>(want));
-      world_->give(std::move(msg->second));
-      world_->mailbox.erase(msg);
+    const auto seq = static_cast<std::uint64_t>(x.id);
+    if (x.id < 0 || pending_.erase(seq) == 0) {
+      return internal_error(fmt::format("in-process rank {}: exchange {} is not posted (or already waited)", rank_, x.id));
     }
-    return Status();
+    x.id = -1;
+    World& w = *world_;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(w.timeout_ms);
+    std::unique_lock<std::mutex> lock(w.mu);
+    Slot& slot = w.slots.at(seq);
+    Side& me = slot.sides[static_cast<std::size_t>(rank_)];
+    while (me.left > 0) {
+      if (!w.copies.empty()) {
+        copy_one(lock);
+        continue;
+      }
+      if (w.cv.wait_until(lock, deadline) == std::cv_status::no_timeout || me.left == 0) continue;
+      int missing = 0;
+      while (missing < size() && (missing == rank_ || slot.sides[static_cast<std::size_t>(missing)].posted)) ++missing;
+      if (missing == size()) {
+        // Every peer posted: what is left are copies in flight, which end.
+        w.cv.wait(lock, [&] { return me.left == 0 || !w.copies.empty(); });
+        continue;
+      }
+      pending_.insert(seq);  // withdrawn with the others: the caller will not wait again
+      withdraw(lock);
+      return Error(ErrorCode::kInternal, fmt::format("in-process rank {}: no data from rank {} for exchange {} after {} ms",
+                                                     rank_, missing, seq, w.timeout_ms));
+    }
+    Status status = me.error.empty() ? Status() : internal_error(me.error);
+    if (++slot.finished == size()) w.slots.erase(seq);
+    return status;
   }
 
   Status barrier() override { return allgather(0).status(); }
@@ -179,17 +220,85 @@ class InProcessCommunicator final : public Communicator {
   }
 
  private:
-  struct Pending {
-    std::uint64_t seq;
-    std::span<std::byte> recv;
-    std::vector<std::int64_t> counts, displs;
-  };
+  // Called by the later of two posters (this rank) with the earlier (peer).
+  void pair(Slot& slot, std::uint64_t seq, int peer) {
+    Side& me = slot.sides[static_cast<std::size_t>(rank_)];
+    Side& other = slot.sides[static_cast<std::size_t>(peer)];
+    if (other.gone) {
+      me.left -= 2;
+      if (me.error.empty()) me.error = gave_up(rank_, seq, peer);
+      return;
+    }
+    queue(seq, me, rank_, other, peer);
+    queue(seq, other, peer, me, rank_);
+  }
+
+  void queue(std::uint64_t seq, Side& src, int from, Side& dst, int to) {
+    const std::int64_t n = src.sc[static_cast<std::size_t>(to)], want = dst.rc[static_cast<std::size_t>(from)];
+    if (n != want) {
+      if (dst.error.empty()) {
+        dst.error = fmt::format("in-process rank {}: exchange {}: rank {} sent {} bytes, expected {}", to, seq, from, n, want);
+      }
+    } else {
+      for (std::int64_t at = 0; at < n; at += kPiece) {
+        world_->copies.push_back({seq, &src, &dst, from, to, at, std::min(kPiece, n - at)});
+        ++src.left;
+        ++dst.left;
+      }
+    }
+    --src.left;
+    --dst.left;
+  }
+
+  // Does the oldest queued copy, outside the lock.
+  void copy_one(std::unique_lock<std::mutex>& lock) {
+    World& w = *world_;
+    const Copy c = w.copies.front();
+    w.copies.pop_front();
+    ++w.copying[static_cast<std::size_t>(c.from)];
+    ++w.copying[static_cast<std::size_t>(c.to)];
+    lock.unlock();
+    std::memcpy(c.dst->recv.data() + c.dst->rd[static_cast<std::size_t>(c.from)] + c.offset,
+                c.src->send.data() + c.src->sd[static_cast<std::size_t>(c.to)] + c.offset, static_cast<std::size_t>(c.bytes));
+    lock.lock();
+    --w.copying[static_cast<std::size_t>(c.from)];
+    --w.copying[static_cast<std::size_t>(c.to)];
+    --c.src->left;
+    --c.dst->left;
+    w.cv.notify_all();
+  }
+
+  // Unregisters every exchange this rank posted and did not wait for, so
+  // that no peer touches their buffers once this returns.
+  void withdraw(std::unique_lock<std::mutex>& lock) {
+    if (pending_.empty()) return;
+    World& w = *world_;
+    for (std::uint64_t seq : pending_) w.slots.at(seq).sides[static_cast<std::size_t>(rank_)].gone = true;
+    // Every queued copy touching this rank belongs to a pending exchange.
+    std::erase_if(w.copies, [&](const Copy& c) {
+      if (c.from != rank_ && c.to != rank_) return false;
+      Side* peer = c.from == rank_ ? c.dst : c.src;
+      --peer->left;
+      if (peer->error.empty()) peer->error = gave_up(c.from == rank_ ? c.to : c.from, c.seq, rank_);
+      return true;
+    });
+    w.cv.notify_all();
+    w.cv.wait(lock, [&] { return w.copying[static_cast<std::size_t>(rank_)] == 0; });
+    for (std::uint64_t seq : pending_) {
+      if (++w.slots.at(seq).finished == size()) w.slots.erase(seq);
+    }
+    pending_.clear();
+  }
+
+  static std::string gave_up(int rank, std::uint64_t seq, int peer) {
+    return fmt::format("in-process rank {}: exchange {}: rank {} gave up on it", rank, seq, peer);
+  }
 
   std::shared_ptr<World> world_;
   int rank_;
   std::uint64_t next_seq_ = 0;
   std::uint64_t split_seq_ = 0;
-  std::map<std::int64_t, Pending> pending_;
+  std::set<std::uint64_t> pending_;  // posted, not yet waited
 };
 
 }  // namespace

@@ -115,8 +115,8 @@ class ScheduleExecutor final : public Executor {
 
   Status init();
   Status forward_into(const AttentionInputs& in, const ForwardOutputSpans& out) override;
-  Status backward_into(const AttentionInputs& in, std::span<const float> o, std::span<const float> lse,
-                       std::span<const float> d_o, const BackwardOutputSpans& out) override;
+  Status backward_into(const AttentionInputs& in, const HomeTensor& o, std::span<const float> lse,
+                       const HomeTensor& d_o, const BackwardOutputSpans& out) override;
   std::size_t q_elements() const override { return static_cast<std::size_t>(s_.home_vectors(Field::kQ) * s_.head_dim); }
   std::size_t kv_elements() const override { return static_cast<std::size_t>(s_.home_vectors(Field::kK) * s_.head_dim); }
   std::size_t lse_elements() const override { return static_cast<std::size_t>(s_.home_vectors(Field::kLse)); }
@@ -131,13 +131,14 @@ class ScheduleExecutor final : public Executor {
   }
   struct Sizes {
     const char* name;
-    std::size_t got, want;
-    const char* unit = "head_dim";
+    Field field;
+    std::size_t got;
+    DType dtype;  // of the caller's tensor
   };
   Status check_sizes(std::initializer_list<Sizes> sizes) const;
-  void load_home(Field f, std::span<const float> x);
-  void output_home(Field f, std::span<float> out);
-  void finish_output(Field f, std::span<float> out);
+  void load_home(Field f, const HomeTensor& x);
+  void output_home(Field f, void* out, DType type);
+  void finish_output(Field f, const HomeOutput& out);
   void prepare(bool backward);
   void pack(Phase p, int m, Wire& w);
   void unpack(const std::vector<Segment>& segs, bool home, const std::byte* src);
@@ -178,35 +179,43 @@ Status ScheduleExecutor::init() {
   return Status();
 }
 
+// Sizes against the schedule's home buffers; element types: fp32, or the
+// field's own type (a 16-bit tensor is used where it lies).
 Status ScheduleExecutor::check_sizes(std::initializer_list<Sizes> sizes) const {
   for (const Sizes& x : sizes) {
-    if (x.got != x.want) {
-      return invalid_input(fmt::format("executor rank {}: {} has {} elements, expected {} (L/CP rows x heads x {})",
-                                       s_.worker, x.name, x.got, x.want, x.unit));
+    const auto want = static_cast<std::size_t>(s_.home_vectors(x.field) * s_.width(x.field));
+    if (x.got != want) {
+      return invalid_input(fmt::format("executor rank {}: {} has {} elements, expected {} (L/CP rows x heads{})",
+                                       s_.worker, x.name, x.got, want, x.field == Field::kLse ? "" : " x head_dim"));
+    }
+    const DType own = field_dtype(x.field, s_.dtype);
+    if (x.dtype != DType::kF32 && x.dtype != own) {
+      return invalid_input(fmt::format("executor rank {}: {} is {} but the plan's type for it is {} (give fp32 or {})",
+                                       s_.worker, x.name, dtype_name(x.dtype), dtype_name(own), dtype_name(own)));
     }
   }
   return Status();
 }
 
-void ScheduleExecutor::load_home(Field f, std::span<const float> x) {
+void ScheduleExecutor::load_home(Field f, const HomeTensor& x) {
   const DType t = field_dtype(f, s_.dtype);
-  if (t == DType::kF32) {
+  if (x.dtype == t) {
     // Read only: In phases pack and copy from home, never into it.
-    home_[static_cast<std::size_t>(f)] = reinterpret_cast<std::byte*>(const_cast<float*>(x.data()));
+    home_[static_cast<std::size_t>(f)] = static_cast<std::byte*>(const_cast<void*>(x.data));
     return;
   }
   RawBuffer& b = home_store_[static_cast<std::size_t>(f)];
-  b.ensure(x.size() * static_cast<std::size_t>(dtype_bytes(t)));
-  store_all_from_f32(x.data(), static_cast<std::int64_t>(x.size()), t, b.data());
+  b.ensure(x.elements * static_cast<std::size_t>(dtype_bytes(t)));
+  store_all_from_f32(static_cast<const float*>(x.data), static_cast<std::int64_t>(x.elements), t, b.data());
   home_[static_cast<std::size_t>(f)] = b.data();
 }
 
-// An output's home: the caller's memory itself when the field is fp32.
-// Every real row is written by an exchange or a kernel call, so only the
-// padding rows are zeroed, and dK/dV, which are sums, entirely.
-void ScheduleExecutor::output_home(Field f, std::span<float> out) {
-  std::byte* home = reinterpret_cast<std::byte*>(out.data());
-  if (field_dtype(f, s_.dtype) != DType::kF32) {
+// An output's home: the caller's memory itself when it has the field's
+// type. Every real row is written by an exchange or a kernel call, so only
+// the padding rows are zeroed, and dK/dV, which are sums, entirely.
+void ScheduleExecutor::output_home(Field f, void* out, DType type) {
+  std::byte* home = static_cast<std::byte*>(out);
+  if (type != field_dtype(f, s_.dtype)) {
     RawBuffer& b = home_store_[static_cast<std::size_t>(f)];
     b.ensure(static_cast<std::size_t>(s_.home_vectors(f) * s_.vector_bytes(f)));
     home = b.data();
@@ -217,11 +226,11 @@ void ScheduleExecutor::output_home(Field f, std::span<float> out) {
   std::memset(home + first * s_.vector_bytes(f), 0, static_cast<std::size_t>((s_.home_vectors(f) - first) * s_.vector_bytes(f)));
 }
 
-void ScheduleExecutor::finish_output(Field f, std::span<float> out) {
+void ScheduleExecutor::finish_output(Field f, const HomeOutput& out) {
   const DType t = field_dtype(f, s_.dtype);
-  if (t == DType::kF32) return;
-  const std::byte* b = home_[static_cast<std::size_t>(f)];
-  load_all_as_f32(b, static_cast<std::int64_t>(out.size()), t, out.data());
+  if (out.dtype == t) return;
+  load_all_as_f32(home_[static_cast<std::size_t>(f)], static_cast<std::int64_t>(out.elements), t,
+                  static_cast<float*>(out.data));
 }
 
 // Compute buffers sized for the pass.
@@ -411,31 +420,40 @@ Status ScheduleExecutor::run_pass(Pass pass) {
 
 Status ScheduleExecutor::forward_into(const AttentionInputs& in, const ForwardOutputSpans& out) {
   PassTimer timer(stats_);
-  const std::size_t qn = q_elements(), kn = kv_elements(), ln = lse_elements();
+  constexpr DType kF32 = DType::kF32;
   LIBRA_TRY(agree_on_status(comm_,
-                            check_sizes({{"q", in.q.size(), qn}, {"k", in.k.size(), kn}, {"v", in.v.size(), kn},
-                                         {"o (output)", out.o.size(), qn}, {"lse (output)", out.lse.size(), ln, "1"}}),
+                            check_sizes({{"q", Field::kQ, in.q.elements, in.q.dtype},
+                                         {"k", Field::kK, in.k.elements, in.k.dtype},
+                                         {"v", Field::kV, in.v.elements, in.v.dtype},
+                                         {"o (output)", Field::kO, out.o.elements, out.o.dtype},
+                                         {"lse (output)", Field::kLse, out.lse.size(), kF32}}),
                             "executor forward inputs"));
   load_home(Field::kQ, in.q);
   load_home(Field::kK, in.k);
   load_home(Field::kV, in.v);
-  output_home(Field::kO, out.o);
-  output_home(Field::kLse, out.lse);
+  output_home(Field::kO, out.o.data, out.o.dtype);
+  output_home(Field::kLse, out.lse.data(), kF32);
   prepare(false);
   LIBRA_TRY(run_pass(Pass::kForward));
   finish_output(Field::kO, out.o);
   return Status();
 }
 
-Status ScheduleExecutor::backward_into(const AttentionInputs& in, std::span<const float> o, std::span<const float> lse,
-                                       std::span<const float> d_o, const BackwardOutputSpans& out) {
+Status ScheduleExecutor::backward_into(const AttentionInputs& in, const HomeTensor& o, std::span<const float> lse,
+                                       const HomeTensor& d_o, const BackwardOutputSpans& out) {
   PassTimer timer(stats_);
-  const std::size_t qn = q_elements(), kn = kv_elements(), ln = lse_elements();
+  constexpr DType kF32 = DType::kF32;
   LIBRA_TRY(agree_on_status(
       comm_,
-      check_sizes({{"q", in.q.size(), qn}, {"k", in.k.size(), kn}, {"v", in.v.size(), kn}, {"o", o.size(), qn},
-                   {"lse", lse.size(), ln, "1"}, {"d_o", d_o.size(), qn}, {"dq (output)", out.dq.size(), qn},
-                   {"dk (output)", out.dk.size(), kn}, {"dv (output)", out.dv.size(), kn}}),
+      check_sizes({{"q", Field::kQ, in.q.elements, in.q.dtype},
+                   {"k", Field::kK, in.k.elements, in.k.dtype},
+                   {"v", Field::kV, in.v.elements, in.v.dtype},
+                   {"o", Field::kO, o.elements, o.dtype},
+                   {"lse", Field::kLse, lse.size(), kF32},
+                   {"d_o", Field::kDo, d_o.elements, d_o.dtype},
+                   {"dq (output)", Field::kDq, out.dq.size(), kF32},
+                   {"dk (output)", Field::kDk, out.dk.size(), kF32},
+                   {"dv (output)", Field::kDv, out.dv.size(), kF32}}),
       "executor backward inputs"));
   load_home(Field::kQ, in.q);
   load_home(Field::kK, in.k);
@@ -443,9 +461,9 @@ Status ScheduleExecutor::backward_into(const AttentionInputs& in, std::span<cons
   load_home(Field::kO, o);
   load_home(Field::kLse, lse);
   load_home(Field::kDo, d_o);
-  output_home(Field::kDq, out.dq);
-  output_home(Field::kDk, out.dk);
-  output_home(Field::kDv, out.dv);
+  output_home(Field::kDq, out.dq.data(), kF32);
+  output_home(Field::kDk, out.dk.data(), kF32);
+  output_home(Field::kDv, out.dv.data(), kF32);
   prepare(true);
   return run_pass(Pass::kBackward);
 }
@@ -476,7 +494,7 @@ Result<BackwardOutputs> Executor::backward(const AttentionInputs& in, const Forw
   out.dq.resize(q_elements());
   out.dk.resize(kv_elements());
   out.dv.resize(kv_elements());
-  LIBRA_TRY(backward_into(in, fwd.o, fwd.lse, d_o, {out.dq, out.dk, out.dv}));
+  LIBRA_TRY(backward_into(in, fwd.o, fwd.lse, HomeTensor(d_o), {out.dq, out.dk, out.dv}));
   return out;
 }
 

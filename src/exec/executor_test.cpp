@@ -180,6 +180,54 @@ TEST(PlanExecutor, CallerOwnedOutputsNeedNoInitialisation) {
   }
 }
 
+// Tensors already in the plan's type are used where they lie: bf16 inputs
+// and a bf16 O give bit for bit what fp32 tensors give after rounding (the
+// executor rounds fp32 inputs to bf16 itself). A tensor of a third type is
+// refused on every rank with one line.
+TEST(PlanExecutor, SixteenBitHomeTensorsNeedNoConversion) {
+  ExecCase c;
+  c.chunks = 2;
+  c.dtype = DType::kBF16;
+  const std::vector<PackedSequence> pool = exec_test::random_pool(4, 2, c.seq_len);
+  const PlanConfig cfg = exec_test::case_config(c);
+  Result<Plan> plan = make_plan(pool, cfg);
+  ASSERT_TRUE(plan.ok());
+  const auto direct = run_plan(*plan, cfg);
+  auto bits = [](const std::vector<float>& x, DType t) {
+    std::vector<std::uint16_t> b(x.size());
+    store_all_from_f32(x.data(), static_cast<std::int64_t>(x.size()), t, b.data());
+    return b;
+  };
+  std::vector<std::vector<float>> typed(static_cast<std::size_t>(plan->num_workers()));
+  std::vector<std::string> refusals(typed.size());
+  auto st = run_in_process(plan->num_workers(), [&](Communicator& comm) -> Status {
+    LIBRA_ASSIGN_OR_RETURN(auto ex, make_plan_executor(comm, *plan, {}));
+    const int r = comm.rank();
+    const DType bf = DType::kBF16;
+    auto q = bits(harness_home_tensor(3, cfg, r, 0), bf), k = bits(harness_home_tensor(3, cfg, r, 1), bf),
+         v = bits(harness_home_tensor(3, cfg, r, 2), bf), d_o = bits(harness_home_tensor(3, cfg, r, 3), bf);
+    const AttentionInputs in{{q, bf}, {k, bf}, {v, bf}};
+    std::vector<std::uint16_t> o(ex->q_elements(), 0x7fc0);
+    std::vector<float> lse(ex->lse_elements()), dq(ex->q_elements()), dk(ex->kv_elements()), dv(ex->kv_elements());
+    LIBRA_TRY(ex->forward_into(in, {HomeOutput(o, bf), lse}));
+    LIBRA_TRY(ex->backward_into(in, {o, bf}, lse, {d_o, bf}, {dq, dk, dv}));
+    std::vector<float> o32(o.size());
+    load_all_as_f32(o.data(), static_cast<std::int64_t>(o.size()), bf, o32.data());
+    auto& out = typed[static_cast<std::size_t>(r)];
+    for (const auto* t : {&o32, &lse, &dq, &dk, &dv}) out.insert(out.end(), t->begin(), t->end());
+    // fp16 bits for a bf16 plan: refused before any exchange.
+    Status bad = ex->forward_into({{q, r == 1 ? DType::kF16 : bf}, {k, bf}, {v, bf}}, {HomeOutput(o, bf), lse});
+    refusals[static_cast<std::size_t>(r)] = bad.ok() ? "" : bad.error().message();
+    return Status();
+  });
+  expect_all_ok(st, "16-bit tensors");
+  EXPECT_EQ(typed, direct);
+  for (const std::string& m : refusals) {
+    EXPECT_NE(m.find("q is fp16 but the plan's type for it is bf16"), std::string::npos) << m;
+    EXPECT_EQ(m, refusals[0]);
+  }
+}
+
 TEST(PlanExecutor, APlanSavedToAFileGivesTheSameNumbersAsPlanningInProcess) {
   ExecCase c;
   c.chunks = 2;

@@ -19,6 +19,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "commands.hpp"
@@ -283,17 +284,32 @@ int exec_rank(Communicator& world, const ExecOptionsCli& opt) {
   Result<BackwardOutputs> g = BackwardOutputs{std::vector<float>((*ex)->q_elements()),
                                               std::vector<float>((*ex)->kv_elements()),
                                               std::vector<float>((*ex)->kv_elements())};
+  // A bf16 or fp16 plan gets its tensors in its own type, as a model in
+  // that type holds them, so the timed runs convert nothing.
+  const DType dt = cfg->shape.dtype;
+  auto in_type = [&](const std::vector<float>& x) {
+    std::vector<std::uint16_t> b(dt == DType::kF32 ? 0 : x.size());
+    if (!b.empty()) store_all_from_f32(x.data(), static_cast<std::int64_t>(x.size()), dt, b.data());
+    return b;
+  };
+  const std::vector<std::uint16_t> q16 = in_type(q), k16 = in_type(k), v16 = in_type(v), d_o16 = in_type(d_o);
+  std::vector<std::uint16_t> o16(dt == DType::kF32 ? 0 : f->o.size());
+  auto home = [&](const std::vector<float>& x32, const std::vector<std::uint16_t>& x16) {
+    return dt == DType::kF32 ? HomeTensor(x32) : HomeTensor(x16, dt);
+  };
+  const AttentionInputs inputs{home(q, q16), home(k, k16), home(v, v16)};
+  const HomeOutput o_out = dt == DType::kF32 ? HomeOutput(f->o) : HomeOutput(o16, dt);
   double fwd_wall = 0, bwd_wall = 0, fwd_compute = 0, bwd_compute = 0;
   PassStats fwd_stats, bwd_stats;
   for (int rep = 0; rep < opt.repeat; ++rep) {
     if (Status s = world.barrier(); !s.ok()) abort_job(world, s.error());
     auto t0 = std::chrono::steady_clock::now();
-    if (Status s = (*ex)->forward_into({q, k, v}, {f->o, f->lse}); !s.ok()) abort_job(world, s.error());
+    if (Status s = (*ex)->forward_into(inputs, {o_out, f->lse}); !s.ok()) abort_job(world, s.error());
     fwd_wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     fwd_compute = (*ex)->last_compute_seconds();
     fwd_stats = (*ex)->last_stats();
     t0 = std::chrono::steady_clock::now();
-    if (Status s = (*ex)->backward_into({q, k, v}, f->o, f->lse, d_o, {g->dq, g->dk, g->dv}); !s.ok()) {
+    if (Status s = (*ex)->backward_into(inputs, home(f->o, o16), f->lse, home(d_o, d_o16), {g->dq, g->dk, g->dv}); !s.ok()) {
       abort_job(world, s.error());
     }
     bwd_wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -403,6 +419,8 @@ int exec_rank(Communicator& world, const ExecOptionsCli& opt) {
     return kExitOk;
   }
 
+  if (dt != DType::kF32) load_all_as_f32(o16.data(), static_cast<std::int64_t>(o16.size()), dt, f->o.data());
+
   // Gather every home of the pool on its rank 0, which compares each slot
   // with the single-process reference on the whole sequence.
   const std::int64_t lc = so.seq_len / so.cp;
@@ -411,12 +429,17 @@ int exec_rank(Communicator& world, const ExecOptionsCli& opt) {
   Status check_status;
   {
     std::string mine;
+    mine.reserve((2 * f->o.size() + f->lse.size() + 2 * g->dk.size()) * sizeof(float));
     for (const std::vector<float>* t : {&f->o, &f->lse, &g->dq, &g->dk, &g->dv}) {
       mine.append(reinterpret_cast<const char*>(t->data()), t->size() * sizeof(float));
     }
     Result<std::vector<std::string>> gathered = gather_strings(pc, 0, mine);
     if (!gathered.ok()) abort_job(world, gathered.error());
     if (pc.rank() == 0) {
+      // The pool's other ranks wait for the verdict meanwhile: the kernel
+      // reference may use their threads (up to the machine's).
+      const int reference_threads = std::max(
+          so.threads, std::min(static_cast<int>(std::thread::hardware_concurrency()), pc.size() * so.threads));
       const std::int64_t qw = so.heads_q * so.head_dim, kw = so.heads_kv * so.head_dim;
       for (int slot = 0; slot < P && check_status.ok(); ++slot) {
         const PackedSequence& seq = (*pool)[static_cast<std::size_t>(slot)];
@@ -427,7 +450,7 @@ int exec_rank(Communicator& world, const ExecOptionsCli& opt) {
         if (opt.reference == "kernel" || (opt.reference == "auto" && work > 2e8)) kind = ReferenceKind::kKernel;
         // One pool may mix references (auto): report the weaker one.
         if (kind == ReferenceKind::kKernel) which = "kernel";
-        Result<SlotReference> ref = harness_reference(data_seed, *cfg, seq, slot, kind, so.threads);
+        Result<SlotReference> ref = harness_reference(data_seed, *cfg, seq, slot, kind, reference_threads);
         if (!ref.ok()) {
           check_status = ref.error();
           break;
