@@ -232,6 +232,6 @@ struct ScheduleOptions {
 // and sends the outputs (backward: dQ, and dK/dV partial sums) back. One
 // chunk. Checks cp | h_q and that h_kv and cp divide one another.
 [[nodiscard]] Result<RankSchedule> make_ulysses_schedule(std::span<const PackedSequence> pool, const PlanConfig& config,
-                                                         int worker);
+                                                         int worker, const ScheduleOptions& options = {});
 
 }  // namespace libra

@@ -440,7 +440,8 @@ Result<RankSchedule> make_rank_schedule(const Plan& plan, int worker, const Sche
   return s;
 }
 
-Result<RankSchedule> make_ulysses_schedule(std::span<const PackedSequence> pool, const PlanConfig& config, int worker) {
+Result<RankSchedule> make_ulysses_schedule(std::span<const PackedSequence> pool, const PlanConfig& config, int worker,
+                                           const ScheduleOptions& options) {
   PlanConfig c = config;
   c.mode = PlanMode::kUlysses;
   c.chunks = 1;
@@ -494,50 +495,78 @@ Result<RankSchedule> make_ulysses_schedule(std::span<const PackedSequence> pool,
   const int grp = hq / hkv, nq = hq / cp, me = worker % cp, base = s.slot * cp;
   auto q_heads = [&](int r) { return HeadRange{r * nq, (r + 1) * nq}; };
   auto kv_heads = [&](int r) { return HeadRange{r * nq / grp, ((r + 1) * nq - 1) / grp + 1}; };
-  const std::int64_t lc = s.home_rows;
+  const std::int64_t lc = s.home_rows, lo = me * lc, hi = lo + lc;
+  // Samples inside my home shard are computed at home (ScheduleOptions);
+  // the compute region then holds every other row: the peers' shards, and
+  // of mine only the parts of samples that cross into a peer's shard.
+  std::vector<CallFragment> at_home, in_compute;
+  std::vector<std::pair<std::int64_t, std::int64_t>> mine;  // my shard's rows in the region
+  std::int64_t start = 0;
+  for (std::int64_t len : pool[static_cast<std::size_t>(s.slot)]) {
+    if (options.read_home_in_place && start >= lo && start + len <= hi) {
+      at_home.push_back({start - lo, start - lo, len, 0, len});
+    } else {
+      in_compute.push_back({start, start, len, 0, len});
+      if (options.read_home_in_place && start < hi && start + len > lo) mine.emplace_back(std::max(start, lo), std::min(start + len, hi));
+    }
+    start += len;
+  }
+  if (!options.read_home_in_place) mine = {{lo, hi}};
+  std::vector<std::pair<std::int64_t, std::int64_t>> rows = mine;
+  rows.emplace_back(0, lo);
+  rows.emplace_back(hi, config.seq_len);
   Region whole;
   whole.slot = s.slot;
   whole.q_heads = q_heads(me);
   whole.kv_heads = kv_heads(me);
-  whole.q_rows = whole.kv_rows = {RowRun{0, config.seq_len, 0}};
-  whole.q_row_count = whole.kv_row_count = config.seq_len;
+  whole.q_rows = pack_runs(rows, whole.q_row_count);
+  whole.kv_rows = pack_runs(rows, whole.kv_row_count);
   s.regions.push_back(whole);
   assign_offsets(s);
   const Region* r = &s.regions[0];
   Builder b(s);
   for (int peer = 0; peer < cp; ++peer) {
     const int w = base + peer;
-    // Head scatter: my rows of the peer's heads go to the peer; its rows of my heads come here.
     for (Phase p : {Phase::kFwdIn, Phase::kBwdIn}) {
-      // (r is used only for the message to self, peer == me.)
-      b.item(p, 0, worker, w, false, s.slot, me * lc, (me + 1) * lc, q_heads(peer).begin, q_heads(peer).end, nullptr, r);
-      b.item(p, 0, worker, w, true, s.slot, me * lc, (me + 1) * lc, kv_heads(peer).begin, kv_heads(peer).end, nullptr, r);
-      if (w != worker) {
-        b.item(p, 0, w, worker, false, s.slot, peer * lc, (peer + 1) * lc, q_heads(me).begin, q_heads(me).end, nullptr, r);
-        b.item(p, 0, w, worker, true, s.slot, peer * lc, (peer + 1) * lc, kv_heads(me).begin, kv_heads(me).end, nullptr, r);
+      if (w == worker) {
+        for (auto [t0, t1] : mine) {
+          b.item(p, 0, worker, worker, false, s.slot, t0, t1, q_heads(me).begin, q_heads(me).end, nullptr, r);
+          b.item(p, 0, worker, worker, true, s.slot, t0, t1, kv_heads(me).begin, kv_heads(me).end, nullptr, r);
+        }
+        continue;
       }
+      // Head scatter: my rows of the peer's heads go to the peer; its rows of my heads come here.
+      b.item(p, 0, worker, w, false, s.slot, lo, hi, q_heads(peer).begin, q_heads(peer).end, nullptr, nullptr);
+      b.item(p, 0, worker, w, true, s.slot, lo, hi, kv_heads(peer).begin, kv_heads(peer).end, nullptr, nullptr);
+      b.item(p, 0, w, worker, false, s.slot, peer * lc, (peer + 1) * lc, q_heads(me).begin, q_heads(me).end, nullptr, r);
+      b.item(p, 0, w, worker, true, s.slot, peer * lc, (peer + 1) * lc, kv_heads(me).begin, kv_heads(me).end, nullptr, r);
     }
   }
   // Gather back: outputs of the peer's rows for my heads go to the peer.
   for (int peer = 0; peer < cp; ++peer) {
     const int w = base + peer;
+    if (w == worker) {
+      for (auto [t0, t1] : mine) {
+        b.item(Phase::kFwdOut, 0, worker, worker, false, s.slot, t0, t1, q_heads(me).begin, q_heads(me).end, r, nullptr);
+        b.item(Phase::kBwdOut, 0, worker, worker, false, s.slot, t0, t1, q_heads(me).begin, q_heads(me).end, r, nullptr);
+        b.item(Phase::kBwdOut, 0, worker, worker, true, s.slot, t0, t1, kv_heads(me).begin, kv_heads(me).end, r, nullptr, true);
+      }
+      continue;
+    }
     b.item(Phase::kFwdOut, 0, worker, w, false, s.slot, peer * lc, (peer + 1) * lc, q_heads(me).begin, q_heads(me).end, r, nullptr);
     b.item(Phase::kBwdOut, 0, worker, w, false, s.slot, peer * lc, (peer + 1) * lc, q_heads(me).begin, q_heads(me).end, r, nullptr);
     b.item(Phase::kBwdOut, 0, worker, w, true, s.slot, peer * lc, (peer + 1) * lc, kv_heads(me).begin, kv_heads(me).end, r, nullptr, true);
-    if (w != worker) {
-      b.item(Phase::kFwdOut, 0, w, worker, false, s.slot, me * lc, (me + 1) * lc, q_heads(peer).begin, q_heads(peer).end, nullptr, nullptr);
-      b.item(Phase::kBwdOut, 0, w, worker, false, s.slot, me * lc, (me + 1) * lc, q_heads(peer).begin, q_heads(peer).end, nullptr, nullptr);
-      b.item(Phase::kBwdOut, 0, w, worker, true, s.slot, me * lc, (me + 1) * lc, kv_heads(peer).begin, kv_heads(peer).end, nullptr, nullptr, true);
-    }
+    b.item(Phase::kFwdOut, 0, w, worker, false, s.slot, lo, hi, q_heads(peer).begin, q_heads(peer).end, nullptr, nullptr);
+    b.item(Phase::kBwdOut, 0, w, worker, false, s.slot, lo, hi, q_heads(peer).begin, q_heads(peer).end, nullptr, nullptr);
+    b.item(Phase::kBwdOut, 0, w, worker, true, s.slot, lo, hi, kv_heads(peer).begin, kv_heads(peer).end, nullptr, nullptr, true);
   }
-  std::vector<CallFragment> fr;
-  std::int64_t start = 0;
-  for (std::int64_t len : pool[static_cast<std::size_t>(s.slot)]) {
-    fr.push_back({start, start, len, 0, len});
-    start += len;
+  for (CallFragment& f : in_compute) {
+    f.q_row = whole.q_row(f.q_row);
+    f.kv_row = whole.kv_row(f.kv_row);
   }
   CallList calls;
-  calls.add({0, false, false}, q_heads(me).begin, q_heads(me).end, kv_heads(me).begin, kv_heads(me).end, fr);
+  calls.add({0, false, false}, q_heads(me).begin, q_heads(me).end, kv_heads(me).begin, kv_heads(me).end, in_compute);
+  calls.add({0, true, true}, q_heads(me).begin, q_heads(me).end, kv_heads(me).begin, kv_heads(me).end, at_home);
   calls.emit(s, Pass::kForward, 0);
   s.kernel_calls[1][0] = s.kernel_calls[0][0];
   b.finish();

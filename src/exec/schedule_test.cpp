@@ -145,7 +145,7 @@ void check_case(const ExecCase& c, int W, ScheduleOptions options = {}) {
     ASSERT_EQ(plan->num_workers(), W);
   }
   for (int r = 0; r < W; ++r) {
-    auto s = plan ? make_rank_schedule(*plan, r, options) : make_ulysses_schedule(pool, cfg, r);
+    auto s = plan ? make_rank_schedule(*plan, r, options) : make_ulysses_schedule(pool, cfg, r, options);
     ASSERT_TRUE(s.ok()) << s.error().message();
     sim.s.push_back(std::move(*s));
   }
@@ -320,17 +320,20 @@ TEST(RankSchedule, WithNothingReadInPlaceEveryCaseStillRuns) {
 TEST(RankSchedule, InPlaceCallsReplaceTheMessageToSelf) {
   for (const ExecCase& c : exec_test::case_matrix(4)) {
     SCOPED_TRACE(c.name());
-    if (c.mode == "ulysses-direct") continue;
     const std::vector<PackedSequence> pool = exec_test::random_pool(c.pool_seed, c.pool_size, c.seq_len);
     PlanConfig cfg = exec_test::case_config(c);
-    auto mode = parse_plan_mode(c.mode);
+    const bool direct = c.mode == "ulysses-direct";
+    auto mode = parse_plan_mode(direct ? "ulysses" : c.mode);
     ASSERT_TRUE(mode.ok());
     cfg.mode = *mode;
     auto plan = make_plan(pool, cfg);
     ASSERT_TRUE(plan.ok());
+    auto schedule = [&](int r, ScheduleOptions o) {
+      return direct ? make_ulysses_schedule(pool, cfg, r, o) : make_rank_schedule(*plan, r, o);
+    };
     std::int64_t self_in_place = 0, self_copied = 0, home_calls = 0;
     for (int r = 0; r < plan->num_workers(); ++r) {
-      auto a = make_rank_schedule(*plan, r), b = make_rank_schedule(*plan, r, {.read_home_in_place = false});
+      auto a = schedule(r, {}), b = schedule(r, {.read_home_in_place = false});
       ASSERT_TRUE(a.ok() && b.ok());
       for (int p = 0; p < 4; ++p)
         for (int m = 0; m < a->chunks; ++m) {
