@@ -100,8 +100,9 @@ class Communicator {
 // world, and returns each rank's status. Each byte is copied once, from the
 // sender's send buffer into the receiver's receive buffer, by whichever rank
 // is waiting when both have posted. A wait that does not find a peer's data
-// within `timeout_ms` fails with an error instead of hanging, and withdraws
-// this rank's posted exchanges (a peer posting one later gets an error).
+// within `timeout_ms` fails with an error instead of hanging; any error from
+// post or wait withdraws this rank's posted exchanges (the peers' waits on
+// them fail at once).
 std::vector<Status> run_in_process(int size, const std::function<Status(Communicator&)>& body,
                                    int timeout_ms = 60000);
 

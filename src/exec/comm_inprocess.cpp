@@ -11,10 +11,11 @@
 // wait: posts never block and waits may come in any order. A wait returns
 // once every block to and from this rank has been copied, which is when the
 // caller may touch both buffers again. The buffers are registered only from
-// post to the end of its wait: a wait that times out, and a communicator that
-// ends with exchanges still posted, withdraw them (after any copy in flight on
-// them finished), and a peer meeting a withdrawn side gets an error instead of
-// touching memory its owner may have freed.
+// post to the end of its wait: an error from post or wait (a timeout among
+// them), and a communicator that ends with exchanges still posted, withdraw
+// them (after any copy in flight on them finished), and a peer meeting a
+// withdrawn side gets an error instead of touching memory its owner may have
+// freed.
 #include <fmt/format.h>
 
 #include <algorithm>
