@@ -172,7 +172,7 @@ class InProcessCommunicator final : public Communicator {
     Side& me = slot.sides[static_cast<std::size_t>(rank_)];
     while (me.left > 0) {
       if (!w.copies.empty()) {
-        copy_one(lock);
+        copy_one(lock, me);
         continue;
       }
       if (w.cv.wait_until(lock, deadline) == std::cv_status::no_timeout || me.left == 0) continue;
@@ -274,11 +274,15 @@ class InProcessCommunicator final : public Communicator {
     --dst.left;
   }
 
-  // Does the oldest queued copy, outside the lock.
-  void copy_one(std::unique_lock<std::mutex>& lock) {
+  // Does one queued copy, outside the lock: the oldest of those to or from
+  // `mine` if any (a waiter doing everyone's copies first would return
+  // late), else the oldest, to help whoever waits for it.
+  void copy_one(std::unique_lock<std::mutex>& lock, const Side& mine) {
     World& w = *world_;
-    const Copy c = w.copies.front();
-    w.copies.pop_front();
+    auto it = std::find_if(w.copies.begin(), w.copies.end(), [&](const Copy& c) { return c.src == &mine || c.dst == &mine; });
+    if (it == w.copies.end()) it = w.copies.begin();
+    const Copy c = *it;
+    w.copies.erase(it);
     ++w.copying[static_cast<std::size_t>(c.from)];
     ++w.copying[static_cast<std::size_t>(c.to)];
     lock.unlock();
