@@ -610,8 +610,9 @@ class _Attention(torch.autograd.Function):
     unpack, compute the chunk's kernel calls, pack and post out(m); then wait
     every out and apply them in the schedule's fixed order. Forward: Q, K, V
     in; O, LSE out. Backward: Q, dO, O, LSE, K, V in; dQ assigned and fp32
-    dK/dV partial sums added at home. Only the home tensors are saved between
-    the passes.
+    dK/dV partial sums added at home. Calls flagged q_home / kv_home read and
+    write the home tensors in place instead of compute buffers. Only the home
+    tensors are saved between the passes.
     """
 
     @staticmethod

@@ -327,9 +327,6 @@ py::dict side_dict(Side&& x) {
   return o;
 }
 
-// libra.torch's kernel calls address compute buffers only (for now).
-constexpr libra::ScheduleOptions kPythonScheduleOptions{.read_home_in_place = false};
-
 // [phase][chunk] = (send, recv)
 using Expanded = std::vector<std::vector<std::pair<Side, Side>>>;
 
@@ -919,7 +916,7 @@ PYBIND11_MODULE(_libra, m) {
         Expanded ex;
         libra::Result<libra::RankSchedule> r = [&] {
           py::gil_scoped_release release;
-          auto sched = libra::make_rank_schedule(plan, worker, kPythonScheduleOptions);
+          auto sched = libra::make_rank_schedule(plan, worker);
           if (sched.ok() && expand) ex = expand_all(*sched, peers);
           return sched;
         }();
@@ -950,7 +947,7 @@ PYBIND11_MODULE(_libra, m) {
         std::vector<int> peers = check_order(plan, order);
         libra::Result<libra::RankSchedule> r = [&] {
           py::gil_scoped_release release;
-          return libra::make_rank_schedule(plan, worker, kPythonScheduleOptions);
+          return libra::make_rank_schedule(plan, worker);
         }();
         return RankPrograms(unwrap(std::move(r)), std::move(peers));
       },

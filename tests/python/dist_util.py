@@ -21,10 +21,11 @@ def _entry(rank, world, init_file, out_dir, fn, args, backend):
     except BaseException:
         with open(os.path.join(out_dir, f"error.{rank}"), "w") as f:
             f.write(traceback.format_exc())
+        # No barrier: the other ranks may be waiting in a collective this rank never joins. The
+        # exception ends this process and spawn's join then terminates the others and raises.
         raise
-    finally:
-        dist.barrier()
-        dist.destroy_process_group()
+    dist.barrier()
+    dist.destroy_process_group()
     with open(os.path.join(out_dir, f"result.{rank}.json"), "w") as f:
         json.dump(result, f)
 

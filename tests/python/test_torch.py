@@ -300,6 +300,8 @@ def test_the_cuda_path_forced_on_cpu_matches_plain_attention(four):
             assert errs.pop("stand_in_calls") > 0, name
             assert max(errs.values()) < TOL[dtype], (name, errs)
             assert padded, name
+    # The schedules read home data in place (q_home / kv_home calls), so the cases above test it.
+    assert sum(r["flash"]["in_place_calls"] for r in four) > 0
 
 
 def test_planner_runtime_is_the_same_runtime(four):
