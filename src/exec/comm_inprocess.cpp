@@ -108,13 +108,30 @@ class InProcessCommunicator final : public Communicator {
   int size() const override { return world_->size; }
 
   Result<PendingExchange> post(const AllToAllV& x) override {
-    LIBRA_TRY(check_blocks(rank_, "send", x.send_counts, x.send_displs, x.send.size(), size()));
-    LIBRA_TRY(check_blocks(rank_, "receive", x.recv_counts, x.recv_displs, x.recv.size(), size()));
     const std::uint64_t seq = next_seq_++;
     const auto me = static_cast<std::size_t>(rank_);
-    if (x.send_counts[me] != x.recv_counts[me]) {
-      return internal_error(fmt::format("in-process rank {}: exchange {}: {} bytes to itself, {} expected", rank_, seq,
-                                        x.send_counts[me], x.recv_counts[me]));
+    Status ok = check_blocks(rank_, "send", x.send_counts, x.send_displs, x.send.size(), size());
+    if (ok.ok()) ok = check_blocks(rank_, "receive", x.recv_counts, x.recv_displs, x.recv.size(), size());
+    if (ok.ok() && x.send_counts[me] != x.recv_counts[me]) {
+      ok = internal_error(fmt::format("in-process rank {}: exchange {}: {} bytes to itself, {} expected", rank_, seq,
+                                      x.send_counts[me], x.recv_counts[me]));
+    }
+    if (!ok.ok()) {
+      // Posted as withdrawn, so that peers learn at once that this rank
+      // stopped; the caller stops leaving the rest unwaited, so those go too.
+      std::unique_lock<std::mutex> lock(world_->mu);
+      Slot& slot = world_->slots.try_emplace(seq, size()).first->second;
+      slot.sides[me].posted = slot.sides[me].gone = true;
+      for (int p = 0; p < size(); ++p) {
+        Side& peer = slot.sides[static_cast<std::size_t>(p)];
+        if (p == rank_ || !peer.posted) continue;
+        peer.left -= 2;  // both directions with this rank, which will never pair
+        if (peer.error.empty()) peer.error = gave_up(p, seq, rank_);
+      }
+      world_->cv.notify_all();
+      pending_.insert(seq);
+      withdraw(lock);
+      return ok.error();
     }
     if (x.send_counts[me] > 0) {
       std::memcpy(x.recv.data() + x.recv_displs[me], x.send.data() + x.send_displs[me], static_cast<std::size_t>(x.send_counts[me]));
@@ -160,19 +177,25 @@ class InProcessCommunicator final : public Communicator {
       if (w.cv.wait_until(lock, deadline) == std::cv_status::no_timeout || me.left == 0) continue;
       int missing = 0;
       while (missing < size() && (missing == rank_ || slot.sides[static_cast<std::size_t>(missing)].posted)) ++missing;
-      if (missing == size()) {
+      if (missing == size() && w.copying[static_cast<std::size_t>(rank_)] > 0) {
         // Every peer posted: what is left are copies in flight, which end.
-        w.cv.wait(lock, [&] { return me.left == 0 || !w.copies.empty(); });
+        w.cv.wait(lock, [&] { return me.left == 0 || !w.copies.empty() || w.copying[static_cast<std::size_t>(rank_)] == 0; });
         continue;
       }
       pending_.insert(seq);  // withdrawn with the others: the caller will not wait again
       withdraw(lock);
+      if (missing == size()) {  // nothing queued or in flight, yet not done: never hang on it
+        return internal_error(fmt::format("in-process rank {}: exchange {} incomplete after {} ms though every rank posted it",
+                                          rank_, seq, w.timeout_ms));
+      }
       return Error(ErrorCode::kInternal, fmt::format("in-process rank {}: no data from rank {} for exchange {} after {} ms",
                                                      rank_, missing, seq, w.timeout_ms));
     }
-    Status status = me.error.empty() ? Status() : internal_error(me.error);
+    const std::string error = std::move(me.error);
     if (++slot.finished == size()) w.slots.erase(seq);
-    return status;
+    if (error.empty()) return Status();
+    withdraw(lock);  // a caller that failed stops, leaving the rest unwaited
+    return internal_error(error);
   }
 
   Status barrier() override { return allgather(0).status(); }

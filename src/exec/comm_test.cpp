@@ -156,6 +156,64 @@ TEST(InProcessCommunicator, APeerPostingAfterATimeoutLearnsThatTheRankGaveUp) {
   EXPECT_NE(st[1].message().find("exchange 0: rank 0 gave up on it"), std::string::npos) << st[1].message();
 }
 
+// A rank whose post or wait fails stops: its peers learn it from their own
+// wait at once (no timeout: 5 s would fail the test's expectations), for
+// that exchange and for the ones it had in flight.
+TEST(InProcessCommunicator, AFailedPostOrWaitStopsTheRankForItsPeers) {
+  // Rank 0's post of exchange 1 fails (a block leaves its buffer), either
+  // after rank 1 posted both exchanges or before rank 1 posts anything.
+  for (bool rank1_first : {true, false}) {
+    std::atomic<int> stage{0};
+    auto st = run_in_process(2, [&](Communicator& c) -> Status {
+      std::vector<std::byte> send(8), recv(8);
+      std::vector<std::int64_t> n = {4, 4}, d = {0, 4}, bad = {4, 8};
+      if (c.rank() == 0) {
+        while (rank1_first && stage.load() == 0) std::this_thread::yield();
+        Status s = c.post({send, n, d, recv, n, d}).status();
+        if (s.ok()) s = c.post({send, bad, d, recv, n, d}).status();
+        stage.store(2);
+        return s;
+      }
+      if (!rank1_first) {
+        while (stage.load() == 0) std::this_thread::yield();
+      }
+      LIBRA_ASSIGN_OR_RETURN(PendingExchange x0, c.post({send, n, d, recv, n, d}));
+      LIBRA_ASSIGN_OR_RETURN(PendingExchange x1, c.post({send, n, d, recv, n, d}));
+      stage.store(std::max(stage.load(), 1));
+      // Rank 1 first: its exchange 1 never pairs with rank 0's; else both of
+      // rank 0's are withdrawn when rank 1 posts.
+      LIBRA_TRY(c.wait(rank1_first ? x1 : x0));
+      return c.wait(rank1_first ? x0 : x1);
+    }, 5000);
+    ASSERT_FALSE(st[0].ok());
+    EXPECT_NE(st[0].message().find("outside its buffer"), std::string::npos) << st[0].message();
+    ASSERT_FALSE(st[1].ok());
+    const std::string want = fmt::format("exchange {}: rank 0 gave up on it", rank1_first ? 1 : 0);
+    EXPECT_NE(st[1].message().find(want), std::string::npos) << st[1].message();
+  }
+  // Rank 1's wait on exchange 0 fails (it expects 2 bytes where 4 come), so
+  // its exchange 1 is withdrawn before rank 0 posts it.
+  std::atomic<int> stage{0};
+  auto st = run_in_process(2, [&](Communicator& c) -> Status {
+    std::vector<std::byte> send(8), recv(8);
+    std::vector<std::int64_t> n = {4, 4}, d = {0, 4}, wrong = {2, 4};
+    if (c.rank() == 1) {
+      LIBRA_ASSIGN_OR_RETURN(PendingExchange x0, c.post({send, n, d, recv, wrong, d}));
+      LIBRA_TRY(c.post({send, n, d, recv, n, d}).status());  // never waited
+      Status s = c.wait(x0);
+      stage.store(1);
+      return s;
+    }
+    LIBRA_TRY(exchange(c, {send, n, d, recv, n, d}));
+    while (stage.load() == 0) std::this_thread::yield();
+    return exchange(c, {send, n, d, recv, n, d});
+  });
+  ASSERT_FALSE(st[1].ok());
+  EXPECT_NE(st[1].message().find("exchange 0: rank 0 sent 4 bytes, expected 2"), std::string::npos) << st[1].message();
+  ASSERT_FALSE(st[0].ok());
+  EXPECT_NE(st[0].message().find("exchange 1: rank 1 gave up on it"), std::string::npos) << st[0].message();
+}
+
 // Many exchanges in flight, waited in reverse order on half of the ranks:
 // every copy is done by some waiting rank, so nothing deadlocks.
 TEST(InProcessCommunicator, ManyExchangesInFlightWaitedInAnyOrder) {
