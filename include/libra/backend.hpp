@@ -30,36 +30,10 @@
 
 #include "libra/dtype.hpp"
 #include "libra/status.hpp"
+#include "libra/tensor_view.hpp"
 #include "libra/workload.hpp"
 
 namespace libra {
-
-// Where a view's memory lives. Backends reject views of another device.
-enum class Device : std::uint8_t { kCpu = 0, kCuda = 1 };
-[[nodiscard]] const char* device_name(Device d);  // "cpu", "cuda"
-
-template <class Void>
-struct BasicView {
-  Void* data = nullptr;
-  DType dtype = DType::kF32;
-  std::int64_t rows = 0;
-  std::int64_t heads = 0;
-  std::int64_t head_dim = 0;
-  std::int64_t row_stride = 0;  // in elements, >= heads * head_dim
-  Device device = Device::kCpu;
-  operator BasicView<const void>() const  // NOLINT: a writable view is also readable
-    requires(!std::is_const_v<Void>)
-  {
-    return {data, dtype, rows, heads, head_dim, row_stride, device};
-  }
-};
-using ConstView = BasicView<const void>;
-using View = BasicView<void>;
-
-// One query fragment (see above).
-struct QueryFragment {
-  std::int64_t q_row = 0, kv_row = 0, sample_len = 0, a = 0, e = 0;
-};
 
 struct AttentionForward {
   ConstView q, k, v;

@@ -56,6 +56,7 @@
 
 #include "libra/dtype.hpp"
 #include "libra/status.hpp"
+#include "libra/tensor_view.hpp"
 #include "libra/workload.hpp"
 
 namespace libra::kernel {
@@ -72,61 +73,14 @@ using libra::f32_from_bf16;
 using libra::f16_from_f32;
 using libra::f32_from_f16;
 
-// A view of a row-major [rows, heads, head_dim] tensor: element (t, h, c) is
-// at element offset t * row_stride + h * head_dim + c from data. Heads of a
-// row are contiguous; rows may be strided (a slice of a bigger buffer).
+// Views and fragments are those of libra/tensor_view.hpp (the backend seam
+// passes them through unchanged); the kernel reads host memory and ignores
+// the device tag, which libra::make_cpu_backend checks.
 template <class Void>
-struct BasicTensor {
-  Void* data = nullptr;
-  DType dtype = DType::kF32;
-  std::int64_t rows = 0;
-  std::int64_t heads = 0;
-  std::int64_t head_dim = 0;
-  std::int64_t row_stride = 0;  // in elements, >= heads * head_dim
-
-  // Heads [first, first + count) of the same buffer, no copy. An
-  // out-of-range request yields a view that the kernel rejects.
-  [[nodiscard]] BasicTensor heads_slice(std::int64_t first, std::int64_t count) const {
-    BasicTensor s = *this;
-    if (first < 0 || count < 0 || first > heads - count || data == nullptr) {
-      s.data = nullptr;
-      return s;
-    }
-    using Byte = std::conditional_t<std::is_const_v<Void>, const unsigned char, unsigned char>;
-    s.data = static_cast<Byte*>(data) + first * head_dim * dtype_bytes(dtype);
-    s.heads = count;
-    return s;
-  }
-  // Rows [first, first + count), no copy (rejected by the kernel if out of range).
-  [[nodiscard]] BasicTensor rows_slice(std::int64_t first, std::int64_t count) const {
-    BasicTensor s = *this;
-    if (first < 0 || count < 0 || first > rows - count || data == nullptr) {
-      s.data = nullptr;
-      return s;
-    }
-    using Byte = std::conditional_t<std::is_const_v<Void>, const unsigned char, unsigned char>;
-    s.data = static_cast<Byte*>(data) + first * row_stride * dtype_bytes(dtype);
-    s.rows = count;
-    return s;
-  }
-  operator BasicTensor<const void>() const  // NOLINT: a writable view is also readable
-    requires(!std::is_const_v<Void>)
-  {
-    return {data, dtype, rows, heads, head_dim, row_stride};
-  }
-};
-using ConstTensor = BasicTensor<const void>;
-using Tensor = BasicTensor<void>;
-
-// One query fragment: sample-local queries [a, e) of a sample of length
-// sample_len; requires 0 <= a <= e <= sample_len (a == e is an empty no-op).
-struct Fragment {
-  std::int64_t q_row = 0;       // Q/O/LSE/dO/dQ row of query position a
-  std::int64_t kv_row = 0;      // K/V/dK/dV row of the sample's key 0
-  std::int64_t sample_len = 0;  // the sample's length
-  std::int64_t a = 0;
-  std::int64_t e = 0;
-};
+using BasicTensor = libra::BasicView<Void>;
+using ConstTensor = libra::ConstView;
+using Tensor = libra::View;
+using Fragment = libra::QueryFragment;
 
 struct ForwardArgs {
   ConstTensor q, k, v;   // q: [*, h_q, d]; k, v: [*, h_kv, d]

@@ -1,28 +1,24 @@
 // The CPU attention backend: the Highway kernel of libra/kernel.hpp behind
 // the AttentionBackend interface.
+#include <initializer_list>
 #include <string>
-#include <vector>
+#include <utility>
 
 #include "libra/backend.hpp"
 #include "libra/kernel.hpp"
 
 namespace libra {
 
-const char* device_name(Device d) { return d == Device::kCpu ? "cpu" : "cuda"; }
-
 namespace {
 
-template <class Void>
-Result<kernel::BasicTensor<Void>> tensor(const BasicView<Void>& v, const char* name) {
-  if (v.device != Device::kCpu) {
-    return invalid_input(std::string("cpu backend: tensor ") + name + " is on device " + device_name(v.device));
+// The kernel takes the views as they are; it only needs them in host memory.
+Status on_cpu(std::initializer_list<std::pair<const char*, Device>> views) {
+  for (auto [name, device] : views) {
+    if (device != Device::kCpu) {
+      return invalid_input(std::string("cpu backend: tensor ") + name + " is on device " + device_name(device));
+    }
   }
-  return kernel::BasicTensor<Void>{v.data, v.dtype, v.rows, v.heads, v.head_dim, v.row_stride};
-}
-
-void to_kernel(std::span<const QueryFragment> f, std::vector<kernel::Fragment>& out) {
-  out.resize(f.size());
-  for (std::size_t i = 0; i < f.size(); ++i) out[i] = {f[i].q_row, f[i].kv_row, f[i].sample_len, f[i].a, f[i].e};
+  return Status();
 }
 
 class CpuBackend final : public AttentionBackend {
@@ -43,8 +39,7 @@ class CpuBackend final : public AttentionBackend {
     a.v = a.q;
     a.o = {out, dtype, 1, 1, 1, 1};
     a.lse = {lse, DType::kF32, 1, 1, 1, 1};
-    const kernel::Fragment kf{f.q_row, f.kv_row, f.sample_len, f.a, f.e};
-    a.fragments = {&kf, 1};
+    a.fragments = {&f, 1};
     Status s = kernel::validate(a);
     if (!s.ok()) return invalid_input(std::string("cpu backend: dtype ") + dtype_name(dtype) + " is not supported by the kernel (" + s.message() + ")");
     return s;
@@ -53,40 +48,21 @@ class CpuBackend final : public AttentionBackend {
   std::size_t backward_workspace_bytes(const AttentionBackward&) const override { return 0; }
 
   Status forward(const AttentionForward& x, std::span<std::byte>) override {
-    kernel::ForwardArgs a;
-    LIBRA_ASSIGN_OR_RETURN(a.q, tensor(x.q, "q"));
-    LIBRA_ASSIGN_OR_RETURN(a.k, tensor(x.k, "k"));
-    LIBRA_ASSIGN_OR_RETURN(a.v, tensor(x.v, "v"));
-    LIBRA_ASSIGN_OR_RETURN(a.o, tensor(x.o, "o"));
-    LIBRA_ASSIGN_OR_RETURN(a.lse, tensor(x.lse, "lse"));
-    to_kernel(x.fragments, frags_);
-    a.fragments = frags_;
-    a.window = x.window;
-    a.threads = x.threads;
-    return kernel::attention_forward(a);
+    LIBRA_TRY(on_cpu({{"q", x.q.device}, {"k", x.k.device}, {"v", x.v.device}, {"o", x.o.device}, {"lse", x.lse.device}}));
+    return kernel::attention_forward({.q = x.q, .k = x.k, .v = x.v, .o = x.o, .lse = x.lse, .fragments = x.fragments,
+                                      .window = x.window, .threads = x.threads});
   }
 
   Status backward(const AttentionBackward& x, std::span<std::byte>) override {
-    kernel::BackwardArgs a;
-    LIBRA_ASSIGN_OR_RETURN(a.q, tensor(x.q, "q"));
-    LIBRA_ASSIGN_OR_RETURN(a.k, tensor(x.k, "k"));
-    LIBRA_ASSIGN_OR_RETURN(a.v, tensor(x.v, "v"));
-    LIBRA_ASSIGN_OR_RETURN(a.o, tensor(x.o, "o"));
-    LIBRA_ASSIGN_OR_RETURN(a.d_o, tensor(x.d_o, "d_o"));
-    LIBRA_ASSIGN_OR_RETURN(a.lse, tensor(x.lse, "lse"));
-    LIBRA_ASSIGN_OR_RETURN(a.dq, tensor(x.dq, "dq"));
-    LIBRA_ASSIGN_OR_RETURN(a.dk, tensor(x.dk, "dk"));
-    LIBRA_ASSIGN_OR_RETURN(a.dv, tensor(x.dv, "dv"));
-    to_kernel(x.fragments, frags_);
-    a.fragments = frags_;
-    a.window = x.window;
-    a.threads = x.threads;
-    return kernel::attention_backward(a);
+    LIBRA_TRY(on_cpu({{"q", x.q.device}, {"k", x.k.device}, {"v", x.v.device}, {"o", x.o.device}, {"d_o", x.d_o.device},
+                      {"lse", x.lse.device}, {"dq", x.dq.device}, {"dk", x.dk.device}, {"dv", x.dv.device}}));
+    return kernel::attention_backward({.q = x.q, .k = x.k, .v = x.v, .o = x.o, .d_o = x.d_o, .lse = x.lse, .dq = x.dq,
+                                       .dk = x.dk, .dv = x.dv, .fragments = x.fragments, .window = x.window,
+                                       .threads = x.threads});
   }
 
  private:
   std::string name_ = "cpu (Highway " + kernel::simd_target() + ")";
-  std::vector<kernel::Fragment> frags_;
 };
 
 }  // namespace
