@@ -147,6 +147,7 @@ class ScheduleExecutor final : public Executor {
   Status wait(Phase p, int m, Wire& w);
   Status compute(Pass pass, int m);
   Status run_pass(Pass pass);
+  Status run_pass_steps(Pass pass);
 
   Communicator& comm_;
   RankSchedule s_;
@@ -386,6 +387,24 @@ Status ScheduleExecutor::compute(Pass pass, int m) {
 // post chunk m's outputs; wait for every return at the end and apply them in
 // the schedule's fixed order.
 Status ScheduleExecutor::run_pass(Pass pass) {
+  Status st = run_pass_steps(pass);
+  if (!st.ok()) {
+    // Peers may still move bytes into or out of this pass's buffers (the
+    // in-process communicator copies straight between ranks' buffers, MPI
+    // owns them until the request completes): wait out every exchange this
+    // rank posted before its caller can free them. A peer that failed too
+    // has posted the same exchanges up to the same point, or withdraws.
+    for (auto* wires : {&in_[static_cast<std::size_t>(pass)], &out_[static_cast<std::size_t>(pass)]}) {
+      for (Wire& w : *wires) {
+        if (w.pending.valid()) (void)comm_.wait(w.pending);
+        w.pending = {};
+      }
+    }
+  }
+  return st;
+}
+
+Status ScheduleExecutor::run_pass_steps(Pass pass) {
   const Phase in = pass == Pass::kForward ? Phase::kFwdIn : Phase::kBwdIn;
   const Phase out = pass == Pass::kForward ? Phase::kFwdOut : Phase::kBwdOut;
   const int M = s_.chunks;

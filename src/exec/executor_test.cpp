@@ -3,8 +3,10 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <chrono>
 #include <limits>
 #include <set>
+#include <thread>
 
 #include "exec/exec_test_bodies.hpp"
 #include "libra/io.hpp"
@@ -226,6 +228,70 @@ TEST(PlanExecutor, SixteenBitHomeTensorsNeedNoConversion) {
     EXPECT_NE(m.find("q is fp16 but the plan's type for it is bf16"), std::string::npos) << m;
     EXPECT_EQ(m, refusals[0]);
   }
+}
+
+// A backend that fails its n-th forward call, or sleeps in its first: a
+// kernel error in the middle of a pass, after exchanges were posted, with
+// slow peers.
+class FailingBackend final : public AttentionBackend {
+ public:
+  FailingBackend(int fail_at, int first_call_ms) : fail_at_(fail_at), sleep_ms_(first_call_ms) {}
+  std::string_view name() const override { return "failing"; }
+  Device device() const override { return Device::kCpu; }
+  Status supports(DType t) const override { return cpu_->supports(t); }
+  std::size_t forward_workspace_bytes(const AttentionForward&) const override { return 0; }
+  std::size_t backward_workspace_bytes(const AttentionBackward&) const override { return 0; }
+  Status forward(const AttentionForward& a, std::span<std::byte> ws) override {
+    if (++calls_ == fail_at_) return internal_error("backend failed on purpose");
+    if (calls_ == 1) std::this_thread::sleep_for(std::chrono::milliseconds(sleep_ms_));
+    return cpu_->forward(a, ws);
+  }
+  Status backward(const AttentionBackward& a, std::span<std::byte> ws) override { return cpu_->backward(a, ws); }
+
+ private:
+  std::unique_ptr<AttentionBackend> cpu_ = make_cpu_backend();
+  int fail_at_, sleep_ms_, calls_ = 0;
+};
+
+// Rank 1 fails on its first kernel call of chunk 1, after posting chunk
+// 0's outputs, which its slow peers receive only later. It must wait out
+// what it posted before its buffers go away: the in-process communicator
+// copies straight from them (the asan preset runs this; without the wait it
+// reports a use after free). The peers then stop with an error, not a crash.
+TEST(PlanExecutor, AKernelErrorMidPassLeavesNoExchangeOnFreedBuffers) {
+  ExecCase c;
+  c.chunks = 2;
+  const std::vector<PackedSequence> pool = exec_test::random_pool(6, 2, c.seq_len);
+  const PlanConfig cfg = exec_test::case_config(c);
+  Result<Plan> plan = make_plan(pool, cfg);
+  ASSERT_TRUE(plan.ok());
+  Result<RankSchedule> s1 = make_rank_schedule(*plan, 1);
+  ASSERT_TRUE(s1.ok());
+  const int chunk0_calls = static_cast<int>(s1->calls(Pass::kForward, 0).size());
+  auto st = run_in_process(
+      plan->num_workers(),
+      [&](Communicator& comm) -> Status {
+        const bool failing_rank = comm.rank() == 1;
+        FailingBackend backend(failing_rank ? chunk0_calls + 1 : 1 << 30, failing_rank ? 0 : 300);
+        ExecOptions o;
+        o.backend = &backend;
+        Status result;
+        {
+          LIBRA_ASSIGN_OR_RETURN(auto ex, make_plan_executor(comm, *plan, o));
+          const int r = comm.rank();
+          auto q = harness_home_tensor(3, cfg, r, 0), k = harness_home_tensor(3, cfg, r, 1),
+               v = harness_home_tensor(3, cfg, r, 2);
+          result = ex->forward({q, k, v}).status();
+        }
+        // The executor and its buffers are gone; the communicator lives on
+        // while the peers catch up.
+        if (failing_rank) std::this_thread::sleep_for(std::chrono::milliseconds(600));
+        return result;
+      },
+      /*timeout_ms=*/2000);
+  ASSERT_EQ(st.size(), 4u);
+  EXPECT_NE(st[1].message().find("backend failed on purpose"), std::string::npos) << st[1].message();
+  for (std::size_t r = 0; r < st.size(); ++r) EXPECT_FALSE(st[r].ok()) << "rank " << r;
 }
 
 TEST(PlanExecutor, APlanSavedToAFileGivesTheSameNumbersAsPlanningInProcess) {
