@@ -38,4 +38,10 @@ namespace libra {
 // output would replace an input.
 bool same_file(const std::string& a, const std::string& b);
 
+// Writes `line` and a newline to stderr in one write(2). Under mpirun the
+// processes share one stderr: a line written in pieces (as `std::cerr << a
+// << b` does, stderr being unbuffered) can be cut by another process's
+// output, so every message libra prints goes through here.
+void write_stderr_line(std::string_view line);
+
 }  // namespace libra

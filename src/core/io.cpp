@@ -111,4 +111,18 @@ bool same_file(const std::string& a, const std::string& b) {
   return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
 }
 
+void write_stderr_line(std::string_view line) {
+  std::string whole;
+  whole.reserve(line.size() + 1);
+  whole.append(line);
+  whole.push_back('\n');
+  std::string_view rest = whole;
+  while (!rest.empty()) {
+    const ssize_t n = ::write(STDERR_FILENO, rest.data(), rest.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;  // stderr closed or full: nothing better to do with a message
+    rest.remove_prefix(static_cast<std::size_t>(n));
+  }
+}
+
 }  // namespace libra

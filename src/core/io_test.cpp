@@ -63,5 +63,26 @@ TEST(CheckWritable, AgreesWithWriteFileAtomic) {
   fs::remove_all(dir);
 }
 
+// The line arrives whole and newline-terminated. That it is one write, so
+// other processes' output cannot cut it, is what the MPI test
+// mpi.cli.exec_ranks_under_mpirun exercises (it failed in CI before).
+TEST(WriteStderrLine, WritesTheLineAndANewline) {
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  const int saved = ::dup(STDERR_FILENO);
+  ASSERT_GE(saved, 0);
+  ASSERT_EQ(::dup2(fds[1], STDERR_FILENO), STDERR_FILENO);
+  const std::string line(3000, 'x');
+  write_stderr_line("libra: error: " + line);
+  ::dup2(saved, STDERR_FILENO);
+  ::close(saved);
+  ::close(fds[1]);
+  std::string got;
+  char buf[1024];
+  for (ssize_t n; (n = ::read(fds[0], buf, sizeof buf)) > 0;) got.append(buf, static_cast<std::size_t>(n));
+  ::close(fds[0]);
+  EXPECT_EQ(got, "libra: error: " + line + "\n");
+}
+
 }  // namespace
 }  // namespace libra

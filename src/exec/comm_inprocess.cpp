@@ -24,13 +24,13 @@
 #include <cstring>
 #include <deque>
 #include <exception>
-#include <iostream>
 #include <map>
 #include <mutex>
 #include <set>
 #include <thread>
 
 #include "libra/comm.hpp"
+#include "libra/io.hpp"
 
 namespace libra {
 
@@ -239,7 +239,7 @@ class InProcessCommunicator final : public Communicator {
   }
 
   [[noreturn]] void abort(const std::string& message) override {
-    std::cerr << "libra: error: " << message << '\n';
+    write_stderr_line("libra: error: " + message);
     std::abort();
   }
 

@@ -1,9 +1,9 @@
 // The loopback communicator: one rank of a world that exists only in name,
 // for measuring that rank's compute alone (`libra bench exec`).
 #include <cstring>
-#include <iostream>
 
 #include "libra/comm.hpp"
+#include "libra/io.hpp"
 
 namespace libra {
 
@@ -37,7 +37,7 @@ class LoopbackCommunicator final : public Communicator {
     return std::unique_ptr<Communicator>(std::make_unique<LoopbackCommunicator>(rank_, size_));
   }
   [[noreturn]] void abort(const std::string& message) override {
-    std::cerr << "libra: error: " << message << '\n';
+    write_stderr_line("libra: error: " + message);
     std::abort();
   }
 

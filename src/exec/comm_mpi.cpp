@@ -5,12 +5,12 @@
 
 #include <chrono>
 #include <climits>
-#include <iostream>
 #include <map>
 #include <thread>
 
 #include "libra/comm.hpp"
 #include "libra/comm_mpi.hpp"
+#include "libra/io.hpp"
 
 namespace libra {
 
@@ -121,7 +121,7 @@ class MpiCommunicator final : public Communicator {
   }
 
   [[noreturn]] void abort(const std::string& message) override {
-    std::cerr << "libra: error: " << message << '\n' << std::flush;
+    write_stderr_line("libra: error: " + message);
     MPI_Abort(comm_, 2);
     std::abort();
   }

@@ -607,13 +607,21 @@ int run_exec(const ExecOptionsCli& opt) {
   }
   const bool ranks_given = opt.ranks_flag != nullptr && opt.ranks_flag->count() > 0;
   if (ranks_given && mpi_size != nullptr) {
-    // Each process reaches this line; the first alone prints it.
+    // Each process reaches this line; the first alone prints it. The others
+    // must not exit before it has: mpirun kills the job at the first nonzero
+    // exit, which could cut rank 0 off before its line; the barrier holds
+    // every rank until rank 0 has printed.
     const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
     if (rank == nullptr) rank = std::getenv("PMI_RANK");
+    const bool mpi_up = mpi_init().ok();
     if (rank == nullptr || std::string(rank) == "0") {
       fail(invalid_input(fmt::format("--ranks {}: starts in-process ranks, but this is already one of the processes of "
                                      "mpirun; drop --ranks (mpirun -np sets the ranks)",
                                      opt.ranks)));
+    }
+    if (mpi_up) {
+      if (Result<std::unique_ptr<Communicator>> world = mpi_world(); world.ok()) (void)(*world)->barrier();
+      mpi_finalize();
     }
     return kExitUsage;
   }

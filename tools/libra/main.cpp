@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <iostream>
 #include <memory>
 #include <utility>
 
@@ -194,13 +193,13 @@ std::string printable(std::string_view text) {
 }
 
 int fail(const Error& error) {
-  std::cerr << "libra: error: " << printable(error.message()) << '\n';
+  libra::write_stderr_line("libra: error: " + printable(error.message()));
   return error.code() == ErrorCode::kInternal ? kExitFailure : kExitUsage;
 }
 
 int fail(const Status& status) { return status.ok() ? kExitOk : fail(status.error()); }
 
-void note(std::string_view message) { std::cerr << "libra: note: " << printable(message) << '\n'; }
+void note(std::string_view message) { write_stderr_line("libra: note: " + printable(message)); }
 
 bool stderr_is_terminal() { return ::isatty(STDERR_FILENO) == 1; }
 
@@ -238,11 +237,11 @@ int main(int argc, char** argv) {
       if (const auto eq = m.find(" = "); eq != std::string::npos) m.replace(eq, 3, " ");
       m += ": out of range for this option";
     }
-    std::cerr << "libra: error: " << printable(m) << '\n';
+    libra::write_stderr_line("libra: error: " + printable(m));
     return kExitUsage;
   } catch (const CLI::ParseError& e) {
     // One line, naming the flag and the rule, exit status 2 like every bad input.
-    std::cerr << "libra: error: " << usage_message(app, e) << '\n';
+    libra::write_stderr_line("libra: error: " + usage_message(app, e));
     return kExitUsage;
   }
   for (auto& h : handlers) {
@@ -251,17 +250,17 @@ int main(int argc, char** argv) {
       // tests/docs: every command shown in the docs parses (flags exist,
       // values are well formed, output directories exist) without running.
       if (const char* p = std::getenv("LIBRA_PARSE_ONLY"); p != nullptr && std::string(p) == "1") {
-        std::cerr << "libra: parse-only: " << command_path(h.command) << " parsed\n";
+        libra::write_stderr_line("libra: parse-only: " + command_path(h.command) + " parsed");
         return kExitOk;
       }
       try {
         return h.run();
       } catch (const std::bad_alloc&) {
-        std::cerr << "libra: error: out of memory\n";
+        libra::write_stderr_line("libra: error: out of memory");
         return kExitFailure;
       }
     }
   }
-  std::cerr << "libra: error: no command given; see libra --help\n";
+  libra::write_stderr_line("libra: error: no command given; see libra --help");
   return kExitUsage;
 }
