@@ -300,6 +300,7 @@ class PlanRuntime:
                        for p, classes in _PHASE_CLASSES.items() for m in range(self.num_chunks) for c in classes}
         self._peers = peers
         self._on = {}
+        self._cuda_meta = {}  # _cuda_call_meta's, by (pass, chunk, device)
 
     def on(self, device):
         """The schedule as index tensors on ``device`` (built once per device; the CUDA path's
@@ -577,25 +578,54 @@ def _vectors(prog, rows_idx, device):
     return offset + rows_idx[:, None] * stride + torch.arange(run, device=device)[None, :]
 
 
-def _cuda_calls(calls, home, comp, window, scale):
-    """Runs a chunk's calls with flash_attn_varlen_func (differentiable) on the Q, K, V of `home` and
-    `comp` (each call reads the buffers its flags name); returns [(q_home, q vectors, o)]."""
-    fn = _flash_attn()
-    out = []
+def _cuda_call_meta(rt, pass_index, m, device):
+    """Per kernel call of chunk ``m``: (q_home, kv_home, q vectors, kv vectors, cu_seqlens_q, cu_seqlens_k,
+    max_seqlen_q, max_seqlen_k) as flash_attn_varlen_func takes them. Fixed by the schedule, so built
+    once per (pass, chunk, device) and kept on the runtime: every layer and step reuses them instead of
+    copying index arrays to the device per call."""
+    key = (pass_index, m, device)
+    meta = rt._cuda_meta.get(key)
+    if meta is not None:
+        return meta
+    calls = rt.schedule["calls"][pass_index][m]
+    # Forward and backward run the same calls (same tiles, same buffers): one set of index tensors
+    # serves both, which halves their device memory (about 90 MiB a worker at 256K tokens, CP 8).
+    other = rt._cuda_meta.get((1 - pass_index, m, device))
+    if other is not None and _same_calls(calls, rt.schedule["calls"][1 - pass_index][m]):
+        rt._cuda_meta[key] = other
+        return other
+    meta = []
     for call in calls:
-        qp, kp, frags, bq, bk = _sources(call, home, comp)
-        q_home = call[3]
-        dev = bq["Q"].device
+        qp, kp, frags, q_home, kv_home = call
         f = np.asarray(frags, dtype=np.int64)
         nq, nk = f[:, 4] - f[:, 3], f[:, 4]  # per fragment: queries [a, e), keys 0 .. e-1
         q_rows = np.concatenate([np.arange(r, r + n) for r, n in zip(f[:, 0], nq)])
         k_rows = np.concatenate([np.arange(r, r + n) for r, n in zip(f[:, 1], nk)])
-        qv = _vectors(qp, torch.from_numpy(q_rows).to(dev), dev)
-        kv = _vectors(kp, torch.from_numpy(k_rows).to(dev), dev)
-        cu_q = torch.from_numpy(np.concatenate([[0], np.cumsum(nq)]).astype(np.int32)).to(dev)
-        cu_k = torch.from_numpy(np.concatenate([[0], np.cumsum(nk)]).astype(np.int32)).to(dev)
-        ws = (-1, -1) if window is None else (int(window) - 1, 0)
-        o = fn(bq["Q"][qv], bk["K"][kv], bk["V"][kv], cu_q, cu_k, int(nq.max()), int(nk.max()),
+        qv = _vectors(qp, torch.from_numpy(q_rows).to(device), device)
+        kv = _vectors(kp, torch.from_numpy(k_rows).to(device), device)
+        cu_q = torch.from_numpy(np.concatenate([[0], np.cumsum(nq)]).astype(np.int32)).to(device)
+        cu_k = torch.from_numpy(np.concatenate([[0], np.cumsum(nk)]).astype(np.int32)).to(device)
+        meta.append((bool(q_home), bool(kv_home), qv, kv, cu_q, cu_k, int(nq.max()), int(nk.max())))
+    rt._cuda_meta[key] = meta
+    return meta
+
+
+def _same_calls(a, b):
+    return len(a) == len(b) and all(
+        x[3] == y[3] and x[4] == y[4] and tuple(x[0]) == tuple(y[0]) and tuple(x[1]) == tuple(y[1])
+        and np.array_equal(np.asarray(x[2]), np.asarray(y[2])) for x, y in zip(a, b))
+
+
+def _cuda_calls(meta, home, comp, window, scale):
+    """Runs a chunk's calls (their _cuda_call_meta) with flash_attn_varlen_func (differentiable) on the
+    Q, K, V of `home` and `comp` (each call reads the buffers its flags name); returns
+    [(q_home, q vectors, o)]."""
+    fn = _flash_attn()
+    ws = (-1, -1) if window is None else (int(window) - 1, 0)
+    out = []
+    for q_home, kv_home, qv, kv, cu_q, cu_k, max_q, max_k in meta:
+        bq, bk = home if q_home else comp, home if kv_home else comp
+        o = fn(bq["Q"][qv], bk["K"][kv], bk["V"][kv], cu_q, cu_k, max_q, max_k,
                softmax_scale=scale, causal=True, window_size=ws)
         out.append((q_home, qv, o))
     return out
@@ -680,7 +710,7 @@ def _run_pass(rt, phase_in, phase_out, pass_index, home, comp, dt, d, dev, scale
             _unpack_in_cpu(rt, phase_in, m, posted_in[m], comp, dt)
         with _compute(rt, f"{'fwd' if pass_index == 0 else 'bwd'} compute chunk {m}"):
             if on_gpu:
-                _cuda_pass(pass_index, calls[m], home, comp, rt.window, scale or None)
+                _cuda_pass(rt, pass_index, m, home, comp, scale or None)
             elif pass_index == 0:
                 _cpu_forward(calls[m], home, comp, window, scale, rt.threads)
             else:
@@ -695,24 +725,26 @@ def _run_pass(rt, phase_in, phase_out, pass_index, home, comp, dt, d, dev, scale
         _unpack_out_cpu(rt, phase_out, posted_out, home, dt)
 
 
-def _cuda_pass(pass_index, calls, home, comp, window, scale):
-    if not calls:
+def _cuda_pass(rt, pass_index, m, home, comp, scale):
+    meta = _cuda_call_meta(rt, pass_index, m, home["Q"].device)
+    if not meta:
         return
+    window = rt.window
     bufs = {True: home, False: comp}  # by a call's q_home / kv_home
     if pass_index == 0:
         with torch.no_grad():
-            for q_home, qv, o in _cuda_calls(calls, home, comp, window, scale):
+            for q_home, qv, o in _cuda_calls(meta, home, comp, window, scale):
                 dst = bufs[q_home]["O"]
                 dst[qv] = o.to(dst.dtype)
         return
     # Backward: flash_attn's own backward, through autograd on a recomputed forward, with one leaf
     # per buffer the calls read (home or compute Q; K and V), each gradient added where the kernel
     # would add it (dQ of a row is computed once, so adding into the zeroed dQ assigns it).
-    read = sorted({(call[3], "Q") for call in calls} | {(call[4], n) for call in calls for n in ("K", "V")})
+    read = sorted({(c[0], "Q") for c in meta} | {(c[1], n) for c in meta for n in ("K", "V")})
     with torch.enable_grad():
         leaves = {key: bufs[key[0]][key[1]].detach().requires_grad_() for key in read}
         src = {where: {n: leaves.get((where, n)) for n in ("Q", "K", "V")} for where in (True, False)}
-        res = _cuda_calls(calls, src[True], src[False], window, scale)
+        res = _cuda_calls(meta, src[True], src[False], window, scale)
         grads = torch.autograd.grad([o for _, _, o in res], [leaves[key] for key in read],
                                     [bufs[q_home]["dO"][qv] for q_home, qv, _ in res], allow_unused=True)
     for (where, n), g in zip(read, grads):
