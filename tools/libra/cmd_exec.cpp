@@ -191,18 +191,20 @@ std::string bytes_text(std::int64_t b) {
 
 // The body every rank runs. Returns the exit status; only world rank 0
 // prints.
+// Every rank learns of a failure and of the same message (the lowest failed
+// rank's, naming the ranks); world rank 0 alone prints it, so the job prints
+// one line however many ranks failed. kExitOk when no rank failed.
+int fail_on_all_ranks(Communicator& world, const Status& local) {
+  const Status agreed = agree_on_status(world, local, "libra exec");
+  if (agreed.ok()) return kExitOk;
+  if (world.rank() == 0) return fail(agreed.error());
+  return agreed.error().code() == ErrorCode::kInternal ? kExitFailure : kExitUsage;
+}
+
 int exec_rank(Communicator& world, const ExecOptionsCli& opt) {
   const bool root = world.rank() == 0;
   ShapeOptions so = opt.shape;
-  // Every rank learns of a failure and of the same message (the lowest
-  // failed rank's, naming the ranks); world rank 0 alone prints it, so the
-  // job prints one line however many ranks failed.
-  auto fail_all = [&](const Status& local) -> int {
-    const Status agreed = agree_on_status(world, local, "libra exec");
-    if (agreed.ok()) return kExitOk;
-    if (root) return fail(agreed.error());
-    return agreed.error().code() == ErrorCode::kInternal ? kExitFailure : kExitUsage;
-  };
+  auto fail_all = [&](const Status& local) { return fail_on_all_ranks(world, local); };
 
   // Configuration and pool: every rank derives the same from the flags, or
   // loads the same plan file (which carries both).
@@ -606,32 +608,11 @@ int run_exec(const ExecOptionsCli& opt) {
     if (mpi_size == nullptr) mpi_size = std::getenv(var);
   }
   const bool ranks_given = opt.ranks_flag != nullptr && opt.ranks_flag->count() > 0;
-  if (ranks_given && mpi_size != nullptr) {
-    // Each process reaches this line; the first alone prints it. The others
-    // must not exit before it has: mpirun kills the job at the first nonzero
-    // exit, which could cut rank 0 off before its line; the barrier holds
-    // every rank until rank 0 has printed.
-    const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
-    if (rank == nullptr) rank = std::getenv("PMI_RANK");
-    const bool mpi_up = mpi_init().ok();
-    if (rank == nullptr || std::string(rank) == "0") {
-      fail(invalid_input(fmt::format("--ranks {}: starts in-process ranks, but this is already one of the processes of "
-                                     "mpirun; drop --ranks (mpirun -np sets the ranks)",
-                                     opt.ranks)));
+  if (mpi_size == nullptr) {
+    if (!ranks_given) {
+      return fail(invalid_input("no ranks: run under mpirun -np N, or give --ranks N for N in-process ranks"));
     }
-    if (mpi_up) {
-      if (Result<std::unique_ptr<Communicator>> world = mpi_world(); world.ok()) (void)(*world)->barrier();
-      mpi_finalize();
-    }
-    return kExitUsage;
-  }
-  if (ranks_given && opt.ranks < 1) {
-    return fail(invalid_input(fmt::format("--ranks {}: must be at least 1", opt.ranks)));
-  }
-  if (!ranks_given && mpi_size == nullptr) {
-    return fail(invalid_input("no ranks: run under mpirun -np N, or give --ranks N for N in-process ranks"));
-  }
-  if (opt.ranks > 0) {
+    if (opt.ranks < 1) return fail(invalid_input(fmt::format("--ranks {}: must be at least 1", opt.ranks)));
     if (opt.ranks > 256) return fail(invalid_input(fmt::format("--ranks {}: at most 256 in-process ranks", opt.ranks)));
     std::vector<int> codes(static_cast<std::size_t>(opt.ranks), 0);
     run_in_process(opt.ranks, [&](Communicator& c) {
@@ -640,12 +621,29 @@ int run_exec(const ExecOptionsCli& opt) {
     });
     return codes[0];
   }
-  if (Status s = mpi_init(); !s.ok()) return fail(s.error());
+  // Under mpirun, --ranks is refused like any error of the ranks: agreed
+  // over MPI, so rank 0 alone prints it and no rank exits before it has
+  // (mpirun kills the job at the first nonzero exit).
+  const Status refused =
+      ranks_given ? invalid_input(fmt::format("--ranks {}: starts in-process ranks, but this is already one of the "
+                                              "processes of mpirun; drop --ranks (mpirun -np sets the ranks)",
+                                              opt.ranks))
+                  : Status();
+  if (Status s = mpi_init(); !s.ok()) {
+    if (refused.ok()) return fail(s.error());
+    // Without MPI the ranks cannot agree; the launcher's rank 0 prints.
+    const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
+    if (rank == nullptr) rank = std::getenv("PMI_RANK");
+    if (rank == nullptr || std::string(rank) == "0") fail(refused);
+    return kExitUsage;
+  }
   int rc = kExitFailure;
   {
     Result<std::unique_ptr<Communicator>> world = mpi_world();
     if (!world.ok()) {
       rc = fail(world.error());
+    } else if (!refused.ok()) {
+      rc = fail_on_all_ranks(**world, refused);
     } else {
       rc = exec_rank(**world, opt);
     }
