@@ -589,7 +589,7 @@ def _cuda_call_meta(rt, pass_index, m, device):
         return meta
     calls = rt.schedule["calls"][pass_index][m]
     # Forward and backward run the same calls (same tiles, same buffers): one set of index tensors
-    # serves both, which halves their device memory (about 90 MiB a worker at 256K tokens, CP 8).
+    # serves both, which halves their device memory (90-112 MiB a worker at 256K tokens, CP 8).
     other = rt._cuda_meta.get((1 - pass_index, m, device))
     if other is not None and _same_calls(calls, rt.schedule["calls"][1 - pass_index][m]):
         rt._cuda_meta[key] = other

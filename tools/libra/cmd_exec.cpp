@@ -204,21 +204,20 @@ int fail_on_all_ranks(Communicator& world, const Status& local) {
 int exec_rank(Communicator& world, const ExecOptionsCli& opt) {
   const bool root = world.rank() == 0;
   ShapeOptions so = opt.shape;
-  auto fail_all = [&](const Status& local) { return fail_on_all_ranks(world, local); };
 
   // Configuration and pool: every rank derives the same from the flags, or
   // loads the same plan file (which carries both).
   std::optional<Plan> saved;
   if (!opt.plan.empty()) {
     Result<Plan> p = load_plan(opt.plan);
-    if (int rc = fail_all(p.status()); rc != kExitOk) return rc;
+    if (int rc = fail_on_all_ranks(world, p.status()); rc != kExitOk) return rc;
     saved = *p;
     adopt_config(so, saved->config());
     so.pool_size = saved->pool_size();
     so.source = opt.plan;
   }
   Result<PlanConfig> cfg = saved ? Result<PlanConfig>(saved->config()) : make_config(so, opt.mode);
-  if (int rc = fail_all(cfg.status()); rc != kExitOk) return rc;
+  if (int rc = fail_on_all_ranks(world, cfg.status()); rc != kExitOk) return rc;
   const int W = world.size();
   const int P = so.pool_size > 0 ? so.pool_size : W / so.cp;
   Status layout;
@@ -232,7 +231,7 @@ int exec_rank(Communicator& world, const ExecOptionsCli& opt) {
     layout = invalid_input(fmt::format("{} ranks: must be a multiple of --cp {} (--pool-size defaults to ranks / cp)", W,
                                        so.cp));
   }
-  if (int rc = fail_all(layout); rc != kExitOk) return rc;
+  if (int rc = fail_on_all_ranks(world, layout); rc != kExitOk) return rc;
   const int Wp = P * so.cp;
   const int pools = W / Wp;
   const int pool_id = world.rank() / Wp;
@@ -243,11 +242,11 @@ int exec_rank(Communicator& world, const ExecOptionsCli& opt) {
             : load_scaled(so.source, so.seq_len, &scale);
   Result<std::vector<PackedSequence>> pool = all.ok() ? draw_pool(*all, so.source, saved ? 0 : so.pool_index + pool_id, P)
                                                       : Result<std::vector<PackedSequence>>(all.error());
-  if (int rc = fail_all(pool.status()); rc != kExitOk) return rc;
+  if (int rc = fail_on_all_ranks(world, pool.status()); rc != kExitOk) return rc;
 
   // The pool communicator: ranks numbered as the contract numbers workers.
   Result<std::unique_ptr<Communicator>> pool_comm = world.split(pool_id, world.rank());
-  if (int rc = fail_all(pool_comm.status()); rc != kExitOk) return rc;
+  if (int rc = fail_on_all_ranks(world, pool_comm.status()); rc != kExitOk) return rc;
   Communicator& pc = **pool_comm;
 
   TraceRecorder trace;
@@ -270,7 +269,7 @@ int exec_rank(Communicator& world, const ExecOptionsCli& opt) {
       ex = p.error();
     }
   }
-  if (int rc = fail_all(ex.status()); rc != kExitOk) return rc;
+  if (int rc = fail_on_all_ranks(world, ex.status()); rc != kExitOk) return rc;
 
   const std::uint64_t data_seed = opt.seed * 1000003ULL + static_cast<std::uint64_t>(so.pool_index + pool_id);
   const int r = pc.rank();

@@ -123,15 +123,15 @@ int run_simulate(const SimulateOptions& o) {
       std::string line = fmt::format("[{}{}] {}/{} {}", std::string(static_cast<std::size_t>(filled), '#'),
                                      std::string(static_cast<std::size_t>(width - filled), '.'), done, total, phase);
       if (tty) {
-        std::cerr << "\r" << line << std::flush;
+        std::cerr << ("\r" + line) << std::flush;  // one write: see write_stderr_line
       } else if (line != last && done == total) {
-        std::cerr << line << "\n";  // not a terminal: one line per finished phase
+        write_stderr_line(line);  // not a terminal: one line per finished phase
       }
       last = line;
     };
   }
   auto r = simulate(cfg, progress);
-  if (bar && stderr_is_terminal()) std::cerr << "\r" << std::string(70, ' ') << "\r" << std::flush;
+  if (bar && stderr_is_terminal()) std::cerr << ("\r" + std::string(70, ' ') + "\r") << std::flush;
   if (!r.ok()) return fail(r.error());
 
   std::string out = o.json ? sim_json(*r) : o.csv ? sim_csv(*r) : sim_table(*r);

@@ -199,7 +199,7 @@ int fail(const Error& error) {
 
 int fail(const Status& status) { return status.ok() ? kExitOk : fail(status.error()); }
 
-void note(std::string_view message) { write_stderr_line("libra: note: " + printable(message)); }
+void note(std::string_view message) { libra::write_stderr_line("libra: note: " + printable(message)); }
 
 bool stderr_is_terminal() { return ::isatty(STDERR_FILENO) == 1; }
 
