@@ -189,8 +189,6 @@ std::string bytes_text(std::int64_t b) {
   std::abort();  // not reached: abort ends the job
 }
 
-// The body every rank runs. Returns the exit status; only world rank 0
-// prints.
 // Every rank learns of a failure and of the same message (the lowest failed
 // rank's, naming the ranks); world rank 0 alone prints it, so the job prints
 // one line however many ranks failed. kExitOk when no rank failed.
@@ -201,6 +199,8 @@ int fail_on_all_ranks(Communicator& world, const Status& local) {
   return agreed.error().code() == ErrorCode::kInternal ? kExitFailure : kExitUsage;
 }
 
+// The body every rank runs. Returns the exit status; only world rank 0
+// prints.
 int exec_rank(Communicator& world, const ExecOptionsCli& opt) {
   const bool root = world.rank() == 0;
   ShapeOptions so = opt.shape;
