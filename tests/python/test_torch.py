@@ -159,8 +159,8 @@ def flash_path(rank):
     """The CUDA tensors' path (flash_attn_varlen_func calls, flash backward through autograd,
     index-tensor exchanges) forced on CPU tensors with the stand-in above, against float64 plain
     attention; also whether the stand-in really ran and how many calls read home buffers in place."""
-    saved = lt._compute_backend, lt._flash_attn
-    lt._compute_backend, lt._flash_attn = "flash", lambda: stand_in_flash_attn_varlen_func
+    saved = lt.compute._compute_backend, lt.compute._flash_attn
+    lt.compute._compute_backend, lt.compute._flash_attn = "flash", lambda: stand_in_flash_attn_varlen_func
     out = {"errors": {}, "in_place_calls": 0}
     try:
         for case in CASES_FLASH:
@@ -185,7 +185,7 @@ def flash_path(rank):
         out["repeat"] = {"built_before": built, "built_after": len(rt._cuda_meta),
                          "identical": all(torch.equal(a, b) for a, b in zip(*results))}
     finally:
-        lt._compute_backend, lt._flash_attn = saved
+        lt.compute._compute_backend, lt.compute._flash_attn = saved
     return out
 
 
@@ -425,7 +425,7 @@ def test_cuda_attention_without_flash_attn_says_so():
     if _has_flash_attn():
         pytest.skip("flash_attn is importable")
     with pytest.raises(RuntimeError, match="flash_attn"):
-        lt._flash_attn()
+        lt.compute._flash_attn()
 
 
 def body_cuda(rank, world):

@@ -1,0 +1,56 @@
+"""Plans the next micro-batch on a background thread while the current one trains."""
+import concurrent.futures
+
+from .. import _libra, make_plan
+from .runtime import PlanRuntime
+
+
+class Planner:
+    """Plans batch n+1 on a background CPU thread while batch n trains.
+
+    ``get(n)`` returns the plan of batch n (waiting for it if needed) and
+    starts planning batch n+1. With ``worker=`` (the worker index from
+    pool_group) the thread also derives that worker's schedule, which
+    ``runtime(n, group)`` hands to PlanRuntime. make_plan and the schedule
+    release the GIL, so planning and training run at once. The other keyword
+    arguments are those of libra.make_plan.
+    """
+
+    def __init__(self, sampler, worker=None, **plan_kwargs):
+        self._sampler = sampler
+        self._worker = worker
+        self._kw = plan_kwargs
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="libra-planner")
+        self._futures = {}
+        self._done = {}
+
+    def _work(self, pool):
+        plan = make_plan(pool, **self._kw)
+        sched = None if self._worker is None else _libra.rank_programs(plan, self._worker)
+        return plan, sched
+
+    def _submit(self, n):
+        if n < len(self._sampler) and n not in self._futures and n not in self._done:
+            self._futures[n] = self._pool.submit(self._work, self._sampler.pool(n))
+
+    def _result(self, n):
+        if not 0 <= n < len(self._sampler):
+            raise ValueError(f"Planner: batch {n} must be in [0, {len(self._sampler)})")
+        if n not in self._done:
+            self._submit(n)
+            self._done = {n: self._futures.pop(n).result()}
+            for old in [k for k in self._futures if k < n]:
+                self._futures.pop(old).cancel()
+            self._submit(n + 1)
+        return self._done[n]
+
+    def get(self, n):
+        return self._result(n)[0]
+
+    def runtime(self, n, group, **kwargs):
+        """PlanRuntime of batch n on ``group`` (collective), from the prefetched plan and schedule."""
+        plan, sched = self._result(n)
+        return PlanRuntime(plan, group, schedule=sched, **kwargs)
+
+    def close(self):
+        self._pool.shutdown(wait=True, cancel_futures=True)
