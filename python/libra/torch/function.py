@@ -3,9 +3,8 @@ and ``attention``, the public call."""
 import torch
 import torch.distributed as dist
 
-from .. import _libra
-from . import compute as _compute_mod
-from .compute import _cpu_backward, _cpu_forward, _cuda_pass
+from . import backends
+from .compute import run_chunk
 from .exchange import (_BWD_IN, _BWD_OUT, _FWD_IN, _FWD_OUT, _post, _post_cpu, _unpack_in, _unpack_in_cpu,
                        _unpack_out, _unpack_out_cpu)
 from .runtime import PlanRuntime
@@ -63,13 +62,14 @@ class _Attention(torch.autograd.Function):
 
 
 def _run_pass(rt, phase_in, phase_out, pass_index, home, comp, dt, d, dev, scale):
-    window = _libra.FULL_CAUSAL if rt.window is None else int(rt.window)
-    calls = rt.schedule["calls"][pass_index]
-    if _compute_mod._compute_backend not in (None, "flash"):
-        raise ValueError(f"libra.torch.compute._compute_backend {_compute_mod._compute_backend!r} must be None or 'flash'")
-    on_gpu = dev.type == "cuda" or _compute_mod._compute_backend == "flash"
-    cuda = on_gpu or rt.exchange == "index"  # index-tensor exchanges
-    if cuda:
+    """One pass of the pipelined schedule: post every chunk's input exchange, then per chunk wait for
+    its input, compute it on the selected backend and post its output; finally apply the outputs in
+    the schedule's fixed order. A ``buffers`` backend on CPU tensors packs with the binding's C++
+    programs (unless PlanRuntime(exchange="index")); every other case uses index tensors on the
+    tensors' device."""
+    backend = backends.select(dev, dt)
+    index = backend.kind == "varlen" or rt.exchange == "index"
+    if index:
         ix = rt.on(dev)
         ins, outs = ix["phases"][phase_in]["chunks"], ix["phases"][phase_out]["chunks"]
         posted_in = [_post(rt, phase_in, m, ex, home, dt, d, dev) for m, ex in enumerate(ins)]
@@ -77,22 +77,17 @@ def _run_pass(rt, phase_in, phase_out, pass_index, home, comp, dt, d, dev, scale
         posted_in = [_post_cpu(rt, phase_in, m, home, dt, d) for m in range(rt.num_chunks)]
     posted_out = []
     for m in range(rt.num_chunks):
-        if cuda:
+        if index:
             _unpack_in(ins[m], posted_in[m], comp)
         else:
             _unpack_in_cpu(rt, phase_in, m, posted_in[m], comp, dt)
         with _compute(rt, f"{'fwd' if pass_index == 0 else 'bwd'} compute chunk {m}"):
-            if on_gpu:
-                _cuda_pass(rt, pass_index, m, home, comp, scale or None)
-            elif pass_index == 0:
-                _cpu_forward(calls[m], home, comp, window, scale, rt.threads)
-            else:
-                _cpu_backward(calls[m], home, comp, window, scale, rt.threads)
-        if cuda:
+            run_chunk(rt, backend, pass_index, m, home, comp, scale)
+        if index:
             posted_out.append(_post(rt, phase_out, m, outs[m], comp, dt, d, dev))
         else:
             posted_out.append(_post_cpu(rt, phase_out, m, comp, dt, d))
-    if cuda:
+    if index:
         _unpack_out(ix["phases"][phase_out]["apply"], posted_out, home)
     else:
         _unpack_out_cpu(rt, phase_out, posted_out, home, dt)
@@ -110,10 +105,10 @@ def _call_problem(q, k, v, rt, window):
             return f"{name} has shape {shape} but the plan needs {list(want)}"
     if not (q.dtype == k.dtype == v.dtype) or not (q.device == k.device == v.device):
         return "q, k and v must share dtype and device"
-    if not q.is_cuda and q.dtype not in (torch.float32, torch.bfloat16):
-        return f"CPU tensors must be float32 or bfloat16, got {q.dtype}"
-    if q.is_cuda and q.dtype not in (torch.float16, torch.bfloat16):
-        return f"CUDA tensors must be float16 or bfloat16 (flash_attn's types), got {q.dtype}"
+    try:
+        backends.select(q.device, q.dtype)
+    except ValueError as e:
+        return str(e).removeprefix("libra.torch.attention: ")
     return None
 
 
@@ -140,7 +135,5 @@ def attention(q, k, v, runtime, softmax_scale=None, window=None):
             raise ValueError(f"libra.torch.attention: group rank {first}: {msgs[first]}")
     elif problem is not None:
         raise ValueError(f"libra.torch.attention: {problem}")
-    if q.is_cuda:
-        _compute_mod._flash_attn()
-    scale = 0.0 if softmax_scale is None else float(softmax_scale)
+    scale = None if softmax_scale is None else float(softmax_scale)
     return _Attention.apply(q.contiguous(), k.contiguous(), v.contiguous(), runtime, scale)
