@@ -224,7 +224,9 @@ def test_transformers_packed_sdpa_equals_separate_samples():
     model = make_model(configs()["llama"], "sdpa")
     seq, ids = [10, 30, 20], tokens(0, 0)
     with torch.no_grad():
-        packed = model(input_ids=ids[None], position_ids=lh.packed_position_ids(seq, L)[None]).logits[0]
+        # use_cache=False: with a cache transformers skips the packed-sequence mask (attends across samples).
+        packed = model(input_ids=ids[None], position_ids=lh.packed_position_ids(seq, L)[None],
+                       use_cache=False).logits[0]
         start = 0
         for n in seq:
             alone = model(input_ids=ids[start:start + n][None]).logits[0]
@@ -242,11 +244,11 @@ def test_hf_llama_example_under_torchrun(tmp_path):
     build = os.environ.get("LIBRA_PYTHON_BUILD", str(ROOT / "build" / "release" / "python"))
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "python"), build, env.get("PYTHONPATH", "")])
     cmd = _torchrun() + ["--nproc-per-node", "4", "--master-port", "0", str(ROOT / "examples" / "hf_llama.py"),
-                         "--steps", "3", "--out", str(tmp_path), "--check-loss", "1e-6", "--check-grad", "1e-5"]
+                         "--steps", "3", "--out", str(tmp_path), "--check-loss", "1e-8", "--check-grad", "2e-6"]
     r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     loss = float(re.search(r"largest relative loss difference: (\S+)", r.stdout).group(1))
     grad = float(re.search(r"step-1 relative gradient error: (\S+)", r.stdout).group(1))
-    assert 0 <= loss <= 1e-6 and 0 <= grad <= 1e-5, r.stdout
+    assert 0 <= loss <= 1e-8 and 0 <= grad <= 2e-6, r.stdout
     assert (tmp_path / "loss.csv").read_text().count("\n") == 4
     assert (tmp_path / "loss.png").stat().st_size > 0
