@@ -3,7 +3,7 @@
 
 Launch with torchrun (gloo, CPU), DP x CP = 4 processes (P = 2, CP = 2):
 
-    .venv/bin/torchrun --nproc-per-node 4 examples/hf_llama.py --steps 50 --out out/hf_llama
+    .venv/bin/torchrun --standalone --nproc-per-node 4 examples/hf_llama.py --steps 50 --out out/hf_llama
 
 A small Llama (hidden 64, 2 layers, 4 q heads, 2 kv heads: GQA; byte vocabulary
 of 256) is randomly initialised from its config, no download. Data: the bytes of
@@ -178,7 +178,7 @@ def main():
     ap.add_argument("--check-grad", type=float, help="exit 1 when the step-1 relative gradient error exceeds this")
     args = ap.parse_args()
     if "RANK" not in os.environ:
-        raise SystemExit("hf_llama: launch with torchrun, e.g. .venv/bin/torchrun --nproc-per-node 4 "
+        raise SystemExit("hf_llama: launch with torchrun, e.g. .venv/bin/torchrun --standalone --nproc-per-node 4 "
                          "examples/hf_llama.py")
     torch.set_num_threads(args.threads)
     dist.init_process_group("gloo")

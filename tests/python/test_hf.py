@@ -12,6 +12,7 @@ here too.
 import copy
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -243,9 +244,18 @@ def test_hf_llama_example_under_torchrun(tmp_path):
     env = dict(os.environ)
     build = os.environ.get("LIBRA_PYTHON_BUILD", str(ROOT / "build" / "release" / "python"))
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "python"), build, env.get("PYTHONPATH", "")])
-    cmd = _torchrun() + ["--nproc-per-node", "4", "--master-port", "0", str(ROOT / "examples" / "hf_llama.py"),
+    cmd = _torchrun() + ["--standalone", "--nproc-per-node", "4", str(ROOT / "examples" / "hf_llama.py"),
                          "--steps", "3", "--out", str(tmp_path), "--check-loss", "1e-8", "--check-grad", "2e-6"]
-    r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    # Its own session, so that a timeout ends torchrun's workers too, not only torchrun.
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate()
+        pytest.fail("hf_llama.py under torchrun ran past 300 s: " + stdout[-2000:] + stderr[-2000:])
+    r = subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     loss = float(re.search(r"largest relative loss difference: (\S+)", r.stdout).group(1))
     grad = float(re.search(r"step-1 relative gradient error: (\S+)", r.stdout).group(1))
