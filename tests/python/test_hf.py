@@ -219,6 +219,30 @@ def test_labels_shift_within_samples_before_sharding():
         lh.packed_position_ids([5, 6], 10)
 
 
+def test_shard_batch_gives_each_cp_rank_its_home_rows_with_the_labels_across_the_cut():
+    from types import SimpleNamespace  # noqa: PLC0415
+
+    plan = libra.make_plan(STEPS[0], seq_len=L, cp=CP, block_size=8, head_shards=2, heads_q=4, heads_kv=2,
+                           head_dim=16, dtype="fp32")
+    for slot, lengths in enumerate(STEPS[0]):
+        ids = tokens(0, slot)
+        shards = []
+        for cpr in range(CP):
+            w = slot * CP + cpr
+            # What shard_batch reads of a PlanRuntime: its plan, worker and schedule (no process group needed).
+            rt = SimpleNamespace(plan=plan, worker=w, schedule=libra._libra.rank_programs(plan, w).info)
+            shards.append(lh.shard_batch(rt, ids))
+        for key, whole in (("input_ids", ids), ("labels", lh.packed_labels(ids, lengths)),
+                           ("position_ids", lh.packed_position_ids(lengths, L))):
+            assert torch.equal(torch.cat([sh[key][0] for sh in shards]), whole), key
+    # Slot 0's sample of rows 10..39 crosses the cut at row 32: rank 0's last label is rank 1's first token.
+    rt0 = SimpleNamespace(plan=plan, worker=0, schedule=libra._libra.rank_programs(plan, 0).info)
+    s0 = lh.shard_batch(rt0, tokens(0, 0))
+    assert int(s0["labels"][0, -1]) == int(tokens(0, 0)[L // CP])
+    with pytest.raises(ValueError, match=r"^libra.hf.shard_batch: input_ids has shape \[2, 64\], expected \[64\] or \[1, 64\]"):
+        lh.shard_batch(rt0, torch.zeros(2, L, dtype=torch.long))
+
+
 def test_transformers_packed_sdpa_equals_separate_samples():
     """The example's baseline (sdpa on the whole packed sequence, transformers' own block-diagonal mask
     from position ids restarting per sample) against every sample alone."""
