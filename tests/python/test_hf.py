@@ -83,10 +83,16 @@ def rel(a, b):
 rt_last = [None]  # run_model's last runtime
 
 
-def run_model(rank, cfg, context):
+def run_model(rank, cfg, context, checkpointing=False):
     """libra over the shards: (loss, gradients) summed over the ranks."""
     group, worker = lt.pool_group(P, CP)
     model = make_model(cfg, "libra")
+    if checkpointing:
+        # The decoder layers' forwards rerun during backward: libra_runtime= travels with them.
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.train()
+    calls = []  # layer 0's attention forwards: twice per micro-batch when the forward is recomputed
+    model.model.layers[0].self_attn.register_forward_pre_hook(lambda *a: calls.append(1))
     total = 0.0
     for step, pool in enumerate(STEPS):
         plan = libra.make_plan(pool, seq_len=L, cp=CP, block_size=8, head_shards=2, heads_q=4, heads_kv=2,
@@ -105,6 +111,7 @@ def run_model(rank, cfg, context):
         total += float(s)
     lh.all_reduce_gradients(model)
     rt_last[0] = rt
+    model.attention_calls = len(calls)
     return total, model, group
 
 
@@ -118,13 +125,18 @@ def errors_of(fn):
 
 def dist_cases(rank, world):
     out = {}
-    for name, cfg in configs().items():
-        loss, model, group = run_model(rank, cfg, context=(name == "qwen3"))
-        ref_loss, ref_grads = separate_reference(cfg)
+    cases = [("llama", "llama", False), ("qwen3", "qwen3", False), ("llama checkpointed", "llama", True)]
+    refs = {}
+    for name, family, ckpt in cases:
+        cfg = configs()[family]
+        loss, model, group = run_model(rank, cfg, context=(family == "qwen3"), checkpointing=ckpt)
+        if family not in refs:
+            refs[family] = separate_reference(cfg)
+        ref_loss, ref_grads = refs[family]
         grads = {k: p.grad for k, p in model.named_parameters()}
         out[name] = {"loss": abs(loss - ref_loss) / abs(ref_loss),
                      "grad": max(rel(grads[k], ref_grads[k]) for k in ref_grads),
-                     "grad_names": sorted(grads) == sorted(ref_grads)}
+                     "grad_names": sorted(grads) == sorted(ref_grads), "calls": model.attention_calls}
     # transformers' scaling argument reaches libra (the models above use the default d^-0.5).
     sched = rt_last[0].schedule
     g = torch.Generator().manual_seed(7 + rank)
@@ -180,11 +192,12 @@ def results():
     return spawn(dist_cases, P * CP)
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3"])
+@pytest.mark.parametrize("family", ["llama", "qwen3", "llama checkpointed"])
 def test_loss_and_gradients_over_cp_shards_match_sdpa_on_each_sample(results, family):
     for r, res in enumerate(results):
         got = res[family]
         assert got["grad_names"]
+        assert got["calls"] == len(STEPS) * (2 if "checkpointed" in family else 1)
         assert got["loss"] <= LOSS_TOL, (family, r, got)
         assert got["grad"] <= GRAD_TOL, (family, r, got)
 
