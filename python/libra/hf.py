@@ -4,11 +4,12 @@ Importing this module registers ``"libra"`` with transformers' ``AttentionInterf
 (the attention call) and ``AttentionMaskInterface`` (the mask call), so
 
     import libra.hf
-    model = transformers.LlamaForCausalLM(config, attn_implementation="libra")   # or from_pretrained(...)
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="libra")  # or from_pretrained
 
     rt = planner.runtime(n, group)                         # this micro-batch's libra.torch.PlanRuntime
     shard = libra.hf.shard_batch(rt, input_ids)            # this CP rank's home rows, labels shifted first
-    out = model(input_ids=shard["input_ids"], position_ids=shard["position_ids"], libra_runtime=rt)
+    out = model(input_ids=shard["input_ids"], position_ids=shard["position_ids"], use_cache=False,
+                libra_runtime=rt)
     loss = libra.hf.loss(out.logits, shard["labels"], libra.hf.count_items(shard["labels"]))
     loss.backward(); libra.hf.all_reduce_gradients(model)
 

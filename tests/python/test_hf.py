@@ -164,6 +164,9 @@ def dist_cases(rank, world):
                              head_dim=16, chunks=2, dtype="fp32")
     rt_a = lt.PlanRuntime(plan_a, group)
     sh = lh.shard_batch(rt_a, tokens(0, rank // CP))
+    # The home rows' samples in flash-attention's cu_seqlens terms, written out from STEPS[0]: slot 0
+    # [10, 30, 20] + 4 padding, slot 1 [64]; CP rank 0 holds rows 0..31, rank 1 rows 32..63.
+    cu = {0: [0, 10, 32], 1: [0, 8, 28, 32], 2: [0, 32], 3: [0, 32]}[rank]
     mask = torch.ones(1, L // CP, dtype=torch.long)
     if rank == 1:
         mask[0, -3:] = 0
@@ -175,6 +178,10 @@ def dist_cases(rank, world):
                                                                       position_ids=sh["position_ids"],
                                                                       libra_runtime=rt_b)),
         "no runtime": errors_of(lambda: model(input_ids=sh["input_ids"], position_ids=sh["position_ids"])),
+        "cu_seq_lens_q off by one on rank 3": errors_of(
+            lambda: model(input_ids=sh["input_ids"], position_ids=sh["position_ids"], libra_runtime=rt_a,
+                          cu_seq_lens_q=torch.tensor([0, 31] if rank == 3 else cu),
+                          cu_seq_lens_k=torch.tensor(cu))),
         "4D mask": errors_of(lambda: model(input_ids=sh["input_ids"], position_ids=sh["position_ids"],
                                            attention_mask=torch.zeros(1, 1, L // CP, L // CP), libra_runtime=rt_a)),
     }
@@ -183,7 +190,10 @@ def dist_cases(rank, world):
         a = model(input_ids=sh["input_ids"], position_ids=sh["position_ids"], libra_runtime=rt_a).logits
         b = model(input_ids=sh["input_ids"], position_ids=sh["position_ids"], libra_runtime=rt_a,
                   attention_mask=torch.ones(1, L // CP, dtype=torch.long)).logits
+        c = model(input_ids=sh["input_ids"], position_ids=sh["position_ids"], libra_runtime=rt_a,
+                  cu_seq_lens_q=torch.tensor(cu), cu_seq_lens_k=torch.tensor(cu)).logits
     out["ones mask equal"] = bool(torch.equal(a, b))
+    out["right cu_seq_lens run"] = bool(torch.equal(a, c))
     return out
 
 
@@ -208,6 +218,8 @@ def test_loss_and_gradients_over_cp_shards_match_sdpa_on_each_sample(results, fa
     ("the previous micro-batch's runtime", "libra.hf: group rank 0: position_ids[5] is 5 but the plan"),
     ("no runtime", "libra.hf: no PlanRuntime for this forward"),
     ("4D mask", "libra.hf: group rank 0: attention_mask of shape [1, 1, 32, 32] given"),
+    ("cu_seq_lens_q off by one on rank 3",
+     "libra.hf: group rank 3: cu_seq_lens_q [0, 31] differs from the plan's home layout [0, 32]"),
 ])
 def test_a_call_libra_cannot_honour_fails_on_every_rank_with_one_line(results, case, expect):
     msgs = [res["errors"][case] for res in results]
@@ -222,6 +234,10 @@ def test_the_scaling_argument_reaches_libra(results):
 
 def test_an_all_ones_mask_is_no_mask(results):
     assert all(res["ones mask equal"] for res in results)
+
+
+def test_cu_seq_lens_of_the_home_samples_are_accepted(results):
+    assert all(res["right cu_seq_lens run"] for res in results)
 
 
 def test_labels_shift_within_samples_before_sharding():
