@@ -114,7 +114,9 @@ def slot_lengths(runtime):
 def home_rows(runtime):
     """Row indices [home_rows] of the slot's packed sequence that this rank holds (its home, in THD order).
 
-    libra's home layout is contiguous: rows home_row0 .. home_row0 + home_rows - 1 of the schedule."""
+    libra's home layout is contiguous: rows home_row0 .. home_row0 + home_rows - 1 of the schedule.
+    This and _Layout's cuts are the only places that know the layout; a zigzag home (two chunks per
+    rank) would change both."""
     r0, rows = runtime.schedule["home_row0"], runtime.schedule["home_rows"]
     return torch.arange(r0, r0 + rows)
 
