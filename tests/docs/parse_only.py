@@ -10,6 +10,7 @@ the script's work never starts. A script that never calls parse_args runs
 whole, so the docs test calls this only for scripts that parse arguments.
 """
 import argparse
+import os
 import runpy
 import sys
 
@@ -21,6 +22,7 @@ class _Parsed(Exception):
 def main():
     script = sys.argv[1]
     sys.argv = sys.argv[1:]
+    sys.path[0] = os.path.dirname(os.path.abspath(script))  # as `python SCRIPT` has it
     original = argparse.ArgumentParser.parse_args
 
     def parse_then_stop(self, args=None, namespace=None):
