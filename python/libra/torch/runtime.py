@@ -18,10 +18,19 @@ def _fingerprint_words(fp):
 class PlanRuntime:
     """One micro-batch's plan on one pool group, shared by every layer and by backward.
 
-    Construction is collective over ``group``: the ranks exchange their plan
-    fingerprints and worker indices, and every rank raises the same one-line
-    ValueError when they disagree. The worker's schedule is then precomputed
-    as index tensors.
+    Construction is collective over ``group``: every option is checked
+    before anything is posted, then the ranks exchange their plan
+    fingerprints, worker indices and any rank's own error, and every rank
+    raises the same one-line ValueError when one rank's options are bad or
+    the ranks disagree. The worker's schedule is then precomputed as index
+    tensors.
+
+    ``timeout`` (seconds, default 300) becomes the group's own collective
+    timeout (``ProcessGroup.set_timeout``) and bounds this agreement,
+    ``attention``'s call check and every exchange: when a peer sends nothing
+    within it, the other ranks raise a one-line TimeoutError naming it
+    (within about twice the timeout: they wait that long again for each
+    other's marks in the group's store). The group is unusable after that.
     """
 
     def __init__(self, plan, group, worker=None, threads=1, trace=False, check_calls=True, schedule=None,
@@ -33,10 +42,11 @@ class PlanRuntime:
         # the agreement below, so every rank raises the same line instead of leaving the others waiting.
         problem, me, timeout = _check_options(plan, group, size, worker, threads, trace, check_calls, schedule,
                                               exchange, timeout)
-        _set_group_timeout(group, timeout)
+        self._native_timeout = _set_group_timeout(group, timeout)
         fp = plan.fingerprint if isinstance(plan, _libra.Plan) else 0
         nw = plan.num_workers if isinstance(plan, _libra.Plan) else 0
-        everyone, first = _agree(group, _fingerprint_words(fp) + [me, nw], problem, timeout, "PlanRuntime")
+        everyone, first = _agree(group, _fingerprint_words(fp) + [me, nw], problem, timeout, "PlanRuntime",
+                                 self._native_timeout)
         if first is not None:
             raise ValueError(f"PlanRuntime: group rank {first[0]}: {first[1]}")
         # Every check below runs on what all ranks gathered, so they all raise the same line.
@@ -112,12 +122,13 @@ class PlanRuntime:
     def _deadline(self, work, name):
         """``work`` (an async collective just posted on the group) with this runtime's timeout: its
         ``wait()`` raises one line naming the silent rank instead of blocking."""
-        return _Timed(self.group, work, _next_seq(self.group), self.timeout, f"libra.torch.attention: {name}")
+        return _Timed(self.group, work, _next_seq(self.group), self.timeout, f"libra.torch.attention: {name}",
+                      self._native_timeout)
 
     def _agree(self, problem, what):
         """Collective: this rank's problem (a line, or None) against every rank's; returns the first
         (group rank, line) any rank had, or None. Bounded by the timeout like every exchange."""
-        return _agree(self.group, [], problem, self.timeout, what)[1]
+        return _agree(self.group, [], problem, self.timeout, what, self._native_timeout)[1]
 
 
 # ---- option checks, agreement and deadlines (issue 21: no rank waits on a peer that will never come)
@@ -169,23 +180,31 @@ def _check_options(plan, group, size, worker, threads, trace, check_calls, sched
 
 
 def _set_group_timeout(group, seconds):
+    """Sets the backend's own timeout of ``group``; True where the backend takes it."""
     # The backend's own timeout ends a collective whose peer is silent; a wait's deadline alone would
     # leave the collective pending in gloo's thread, and the process would hang on exit until it ends.
     try:
         group.set_timeout(datetime.timedelta(seconds=seconds))
+        return True
     except (AttributeError, RuntimeError):
-        pass
+        return False
 
 
 class _Timed:
     """An async collective with a deadline (what ``wait`` raises when a peer is silent)."""
 
-    def __init__(self, group, work, seq, timeout, what):
+    def __init__(self, group, work, seq, timeout, what, native):
         self.group, self.work, self.seq, self.timeout, self.what = group, work, seq, timeout, what
+        self.native = native  # the backend times the collective out itself (set_timeout took)
 
     def wait(self):
         try:
-            self.work.wait(timeout=datetime.timedelta(seconds=self.timeout))
+            # A deadline on wait() makes NCCL's wait block the CPU; where the backend keeps its own
+            # timeout, wait() stays the plain one.
+            if self.native:
+                self.work.wait()
+            else:
+                self.work.wait(timeout=datetime.timedelta(seconds=self.timeout))
         except RuntimeError as e:
             raise _silent_peers(self.group, self.seq, self.timeout, self.what, e) from None
         return True
@@ -228,7 +247,7 @@ def _silent_peers(group, seq, timeout, what, err):
     return TimeoutError(f"{what}: a peer sent nothing within {t} ({first})")
 
 
-def _agree(group, words, problem, timeout, what):
+def _agree(group, words, problem, timeout, what, native=False):
     """Collective: gathers every rank's int64 ``words`` and its problem line (or None). Returns (the
     gathered words by group rank, the first (group rank, line) of a rank with a problem, or None).
     Two gathers at most, both with the deadline: a message goes only when some rank has one."""
@@ -237,7 +256,7 @@ def _agree(group, words, problem, timeout, what):
     mine = torch.tensor(list(words) + [len(msg)], dtype=torch.int64)
     everyone = [torch.zeros_like(mine) for _ in range(size)]
     work = dist.all_gather(everyone, mine, group=group, async_op=True)
-    _Timed(group, work, _next_seq(group), timeout, what).wait()
+    _Timed(group, work, _next_seq(group), timeout, what, native).wait()
     lengths = [int(t[-1]) for t in everyone]
     if not any(lengths):
         return [t[:-1] for t in everyone], None
@@ -246,6 +265,6 @@ def _agree(group, words, problem, timeout, what):
     buf[:len(msg)] = torch.frombuffer(bytearray(msg), dtype=torch.uint8) if msg else buf[:0]
     texts = [torch.zeros(width, dtype=torch.uint8) for _ in range(size)]
     work = dist.all_gather(texts, buf, group=group, async_op=True)
-    _Timed(group, work, _next_seq(group), timeout, what).wait()
+    _Timed(group, work, _next_seq(group), timeout, what, native).wait()
     first = next(i for i, n in enumerate(lengths) if n)
     return [t[:-1] for t in everyone], (first, bytes(texts[first][:lengths[first]].tolist()).decode("utf-8", "replace"))
