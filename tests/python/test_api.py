@@ -265,6 +265,8 @@ def body_agreement(rank, world):
                                            q, k, v, grad))
     rt = lt.PlanRuntime(_plan(), group)
     out["scale_nan"] = _error(lambda: _attend(rt, q, k, v, grad, softmax_scale=math.nan if rank == 0 else None))
+    out["dtype"] = _error(lambda: lt.attention(q.float(), k.to(torch.bfloat16 if rank == 0 else torch.float32),
+                                               v.float(), rt))
     # softmax_scale 0 is uniform attention over each row's visible keys, not the default scale.
     (q, k, v, grad), want = _data(worker, scale=0.0)
     got = _attend(rt, q, k, v, grad, softmax_scale=0.0)
@@ -281,6 +283,8 @@ def test_a_bad_option_on_one_rank_raises_its_line_on_every_rank_and_scale_zero_i
         "timeout": "PlanRuntime: group rank 1: timeout -1: must be a finite number of seconds > 0",
         "worker": "PlanRuntime: group rank 1: worker 1.5: must be an integer",
         "scale_nan": "libra.torch.attention: group rank 0: softmax_scale nan: must be finite",
+        "dtype": "libra.torch.attention: group rank 0: q, k and v must share dtype and device, got q torch.float32 "
+                 "on cpu, k torch.bfloat16 on cpu, v torch.float32 on cpu",
     }
     for key, line in want.items():
         assert r0[key] == r1[key] == ["ValueError", line], key
