@@ -49,7 +49,10 @@ def _split_top(text):
             parts.append(cur.strip())
             cur = ""
             continue
-        depth += ch in "[(" and 1 or (ch in "])" and -1 or 0)
+        if ch in "[(":
+            depth += 1
+        elif ch in "])":
+            depth -= 1
         cur += ch
     if cur.strip():
         parts.append(cur.strip())
@@ -81,7 +84,7 @@ def _check_value(call, name, declared, value):
     out of its C++ range reads as a type mismatch); None when it is fine or pybind11's to judge."""
     numeric = any(t in declared for t in ("int", "float"))
     if isinstance(value, bool):
-        if declared != "bool" and (numeric or declared == "object"):
+        if numeric:
             kind = "a number" if "float" in declared else "an integer"
             return f"{call}(): {name} {value}: must be {kind}, not a bool"
         return None

@@ -1,5 +1,7 @@
 """The autograd function that runs one pass per direction of the pipelined schedule,
 and ``attention``, the public call."""
+import math
+
 import torch
 
 from .. import _libra
@@ -151,12 +153,12 @@ def _softmax_scale(value):
     """(the scale to run, None for 1/sqrt(head_dim); a problem line or None) of ``softmax_scale``."""
     if value is None:
         return None, None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) and not hasattr(value, "__float__"):
+    try:  # numbers and 0-d tensors; float() of a str would read text as a number
+        scale = None if isinstance(value, (bool, str, bytes)) else float(value)
+    except (TypeError, ValueError, RuntimeError):
+        scale = None
+    if scale is None:
         return None, f"softmax_scale {value!r}: must be a number or None"
-    try:
-        scale = float(value)
-    except (TypeError, ValueError):
-        return None, f"softmax_scale {value!r}: must be a number or None"
-    if scale != scale or scale in (float("inf"), float("-inf")):
+    if not math.isfinite(scale):
         return None, f"softmax_scale {scale}: must be finite"
     return scale, None

@@ -1,6 +1,7 @@
 """PlanRuntime: one micro-batch's plan bound to one pool group (collective construction)."""
 import datetime
 import math
+import operator
 import time
 
 import torch
@@ -66,7 +67,7 @@ class PlanRuntime:
         self.plan = plan
         self.group = group
         self.worker = me
-        self.threads = threads
+        self.threads = int(threads)
         self.check_calls = check_calls
         # How messages are packed: "programs" copies the schedule's runs in C++ (CPU tensors),
         # "index" uses index tensors and torch ops (any device; what CUDA tensors use).
@@ -146,6 +147,16 @@ def _number(value):
         type(value).__module__ == "numpy" and hasattr(value, "dtype") and value.dtype.kind in "iuf")
 
 
+def _index(value):
+    """value as an int (Python or numpy integers; not a bool), or None."""
+    if isinstance(value, bool):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
+
+
 def _check_options(plan, group, size, worker, threads, trace, check_calls, schedule, exchange, timeout):
     """(this rank's first problem or None, its worker or -1, the timeout to use) for PlanRuntime's
     arguments; nothing here communicates."""
@@ -161,13 +172,13 @@ def _check_options(plan, group, size, worker, threads, trace, check_calls, sched
         if entry is None:
             return ("group was not made by libra.torch.pool_group or domain_groups; pass worker=", me, timeout)
         me = entry[1][dist.get_rank(group)]
-    elif isinstance(worker, bool) or not isinstance(worker, int) and not (_number(worker) and float(worker).is_integer()):
+    elif _index(worker) is None:
         return f"worker {worker!r}: must be an integer", me, timeout
     else:
-        me = int(worker)
+        me = _index(worker)
         if not 0 <= me < plan.num_workers:
             return f"worker {me}: must be in [0, {plan.num_workers}) (the plan's workers)", -1, timeout
-    if isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= 1024:
+    if _index(threads) is None or not 1 <= _index(threads) <= 1024:
         return f"threads {threads!r}: must be an integer in [1, 1024]", me, timeout
     for name, v in (("trace", trace), ("check_calls", check_calls)):
         if not isinstance(v, bool):
