@@ -51,7 +51,8 @@ std::string python_names(const std::string& m) {
   std::string out;
   out.reserve(m.size());
   for (std::size_t i = 0; i < m.size();) {
-    const bool at_word = i == 0 || !(std::isalnum(static_cast<unsigned char>(m[i - 1])) || m[i - 1] == '-');
+    // A flag starts the message or follows a space, bracket or quote; `--` inside a path stays.
+    const bool at_word = i == 0 || (m[i - 1] != '\0' && std::strchr(" ([`'\"", m[i - 1]) != nullptr);
     if (at_word && m.compare(i, 2, "--") == 0 && i + 2 < m.size() && std::islower(static_cast<unsigned char>(m[i + 2]))) {
       std::size_t j = i + 2;
       while (j < m.size() && (std::islower(static_cast<unsigned char>(m[j])) || std::isdigit(static_cast<unsigned char>(m[j])) || m[j] == '-')) ++j;
