@@ -309,6 +309,7 @@ def body_silence(rank, world):
 
     for case, check in (("check", True), ("exchange", False)):
         group, _ = lt.pool_group(2, 1)
+        dist.barrier()  # both healthy here: start the agreement together, however loaded the machine
         rt = lt.PlanRuntime(_plan(), group, timeout=T, check_calls=check)
         if rank == 1:
             time.sleep(3 * T)  # silent in attention: its call agreement, or (unchecked) its exchange
