@@ -73,7 +73,7 @@ def run_chunk(rt, backend, pass_index, m, home, comp, scale):
     if backend.kind == "buffers":
         calls = rt.schedule["calls"][pass_index][m]
         run = backend.forward if pass_index == 0 else backend.backward
-        run(calls, home, comp, rt.window, 0.0 if scale is None else scale, rt.threads)
+        run(calls, home, comp, rt.window, scale, rt.threads)
         return
     meta = _call_meta(rt, pass_index, m, home["Q"].device)
     if not meta:

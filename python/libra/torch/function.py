@@ -1,7 +1,8 @@
 """The autograd function that runs one pass per direction of the pipelined schedule,
 and ``attention``, the public call."""
+import math
+
 import torch
-import torch.distributed as dist
 
 from . import backends
 from .compute import run_chunk
@@ -104,7 +105,8 @@ def _call_problem(q, k, v, rt, window):
             shape = list(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
             return f"{name} has shape {shape} but the plan needs {list(want)}"
     if not (q.dtype == k.dtype == v.dtype) or not (q.device == k.device == v.device):
-        return "q, k and v must share dtype and device"
+        return (f"q, k and v must share dtype and device, got q {q.dtype} on {q.device}, k {k.dtype} on "
+                f"{k.device}, v {v.dtype} on {v.device}")
     try:
         backends.select(q.device, q.dtype)
     except ValueError as e:
@@ -122,18 +124,34 @@ def attention(q, k, v, runtime, softmax_scale=None, window=None):
     if not isinstance(runtime, PlanRuntime):
         raise ValueError("libra.torch.attention: runtime must be a libra.torch.PlanRuntime")
     rt = runtime
-    problem = _call_problem(q, k, v, rt, window)
+    scale, scale_problem = _softmax_scale(softmax_scale)
+    problem = _call_problem(q, k, v, rt, window) or scale_problem
     if rt.check_calls:
         # One small collective so that a bad call on one rank fails on every rank with the same line
         # instead of leaving the others waiting in the exchange (PlanRuntime(check_calls=False) skips it).
-        flag = torch.tensor([0 if problem is None else 1], dtype=torch.int64)
-        dist.all_reduce(flag, group=rt.group)
-        if int(flag[0]):
-            msgs = [None] * dist.get_world_size(rt.group)
-            dist.all_gather_object(msgs, problem, group=rt.group)
-            first = next(i for i, m in enumerate(msgs) if m is not None)
-            raise ValueError(f"libra.torch.attention: group rank {first}: {msgs[first]}")
+        first = rt._agree(problem, "libra.torch.attention")
+        if first is not None:
+            raise ValueError(f"libra.torch.attention: group rank {first[0]}: {first[1]}")
     elif problem is not None:
         raise ValueError(f"libra.torch.attention: {problem}")
-    scale = None if softmax_scale is None else float(softmax_scale)
+    if scale == 0.0:
+        # Scale 0 is legal math (every visible key weighs the same), but libra's kernel reads 0 as
+        # "1/sqrt(d)". q * 0 at scale 1 gives the same scores (all 0), o, LSE and dk (0), and the
+        # multiply sends dq = 0 back to q.
+        q, scale = q * 0, 1.0
     return _Attention.apply(q.contiguous(), k.contiguous(), v.contiguous(), runtime, scale)
+
+
+def _softmax_scale(value):
+    """(the scale to run, None for 1/sqrt(head_dim); a problem line or None) of ``softmax_scale``."""
+    if value is None:
+        return None, None
+    try:  # numbers and 0-d tensors; float() of a str would read text as a number
+        scale = None if isinstance(value, (bool, str, bytes)) else float(value)
+    except (TypeError, ValueError, RuntimeError):
+        scale = None
+    if scale is None:
+        return None, f"softmax_scale {value!r}: must be a number or None"
+    if not math.isfinite(scale):
+        return None, f"softmax_scale {scale}: must be finite"
+    return scale, None
