@@ -150,9 +150,12 @@ def refusals(rank):
     out["one_rank_cu"] = call_error(lambda: lt.attention(x, y, y, rt, cu_seqlens=bad))
     # What passes: the runtime's own boundaries, padding as a last segment, [L/cp] or [1, L/cp].
     pad = torch.cat([rt.cu_seqlens, torch.tensor([L // 2], dtype=torch.int32)]) if rt.padding_rows else rt.cu_seqlens
-    out["accepted"] = all(call_error(lambda a=a: lt.attention(x, y, y, rt, **a)) is None for a in (
+    whole = torch.tensor([0] + [sum(POOLS[2 + slot][:i + 1]) for i in range(len(POOLS[2 + slot]))], dtype=torch.int32)
+    out["accepted"] = [call_error(lambda a=a: lt.attention(x, y, y, rt, **a)) for a in (
         dict(cu_seqlens=rt.cu_seqlens, position_ids=rt.position_ids), dict(cu_seqlens=pad),
-        dict(position_ids=rt.position_ids[None, :].clone())))
+        dict(position_ids=rt.position_ids[None, :].clone()), dict(cu_seqlens=whole),
+        dict(cu_seqlens=torch.cat([whole, torch.tensor([L], dtype=torch.int32)])))]
+    out["packed_cu_seqlens"] = rt.packed_cu_seqlens.tolist() == whole.tolist()
     out["shape"] = call_error(lambda: lt.attention(x, y, y, rt, position_ids=rt.position_ids[:-1]))
     windowed = lt.PlanRuntime(libra.make_plan(POOLS[2:], window=9, **kw), group)
     out["window_default"] = call_error(lambda: lt.attention(x, y, y, windowed))
@@ -199,13 +202,14 @@ def test_a_runtime_of_another_micro_batch_is_refused(four):
                       ("stale_cu", "cu_seqlens")):
         msgs = [r["refusals"][key] for r in four]
         assert msgs[0] is not None and part in msgs[0] and "micro-batch" in msgs[0], msgs[0]
+        assert msgs[0].startswith("libra.torch.attention: group rank 0: ")
         assert "\n" not in msgs[0] and all(m == msgs[0] for m in msgs)
 
 
 def test_boundaries_wrong_on_one_rank_fail_on_every_rank_alike(four):
     msgs = [r["refusals"]["one_rank_cu"] for r in four]
     assert msgs[0].startswith("libra.torch.attention: group rank 3: cu_seqlens [") and all(m == msgs[0] for m in msgs)
-    assert all(r["refusals"]["accepted"] for r in four)
+    assert all(r["refusals"]["accepted"] == [None] * 5 and r["refusals"]["packed_cu_seqlens"] for r in four)
     assert "position_ids has shape [31]" in four[0]["refusals"]["shape"]
 
 

@@ -159,12 +159,18 @@ def _boundary_problem(rt, cu_seqlens, position_ids):
         if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dim() != 1 or cu_seqlens.dtype.is_floating_point:
             return "cu_seqlens must be a 1-D integer tensor (flash-attn's cumulative sequence lengths)"
         got = [int(x) for x in cu_seqlens.tolist()]
-        want = [int(x) for x in rt.cu_seqlens.tolist()]
-        # Padding given as one last segment is flash-attn practice too.
-        if got != want and not (rt.padding_rows and got == want + [rt.home_rows]):
+        home = [int(x) for x in rt.cu_seqlens.tolist()]
+        packed = [int(x) for x in rt.packed_cu_seqlens.tolist()]
+        L = rt.plan.config["seq_len"]
+        # This rank's home rows, or the slot's whole packed sequence (TE / Megatron pass those under
+        # CP); padding as one last segment is flash-attn practice too.
+        accepted = (home, packed) + ((home + [rt.home_rows],) if rt.padding_rows else ()) + (
+            (packed + [L],) if packed[-1] < L else ())
+        if got not in accepted:
             def short(xs):
                 return str(xs) if len(xs) <= 8 else f"[{', '.join(map(str, xs[:6]))}, ... {xs[-1]}] ({len(xs)} entries)"
-            return f"cu_seqlens {short(got)} differ from the plan's {short(want)} over this rank's home rows: " + stale
+            return (f"cu_seqlens {short(got)} match neither this rank's home rows' {short(home)} nor the packed "
+                    f"sequence's {short(packed)}: " + stale)
     return None
 
 
@@ -215,7 +221,8 @@ def attention(q, k, v, runtime, softmax_scale=None, window=_UNSET, *, causal=Tru
     contradicts it, ``causal=False`` or a right window > 0 raise.
     ``window=`` is the deprecated alias: the plan's width w, None for plain causal.
 
-    ``cu_seqlens`` (flash-attn's, over this rank's home rows: ``runtime.cu_seqlens``,
+    ``cu_seqlens`` (flash-attn's, over this rank's home rows: ``runtime.cu_seqlens``, or
+    over the slot's whole packed sequence: ``runtime.packed_cu_seqlens``; either
     optionally with padding as a last segment) and ``position_ids`` ([L/cp] or
     [1, L/cp], per sample from 0: ``runtime.position_ids``; padding rows not
     checked) are the caller's sample boundaries, checked against the plan.

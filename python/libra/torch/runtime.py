@@ -35,6 +35,8 @@ class PlanRuntime:
       [0, home_tokens), one segment per run of one sample's consecutive rows
       (a sample cut by the layout gives a segment per piece); padding
       excluded; ``max_seqlen`` its longest segment;
+    - ``packed_cu_seqlens``: int32, the samples of the slot's whole packed
+      sequence (TransformerEngine / Megatron ``PackedSeqParams`` style);
     - ``home_tokens`` (rows holding tokens: always the first ones) and
       ``padding_rows`` (the rest); ``home_layout``, ``slot``, ``cp_rank``.
     """
@@ -98,6 +100,7 @@ class PlanRuntime:
         self.position_ids = torch.from_numpy(np.array(lay["position_ids"], dtype=np.int64))
         self.cu_seqlens = torch.from_numpy(np.array(lay["cu_seqlens"], dtype=np.int32))
         self.max_seqlen = int((self.cu_seqlens[1:] - self.cu_seqlens[:-1]).max()) if len(self.cu_seqlens) > 1 else 0
+        self.packed_cu_seqlens = torch.tensor(np.concatenate([[0], np.cumsum(plan.pool[self.slot])]), dtype=torch.int32)
         self._position_on = {}  # position_ids of the token rows, by device (attention's check)
         self.splits = {(p, m, c): progs.splits(p, m, c)
                        for p, classes in _PHASE_CLASSES.items() for m in range(self.num_chunks) for c in classes}
