@@ -7,6 +7,8 @@ pool alone, independently of libra; outputs and gradients are compared with plai
 float64 on whole sequences (tests/python/dist_util.py), the LSE with a float64 log-sum-exp.
 One spawn of 4 processes runs every case.
 """
+import warnings
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -159,7 +161,11 @@ def refusals(rank):
     out["shape"] = call_error(lambda: lt.attention(x, y, y, rt, position_ids=rt.position_ids[:-1]))
     windowed = lt.PlanRuntime(libra.make_plan(POOLS[2:], window=9, **kw), group)
     out["window_default"] = call_error(lambda: lt.attention(x, y, y, windowed))
-    out["window_alias"] = call_error(lambda: lt.attention(x, y, y, windowed, window=9))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out["window_alias"] = call_error(lambda: lt.attention(x, y, y, windowed, window=9))
+    out["alias_deprecated"] = any(issubclass(w.category, DeprecationWarning) and "window= is deprecated" in str(w.message)
+                                  for w in caught)
     out["window_size_ok"] = call_error(lambda: lt.attention(x, y, y, windowed, window_size=(8, 0)))
     out["window_size_bad"] = call_error(lambda: lt.attention(x, y, y, windowed, window_size=(4, 0)))
     out["window_none"] = call_error(lambda: lt.attention(x, y, y, windowed, window=None))
@@ -216,7 +222,7 @@ def test_boundaries_wrong_on_one_rank_fail_on_every_rank_alike(four):
 def test_masks_in_flash_attn_terms(four):
     f = four[0]["refusals"]
     assert f["window_default"] is None and f["window_alias"] is None and f["window_size_ok"] is None
-    assert f["full_as_minus_one"] is None
+    assert f["full_as_minus_one"] is None and f["alias_deprecated"]
     assert "window_size (4, 0) contradicts the plan's window_size (8, 0) (plan window 9)" in f["window_size_bad"]
     assert "window None differs from the plan's window 9" in f["window_none"]
     assert "window_size (8, 3)" in f["right"] and "cannot express" in f["right"]

@@ -1,5 +1,7 @@
 """The autograd function that runs one pass per direction of the pipelined schedule,
 and ``attention``, the public call."""
+import warnings
+
 import torch
 import torch.distributed as dist
 
@@ -230,6 +232,9 @@ def attention(q, k, v, runtime, softmax_scale=None, window=_UNSET, *, causal=Tru
     """
     if not isinstance(runtime, PlanRuntime):
         raise ValueError("libra.torch.attention: runtime must be a libra.torch.PlanRuntime")
+    if window is not _UNSET:
+        warnings.warn("libra.torch.attention: window= is deprecated; the plan's window is the default "
+                      "(window_size=(w - 1, 0) in flash-attn's terms)", DeprecationWarning, stacklevel=2)
     rt = runtime
     problem = _call_problem(q, k, v, rt, window, causal, window_size, cu_seqlens, position_ids, return_lse)
     if rt.check_calls:
