@@ -53,6 +53,7 @@ struct PlanCost {
   // [m][worker]: chunk m's all-to-all times.
   std::vector<std::vector<double>> cdisp_fwd, cret_fwd, cdisp_bwd, cret_bwd;
   std::int64_t comm_bytes = 0, max_send = 0, max_recv = 0;
+  std::int64_t max_recv_cross_node = 0;  // the busiest cross-node receiver's bytes
   double imbalance = 0;
 };
 
@@ -111,6 +112,7 @@ struct CandWindow {
   std::vector<double> inter;  // per placement mode, all_placement_modes() order
   double lower_bound = 0;
   std::vector<double> intra, intra_plus, bytes, bytes_plus, send, recv, comm;  // per pool
+  std::vector<double> intra_topo, recv_cross, recv_cross_topo;                  // per pool
   std::map<Variant, std::vector<double>> steps;  // per GA step latency
 };
 struct WindowResult {
@@ -135,8 +137,10 @@ struct E2eWindow {
   double tokens = 0;
   Timing timing;
 };
+// `libra` names the libra variant timed (libra-full, libra-topo or
+// libra-tap-vrsp).
 E2eWindow e2e_window(const Ctx& ctx, std::span<const PackedSequence> window, std::uint64_t w,
-                     const SimCandidate& rec, const std::vector<std::int64_t>& dps);
+                     const SimCandidate& rec, const std::vector<std::int64_t>& dps, Variant libra);
 // Folds the windows into res.dp_scaling and the microbatch statistics.
 Status fold_end_to_end(const std::vector<E2eWindow>& er, const std::vector<std::int64_t>& dps,
                        const SimCandidate& rec, SimResult& res);

@@ -50,9 +50,9 @@ std::string sim_table(const SimResult& r) {
                    ms(r.ulysses.worst), ms(r.wlb.mean), ms(r.wlb.worst),
                    r.wlb_split_samples ? fmt::format(" ({} samples cut to fit)", r.wlb_split_samples) : "");
   o += "\n";
-  o += fmt::format("{:<24} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10} {:>17} {:>17} {:>17} {:>17} {:>17}\n",
+  o += fmt::format("{:<24} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10} {:>17} {:>17} {:>17} {:>17} {:>17} {:>17}\n",
                    "candidate", "R-1 vrsp", "R-1 samp", "R-1 rand", "R-1 refn", "intra", "intra+", "MB/pool",
-                   "tap", "tap-vrsp", "full", "plus", "distca");
+                   "tap", "tap-vrsp", "full", "plus", "distca", "topo");
   for (std::size_t i = 0; i < r.candidates.size(); ++i) {
     const auto& k = r.candidates[i];
     std::string name = cand(k.candidate);
@@ -147,6 +147,9 @@ std::string sim_json(const SimResult& r) {
     e["intra_imbalance_plus"] = stat(k.intra_imbalance_plus);
     e["comm_bytes"] = stat(k.comm_bytes);
     e["comm_bytes_plus"] = stat(k.comm_bytes_plus);
+    e["intra_imbalance_topo"] = stat(k.intra_imbalance_topo);
+    e["max_recv_cross_node_bytes"] = stat(k.max_recv_cross_node);
+    e["max_recv_cross_node_bytes_topo"] = stat(k.max_recv_cross_node_topo);
     e["max_send_bytes"] = stat(k.max_send_bytes);
     e["max_recv_bytes"] = stat(k.max_recv_bytes);
     e["comm_seconds"] = stat(k.comm_seconds);
@@ -161,6 +164,8 @@ std::string sim_json(const SimResult& r) {
                             {"block_size", s.candidate.block_size}, {"reason", s.reason}});
   }
   j["recommended"] = r.recommended;
+  j["recommended_variant"] = std::string(variant_name(r.recommended_variant));
+  j["end_to_end_variant"] = std::string(variant_name(r.end_to_end_variant));
   j["runner_up"] = r.runner_up;
   j["recommendation"] = r.recommendation_reason;
   j["distca_skipped"] = r.distca_skipped;
@@ -320,7 +325,7 @@ Status write_sim_report(const SimResult& r, const std::string& dir, bool rendere
         "set key outside right\nset style data histograms\nset style fill solid 0.8\nset xtics rotate by -60\nset ylabel 'ms'\nset yrange [0:*]\n"
         "set xlabel ''\nplot 'sim-latency.dat' using 2:xtic(1) title 'ulysses', '' using 3 title 'wlb', "
         "'' using 4 title 'libra-tap', '' using 5 title 'libra-tap-vrsp', '' using 6 title 'libra-full', "
-        "'' using 7 title 'libra-plus', '' using 8 title 'distca'\n";
+        "'' using 7 title 'libra-plus', '' using 8 title 'distca', '' using 9 title 'libra-topo'\n";
   LIBRA_TRY(put("sim-plots.gp", gp));
   const bool plotted = rendered;
 

@@ -221,6 +221,7 @@ Result<SimResult> simulate(std::span<const PackedSequence> seqs, std::int64_t se
     cr.candidate = ctx.candidates[ci];
     std::vector<std::vector<double>> inter(modes.size());
     std::vector<double> lb, intra, intra_plus, bytes, bytes_plus, send, recv, comm;
+    std::vector<double> intra_topo, recv_cross, recv_cross_topo;
     std::map<Variant, std::vector<double>> steps;
     auto app = [](std::vector<double>& a, const std::vector<double>& b) { a.insert(a.end(), b.begin(), b.end()); };
     for (const auto& r : wr) {
@@ -234,6 +235,9 @@ Result<SimResult> simulate(std::span<const PackedSequence> seqs, std::int64_t se
       app(send, cw.send);
       app(recv, cw.recv);
       app(comm, cw.comm);
+      app(intra_topo, cw.intra_topo);
+      app(recv_cross, cw.recv_cross);
+      app(recv_cross_topo, cw.recv_cross_topo);
       for (const auto& [v, s] : cw.steps) app(steps[v], s);
     }
     for (std::size_t m = 0; m < modes.size(); ++m) cr.inter_imbalance.emplace_back(modes[m], stat_of(inter[m]));
@@ -245,6 +249,9 @@ Result<SimResult> simulate(std::span<const PackedSequence> seqs, std::int64_t se
     cr.max_send_bytes = stat_of(send);
     cr.max_recv_bytes = stat_of(recv);
     cr.comm_seconds = stat_of(comm);
+    cr.intra_imbalance_topo = stat_of(intra_topo);
+    cr.max_recv_cross_node = stat_of(recv_cross);
+    cr.max_recv_cross_node_topo = stat_of(recv_cross_topo);
     for (Variant v : candidate_variants()) {
       auto it = steps.find(v);
       if (it != steps.end()) cr.latency.push_back({v, stat_of(it->second)});
@@ -279,7 +286,7 @@ Result<SimResult> simulate(std::span<const PackedSequence> seqs, std::int64_t se
     std::vector<E2eWindow> er(static_cast<std::size_t>(windows));
     parallel("end-to-end", [&](std::int64_t i) {
       er[static_cast<std::size_t>(i)] =
-          e2e_window(ctx, window_span(i), static_cast<std::uint64_t>(i), best.candidate, dps);
+          e2e_window(ctx, window_span(i), static_cast<std::uint64_t>(i), best.candidate, dps, res.end_to_end_variant);
     });
     res.timing.end_to_end_s = wall_seconds() - t1;
     LIBRA_TRY(fold_end_to_end(er, dps, best.candidate, res));

@@ -49,7 +49,7 @@ struct Timed {
 };
 
 // What run_pools records per pool besides step latencies.
-enum class Record { kNothing, kTap, kPlus };
+enum class Record { kNothing, kTap, kPlus, kTopo };
 
 }  // namespace
 
@@ -109,7 +109,11 @@ WindowResult simulate_window(const Ctx& ctx, std::span<const PackedSequence> win
       } else if (rec == Record::kPlus) {
         cw.intra_plus.push_back(c.imbalance);
         cw.bytes_plus.push_back(static_cast<double>(c.comm_bytes));
+      } else if (rec == Record::kTopo) {
+        cw.intra_topo.push_back(c.imbalance);
+        cw.recv_cross_topo.push_back(static_cast<double>(c.max_recv_cross_node));
       }
+      if (rec == Record::kTap) cw.recv_cross.push_back(static_cast<double>(c.max_recv_cross_node));
     }
     for (std::size_t v = 0; v < variants.size(); ++v) cw.steps[variants[v].variant] = std::move(sms[v].step);
     return {};
@@ -157,6 +161,11 @@ WindowResult simulate_window(const Ctx& ctx, std::span<const PackedSequence> win
     }
     if (s.ok()) {
       s = run_pools(placed.at(PlacementMode::kVrspRefine), plus, {{Variant::kLibraPlus, true}}, cw, Record::kPlus);
+    }
+    if (s.ok()) {
+      const PlanConfig topo =
+          plan_config(ctx, cand.head_shards, cand.block_size, cfg.chunks, PlanMode::kTapTopo, false);
+      s = run_pools(placed.at(PlacementMode::kVrsp), topo, {{Variant::kLibraTopo, true}}, cw, Record::kTopo);
     }
     if (s.ok() && time_distca) {
       // One pool of P = DP per GA step in loader order; once per (H, B).

@@ -60,7 +60,7 @@ std::string summary(const Plan& plan) {
 Result<PlanConfig> config_from(const PlanOptions& o) {
   LIBRA_ASSIGN_OR_RETURN(PlanConfig c, plan_config_from(o.plan));
   auto m = parse_plan_mode(o.mode);
-  if (!m.ok()) return invalid_input("--mode " + o.mode + ": must be one of tap, ulysses, tap-split");
+  if (!m.ok()) return invalid_input("--mode " + o.mode + ": must be one of tap, ulysses, tap-split, tap-topo");
   c.mode = *m;
   c.dedup_per_kv_head = o.dedup_per_kv_head;
   LIBRA_TRY(validate_plan_config(c));
@@ -133,7 +133,7 @@ const bool registered = register_command(40, [](CLI::App& app) {
   add_plan_flags(sub, o->plan, "required unless --load");
   o->plan.instead = "--load PLAN";
   o->pool_flags = {
-      sub->add_option("--mode", o->mode, "tap, ulysses or tap-split"),
+      sub->add_option("--mode", o->mode, "tap, ulysses, tap-split or tap-topo"),
       sub->add_flag("--dedup-per-kv-head", o->dedup_per_kv_head, "Fetch KV once per KV head instead of per head shard"),
       sub->add_option("--pool-size", o->pool_size, "Take --pool-size consecutive sequences as the pool"),
       sub->add_option("--pool-index", o->pool_index, "Which pool of --pool-size sequences"),
