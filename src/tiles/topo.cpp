@@ -27,6 +27,7 @@
 #include <bit>
 #include <cmath>
 #include <limits>
+#include <memory>
 #include <numeric>
 
 #include "tiles/plan_internal.hpp"
@@ -72,6 +73,13 @@ class TopoPlacer {
     // Link-seconds per byte of each tier, for the tie-break: a cross-
     // supernode byte uses the NIC and the spine.
     per_byte_ = {inv_[0], inv_[1], inv_[1] + inv_spine_};
+    node_.resize(static_cast<std::size_t>(W_));
+    super_.resize(static_cast<std::size_t>(W_));
+    for (int w = 0; w < W_; ++w) {
+      node_[static_cast<std::size_t>(w)] = w / topo.gpus_per_node;
+      super_[static_cast<std::size_t>(w)] = w / topo.gpus_per_node / topo.nodes_per_supernode;
+    }
+    touched_.assign(words_, 0);
   }
 
   // Loads the tile's sources (KV by CP rank, Q/O from the home).
@@ -91,6 +99,42 @@ class TopoPlacer {
         srcs_.push_back({gid, static_cast<int>(c), vkv * (hi - lo)});
       }
     }
+    // Most candidates hold none of the tile's groups and sit outside its
+    // slot: for them the bytes per source are the same and, when the slot
+    // lies in one node, so is the tier of every source. Precompute their
+    // score per tier (the same arithmetic, in the same order, as the general
+    // path) and mark the candidates that need the general path.
+    const int base = p_ * geo_.cp;
+    std::fill(add_.begin(), add_.end(), 0);
+    std::fill(touched_.begin(), touched_.end(), 0);
+    for (const Source& s : srcs_) {
+      add_[static_cast<std::size_t>(s.rank)] += s.bytes;
+      const std::uint64_t* bits = &committed_[static_cast<std::size_t>(s.group) * words_];
+      for (std::size_t k = 0; k < words_; ++k) touched_[k] |= bits[k];
+    }
+    add_[static_cast<std::size_t>(home_ - base)] += vqo_;
+    for (int c = 0; c < geo_.cp; ++c) mark(base + c);
+    one_node_ = node_[static_cast<std::size_t>(base)] == node_[static_cast<std::size_t>(base + geo_.cp - 1)];
+    if (!one_node_) return;
+    fresh_total_ = 0;
+    for (int c = 0; c < geo_.cp; ++c) fresh_total_ += add_[static_cast<std::size_t>(c)];
+    for (std::size_t k = 0; k < 3; ++k) {
+      double worst = 0, cost = 0;
+      for (int c = 0; c < geo_.cp; ++c) {
+        const std::int64_t b = add_[static_cast<std::size_t>(c)];
+        if (b == 0) continue;
+        const int w = base + c;
+        Tiers ws = send_[static_cast<std::size_t>(w)];
+        ws[k] += static_cast<double>(b);
+        Tiers wr = recv_[static_cast<std::size_t>(w)];
+        if (w == home_) wr[k] += static_cast<double>(vqo_);
+        worst = std::max(worst, time(ws, wr));
+        cost += static_cast<double>(b) * per_byte_[k];
+      }
+      cost += static_cast<double>(vqo_) * per_byte_[k];
+      fresh_worst_[k] = worst;
+      fresh_cost_[k] = cost;
+    }
   }
 
   struct Score {
@@ -100,6 +144,13 @@ class TopoPlacer {
 
   // What placing the loaded tile on r does to the links.
   Score evaluate(int r) {
+    if (one_node_ && !((touched_[static_cast<std::size_t>(r) / 64] >> (r % 64)) & 1U)) {
+      const auto t = static_cast<std::size_t>(tier(p_ * geo_.cp, r));
+      Tiers rs = send_[static_cast<std::size_t>(r)], rr = recv_[static_cast<std::size_t>(r)];
+      rr[t] += static_cast<double>(fresh_total_);
+      rs[t] += static_cast<double>(vqo_);
+      return {std::max(fresh_worst_[t], time(rs, rr)), fresh_cost_[t]};
+    }
     std::fill(add_.begin(), add_.end(), 0);
     const int base = p_ * geo_.cp;
     for (const Source& s : srcs_) {
@@ -113,19 +164,19 @@ class TopoPlacer {
       const std::int64_t b = add_[static_cast<std::size_t>(c)];
       if (b == 0) continue;
       const int w = base + c;
-      const int tier = topo_tier(topo_, w, r);
-      rr[static_cast<std::size_t>(tier)] += static_cast<double>(b);
+      const auto t = static_cast<std::size_t>(tier(w, r));
+      rr[t] += static_cast<double>(b);
       Tiers ws = send_[static_cast<std::size_t>(w)];
-      ws[static_cast<std::size_t>(tier)] += static_cast<double>(b);
+      ws[t] += static_cast<double>(b);
       Tiers wr = recv_[static_cast<std::size_t>(w)];
-      if (w == home_) wr[static_cast<std::size_t>(tier)] += static_cast<double>(vqo_);  // O comes back
+      if (w == home_) wr[t] += static_cast<double>(vqo_);  // O comes back
       sc.worst = std::max(sc.worst, time(ws, wr));
-      sc.cost += static_cast<double>(b) * per_byte_[static_cast<std::size_t>(tier)];
+      sc.cost += static_cast<double>(b) * per_byte_[t];
     }
     if (r != home_) {
-      const int tier = topo_tier(topo_, r, home_);
-      rs[static_cast<std::size_t>(tier)] += static_cast<double>(vqo_);
-      sc.cost += static_cast<double>(vqo_) * per_byte_[static_cast<std::size_t>(tier)];
+      const auto t = static_cast<std::size_t>(tier(r, home_));
+      rs[t] += static_cast<double>(vqo_);
+      sc.cost += static_cast<double>(vqo_) * per_byte_[t];
     }
     sc.worst = std::max(sc.worst, time(rs, rr));
     return sc;
@@ -150,6 +201,7 @@ class TopoPlacer {
     }
   }
 
+
   bool fits(int r, std::int64_t flops) const { return loads_[static_cast<std::size_t>(r)] <= limit_ - flops; }
   std::int64_t max_load() const { return *std::max_element(loads_.begin(), loads_.end()); }
   bool within_capacity() const { return max_load() <= limit_; }
@@ -172,8 +224,13 @@ class TopoPlacer {
     };
     return std::max(link(s), link(r));
   }
+  int tier(int a, int b) const {
+    if (node_[static_cast<std::size_t>(a)] == node_[static_cast<std::size_t>(b)]) return 0;
+    return super_[static_cast<std::size_t>(a)] == super_[static_cast<std::size_t>(b)] ? 1 : 2;
+  }
+  void mark(int w) { touched_[static_cast<std::size_t>(w) / 64] |= std::uint64_t{1} << (w % 64); }
   void move(int from, int to, std::int64_t bytes) {
-    const auto tier = static_cast<std::size_t>(topo_tier(topo_, from, to));
+    const auto tier = static_cast<std::size_t>(this->tier(from, to));
     send_[static_cast<std::size_t>(from)][tier] += static_cast<double>(bytes);
     recv_[static_cast<std::size_t>(to)][tier] += static_cast<double>(bytes);
   }
@@ -197,6 +254,12 @@ class TopoPlacer {
   int p_ = 0, home_ = 0;
   std::int64_t vqo_ = 0;
   std::vector<Source> srcs_;
+  std::vector<int> node_, super_;
+  // The fast path of evaluate() (see load()).
+  std::vector<std::uint64_t> touched_;  // candidates that need the general path
+  bool one_node_ = false;
+  std::int64_t fresh_total_ = 0;
+  std::array<double, 3> fresh_worst_{}, fresh_cost_{};
 };
 
 }  // namespace
@@ -243,21 +306,24 @@ std::vector<PlacedRows> place_topo(const Geometry& geo, const PlanConfig& config
                                    std::span<const std::int64_t> flops, double capacity) {
   const int W = geo.workers;
   const std::size_t n = base.size();
-
-  // A. Home first, lightest first (most bytes per FLOP if moved), then the
-  //    rest heaviest first.
-  std::vector<PlacedRows> home_first(base.begin(), base.end());
-  TopoPlacer a(geo, config.topology, capacity);
-  {
+  struct Candidate {
+    std::vector<PlacedRows> rows;
+    std::unique_ptr<TopoPlacer> placer;
+  };
+  auto home_of = [&](std::int32_t i) {
+    return geo.home(base[static_cast<std::size_t>(i)].slot, base[static_cast<std::size_t>(i)].begin);
+  };
+  // Home first: each home keeps a prefix of its tiles in `before` order
+  // while they fit under C; the rest go heaviest first where the links
+  // suffer least.
+  auto home_first = [&](auto&& before) {
+    Candidate c{std::vector<PlacedRows>(base.begin(), base.end()),
+                std::make_unique<TopoPlacer>(geo, config.topology, capacity)};
     std::vector<std::int32_t> order(n);
     std::iota(order.begin(), order.end(), 0);
-    auto home_of = [&](std::int32_t i) {
-      return geo.home(base[static_cast<std::size_t>(i)].slot, base[static_cast<std::size_t>(i)].begin);
-    };
     std::sort(order.begin(), order.end(), [&](std::int32_t x, std::int32_t y) {
       const int hx = home_of(x), hy = home_of(y);
-      if (hx != hy) return hx < hy;
-      return heavier(flops, y, x);
+      return hx != hy ? hx < hy : before(x, y);
     });
     std::vector<std::int32_t> moved;
     for (std::size_t k = 0; k < n;) {
@@ -266,36 +332,56 @@ std::vector<PlacedRows> place_topo(const Geometry& geo, const PlanConfig& config
       for (; k < n && home_of(order[k]) == h; ++k) {
         const std::int32_t i = order[k];
         const std::int64_t f = flops[static_cast<std::size_t>(i)];
-        if (!full && a.fits(h, f)) {
-          a.load(base[static_cast<std::size_t>(i)]);
-          a.commit(h, f);
-          home_first[static_cast<std::size_t>(i)].worker = h;
+        if (!full && c.placer->fits(h, f)) {
+          c.placer->load(base[static_cast<std::size_t>(i)]);
+          c.placer->commit(h, f);
+          c.rows[static_cast<std::size_t>(i)].worker = h;
         } else {
-          full = true;  // the rest are at least as heavy
+          full = true;
           moved.push_back(i);
         }
       }
     }
     std::sort(moved.begin(), moved.end(), [&](std::int32_t x, std::int32_t y) { return heavier(flops, x, y); });
-    place_rest(a, W, base, flops, moved, home_first);
-  }
-  if (a.within_capacity() && a.link_times().first == 0) return home_first;
-
-  // B. Every tile heaviest first (TAP's order, which packs tightest), by the
-  //    same link score: where the home-first pass cannot fit its moved tiles
-  //    under C, this one usually can.
-  std::vector<PlacedRows> heavy_first(base.begin(), base.end());
-  TopoPlacer b(geo, config.topology, capacity);
-  {
+    place_rest(*c.placer, W, base, flops, moved, c.rows);
+    return c;
+  };
+  std::vector<Candidate> cands;
+  // A. Lightest first: a light tile moves the most bytes per FLOP.
+  cands.push_back(home_first([&](std::int32_t x, std::int32_t y) { return heavier(flops, y, x); }));
+  if (cands[0].placer->within_capacity() && cands[0].placer->link_times().first == 0) return std::move(cands[0].rows);
+  // B. Whole head shards first, lightest first within a shard: the tiles
+  //    that leave then share fewer KV groups (a long sample's KV goes out
+  //    once per moved shard and destination, not once per shard).
+  cands.push_back(home_first([&](std::int32_t x, std::int32_t y) {
+    const std::int32_t sx = base[static_cast<std::size_t>(x)].shard, sy = base[static_cast<std::size_t>(y)].shard;
+    return sx != sy ? sx < sy : heavier(flops, y, x);
+  }));
+  // C. Every tile heaviest first (TAP's order, which packs tightest), by the
+  //    same link score: where the home-first passes cannot fit their moved
+  //    tiles under C, this one usually can. Only then is it worth its time.
+  if (!cands[0].placer->within_capacity() && !cands[1].placer->within_capacity()) {
+    Candidate c{std::vector<PlacedRows>(base.begin(), base.end()),
+                std::make_unique<TopoPlacer>(geo, config.topology, capacity)};
     std::vector<std::int32_t> order(n);
     std::iota(order.begin(), order.end(), 0);
     std::sort(order.begin(), order.end(), [&](std::int32_t x, std::int32_t y) { return heavier(flops, x, y); });
-    place_rest(b, W, base, flops, order, heavy_first);
+    place_rest(*c.placer, W, base, flops, order, c.rows);
+    cands.push_back(std::move(c));
   }
-  // Within C first; then the faster links; then the lower peak load.
-  if (a.within_capacity() != b.within_capacity()) return a.within_capacity() ? home_first : heavy_first;
-  if (!a.within_capacity()) return a.max_load() <= b.max_load() ? home_first : heavy_first;
-  return a.link_times() <= b.link_times() ? home_first : heavy_first;
+  // Within C first; then the faster links (slowest worker, then the sum);
+  // then the lower peak load; ties: the earlier candidate.
+  std::size_t best = 0;
+  for (std::size_t k = 1; k < cands.size(); ++k) {
+    const TopoPlacer& x = *cands[k].placer;
+    const TopoPlacer& b = *cands[best].placer;
+    if (x.within_capacity() != b.within_capacity()) {
+      if (x.within_capacity()) best = k;
+      continue;
+    }
+    if (!x.within_capacity() ? x.max_load() < b.max_load() : x.link_times() < b.link_times()) best = k;
+  }
+  return std::move(cands[best].rows);
 }
 
 }  // namespace libra::detail
