@@ -159,6 +159,21 @@ struct CandidateResult {
   const Stat& inter(PlacementMode mode) const;
 };
 
+// Where one pool-step's forward core-attention time goes (seconds, the
+// slowest worker of each phase, without device noise): total = first
+// dispatch + compute + exposed chunk transfers + last return.
+struct StepDecomposition {
+  double total = 0;
+  double compute = 0;          // M x the slowest chunk's compute (the pipeliner's kernels)
+  double chunk_loss = 0;       // compute minus the same tiles in whole-shard kernel calls
+  double comm = 0;             // every dispatch and return, exposed or hidden
+  double first_dispatch = 0;   // exposed: nothing computes before it
+  double exposed_chunks = 0;   // exposed: chunk transfers longer than the compute they overlap
+  double last_return = 0;      // exposed: nothing computes after it
+  double workload_bound = 0;   // the pool's FLOPs spread evenly, whole-shard kernels, no communication
+  double recv_cross_node = 0;  // bytes: the busiest cross-node receiver of the pool
+};
+
 struct SkippedCandidate {
   SimCandidate candidate;
   std::string reason;
@@ -221,7 +236,8 @@ struct SimResult {
   std::vector<CandidateResult> candidates;
   std::vector<SkippedCandidate> skipped;
   Stat ulysses;  // core-attention forward latency per layer per step
-  Stat wlb;
+  Stat wlb;             // wlb_repack over the whole window, sorted: its heaviest sequences land in GA step 0
+  Stat wlb_loader;      // wlb_repack within each GA step's own DP sequences (samples stay in their loader step)
   std::int64_t wlb_split_samples = 0;  // samples the repacker had to cut to fit GBS sequences
   std::string distca_skipped;          // why distca was not timed, when it was not
   std::int64_t recommended = -1;       // index in candidates
@@ -232,6 +248,9 @@ struct SimResult {
   // The libra variant the end-to-end model ran (recommended_variant unless
   // that is ulysses: then the fastest libra variant, to show the gap).
   Variant end_to_end_variant = Variant::kLibraFull;
+  // For the recommended candidate and end_to_end_variant: the mean over
+  // every pool-step and the pool that set the worst step.
+  StepDecomposition mean_step, worst_step;
   std::string recommendation_reason;
   std::string paper_dataset;           // "1m", "256k" or "" (no paper figures apply)
   std::vector<PaperComparison> paper;

@@ -81,6 +81,8 @@ struct NoiseKey {
 // does; compute carries each GPU's noise factor for this step.
 double time_plan(const Ctx& ctx, const PlanCost& c, std::span<const std::int64_t> gpus, NoiseKey key, bool pipelined,
                  bool backward);
+// Where a pool-step's forward time goes (noise-free).
+StepDecomposition decompose(const PlanCost& c, bool pipelined);
 // Forward dispatch + return of the slowest worker, unpipelined (figure 14's
 // "communication").
 double comm_seconds(const PlanCost& c);
@@ -114,10 +116,12 @@ struct CandWindow {
   std::vector<double> intra, intra_plus, bytes, bytes_plus, send, recv, comm;  // per pool
   std::vector<double> intra_topo, recv_cross, recv_cross_topo;                  // per pool
   std::map<Variant, std::vector<double>> steps;  // per GA step latency
+  // Per pool of the libra variants: (its noisy latency, its decomposition).
+  std::map<Variant, std::vector<std::pair<double, StepDecomposition>>> pools;
 };
 struct WindowResult {
   Status status;
-  std::vector<double> ulysses, wlb;  // per GA step
+  std::vector<double> ulysses, wlb, wlb_loader;  // per GA step
   std::int64_t wlb_split = 0;
   std::vector<CandWindow> cand;
   Timing timing;

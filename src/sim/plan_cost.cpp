@@ -253,6 +253,41 @@ double time_plan(const Ctx& ctx, const PlanCost& c, std::span<const std::int64_t
   return pipelined_seconds(chunks);
 }
 
+StepDecomposition decompose(const PlanCost& c, bool pipelined) {
+  StepDecomposition d;
+  const double whole = max_of(c.comp_fwd);
+  double sum = 0;
+  for (double x : c.comp_fwd) sum += x;
+  d.workload_bound = c.workers > 0 ? sum / c.workers : 0;
+  d.recv_cross_node = static_cast<double>(c.max_recv_cross_node);
+  if (!pipelined || c.chunks <= 1) {
+    d.first_dispatch = max_of(c.disp_fwd);
+    d.last_return = max_of(c.ret_fwd);
+    d.compute = whole;
+    d.comm = d.first_dispatch + d.last_return;
+    d.total = d.first_dispatch + d.compute + d.last_return;
+    return d;
+  }
+  const std::size_t m = c.cdisp_fwd.size();
+  const double comp = max_of(c.chunk_comp_fwd);
+  d.compute = comp * static_cast<double>(m);
+  d.chunk_loss = d.compute - whole;
+  std::vector<PhaseSeconds> chunks;
+  for (std::size_t k = 0; k < m; ++k) {
+    const double disp = max_of(c.cdisp_fwd[k]), ret = max_of(c.cret_fwd[k]);
+    d.comm += disp + ret;
+    chunks.push_back({disp, comp, ret});
+  }
+  d.first_dispatch = chunks.front().dispatch;
+  d.last_return = chunks.back().ret;
+  for (std::size_t k = 0; k < m; ++k) {
+    const double overlap = (k + 1 < m ? chunks[k + 1].dispatch : 0.0) + (k > 0 ? chunks[k - 1].ret : 0.0);
+    d.exposed_chunks += std::max(0.0, overlap - comp);
+  }
+  d.total = pipelined_seconds(chunks);
+  return d;
+}
+
 double comm_seconds(const PlanCost& c) { return max_of(c.disp_fwd) + max_of(c.ret_fwd); }
 
 std::vector<std::int64_t> pool_gpus(std::int64_t first, std::int64_t slots, std::int64_t cp) {

@@ -207,14 +207,16 @@ Result<SimResult> simulate(std::span<const PackedSequence> seqs, std::int64_t se
   }
 
   // Fold windows in order.
-  std::vector<double> uly, wlb;
+  std::vector<double> uly, wlb, wlb_loader;
   for (const auto& r : wr) {
     uly.insert(uly.end(), r.ulysses.begin(), r.ulysses.end());
     wlb.insert(wlb.end(), r.wlb.begin(), r.wlb.end());
+    wlb_loader.insert(wlb_loader.end(), r.wlb_loader.begin(), r.wlb_loader.end());
     res.wlb_split_samples += r.wlb_split;
   }
   res.ulysses = stat_of(uly);
   res.wlb = stat_of(wlb);
+  res.wlb_loader = stat_of(wlb_loader);
   const auto modes = all_placement_modes();
   for (std::size_t ci = 0; ci < ctx.candidates.size(); ++ci) {
     CandidateResult cr;
@@ -274,6 +276,39 @@ Result<SimResult> simulate(std::span<const PackedSequence> seqs, std::int64_t se
 
   recommend(res);
   const CandidateResult& best = res.candidates[static_cast<std::size_t>(res.recommended)];
+  {
+    // The decomposition of the recommended candidate's libra variant.
+    std::size_t pools = 0;
+    double worst = -1;
+    StepDecomposition& m = res.mean_step;
+    for (const auto& r : wr) {
+      auto it = r.cand[static_cast<std::size_t>(res.recommended)].pools.find(res.end_to_end_variant);
+      if (it == r.cand[static_cast<std::size_t>(res.recommended)].pools.end()) continue;
+      for (const auto& [t, d] : it->second) {
+        ++pools;
+        m.total += d.total;
+        m.compute += d.compute;
+        m.chunk_loss += d.chunk_loss;
+        m.comm += d.comm;
+        m.first_dispatch += d.first_dispatch;
+        m.exposed_chunks += d.exposed_chunks;
+        m.last_return += d.last_return;
+        m.workload_bound += d.workload_bound;
+        m.recv_cross_node += d.recv_cross_node;
+        if (t > worst) {
+          worst = t;
+          res.worst_step = d;
+        }
+      }
+    }
+    if (pools > 0) {
+      const double n = static_cast<double>(pools);
+      for (double* x : {&m.total, &m.compute, &m.chunk_loss, &m.comm, &m.first_dispatch, &m.exposed_chunks,
+                        &m.last_return, &m.workload_bound, &m.recv_cross_node}) {
+        *x /= n;
+      }
+    }
+  }
 
   // End-to-end: DP sweep and microbatch distribution with the recommended
   // candidate.

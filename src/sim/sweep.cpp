@@ -77,6 +77,21 @@ WindowResult simulate_window(const Ctx& ctx, std::span<const PackedSequence> win
   auto wlb = ulysses_steps(ctx, repacked->sequences, w, tm, "wlb");
   if (!wlb.ok()) return fail(wlb.error());
   out.wlb = std::move(*wlb);
+  // Like for like with ulysses: WLB's repacking within each GA step, so an
+  // outlier stays in the step the loader gave it (the sorted variant above
+  // packs the window's heaviest sequences first and runs them in step 0).
+  {
+    std::vector<PackedSequence> per_step;
+    const auto dp = static_cast<std::size_t>(cfg.dp);
+    for (std::size_t g = 0; g * dp < window.size(); ++g) {
+      auto r = wlb_repack(window.subspan(g * dp, dp), ctx.seq_len, cfg.dp);
+      if (!r.ok()) return fail(r.error());
+      per_step.insert(per_step.end(), r->sequences.begin(), r->sequences.end());
+    }
+    auto wl = ulysses_steps(ctx, per_step, w, tm, "wlb-loader");
+    if (!wl.ok()) return fail(wl.error());
+    out.wlb_loader = std::move(*wl);
+  }
 
   auto placement_for = [&](std::int64_t p, PlacementMode mode) -> Result<Placed> {
     const double t1 = thread_cpu_seconds();
@@ -98,7 +113,12 @@ WindowResult simulate_window(const Ctx& ctx, std::span<const PackedSequence> win
                              price_pool(ctx, pool, pc, gpus, tm, std::string(variant_name(variants[0].variant))));
       const std::int64_t g = layout.pool_ga[k];
       for (std::size_t v = 0; v < variants.size(); ++v) {
-        sms[v].put(g, time_plan(ctx, c, gpus, {w, static_cast<std::uint64_t>(g)}, variants[v].pipelined, false));
+        const double t = time_plan(ctx, c, gpus, {w, static_cast<std::uint64_t>(g)}, variants[v].pipelined, false);
+        sms[v].put(g, t);
+        const Variant var = variants[v].variant;
+        if (var == Variant::kLibraFull || var == Variant::kLibraTopo || var == Variant::kLibraTapVrsp) {
+          cw.pools[var].emplace_back(t, decompose(c, variants[v].pipelined));
+        }
       }
       if (rec == Record::kTap) {
         cw.intra.push_back(c.imbalance);
