@@ -127,9 +127,11 @@ struct PlacedRows {
 // tap-topo's placer (topo.cpp): the tiles `base` (one per (slot, block,
 // shard), flops beside) placed within the contract's capacity C where it
 // can, least slowest-worker transfer time on config.topology.
+// `tap` is plain TAP's placement of the same tiles, the last candidate.
 [[nodiscard]] std::vector<PlacedRows> place_topo(const Geometry& geo, const PlanConfig& config,
                                                  std::span<const PlacedRows> base,
-                                                 std::span<const std::int64_t> flops, double capacity);
+                                                 std::span<const std::int64_t> flops, double capacity,
+                                                 std::vector<PlacedRows> tap);
 // Tier of the link between workers a and b: 0 same node, 1 same supernode, 2 across.
 inline int topo_tier(const PlanTopology& t, int a, int b) {
   const int na = a / t.gpus_per_node, nb = b / t.gpus_per_node;

@@ -435,17 +435,7 @@ Result<std::vector<PlacedRows>> place_tiles(const Geometry& geo, const PlanConfi
 
   // Contract section 6, in this order of evaluation.
   const double capacity = (1.0 + config.tau) * static_cast<double>(total) / static_cast<double>(geo.workers);
-  if (config.mode == PlanMode::kTapTopo) {
-    std::vector<PlacedRows> base;
-    std::vector<std::int64_t> flops;
-    base.reserve(tiles.size());
-    flops.reserve(tiles.size());
-    for (const BaseTile& t : tiles) {
-      base.push_back(t.rows);
-      flops.push_back(t.flops);
-    }
-    return place_topo(geo, config, base, flops, capacity);
-  }
+
   // The shards of a block have equal f_t and consecutive ids, so sorting
   // blocks by (decreasing f, first id) and expanding each into its shards
   // gives exactly the order (decreasing f_t, increasing id).
@@ -488,6 +478,17 @@ Result<std::vector<PlacedRows>> place_tiles(const Geometry& geo, const PlanConfi
   };
   std::int64_t tap_max = 0;
   std::vector<PlacedRows> tap = run(false, &tap_max);
+  if (config.mode == PlanMode::kTapTopo) {
+    std::vector<PlacedRows> base;
+    std::vector<std::int64_t> flops;
+    base.reserve(tiles.size());
+    flops.reserve(tiles.size());
+    for (const BaseTile& t : tiles) {
+      base.push_back(t.rows);
+      flops.push_back(t.flops);
+    }
+    return place_topo(geo, config, base, flops, capacity, std::move(tap));
+  }
   if (config.mode == PlanMode::kTap || static_cast<double>(tap_max) <= capacity) return tap;
   std::int64_t split_max = 0;
   std::vector<PlacedRows> split = run(true, &split_max);

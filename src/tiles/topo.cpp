@@ -82,8 +82,9 @@ class TopoPlacer {
     touched_.assign(words_, 0);
   }
 
-  // Loads the tile's sources (KV by CP rank, Q/O from the home).
-  void load(const PlacedRows& t) {
+  // Loads the tile's sources (KV by CP rank, Q/O from the home); with
+  // `scoring`, also what evaluate() needs.
+  void load(const PlacedRows& t, bool scoring = true) {
     p_ = t.slot;
     home_ = geo_.home(t.slot, t.begin);
     vqo_ = (t.end - t.begin) * geo_.qo_bytes_per_row();
@@ -99,6 +100,7 @@ class TopoPlacer {
         srcs_.push_back({gid, static_cast<int>(c), vkv * (hi - lo)});
       }
     }
+    if (!scoring) return;
     // Most candidates hold none of the tile's groups and sit outside its
     // slot: for them the bytes per source are the same and, when the slot
     // lies in one node, so is the tier of every source. Precompute their
@@ -203,6 +205,9 @@ class TopoPlacer {
 
 
   bool fits(int r, std::int64_t flops) const { return loads_[static_cast<std::size_t>(r)] <= limit_ - flops; }
+  bool fits_under(int r, std::int64_t flops, std::int64_t cap) const {
+    return loads_[static_cast<std::size_t>(r)] <= std::min(limit_, cap) - flops;
+  }
   std::int64_t max_load() const { return *std::max_element(loads_.begin(), loads_.end()); }
   bool within_capacity() const { return max_load() <= limit_; }
   // The slowest worker's link time and the sum over workers, as the tie-break.
@@ -303,7 +308,8 @@ bool heavier(std::span<const std::int64_t> flops, std::int32_t a, std::int32_t b
 }  // namespace
 
 std::vector<PlacedRows> place_topo(const Geometry& geo, const PlanConfig& config, std::span<const PlacedRows> base,
-                                   std::span<const std::int64_t> flops, double capacity) {
+                                   std::span<const std::int64_t> flops, double capacity,
+                                   std::vector<PlacedRows> tap) {
   const int W = geo.workers;
   const std::size_t n = base.size();
   struct Candidate {
@@ -316,7 +322,9 @@ std::vector<PlacedRows> place_topo(const Geometry& geo, const PlanConfig& config
   // Home first: each home keeps a prefix of its tiles in `before` order
   // while they fit under C; the rest go heaviest first where the links
   // suffer least.
-  auto home_first = [&](auto&& before) {
+  std::int64_t total = 0;
+  for (std::int64_t f : flops) total += f;
+  auto home_first = [&](auto&& before, std::int64_t keep_cap) {
     Candidate c{std::vector<PlacedRows>(base.begin(), base.end()),
                 std::make_unique<TopoPlacer>(geo, config.topology, capacity)};
     std::vector<std::int32_t> order(n);
@@ -332,8 +340,8 @@ std::vector<PlacedRows> place_topo(const Geometry& geo, const PlanConfig& config
       for (; k < n && home_of(order[k]) == h; ++k) {
         const std::int32_t i = order[k];
         const std::int64_t f = flops[static_cast<std::size_t>(i)];
-        if (!full && c.placer->fits(h, f)) {
-          c.placer->load(base[static_cast<std::size_t>(i)]);
+        if (!full && c.placer->fits_under(h, f, keep_cap)) {
+          c.placer->load(base[static_cast<std::size_t>(i)], /*scoring=*/false);
           c.placer->commit(h, f);
           c.rows[static_cast<std::size_t>(i)].worker = h;
         } else {
@@ -348,25 +356,50 @@ std::vector<PlacedRows> place_topo(const Geometry& geo, const PlanConfig& config
   };
   std::vector<Candidate> cands;
   // A. Lightest first: a light tile moves the most bytes per FLOP.
-  cands.push_back(home_first([&](std::int32_t x, std::int32_t y) { return heavier(flops, y, x); }));
+  auto lightest = [&](std::int32_t x, std::int32_t y) { return heavier(flops, y, x); };
+  auto by_shard = [&](std::int32_t x, std::int32_t y) {
+    const std::int32_t sx = base[static_cast<std::size_t>(x)].shard, sy = base[static_cast<std::size_t>(y)].shard;
+    return sx != sy ? sx < sy : heavier(flops, y, x);
+  };
+  constexpr std::int64_t kNoCap = std::numeric_limits<std::int64_t>::max();
+  cands.push_back(home_first(lightest, kNoCap));
   if (cands[0].placer->within_capacity() && cands[0].placer->link_times().first == 0) return std::move(cands[0].rows);
   // B. Whole head shards first, lightest first within a shard: the tiles
   //    that leave then share fewer KV groups (a long sample's KV goes out
   //    once per moved shard and destination, not once per shard).
-  cands.push_back(home_first([&](std::int32_t x, std::int32_t y) {
-    const std::int32_t sx = base[static_cast<std::size_t>(x)].shard, sy = base[static_cast<std::size_t>(y)].shard;
-    return sx != sy ? sx < sy : heavier(flops, y, x);
-  }));
+  cands.push_back(home_first(by_shard, kNoCap));
+  // When neither fits its moved tiles under C, the homes kept too much: the
+  //    same with each home keeping at most the mean load leaves the room the
+  //    moved tiles need, and still keeps most of the FLOPs home.
+  auto none_within = [&] {
+    return std::none_of(cands.begin(), cands.end(), [](const Candidate& c) { return c.placer->within_capacity(); });
+  };
+  if (none_within()) {
+    const std::int64_t mean = total / W;
+    cands.push_back(home_first(lightest, mean));
+    cands.push_back(home_first(by_shard, mean));
+  }
   // C. Every tile heaviest first (TAP's order, which packs tightest), by the
   //    same link score: where the home-first passes cannot fit their moved
   //    tiles under C, this one usually can. Only then is it worth its time.
-  if (!cands[0].placer->within_capacity() && !cands[1].placer->within_capacity()) {
+  if (none_within()) {
     Candidate c{std::vector<PlacedRows>(base.begin(), base.end()),
                 std::make_unique<TopoPlacer>(geo, config.topology, capacity)};
     std::vector<std::int32_t> order(n);
     std::iota(order.begin(), order.end(), 0);
     std::sort(order.begin(), order.end(), [&](std::int32_t x, std::int32_t y) { return heavier(flops, x, y); });
     place_rest(*c.placer, W, base, flops, order, c.rows);
+    cands.push_back(std::move(c));
+  }
+  // D. TAP itself, priced the same way (the links' final state does not
+  //    depend on the order of the commits), so tap-topo's links are never
+  //    slower than tap's where both fit under C.
+  {
+    Candidate c{std::move(tap), std::make_unique<TopoPlacer>(geo, config.topology, capacity)};
+    for (std::size_t i = 0; i < n; ++i) {
+      c.placer->load(base[i], /*scoring=*/false);
+      c.placer->commit(c.rows[i].worker, flops[i]);
+    }
     cands.push_back(std::move(c));
   }
   // Within C first; then the faster links (slowest worker, then the sum);
