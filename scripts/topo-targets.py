@@ -4,7 +4,7 @@
 ulysses, tap-topo's busiest cross-node receiver against tap's, its
 intra-pool imbalance, and libra-full's mean latency against distca.
 
-    libra simulate --config data/configs/paper-256k.json --pool-size 8 --json > r.json
+    libra simulate --config data/configs/paper-256k.json --pool-size 8 --json -o r.json
     python3 scripts/topo-targets.py r.json
 """
 import json

@@ -16,10 +16,12 @@
 //      per tier (NVLink, NIC, spine) as the simulator prices an all-to-all;
 //      ties: fewer added link-seconds, lower load, lower worker id;
 //   3. a tile that fits nowhere goes to the least-loaded worker, as in TAP.
-// The same score over every tile in TAP's order (heaviest first) is the
-// second candidate: it packs tighter where the home-first pass leaves its
-// moved tiles no room under C. The result is the candidate within C (both:
-// the lower slowest link time, then the lower sum).
+// Candidates: home first keeping the lightest tiles, and keeping whole head
+// shards; where neither fits under C, the same keeping at most the mean
+// load at home, and every tile in TAP's order by the same score (it packs
+// tighter); last, TAP's own placement. The result is the candidate within C
+// (all: the lower slowest link time, then the lower sum; none: the lower
+// peak load), so it is never slower on the links than tap where tap fits.
 // Everything is integer bytes and doubles evaluated in a fixed order, so the
 // result is deterministic tile for tile.
 #include <algorithm>
