@@ -67,6 +67,16 @@ PlanConfig ulysses_config(const Ctx& ctx);
 // Any slot count works (a pool, DistCA's whole DP, a fused domain).
 std::vector<std::int64_t> pool_gpus(std::int64_t first, std::int64_t slots, std::int64_t cp);
 
+// The bytes the executor sends in each phase of each chunk, as W x W
+// matrices [src * W + dst]: [m] for chunk m and, when M > 1, [M] for the
+// whole step (every chunk's bytes in one exchange). Forward in: Q + K/V;
+// forward out: O + LSE; backward in: Q, dO, O, LSE + K/V; backward out: dQ
+// and dK/dV (fp32), each dK/dV cell once with the chunk of its last use.
+struct PhaseBytes {
+  std::vector<std::vector<std::int64_t>> fwd_in, fwd_out, bwd_in, bwd_out;
+};
+PhaseBytes phase_bytes(const Plan& plan);
+
 // A plan's per-worker times on `gpus` (the plan's workers in order).
 PlanCost cost_plan(const Ctx& ctx, const Plan& plan, std::span<const std::int64_t> gpus);
 

@@ -86,47 +86,9 @@ PlanConfig ulysses_config(const Ctx& ctx) {
   return plan_config(ctx, 1, ctx.seq_len / ctx.cfg.cp, 1, PlanMode::kUlysses, false);
 }
 
-// Turns a plan into per-worker compute and communication times, priced as
-// the executor sends them (src/exec/schedule.cpp, field_dtype): forward in
-// Q + K/V and out O + LSE; backward in Q, dO, O, LSE + K/V and out dQ plus the
-// dK/dV partial sums. LSE, dQ, dK and dV travel in fp32 whatever the data
-// type, and a KV head's dK/dV goes home once per (worker, source, rows, head)
-// with the chunk of its last use, not of its first.
-PlanCost cost_plan(const Ctx& ctx, const Plan& plan, std::span<const std::int64_t> gpus) {
-  PlanCost c;
+PhaseBytes phase_bytes(const Plan& plan) {
   const int w = plan.num_workers();
   const std::size_t ws = static_cast<std::size_t>(w);
-  c.workers = w;
-  c.chunks = plan.config().chunks;
-  c.comp_fwd.assign(ws, 0);
-  c.comp_bwd.assign(ws, 0);
-  c.chunk_comp_fwd.assign(ws, 0);
-  c.chunk_comp_bwd.assign(ws, 0);
-  const double m = static_cast<double>(c.chunks);
-  // Calls of the same shape repeat (every full block); cache their rates.
-  std::map<std::pair<std::int64_t, std::int32_t>, std::pair<double, double>> rate;
-  auto rates = [&](std::int64_t rows, double heads) {
-    auto key = std::make_pair(rows, static_cast<std::int32_t>(std::lround(heads * 64)));
-    auto it = rate.find(key);
-    if (it != rate.end()) return it->second;
-    auto v = std::make_pair(ctx.table.gflops(static_cast<double>(rows), heads, false) * 1e9,
-                            ctx.table.gflops(static_cast<double>(rows), heads, true) * 1e9);
-    rate.emplace(key, v);
-    return v;
-  };
-  for (const Tile& t : plan.tiles()) {
-    const auto r = static_cast<std::size_t>(t.worker);
-    const std::int64_t rows = t.end - t.begin;
-    const double heads = static_cast<double>(t.heads.size());
-    const double fwd = forward_flops(t.flops, ctx.cfg.model.head_dim);
-    const double bwd = 2.5 * fwd;  // 10 d vs 4 d FLOPs per pair (workload.hpp)
-    auto full = rates(rows, heads);
-    c.comp_fwd[r] += fwd / full.first;
-    c.comp_bwd[r] += bwd / full.second;
-    auto part = rates(rows, heads / m);
-    c.chunk_comp_fwd[r] += fwd / m / part.first;
-    c.chunk_comp_bwd[r] += bwd / m / part.second;
-  }
   const PlanConfig& pc = plan.config();
   const std::int64_t d = pc.shape.head_dim;
   const int M = pc.chunks;
@@ -200,11 +162,61 @@ PlanCost cost_plan(const Ctx& ctx, const Plan& plan, std::span<const std::int64_
     if (slices > 1) rb[static_cast<std::size_t>(whole)][at(x.dst, x.src)] += x.bytes;
     i = j;
   }
+  return {std::move(df), std::move(rf), std::move(db), std::move(rb)};
+}
+
+// Turns a plan into per-worker compute and communication times, priced as
+// the executor sends them (src/exec/schedule.cpp, field_dtype): forward in
+// Q + K/V and out O + LSE; backward in Q, dO, O, LSE + K/V and out dQ plus the
+// dK/dV partial sums. LSE, dQ, dK and dV travel in fp32 whatever the data
+// type, and a KV head's dK/dV goes home once per (worker, source, rows, head)
+// with the chunk of its last use, not of its first.
+PlanCost cost_plan(const Ctx& ctx, const Plan& plan, std::span<const std::int64_t> gpus) {
+  PlanCost c;
+  const int w = plan.num_workers();
+  const std::size_t ws = static_cast<std::size_t>(w);
+  c.workers = w;
+  c.chunks = plan.config().chunks;
+  c.comp_fwd.assign(ws, 0);
+  c.comp_bwd.assign(ws, 0);
+  c.chunk_comp_fwd.assign(ws, 0);
+  c.chunk_comp_bwd.assign(ws, 0);
+  const double m = static_cast<double>(c.chunks);
+  // Calls of the same shape repeat (every full block); cache their rates.
+  std::map<std::pair<std::int64_t, std::int32_t>, std::pair<double, double>> rate;
+  auto rates = [&](std::int64_t rows, double heads) {
+    auto key = std::make_pair(rows, static_cast<std::int32_t>(std::lround(heads * 64)));
+    auto it = rate.find(key);
+    if (it != rate.end()) return it->second;
+    auto v = std::make_pair(ctx.table.gflops(static_cast<double>(rows), heads, false) * 1e9,
+                            ctx.table.gflops(static_cast<double>(rows), heads, true) * 1e9);
+    rate.emplace(key, v);
+    return v;
+  };
+  for (const Tile& t : plan.tiles()) {
+    const auto r = static_cast<std::size_t>(t.worker);
+    const std::int64_t rows = t.end - t.begin;
+    const double heads = static_cast<double>(t.heads.size());
+    const double fwd = forward_flops(t.flops, ctx.cfg.model.head_dim);
+    const double bwd = 2.5 * fwd;  // 10 d vs 4 d FLOPs per pair (workload.hpp)
+    auto full = rates(rows, heads);
+    c.comp_fwd[r] += fwd / full.first;
+    c.comp_bwd[r] += bwd / full.second;
+    auto part = rates(rows, heads / m);
+    c.chunk_comp_fwd[r] += fwd / m / part.first;
+    c.chunk_comp_bwd[r] += bwd / m / part.second;
+  }
+  const PhaseBytes pb = phase_bytes(plan);
+  const auto& df = pb.fwd_in;
+  const auto& rf = pb.fwd_out;
+  const auto& db = pb.bwd_in;
+  const auto& rb = pb.bwd_out;
+  const std::size_t whole = df.size() - 1;
   auto seconds = [&](const std::vector<std::int64_t>& mtx) { return alltoall_seconds(ctx.cfg.cost.net, mtx, gpus); };
-  c.disp_fwd = seconds(df[static_cast<std::size_t>(whole)]);
-  c.ret_fwd = seconds(rf[static_cast<std::size_t>(whole)]);
-  c.disp_bwd = seconds(db[static_cast<std::size_t>(whole)]);
-  c.ret_bwd = seconds(rb[static_cast<std::size_t>(whole)]);
+  c.disp_fwd = seconds(df[whole]);
+  c.ret_fwd = seconds(rf[whole]);
+  c.disp_bwd = seconds(db[whole]);
+  c.ret_bwd = seconds(rb[whole]);
   if (c.chunks > 1) {
     for (int k = 0; k < c.chunks; ++k) {
       const auto i = static_cast<std::size_t>(k);
