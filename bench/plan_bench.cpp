@@ -83,6 +83,9 @@ void BM_PlanTap1M(benchmark::State& state) { run_plan(state, 1'048'576, 8192, li
 void BM_PlanTap256K(benchmark::State& state) { run_plan(state, 262'144, 8192, libra::PlanMode::kTap); }
 void BM_PlanTapSplit1M(benchmark::State& state) { run_plan(state, 1'048'576, 8192, libra::PlanMode::kTapSplit); }
 void BM_PlanUlysses1M(benchmark::State& state) { run_plan(state, 1'048'576, 8192, libra::PlanMode::kUlysses); }
+// tap-topo on the default h200 topology (target: at most 5 ms).
+void BM_PlanTapTopo1M(benchmark::State& state) { run_plan(state, 1'048'576, 8192, libra::PlanMode::kTapTopo); }
+void BM_PlanTapTopo256K(benchmark::State& state) { run_plan(state, 262'144, 8192, libra::PlanMode::kTapTopo); }
 // Scaling with tile count: smaller blocks, more tiles (tiles = 8 * T / B per slot).
 void BM_PlanTapScaling(benchmark::State& state) {
   run_plan(state, 1'048'576, state.range(0), libra::PlanMode::kTap);
@@ -92,6 +95,8 @@ BENCHMARK(BM_PlanTap1M)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_PlanTap256K)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_PlanTapSplit1M)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_PlanUlysses1M)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_PlanTapTopo1M)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_PlanTapTopo256K)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_PlanTapScaling)->Arg(32768)->Arg(16384)->Arg(8192)->Arg(4096)->Arg(2048)->Unit(benchmark::kMillisecond);
 
 // Quality over 100 pools (one iteration): mean and max intra-pool imbalance,
@@ -128,7 +133,7 @@ void BM_PoolReport(benchmark::State& state) {
 }
 BENCHMARK(BM_PoolReport)
     ->ArgsProduct({{static_cast<int>(libra::PlanMode::kTap), static_cast<int>(libra::PlanMode::kTapSplit),
-                    static_cast<int>(libra::PlanMode::kUlysses)},
+                    static_cast<int>(libra::PlanMode::kUlysses), static_cast<int>(libra::PlanMode::kTapTopo)},
                    {1'048'576, 262'144},
                    {0, 1}})
     ->Iterations(1)

@@ -59,9 +59,10 @@ enum class PlanMode : std::uint8_t {
   kTap = 0,       // paper Algorithm 2, exactly as the planning contract states
   kUlysses = 1,   // baseline: slot p's CP group computes its own sequence, split by heads
   kTapSplit = 2,  // TAP that cuts a tile along its query rows when no worker has headroom
+  kTapTopo = 3,   // within tau of balance, least slowest-worker transfer time on PlanConfig::topology
 };
 
-// "tap", "ulysses", "tap-split".
+// "tap", "ulysses", "tap-split", "tap-topo".
 [[nodiscard]] std::string_view plan_mode_name(PlanMode mode);
 [[nodiscard]] Result<PlanMode> parse_plan_mode(std::string_view name);
 
@@ -121,6 +122,22 @@ class HomeMap {
   HomeLayout layout_;
 };
 
+// Where the pool's workers sit and how fast the tiers between them are:
+// worker r runs on GPU r of a pool aligned to node boundaries, GPUs numbered
+// node-major (node = r / gpus_per_node) and nodes supernode-major. Bandwidths
+// are per GPU and direction, GB/s. The defaults are the simulator's h200
+// profile (libra::Interconnect, cost_model.hpp); only tap-topo places by it,
+// and every mode reports its bytes by tier with it (Plan::tier_bytes).
+struct PlanTopology {
+  int gpus_per_node = 8;
+  int nodes_per_supernode = 4;
+  double intra_node_gbps = 360;
+  double inter_node_gbps = 45;
+  double inter_supernode_gbps = 7.5;
+  double congestion_per_node = 0.5;  // NIC share 1 / (1 + c (nodes - 2)) when the pool spans > 2 nodes
+  friend bool operator==(const PlanTopology&, const PlanTopology&) = default;
+};
+
 struct PlanConfig {
   std::int64_t seq_len = 0;     // L, packed length of every slot
   int cp = 0;                   // CP workers per slot
@@ -138,6 +155,20 @@ struct PlanConfig {
   // L and B | L/(2 CP), so that no tile's rows cross a chunk.
   HomeLayout home_layout = HomeLayout::kContiguous;
   HomeMap home_map() const { return {seq_len, cp, home_layout}; }
+  // tap-topo places by it (and it is part of such a plan's fingerprint and
+  // files); other modes only report bytes by tier with it.
+  PlanTopology topology;
+};
+
+// Bytes of worker r by where they travel (contract section 7 bytes, split
+// by PlanConfig::topology): `kept` is what its tiles read without a transfer
+// (Q/O of tiles on their home, KV tokens resident on r); the rest is what
+// it sends (send_*) and receives (recv_*) inside its node and across nodes
+// (cross_* includes cross_supernode_*).
+struct TierBytes {
+  std::int64_t kept = 0;
+  std::int64_t send_intra_node = 0, send_cross_node = 0, send_cross_supernode = 0;
+  std::int64_t recv_intra_node = 0, recv_cross_node = 0, recv_cross_supernode = 0;
 };
 
 // Checks every divisibility and range rule of the configuration alone
@@ -282,6 +313,12 @@ class Plan {
   std::int64_t bytes(int src, int dst) const;
   std::int64_t send_bytes(int r) const;  // row sum
   std::int64_t recv_bytes(int r) const;  // column sum
+  // Per worker, by tier (PlanConfig::topology).
+  std::span<const TierBytes> tier_bytes() const;
+  // The worker that receives the most bytes (lowest id on ties), and the
+  // largest cross-node bytes any worker receives.
+  int busiest_receiver() const;
+  std::int64_t max_recv_cross_node() const;
 
   // Transfers from src to dst, ready for an all-to-all-v: Q items by tile
   // id, then KV items by (group id, begin), then O items by tile id. Their

@@ -44,6 +44,7 @@ enum class Variant {
   kLibraTapVrsp,  // Libra(TAP+VRSP)
   kLibraFull,     // Libra(Full): + pipeliner
   kLibraPlus,     // vrsp-refine pools, tap-split, per-KV-head dedup, pipeliner
+  kLibraTopo,     // VRSP pools, tap-topo on the cost model's topology, pipeliner
 };
 std::string_view variant_name(Variant v);  // "ulysses", "wlb", "distca", "libra-tap", ...
 [[nodiscard]] Result<Variant> parse_variant(std::string_view name);
@@ -97,7 +98,7 @@ struct SimConfig {
 // Hardware profiles (compute-to-bandwidth ratio and topology), by name:
 //   "h200-fa3": H200, FlashAttention-3-class kernel (600/450 TFLOP/s fwd/bwd
 //               peak), NVLink 360 GB/s, RoCE 45 GB/s per GPU, 8 GPUs per node,
-//               4 nodes per supernode, 15 GB/s per GPU across supernodes;
+//               4 nodes per supernode, 7.5 GB/s per GPU across supernodes;
 //   "h200-fa2": the same machine with a FlashAttention-2-class kernel (about
 //               0.6x the FA3 rates: 350/260 TFLOP/s).
 // docs/simulator.md gives the sources and the figure-14 calibration.
@@ -150,9 +151,27 @@ struct CandidateResult {
   Stat max_send_bytes;          // busiest worker of a pool
   Stat max_recv_bytes;
   Stat comm_seconds;            // libra-tap-vrsp dispatch + return (forward, slowest worker), per pool-step
+  Stat intra_imbalance_topo;    // tap-topo on VRSP pools, over pools
+  Stat max_recv_cross_node;     // the busiest cross-node receiver of a pool (tap, VRSP pools)
+  Stat max_recv_cross_node_topo;  // the same with tap-topo
   std::vector<VariantLatency> latency;  // candidate_variants(); distca absent when skipped
   const VariantLatency* find(Variant v) const;
   const Stat& inter(PlacementMode mode) const;
+};
+
+// Where one pool-step's forward core-attention time goes (seconds, the
+// slowest worker of each phase, without device noise): total = first
+// dispatch + compute + exposed chunk transfers + last return.
+struct StepDecomposition {
+  double total = 0;
+  double compute = 0;          // M x the slowest chunk's compute (the pipeliner's kernels)
+  double chunk_loss = 0;       // compute minus the same tiles in whole-shard kernel calls
+  double comm = 0;             // every dispatch and return, exposed or hidden
+  double first_dispatch = 0;   // exposed: nothing computes before it
+  double exposed_chunks = 0;   // exposed: chunk transfers longer than the compute they overlap
+  double last_return = 0;      // exposed: nothing computes after it
+  double workload_bound = 0;   // the pool's FLOPs spread evenly, whole-shard kernels, no communication
+  double recv_cross_node = 0;  // bytes: the busiest cross-node receiver of the pool
 };
 
 struct SkippedCandidate {
@@ -217,11 +236,21 @@ struct SimResult {
   std::vector<CandidateResult> candidates;
   std::vector<SkippedCandidate> skipped;
   Stat ulysses;  // core-attention forward latency per layer per step
-  Stat wlb;
+  Stat wlb;             // wlb_repack over the whole window, sorted: its heaviest sequences land in GA step 0
+  Stat wlb_loader;      // wlb_repack within each GA step's own DP sequences (samples stay in their loader step)
   std::int64_t wlb_split_samples = 0;  // samples the repacker had to cut to fit GBS sequences
   std::string distca_skipped;          // why distca was not timed, when it was not
   std::int64_t recommended = -1;       // index in candidates
   std::int64_t runner_up = -1;
+  // What to run: the fastest of libra-full, libra-topo and libra-tap-vrsp
+  // (M = 1) on the recommended candidate, or ulysses where it beats them all.
+  Variant recommended_variant = Variant::kLibraFull;
+  // The libra variant the end-to-end model ran (recommended_variant unless
+  // that is ulysses: then the fastest libra variant, to show the gap).
+  Variant end_to_end_variant = Variant::kLibraFull;
+  // For the recommended candidate and end_to_end_variant: the mean over
+  // every pool-step and the pool that set the worst step.
+  StepDecomposition mean_step, worst_step;
   std::string recommendation_reason;
   std::string paper_dataset;           // "1m", "256k" or "" (no paper figures apply)
   std::vector<PaperComparison> paper;

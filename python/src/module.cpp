@@ -819,6 +819,27 @@ PYBIND11_MODULE(_libra, m) {
                              })
       .def_property_readonly("imbalance", &libra::Plan::imbalance)
       .def_property_readonly("comm_bytes", &libra::Plan::comm_bytes)
+      // Per worker, the bytes its tiles read in place and what it sends and
+      // receives inside its node and across nodes (config topology).
+      .def_property_readonly("tier_bytes",
+                             [](const libra::Plan& p) {
+                               py::dict d;
+                               auto col = [&](const char* name, auto field) {
+                                 std::vector<I64> v;
+                                 for (const libra::TierBytes& t : p.tier_bytes()) v.push_back(t.*field);
+                                 d[name] = int_array(std::move(v));
+                               };
+                               col("kept", &libra::TierBytes::kept);
+                               col("send_intra_node", &libra::TierBytes::send_intra_node);
+                               col("send_cross_node", &libra::TierBytes::send_cross_node);
+                               col("send_cross_supernode", &libra::TierBytes::send_cross_supernode);
+                               col("recv_intra_node", &libra::TierBytes::recv_intra_node);
+                               col("recv_cross_node", &libra::TierBytes::recv_cross_node);
+                               col("recv_cross_supernode", &libra::TierBytes::recv_cross_supernode);
+                               return d;
+                             })
+      .def_property_readonly("busiest_receiver", &libra::Plan::busiest_receiver)
+      .def_property_readonly("max_recv_cross_node", &libra::Plan::max_recv_cross_node)
       .def_property_readonly("byte_matrix",
                              [](const libra::Plan& p) {
                                return int_array({p.byte_matrix().begin(), p.byte_matrix().end()}, p.num_workers());

@@ -112,7 +112,7 @@ struct ExecCase {
   DType dtype = DType::kF32;
   std::int64_t window = kFullCausal;
   int chunks = 1;
-  std::string mode = "tap";  // tap | tap-split | ulysses (plan) | ulysses-direct
+  std::string mode = "tap";  // tap | tap-split | tap-topo | ulysses (plan) | ulysses-direct
   bool dedup_per_kv_head = false;
   HomeLayout home_layout = HomeLayout::kContiguous;
   std::string name() const {
@@ -164,6 +164,9 @@ inline PlanConfig case_config(const ExecCase& c) {
   cfg.chunks = c.chunks;
   cfg.dedup_per_kv_head = c.dedup_per_kv_head;
   cfg.home_layout = c.home_layout;
+  // Nodes of two GPUs, so tap-topo's cases have tiers to choose between.
+  cfg.topology.gpus_per_node = 2;
+  cfg.topology.nodes_per_supernode = 2;
   return cfg;
 }
 
@@ -247,12 +250,12 @@ inline Status mismatch_case(Communicator& comm, const ExecCase& c) {
 
 // The case matrix shared by both test programs: W = 4 (P = 2, CP = 2) and
 // W = 8 (P = 4, CP = 2); GQA, MHA, H > h_kv, a sliding window, bf16, and
-// M in {1, 2, 4}; tap, tap-split, ulysses as a plan and direct Ulysses.
+// M in {1, 2, 4}; tap, tap-split, tap-topo, ulysses as a plan and direct Ulysses.
 inline std::vector<ExecCase> case_matrix(int world) {
   std::vector<ExecCase> cases;
   const int P = world / 2;
   std::uint64_t seed = 1;
-  for (const char* mode : {"tap", "tap-split", "ulysses", "ulysses-direct"}) {
+  for (const char* mode : {"tap", "tap-split", "tap-topo", "ulysses", "ulysses-direct"}) {
     for (int chunks : {1, 2, 4}) {
       ExecCase c;
       c.mode = mode;

@@ -339,7 +339,7 @@ TEST(PlanExecutor, APlanSavedToAFileGivesTheSameNumbersAsPlanningInProcess) {
 // kernel accepts it and the results are within the fp16 tolerance.
 TEST(PlanExecutor, Fp16EndToEnd) {
   ASSERT_TRUE(make_cpu_backend()->supports(DType::kF16).ok());
-  for (const char* mode : {"tap", "tap-split", "ulysses-direct"}) {
+  for (const char* mode : {"tap", "tap-split", "tap-topo", "ulysses-direct"}) {
     ExecCase c;
     c.mode = mode;
     c.dtype = DType::kF16;

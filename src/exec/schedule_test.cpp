@@ -374,7 +374,7 @@ TEST(RankSchedule, LargerPoolsWithManyBlocksAndChunks) {
     c.heads_q = 8;
     c.heads_kv = 2;
     c.chunks = 4;
-    for (const char* mode : {"tap", "tap-split"}) {
+    for (const char* mode : {"tap", "tap-split", "tap-topo"}) {
       c.mode = mode;
       check_case(c, 12);
     }

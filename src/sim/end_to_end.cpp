@@ -9,7 +9,7 @@
 namespace libra::detail {
 
 E2eWindow e2e_window(const Ctx& ctx, std::span<const PackedSequence> window, std::uint64_t w,
-                     const SimCandidate& rec, const std::vector<std::int64_t>& dps) {
+                     const SimCandidate& rec, const std::vector<std::int64_t>& dps, Variant libra) {
   E2eWindow out;
   const SimConfig& cfg = ctx.cfg;
   const ModelShape& model = cfg.model;
@@ -34,7 +34,9 @@ E2eWindow e2e_window(const Ctx& ctx, std::span<const PackedSequence> window, std
     }
     uly.push_back(std::move(*c));
   }
-  const PlanConfig lpc = plan_config(ctx, rec.head_shards, rec.block_size, cfg.chunks, PlanMode::kTap, false);
+  const PlanConfig lpc = plan_config(ctx, rec.head_shards, rec.block_size, cfg.chunks,
+                                     libra == Variant::kLibraTopo ? PlanMode::kTapTopo : PlanMode::kTap, false);
+  const bool pipelined = libra != Variant::kLibraTapVrsp;
   // VRSP pools depend on P only, not on DP: plan each P once. (Their
   // communication times keep the node locality of the first layout that used
   // them; later layouts shift pools by whole multiples of P x CP GPUs.)
@@ -103,8 +105,8 @@ E2eWindow e2e_window(const Ctx& ctx, std::span<const PackedSequence> window, std
       const PlanCost* c = &cached->second[k];
       const std::int64_t g = lay->pool_ga[k];
       const NoiseKey key{w, static_cast<std::uint64_t>(g)};
-      const double af = time_plan(ctx, *c, gpus, key, true, false);
-      const double ab = time_plan(ctx, *c, gpus, key, true, true);
+      const double af = time_plan(ctx, *c, gpus, key, pipelined, false);
+      const double ab = time_plan(ctx, *c, gpus, key, pipelined, true);
       double lin_f = 0, lin_b = 0;
       for (const auto& s : pool) {
         lin_f = std::max(lin_f, linear_seconds(cfg.cost.step, model, seq_tokens(s), cp, false));

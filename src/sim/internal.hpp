@@ -53,6 +53,7 @@ struct PlanCost {
   // [m][worker]: chunk m's all-to-all times.
   std::vector<std::vector<double>> cdisp_fwd, cret_fwd, cdisp_bwd, cret_bwd;
   std::int64_t comm_bytes = 0, max_send = 0, max_recv = 0;
+  std::int64_t max_recv_cross_node = 0;  // the busiest cross-node receiver's bytes
   double imbalance = 0;
 };
 
@@ -65,6 +66,16 @@ PlanConfig ulysses_config(const Ctx& ctx);
 // replica `first` is replica first + p; its CP ranks are GPUs replica * CP + c.
 // Any slot count works (a pool, DistCA's whole DP, a fused domain).
 std::vector<std::int64_t> pool_gpus(std::int64_t first, std::int64_t slots, std::int64_t cp);
+
+// The bytes the executor sends in each phase of each chunk, as W x W
+// matrices [src * W + dst]: [m] for chunk m and, when M > 1, [M] for the
+// whole step (every chunk's bytes in one exchange). Forward in: Q + K/V;
+// forward out: O + LSE; backward in: Q, dO, O, LSE + K/V; backward out: dQ
+// and dK/dV (fp32), each dK/dV cell once with the chunk of its last use.
+struct PhaseBytes {
+  std::vector<std::vector<std::int64_t>> fwd_in, fwd_out, bwd_in, bwd_out;
+};
+PhaseBytes phase_bytes(const Plan& plan);
 
 // A plan's per-worker times on `gpus` (the plan's workers in order).
 PlanCost cost_plan(const Ctx& ctx, const Plan& plan, std::span<const std::int64_t> gpus);
@@ -80,6 +91,8 @@ struct NoiseKey {
 // does; compute carries each GPU's noise factor for this step.
 double time_plan(const Ctx& ctx, const PlanCost& c, std::span<const std::int64_t> gpus, NoiseKey key, bool pipelined,
                  bool backward);
+// Where a pool-step's forward time goes (noise-free).
+StepDecomposition decompose(const PlanCost& c, bool pipelined);
 // Forward dispatch + return of the slowest worker, unpipelined (figure 14's
 // "communication").
 double comm_seconds(const PlanCost& c);
@@ -111,11 +124,14 @@ struct CandWindow {
   std::vector<double> inter;  // per placement mode, all_placement_modes() order
   double lower_bound = 0;
   std::vector<double> intra, intra_plus, bytes, bytes_plus, send, recv, comm;  // per pool
+  std::vector<double> intra_topo, recv_cross, recv_cross_topo;                  // per pool
   std::map<Variant, std::vector<double>> steps;  // per GA step latency
+  // Per pool of the libra variants: (its noisy latency, its decomposition).
+  std::map<Variant, std::vector<std::pair<double, StepDecomposition>>> pools;
 };
 struct WindowResult {
   Status status;
-  std::vector<double> ulysses, wlb;  // per GA step
+  std::vector<double> ulysses, wlb, wlb_loader;  // per GA step
   std::int64_t wlb_split = 0;
   std::vector<CandWindow> cand;
   Timing timing;
@@ -135,8 +151,10 @@ struct E2eWindow {
   double tokens = 0;
   Timing timing;
 };
+// `libra` names the libra variant timed (libra-full, libra-topo or
+// libra-tap-vrsp).
 E2eWindow e2e_window(const Ctx& ctx, std::span<const PackedSequence> window, std::uint64_t w,
-                     const SimCandidate& rec, const std::vector<std::int64_t>& dps);
+                     const SimCandidate& rec, const std::vector<std::int64_t>& dps, Variant libra);
 // Folds the windows into res.dp_scaling and the microbatch statistics.
 Status fold_end_to_end(const std::vector<E2eWindow>& er, const std::vector<std::int64_t>& dps,
                        const SimCandidate& rec, SimResult& res);

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <ctime>
 #include <numeric>
+#include <tuple>
 
 #include "sim/internal.hpp"
 
@@ -64,6 +65,15 @@ PlanConfig plan_config(const Ctx& ctx, std::int64_t h, std::int64_t b, std::int6
   pc.chunks = static_cast<int>(chunks);
   pc.mode = mode;
   pc.dedup_per_kv_head = dedup_kv;
+  // tap-topo places by the cost model's own network; the other modes only
+  // report bytes by tier with it.
+  const Interconnect& net = ctx.cfg.cost.net;
+  pc.topology = {.gpus_per_node = static_cast<int>(net.gpus_per_node),
+                 .nodes_per_supernode = static_cast<int>(net.nodes_per_supernode),
+                 .intra_node_gbps = net.intra_node_gbps,
+                 .inter_node_gbps = net.inter_node_gbps,
+                 .inter_supernode_gbps = net.inter_supernode_gbps,
+                 .congestion_per_node = net.congestion_per_node};
   return pc;
 }
 
@@ -76,9 +86,91 @@ PlanConfig ulysses_config(const Ctx& ctx) {
   return plan_config(ctx, 1, ctx.seq_len / ctx.cfg.cp, 1, PlanMode::kUlysses, false);
 }
 
-// Turns a plan into per-worker compute and communication times. The forward
-// pass moves Q and KV out and O back; the backward pass moves Q, dO and KV
-// out and dQ plus the dK/dV partial sums (KV reversed) back.
+PhaseBytes phase_bytes(const Plan& plan) {
+  const int w = plan.num_workers();
+  const std::size_t ws = static_cast<std::size_t>(w);
+  const PlanConfig& pc = plan.config();
+  const std::int64_t d = pc.shape.head_dim;
+  const int M = pc.chunks;
+  // Byte matrices of the four phases per chunk (chunk M = the whole step,
+  // unpipelined: every chunk's bytes in one exchange).
+  const int slices = M > 1 ? M + 1 : 1;
+  std::vector<std::vector<std::int64_t>> df(static_cast<std::size_t>(slices), std::vector<std::int64_t>(ws * ws, 0));
+  auto rf = df, db = df, rb = df;
+  auto at = [&](int s, int t) { return static_cast<std::size_t>(s) * ws + static_cast<std::size_t>(t); };
+  // dK/dV cells (worker, source, begin, end, KV head) -> last chunk; the
+  // executor adds every head shard's partial of one head into one buffer
+  // place, so a cell goes home once.
+  struct Cell {
+    std::int32_t dst, src;
+    std::int64_t begin, end;
+    std::int32_t head;
+    std::int32_t last;
+    std::int64_t bytes;  // fp32 dK + dV of one head
+  };
+  std::vector<Cell> cells;
+  const int whole = slices - 1;
+  for (int k = 0; k < M; ++k) {
+    for (int s = 0; s < w; ++s) {
+      for (int t = 0; t < w; ++t) {
+        if (s == t) continue;
+        for (const Transfer& x : plan.chunk_transfers(k, s, t)) {
+          const std::int64_t rows = x.end - x.begin;
+          const std::int64_t heads = x.heads.size();
+          std::vector<std::size_t> targets{static_cast<std::size_t>(k)};
+          if (slices > 1) targets.push_back(static_cast<std::size_t>(whole));
+          if (x.kind == TransferKind::kQ) {
+            const std::int64_t lse = rows * heads * 4;
+            for (std::size_t i : targets) {
+              df[i][at(s, t)] += x.bytes;
+              db[i][at(s, t)] += 3 * x.bytes + lse;  // Q, dO, O + LSE
+            }
+          } else if (x.kind == TransferKind::kO) {
+            const std::int64_t lse = rows * heads * 4;
+            for (std::size_t i : targets) {
+              rf[i][at(s, t)] += x.bytes + lse;
+              rb[i][at(s, t)] += rows * heads * d * 4;  // dQ in fp32
+            }
+          } else {
+            for (std::size_t i : targets) {
+              df[i][at(s, t)] += x.bytes;
+              db[i][at(s, t)] += x.bytes;
+            }
+            for (std::int32_t kh = x.heads.begin; kh < x.heads.end; ++kh) {
+              const ChunkUse u = plan.kv_use(t, x.group, kh);
+              cells.push_back({t, s, x.begin, x.end, kh, u.used() ? u.last : k, 2 * rows * d * 4});
+            }
+          }
+        }
+      }
+    }
+  }
+  std::sort(cells.begin(), cells.end(), [](const Cell& a, const Cell& b) {
+    return std::tie(a.dst, a.src, a.begin, a.end, a.head, a.last) <
+           std::tie(b.dst, b.src, b.begin, b.end, b.head, b.last);
+  });
+  for (std::size_t i = 0; i < cells.size();) {
+    std::size_t j = i;
+    std::int32_t last = cells[i].last;
+    while (j < cells.size() && cells[j].dst == cells[i].dst && cells[j].src == cells[i].src &&
+           cells[j].begin == cells[i].begin && cells[j].end == cells[i].end && cells[j].head == cells[i].head) {
+      last = std::max(last, cells[j].last);
+      ++j;
+    }
+    const Cell& x = cells[i];
+    rb[static_cast<std::size_t>(last)][at(x.dst, x.src)] += x.bytes;
+    if (slices > 1) rb[static_cast<std::size_t>(whole)][at(x.dst, x.src)] += x.bytes;
+    i = j;
+  }
+  return {std::move(df), std::move(rf), std::move(db), std::move(rb)};
+}
+
+// Turns a plan into per-worker compute and communication times, priced as
+// the executor sends them (src/exec/schedule.cpp, field_dtype): forward in
+// Q + K/V and out O + LSE; backward in Q, dO, O, LSE + K/V and out dQ plus the
+// dK/dV partial sums. LSE, dQ, dK and dV travel in fp32 whatever the data
+// type, and a KV head's dK/dV goes home once per (worker, source, rows, head)
+// with the chunk of its last use, not of its first.
 PlanCost cost_plan(const Ctx& ctx, const Plan& plan, std::span<const std::int64_t> gpus) {
   PlanCost c;
   const int w = plan.num_workers();
@@ -114,45 +206,24 @@ PlanCost cost_plan(const Ctx& ctx, const Plan& plan, std::span<const std::int64_
     c.chunk_comp_fwd[r] += fwd / m / part.first;
     c.chunk_comp_bwd[r] += bwd / m / part.second;
   }
-  // Byte matrices by kind, whole step and per chunk.
-  auto kind_matrices = [&](auto&& transfers_of) {
-    std::vector<std::int64_t> q(ws * ws, 0), kv(ws * ws, 0), o(ws * ws, 0);
-    for (int s = 0; s < w; ++s) {
-      for (int t = 0; t < w; ++t) {
-        if (s == t) continue;
-        for (const Transfer& x : transfers_of(s, t)) {
-          auto& mtx = x.kind == TransferKind::kQ ? q : x.kind == TransferKind::kKv ? kv : o;
-          mtx[static_cast<std::size_t>(s) * ws + static_cast<std::size_t>(t)] += x.bytes;
-        }
-      }
-    }
-    std::vector<std::int64_t> df(ws * ws), rf(ws * ws), db(ws * ws), rb(ws * ws);
-    for (std::size_t s = 0; s < ws; ++s) {
-      for (std::size_t t = 0; t < ws; ++t) {
-        const std::size_t i = s * ws + t;
-        df[i] = q[i] + kv[i];
-        rf[i] = o[i];
-        db[i] = 2 * q[i] + kv[i];
-        rb[i] = o[i] + kv[t * ws + s];
-      }
-    }
-    return std::array<std::vector<double>, 4>{alltoall_seconds(ctx.cfg.cost.net, df, gpus),
-                                              alltoall_seconds(ctx.cfg.cost.net, rf, gpus),
-                                              alltoall_seconds(ctx.cfg.cost.net, db, gpus),
-                                              alltoall_seconds(ctx.cfg.cost.net, rb, gpus)};
-  };
-  auto whole = kind_matrices([&](int s, int t) { return plan.transfers(s, t); });
-  c.disp_fwd = std::move(whole[0]);
-  c.ret_fwd = std::move(whole[1]);
-  c.disp_bwd = std::move(whole[2]);
-  c.ret_bwd = std::move(whole[3]);
+  const PhaseBytes pb = phase_bytes(plan);
+  const auto& df = pb.fwd_in;
+  const auto& rf = pb.fwd_out;
+  const auto& db = pb.bwd_in;
+  const auto& rb = pb.bwd_out;
+  const std::size_t whole = df.size() - 1;
+  auto seconds = [&](const std::vector<std::int64_t>& mtx) { return alltoall_seconds(ctx.cfg.cost.net, mtx, gpus); };
+  c.disp_fwd = seconds(df[whole]);
+  c.ret_fwd = seconds(rf[whole]);
+  c.disp_bwd = seconds(db[whole]);
+  c.ret_bwd = seconds(rb[whole]);
   if (c.chunks > 1) {
     for (int k = 0; k < c.chunks; ++k) {
-      auto part = kind_matrices([&](int s, int t) { return plan.chunk_transfers(k, s, t); });
-      c.cdisp_fwd.push_back(std::move(part[0]));
-      c.cret_fwd.push_back(std::move(part[1]));
-      c.cdisp_bwd.push_back(std::move(part[2]));
-      c.cret_bwd.push_back(std::move(part[3]));
+      const auto i = static_cast<std::size_t>(k);
+      c.cdisp_fwd.push_back(seconds(df[i]));
+      c.cret_fwd.push_back(seconds(rf[i]));
+      c.cdisp_bwd.push_back(seconds(db[i]));
+      c.cret_bwd.push_back(seconds(rb[i]));
     }
   }
   c.comm_bytes = plan.comm_bytes();
@@ -160,6 +231,7 @@ PlanCost cost_plan(const Ctx& ctx, const Plan& plan, std::span<const std::int64_
     c.max_send = std::max(c.max_send, plan.send_bytes(r));
     c.max_recv = std::max(c.max_recv, plan.recv_bytes(r));
   }
+  c.max_recv_cross_node = plan.max_recv_cross_node();
   c.imbalance = plan.imbalance();
   return c;
 }
@@ -191,6 +263,41 @@ double time_plan(const Ctx& ctx, const PlanCost& c, std::span<const std::int64_t
                       max_of(backward ? c.cret_bwd[k] : c.cret_fwd[k])});
   }
   return pipelined_seconds(chunks);
+}
+
+StepDecomposition decompose(const PlanCost& c, bool pipelined) {
+  StepDecomposition d;
+  const double whole = max_of(c.comp_fwd);
+  double sum = 0;
+  for (double x : c.comp_fwd) sum += x;
+  d.workload_bound = c.workers > 0 ? sum / c.workers : 0;
+  d.recv_cross_node = static_cast<double>(c.max_recv_cross_node);
+  if (!pipelined || c.chunks <= 1) {
+    d.first_dispatch = max_of(c.disp_fwd);
+    d.last_return = max_of(c.ret_fwd);
+    d.compute = whole;
+    d.comm = d.first_dispatch + d.last_return;
+    d.total = d.first_dispatch + d.compute + d.last_return;
+    return d;
+  }
+  const std::size_t m = c.cdisp_fwd.size();
+  const double comp = max_of(c.chunk_comp_fwd);
+  d.compute = comp * static_cast<double>(m);
+  d.chunk_loss = d.compute - whole;
+  std::vector<PhaseSeconds> chunks;
+  for (std::size_t k = 0; k < m; ++k) {
+    const double disp = max_of(c.cdisp_fwd[k]), ret = max_of(c.cret_fwd[k]);
+    d.comm += disp + ret;
+    chunks.push_back({disp, comp, ret});
+  }
+  d.first_dispatch = chunks.front().dispatch;
+  d.last_return = chunks.back().ret;
+  for (std::size_t k = 0; k < m; ++k) {
+    const double overlap = (k + 1 < m ? chunks[k + 1].dispatch : 0.0) + (k > 0 ? chunks[k - 1].ret : 0.0);
+    d.exposed_chunks += std::max(0.0, overlap - comp);
+  }
+  d.total = pipelined_seconds(chunks);
+  return d;
 }
 
 double comm_seconds(const PlanCost& c) { return max_of(c.disp_fwd) + max_of(c.ret_fwd); }

@@ -1,42 +1,78 @@
-// The recommendation: the candidate with the least predicted libra-full
-// mean + worst_weight x worst latency (ties: the earlier candidate).
+// The recommendation: the candidate and libra variant with the least
+// predicted mean + worst_weight x worst latency (ties: the earlier candidate,
+// then libra-full, libra-topo, libra-tap-vrsp), and ulysses instead where it
+// is faster still, so that the recommendation is never slower than a mode
+// libra has.
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <numeric>
 
 #include "sim/internal.hpp"
 
 namespace libra::detail {
 
+namespace {
+
+// libra-tap-vrsp is libra-full with M = 1 (no pipeliner).
+constexpr std::array<Variant, 3> kChoices = {Variant::kLibraFull, Variant::kLibraTopo, Variant::kLibraTapVrsp};
+
+}  // namespace
+
 void recommend(SimResult& res) {
   const double ww = res.config.worst_weight;
-  auto full = [&](std::size_t i) { return res.candidates[i].find(Variant::kLibraFull)->seconds; };
-  auto score = [&](std::size_t i) { return full(i).mean + ww * full(i).worst; };
+  auto score_of = [&](const Stat& s) { return s.mean + ww * s.worst; };
+  std::vector<Variant> best_v(res.candidates.size(), Variant::kLibraFull);
+  std::vector<double> score(res.candidates.size(), 0);
+  for (std::size_t i = 0; i < res.candidates.size(); ++i) {
+    bool first = true;
+    for (Variant v : kChoices) {
+      const VariantLatency* l = res.candidates[i].find(v);
+      if (l == nullptr) continue;
+      if (first || score_of(l->seconds) < score[i]) {
+        score[i] = score_of(l->seconds);
+        best_v[i] = v;
+        first = false;
+      }
+    }
+  }
+  auto lat = [&](std::size_t i) { return res.candidates[i].find(best_v[i])->seconds; };
   std::vector<std::size_t> order(res.candidates.size());
   std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return score(a) < score(b); });
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return score[a] < score[b]; });
   if (order.empty()) return;
   res.recommended = static_cast<std::int64_t>(order[0]);
+  res.recommended_variant = best_v[order[0]];
+  res.end_to_end_variant = best_v[order[0]];
   const CandidateResult& best = res.candidates[order[0]];
   const std::string criterion =
       ww == 0 ? std::string("mean") : fmt::format("mean + {:g} x worst", ww);
+  std::string reason;
   if (order.size() == 1) {
-    res.recommendation_reason = fmt::format("{} is the only valid candidate ({:.3f} ms mean per layer-step, libra-full)",
-                                            cand_name(best.candidate), full(order[0]).mean * 1e3);
-    return;
+    reason = fmt::format("{} is the only valid candidate ({:.3f} ms mean per layer-step, {})",
+                         cand_name(best.candidate), lat(order[0]).mean * 1e3, variant_name(best_v[order[0]]));
+  } else {
+    res.runner_up = static_cast<std::int64_t>(order[1]);
+    const CandidateResult& second = res.candidates[order[1]];
+    reason = fmt::format(
+        "{} predicts {:.3f} ms mean / {:.3f} ms worst per layer-step ({}), by {} {:.1f}% below runner-up {} "
+        "({:.3f} / {:.3f} ms, {}); inter-pool R-1 {:.4f} vs {:.4f}, intra-pool R-1 {:.4f} vs {:.4f}, bytes per pool "
+        "{:.1f} vs {:.1f} MB",
+        cand_name(best.candidate), lat(order[0]).mean * 1e3, lat(order[0]).worst * 1e3,
+        variant_name(best_v[order[0]]), criterion, 100.0 * (1.0 - score[order[0]] / score[order[1]]),
+        cand_name(second.candidate), lat(order[1]).mean * 1e3, lat(order[1]).worst * 1e3,
+        variant_name(best_v[order[1]]), best.inter(PlacementMode::kVrsp).mean, second.inter(PlacementMode::kVrsp).mean,
+        best.intra_imbalance.mean, second.intra_imbalance.mean, best.comm_bytes.mean / 1e6,
+        second.comm_bytes.mean / 1e6);
   }
-  res.runner_up = static_cast<std::int64_t>(order[1]);
-  const CandidateResult& second = res.candidates[order[1]];
-  res.recommendation_reason = fmt::format(
-      "{} predicts {:.3f} ms mean / {:.3f} ms worst per layer-step (libra-full), by {} {:.1f}% below runner-up {} "
-      "({:.3f} / {:.3f} ms); inter-pool R-1 {:.4f} vs {:.4f}, intra-pool R-1 {:.4f} vs {:.4f}, bytes per pool {:.1f} vs "
-      "{:.1f} MB",
-      cand_name(best.candidate), full(order[0]).mean * 1e3, full(order[0]).worst * 1e3, criterion,
-      100.0 * (1.0 - score(order[0]) / score(order[1])), cand_name(second.candidate), full(order[1]).mean * 1e3,
-      full(order[1]).worst * 1e3, best.inter(PlacementMode::kVrsp).mean, second.inter(PlacementMode::kVrsp).mean,
-      best.intra_imbalance.mean, second.intra_imbalance.mean, best.comm_bytes.mean / 1e6,
-      second.comm_bytes.mean / 1e6);
+  if (score_of(res.ulysses) < score[order[0]]) {
+    res.recommended_variant = Variant::kUlysses;
+    reason = fmt::format("ulysses: its {:.3f} ms mean / {:.3f} ms worst per layer-step beat every libra variant; "
+                         "the best of them: {}",
+                         res.ulysses.mean * 1e3, res.ulysses.worst * 1e3, reason);
+  }
+  res.recommendation_reason = std::move(reason);
 }
 
 }  // namespace libra::detail

@@ -46,13 +46,16 @@ std::string sim_table(const SimResult& r) {
   if (!r.distca_skipped.empty()) o += fmt::format("{}\n", r.distca_skipped);
   for (const auto& s : r.skipped) o += fmt::format("skipped {}: {}\n", cand(s.candidate), s.reason);
   o += "\nCore-attention forward latency per layer per GA step (slowest GPU), ms, mean / worst over steps\n";
-  o += fmt::format("  baselines: ulysses {:.3f} / {:.3f}   wlb {:.3f} / {:.3f}{}\n", ms(r.ulysses.mean),
-                   ms(r.ulysses.worst), ms(r.wlb.mean), ms(r.wlb.worst),
-                   r.wlb_split_samples ? fmt::format(" ({} samples cut to fit)", r.wlb_split_samples) : "");
+  o += fmt::format("  baselines: ulysses {:.3f} / {:.3f}   wlb {:.3f} / {:.3f}{}   wlb-loader {:.3f} / {:.3f}\n",
+                   ms(r.ulysses.mean), ms(r.ulysses.worst), ms(r.wlb.mean), ms(r.wlb.worst),
+                   r.wlb_split_samples ? fmt::format(" ({} samples cut to fit)", r.wlb_split_samples) : "",
+                   ms(r.wlb_loader.mean), ms(r.wlb_loader.worst));
+  o += "  (wlb: the window repacked and sorted, its heaviest sequences in GA step 0; wlb-loader: each GA step's own "
+       "samples repacked in that step)\n";
   o += "\n";
-  o += fmt::format("{:<24} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10} {:>17} {:>17} {:>17} {:>17} {:>17}\n",
+  o += fmt::format("{:<24} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10} {:>17} {:>17} {:>17} {:>17} {:>17} {:>17}\n",
                    "candidate", "R-1 vrsp", "R-1 samp", "R-1 rand", "R-1 refn", "intra", "intra+", "MB/pool",
-                   "tap", "tap-vrsp", "full", "plus", "distca");
+                   "tap", "tap-vrsp", "full", "plus", "distca", "topo");
   for (std::size_t i = 0; i < r.candidates.size(); ++i) {
     const auto& k = r.candidates[i];
     std::string name = cand(k.candidate);
@@ -72,6 +75,19 @@ std::string sim_table(const SimResult& r) {
        " vrsp-refine pools; MB/pool: exchanged bytes per pool per layer; latencies mean/worst ms; * recommended, + runner-up)\n";
   if (r.recommended >= 0) {
     o += "\nRecommendation: " + r.recommendation_reason + "\n";
+    auto row = [&](const char* what, const StepDecomposition& d) {
+      return fmt::format("  {:<12} {:>8.2f} {:>8.2f} {:>8.2f} {:>8.2f} {:>8.2f} {:>8.2f} {:>8.2f} {:>8.2f} {:>9.3f}\n", what,
+                         ms(d.total), ms(d.compute), ms(d.chunk_loss), ms(d.comm), ms(d.first_dispatch),
+                         ms(d.exposed_chunks), ms(d.last_return), ms(d.workload_bound), d.recv_cross_node / 1e9);
+    };
+    o += fmt::format("\nPer-step decomposition of the recommended candidate, {} (forward, ms; noise-free):\n",
+                     variant_name(r.end_to_end_variant));
+    o += fmt::format("  {:<12} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9}\n", "", "total", "compute",
+                     "chunk-", "comm", "exposed:", "exposed:", "exposed:", "workload", "X-node");
+    o += fmt::format("  {:<12} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9}\n", "", "", "", "loss", "total",
+                     "first", "chunks", "last", "bound", "recv GB");
+    o += row("mean step", r.mean_step);
+    o += row("worst step", r.worst_step);
   }
   if (!r.calibration.random.empty()) {
     o += fmt::format("\nCorpus calibration statistics over the simulated windows (GBS {}):", c.gbs);
@@ -132,7 +148,10 @@ std::string sim_json(const SimResult& r) {
   j["windows"] = r.windows;
   j["steps"] = r.steps;
   j["units"] = "latency: seconds per layer per GA step (forward core attention, slowest GPU); bytes per pool per layer";
-  j["baselines"] = {{"ulysses", stat(r.ulysses)}, {"wlb", stat(r.wlb)}, {"wlb_split_samples", r.wlb_split_samples}};
+  j["baselines"] = {{"ulysses", stat(r.ulysses)},
+                    {"wlb", stat(r.wlb)},
+                    {"wlb_loader", stat(r.wlb_loader)},
+                    {"wlb_split_samples", r.wlb_split_samples}};
   j["candidates"] = J::array();
   for (const auto& k : r.candidates) {
     J e;
@@ -147,6 +166,9 @@ std::string sim_json(const SimResult& r) {
     e["intra_imbalance_plus"] = stat(k.intra_imbalance_plus);
     e["comm_bytes"] = stat(k.comm_bytes);
     e["comm_bytes_plus"] = stat(k.comm_bytes_plus);
+    e["intra_imbalance_topo"] = stat(k.intra_imbalance_topo);
+    e["max_recv_cross_node_bytes"] = stat(k.max_recv_cross_node);
+    e["max_recv_cross_node_bytes_topo"] = stat(k.max_recv_cross_node_topo);
     e["max_send_bytes"] = stat(k.max_send_bytes);
     e["max_recv_bytes"] = stat(k.max_recv_bytes);
     e["comm_seconds"] = stat(k.comm_seconds);
@@ -161,6 +183,22 @@ std::string sim_json(const SimResult& r) {
                             {"block_size", s.candidate.block_size}, {"reason", s.reason}});
   }
   j["recommended"] = r.recommended;
+  j["recommended_variant"] = std::string(variant_name(r.recommended_variant));
+  auto decomposition = [](const StepDecomposition& d) {
+    return nlohmann::ordered_json{{"total", d.total},
+                                  {"compute", d.compute},
+                                  {"chunk_loss", d.chunk_loss},
+                                  {"comm", d.comm},
+                                  {"exposed_first_dispatch", d.first_dispatch},
+                                  {"exposed_chunks", d.exposed_chunks},
+                                  {"exposed_last_return", d.last_return},
+                                  {"workload_bound", d.workload_bound},
+                                  {"recv_cross_node_bytes", d.recv_cross_node}};
+  };
+  j["decomposition"] = {{"variant", std::string(variant_name(r.end_to_end_variant))},
+                        {"mean_step", decomposition(r.mean_step)},
+                        {"worst_step", decomposition(r.worst_step)}};
+  j["end_to_end_variant"] = std::string(variant_name(r.end_to_end_variant));
   j["runner_up"] = r.runner_up;
   j["recommendation"] = r.recommendation_reason;
   j["distca_skipped"] = r.distca_skipped;
@@ -320,7 +358,7 @@ Status write_sim_report(const SimResult& r, const std::string& dir, bool rendere
         "set key outside right\nset style data histograms\nset style fill solid 0.8\nset xtics rotate by -60\nset ylabel 'ms'\nset yrange [0:*]\n"
         "set xlabel ''\nplot 'sim-latency.dat' using 2:xtic(1) title 'ulysses', '' using 3 title 'wlb', "
         "'' using 4 title 'libra-tap', '' using 5 title 'libra-tap-vrsp', '' using 6 title 'libra-full', "
-        "'' using 7 title 'libra-plus', '' using 8 title 'distca'\n";
+        "'' using 7 title 'libra-plus', '' using 8 title 'distca', '' using 9 title 'libra-topo'\n";
   LIBRA_TRY(put("sim-plots.gp", gp));
   const bool plotted = rendered;
 

@@ -16,7 +16,7 @@ namespace libra {
 
 namespace {
 
-constexpr std::array<std::pair<Variant, std::string_view>, 7> kVariantNames = {{
+constexpr std::array<std::pair<Variant, std::string_view>, 8> kVariantNames = {{
     {Variant::kUlysses, "ulysses"},
     {Variant::kWlb, "wlb"},
     {Variant::kDistca, "distca"},
@@ -24,12 +24,13 @@ constexpr std::array<std::pair<Variant, std::string_view>, 7> kVariantNames = {{
     {Variant::kLibraTapVrsp, "libra-tap-vrsp"},
     {Variant::kLibraFull, "libra-full"},
     {Variant::kLibraPlus, "libra-plus"},
+    {Variant::kLibraTopo, "libra-topo"},
 }};
-constexpr std::array<Variant, 7> kAllVariants = {Variant::kUlysses,      Variant::kWlb,       Variant::kDistca,
+constexpr std::array<Variant, 8> kAllVariants = {Variant::kUlysses,      Variant::kWlb,       Variant::kDistca,
                                                  Variant::kLibraTap,     Variant::kLibraTapVrsp,
-                                                 Variant::kLibraFull,    Variant::kLibraPlus};
-constexpr std::array<Variant, 5> kCandidateVariants = {Variant::kLibraTap, Variant::kLibraTapVrsp,
-                                                       Variant::kLibraFull, Variant::kLibraPlus, Variant::kDistca};
+                                                 Variant::kLibraFull,    Variant::kLibraPlus, Variant::kLibraTopo};
+constexpr std::array<Variant, 6> kCandidateVariants = {Variant::kLibraTap,  Variant::kLibraTapVrsp, Variant::kLibraFull,
+                                                       Variant::kLibraPlus, Variant::kDistca,      Variant::kLibraTopo};
 
 }  // namespace
 

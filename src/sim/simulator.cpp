@@ -207,20 +207,23 @@ Result<SimResult> simulate(std::span<const PackedSequence> seqs, std::int64_t se
   }
 
   // Fold windows in order.
-  std::vector<double> uly, wlb;
+  std::vector<double> uly, wlb, wlb_loader;
   for (const auto& r : wr) {
     uly.insert(uly.end(), r.ulysses.begin(), r.ulysses.end());
     wlb.insert(wlb.end(), r.wlb.begin(), r.wlb.end());
+    wlb_loader.insert(wlb_loader.end(), r.wlb_loader.begin(), r.wlb_loader.end());
     res.wlb_split_samples += r.wlb_split;
   }
   res.ulysses = stat_of(uly);
   res.wlb = stat_of(wlb);
+  res.wlb_loader = stat_of(wlb_loader);
   const auto modes = all_placement_modes();
   for (std::size_t ci = 0; ci < ctx.candidates.size(); ++ci) {
     CandidateResult cr;
     cr.candidate = ctx.candidates[ci];
     std::vector<std::vector<double>> inter(modes.size());
     std::vector<double> lb, intra, intra_plus, bytes, bytes_plus, send, recv, comm;
+    std::vector<double> intra_topo, recv_cross, recv_cross_topo;
     std::map<Variant, std::vector<double>> steps;
     auto app = [](std::vector<double>& a, const std::vector<double>& b) { a.insert(a.end(), b.begin(), b.end()); };
     for (const auto& r : wr) {
@@ -234,6 +237,9 @@ Result<SimResult> simulate(std::span<const PackedSequence> seqs, std::int64_t se
       app(send, cw.send);
       app(recv, cw.recv);
       app(comm, cw.comm);
+      app(intra_topo, cw.intra_topo);
+      app(recv_cross, cw.recv_cross);
+      app(recv_cross_topo, cw.recv_cross_topo);
       for (const auto& [v, s] : cw.steps) app(steps[v], s);
     }
     for (std::size_t m = 0; m < modes.size(); ++m) cr.inter_imbalance.emplace_back(modes[m], stat_of(inter[m]));
@@ -245,6 +251,9 @@ Result<SimResult> simulate(std::span<const PackedSequence> seqs, std::int64_t se
     cr.max_send_bytes = stat_of(send);
     cr.max_recv_bytes = stat_of(recv);
     cr.comm_seconds = stat_of(comm);
+    cr.intra_imbalance_topo = stat_of(intra_topo);
+    cr.max_recv_cross_node = stat_of(recv_cross);
+    cr.max_recv_cross_node_topo = stat_of(recv_cross_topo);
     for (Variant v : candidate_variants()) {
       auto it = steps.find(v);
       if (it != steps.end()) cr.latency.push_back({v, stat_of(it->second)});
@@ -267,6 +276,39 @@ Result<SimResult> simulate(std::span<const PackedSequence> seqs, std::int64_t se
 
   recommend(res);
   const CandidateResult& best = res.candidates[static_cast<std::size_t>(res.recommended)];
+  {
+    // The decomposition of the recommended candidate's libra variant.
+    std::size_t pools = 0;
+    double worst = -1;
+    StepDecomposition& m = res.mean_step;
+    for (const auto& r : wr) {
+      auto it = r.cand[static_cast<std::size_t>(res.recommended)].pools.find(res.end_to_end_variant);
+      if (it == r.cand[static_cast<std::size_t>(res.recommended)].pools.end()) continue;
+      for (const auto& [t, d] : it->second) {
+        ++pools;
+        m.total += d.total;
+        m.compute += d.compute;
+        m.chunk_loss += d.chunk_loss;
+        m.comm += d.comm;
+        m.first_dispatch += d.first_dispatch;
+        m.exposed_chunks += d.exposed_chunks;
+        m.last_return += d.last_return;
+        m.workload_bound += d.workload_bound;
+        m.recv_cross_node += d.recv_cross_node;
+        if (t > worst) {
+          worst = t;
+          res.worst_step = d;
+        }
+      }
+    }
+    if (pools > 0) {
+      const double n = static_cast<double>(pools);
+      for (double* x : {&m.total, &m.compute, &m.chunk_loss, &m.comm, &m.first_dispatch, &m.exposed_chunks,
+                        &m.last_return, &m.workload_bound, &m.recv_cross_node}) {
+        *x /= n;
+      }
+    }
+  }
 
   // End-to-end: DP sweep and microbatch distribution with the recommended
   // candidate.
@@ -279,7 +321,7 @@ Result<SimResult> simulate(std::span<const PackedSequence> seqs, std::int64_t se
     std::vector<E2eWindow> er(static_cast<std::size_t>(windows));
     parallel("end-to-end", [&](std::int64_t i) {
       er[static_cast<std::size_t>(i)] =
-          e2e_window(ctx, window_span(i), static_cast<std::uint64_t>(i), best.candidate, dps);
+          e2e_window(ctx, window_span(i), static_cast<std::uint64_t>(i), best.candidate, dps, res.end_to_end_variant);
     });
     res.timing.end_to_end_s = wall_seconds() - t1;
     LIBRA_TRY(fold_end_to_end(er, dps, best.candidate, res));

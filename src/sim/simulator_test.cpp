@@ -375,7 +375,7 @@ TEST(Variants, NameTableRoundTrips) {
     ASSERT_TRUE(back.ok()) << n;
     EXPECT_EQ(*back, v);
   }
-  EXPECT_EQ(names.size(), 7u);
+  EXPECT_EQ(names.size(), 8u);
   EXPECT_FALSE(parse_variant("libra-ful").ok());
   // Every candidate variant is timed and found by enum.
   auto r = simulate(tiny_config());
@@ -539,3 +539,73 @@ TEST(TopologyCalibration, CommunicationGrowsWithPAsInFigure14) {
 
 }  // namespace
 }  // namespace libra
+
+// ---- issue 20: the simulator prices what the executor sends -------------
+
+#include "libra/schedule.hpp"
+#include "sim/internal.hpp"
+
+namespace {
+
+// The executor's own byte counts (libra::make_rank_schedule, independent of
+// the simulator): per phase and chunk, what every worker sends every peer.
+std::vector<std::vector<std::int64_t>> schedule_bytes(const libra::Plan& plan, libra::Phase phase) {
+  const int W = plan.num_workers();
+  const int M = plan.config().chunks;
+  std::vector<std::vector<std::int64_t>> out(static_cast<std::size_t>(M),
+                                             std::vector<std::int64_t>(static_cast<std::size_t>(W * W), 0));
+  for (int r = 0; r < W; ++r) {
+    auto s = libra::make_rank_schedule(plan, r);
+    EXPECT_TRUE(s.ok()) << s.error().message();
+    for (int m = 0; m < M; ++m) {
+      const libra::Exchange& x = s->exchange(phase, m);
+      for (int peer = 0; peer < W; ++peer) {
+        if (peer != r) out[static_cast<std::size_t>(m)][static_cast<std::size_t>(r * W + peer)] = x.send_bytes[static_cast<std::size_t>(peer)];
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST(PlanCost, PricesTheBytesTheExecutorSends) {
+  // GQA with H > h_kv (shards share a KV head: dK/dV go home once), bf16
+  // (LSE, dQ, dK/dV travel in fp32), M = 2 and 4, tap and tap-topo.
+  const std::vector<libra::PackedSequence> pool = {{200, 40, 16}, {60, 60, 60, 76}, {256}, {30, 100, 90}};
+  for (libra::PlanMode mode : {libra::PlanMode::kTap, libra::PlanMode::kTapTopo}) {
+    for (int chunks : {1, 2, 4}) {
+      libra::PlanConfig c;
+      c.seq_len = 256;
+      c.cp = 2;
+      c.block_size = 32;
+      c.head_shards = 4;
+      c.shape = {.heads_q = 16, .heads_kv = 2, .head_dim = 8, .dtype = libra::DType::kBF16};
+      c.chunks = chunks;
+      c.mode = mode;
+      c.topology.gpus_per_node = 2;
+      auto plan = libra::make_plan(pool, c);
+      ASSERT_TRUE(plan.ok()) << plan.error().message();
+      const libra::detail::PhaseBytes pb = libra::detail::phase_bytes(*plan);
+      const std::pair<libra::Phase, const std::vector<std::vector<std::int64_t>>*> phases[] = {
+          {libra::Phase::kFwdIn, &pb.fwd_in},
+          {libra::Phase::kFwdOut, &pb.fwd_out},
+          {libra::Phase::kBwdIn, &pb.bwd_in},
+          {libra::Phase::kBwdOut, &pb.bwd_out}};
+      for (const auto& [phase, priced] : phases) {
+        const auto sent = schedule_bytes(*plan, phase);
+        for (int m = 0; m < chunks; ++m) {
+          EXPECT_EQ((*priced)[static_cast<std::size_t>(m)], sent[static_cast<std::size_t>(m)])
+              << libra::plan_mode_name(mode) << " M=" << chunks << " phase " << static_cast<int>(phase) << " chunk " << m;
+        }
+        if (chunks > 1) {
+          std::vector<std::int64_t> sum(sent[0].size(), 0);
+          for (const auto& v : sent) {
+            for (std::size_t i = 0; i < v.size(); ++i) sum[i] += v[i];
+          }
+          EXPECT_EQ(priced->back(), sum);
+        }
+      }
+    }
+  }
+}

@@ -49,7 +49,7 @@ struct Timed {
 };
 
 // What run_pools records per pool besides step latencies.
-enum class Record { kNothing, kTap, kPlus };
+enum class Record { kNothing, kTap, kPlus, kTopo };
 
 }  // namespace
 
@@ -77,6 +77,21 @@ WindowResult simulate_window(const Ctx& ctx, std::span<const PackedSequence> win
   auto wlb = ulysses_steps(ctx, repacked->sequences, w, tm, "wlb");
   if (!wlb.ok()) return fail(wlb.error());
   out.wlb = std::move(*wlb);
+  // Like for like with ulysses: WLB's repacking within each GA step, so an
+  // outlier stays in the step the loader gave it (the sorted variant above
+  // packs the window's heaviest sequences first and runs them in step 0).
+  {
+    std::vector<PackedSequence> per_step;
+    const auto dp = static_cast<std::size_t>(cfg.dp);
+    for (std::size_t g = 0; g * dp < window.size(); ++g) {
+      auto r = wlb_repack(window.subspan(g * dp, dp), ctx.seq_len, cfg.dp);
+      if (!r.ok()) return fail(r.error());
+      per_step.insert(per_step.end(), r->sequences.begin(), r->sequences.end());
+    }
+    auto wl = ulysses_steps(ctx, per_step, w, tm, "wlb-loader");
+    if (!wl.ok()) return fail(wl.error());
+    out.wlb_loader = std::move(*wl);
+  }
 
   auto placement_for = [&](std::int64_t p, PlacementMode mode) -> Result<Placed> {
     const double t1 = thread_cpu_seconds();
@@ -98,7 +113,12 @@ WindowResult simulate_window(const Ctx& ctx, std::span<const PackedSequence> win
                              price_pool(ctx, pool, pc, gpus, tm, std::string(variant_name(variants[0].variant))));
       const std::int64_t g = layout.pool_ga[k];
       for (std::size_t v = 0; v < variants.size(); ++v) {
-        sms[v].put(g, time_plan(ctx, c, gpus, {w, static_cast<std::uint64_t>(g)}, variants[v].pipelined, false));
+        const double t = time_plan(ctx, c, gpus, {w, static_cast<std::uint64_t>(g)}, variants[v].pipelined, false);
+        sms[v].put(g, t);
+        const Variant var = variants[v].variant;
+        if (var == Variant::kLibraFull || var == Variant::kLibraTopo || var == Variant::kLibraTapVrsp) {
+          cw.pools[var].emplace_back(t, decompose(c, variants[v].pipelined));
+        }
       }
       if (rec == Record::kTap) {
         cw.intra.push_back(c.imbalance);
@@ -109,7 +129,11 @@ WindowResult simulate_window(const Ctx& ctx, std::span<const PackedSequence> win
       } else if (rec == Record::kPlus) {
         cw.intra_plus.push_back(c.imbalance);
         cw.bytes_plus.push_back(static_cast<double>(c.comm_bytes));
+      } else if (rec == Record::kTopo) {
+        cw.intra_topo.push_back(c.imbalance);
+        cw.recv_cross_topo.push_back(static_cast<double>(c.max_recv_cross_node));
       }
+      if (rec == Record::kTap) cw.recv_cross.push_back(static_cast<double>(c.max_recv_cross_node));
     }
     for (std::size_t v = 0; v < variants.size(); ++v) cw.steps[variants[v].variant] = std::move(sms[v].step);
     return {};
@@ -157,6 +181,11 @@ WindowResult simulate_window(const Ctx& ctx, std::span<const PackedSequence> win
     }
     if (s.ok()) {
       s = run_pools(placed.at(PlacementMode::kVrspRefine), plus, {{Variant::kLibraPlus, true}}, cw, Record::kPlus);
+    }
+    if (s.ok()) {
+      const PlanConfig topo =
+          plan_config(ctx, cand.head_shards, cand.block_size, cfg.chunks, PlanMode::kTapTopo, false);
+      s = run_pools(placed.at(PlacementMode::kVrsp), topo, {{Variant::kLibraTopo, true}}, cw, Record::kTopo);
     }
     if (s.ok() && time_distca) {
       // One pool of P = DP per GA step in loader order; once per (H, B).

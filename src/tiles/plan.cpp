@@ -55,6 +55,16 @@ std::vector<std::uint64_t> canonical_words(const PlanConfig& c, std::span<const 
   w.push_back(static_cast<std::uint64_t>(c.mode));
   w.push_back(c.dedup_per_kv_head ? 1U : 0U);
   if (plan_format_version(c) >= 2) w.push_back(static_cast<std::uint64_t>(c.home_layout));
+  if (c.mode == PlanMode::kTapTopo) {
+    // Only tap-topo places by the topology, so only its plans hash it; the
+    // other modes keep the fingerprints (and files) they always had.
+    w.push_back(u(c.topology.gpus_per_node));
+    w.push_back(u(c.topology.nodes_per_supernode));
+    w.push_back(std::bit_cast<std::uint64_t>(c.topology.intra_node_gbps));
+    w.push_back(std::bit_cast<std::uint64_t>(c.topology.inter_node_gbps));
+    w.push_back(std::bit_cast<std::uint64_t>(c.topology.inter_supernode_gbps));
+    w.push_back(std::bit_cast<std::uint64_t>(c.topology.congestion_per_node));
+  }
   w.push_back(pool.size());
   for (const PackedSequence& s : pool) {
     w.push_back(s.size());
@@ -394,6 +404,51 @@ Result<Plan> build_plan(std::span<const PackedSequence> pool, const PlanConfig& 
     }
   }
 
+  // 7b. Bytes by tier: what stays, and the byte matrix split by where each
+  //     pair of workers sits.
+  d->tier_bytes.assign(static_cast<std::size_t>(W), TierBytes{});
+  for (const Tile& t : d->tiles) {
+    if (t.worker == t.home) d->tier_bytes[static_cast<std::size_t>(t.worker)].kept += 2 * qo_bytes(g, t.end - t.begin, t.heads.size());
+  }
+  for (int r = 0; r < W; ++r) {
+    for (std::size_t k = d->worker_group_offsets[r]; k < d->worker_group_offsets[r + 1]; ++k) {
+      const KvGroup& grp = d->groups[static_cast<std::size_t>(d->worker_group_ids[k])];
+      d->tier_bytes[static_cast<std::size_t>(r)].kept +=
+          kv_bytes(g, g.local_tokens(r, grp.slot, grp.begin, grp.end - grp.begin), grp.kv_heads.size());
+    }
+    for (int dst = 0; dst < W; ++dst) {
+      const std::int64_t b = d->byte_matrix[static_cast<std::size_t>(r) * W + dst];
+      if (b == 0) continue;
+      TierBytes& snd = d->tier_bytes[static_cast<std::size_t>(r)];
+      TierBytes& rcv = d->tier_bytes[static_cast<std::size_t>(dst)];
+      switch (topo_tier(config.topology, r, dst)) {
+        case 0:
+          snd.send_intra_node += b;
+          rcv.recv_intra_node += b;
+          break;
+        case 2:
+          snd.send_cross_supernode += b;
+          rcv.recv_cross_supernode += b;
+          [[fallthrough]];
+        default:
+          snd.send_cross_node += b;
+          rcv.recv_cross_node += b;
+      }
+    }
+  }
+  {
+    std::int64_t best = -1;
+    for (int r = 0; r < W; ++r) {
+      const TierBytes& x = d->tier_bytes[static_cast<std::size_t>(r)];
+      const std::int64_t recv = x.recv_intra_node + x.recv_cross_node;
+      if (recv > best) {
+        best = recv;
+        d->busiest_receiver = r;
+      }
+      d->max_recv_cross_node = std::max(d->max_recv_cross_node, x.recv_cross_node);
+    }
+  }
+
   // 8. Fingerprint of the defining content.
   d->fingerprint = hash_words(canonical_words(config, pool, d->tiles));
   return Plan(std::move(d));
@@ -449,6 +504,9 @@ std::span<const Transfer> Plan::transfers(int src, int dst) const {
   return std::span<const Transfer>(d_->transfers).subspan(o[b], o[b + 1] - o[b]);
 }
 std::span<const Transfer> Plan::all_transfers() const { return d_->transfers; }
+std::span<const TierBytes> Plan::tier_bytes() const { return d_->tier_bytes; }
+int Plan::busiest_receiver() const { return d_->busiest_receiver; }
+std::int64_t Plan::max_recv_cross_node() const { return d_->max_recv_cross_node; }
 
 ChunkUse Plan::kv_use(int r, std::int32_t group, std::int32_t kv_head) const {
   if (r < 0 || r >= d_->num_workers) return {};

@@ -40,6 +40,9 @@ struct Plan::Data {
   std::vector<Transfer> chunk_transfers;
   std::vector<std::size_t> chunk_offsets;         // M * W * W + 1, bucket (m * W + src) * W + dst
   std::vector<std::int64_t> chunk_byte_matrix;    // M * W * W
+  std::vector<TierBytes> tier_bytes;              // W
+  int busiest_receiver = 0;
+  std::int64_t max_recv_cross_node = 0;
   std::uint64_t fingerprint = 0;
 };
 
@@ -126,6 +129,21 @@ struct PlacedRows {
 
 // Tile placement per mode: one PlacedRows per tile (piece).
 [[nodiscard]] Result<std::vector<PlacedRows>> place_tiles(const Geometry& geo, const PlanConfig& config);
+
+// tap-topo's placer (topo.cpp): the tiles `base` (one per (slot, block,
+// shard), flops beside) placed within the contract's capacity C where it
+// can, least slowest-worker transfer time on config.topology.
+// `tap` is plain TAP's placement of the same tiles, the last candidate.
+[[nodiscard]] std::vector<PlacedRows> place_topo(const Geometry& geo, const PlanConfig& config,
+                                                 std::span<const PlacedRows> base,
+                                                 std::span<const std::int64_t> flops, double capacity,
+                                                 std::vector<PlacedRows> tap);
+// Tier of the link between workers a and b: 0 same node, 1 same supernode, 2 across.
+inline int topo_tier(const PlanTopology& t, int a, int b) {
+  const int na = a / t.gpus_per_node, nb = b / t.gpus_per_node;
+  if (na == nb) return 0;
+  return na / t.nodes_per_supernode == nb / t.nodes_per_supernode ? 1 : 2;
+}
 
 // Checks that `rows` cut every (slot, block, shard) into consecutive pieces
 // covering the block exactly, then derives the whole plan. `source` names the

@@ -52,6 +52,15 @@ std::string plan_to_json(const Plan& plan, int indent) {
   cfg["dedup_per_kv_head"] = c.dedup_per_kv_head;
   // Version 1 (contiguous) files stay as they were.
   if (plan_format_version(c) >= 2) cfg["home_layout"] = std::string(home_layout_name(c.home_layout));
+  if (c.mode == PlanMode::kTapTopo) {
+    const PlanTopology& t = c.topology;
+    cfg["topology"] = {{"gpus_per_node", t.gpus_per_node},
+                       {"nodes_per_supernode", t.nodes_per_supernode},
+                       {"intra_node_gbps", t.intra_node_gbps},
+                       {"inter_node_gbps", t.inter_node_gbps},
+                       {"inter_supernode_gbps", t.inter_supernode_gbps},
+                       {"congestion_per_node", t.congestion_per_node}};
+  }
   j["config"] = std::move(cfg);
   j["pool_size"] = plan.pool_size();
   j["num_workers"] = plan.num_workers();
@@ -96,9 +105,20 @@ std::string plan_to_json(const Plan& plan, int indent) {
     o["kv_groups"] = plan.worker_groups(r).size();
     o["send_bytes"] = plan.send_bytes(r);
     o["recv_bytes"] = plan.recv_bytes(r);
+    const TierBytes& tb = plan.tier_bytes()[static_cast<std::size_t>(r)];
+    o["kept_bytes"] = tb.kept;
+    o["send_intra_node_bytes"] = tb.send_intra_node;
+    o["send_cross_node_bytes"] = tb.send_cross_node;
+    o["recv_intra_node_bytes"] = tb.recv_intra_node;
+    o["recv_cross_node_bytes"] = tb.recv_cross_node;
+    o["recv_cross_supernode_bytes"] = tb.recv_cross_supernode;
     workers.push_back(std::move(o));
   }
   j["workers"] = std::move(workers);
+  // Bytes by tier use config.topology (the default h200 layout unless the
+  // plan is tap-topo's, which records its own).
+  j["busiest_receiver"] = plan.busiest_receiver();
+  j["max_recv_cross_node_bytes"] = plan.max_recv_cross_node();
   return j.dump(indent) + "\n";
 }
 
@@ -205,8 +225,25 @@ Result<Plan> plan_from_binary(std::string_view bytes, const std::string& source)
       !next_int(c.head_shards, 1, kI32) || !next_int(c.shape.heads_q, 1, kI32) ||
       !next_int(c.shape.heads_kv, 1, kI32) || !next_int(c.shape.head_dim, 1, kI32) ||
       !next(dtype_word) || !next_int(c.shape.window, 1, kI64) || !next(tau_bits) ||
-      !next_int(c.chunks, 1, kI32) || !next_int(mode, 0, 2) || !next_int(dedup, 0, 1)) {
+      !next_int(c.chunks, 1, kI32) || !next_int(mode, 0, 3) || !next_int(dedup, 0, 1)) {
     return bad("configuration");
+  }
+  // The canonical words' order: the home layout (version 2) before tap-topo's topology.
+  if (version >= 2) {
+    int layout = 0;
+    if (!next_int(layout, 0, 1)) return bad("home layout");
+    c.home_layout = static_cast<HomeLayout>(layout);
+  }
+  if (static_cast<PlanMode>(mode) == PlanMode::kTapTopo) {
+    std::uint64_t bits[4] = {};
+    if (!next_int(c.topology.gpus_per_node, 1, kI32) || !next_int(c.topology.nodes_per_supernode, 1, kI32) ||
+        !next(bits[0]) || !next(bits[1]) || !next(bits[2]) || !next(bits[3])) {
+      return bad("topology");
+    }
+    c.topology.intra_node_gbps = std::bit_cast<double>(bits[0]);
+    c.topology.inter_node_gbps = std::bit_cast<double>(bits[1]);
+    c.topology.inter_supernode_gbps = std::bit_cast<double>(bits[2]);
+    c.topology.congestion_per_node = std::bit_cast<double>(bits[3]);
   }
   if (!dtype_from_code(dtype_word, c.shape.dtype)) {
     // Format-1 files hold the element size here: 4 and 2 decode above.
@@ -216,12 +253,7 @@ Result<Plan> plan_from_binary(std::string_view bytes, const std::string& source)
   c.tau = std::bit_cast<double>(tau_bits);
   c.mode = static_cast<PlanMode>(mode);
   c.dedup_per_kv_head = dedup != 0;
-  if (version >= 2) {
-    int layout = 0;
-    if (!next_int(layout, 0, 1)) return bad("home layout");
-    c.home_layout = static_cast<HomeLayout>(layout);
-    if (plan_format_version(c) != version) return bad("a contiguous home layout is stored as format version 1");
-  }
+  if (plan_format_version(c) != version) return bad("a contiguous home layout is stored as format version 1");
   std::int64_t slots = 0;
   if (!next_int(slots, 1, static_cast<std::int64_t>(w.size() - at))) return bad("pool size");
   std::vector<PackedSequence> pool(static_cast<std::size_t>(slots));
@@ -377,6 +409,23 @@ Result<Plan> plan_from_json(std::string_view text, const std::string& source) {
         return invalid_input(source + ": config: home_layout " + std::string(home_layout_name(c.home_layout)) +
                              " is format version " + std::to_string(plan_format_version(c)) + ", the file says " +
                              std::to_string(version));
+        }
+      }
+    if (c.mode == PlanMode::kTapTopo) {
+      LIBRA_ASSIGN_OR_RETURN(const OJson* tj, rd.field(*cfg, "topology", w));
+      if (!tj->is_object()) return invalid_input(source + ": config: field 'topology' must be an object");
+      const std::string tw = "config.topology";
+      LIBRA_ASSIGN_OR_RETURN(std::int64_t gpn, rd.integer(*tj, "gpus_per_node", tw, 1, kI32));
+      LIBRA_ASSIGN_OR_RETURN(std::int64_t nps, rd.integer(*tj, "nodes_per_supernode", tw, 1, kI32));
+      c.topology.gpus_per_node = static_cast<int>(gpn);
+      c.topology.nodes_per_supernode = static_cast<int>(nps);
+      for (auto [key, dst] : {std::pair{"intra_node_gbps", &c.topology.intra_node_gbps},
+                              std::pair{"inter_node_gbps", &c.topology.inter_node_gbps},
+                              std::pair{"inter_supernode_gbps", &c.topology.inter_supernode_gbps},
+                              std::pair{"congestion_per_node", &c.topology.congestion_per_node}}) {
+        LIBRA_ASSIGN_OR_RETURN(const OJson* v, rd.field(*tj, key, tw));
+        if (!v->is_number()) return invalid_input(source + ": config.topology: field '" + key + "' must be a number");
+        *dst = v->get<double>();
       }
     }
   }

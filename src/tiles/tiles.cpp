@@ -20,15 +20,17 @@ std::string_view plan_mode_name(PlanMode mode) {
       return "ulysses";
     case PlanMode::kTapSplit:
       return "tap-split";
+    case PlanMode::kTapTopo:
+      return "tap-topo";
   }
   return "unknown";
 }
 
 Result<PlanMode> parse_plan_mode(std::string_view name) {
-  for (PlanMode m : {PlanMode::kTap, PlanMode::kUlysses, PlanMode::kTapSplit}) {
+  for (PlanMode m : {PlanMode::kTap, PlanMode::kUlysses, PlanMode::kTapSplit, PlanMode::kTapTopo}) {
     if (name == plan_mode_name(m)) return m;
   }
-  return invalid_input("plan mode '" + std::string(name) + "': must be one of tap, ulysses, tap-split");
+  return invalid_input("plan mode '" + std::string(name) + "': must be one of tap, ulysses, tap-split, tap-topo");
 }
 
 std::string_view home_layout_name(HomeLayout layout) {
@@ -122,8 +124,24 @@ Status validate_plan_config(const PlanConfig& c) {
                           str(s.heads_q / c.cp));
     }
   }
-  if (c.mode != PlanMode::kTap && c.mode != PlanMode::kUlysses && c.mode != PlanMode::kTapSplit) {
+  if (c.mode != PlanMode::kTap && c.mode != PlanMode::kUlysses && c.mode != PlanMode::kTapSplit &&
+      c.mode != PlanMode::kTapTopo) {
     return config_error("unknown plan mode " + str(static_cast<int>(c.mode)));
+  }
+  const PlanTopology& t = c.topology;
+  if (t.gpus_per_node < 1) return config_error("topology gpus_per_node " + str(t.gpus_per_node) + " must be positive");
+  if (t.nodes_per_supernode < 1) {
+    return config_error("topology nodes_per_supernode " + str(t.nodes_per_supernode) + " must be positive");
+  }
+  for (auto [name, v] : {std::pair{"intra_node_gbps", t.intra_node_gbps}, std::pair{"inter_node_gbps", t.inter_node_gbps},
+                         std::pair{"inter_supernode_gbps", t.inter_supernode_gbps}}) {
+    if (!std::isfinite(v) || !(v > 0)) {
+      return config_error(std::string("topology ") + name + " " + std::to_string(v) + " must be a finite number > 0");
+    }
+  }
+  if (!std::isfinite(t.congestion_per_node) || t.congestion_per_node < 0) {
+    return config_error("topology congestion_per_node " + std::to_string(t.congestion_per_node) +
+                        " must be a finite number >= 0");
   }
   return {};
 }
@@ -449,6 +467,7 @@ Result<std::vector<PlacedRows>> place_tiles(const Geometry& geo, const PlanConfi
 
   // Contract section 6, in this order of evaluation.
   const double capacity = (1.0 + config.tau) * static_cast<double>(total) / static_cast<double>(geo.workers);
+
   // The shards of a block have equal f_t and consecutive ids, so sorting
   // blocks by (decreasing f, first id) and expanding each into its shards
   // gives exactly the order (decreasing f_t, increasing id).
@@ -491,6 +510,17 @@ Result<std::vector<PlacedRows>> place_tiles(const Geometry& geo, const PlanConfi
   };
   std::int64_t tap_max = 0;
   std::vector<PlacedRows> tap = run(false, &tap_max);
+  if (config.mode == PlanMode::kTapTopo) {
+    std::vector<PlacedRows> base;
+    std::vector<std::int64_t> flops;
+    base.reserve(tiles.size());
+    flops.reserve(tiles.size());
+    for (const BaseTile& t : tiles) {
+      base.push_back(t.rows);
+      flops.push_back(t.flops);
+    }
+    return place_topo(geo, config, base, flops, capacity, std::move(tap));
+  }
   if (config.mode == PlanMode::kTap || static_cast<double>(tap_max) <= capacity) return tap;
   std::int64_t split_max = 0;
   std::vector<PlacedRows> split = run(true, &split_max);

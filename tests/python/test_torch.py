@@ -75,6 +75,7 @@ CASES_4 = [
     dict(name="tap M4 fp32 h_q 8", mode="tap", chunks=4, hq=8, hkv=2, shards=2),
     dict(name="tap-split M2 fp32", mode="tap-split", chunks=2, hq=8, hkv=2, shards=4, tau=0.0),
     dict(name="ulysses fp32", mode="ulysses", chunks=2, hq=4, hkv=4),
+    dict(name="tap-topo M2 fp32", mode="tap-topo", chunks=2, hq=8, hkv=2, shards=4),
     dict(name="window 7 tap M2 fp32", mode="tap", chunks=2, window=7),
     dict(name="window 5 tap-split bf16", mode="tap-split", chunks=1, window=5, dtype="bfloat16"),
     dict(name="dedup per kv head H>h_kv", mode="tap", chunks=1, hq=8, hkv=2, shards=4, dedup=True),

@@ -570,9 +570,9 @@ int exec_rank(Communicator& world, const ExecOptionsCli& opt) {
   return static_cast<int>((*verdicts)[0]);
 }
 int run_exec(const ExecOptionsCli& opt) {
-  static const char* kModes[] = {"tap", "tap-split", "ulysses", "ulysses-plan"};
+  static const char* kModes[] = {"tap", "tap-split", "tap-topo", "ulysses", "ulysses-plan"};
   if (std::find_if(std::begin(kModes), std::end(kModes), [&](const char* m) { return opt.mode == m; }) == std::end(kModes)) {
-    return fail(invalid_input("--mode " + opt.mode + ": expected tap, tap-split, ulysses or ulysses-plan"));
+    return fail(invalid_input("--mode " + opt.mode + ": expected tap, tap-split, tap-topo, ulysses or ulysses-plan"));
   }
   if (opt.repeat < 1) return fail(invalid_input(fmt::format("--repeat {}: must be at least 1", opt.repeat)));
   if (opt.reference != "auto" && opt.reference != "naive" && opt.reference != "kernel") {
@@ -793,7 +793,7 @@ const bool registered = register_command(70, [](CLI::App& app) {
   auto eo = std::make_shared<ExecOptionsCli>();
   eo->pool_flags = add_shape_options(ex, eo->shape, false);
   eo->pool_flags.push_back(
-      ex->add_option("--mode", eo->mode, "executor: tap, tap-split, ulysses (the baseline executor), ulysses-plan"));
+      ex->add_option("--mode", eo->mode, "executor: tap, tap-split, tap-topo, ulysses (the baseline executor), ulysses-plan"));
   ex->add_option("--seed", eo->seed, "seed of the random Q, K, V and dO");
   ex->add_flag("--check", eo->check, "compare with the single-process reference on the whole sequences (exit 3 beyond tolerance)");
   eo->reference_flag =

@@ -29,6 +29,7 @@ struct PlanOptions {
   std::string output;
   std::string format;
   std::vector<const CLI::Option*> pool_flags;  // --mode, --dedup-per-kv-head, --pool-size, --pool-index
+  PlanTopology topology;                       // tap-topo's placement and every mode's bytes by tier
 };
 
 std::string summary(const Plan& plan) {
@@ -63,9 +64,10 @@ std::string summary(const Plan& plan) {
 Result<PlanConfig> config_from(const PlanOptions& o) {
   LIBRA_ASSIGN_OR_RETURN(PlanConfig c, plan_config_from(o.plan));
   auto m = parse_plan_mode(o.mode);
-  if (!m.ok()) return invalid_input("--mode " + o.mode + ": must be one of tap, ulysses, tap-split");
+  if (!m.ok()) return invalid_input("--mode " + o.mode + ": must be one of tap, ulysses, tap-split, tap-topo");
   c.mode = *m;
   c.dedup_per_kv_head = o.dedup_per_kv_head;
+  c.topology = o.topology;
   LIBRA_TRY(validate_plan_config(c));
   return c;
 }
@@ -136,10 +138,25 @@ const bool registered = register_command(40, [](CLI::App& app) {
   add_plan_flags(sub, o->plan, "required unless --load");
   o->plan.instead = "--load PLAN";
   o->pool_flags = {
-      sub->add_option("--mode", o->mode, "tap, ulysses or tap-split"),
+      sub->add_option("--mode", o->mode, "tap, ulysses, tap-split or tap-topo"),
       sub->add_flag("--dedup-per-kv-head", o->dedup_per_kv_head, "Fetch KV once per KV head instead of per head shard"),
       sub->add_option("--pool-size", o->pool_size, "Take --pool-size consecutive sequences as the pool"),
       sub->add_option("--pool-index", o->pool_index, "Which pool of --pool-size sequences"),
+      // The topology: tap-topo places by it, every mode reports bytes by
+      // tier with it (defaults: the simulator's h200 network).
+      sub->add_option("--gpus-per-node", o->topology.gpus_per_node, "topology: GPUs per node")->capture_default_str(),
+      sub->add_option("--nodes-per-supernode", o->topology.nodes_per_supernode, "topology: nodes per supernode")
+          ->capture_default_str(),
+      sub->add_option("--intra-node-gbps", o->topology.intra_node_gbps, "topology: NVLink GB/s per GPU")
+          ->capture_default_str(),
+      sub->add_option("--inter-node-gbps", o->topology.inter_node_gbps, "topology: NIC GB/s per GPU")
+          ->capture_default_str(),
+      sub->add_option("--inter-supernode-gbps", o->topology.inter_supernode_gbps,
+                      "topology: spine share GB/s per GPU")
+          ->capture_default_str(),
+      sub->add_option("--congestion-per-node", o->topology.congestion_per_node,
+                      "topology: NIC share 1 / (1 + c (nodes - 2)) beyond two nodes")
+          ->capture_default_str(),
   };
   sub->add_flag("--json", o->json, "Print the plan as JSON instead of the per-worker summary");
   sub->add_option("--output,-o", o->output, "Write the plan file (.json: JSON, otherwise binary)");

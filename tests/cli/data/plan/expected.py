@@ -58,8 +58,15 @@ tiles = [tile(0, 0, 0, 0, 0, 2, [0, 2], [0, 1], 6, 0, 0), tile(1, 0, 0, 1, 0, 2,
 doc = {"format": "libra-plan", "version": 1, "fingerprint": fingerprint(cfg, pool, tiles), "config": cfg,
        "pool_size": 1, "num_workers": 2, "pool": pool, "tiles": tiles, "worker_flops": [12, 12],
        "imbalance": 0.0, "comm_bytes": 48, "byte_matrix": [[0, 32], [16, 0]],
-       "workers": [{"worker": 0, "flops": 12, "tiles": 2, "kv_groups": 2, "send_bytes": 32, "recv_bytes": 16},
-                   {"worker": 1, "flops": 12, "tiles": 2, "kv_groups": 2, "send_bytes": 16, "recv_bytes": 32}]}
+       # kept: Q+O of tiles on their home (rows x 2 heads x d 2 x 2 bytes, twice) plus
+       # the resident KV tokens of each shard's group (8 bytes a token); one node.
+       "workers": [{"worker": 0, "flops": 12, "tiles": 2, "kv_groups": 2, "send_bytes": 32, "recv_bytes": 16,
+                    "kept_bytes": 64 + 32, "send_intra_node_bytes": 32, "send_cross_node_bytes": 0,
+                    "recv_intra_node_bytes": 16, "recv_cross_node_bytes": 0, "recv_cross_supernode_bytes": 0},
+                   {"worker": 1, "flops": 12, "tiles": 2, "kv_groups": 2, "send_bytes": 16, "recv_bytes": 32,
+                    "kept_bytes": 32 + 16, "send_intra_node_bytes": 16, "send_cross_node_bytes": 0,
+                    "recv_intra_node_bytes": 32, "recv_cross_node_bytes": 0, "recv_cross_supernode_bytes": 0}],
+       "busiest_receiver": 1, "max_recv_cross_node_bytes": 0}
 with open("gqa.json", "w") as f:
     f.write(json.dumps(doc, indent=1) + "\n")
 

@@ -1,0 +1,425 @@
+// tap-topo: SH-Tile placement that keeps every worker within tau of the
+// balanced load (the contract's capacity C) and, among such placements,
+// looks for the least slowest-worker transfer time on the pool's topology.
+//
+// Why not TAP's rule: TAP sends the heaviest tiles first to the worker of
+// least added bytes, so the Q home fills with heavy tiles early and the
+// light, byte-heavy tiles of a busy home travel late to whichever worker
+// still has room, often across nodes. Moving a tile costs its Q/O rows plus
+// the KV of its samples; heavy tiles (late blocks of long samples) carry the
+// most FLOPs per byte moved, and once a worker holds a sample's KV its other
+// tiles cost only their Q/O. So:
+//   1. home first: every worker keeps its own tiles, lightest first, while
+//      they fit under C;
+//   2. the rest, heaviest first, go to the worker with headroom whose link
+//      time (and its sources' link time) after the move is least, priced
+//      per tier (NVLink, NIC, spine) as the simulator prices an all-to-all;
+//      ties: fewer added link-seconds, lower load, lower worker id;
+//   3. a tile that fits nowhere goes to the least-loaded worker, as in TAP.
+// Candidates: home first keeping the lightest tiles, and keeping whole head
+// shards; where neither fits under C, the same keeping at most the mean
+// load at home, and every tile in TAP's order by the same score (it packs
+// tighter); last, TAP's own placement. The result is the candidate within C
+// (all: the lower slowest link time, then the lower sum; none: the lower
+// peak load), so it is never slower on the links than tap where tap fits.
+// Everything is integer bytes and doubles evaluated in a fixed order, so the
+// result is deterministic tile for tile.
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <cmath>
+#include <limits>
+#include <memory>
+#include <numeric>
+
+#include "tiles/plan_internal.hpp"
+
+namespace libra::detail {
+
+namespace {
+
+std::int64_t capacity_limit(double c) {
+  if (!(c < 9.2e18)) return std::numeric_limits<std::int64_t>::max();
+  auto x = static_cast<std::int64_t>(std::floor(c));
+  while (static_cast<double>(x) > c) --x;
+  while (static_cast<double>(x + 1) <= c) ++x;
+  return x;
+}
+
+using Tiers = std::array<double, 3>;  // bytes by tier: node, supernode, across
+
+// KV bytes of one fragment's group that live on CP rank `rank` of the slot.
+struct Source {
+  std::int32_t group;
+  int rank;
+  std::int64_t bytes;
+};
+
+class TopoPlacer {
+ public:
+  TopoPlacer(const Geometry& geo, const PlanTopology& topo, double capacity)
+      : geo_(geo),
+        topo_(topo),
+        W_(geo.workers),
+        words_((static_cast<std::size_t>(geo.workers) + 63) / 64),
+        limit_(capacity_limit(capacity)),
+        loads_(static_cast<std::size_t>(W_), 0),
+        send_(static_cast<std::size_t>(W_), Tiers{0, 0, 0}),
+        recv_(static_cast<std::size_t>(W_), Tiers{0, 0, 0}),
+        committed_(static_cast<std::size_t>(geo.sample_base.back()) * geo.keys_per_sample * words_, 0),
+        add_(static_cast<std::size_t>(geo.cp), 0) {
+    const double nodes = static_cast<double>((W_ + topo.gpus_per_node - 1) / topo.gpus_per_node);
+    inv_[0] = 1.0 / (topo.intra_node_gbps * 1e9);
+    inv_[1] = (1.0 + topo.congestion_per_node * std::max(0.0, nodes - 2)) / (topo.inter_node_gbps * 1e9);
+    inv_spine_ = 1.0 / (topo.inter_supernode_gbps * 1e9);
+    // Link-seconds per byte of each tier, for the tie-break: a cross-
+    // supernode byte uses the NIC and the spine.
+    per_byte_ = {inv_[0], inv_[1], inv_[1] + inv_spine_};
+    node_.resize(static_cast<std::size_t>(W_));
+    super_.resize(static_cast<std::size_t>(W_));
+    for (int w = 0; w < W_; ++w) {
+      node_[static_cast<std::size_t>(w)] = w / topo.gpus_per_node;
+      super_[static_cast<std::size_t>(w)] = w / topo.gpus_per_node / topo.nodes_per_supernode;
+    }
+    touched_.assign(words_, 0);
+  }
+
+  // Loads the tile's sources (KV by CP rank, Q/O from the home); with
+  // `scoring`, also what evaluate() needs.
+  void load(const PlacedRows& t, bool scoring = true) {
+    p_ = t.slot;
+    home_ = geo_.home(t.slot, t.begin);
+    vqo_ = (t.end - t.begin) * geo_.qo_bytes_per_row();
+    srcs_.clear();
+    const std::int64_t vkv = geo_.kv_bytes_per_token(t.shard);
+    for (std::int32_t j = geo_.sample_at(t.slot, t.begin); j < geo_.sample_base[t.slot + 1] && geo_.starts[j] < t.end;
+         ++j) {
+      const std::int32_t gid = geo_.group_id(j, t.shard);
+      const std::int64_t o = geo_.starts[j], last = o + geo_.lengths[j] - 1;
+      // The sample's tokens by home run: one run per CP rank in the
+      // contiguous layout, possibly two for a rank in the zigzag one.
+      for (std::int64_t x = o; x <= last;) {
+        const HomeSpot h = geo_.map.locate(x);
+        const std::int64_t y = std::min(last + 1, h.run_end);
+        srcs_.push_back({gid, h.rank, vkv * (y - x)});
+        x = y;
+      }
+    }
+    if (!scoring) return;
+    // Most candidates hold none of the tile's groups and sit outside its
+    // slot: for them the bytes per source are the same and, when the slot
+    // lies in one node, so is the tier of every source. Precompute their
+    // score per tier (the same arithmetic, in the same order, as the general
+    // path) and mark the candidates that need the general path.
+    const int base = p_ * geo_.cp;
+    std::fill(add_.begin(), add_.end(), 0);
+    std::fill(touched_.begin(), touched_.end(), 0);
+    for (const Source& s : srcs_) {
+      add_[static_cast<std::size_t>(s.rank)] += s.bytes;
+      const std::uint64_t* bits = &committed_[static_cast<std::size_t>(s.group) * words_];
+      for (std::size_t k = 0; k < words_; ++k) touched_[k] |= bits[k];
+    }
+    add_[static_cast<std::size_t>(home_ - base)] += vqo_;
+    for (int c = 0; c < geo_.cp; ++c) mark(base + c);
+    one_node_ = node_[static_cast<std::size_t>(base)] == node_[static_cast<std::size_t>(base + geo_.cp - 1)];
+    if (!one_node_) return;
+    fresh_total_ = 0;
+    for (int c = 0; c < geo_.cp; ++c) fresh_total_ += add_[static_cast<std::size_t>(c)];
+    for (std::size_t k = 0; k < 3; ++k) {
+      double worst = 0, cost = 0;
+      for (int c = 0; c < geo_.cp; ++c) {
+        const std::int64_t b = add_[static_cast<std::size_t>(c)];
+        if (b == 0) continue;
+        const int w = base + c;
+        Tiers ws = send_[static_cast<std::size_t>(w)];
+        ws[k] += static_cast<double>(b);
+        Tiers wr = recv_[static_cast<std::size_t>(w)];
+        if (w == home_) wr[k] += static_cast<double>(vqo_);
+        worst = std::max(worst, time(ws, wr));
+        cost += static_cast<double>(b) * per_byte_[k];
+      }
+      cost += static_cast<double>(vqo_) * per_byte_[k];
+      fresh_worst_[k] = worst;
+      fresh_cost_[k] = cost;
+    }
+  }
+
+  struct Score {
+    double worst = 0;  // largest link time among the workers the move touches
+    double cost = 0;   // link-seconds it adds
+  };
+
+  // What placing the loaded tile on r does to the links.
+  Score evaluate(int r) {
+    if (one_node_ && !((touched_[static_cast<std::size_t>(r) / 64] >> (r % 64)) & 1U)) {
+      const auto t = static_cast<std::size_t>(tier(p_ * geo_.cp, r));
+      Tiers rs = send_[static_cast<std::size_t>(r)], rr = recv_[static_cast<std::size_t>(r)];
+      rr[t] += static_cast<double>(fresh_total_);
+      rs[t] += static_cast<double>(vqo_);
+      return {std::max(fresh_worst_[t], time(rs, rr)), fresh_cost_[t]};
+    }
+    std::fill(add_.begin(), add_.end(), 0);
+    const int base = p_ * geo_.cp;
+    for (const Source& s : srcs_) {
+      if (base + s.rank == r || is_committed(s.group, r)) continue;
+      add_[static_cast<std::size_t>(s.rank)] += s.bytes;
+    }
+    if (r != home_) add_[static_cast<std::size_t>(home_ - base)] += vqo_;
+    Score sc;
+    Tiers rs = send_[static_cast<std::size_t>(r)], rr = recv_[static_cast<std::size_t>(r)];
+    for (int c = 0; c < geo_.cp; ++c) {
+      const std::int64_t b = add_[static_cast<std::size_t>(c)];
+      if (b == 0) continue;
+      const int w = base + c;
+      const auto t = static_cast<std::size_t>(tier(w, r));
+      rr[t] += static_cast<double>(b);
+      Tiers ws = send_[static_cast<std::size_t>(w)];
+      ws[t] += static_cast<double>(b);
+      Tiers wr = recv_[static_cast<std::size_t>(w)];
+      if (w == home_) wr[t] += static_cast<double>(vqo_);  // O comes back
+      sc.worst = std::max(sc.worst, time(ws, wr));
+      sc.cost += static_cast<double>(b) * per_byte_[t];
+    }
+    if (r != home_) {
+      const auto t = static_cast<std::size_t>(tier(r, home_));
+      rs[t] += static_cast<double>(vqo_);
+      sc.cost += static_cast<double>(vqo_) * per_byte_[t];
+    }
+    sc.worst = std::max(sc.worst, time(rs, rr));
+    return sc;
+  }
+
+  // Places the loaded tile on r: its bytes join the links, its groups C_r.
+  void commit(int r, std::int64_t flops) {
+    loads_[static_cast<std::size_t>(r)] += flops;
+    const int base = p_ * geo_.cp;
+    for (const Source& s : srcs_) {
+      const int w = base + s.rank;
+      if (w != r && !is_committed(s.group, r)) move(w, r, s.bytes);
+    }
+    // A group spanning ranks has several sources: mark it after all of them.
+    for (const Source& s : srcs_) {
+      committed_[static_cast<std::size_t>(s.group) * words_ + static_cast<std::size_t>(r) / 64] |= std::uint64_t{1}
+                                                                                                   << (r % 64);
+    }
+    if (r != home_) {
+      move(home_, r, vqo_);
+      move(r, home_, vqo_);
+    }
+  }
+
+
+  bool fits(int r, std::int64_t flops) const { return loads_[static_cast<std::size_t>(r)] <= limit_ - flops; }
+  bool fits_under(int r, std::int64_t flops, std::int64_t cap) const {
+    return loads_[static_cast<std::size_t>(r)] <= std::min(limit_, cap) - flops;
+  }
+  std::int64_t max_load() const { return *std::max_element(loads_.begin(), loads_.end()); }
+  bool within_capacity() const { return max_load() <= limit_; }
+  // The slowest worker's link time and the sum over workers, as the tie-break.
+  std::pair<double, double> link_times() const {
+    double worst = 0, sum = 0;
+    for (int r = 0; r < W_; ++r) {
+      const double t = time(send_[static_cast<std::size_t>(r)], recv_[static_cast<std::size_t>(r)]);
+      worst = std::max(worst, t);
+      sum += t;
+    }
+    return {worst, sum};
+  }
+  std::int64_t load_of(int r) const { return loads_[static_cast<std::size_t>(r)]; }
+
+ private:
+  double time(const Tiers& s, const Tiers& r) const {
+    auto link = [&](const Tiers& x) {
+      return std::max({x[0] * inv_[0], (x[1] + x[2]) * inv_[1], x[2] * inv_spine_});
+    };
+    return std::max(link(s), link(r));
+  }
+  int tier(int a, int b) const {
+    if (node_[static_cast<std::size_t>(a)] == node_[static_cast<std::size_t>(b)]) return 0;
+    return super_[static_cast<std::size_t>(a)] == super_[static_cast<std::size_t>(b)] ? 1 : 2;
+  }
+  void mark(int w) { touched_[static_cast<std::size_t>(w) / 64] |= std::uint64_t{1} << (w % 64); }
+  void move(int from, int to, std::int64_t bytes) {
+    const auto tier = static_cast<std::size_t>(this->tier(from, to));
+    send_[static_cast<std::size_t>(from)][tier] += static_cast<double>(bytes);
+    recv_[static_cast<std::size_t>(to)][tier] += static_cast<double>(bytes);
+  }
+  bool is_committed(std::int32_t group, int r) const {
+    return (committed_[static_cast<std::size_t>(group) * words_ + static_cast<std::size_t>(r) / 64] >> (r % 64)) & 1U;
+  }
+
+  const Geometry& geo_;
+  const PlanTopology& topo_;
+  int W_;
+  std::size_t words_;
+  std::int64_t limit_;
+  std::vector<std::int64_t> loads_;
+  std::vector<Tiers> send_, recv_;
+  std::vector<std::uint64_t> committed_;
+  std::vector<std::int64_t> add_;
+  std::array<double, 2> inv_{};
+  double inv_spine_ = 0;
+  std::array<double, 3> per_byte_{};
+  // The loaded tile.
+  int p_ = 0, home_ = 0;
+  std::int64_t vqo_ = 0;
+  std::vector<Source> srcs_;
+  std::vector<int> node_, super_;
+  // The fast path of evaluate() (see load()).
+  std::vector<std::uint64_t> touched_;  // candidates that need the general path
+  bool one_node_ = false;
+  std::int64_t fresh_total_ = 0;
+  std::array<double, 3> fresh_worst_{}, fresh_cost_{};
+};
+
+}  // namespace
+
+namespace {
+
+// Steps 2 and 3 for the tiles `order` (heaviest first).
+void place_rest(TopoPlacer& placer, int W, std::span<const PlacedRows> base, std::span<const std::int64_t> flops,
+                std::span<const std::int32_t> order, std::vector<PlacedRows>& out) {
+  for (std::int32_t i : order) {
+    const std::int64_t f = flops[static_cast<std::size_t>(i)];
+    placer.load(base[static_cast<std::size_t>(i)]);
+    int best = -1;
+    TopoPlacer::Score bs;
+    for (int r = 0; r < W; ++r) {
+      if (!placer.fits(r, f)) continue;
+      const TopoPlacer::Score s = placer.evaluate(r);
+      if (best < 0 || s.worst < bs.worst ||
+          (s.worst == bs.worst && (s.cost < bs.cost || (s.cost == bs.cost && placer.load_of(r) < placer.load_of(best))))) {
+        best = r;
+        bs = s;
+      }
+    }
+    if (best < 0) {
+      // No headroom anywhere: the least-loaded worker, as TAP does.
+      best = 0;
+      for (int r = 1; r < W; ++r) {
+        if (placer.load_of(r) < placer.load_of(best)) best = r;
+      }
+    }
+    placer.commit(best, f);
+    out[static_cast<std::size_t>(i)].worker = best;
+  }
+}
+
+bool heavier(std::span<const std::int64_t> flops, std::int32_t a, std::int32_t b) {
+  const std::int64_t fa = flops[static_cast<std::size_t>(a)], fb = flops[static_cast<std::size_t>(b)];
+  return fa != fb ? fa > fb : a < b;
+}
+
+}  // namespace
+
+std::vector<PlacedRows> place_topo(const Geometry& geo, const PlanConfig& config, std::span<const PlacedRows> base,
+                                   std::span<const std::int64_t> flops, double capacity,
+                                   std::vector<PlacedRows> tap) {
+  const int W = geo.workers;
+  const std::size_t n = base.size();
+  struct Candidate {
+    std::vector<PlacedRows> rows;
+    std::unique_ptr<TopoPlacer> placer;
+  };
+  auto home_of = [&](std::int32_t i) {
+    return geo.home(base[static_cast<std::size_t>(i)].slot, base[static_cast<std::size_t>(i)].begin);
+  };
+  // Home first: each home keeps a prefix of its tiles in `before` order
+  // while they fit under C; the rest go heaviest first where the links
+  // suffer least.
+  std::int64_t total = 0;
+  for (std::int64_t f : flops) total += f;
+  auto home_first = [&](auto&& before, std::int64_t keep_cap) {
+    Candidate c{std::vector<PlacedRows>(base.begin(), base.end()),
+                std::make_unique<TopoPlacer>(geo, config.topology, capacity)};
+    std::vector<std::int32_t> order(n);
+    std::iota(order.begin(), order.end(), 0);
+    std::sort(order.begin(), order.end(), [&](std::int32_t x, std::int32_t y) {
+      const int hx = home_of(x), hy = home_of(y);
+      return hx != hy ? hx < hy : before(x, y);
+    });
+    std::vector<std::int32_t> moved;
+    for (std::size_t k = 0; k < n;) {
+      const int h = home_of(order[k]);
+      bool full = false;
+      for (; k < n && home_of(order[k]) == h; ++k) {
+        const std::int32_t i = order[k];
+        const std::int64_t f = flops[static_cast<std::size_t>(i)];
+        if (!full && c.placer->fits_under(h, f, keep_cap)) {
+          c.placer->load(base[static_cast<std::size_t>(i)], /*scoring=*/false);
+          c.placer->commit(h, f);
+          c.rows[static_cast<std::size_t>(i)].worker = h;
+        } else {
+          full = true;
+          moved.push_back(i);
+        }
+      }
+    }
+    std::sort(moved.begin(), moved.end(), [&](std::int32_t x, std::int32_t y) { return heavier(flops, x, y); });
+    place_rest(*c.placer, W, base, flops, moved, c.rows);
+    return c;
+  };
+  std::vector<Candidate> cands;
+  // A. Lightest first: a light tile moves the most bytes per FLOP.
+  auto lightest = [&](std::int32_t x, std::int32_t y) { return heavier(flops, y, x); };
+  auto by_shard = [&](std::int32_t x, std::int32_t y) {
+    const std::int32_t sx = base[static_cast<std::size_t>(x)].shard, sy = base[static_cast<std::size_t>(y)].shard;
+    return sx != sy ? sx < sy : heavier(flops, y, x);
+  };
+  constexpr std::int64_t kNoCap = std::numeric_limits<std::int64_t>::max();
+  cands.push_back(home_first(lightest, kNoCap));
+  if (cands[0].placer->within_capacity() && cands[0].placer->link_times().first == 0) return std::move(cands[0].rows);
+  // B. Whole head shards first, lightest first within a shard: the tiles
+  //    that leave then share fewer KV groups (a long sample's KV goes out
+  //    once per moved shard and destination, not once per shard).
+  cands.push_back(home_first(by_shard, kNoCap));
+  // When neither fits its moved tiles under C, the homes kept too much: the
+  //    same with each home keeping at most the mean load leaves the room the
+  //    moved tiles need, and still keeps most of the FLOPs home.
+  auto none_within = [&] {
+    return std::none_of(cands.begin(), cands.end(), [](const Candidate& c) { return c.placer->within_capacity(); });
+  };
+  if (none_within()) {
+    const std::int64_t mean = total / W;
+    cands.push_back(home_first(lightest, mean));
+    cands.push_back(home_first(by_shard, mean));
+  }
+  // C. Every tile heaviest first (TAP's order, which packs tightest), by the
+  //    same link score: where the home-first passes cannot fit their moved
+  //    tiles under C, this one usually can. Only then is it worth its time.
+  if (none_within()) {
+    Candidate c{std::vector<PlacedRows>(base.begin(), base.end()),
+                std::make_unique<TopoPlacer>(geo, config.topology, capacity)};
+    std::vector<std::int32_t> order(n);
+    std::iota(order.begin(), order.end(), 0);
+    std::sort(order.begin(), order.end(), [&](std::int32_t x, std::int32_t y) { return heavier(flops, x, y); });
+    place_rest(*c.placer, W, base, flops, order, c.rows);
+    cands.push_back(std::move(c));
+  }
+  // D. TAP itself, priced the same way (the links' final state does not
+  //    depend on the order of the commits), so tap-topo's links are never
+  //    slower than tap's where both fit under C.
+  {
+    Candidate c{std::move(tap), std::make_unique<TopoPlacer>(geo, config.topology, capacity)};
+    for (std::size_t i = 0; i < n; ++i) {
+      c.placer->load(base[i], /*scoring=*/false);
+      c.placer->commit(c.rows[i].worker, flops[i]);
+    }
+    cands.push_back(std::move(c));
+  }
+  // Within C first; then the faster links (slowest worker, then the sum);
+  // then the lower peak load; ties: the earlier candidate.
+  std::size_t best = 0;
+  for (std::size_t k = 1; k < cands.size(); ++k) {
+    const TopoPlacer& x = *cands[k].placer;
+    const TopoPlacer& b = *cands[best].placer;
+    if (x.within_capacity() != b.within_capacity()) {
+      if (x.within_capacity()) best = k;
+      continue;
+    }
+    if (!x.within_capacity() ? x.max_load() < b.max_load() : x.link_times() < b.link_times()) best = k;
+  }
+  return std::move(cands[best].rows);
+}
+
+}  // namespace libra::detail
