@@ -126,6 +126,11 @@ def attention(q, k, v, runtime, softmax_scale=None, window=None):
     """
     if not isinstance(runtime, PlanRuntime):
         raise ValueError("libra.torch.attention: runtime must be a libra.torch.PlanRuntime")
+    if torch.compiler.is_compiling():
+        # torch.compile traces one opaque op (ops.py) instead, which runs this function eagerly inside:
+        # the checks below gather Python objects across the group, which no graph can hold.
+        from .ops import attention_op
+        return attention_op(q, k, v, runtime, softmax_scale, window)
     rt = runtime
     problem = _call_problem(q, k, v, rt, window)
     if rt.check_calls:

@@ -1,0 +1,223 @@
+"""libra as Megatron-Core's core attention (packed ``thd`` input).
+
+Megatron builds a layer from a ModuleSpec; its SelfAttention calls
+``self.core_attention(query, key, value, attention_mask, attn_mask_type=..., attention_bias=...,
+packed_seq_params=...)``. ``LibraCoreAttention`` has that constructor and that call, and runs
+``libra.torch.attention`` on this rank's home tokens under the current micro-batch's PlanRuntime:
+
+    import libra.megatron as lm
+    spec = lm.gpt_layer_spec()                          # get_gpt_layer_local_spec() with libra's core attention
+    layer = build_module(spec, config=config, layer_number=1)   # or GPTModel(config, spec, ...)
+    for n, batch in enumerate(loader):
+        runtime = libra.torch.PlanRuntime(planner.get(n), group)
+        psp = lm.packed_seq_params(runtime)             # this rank's home cu_seqlens, qkv_format "thd"
+        with lm.use_runtime(runtime):                   # forward and backward
+            out, _ = layer(hidden, attention_mask=None, packed_seq_params=psp)   # hidden [L/cp, 1, h]
+            loss(out).backward()
+
+The runtime reaches the module through ``use_runtime`` (a context; Megatron's call signature has no
+place for it) or, per module, through ``LibraCoreAttention.runtime`` (which wins when set).
+Backward needs no runtime (autograd keeps it) unless Megatron recomputes the attention in backward
+(``recompute_granularity``), so keep backward inside the context too.
+
+Megatron's own context parallelism stays off (``context_parallel_size=1``): libra is the CP.
+Each rank's ``hidden`` holds its home rows of its replica's packed sequence; ``cu_seqlens_q``
+(and ``cu_seqlens_kv``) must be the home layout (``home_cu_seqlens``), which every call checks
+on every rank of the pool (a mismatch, e.g. the previous micro-batch's runtime, raises the same
+one-line ValueError everywhere). The output is ``[t, h*d]`` for ``thd`` query ``[t, h, d]`` (what
+TEDotProductAttention returns; SelfAttention reshapes it to ``[t, 1, h*d]``) and ``[s, 1, h*d]`` for
+``sbhd`` query ``[s, 1, h, d]``.
+
+Not supported (refused at construction or call): attention dropout, attention_bias, any
+``attention_mask`` (pass None: the mask is libra's, causal within each packed sample, from the plan),
+cross attention, softmax types other than vanilla, a sliding window differing from the plan's.
+Megatron's rotary embedding in ``thd`` restarts positions at every ``cu_seqlens`` boundary, so a
+sample that continues from the previous rank's home rows gets wrong positions there: apply RoPE with
+the sample positions of the home rows (``home_position_ids``) instead of Megatron's.
+"""
+import contextlib
+import math
+
+import torch
+import torch.distributed as dist
+
+import libra.torch as lt
+
+_CURRENT = []  # the runtimes of the enclosing use_runtime contexts, innermost last
+
+
+@contextlib.contextmanager
+def use_runtime(runtime):
+    """Makes ``runtime`` the PlanRuntime of every LibraCoreAttention call inside the block."""
+    if not isinstance(runtime, lt.PlanRuntime):
+        raise ValueError(f"libra.megatron.use_runtime: runtime must be a libra.torch.PlanRuntime, "
+                         f"got {type(runtime).__name__}")
+    _CURRENT.append(runtime)
+    try:
+        yield runtime
+    finally:
+        _CURRENT.pop()
+
+
+def _home(runtime):
+    """(samples of this worker's slot, first home row, home rows)."""
+    plan, cp = runtime.plan, runtime.plan.config["cp"]
+    slot, cp_rank = runtime.worker // cp, runtime.worker % cp
+    return list(plan.pool[slot]), cp_rank * runtime.home_rows, runtime.home_rows
+
+
+def home_cu_seqlens(runtime):
+    """This rank's home layout as int32 cu_seqlens: the sample boundaries inside its home rows,
+    relative to the first home row, ending at the last non-padding row (padding rows, after the
+    packed sequence's samples, are not in any segment)."""
+    samples, h0, rows = _home(runtime)
+    cu, end = [0], 0
+    for n in samples:
+        end += n
+        b = min(max(end - h0, 0), rows)
+        if b > cu[-1]:
+            cu.append(b)
+    if len(cu) == 1:
+        cu.append(0)  # all padding: one empty segment
+    return torch.tensor(cu, dtype=torch.int32)
+
+
+def home_position_ids(runtime):
+    """The position of each home row within its sample (0 on padding rows), int64 [home_rows]."""
+    samples, h0, rows = _home(runtime)
+    pos = torch.zeros(rows, dtype=torch.int64)
+    start = 0
+    for n in samples:
+        a, b = max(start, h0), min(start + n, h0 + rows)
+        if a < b:
+            pos[a - h0:b - h0] = torch.arange(a - start, b - start)
+        start += n
+    return pos
+
+
+def packed_seq_params(runtime):
+    """Megatron's PackedSeqParams for this rank's home rows under ``runtime`` (qkv_format "thd")."""
+    from megatron.core.packed_seq_params import PackedSeqParams
+    cu = home_cu_seqlens(runtime)
+    longest = int((cu[1:] - cu[:-1]).max())
+    return PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu.clone(), max_seqlen_q=longest,
+                           max_seqlen_kv=longest)
+
+
+def _layout_problem(runtime, psp):
+    want = home_cu_seqlens(runtime)
+    for name in ("cu_seqlens_q", "cu_seqlens_kv"):
+        got = getattr(psp, name, None)
+        if got is None:
+            return f"packed_seq_params.{name} is None"
+        got = got.detach().to("cpu", torch.int64)
+        if got.shape != want.shape or not torch.equal(got, want.to(torch.int64)):
+            return (f"packed_seq_params.{name} {got.tolist()} is not this rank's home layout {want.tolist()} "
+                    f"under the runtime's plan (a runtime of another micro-batch?)")
+    return None
+
+
+def _agree(runtime, problem):
+    """Raises the first rank's problem on every rank of the pool group (one small all-reduce)."""
+    flag = torch.tensor([0 if problem is None else 1], dtype=torch.int64)
+    dist.all_reduce(flag, group=runtime.group)
+    if int(flag[0]):
+        msgs = [None] * dist.get_world_size(runtime.group)
+        dist.all_gather_object(msgs, problem, group=runtime.group)
+        first = next(i for i, m in enumerate(msgs) if m is not None)
+        raise ValueError(f"libra.megatron.LibraCoreAttention: group rank {first}: {msgs[first]}")
+
+
+class LibraCoreAttention(torch.nn.Module):
+    """Megatron-Core's ``core_attention`` submodule, computed by ``libra.torch.attention``.
+
+    Constructed like ``DotProductAttention`` (by ModuleSpec); holds no parameters.
+    """
+
+    def __init__(self, config, layer_number, attn_mask_type, attention_type, attention_dropout=None,
+                 softmax_scale=None, cp_comm_type=None, pg_collection=None, **kwargs):
+        super().__init__()
+        from megatron.core.transformer.utils import is_layer_window_attention
+        where = "libra.megatron.LibraCoreAttention"
+        self.config, self.layer_number = config, max(1, layer_number)
+        self.attn_mask_type, self.attention_type = attn_mask_type, attention_type
+        dropout = config.attention_dropout if attention_dropout is None else attention_dropout
+        if dropout:
+            raise ValueError(f"{where}: attention_dropout {dropout} must be 0 (libra's kernels have no dropout)")
+        if attention_type != "self":
+            raise ValueError(f"{where}: attention_type {attention_type!r} must be 'self'")
+        if getattr(config, "context_parallel_size", 1) != 1:
+            raise ValueError(f"{where}: config.context_parallel_size {config.context_parallel_size} must be 1 "
+                             "(libra runs the context parallelism; give Megatron CP 1)")
+        if getattr(config, "softmax_type", "vanilla") != "vanilla":
+            raise ValueError(f"{where}: config.softmax_type {config.softmax_type!r} must be 'vanilla'")
+        tp = getattr(config, "tensor_model_parallel_size", 1)
+        self.heads_q = config.num_attention_heads // tp
+        self.heads_kv = (config.num_query_groups or config.num_attention_heads) // tp
+        self.head_dim = config.kv_channels
+        # Megatron's scale: 1/sqrt(d) unless given (apply_query_key_layer_scaling cancels out).
+        self.softmax_scale = 1.0 / math.sqrt(self.head_dim) if softmax_scale is None else float(softmax_scale)
+        self.window_size = None
+        if is_layer_window_attention(config.window_size, getattr(config, "window_attn_skip_freq", None),
+                                     layer_number):
+            self.window_size = tuple(config.window_size)
+        self.runtime = None  # when set, wins over use_runtime's
+
+    def _runtime(self):
+        rt = self.runtime if self.runtime is not None else (_CURRENT[-1] if _CURRENT else None)
+        if rt is None:
+            raise ValueError("libra.megatron.LibraCoreAttention: no PlanRuntime: call the layer inside "
+                             "libra.megatron.use_runtime(runtime) or set the module's runtime attribute")
+        return rt
+
+    def forward(self, query, key, value, attention_mask, attn_mask_type=None, attention_bias=None,
+                packed_seq_params=None):
+        rt = self._runtime()
+        where = "libra.megatron.LibraCoreAttention"
+        if attention_bias is not None:
+            raise ValueError(f"{where}: attention_bias must be None (libra has no attention bias)")
+        sbhd = query.dim() == 4
+        if sbhd and query.shape[1] != 1:
+            raise ValueError(f"{where}: query has batch {query.shape[1]} but libra takes one packed sequence "
+                             "per rank (batch 1, or thd)")
+        q, k, v = (x.squeeze(1) if sbhd else x for x in (query, key, value))
+        # The plan fixes the mask: causal per sample, with the plan's window. Megatron's (left, right)
+        # window of w - 1 keys to the left is libra's window w.
+        window = None if self.window_size is None else self.window_size[0] + 1
+        problem = None
+        if self.window_size is not None and self.window_size[1] != 0:
+            problem = f"config.window_size {self.window_size} must look left only (right 0)"
+        elif window != rt.window:
+            problem = f"the layer's window {window} (config.window_size) differs from the plan's window {rt.window}"
+        elif attention_mask is not None:
+            problem = "attention_mask must be None (the plan's mask applies: causal within each packed sample)"
+        elif packed_seq_params is not None:
+            problem = _layout_problem(rt, packed_seq_params)
+        # One agreement per call, so a bad call on one rank fails on every rank with the same line
+        # instead of leaving the others in the exchange.
+        _agree(rt, problem)
+        o = lt.attention(q, k, v, rt, softmax_scale=self.softmax_scale, window=window)
+        o = o.reshape(o.shape[0], -1)
+        return o.unsqueeze(1) if sbhd else o
+
+
+def gpt_layer_spec(**kwargs):
+    """``get_gpt_layer_local_spec(**kwargs)`` with ``LibraCoreAttention`` as the core attention."""
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    return use_libra(get_gpt_layer_local_spec(**kwargs))
+
+
+def use_libra(spec):
+    """Replaces the core attention of a TransformerLayer spec (or a block spec's layer specs) in place
+    with LibraCoreAttention; returns ``spec``."""
+    layers = getattr(spec, "layer_specs", None)
+    if layers is not None:
+        for s in layers:
+            use_libra(s)
+        return spec
+    attn = getattr(getattr(spec, "submodules", None), "self_attention", None)
+    sub = getattr(attn, "submodules", None)
+    if sub is None or not hasattr(sub, "core_attention"):
+        raise ValueError("libra.megatron.use_libra: spec has no submodules.self_attention.submodules.core_attention")
+    sub.core_attention = LibraCoreAttention
+    return spec

@@ -1,0 +1,108 @@
+"""``libra::attention`` as a torch.library custom op, what ``attention`` becomes under torch.compile.
+
+torch.compile cannot trace into libra's pass (C++ kernel calls on raw pointers, asynchronous
+all-to-alls, checks that gather Python objects across the group), so under compilation
+``attention`` hands the call to one opaque op and the graph does not break there:
+
+    libra::attention(q, k, v, handle, scale, window) -> (o, lse)
+    libra::attention_backward(q, k, v, o, lse, do, handle, scale) -> (dq, dk, dv)
+
+with a registered autograd formula (the first op's backward calls the second) and fake
+implementations (shapes only) for tracing. A PlanRuntime is not a value torch.library can carry,
+so each runtime registers itself here at construction and the ops take its handle: a 0-dim int64
+CPU tensor (``PlanRuntime.op_handle``). Being a tensor, the handle is a graph input, not a constant
+baked into the graph, so a new runtime per micro-batch reuses the compiled graph instead of
+recompiling it.
+
+The forward op runs the eager ``attention`` (every argument check, the collective agreement of
+``check_calls``) and the backward op ``_Attention.backward`` on the saved home tensors, so the
+compiled and eager paths compute bit for bit the same. Both ops contain collectives over the
+runtime's group: every rank must run the same ops in the same order. Each rank compiles the same
+graph to the same schedule, and a rank's attention calls depend on each other through the model's
+data, which tests/python/test_compile_wrap.py checks with two attention layers whose backward
+calls are independent of each other in the graph.
+"""
+import itertools
+import types
+import weakref
+
+import torch
+
+_RUNTIMES = weakref.WeakValueDictionary()  # handle -> PlanRuntime; a runtime dies with its micro-batch
+_NEXT = itertools.count(1)
+
+
+def register(runtime):
+    """Gives ``runtime`` its handle (PlanRuntime's constructor calls this)."""
+    n = next(_NEXT)
+    _RUNTIMES[n] = runtime
+    return torch.tensor(n, dtype=torch.int64)
+
+
+def _runtime(handle):
+    rt = _RUNTIMES.get(int(handle))
+    if rt is None:
+        raise RuntimeError(f"libra::attention: no live PlanRuntime has handle {int(handle)}")
+    return rt
+
+
+def _scale_arg(scale):
+    return None if scale == 0.0 else scale
+
+
+@torch.library.custom_op("libra::attention", mutates_args=())
+def _attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, handle: torch.Tensor, scale: float,
+                   window: int) -> tuple[torch.Tensor, torch.Tensor]:
+    from .function import attention
+    rt = _runtime(handle)
+    # The eager call on fresh leaves, for its checks and its saved LSE (the autograd node is the ctx).
+    with torch.enable_grad():
+        leaves = [x.detach().requires_grad_() for x in (q, k, v)]
+        o = attention(*leaves, rt, softmax_scale=_scale_arg(scale), window=None if window < 0 else window)
+    return o.detach(), o.grad_fn.lse
+
+
+@_attention_fwd.register_fake
+def _(q, k, v, handle, scale, window):
+    return q.new_empty(q.shape), q.new_empty((q.shape[0] * q.shape[1], 1), dtype=torch.float32)
+
+
+@torch.library.custom_op("libra::attention_backward", mutates_args=())
+def _attention_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
+                   do: torch.Tensor, handle: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor,
+                                                                                  torch.Tensor]:
+    from .function import _Attention
+    ctx = types.SimpleNamespace(rt=_runtime(handle), scale=scale, lse=lse, saved_tensors=(q, k, v, o))
+    dq, dk, dv = _Attention.backward(ctx, do)[:3]
+    # A custom op's outputs may not alias its inputs or each other.
+    return dq.clone(), dk.clone(), dv.clone()
+
+
+@_attention_bwd.register_fake
+def _(q, k, v, o, lse, do, handle, scale):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, handle, scale, _ = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, o, lse, handle)
+    ctx.scale = scale
+    ctx.mark_non_differentiable(lse)
+
+
+def _backward(ctx, do, _dlse):
+    q, k, v, o, lse, handle = ctx.saved_tensors
+    dq, dk, dv = _attention_bwd(q, k, v, o, lse, do.contiguous(), handle, ctx.scale)
+    return dq, dk, dv, None, None, None
+
+
+torch.library.register_autograd("libra::attention", _backward, setup_context=_setup_context)
+
+
+def attention_op(q, k, v, runtime, softmax_scale=None, window=None):
+    """``attention`` as the custom op (what ``attention`` calls while torch.compile traces)."""
+    scale = 0.0 if softmax_scale is None else float(softmax_scale)
+    o, _ = _attention_fwd(q.contiguous(), k.contiguous(), v.contiguous(), runtime.op_handle, scale,
+                          -1 if window is None else int(window))
+    return o
