@@ -88,7 +88,8 @@ def step_data(rank, step, world):
     home = slice(cpr * (L // CP), (cpr + 1) * (L // CP))
     plan = libra.make_plan(pool, seq_len=L, cp=CP, block_size=8, head_shards=2, heads_q=HQ, heads_kv=HKV,
                            head_dim=D, chunks=2, dtype="fp32")
-    return tokens[home], targets[home], plan, world / total
+    # The factor as a tensor: a Python float would be a constant of the compiled graph (one recompile).
+    return tokens[home], targets[home], plan, torch.tensor(world / total)
 
 
 def global_loss(loss):
