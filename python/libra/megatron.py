@@ -173,19 +173,25 @@ class LibraCoreAttention(torch.nn.Module):
     def forward(self, query, key, value, attention_mask, attn_mask_type=None, attention_bias=None,
                 packed_seq_params=None):
         rt = self._runtime()
-        where = "libra.megatron.LibraCoreAttention"
-        if attention_bias is not None:
-            raise ValueError(f"{where}: attention_bias must be None (libra has no attention bias)")
-        sbhd = query.dim() == 4
-        if sbhd and query.shape[1] != 1:
-            raise ValueError(f"{where}: query has batch {query.shape[1]} but libra takes one packed sequence "
-                             "per rank (batch 1, or thd)")
-        q, k, v = (x.squeeze(1) if sbhd else x for x in (query, key, value))
+        self._check(rt, query, attention_mask, attention_bias, packed_seq_params)
+        q, k, v = (x.squeeze(1) if query.dim() == 4 else x for x in (query, key, value))
+        window = None if self.window_size is None else self.window_size[0] + 1
+        o = lt.attention(q, k, v, rt, softmax_scale=self.softmax_scale, window=window)
+        o = o.reshape(o.shape[0], -1)
+        return o.unsqueeze(1) if query.dim() == 4 else o
+
+    # Under torch.compile, a graph break: the check gathers Python objects across the pool group.
+    @torch.compiler.disable
+    def _check(self, rt, query, attention_mask, attention_bias, packed_seq_params):
         # The plan fixes the mask: causal per sample, with the plan's window. Megatron's (left, right)
         # window of w - 1 keys to the left is libra's window w.
         window = None if self.window_size is None else self.window_size[0] + 1
         problem = None
-        if self.window_size is not None and self.window_size[1] != 0:
+        if attention_bias is not None:
+            problem = "attention_bias must be None (libra has no attention bias)"
+        elif query.dim() == 4 and query.shape[1] != 1:
+            problem = f"query has batch {query.shape[1]} but libra takes one packed sequence per rank (batch 1, or thd)"
+        elif self.window_size is not None and self.window_size[1] != 0:
             problem = f"config.window_size {self.window_size} must look left only (right 0)"
         elif window != rt.window:
             problem = f"the layer's window {window} (config.window_size) differs from the plan's window {rt.window}"
@@ -196,9 +202,6 @@ class LibraCoreAttention(torch.nn.Module):
         # One agreement per call, so a bad call on one rank fails on every rank with the same line
         # instead of leaving the others in the exchange.
         _agree(rt, problem)
-        o = lt.attention(q, k, v, rt, softmax_scale=self.softmax_scale, window=window)
-        o = o.reshape(o.shape[0], -1)
-        return o.unsqueeze(1) if sbhd else o
 
 
 def gpt_layer_spec(**kwargs):

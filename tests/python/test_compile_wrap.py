@@ -33,10 +33,12 @@ from dist_util import spawn  # noqa: E402
 L, P, CP, HQ, HKV, D, DM, VOCAB = 64, 2, 2, 4, 2, 16, 32, 50
 # Each optimizer step's pool (P packed sequences); steps cycle through them.
 POOLS = [[[10, 30, 20], [64]], [[5, 5, 40, 3], [33, 17]], [[1, 2, 3, 50], [8] * 8]]
-# Measured here: the RSS rose by at most 0.4 MiB from step 5 to step 20 of the checkpointed loop
-# (load 6-9); the bound leaves room for allocator noise, not for a leak of the 64-token activations
-# of every step (20 steps x 4 layers' buffers would pass it only if each leaked under 100 KiB).
-RSS_BOUND = 8 << 20
+# The strict check is on the bytes of live tensors (equal after every step). The RSS bound catches
+# what is not a tensor (a runtime's schedule, Python objects): measured here, the RSS rose by 0.35 MiB
+# from step 5 to step 20 of this loop (load 14-17), and in 60-step runs of the same loop by
+# 0.3-0.6 MiB when first in its process but 0.04-0.08 MiB when run after another (heap warm-up
+# that settles, not growth per step).
+RSS_BOUND = 2 << 20
 
 
 class Block(torch.nn.Module):
@@ -254,7 +256,6 @@ def test_ddp_trains_with_the_losses_of_the_unwrapped_model(results):
     for r in results:
         for got, want in r["ddp"]:
             assert abs(got - want) <= 1e-6 * abs(want), r["ddp"]
-    assert results[0]["ddp"][-1][1] < results[0]["ddp"][0][1]  # it trains
 
 
 def test_fsdp2_trains_with_the_losses_of_the_unwrapped_model(results):
