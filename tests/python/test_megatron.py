@@ -6,7 +6,7 @@ DP x CP = 4 processes (P = 2, CP = 2). The libra layer comes from libra.megatron
 with Megatron's PackedSeqParams; the reference layer comes from get_gpt_layer_local_spec() itself
 with the same weights and runs every packed sample alone as an sbhd sequence [n, 1, h] with
 Megatron's causal mask (everything but attention is token-local, so this is the whole-sequence
-layer). Megatron's DotProductAttention allocates its score buffer with
+layer). The same for a 2-layer GPTModel (no position embedding) with Megatron's per-token loss. Megatron's DotProductAttention allocates its score buffer with
 device=torch.cuda.current_device() (megatron/core/utils.py:631, GlobalMemoryBuffer.get_tensor,
 from dot_product_attention.py:189), and runs its dropout inside
 tensor_parallel.get_cuda_rng_tracker().fork() (dot_product_attention.py:217), whose states exist only
@@ -29,7 +29,7 @@ from dist_util import spawn  # noqa: E402
 L, P, CP, HEADS, GROUPS, D = 64, 2, 2, 4, 2, 16
 HIDDEN = HEADS * D
 POOLS = [[10, 30, 20], [64], [5, 5, 40, 3], [33, 17]]
-TOL = 2e-5  # fp32; measured 1.1e-7 .. 6.2e-7
+TOL = 2e-5  # fp32; measured 1.8e-8 .. 3.9e-7 (layer and GPTModel, outputs and gradients)
 
 
 def make_config(**kw):
@@ -123,6 +123,8 @@ def body(rank, world):
                   "dx": rel(x.grad[:n_valid], ref_dx[h0:h0 + n_valid]) if n_valid else 0.0,
                   "params": max(rel(grads[n], p.grad) for n, p in ref.named_parameters())}
 
+    out["gpt"] = gpt_model_case(rank, rt, pool, pool_index, slot, home, valid)
+
     # The module alone, called as Megatron calls it, thd and sbhd (batch 1), with the runtime set on it.
     core = layer.self_attention.core_attention
     g2 = torch.Generator().manual_seed(rank)
@@ -174,6 +176,49 @@ def body(rank, world):
     return out
 
 
+def gpt_model_case(rank, rt, pool, pool_index, slot, home, valid):
+    """A 2-layer GPTModel (embedding, layers, output layer, Megatron's per-token loss; no position
+    embedding) through libra in thd, against the same model with DotProductAttention per sample."""
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    import libra.megatron as lm
+    config, vocab = make_config(num_layers=2), 48
+    kw = dict(config=config, vocab_size=vocab, max_sequence_length=L, position_embedding_type="none")
+    torch.manual_seed(1)
+    gpt = GPTModel(transformer_layer_spec=lm.gpt_layer_spec(normalization="RMSNorm"), **kw)
+    ref = GPTModel(transformer_layer_spec=get_gpt_layer_local_spec(normalization="RMSNorm"), **kw)
+    ref.load_state_dict(gpt.state_dict())
+
+    def data(s):
+        g = torch.Generator().manual_seed(50 + 10 * pool_index + s)
+        return torch.randint(0, vocab, (L,), generator=g), torch.randint(0, vocab, (L,), generator=g)
+    ids, labels = data(slot)
+    with lm.use_runtime(rt):
+        losses = gpt(ids[home][None], lm.home_position_ids(rt)[None], None, labels=labels[home][None],
+                     packed_seq_params=lm.packed_seq_params(rt))
+        weight = (torch.arange(home.start, home.stop) < valid).float()  # padding rows count 0
+        (losses[0] * weight).sum().backward()
+    grads = {n: p.grad.clone() for n, p in gpt.named_parameters()}
+    for t in grads.values():
+        dist.all_reduce(t, group=rt.group)
+    ref_losses = None
+    for s, samples in enumerate(pool):
+        ids_s, labels_s = data(s)
+        start, per = 0, []
+        for n in samples:
+            mask = torch.triu(torch.ones(1, 1, n, n, dtype=torch.bool), diagonal=1)
+            lo = ref(ids_s[start:start + n][None], torch.arange(n)[None], mask, labels=labels_s[start:start + n][None])
+            lo.sum().backward()
+            per.append(lo[0])
+            start += n
+        if s == slot:
+            ref_losses = torch.cat(per)
+    n_valid = max(0, min(home.stop, valid) - home.start)
+    return {"loss": rel(losses[0, :n_valid], ref_losses[home.start:home.start + n_valid]) if n_valid else 0.0,
+            "params": max(rel(grads[n], p.grad) for n, p in ref.named_parameters())}
+
+
 @pytest.fixture(scope="module")
 def results():
     return spawn(body, 4)
@@ -189,6 +234,13 @@ def test_transformer_layer_matches_megatron_dot_product_attention(results):
     for r in results:
         for what, e in r["err"].items():
             assert e < TOL, (what, r["err"])
+
+
+def test_gpt_model_matches_megatron_dot_product_attention(results):
+    print("GPTModel errors by rank:", [r["gpt"] for r in results])
+    for r in results:
+        for what, e in r["gpt"].items():
+            assert e < TOL, (what, r["gpt"])
 
 
 def test_home_layout(results):
