@@ -16,7 +16,6 @@ OUT/loss.csv and OUT/loss.png and prints the largest relative difference.
 """
 import argparse
 import csv
-import glob
 import os
 import sys
 import tempfile
@@ -32,34 +31,10 @@ BUILT = os.path.join(HERE, "..", "build", "release", "python")
 if os.path.isdir(BUILT):  # a source tree with a release build; otherwise the installed package
     sys.path[1:1] = [BUILT, os.path.join(HERE, "..", "python")]
 
-import libra  # noqa: E402
 import libra.torch as lt  # noqa: E402
+from byte_corpus import load_samples, pack_bytes  # noqa: E402
 
 P, CP = 2, 2
-
-
-def load_samples(pattern):
-    """Paragraphs (byte strings) of the files matching pattern, in sorted file order."""
-    samples = []
-    for path in sorted(glob.glob(pattern)):
-        if os.path.isfile(path):
-            with open(path, "rb") as f:
-                samples += [s for s in f.read().split(b"\n\n") if len(s) >= 2]
-    if not samples:
-        raise SystemExit(f"train_tiny: no text found at {pattern}")
-    return samples
-
-
-def pack_bytes(samples, seq_len):
-    """libra packs the lengths; the bytes follow in the same (loader) order."""
-    packed = libra.pack([len(s) for s in samples], seq_len)["sequences"]
-    stream = b"".join(samples)
-    out, pos = [], 0
-    for seq in packed:
-        n = sum(seq)
-        out.append((seq, stream[pos:pos + n]))
-        pos += n
-    return out
 
 
 class Packed(torch.utils.data.Dataset):

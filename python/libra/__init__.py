@@ -18,6 +18,8 @@ Bad arguments raise ValueError carrying libra's one-line message; the GIL is
 released while libra plans, simulates, reads files or runs the kernel.
 """
 import json as _json
+import math as _math
+import operator as _operator
 
 try:  # installed: the extension sits inside the package
     from . import _libra
@@ -39,17 +41,86 @@ def _type_name(value):
     return type(value).__name__
 
 
-def _one_line_type_errors(fn):
+def _split_top(text):
+    """Splits a pybind11 signature's parameter list at the commas outside brackets."""
+    parts, depth, cur = [], 0, ""
+    for ch in text:
+        if ch == "," and depth == 0:
+            parts.append(cur.strip())
+            cur = ""
+            continue
+        if ch in "[(":
+            depth += 1
+        elif ch in "])":
+            depth -= 1
+        cur += ch
+    if cur.strip():
+        parts.append(cur.strip())
+    return parts
+
+
+def _parameters(fn):
+    """[(name, declared type)] from the first line of a pybind11 docstring, in order (`*` dropped)."""
+    head = (fn.__doc__ or "").strip().splitlines()[0] if fn.__doc__ else ""
+    if "(" not in head:
+        return []
+    inner = head[head.index("(") + 1:head.rindex(")")] if ")" in head else ""
+    out = []
+    for part in _split_top(inner):
+        if part in ("*", "/") or ":" not in part:
+            continue
+        name, rest = part.split(":", 1)
+        out.append((name.strip(), rest.split("=", 1)[0].strip()))
+    return out
+
+
+# C++ widths pybind11's signatures do not show: every other integer argument is 64-bit (seed unsigned).
+_INT32 = {"make_plan": {"cp", "head_shards", "heads_q", "heads_kv", "head_dim", "chunks"}}
+_UNSIGNED = {"seed"}
+
+
+def _check_value(call, name, declared, value):
+    """One line for an argument pybind11 would take silently (a bool as a number) or misreport (an int
+    out of its C++ range reads as a type mismatch); None when it is fine or pybind11's to judge."""
+    numeric = any(t in declared for t in ("int", "float"))
+    if isinstance(value, bool):
+        if numeric:
+            kind = "a number" if "float" in declared else "an integer"
+            return f"{call}(): {name} {value}: must be {kind}, not a bool"
+        return None
+    if declared.startswith("List[int]") and isinstance(value, (list, tuple)):
+        for i, x in enumerate(value):
+            if isinstance(x, bool):
+                return f"{call}(): {name}[{i}] {x}: must be an integer, not a bool"
+        return None
+    if "int" in declared and isinstance(value, int):
+        bits = 32 if name in _INT32.get(call, ()) else 64
+        lo, hi = (0, 2 ** 64 - 1) if name in _UNSIGNED else (-2 ** (bits - 1), 2 ** (bits - 1) - 1)
+        if not lo <= value <= hi:
+            return f"{call}(): {name} {value}: out of range, must be in [{lo}, {hi}]"
+    return None
+
+
+def _one_line_type_errors(fn, name=None):
     # pybind11 reports a type mismatch in several lines and echoes every argument
-    # (a pool of a million samples included); libra's rule is one bounded line.
-    name = fn.__name__
+    # (a pool of a million samples included); libra's rule is one bounded line. Bools and integers
+    # out of their C++ range are refused here, before pybind11 reads True as 1 or calls 2**31 a type.
+    name = name or fn.__name__
+    params = _parameters(fn)
+    by_name = dict(params)
 
     def call(*args, **kwargs):
+        named = list(zip([p for p, _ in params], args)) + list(kwargs.items())
+        for arg, value in named:
+            if arg in by_name:
+                problem = _check_value(name, arg, by_name[arg], value)
+                if problem:
+                    raise ValueError(problem)
         try:
             return fn(*args, **kwargs)
         except TypeError as e:
             text = str(e)
-            if "incompatible function arguments" not in text:
+            if "incompatible function arguments" not in text and "incompatible constructor arguments" not in text:
                 raise
             given = ", ".join([_type_name(a) for a in args] + [f"{k}={_type_name(v)}" for k, v in kwargs.items()])
             expected = " | ".join(line.strip().split(". ", 1)[-1] for line in text.splitlines()
@@ -62,9 +133,38 @@ def _one_line_type_errors(fn):
     return call
 
 
+class PlacementSampler(_libra.PlacementSampler):
+    """libra's placement sampler: ``at(step)`` is GA step ``step``'s VRSP placement of its window.
+
+    The binding's class, with its arguments checked in one line (bools, ranges, types) like every
+    other call of this module.
+    """
+
+    _init = _one_line_type_errors(_libra.PlacementSampler.__init__, "PlacementSampler")
+
+    def __init__(self, *args, **kwargs):
+        PlacementSampler._init(self, *args, **kwargs)
+
+    def at(self, step):
+        return _libra.PlacementSampler.at(self, _integer("PlacementSampler.at(): step", step))
+
+
+def _integer(what, value):
+    """value as an int (Python or numpy integers), else one line: bools and floats are refused."""
+    if not isinstance(value, bool):
+        try:
+            return _operator.index(value)
+        except TypeError:
+            pass
+    return _refuse(f"{what} {value!r}: must be an integer, not a {_type_name(value)}")
+
+
+def _refuse(message):
+    raise ValueError(message)
+
+
 FULL_CAUSAL = _libra.FULL_CAUSAL
 Plan = _libra.Plan
-PlacementSampler = _libra.PlacementSampler
 builtin_corpora = _one_line_type_errors(_libra.builtin_corpora)
 corpus_stats = _one_line_type_errors(_libra.corpus_stats)
 load_lengths = _one_line_type_errors(_libra.load_lengths)
@@ -91,7 +191,34 @@ def simulate(config=None):
         config = {}
     if not isinstance(config, dict):
         raise ValueError("simulate config: must be a dict of `libra simulate --config` keys")
-    return _json.loads(_libra.simulate_json(_json.dumps(config)))
+    problem = _json_problem(config, "simulate config")
+    if problem:
+        raise ValueError(problem)
+    return _json.loads(_libra.simulate_json(_json.dumps(config, allow_nan=False)))
+
+
+def _json_problem(value, where):
+    """What in a dict the simulator would read as JSON cannot be JSON (NaN, inf, sets, objects), in
+    one line naming the key; None when it is all JSON."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if not isinstance(k, str):
+                return f"{where}: key {k!r}: must be a string"
+            problem = _json_problem(v, f"{where}: {k}" if where == "simulate config" else f"{where}.{k}")
+            if problem:
+                return problem
+        return None
+    if isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            problem = _json_problem(v, f"{where}[{i}]")
+            if problem:
+                return problem
+        return None
+    if isinstance(value, float) and not _math.isfinite(value):
+        return f"{where} {value}: must be a finite number"
+    if value is None or isinstance(value, (str, int, float)):
+        return None
+    return f"{where}: a {_type_name(value)} is not a JSON value"
 
 
 __all__ = [

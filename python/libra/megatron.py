@@ -39,7 +39,6 @@ import contextlib
 import math
 
 import torch
-import torch.distributed as dist
 
 import libra.torch as lt
 
@@ -118,14 +117,12 @@ def _layout_problem(runtime, psp):
 
 
 def _agree(runtime, problem):
-    """Raises the first rank's problem on every rank of the pool group (one small all-reduce)."""
-    flag = torch.tensor([0 if problem is None else 1], dtype=torch.int64)
-    dist.all_reduce(flag, group=runtime.group)
-    if int(flag[0]):
-        msgs = [None] * dist.get_world_size(runtime.group)
-        dist.all_gather_object(msgs, problem, group=runtime.group)
-        first = next(i for i, m in enumerate(msgs) if m is not None)
-        raise ValueError(f"libra.megatron.LibraCoreAttention: group rank {first}: {msgs[first]}")
+    """Raises the first rank's problem on every rank of the pool group (the runtime's agreement,
+    bounded by its timeout)."""
+    where = "libra.megatron.LibraCoreAttention"
+    first = runtime._agree(problem, where)
+    if first is not None:
+        raise ValueError(f"{where}: group rank {first[0]}: {first[1]}")
 
 
 class LibraCoreAttention(torch.nn.Module):

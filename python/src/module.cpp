@@ -19,6 +19,8 @@
 
 #include <algorithm>
 #include <array>
+#include <cctype>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <map>
@@ -43,11 +45,34 @@ using I64 = std::int64_t;
 
 namespace {
 
+// The core's messages name CLI flags (`--pool-size 2: must divide --gbs 3`); from Python they name
+// the Python arguments (`pool_size 2: must divide gbs 3`). Translated here, once, for every call.
+std::string python_names(const std::string& m) {
+  std::string out;
+  out.reserve(m.size());
+  for (std::size_t i = 0; i < m.size();) {
+    // A flag starts the message or follows a space, bracket or quote; `--` inside a path stays.
+    const bool at_word = i == 0 || (m[i - 1] != '\0' && std::strchr(" ([`'\"", m[i - 1]) != nullptr);
+    if (at_word && m.compare(i, 2, "--") == 0 && i + 2 < m.size() && std::islower(static_cast<unsigned char>(m[i + 2]))) {
+      std::size_t j = i + 2;
+      while (j < m.size() && (std::islower(static_cast<unsigned char>(m[j])) || std::isdigit(static_cast<unsigned char>(m[j])) || m[j] == '-')) ++j;
+      std::string name = m.substr(i + 2, j - i - 2);
+      if (name == "block") name = "block_size";  // `libra plan --block` is make_plan's block_size
+      std::replace(name.begin(), name.end(), '-', '_');
+      out += name;
+      i = j;
+    } else {
+      out += m[i++];
+    }
+  }
+  return out;
+}
+
 [[noreturn]] void raise(const libra::Error& e) {
   PyObject* type = PyExc_ValueError;
   if (e.code() == libra::ErrorCode::kIo) type = PyExc_OSError;
   if (e.code() == libra::ErrorCode::kInternal) type = PyExc_RuntimeError;
-  PyErr_SetString(type, e.message().c_str());
+  PyErr_SetString(type, python_names(e.message()).c_str());
   throw py::error_already_set();
 }
 
@@ -96,6 +121,19 @@ std::vector<libra::PackedSequence> to_sequences(const py::handle& obj, const cha
     out = obj.cast<std::vector<libra::PackedSequence>>();
   } catch (const py::cast_error&) {
     bad(std::string(what) + ": must be a list of packed sequences (lists of positive integer sample lengths)");
+  }
+  // pybind11 reads True as 1: a bool among the lengths is a caller's bug, not a sample of one token.
+  std::size_t i = 0;
+  for (py::handle seq : obj) {
+    std::size_t j = 0;
+    for (py::handle x : seq) {
+      if (PyBool_Check(x.ptr())) {
+        bad(std::string(what) + "[" + std::to_string(i) + "][" + std::to_string(j) + "] " +
+            std::string(py::str(x)) + ": is a bool, not a sample length");
+      }
+      ++j;
+    }
+    ++i;
   }
   return out;
 }
@@ -236,6 +274,18 @@ libra::kernel::DType kernel_dtype(const std::string& name) {
   if (name == "fp32") return libra::kernel::DType::kF32;
   if (name == "bf16") return libra::kernel::DType::kBF16;
   bad("kernel dtype " + name + ": must be fp32 or bf16");
+}
+
+// The kernel reads softmax_scale 0 as "1 / sqrt(head_dim)"; here None says that, and a real 0 (legal
+// math: uniform attention) is refused rather than silently replaced (libra.torch.attention honours 0
+// without calling the kernel with it).
+float kernel_scale(std::optional<float> s) {
+  if (!s) return 0.0f;
+  if (*s == 0.0f || !std::isfinite(*s)) {
+    bad("kernel softmax_scale " + std::string(py::str(py::float_(*s))) +
+        ": must be finite and nonzero (None for 1/sqrt(head_dim))");
+  }
+  return *s;
 }
 
 libra::kernel::Tensor view(const View& v) {
@@ -872,11 +922,11 @@ PYBIND11_MODULE(_libra, m) {
   m.def(
       "kernel_forward",
       [](const View& q, const View& k, const View& v, const View& o, const View& lse,
-         const py::array_t<I64, py::array::c_style>& fragments, I64 window, float scale, int threads) {
+         const py::array_t<I64, py::array::c_style>& fragments, I64 window, std::optional<float> scale, int threads) {
         std::vector<libra::kernel::Fragment> frags = kernel_fragments(fragments);
         libra::kernel::ForwardArgs a{view(q), view(k), view(v), view(o), view(lse), frags};
         a.window = window;
-        a.softmax_scale = scale;
+        a.softmax_scale = kernel_scale(scale);
         a.threads = threads;
         libra::Status s = [&] {
           py::gil_scoped_release release;
@@ -885,17 +935,17 @@ PYBIND11_MODULE(_libra, m) {
         check(s);
       },
       py::arg("q"), py::arg("k"), py::arg("v"), py::arg("o"), py::arg("lse"), py::arg("fragments"),
-      py::arg("window") = libra::kFullCausal, py::arg("softmax_scale") = 0.0f, py::arg("threads") = 1);
+      py::arg("window") = libra::kFullCausal, py::arg("softmax_scale") = py::none(), py::arg("threads") = 1);
   m.def(
       "kernel_backward",
       [](const View& q, const View& k, const View& v, const View& o, const View& d_o, const View& lse,
          const View& dq, const View& dk, const View& dv, const py::array_t<I64, py::array::c_style>& fragments,
-         I64 window, float scale, int threads) {
+         I64 window, std::optional<float> scale, int threads) {
         std::vector<libra::kernel::Fragment> frags = kernel_fragments(fragments);
         libra::kernel::BackwardArgs a{view(q), view(k), view(v), view(o), view(d_o), view(lse),
                                       view(dq), view(dk), view(dv), frags};
         a.window = window;
-        a.softmax_scale = scale;
+        a.softmax_scale = kernel_scale(scale);
         a.threads = threads;
         libra::Status s = [&] {
           py::gil_scoped_release release;
@@ -905,7 +955,7 @@ PYBIND11_MODULE(_libra, m) {
       },
       py::arg("q"), py::arg("k"), py::arg("v"), py::arg("o"), py::arg("d_o"), py::arg("lse"), py::arg("dq"),
       py::arg("dk"), py::arg("dv"), py::arg("fragments"), py::arg("window") = libra::kFullCausal,
-      py::arg("softmax_scale") = 0.0f, py::arg("threads") = 1);
+      py::arg("softmax_scale") = py::none(), py::arg("threads") = 1);
   m.def("simd_target", &libra::kernel::simd_target);
 
   m.def(

@@ -33,7 +33,10 @@ GROUPS = {"corpus", "bench"}
 PLACEHOLDER = re.compile(r"^[A-Z][A-Z0-9_]*(\.[a-z0-9]+)?$|:[A-Z]+$|\.\.\.|^\[|\]$|\|")
 
 
-def commands_of(path):
+def code_commands(path):
+    """Every command shown in a markdown file: (line, command, is_mention) for each line of a code
+    block (fenced or indented, continuation backslashes joined, `a && b` as two) and each inline code
+    span; a leading `$ ` and a trailing `# comment` are dropped."""
     text = open(path, encoding="utf-8").read()
     lines = text.split("\n")
     out = []
@@ -61,14 +64,20 @@ def commands_of(path):
         joined.append((start, cur + l, False))
         cur = ""
     out += joined
-    result = []
     # `a && b` shows two commands.
-    out = [(no, part, mention) for no, cmd, mention in out for part in cmd.split(" && ")]
+    out = [(no, part.strip(), mention) for no, cmd, mention in out for part in cmd.split(" && ")]
+    result = []
     for no, cmd, mention in out:
-        cmd = cmd.strip()
         if cmd.startswith("$ "):
             cmd = cmd[2:]
-        cmd = re.sub(r"\s+#.*$", "", cmd)
+        result.append((no, re.sub(r"\s+#.*$", "", cmd), mention))
+    return result
+
+
+def commands_of(path):
+    """The libra commands of a markdown file (see the module docstring)."""
+    result = []
+    for no, cmd, mention in code_commands(path):
         cmd = re.sub(r"^/usr/bin/time -v\s+", "", cmd)
         cmd = re.sub(r"^mpirun\s+(--\S+\s+)*-np\s+\S+\s+(--\S+\s+)*", "", cmd)
         cmd = re.sub(r"^(\S*/)?tools/libra\s+", "libra ", cmd)  # the tool as the build leaves it

@@ -1,18 +1,25 @@
 #!/usr/bin/env bash
-# Checks the documented install path, `pip install --no-build-isolation .` in a
-# venv with the system site packages, without compiling the core again: setup.py
-# is pointed at an existing CMake build (LIBRA_BUILD_DIR). Then runs the core
-# tests against the installed package from outside the source tree.
+# Checks the documented install path, `pip install --no-build-isolation .`, in a
+# scratch venv, without compiling the core again: setup.py is pointed at an
+# existing CMake build (LIBRA_BUILD_DIR). Then runs the core tests against the
+# installed package from outside the source tree.
 # Usage: bash tests/python/install_check.sh BUILD_DIR [PYTHON]
+# PYTHON is the project's .venv python (scripts/setup.sh): the scratch venv
+# borrows its packages (pip, setuptools, numpy, pytest) by a path file, which
+# adds the folder but not the folder's own path files, so the project's
+# development-mode libra-dev.pth stays out and only the installed libra is seen.
 set -euo pipefail
 build=$(cd "$1" && pwd)
-python=${2:-/usr/bin/python3}
+python=${2:-$(cd "$(dirname "$0")/../.." && pwd)/.venv/bin/python}
 root=$(cd "$(dirname "$0")/../.." && pwd)
 venv=$(mktemp -d)
 trap 'rm -rf "$venv"' EXIT
-# --without-pip: the system pip (seen through the system site packages) installs into the venv; ensurepip
-# would take most of this check's time.
-"$python" -m venv --without-pip --system-site-packages "$venv/env"
+# --without-pip: the project venv's pip installs into the scratch venv; ensurepip would take most of this
+# check's time.
+"$python" -m venv --without-pip "$venv/env"
+deps=$("$python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+site=$("$venv/env/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+echo "$deps" > "$site/project-deps.pth"
 (cd "$root" && LIBRA_BUILD_DIR="$build" "$venv/env/bin/python" -m pip install -q --no-build-isolation --no-deps .)
 cd "$venv"
 "$venv/env/bin/python" -c 'import libra, sys; assert libra.__file__.startswith(sys.prefix), libra.__file__'

@@ -151,8 +151,16 @@ def compile_case(rank, world, group):
                 opt.zero_grad()
                 pair.append(global_loss(lo))
             losses.append(pair)
-        out[backend] = {"loss": float(loss), "want_loss": want_loss, "grad_err": grad_err, "graphs": len(frames),
-                        "steps": losses}
+        # A bad call inside the compiled graph: the op's eager checks raise the same line on every rank.
+        windowed = libra.make_plan(POOLS[0], seq_len=L, cp=CP, block_size=8, head_shards=2, heads_q=HQ,
+                                   heads_kv=HKV, head_dim=D, dtype="fp32", window=7)
+        try:
+            cm(tok, tgt, lt.PlanRuntime(windowed, group), norm)
+            bad = None
+        except ValueError as e:
+            bad = str(e)
+        out[backend] = {"loss": float(loss.detach()), "want_loss": want_loss, "grad_err": grad_err,
+                        "graphs": len(frames), "steps": losses, "bad_call": bad}
     return out
 
 
@@ -250,6 +258,12 @@ def test_compiled_fullgraph_matches_eager(results):
             assert c["grad_err"] < 1e-5, (backend, c)
             for got, want in c["steps"]:
                 assert abs(got - want) <= 1e-6 * abs(want), (backend, c["steps"])
+
+
+def test_a_bad_call_in_a_compiled_graph_raises_the_same_line_on_every_rank(results):
+    for backend in ("aot_eager", "inductor"):
+        lines = {r["compile"][backend]["bad_call"] for r in results}
+        assert lines == {"libra.torch.attention: group rank 0: window None differs from the plan's window 7"}, lines
 
 
 def test_ddp_trains_with_the_losses_of_the_unwrapped_model(results):

@@ -12,6 +12,7 @@ import torch.utils.checkpoint  # noqa: E402
 
 import libra  # noqa: E402
 import libra.torch as lt  # noqa: E402
+from libra.torch import backends  # noqa: E402
 from dist_util import reference_attention, spawn  # noqa: E402
 
 L = 64
@@ -102,6 +103,7 @@ def body_4(rank, world):
     out["layer"] = layer_grads(rank, world)
     out["planner_runtime"] = planner_runtime(rank)
     out["flash"] = flash_path(rank)
+    out["sdpa"] = sdpa_path(rank)
     return out
 
 
@@ -159,8 +161,9 @@ def flash_path(rank):
     """The CUDA tensors' path (flash_attn_varlen_func calls, flash backward through autograd,
     index-tensor exchanges) forced on CPU tensors with the stand-in above, against float64 plain
     attention; also whether the stand-in really ran and how many calls read home buffers in place."""
-    saved = lt.compute._compute_backend, lt.compute._flash_attn
-    lt.compute._compute_backend, lt.compute._flash_attn = "flash", lambda: stand_in_flash_attn_varlen_func
+    flash = backends.get("flash-attn")
+    saved = backends.force("flash-attn"), flash.impl
+    flash.impl = stand_in_flash_attn_varlen_func
     out = {"errors": {}, "in_place_calls": 0}
     try:
         for case in CASES_FLASH:
@@ -185,7 +188,23 @@ def flash_path(rank):
         out["repeat"] = {"built_before": built, "built_after": len(rt._cuda_meta),
                          "identical": all(torch.equal(a, b) for a, b in zip(*results))}
     finally:
-        lt.compute._compute_backend, lt.compute._flash_attn = saved
+        backends.force(saved[0])
+        flash.impl = saved[1]
+    return out
+
+
+def sdpa_path(rank):
+    """The portable fallback (scaled_dot_product_attention per sample) forced on CPU tensors, through
+    the same engine code as the flash path (index-tensor exchanges, autograd recompute)."""
+    saved = backends.force("sdpa")
+    out = {}
+    try:
+        for case in CASES_FLASH:
+            kw = {k: v for k, v in case.items() if k != "name"}
+            errs, _, padded = run_attention(rank, 2, 2, POOLS, **kw)
+            out[case["name"]] = (kw.get("dtype", "float32"), errs, padded)
+    finally:
+        backends.force(saved)
     return out
 
 
@@ -321,6 +340,73 @@ def test_the_cuda_path_forced_on_cpu_matches_plain_attention(four):
         assert 0 < rep["built_before"] == rep["built_after"], rep
 
 
+def test_the_portable_fallback_matches_plain_attention(four):
+    for r in four:
+        for name, (dtype, errs, padded) in r["sdpa"].items():
+            assert max(errs.values()) < TOL[dtype], (name, errs)
+            assert padded, name
+
+
+def test_backend_selection_by_device_dtype_and_availability():
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert backends.select(cpu, torch.float32).name == "libra-cpu"
+    assert backends.select(cpu, torch.bfloat16).name == "libra-cpu"
+    assert backends.select(cpu, torch.float16).name == "sdpa"  # the kernel has no fp16
+    assert backends.select(cpu, torch.float64).name == "sdpa"
+    # CUDA tensors (selection only; nothing runs): flash-attn when importable, else torch's varlen_attn
+    # where this torch has it, else the fallback; fp32 only on the fallback.
+    flash, varlen = backends.get("flash-attn"), backends.get("torch-varlen")
+    if not _has_flash_attn():
+        assert "flash_attn" in flash.unavailable(cuda, torch.bfloat16)
+        want = "torch-varlen" if varlen.unavailable(cuda, torch.bfloat16) is None else "sdpa"
+        assert backends.select(cuda, torch.bfloat16).name == want
+    assert backends.select(cuda, torch.float32).name == "sdpa"
+    saved = flash.impl
+    flash.impl = stand_in_flash_attn_varlen_func
+    try:
+        assert backends.select(cuda, torch.bfloat16).name == "flash-attn"
+    finally:
+        flash.impl = saved
+    # Pinning: by force() or LIBRA_TORCH_BACKEND; an unknown name, or a pinned backend that cannot run,
+    # is one line naming it.
+    previous = backends.force("sdpa")
+    try:
+        assert backends.select(cpu, torch.float32).name == "sdpa"
+        backends.force("libra-cpu")
+        with pytest.raises(ValueError, match=r"^libra.torch.attention: no compute backend runs torch.float16 on cpu "
+                                             r"\(libra-cpu: takes float32 or bfloat16, not torch.float16\)$"):
+            backends.select(cpu, torch.float16)
+    finally:
+        backends.force(previous)
+    with pytest.raises(ValueError, match="backend 'nope': must be one of libra-cpu, flash-attn, torch-varlen, sdpa"):
+        backends.force("nope")
+
+
+def test_the_fallback_gives_the_output_and_lse_of_plain_attention():
+    # Two packed samples of different lengths, bottom-right causal (queries are the last rows of their
+    # sample's keys), GQA 4:2, window 3 and none, against the flash_attn stand-in and an LSE by hand.
+    g = torch.Generator().manual_seed(7)
+    nq, nk = [2, 5], [6, 5]
+    cu_q, cu_k = [0, 2, 7], [0, 6, 11]
+    q = torch.randn(7, 4, 8, generator=g, dtype=torch.float64)
+    k = torch.randn(11, 2, 8, generator=g, dtype=torch.float64)
+    v = torch.randn(11, 2, 8, generator=g, dtype=torch.float64)
+    t = lambda x: torch.tensor(x, dtype=torch.int32)  # noqa: E731
+    for window in (None, 3):
+        o, lse = backends.get("sdpa").varlen(q, k, v, t(cu_q), t(cu_k), 5, 6, None, window, (cu_q, cu_k))
+        ws = (-1, -1) if window is None else (window - 1, 0)
+        want = stand_in_flash_attn_varlen_func(q, k, v, t(cu_q), t(cu_k), 5, 6, causal=True, window_size=ws)
+        assert torch.allclose(o, want.to(o.dtype), atol=1e-12), window
+        for i in range(2):
+            qs, ks = q[cu_q[i]:cu_q[i + 1]], k[cu_k[i]:cu_k[i + 1]].repeat_interleave(2, dim=1)
+            pos = torch.arange(nq[i])[:, None] + nk[i] - nq[i]
+            j = torch.arange(nk[i])[None, :]
+            mask = (j <= pos) & ((j > pos - window) if window else True)
+            sc = torch.einsum("qhd,khd->hqk", qs, ks) / 8 ** 0.5
+            ref = torch.logsumexp(sc.masked_fill(~mask, float("-inf")), dim=-1)
+            assert torch.allclose(lse[:, cu_q[i]:cu_q[i + 1]].double(), ref, atol=1e-5), (window, i)
+
+
 def test_planner_runtime_is_the_same_runtime(four):
     assert all(r["planner_runtime"] for r in four)
 
@@ -421,11 +507,10 @@ def _has_flash_attn():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
-def test_cuda_attention_without_flash_attn_says_so():
+def test_cuda_attention_without_flash_attn_falls_back():
     if _has_flash_attn():
         pytest.skip("flash_attn is importable")
-    with pytest.raises(RuntimeError, match="flash_attn"):
-        lt.compute._flash_attn()
+    assert backends.select(torch.device("cuda"), torch.bfloat16).name in ("torch-varlen", "sdpa")
 
 
 def body_cuda(rank, world):
@@ -452,7 +537,7 @@ def run_attention_cuda(rank, P):
              "dv": rel_err(v.grad.cpu(), Vr.grad)}, None, None)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available() or not _has_flash_attn(), reason="needs CUDA and flash_attn")
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 def test_cuda_attention_matches_plain_attention():
     import dist_util  # noqa: PLC0415
 

@@ -1,10 +1,11 @@
 """The DataLoader side: a batch sampler that hands each DP replica its VRSP-placed
-packed sequence for every GA step."""
+packed sequence for every GA step, one epoch at a time."""
 import threading
 
+import numpy as np
 import torch
 
-from .. import _libra
+from .. import PlacementSampler, _integer, _refuse
 
 
 class PlacementBatchSampler(torch.utils.data.Sampler):
@@ -12,20 +13,46 @@ class PlacementBatchSampler(torch.utils.data.Sampler):
 
     Batch n is GA index ``n % (gbs/dp)`` of optimizer step ``n // (gbs/dp)``;
     ``pool(n)`` gives the P packed sequences of that batch's pool in slot
-    order (what the plan is made from). The order is a pure function of
-    (sequences, gbs, dp, pool_size, mode, seed): ``state_dict()`` holds only
-    the position, and ``load_state_dict`` resumes from it.
+    order (what the plan is made from). Like ``DistributedSampler``, call
+    ``set_epoch(e)`` before each epoch: epoch 0 takes the sequences in the
+    order given, epoch e > 0 a permutation of them drawn from (seed, e), the
+    same on every rank; VRSP then places each window of ``gbs`` sequences.
+    The order is a pure function of (sequences, gbs, dp, pool_size, mode,
+    seed, epoch): ``state_dict()`` holds the epoch and the position in it, and
+    ``load_state_dict`` resumes from them. An epoch's iteration ends where the
+    epoch does; iterating again yields nothing until ``set_epoch`` moves on.
     """
 
     def __init__(self, sequences, gbs, dp, pool_size, dp_rank, mode="vrsp", seed=0):
-        self._core = _libra.PlacementSampler(sequences, gbs, dp, pool_size, mode, seed)
+        where = "PlacementBatchSampler:"
+        gbs, dp, pool_size, dp_rank, seed = (_integer(f"{where} {n}", v) for n, v in (
+            ("gbs", gbs), ("dp", dp), ("pool_size", pool_size), ("dp_rank", dp_rank), ("seed", seed)))
+        for name, v in (("gbs", gbs), ("dp", dp), ("pool_size", pool_size)):
+            if v < 1:
+                _refuse(f"{where} {name} {v}: must be >= 1")
+        if not 0 <= seed < 2 ** 64:
+            _refuse(f"{where} seed {seed}: must be in [0, 2**64)")
+        if not isinstance(mode, str):
+            _refuse(f"{where} mode {mode!r}: must be a string (vrsp, ...)")
         if not 0 <= dp_rank < dp:
-            raise ValueError(f"PlacementBatchSampler: dp_rank {dp_rank} must be in [0, {dp})")
-        self.gbs, self.dp, self.pool_size, self.dp_rank = gbs, dp, pool_size, dp_rank
+            _refuse(f"{where} dp_rank {dp_rank}: must be in [0, dp = {dp})")
+        self._args = (gbs, dp, pool_size, mode, seed)
+        self._sequences = sequences
+        self._core = self._make(sequences)
+        self._given = self._core  # epoch 0: indices are the caller's; it also serves sequence(i)
+        self.gbs, self.dp, self.pool_size, self.dp_rank, self.seed = gbs, dp, pool_size, dp_rank, seed
         self.ga_steps = gbs // dp
+        self.epoch = 0
+        self._perm = None  # epoch > 0: the caller's index of each position in this epoch's order
         self._position = 0
         self._step_cache = (None, None)
         self._lock = threading.Lock()
+
+    def _make(self, sequences):
+        try:
+            return PlacementSampler(sequences, *self._args)
+        except ValueError as e:
+            raise ValueError(f"PlacementBatchSampler: {e}") from None
 
     def __len__(self):
         return self._core.num_steps * self.ga_steps
@@ -34,25 +61,55 @@ class PlacementBatchSampler(torch.utils.data.Sampler):
     def num_steps(self):
         return self._core.num_steps
 
+    def set_epoch(self, epoch):
+        """Selects the epoch the next iteration covers (its order: epoch 0 as given, later ones a
+        permutation drawn from (seed, epoch)). A new epoch starts at its first batch; setting the
+        current epoch again keeps the position, so a resumed run's ``set_epoch`` does not rewind."""
+        epoch = _integer("PlacementBatchSampler.set_epoch(): epoch", epoch)
+        if epoch < 0:
+            _refuse(f"PlacementBatchSampler.set_epoch(): epoch {epoch}: must be >= 0")
+        if epoch == self.epoch:
+            return
+        self._switch(epoch)
+        self._position = 0
+
+    def _switch(self, epoch):
+        if epoch == 0:
+            perm, core = None, self._given
+        else:
+            # numpy's PCG64 seeded by (seed, epoch): the same permutation on every rank, and two
+            # seeds never share an epoch's order (seed + epoch would).
+            n = self._given.num_sequences
+            perm = np.random.Generator(np.random.PCG64([self.seed, epoch])).permutation(n)
+            seqs = [self._given.sequence(int(i)) for i in perm]
+            core = self._make(seqs)
+        with self._lock:
+            self.epoch, self._perm, self._core = epoch, perm, core
+            self._step_cache = (None, None)
+
     def _order(self, step):
         with self._lock:
             if self._step_cache[0] != step:
-                self._step_cache = (step, self._core.at(step)["order"])
+                order = self._core.at(step)["order"]
+                self._step_cache = (step, order if self._perm is None else self._perm[order])
             return self._step_cache[1]
 
     def _check(self, n):
+        n = _integer("PlacementBatchSampler: batch", n)
         if not 0 <= n < len(self):
             raise ValueError(f"PlacementBatchSampler: batch {n} must be in [0, {len(self)})")
+        return n
 
     def index(self, n):
-        """Index of the packed sequence this replica trains on in batch n."""
-        self._check(n)
+        """Index (into the sequences given) of the packed sequence this replica trains on in batch n
+        of the current epoch."""
+        n = self._check(n)
         step, ga = divmod(n, self.ga_steps)
         return int(self._order(step)[ga * self.dp + self.dp_rank])
 
     def pool_indices(self, n):
         """Indices of the P sequences of batch n's pool, in slot order (slot = dp_rank % P)."""
-        self._check(n)
+        n = self._check(n)
         step, ga = divmod(n, self.ga_steps)
         order = self._order(step)
         first = ga * self.dp + (self.dp_rank // self.pool_size) * self.pool_size
@@ -60,10 +117,10 @@ class PlacementBatchSampler(torch.utils.data.Sampler):
 
     def pool(self, n):
         """The packed sequences (lists of sample lengths) of batch n's pool, in slot order."""
-        return [self._core.sequence(i) for i in self.pool_indices(n)]
+        return [self._given.sequence(i) for i in self.pool_indices(n)]
 
     def sequence(self, i):
-        return self._core.sequence(i)
+        return self._given.sequence(i)
 
     def __iter__(self):
         while self._position < len(self):
@@ -72,10 +129,23 @@ class PlacementBatchSampler(torch.utils.data.Sampler):
             yield [self.index(n)]
 
     def state_dict(self):
-        return {"position": self._position}
+        return {"epoch": self.epoch, "position": self._position}
 
     def load_state_dict(self, state):
-        pos = state.get("position") if isinstance(state, dict) else None
-        if not isinstance(pos, int) or not 0 <= pos <= len(self):
-            raise ValueError(f"PlacementBatchSampler state: position must be an integer in [0, {len(self)}]")
+        """Resumes at ``state`` (from ``state_dict``; a state without "epoch" is epoch 0)."""
+        where = "PlacementBatchSampler state"
+        if not isinstance(state, dict):
+            _refuse(f"{where}: must be a dict with position (and epoch), got a {type(state).__name__}")
+        extra = sorted(set(map(str, state)) - {"epoch", "position"})
+        if extra:
+            _refuse(f"{where}: unknown key {extra[0]!r} (it holds epoch and position)")
+        if "position" not in state:
+            _refuse(f"{where}: position is missing")
+        pos, epoch = state["position"], state.get("epoch", 0)
+        if isinstance(pos, bool) or not isinstance(pos, int) or not 0 <= pos <= len(self):
+            _refuse(f"{where}: position {pos!r}: must be an integer in [0, {len(self)}]")
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            _refuse(f"{where}: epoch {epoch!r}: must be an integer >= 0")
+        if epoch != self.epoch:
+            self._switch(epoch)
         self._position = pos

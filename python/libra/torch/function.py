@@ -1,11 +1,11 @@
 """The autograd function that runs one pass per direction of the pipelined schedule,
 and ``attention``, the public call."""
-import torch
-import torch.distributed as dist
+import math
 
-from .. import _libra
-from . import compute as _compute_mod
-from .compute import _cpu_backward, _cpu_forward, _cuda_pass
+import torch
+
+from . import backends
+from .compute import run_chunk
 from .exchange import (_BWD_IN, _BWD_OUT, _FWD_IN, _FWD_OUT, _post, _post_cpu, _unpack_in, _unpack_in_cpu,
                        _unpack_out, _unpack_out_cpu)
 from .runtime import PlanRuntime
@@ -63,13 +63,14 @@ class _Attention(torch.autograd.Function):
 
 
 def _run_pass(rt, phase_in, phase_out, pass_index, home, comp, dt, d, dev, scale):
-    window = _libra.FULL_CAUSAL if rt.window is None else int(rt.window)
-    calls = rt.schedule["calls"][pass_index]
-    if _compute_mod._compute_backend not in (None, "flash"):
-        raise ValueError(f"libra.torch.compute._compute_backend {_compute_mod._compute_backend!r} must be None or 'flash'")
-    on_gpu = dev.type == "cuda" or _compute_mod._compute_backend == "flash"
-    cuda = on_gpu or rt.exchange == "index"  # index-tensor exchanges
-    if cuda:
+    """One pass of the pipelined schedule: post every chunk's input exchange, then per chunk wait for
+    its input, compute it on the selected backend and post its output; finally apply the outputs in
+    the schedule's fixed order. A ``buffers`` backend on CPU tensors packs with the binding's C++
+    programs (unless PlanRuntime(exchange="index")); every other case uses index tensors on the
+    tensors' device."""
+    backend = backends.select(dev, dt)
+    index = backend.kind == "varlen" or rt.exchange == "index"
+    if index:
         ix = rt.on(dev)
         ins, outs = ix["phases"][phase_in]["chunks"], ix["phases"][phase_out]["chunks"]
         posted_in = [_post(rt, phase_in, m, ex, home, dt, d, dev) for m, ex in enumerate(ins)]
@@ -77,22 +78,17 @@ def _run_pass(rt, phase_in, phase_out, pass_index, home, comp, dt, d, dev, scale
         posted_in = [_post_cpu(rt, phase_in, m, home, dt, d) for m in range(rt.num_chunks)]
     posted_out = []
     for m in range(rt.num_chunks):
-        if cuda:
+        if index:
             _unpack_in(ins[m], posted_in[m], comp)
         else:
             _unpack_in_cpu(rt, phase_in, m, posted_in[m], comp, dt)
         with _compute(rt, f"{'fwd' if pass_index == 0 else 'bwd'} compute chunk {m}"):
-            if on_gpu:
-                _cuda_pass(rt, pass_index, m, home, comp, scale or None)
-            elif pass_index == 0:
-                _cpu_forward(calls[m], home, comp, window, scale, rt.threads)
-            else:
-                _cpu_backward(calls[m], home, comp, window, scale, rt.threads)
-        if cuda:
+            run_chunk(rt, backend, pass_index, m, home, comp, scale)
+        if index:
             posted_out.append(_post(rt, phase_out, m, outs[m], comp, dt, d, dev))
         else:
             posted_out.append(_post_cpu(rt, phase_out, m, comp, dt, d))
-    if cuda:
+    if index:
         _unpack_out(ix["phases"][phase_out]["apply"], posted_out, home)
     else:
         _unpack_out_cpu(rt, phase_out, posted_out, home, dt)
@@ -109,11 +105,12 @@ def _call_problem(q, k, v, rt, window):
             shape = list(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
             return f"{name} has shape {shape} but the plan needs {list(want)}"
     if not (q.dtype == k.dtype == v.dtype) or not (q.device == k.device == v.device):
-        return "q, k and v must share dtype and device"
-    if not q.is_cuda and q.dtype not in (torch.float32, torch.bfloat16):
-        return f"CPU tensors must be float32 or bfloat16, got {q.dtype}"
-    if q.is_cuda and q.dtype not in (torch.float16, torch.bfloat16):
-        return f"CUDA tensors must be float16 or bfloat16 (flash_attn's types), got {q.dtype}"
+        return (f"q, k and v must share dtype and device, got q {q.dtype} on {q.device}, k {k.dtype} on "
+                f"{k.device}, v {v.dtype} on {v.device}")
+    try:
+        backends.select(q.device, q.dtype)
+    except ValueError as e:
+        return str(e).removeprefix("libra.torch.attention: ")
     return None
 
 
@@ -132,20 +129,34 @@ def attention(q, k, v, runtime, softmax_scale=None, window=None):
         from .ops import attention_op
         return attention_op(q, k, v, runtime, softmax_scale, window)
     rt = runtime
-    problem = _call_problem(q, k, v, rt, window)
+    scale, scale_problem = _softmax_scale(softmax_scale)
+    problem = _call_problem(q, k, v, rt, window) or scale_problem
     if rt.check_calls:
         # One small collective so that a bad call on one rank fails on every rank with the same line
         # instead of leaving the others waiting in the exchange (PlanRuntime(check_calls=False) skips it).
-        flag = torch.tensor([0 if problem is None else 1], dtype=torch.int64)
-        dist.all_reduce(flag, group=rt.group)
-        if int(flag[0]):
-            msgs = [None] * dist.get_world_size(rt.group)
-            dist.all_gather_object(msgs, problem, group=rt.group)
-            first = next(i for i, m in enumerate(msgs) if m is not None)
-            raise ValueError(f"libra.torch.attention: group rank {first}: {msgs[first]}")
+        first = rt._agree(problem, "libra.torch.attention")
+        if first is not None:
+            raise ValueError(f"libra.torch.attention: group rank {first[0]}: {first[1]}")
     elif problem is not None:
         raise ValueError(f"libra.torch.attention: {problem}")
-    if q.is_cuda:
-        _compute_mod._flash_attn()
-    scale = 0.0 if softmax_scale is None else float(softmax_scale)
+    if scale == 0.0:
+        # Scale 0 is legal math (every visible key weighs the same), but libra's kernel reads 0 as
+        # "1/sqrt(d)". q * 0 at scale 1 gives the same scores (all 0), o, LSE and dk (0), and the
+        # multiply sends dq = 0 back to q.
+        q, scale = q * 0, 1.0
     return _Attention.apply(q.contiguous(), k.contiguous(), v.contiguous(), runtime, scale)
+
+
+def _softmax_scale(value):
+    """(the scale to run, None for 1/sqrt(head_dim); a problem line or None) of ``softmax_scale``."""
+    if value is None:
+        return None, None
+    try:  # numbers and 0-d tensors; float() of a str would read text as a number
+        scale = None if isinstance(value, (bool, str, bytes)) else float(value)
+    except (TypeError, ValueError, RuntimeError):
+        scale = None
+    if scale is None:
+        return None, f"softmax_scale {value!r}: must be a number or None"
+    if not math.isfinite(scale):
+        return None, f"softmax_scale {scale}: must be finite"
+    return scale, None

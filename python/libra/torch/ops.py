@@ -24,6 +24,7 @@ calls are independent of each other in the graph.
 """
 import itertools
 import types
+import typing
 import weakref
 
 import torch
@@ -46,19 +47,15 @@ def _runtime(handle):
     return rt
 
 
-def _scale_arg(scale):
-    return None if scale == 0.0 else scale
-
-
 @torch.library.custom_op("libra::attention", mutates_args=())
-def _attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, handle: torch.Tensor, scale: float,
-                   window: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, handle: torch.Tensor,
+                   scale: typing.Optional[float], window: int) -> tuple[torch.Tensor, torch.Tensor]:
     from .function import attention
     rt = _runtime(handle)
     # The eager call on fresh leaves, for its checks and its saved LSE (the autograd node is the ctx).
     with torch.enable_grad():
         leaves = [x.detach().requires_grad_() for x in (q, k, v)]
-        o = attention(*leaves, rt, softmax_scale=_scale_arg(scale), window=None if window < 0 else window)
+        o = attention(*leaves, rt, softmax_scale=scale, window=None if window < 0 else window)
     return o.detach(), o.grad_fn.lse
 
 
@@ -69,8 +66,8 @@ def _(q, k, v, handle, scale, window):
 
 @torch.library.custom_op("libra::attention_backward", mutates_args=())
 def _attention_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
-                   do: torch.Tensor, handle: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor,
-                                                                                  torch.Tensor]:
+                   do: torch.Tensor, handle: torch.Tensor,
+                   scale: typing.Optional[float]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     from .function import _Attention
     ctx = types.SimpleNamespace(rt=_runtime(handle), scale=scale, lse=lse, saved_tensors=(q, k, v, o))
     dq, dk, dv = _Attention.backward(ctx, do)[:3]
@@ -102,7 +99,14 @@ torch.library.register_autograd("libra::attention", _backward, setup_context=_se
 
 def attention_op(q, k, v, runtime, softmax_scale=None, window=None):
     """``attention`` as the custom op (what ``attention`` calls while torch.compile traces)."""
-    scale = 0.0 if softmax_scale is None else float(softmax_scale)
+    from .function import _softmax_scale
+    scale, problem = _softmax_scale(softmax_scale)
+    if problem is not None:
+        raise ValueError(f"libra.torch.attention: {problem}")
+    if scale == 0.0:
+        # As the eager call does it: libra's kernel reads 0 as 1/sqrt(d); q * 0 at scale 1 gives the
+        # same scores, o and dk, and the multiply, in the graph, sends dq = 0 back to q.
+        q, scale = q * 0, 1.0
     o, _ = _attention_fwd(q.contiguous(), k.contiguous(), v.contiguous(), runtime.op_handle, scale,
                           -1 if window is None else int(window))
     return o

@@ -1,28 +1,46 @@
 """Plans the next micro-batch on a background thread while the current one trains."""
 import concurrent.futures
 
-from .. import _libra, make_plan
+from .. import _integer, _libra, _refuse, make_plan
 from .runtime import PlanRuntime
 
 
 class Planner:
     """Plans batch n+1 on a background CPU thread while batch n trains.
 
-    ``get(n)`` returns the plan of batch n (waiting for it if needed) and
-    starts planning batch n+1. With ``worker=`` (the worker index from
-    pool_group) the thread also derives that worker's schedule, which
-    ``runtime(n, group)`` hands to PlanRuntime. make_plan and the schedule
-    release the GIL, so planning and training run at once. The other keyword
-    arguments are those of libra.make_plan.
+    ``get(n)`` returns the plan of batch n of the sampler's current epoch
+    (waiting for it if needed) and starts planning batch n+1. With
+    ``worker=`` (the worker index from pool_group) the thread also derives
+    that worker's schedule, which ``runtime(n, group)`` hands to PlanRuntime.
+    make_plan and the schedule release the GIL, so planning and training run
+    at once. The other keyword arguments are those of libra.make_plan; they
+    are checked at construction, which plans batch 0 (kept for ``get(0)``),
+    so a bad argument raises here, not at the first ``get``.
     """
 
     def __init__(self, sampler, worker=None, **plan_kwargs):
+        if worker is not None:
+            worker = _integer("Planner: worker", worker)
+            if worker < 0:
+                _refuse(f"Planner: worker {worker}: must be >= 0")
         self._sampler = sampler
         self._worker = worker
         self._kw = plan_kwargs
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="libra-planner")
-        self._futures = {}
+        self._futures = {}  # batch -> future, of the sampler's epoch self._planned_epoch
         self._done = {}
+        self._planned_epoch = self._epoch()
+        try:
+            if len(sampler) > 0:
+                self._result(0)
+            else:  # nothing to plan: still check the arguments, on a pool of one-token sequences
+                make_plan([[1]] * getattr(sampler, "pool_size", 1), **plan_kwargs)
+        except ValueError as e:
+            self.close()
+            raise type(e)(f"Planner: {e}") from None
+
+    def _epoch(self):
+        return getattr(self._sampler, "epoch", 0)
 
     def _work(self, pool):
         plan = make_plan(pool, **self._kw)
@@ -34,8 +52,13 @@ class Planner:
             self._futures[n] = self._pool.submit(self._work, self._sampler.pool(n))
 
     def _result(self, n):
-        if not 0 <= n < len(self._sampler):
+        if isinstance(n, bool) or not 0 <= n < len(self._sampler):
             raise ValueError(f"Planner: batch {n} must be in [0, {len(self._sampler)})")
+        if self._epoch() != self._planned_epoch:
+            # After set_epoch batch n is another pool: what was planned for the old epoch goes.
+            for f in self._futures.values():
+                f.cancel()
+            self._futures, self._done, self._planned_epoch = {}, {}, self._epoch()
         if n not in self._done:
             self._submit(n)
             self._done = {n: self._futures.pop(n).result()}

@@ -1,4 +1,7 @@
 """PlanRuntime: one micro-batch's plan bound to one pool group (collective construction)."""
+import datetime
+import math
+import operator
 import time
 
 import torch
@@ -17,23 +20,38 @@ def _fingerprint_words(fp):
 class PlanRuntime:
     """One micro-batch's plan on one pool group, shared by every layer and by backward.
 
-    Construction is collective over ``group``: the ranks exchange their plan
-    fingerprints and worker indices, and every rank raises the same one-line
-    ValueError when they disagree. The worker's schedule is then precomputed
-    as index tensors.
+    Construction is collective over ``group``: every option is checked
+    before anything is posted, then the ranks exchange their plan
+    fingerprints, worker indices and any rank's own error, and every rank
+    raises the same one-line ValueError when one rank's options are bad or
+    the ranks disagree. The worker's schedule is then precomputed as index
+    tensors.
+
+    ``timeout`` (seconds, default 300) becomes the group's own collective
+    timeout (``ProcessGroup.set_timeout``) and bounds this agreement,
+    ``attention``'s call check and every exchange: when a peer sends nothing
+    within it, the other ranks raise a one-line TimeoutError naming it
+    (within about twice the timeout: they wait that long again for each
+    other's marks in the group's store). The group is unusable after that.
     """
 
     def __init__(self, plan, group, worker=None, threads=1, trace=False, check_calls=True, schedule=None,
-                 exchange="auto"):
-        entry = _POOLS.get(id(group))
-        if entry is None and worker is None:
-            raise ValueError("PlanRuntime: group was not made by libra.torch.pool_group or domain_groups; pass worker=")
+                 exchange="auto", timeout=300):
+        if not isinstance(group, dist.ProcessGroup):
+            raise ValueError(f"PlanRuntime: group must be a torch.distributed ProcessGroup, got {type(group).__name__}")
         size = dist.get_world_size(group)
-        me = entry[1][dist.get_rank(group)] if worker is None else int(worker)
+        # Every option is checked here, before anything is posted; a rank's own problem travels with
+        # the agreement below, so every rank raises the same line instead of leaving the others waiting.
+        problem, me, timeout = _check_options(plan, group, size, worker, threads, trace, check_calls, schedule,
+                                              exchange, timeout)
+        self._native_timeout = _set_group_timeout(group, timeout)
+        fp = plan.fingerprint if isinstance(plan, _libra.Plan) else 0
+        nw = plan.num_workers if isinstance(plan, _libra.Plan) else 0
+        everyone, first = _agree(group, _fingerprint_words(fp) + [me, nw], problem, timeout, "PlanRuntime",
+                                 self._native_timeout)
+        if first is not None:
+            raise ValueError(f"PlanRuntime: group rank {first[0]}: {first[1]}")
         # Every check below runs on what all ranks gathered, so they all raise the same line.
-        mine = torch.tensor(_fingerprint_words(plan.fingerprint) + [me, plan.num_workers], dtype=torch.int64)
-        everyone = [torch.zeros(4, dtype=torch.int64) for _ in range(size)]
-        dist.all_gather(everyone, mine, group=group)
         fps = [(int(t[0]) << 32) | int(t[1]) for t in everyone]
         peers = [int(t[2]) for t in everyone]
         if len(set(fps)) == 1 and int(everyone[0][3]) != size:
@@ -46,13 +64,12 @@ class PlanRuntime:
             raise ValueError(f"plan fingerprint mismatch across the pool group: {parts}")
         if sorted(peers) != list(range(size)):
             raise ValueError(f"PlanRuntime: the group's worker indices {peers} are not a permutation of 0..{size - 1}")
+        self.timeout = timeout
         self.plan = plan
         self.group = group
         self.worker = me
-        self.threads = threads
+        self.threads = int(threads)
         self.check_calls = check_calls
-        if exchange not in ("auto", "programs", "index"):
-            raise ValueError(f"PlanRuntime: exchange {exchange!r} must be auto, programs or index")
         # How messages are packed: "programs" copies the schedule's runs in C++ (CPU tensors),
         # "index" uses index tensors and torch ops (any device; what CUDA tensors use).
         self.exchange = exchange
@@ -105,3 +122,163 @@ class PlanRuntime:
     @property
     def fingerprint(self):
         return self.plan.fingerprint
+
+    def _deadline(self, work, name):
+        """``work`` (an async collective just posted on the group) with this runtime's timeout: its
+        ``wait()`` raises one line naming the silent rank instead of blocking."""
+        return _Timed(self.group, work, _next_seq(self.group), self.timeout, f"libra.torch.attention: {name}",
+                      self._native_timeout)
+
+    def _agree(self, problem, what):
+        """Collective: this rank's problem (a line, or None) against every rank's; returns the first
+        (group rank, line) any rank had, or None. Bounded by the timeout like every exchange."""
+        return _agree(self.group, [], problem, self.timeout, what, self._native_timeout)[1]
+
+
+# ---- option checks, agreement and deadlines (issue 21: no rank waits on a peer that will never come)
+
+_SEQ = {}  # id(group) -> libra collectives posted on it so far (the same count on every rank)
+
+
+def _next_seq(group):
+    _SEQ[id(group)] = _SEQ.get(id(group), 0) + 1
+    return _SEQ[id(group)]
+
+
+def _number(value):
+    return not isinstance(value, bool) and isinstance(value, (int, float)) or (
+        type(value).__module__ == "numpy" and hasattr(value, "dtype") and value.dtype.kind in "iuf")
+
+
+def _index(value):
+    """value as an int (Python or numpy integers; not a bool), or None."""
+    if isinstance(value, bool):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
+
+
+def _check_options(plan, group, size, worker, threads, trace, check_calls, schedule, exchange, timeout):
+    """(this rank's first problem or None, its worker or -1, the timeout to use) for PlanRuntime's
+    arguments; nothing here communicates."""
+    if not _number(timeout) or not math.isfinite(float(timeout)) or float(timeout) <= 0:
+        # The agreement still needs a deadline: the default's, while the bad value travels to every rank.
+        return f"timeout {timeout!r}: must be a finite number of seconds > 0", -1, 300.0
+    timeout = float(timeout)
+    me = -1
+    entry = _POOLS.get(id(group))
+    if not isinstance(plan, _libra.Plan):
+        return f"plan must be a libra.Plan, got {type(plan).__name__}", me, timeout
+    if worker is None:
+        if entry is None:
+            return ("group was not made by libra.torch.pool_group or domain_groups; pass worker=", me, timeout)
+        me = entry[1][dist.get_rank(group)]
+    elif _index(worker) is None:
+        return f"worker {worker!r}: must be an integer", me, timeout
+    else:
+        me = _index(worker)
+        if not 0 <= me < plan.num_workers:
+            return f"worker {me}: must be in [0, {plan.num_workers}) (the plan's workers)", -1, timeout
+    if _index(threads) is None or not 1 <= _index(threads) <= 1024:
+        return f"threads {threads!r}: must be an integer in [1, 1024]", me, timeout
+    for name, v in (("trace", trace), ("check_calls", check_calls)):
+        if not isinstance(v, bool):
+            return f"{name} {v!r}: must be True or False", me, timeout
+    if exchange not in ("auto", "programs", "index"):
+        return f"exchange {exchange!r}: must be auto, programs or index", me, timeout
+    if schedule is not None and not isinstance(schedule, _libra.RankPrograms):
+        return f"schedule must be None or Planner's, got {type(schedule).__name__}", me, timeout
+    return None, me, timeout
+
+
+def _set_group_timeout(group, seconds):
+    """Sets the backend's own timeout of ``group``; True where the backend takes it."""
+    # The backend's own timeout ends a collective whose peer is silent; a wait's deadline alone would
+    # leave the collective pending in gloo's thread, and the process would hang on exit until it ends.
+    try:
+        group.set_timeout(datetime.timedelta(seconds=seconds))
+        return True
+    except (AttributeError, RuntimeError):
+        return False
+
+
+class _Timed:
+    """An async collective with a deadline (what ``wait`` raises when a peer is silent)."""
+
+    def __init__(self, group, work, seq, timeout, what, native):
+        self.group, self.work, self.seq, self.timeout, self.what = group, work, seq, timeout, what
+        self.native = native  # the backend times the collective out itself (set_timeout took)
+
+    def wait(self):
+        try:
+            # A deadline on wait() makes NCCL's wait block the CPU; where the backend keeps its own
+            # timeout, wait() stays the plain one.
+            if self.native:
+                self.work.wait()
+            else:
+                self.work.wait(timeout=datetime.timedelta(seconds=self.timeout))
+        except RuntimeError as e:
+            raise _silent_peers(self.group, self.seq, self.timeout, self.what, e) from None
+        return True
+
+    def is_completed(self):
+        return self.work.is_completed()
+
+    def get_future(self):
+        return self.work.get_future()
+
+
+def _silent_peers(group, seq, timeout, what, err):
+    """The error of a collective that did not complete: every rank that gave up on it leaves a mark in
+    the group's store, then waits up to ``timeout`` for the others' marks (their deadlines run from
+    their own posts); the ranks that left none sent nothing and are named."""
+    me, size = dist.get_rank(group), dist.get_world_size(group)
+    ranks = dist.get_process_group_ranks(group)
+    key = f"libra/silent/{seq}/"
+    missing = None
+    try:
+        store = group.get_group_store()
+        store.set_timeout(datetime.timedelta(seconds=timeout))
+        store.set(key + str(me), "1")
+        end = time.monotonic() + timeout
+        others = [r for r in range(size) if r != me]
+        while True:
+            missing = [r for r in others if not store.check([key + str(r)])]
+            if not missing or time.monotonic() >= end:
+                break
+            time.sleep(0.05)
+    except (AttributeError, RuntimeError):
+        pass  # no store to ask (or it is silent too): the line says what is known
+    t = f"{timeout:g} s"
+    if missing:
+        names = ", ".join(f"{r} (global rank {ranks[r]})" for r in missing)
+        return TimeoutError(f"{what}: group rank{'s' if len(missing) > 1 else ''} {names} sent nothing within {t}")
+    first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    if missing == []:
+        return TimeoutError(f"{what}: failed on every rank of the group within {t} ({first})")
+    return TimeoutError(f"{what}: a peer sent nothing within {t} ({first})")
+
+
+def _agree(group, words, problem, timeout, what, native=False):
+    """Collective: gathers every rank's int64 ``words`` and its problem line (or None). Returns (the
+    gathered words by group rank, the first (group rank, line) of a rank with a problem, or None).
+    Two gathers at most, both with the deadline: a message goes only when some rank has one."""
+    size = dist.get_world_size(group)
+    msg = b"" if problem is None else str(problem).encode("utf-8", "replace")
+    mine = torch.tensor(list(words) + [len(msg)], dtype=torch.int64)
+    everyone = [torch.zeros_like(mine) for _ in range(size)]
+    work = dist.all_gather(everyone, mine, group=group, async_op=True)
+    _Timed(group, work, _next_seq(group), timeout, what, native).wait()
+    lengths = [int(t[-1]) for t in everyone]
+    if not any(lengths):
+        return [t[:-1] for t in everyone], None
+    width = max(lengths)
+    buf = torch.zeros(width, dtype=torch.uint8)
+    buf[:len(msg)] = torch.frombuffer(bytearray(msg), dtype=torch.uint8) if msg else buf[:0]
+    texts = [torch.zeros(width, dtype=torch.uint8) for _ in range(size)]
+    work = dist.all_gather(texts, buf, group=group, async_op=True)
+    _Timed(group, work, _next_seq(group), timeout, what, native).wait()
+    first = next(i for i, n in enumerate(lengths) if n)
+    return [t[:-1] for t in everyone], (first, bytes(texts[first][:lengths[first]].tolist()).decode("utf-8", "replace"))

@@ -25,7 +25,7 @@ def _watch(rt, work, name):
     if rt.trace is not None:
         start = time.perf_counter()
         work.get_future().then(lambda _f: _event(rt, name, 1, start, time.perf_counter()))
-    return work
+    return rt._deadline(work, name)  # its wait() is bounded by the runtime's timeout
 
 
 def write_trace(path, events):

@@ -1,0 +1,50 @@
+"""flash-attn's ``flash_attn_varlen_func`` (CUDA, fp16/bf16), when the package is importable."""
+import torch
+
+from . import Backend, flash_window
+
+
+class FlashAttn(Backend):
+    name = "flash-attn"
+    kind = "varlen"
+    # Tests put a plain-torch stand-in written from flash_attn's contract here to run this backend's
+    # path on CPU; None: import flash_attn.
+    impl = None
+
+    def _fn(self):
+        if self.impl is not None:
+            return self.impl
+        try:
+            from flash_attn import flash_attn_varlen_func  # noqa: PLC0415
+        except ImportError as e:
+            raise RuntimeError(f"flash_attn is not importable: {e}") from None
+        return flash_attn_varlen_func
+
+    def unavailable(self, device, dtype):
+        if self.impl is not None:
+            return None
+        if device.type != "cuda":
+            return f"runs on CUDA tensors only, not {device.type}"
+        if dtype not in (torch.float16, torch.bfloat16):
+            return f"takes float16 or bfloat16, not {dtype}"
+        try:
+            self._fn()
+        except RuntimeError as e:
+            return str(e)
+        return None
+
+    def varlen(self, q, k, v, cu_q, cu_k, max_q, max_k, scale, window, cu_host):
+        fn = self._fn()
+        if self.impl is not None:  # the stand-in returns o only
+            return fn(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=scale, causal=True,
+                      window_size=flash_window(window)), None
+        # flash-attn 2.x varlen: with return_attn_probs, (out, softmax_lse [h_q, total_q], S_dmask).
+        out = fn(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=scale, causal=True,
+                 window_size=flash_window(window), return_attn_probs=True)
+        o, lse = out[0], out[1]
+        if lse.dim() != 2 or tuple(lse.shape) != (q.shape[1], q.shape[0]):
+            lse = None  # a layout this flash_attn version has of its own (1.x pads per batch): not used
+        return o, lse
+
+
+BACKEND = FlashAttn()

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Runs libra's CUDA checks on a machine with a GPU and prints what they measured;
+# on a machine without one it says so and exits 0.
+#   bash scripts/gpu-check.sh            (after scripts/setup.sh and a release build,
+#                                          or on a machine whose python has torch with CUDA)
+# LIBRA_PYTHON: the interpreter (default .venv/bin/python, else python3). What runs:
+# - the backend each CUDA dtype selects (flash-attn, torch-varlen or sdpa) and why the others don't;
+# - tests/python/test_torch.py's CUDA tests: one NCCL process per GPU (two at most), bf16
+#   attention forward and backward against the float64 reference on the CPU;
+# - every varlen backend pinned in turn on cuda:0, one call each, against the same reference.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+py=${LIBRA_PYTHON:-.venv/bin/python}
+[ -x "$py" ] || py=python3
+if ! "$py" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+  echo "gpu-check: no CUDA device visible to $py (torch $("$py" -c 'import torch; print(torch.__version__)' 2>/dev/null || echo missing)); nothing to check"
+  exit 0
+fi
+export PYTHONPATH="$PWD/python:$PWD/build/release/python${PYTHONPATH:+:$PYTHONPATH}"
+"$py" - <<'PY'
+import torch
+from libra.torch import backends
+print(f"gpu-check: torch {torch.__version__}, {torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}")
+dev = torch.device("cuda")
+for dt in (torch.bfloat16, torch.float16, torch.float32):
+    chosen = backends.select(dev, dt).name
+    why = {n: backends.get(n).unavailable(dev, dt) for n in backends.ORDER}
+    print(f"gpu-check: {dt} selects {chosen}; " + "; ".join(f"{n}: {w or 'available'}" for n, w in why.items()))
+PY
+"$py" -m pytest -q -p no:cacheprovider tests/python/test_torch.py -k cuda -rs
+"$py" - <<'PY'
+import time
+import torch
+from libra.torch import backends
+# One varlen call per backend: two packed samples, GQA 8:2, bottom-right causal, against float64.
+g = torch.Generator().manual_seed(0)
+lens = [300, 700]
+cu = torch.tensor([0, 300, 1000], dtype=torch.int32)
+q = torch.randn(1000, 8, 64, generator=g, dtype=torch.float64)
+k = torch.randn(1000, 2, 64, generator=g, dtype=torch.float64)
+v = torch.randn(1000, 2, 64, generator=g, dtype=torch.float64)
+ref = backends.get("sdpa").varlen(q, k, v, cu, cu, 700, 700, None, None, ([0, 300, 1000], [0, 300, 1000]))[0]
+for name in ("flash-attn", "torch-varlen", "sdpa"):
+    b = backends.get(name)
+    why = b.unavailable(torch.device("cuda"), torch.bfloat16)
+    if why:
+        print(f"gpu-check: {name}: skipped ({why})")
+        continue
+    x = [t.to("cuda", torch.bfloat16) for t in (q, k, v)]
+    c = cu.cuda()
+    for _ in range(3):
+        o, lse = b.varlen(*x, c, c, 700, 700, None, None, ([0, 300, 1000], [0, 300, 1000]))
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(20):
+        o, lse = b.varlen(*x, c, c, 700, 700, None, None, ([0, 300, 1000], [0, 300, 1000]))
+    torch.cuda.synchronize()
+    err = ((o.double().cpu() - ref).abs().max() / ref.abs().max()).item()
+    print(f"gpu-check: {name}: bf16 max rel error {err:.2e} vs float64, lse {'given' if lse is not None else 'none'}, "
+          f"{(time.perf_counter() - t0) / 20 * 1e3:.3f} ms a call (mean of 20)")
+PY
