@@ -22,7 +22,8 @@ Backward needs no runtime (autograd keeps it) unless Megatron recomputes the att
 
 Megatron's own context parallelism stays off (``context_parallel_size=1``): libra is the CP.
 Each rank's ``hidden`` holds its home rows of its replica's packed sequence; ``cu_seqlens_q``
-(and ``cu_seqlens_kv``) must be the home layout (``home_cu_seqlens``), which every call checks
+(and ``cu_seqlens_kv``) must be the home layout (``home_cu_seqlens``; the padding rows may be a
+last segment), which every call checks
 on every rank of the pool (a mismatch, e.g. the previous micro-batch's runtime, raises the same
 one-line ValueError everywhere). The output is ``[t, h*d]`` for ``thd`` query ``[t, h, d]`` (what
 TEDotProductAttention returns; SelfAttention reshapes it to ``[t, 1, h*d]``) and ``[s, 1, h*d]`` for
@@ -61,8 +62,8 @@ def use_runtime(runtime):
 def _home(runtime):
     """(samples of this worker's slot, first home row, home rows)."""
     plan, cp = runtime.plan, runtime.plan.config["cp"]
-    slot, cp_rank = runtime.worker // cp, runtime.worker % cp
-    return list(plan.pool[slot]), cp_rank * runtime.home_rows, runtime.home_rows
+    # The schedule's first home row, as libra.hf reads it: the one place that knows the layout.
+    return list(plan.pool[runtime.worker // cp]), int(runtime.schedule["home_row0"]), runtime.home_rows
 
 
 def home_cu_seqlens(runtime):
@@ -104,14 +105,19 @@ def packed_seq_params(runtime):
 
 
 def _layout_problem(runtime, psp):
-    want = home_cu_seqlens(runtime)
+    want = home_cu_seqlens(runtime).tolist()
+    rows = runtime.home_rows
+    # The same layout, also written with the padding rows as a last segment (as libra.hf accepts it).
+    accepted = [want] + ([want + [rows]] if want[-1] < rows else [])
+    if want == [0, 0]:
+        accepted += [[0], [0, rows]]
     for name in ("cu_seqlens_q", "cu_seqlens_kv"):
         got = getattr(psp, name, None)
         if got is None:
             return f"packed_seq_params.{name} is None"
-        got = got.detach().to("cpu", torch.int64)
-        if got.shape != want.shape or not torch.equal(got, want.to(torch.int64)):
-            return (f"packed_seq_params.{name} {got.tolist()} is not this rank's home layout {want.tolist()} "
+        got = got.detach().to("cpu", torch.int64).reshape(-1).tolist()
+        if got not in accepted:
+            return (f"packed_seq_params.{name} {got} is not this rank's home layout {want} "
                     f"under the runtime's plan (a runtime of another micro-batch?)")
     return None
 

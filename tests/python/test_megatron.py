@@ -172,6 +172,13 @@ def body(rank, world):
         out["hand_made"] = None
     except ValueError as e:
         out["hand_made"] = str(e)
+    # The padding rows as a last segment describe the same layout (rank 1 has 4 padding rows).
+    cu = psp.cu_seqlens_q.tolist()
+    padded = torch.tensor(cu + [L // CP] if cu[-1] < L // CP else cu, dtype=torch.int32)
+    with lm.use_runtime(rt):
+        o_pad = core(q, k, v, None, packed_seq_params=PackedSeqParams(qkv_format="thd", cu_seqlens_q=padded,
+                                                                        cu_seqlens_kv=padded))
+    out["padded_segment_equal"] = bool(torch.equal(o_pad, o_thd))
     parallel_state.destroy_model_parallel()
     return out
 
@@ -262,6 +269,10 @@ def test_stale_layout_raises_the_same_line_on_every_rank(results):
     assert "\n" not in line
     hand = {r["hand_made"] for r in results}
     assert len(hand) == 1 and "packed_seq_params.cu_seqlens_q [0, 32]" in hand.pop()
+
+
+def test_padding_as_a_last_segment_is_the_same_layout(results):
+    assert all(r["padded_segment_equal"] for r in results)
 
 
 def test_refusals_name_the_argument(results):
