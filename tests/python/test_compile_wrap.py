@@ -10,6 +10,7 @@ the mean over ranks, what DDP and FSDP2 average, is the global token-mean loss.
 - compile: torch.compile(fullgraph=True) with inductor and with aot_eager, against eager: the
   loss, every parameter gradient, and 3 SGD steps with a new plan and runtime per step (the graph
   is compiled once: the runtime travels as a tensor handle);
+- the op alone against eager, bitwise: inference_mode, no_grad, softmax_scale 0 and 0.3;
 - DDP and FSDP2 (fully_shard on a CPU device mesh): 4 SGD steps against the unwrapped model whose
   gradients are all-reduced by hand;
 - checkpoint(use_reentrant=False) around the attention block for 20 steps: the bytes of live
@@ -164,6 +165,33 @@ def compile_case(rank, world, group):
     return out
 
 
+def op_case(rank, group):
+    """The op alone (aot_eager, fullgraph) against eager, bitwise: under inference_mode and no_grad, and
+    with softmax_scale 0 (uniform attention, dq = 0) and 0.3 passed as a compiled function's argument."""
+    tok, tgt, plan, norm = step_data(rank, 0, 4)
+    rt = lt.PlanRuntime(plan, group)
+    g = torch.Generator().manual_seed(rank)
+    q = torch.randn(L // CP, HQ, D, generator=g)
+    k, v = torch.randn(2, L // CP, HKV, D, generator=g)
+    out = {}
+    f = torch.compile(lambda q, k, v, rt: lt.attention(q.sin(), k, v, rt).cos(), fullgraph=True, backend="aot_eager")
+    want = lt.attention(q.sin(), k, v, rt).cos()
+    with torch.inference_mode():
+        out["inference_mode"] = bool(torch.equal(f(q, k, v, rt), want))
+    with torch.no_grad():
+        out["no_grad"] = bool(torch.equal(f(q, k, v, rt), want))
+    f2 = torch.compile(lambda q, k, v, rt, s: lt.attention(q, k, v, rt, softmax_scale=s), fullgraph=True,
+                       backend="aot_eager")
+    for s in (0.0, 0.3):
+        got = [x.clone().requires_grad_() for x in (q, k, v)]
+        ref = [x.clone().requires_grad_() for x in (q, k, v)]
+        o1, o2 = f2(*got, rt, s), lt.attention(*ref, rt, softmax_scale=s)
+        (o1 * o2.detach()).sum().backward()
+        (o2 * o2.detach()).sum().backward()
+        out[f"scale {s}"] = bool(torch.equal(o1, o2)) and all(torch.equal(a.grad, b.grad) for a, b in zip(got, ref))
+    return out
+
+
 def wrapped_case(rank, world, group, wrap):
     """4 SGD steps of a wrapped model (DDP or FSDP2) and of the unwrapped one with a hand all-reduce."""
     ref = Model()
@@ -236,7 +264,8 @@ def checkpoint_case(rank, world, group):
 
 def body(rank, world):
     group, _ = lt.pool_group(P, CP)
-    out = {"compile": compile_case(rank, world, group), "ddp": wrapped_case(rank, world, group, "ddp")}
+    out = {"compile": compile_case(rank, world, group), "op": op_case(rank, group),
+           "ddp": wrapped_case(rank, world, group, "ddp")}
     try:
         out["fsdp2"] = wrapped_case(rank, world, group, "fsdp2")
     except Exception as e:  # noqa: BLE001 -- recorded and asserted on below, with its message
@@ -264,6 +293,11 @@ def test_a_bad_call_in_a_compiled_graph_raises_the_same_line_on_every_rank(resul
     for backend in ("aot_eager", "inductor"):
         lines = {r["compile"][backend]["bad_call"] for r in results}
         assert lines == {"libra.torch.attention: group rank 0: window None differs from the plan's window 7"}, lines
+
+
+def test_the_op_matches_eager_bitwise_in_inference_and_with_scales(results):
+    for r in results:
+        assert r["op"] == {"inference_mode": True, "no_grad": True, "scale 0.0": True, "scale 0.3": True}, r["op"]
 
 
 def test_ddp_trains_with_the_losses_of_the_unwrapped_model(results):

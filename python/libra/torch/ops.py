@@ -52,9 +52,10 @@ def _attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, handle: to
                    scale: typing.Optional[float], window: int) -> tuple[torch.Tensor, torch.Tensor]:
     from .function import attention
     rt = _runtime(handle)
-    # The eager call on fresh leaves, for its checks and its saved LSE (the autograd node is the ctx).
-    with torch.enable_grad():
-        leaves = [x.detach().requires_grad_() for x in (q, k, v)]
+    # The eager call on fresh leaves, for its checks and its saved LSE (the autograd node is the ctx);
+    # under inference_mode too, where the inputs are inference tensors, which autograd cannot record.
+    with torch.inference_mode(False), torch.enable_grad():
+        leaves = [(x.clone() if x.is_inference() else x.detach()).requires_grad_() for x in (q, k, v)]
         o = attention(*leaves, rt, softmax_scale=scale, window=None if window < 0 else window)
     return o.detach(), o.grad_fn.lse
 
@@ -69,8 +70,15 @@ def _attention_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.T
                    do: torch.Tensor, handle: torch.Tensor,
                    scale: typing.Optional[float]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     from .function import _Attention
+    zero = scale == 0.0
+    if zero:
+        # What the eager call ran for scale 0 (libra's kernel reads 0 as 1/sqrt(d)): q * 0 at scale 1,
+        # whose multiply sends dq = 0 back to q.
+        q, scale = q * 0, 1.0
     ctx = types.SimpleNamespace(rt=_runtime(handle), scale=scale, lse=lse, saved_tensors=(q, k, v, o))
     dq, dk, dv = _Attention.backward(ctx, do)[:3]
+    if zero:
+        dq = torch.zeros_like(dq)
     # A custom op's outputs may not alias its inputs or each other.
     return dq.clone(), dk.clone(), dv.clone()
 
@@ -98,15 +106,12 @@ torch.library.register_autograd("libra::attention", _backward, setup_context=_se
 
 
 def attention_op(q, k, v, runtime, softmax_scale=None, window=None):
-    """``attention`` as the custom op (what ``attention`` calls while torch.compile traces)."""
-    from .function import _softmax_scale
-    scale, problem = _softmax_scale(softmax_scale)
-    if problem is not None:
-        raise ValueError(f"libra.torch.attention: {problem}")
-    if scale == 0.0:
-        # As the eager call does it: libra's kernel reads 0 as 1/sqrt(d); q * 0 at scale 1 gives the
-        # same scores, o and dk, and the multiply, in the graph, sends dq = 0 back to q.
-        q, scale = q * 0, 1.0
-    o, _ = _attention_fwd(q.contiguous(), k.contiguous(), v.contiguous(), runtime.op_handle, scale,
+    """``attention`` as the custom op (what ``attention`` calls while torch.compile traces).
+
+    The scale goes into the op as it is (a compiled function's float argument is symbolic here) and
+    the eager call inside checks it, so a bad scale raises the eager line on every rank."""
+    if isinstance(softmax_scale, int) and not isinstance(softmax_scale, bool):
+        softmax_scale = float(softmax_scale)
+    o, _ = _attention_fwd(q.contiguous(), k.contiguous(), v.contiguous(), runtime.op_handle, softmax_scale,
                           -1 if window is None else int(window))
     return o
