@@ -22,7 +22,8 @@
 //
 // Conventions used throughout:
 //   - worker r = slot * cp + cp_rank; token x of slot p resides on worker
-//     p * cp + x / (seq_len / cp), all heads.
+//     p * cp + x / (seq_len / cp), all heads (the default contiguous home
+//     layout; PlanConfig::home_layout and HomeMap give the general rule).
 //   - query head i uses KV head i / (heads_q / heads_kv).
 //   - "flops" are the integer form of the contract: query heads x causal
 //     (query, key) pairs. Real forward FLOPs = 4 * head_dim * flops
@@ -64,6 +65,62 @@ enum class PlanMode : std::uint8_t {
 [[nodiscard]] std::string_view plan_mode_name(PlanMode mode);
 [[nodiscard]] Result<PlanMode> parse_plan_mode(std::string_view name);
 
+// How a slot's packed sequence of L rows is split over its CP ranks: which
+// rank holds packed row x and where in that rank's home buffer (L/CP rows).
+enum class HomeLayout : std::uint8_t {
+  kContiguous = 0,  // rank c holds rows [c L/CP, (c+1) L/CP), in order (the contract's layout)
+  kZigzag = 1,      // 2 CP chunks of L/(2 CP) rows; rank c holds chunks c and 2CP-1-c, in that
+                    // order (Megatron / TransformerEngine load-balanced CP)
+};
+
+// "contiguous", "zigzag".
+[[nodiscard]] std::string_view home_layout_name(HomeLayout layout);
+[[nodiscard]] Result<HomeLayout> parse_home_layout(std::string_view name);
+
+// Packed row x of a slot at home: CP rank `rank`, row `row` of its home
+// buffer; packed rows [x, run_end) follow it in order at home rows row, row
+// + 1, ... of the same rank (the run is maximal).
+struct HomeSpot {
+  int rank = 0;
+  std::int64_t row = 0;
+  std::int64_t run_end = 0;
+};
+
+// The one mapping between packed rows and home rows that the planners, the
+// schedule, the harness and the bindings use. Assumes a valid configuration
+// (validate_plan_config: 2 CP divides L for zigzag).
+class HomeMap {
+ public:
+  HomeMap(std::int64_t seq_len, int cp, HomeLayout layout) : seq_len_(seq_len), cp_(cp), layout_(layout) {}
+  std::int64_t rows() const { return seq_len_ / cp_; }  // home rows per rank
+  // 0 <= x < seq_len.
+  HomeSpot locate(std::int64_t x) const {
+    if (layout_ == HomeLayout::kContiguous) {
+      const std::int64_t n = rows();
+      const int c = static_cast<int>(x / n);
+      return {c, x - c * n, (c + 1) * n};
+    }
+    const std::int64_t n = seq_len_ / (2 * cp_);
+    const std::int64_t k = x / n;
+    // Chunks CP-1 and CP both belong to rank CP-1 and sit side by side in
+    // the packed sequence and at home: one run.
+    const std::int64_t end = (k == cp_ - 1 || k == cp_) ? (cp_ + 1) * n : (k + 1) * n;
+    if (k < cp_) return {static_cast<int>(k), x - k * n, end};
+    return {static_cast<int>(2 * cp_ - 1 - k), n + x - k * n, end};
+  }
+  // The packed row at home row i of CP rank c (the inverse of locate).
+  std::int64_t packed_row(int c, std::int64_t i) const {
+    if (layout_ == HomeLayout::kContiguous) return c * rows() + i;
+    const std::int64_t n = seq_len_ / (2 * cp_);
+    return i < n ? c * n + i : (2 * cp_ - 1 - c) * n + (i - n);
+  }
+
+ private:
+  std::int64_t seq_len_;
+  int cp_;
+  HomeLayout layout_;
+};
+
 struct PlanConfig {
   std::int64_t seq_len = 0;     // L, packed length of every slot
   int cp = 0;                   // CP workers per slot
@@ -77,6 +134,10 @@ struct PlanConfig {
   // contract's (slot, sample, head shard). Identical traffic when H <= h_kv;
   // removes the duplicate fetches of a shared KV head when H > h_kv.
   bool dedup_per_kv_head = false;
+  // Which CP rank holds which rows of a slot (HomeMap). Zigzag needs 2 CP |
+  // L and B | L/(2 CP), so that no tile's rows cross a chunk.
+  HomeLayout home_layout = HomeLayout::kContiguous;
+  HomeMap home_map() const { return {seq_len, cp, home_layout}; }
 };
 
 // Checks every divisibility and range rule of the configuration alone
@@ -173,7 +234,14 @@ struct ChunkUse {
   bool used() const { return last >= first; }
 };
 
-inline constexpr std::uint32_t kPlanFormatVersion = 1;
+// The newest plan file format this libra reads and writes. Version 2 is
+// version 1 plus the home layout; a plan with the default contiguous layout
+// is written as version 1, byte for byte what earlier libra wrote (same
+// fingerprint, readable by older readers). docs/plan-format.md.
+inline constexpr std::uint32_t kPlanFormatVersion = 2;
+[[nodiscard]] constexpr std::uint32_t plan_format_version(const PlanConfig& c) {
+  return c.home_layout == HomeLayout::kContiguous ? 1U : 2U;
+}
 
 // The immutable result of planning one pool. Copies share the same data.
 // Every list is in a fixed, documented order so that all ranks that build or

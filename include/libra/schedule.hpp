@@ -25,10 +25,13 @@
 // width * dtype_bytes for bytes.
 //
 // Home buffers of worker r (= slot * cp + c): THD [L/CP tokens, heads,
-// width], the tokens of its slot at packed positions [c * L/CP, (c+1) * L/CP)
-// (home_row0 .. home_row0 + home_rows), all heads: h_q heads for the
-// Q family (Q, O, LSE, dO, dQ), h_kv for the KV family (K, V, dK, dV).
-// Head vector (t, h) is at (t - home_row0) * heads + h.
+// width], the tokens of its slot that the plan's home layout gives CP rank
+// c (HomeMap, libra/plan.hpp; contiguous: packed positions [c * L/CP, (c+1)
+// * L/CP) = home_row0 .. home_row0 + home_rows), all heads: h_q heads for
+// the Q family (Q, O, LSE, dO, dQ), h_kv for the KV family (K, V, dK, dV).
+// Head vector (t, h) is at home_row(t) * heads + h (contiguous: home_row(t)
+// = t - home_row0). Every segment addressing home rows covers packed rows
+// of one home run (HomeSpot), so its rows are consecutive at home.
 //
 // Compute buffers of worker r: the concatenation of its regions, one per slot
 // it computes on. A region packs only the rows the worker needs: for the Q
@@ -45,7 +48,7 @@
 // tile computed on its own Q home, and a sample whose tokens all lie in this
 // worker's home shard, are not copied at all. Their kernel calls carry
 // q_home / kv_home and address the home buffers directly (fragment rows are
-// then home rows, t - home_row0); the kernel writes O, LSE, dQ and adds dK/dV
+// then home rows, home_row(t)); the kernel writes O, LSE, dQ and adds dK/dV
 // at home. Only data that crosses workers, or a sample split across home
 // shards (whose keys must be contiguous), goes through compute buffers and
 // the message to self.
@@ -178,10 +181,17 @@ struct RankSchedule {
   DType dtype = DType::kF32;
   std::int64_t window = kFullCausal;
   std::int32_t slot = 0;
-  std::int64_t home_row0 = 0, home_rows = 0;
+  std::int64_t home_row0 = 0, home_rows = 0;  // home_row0: the packed row at home row 0
   // Home rows [0, home_tokens) hold tokens of samples; the rest is padding,
-  // which no exchange or kernel call writes.
+  // which no exchange or kernel call writes. (Padding ends the packed
+  // sequence; both layouts put a rank's later packed rows after its earlier
+  // ones, so padding is a suffix of every home.)
   std::int64_t home_tokens = 0;
+  HomeMap home_map{1, 1, HomeLayout::kContiguous};
+  // The home row of packed row t of this worker's slot (t must be at home here).
+  std::int64_t home_row(std::int64_t t) const { return home_map.locate(t).row; }
+  // The packed row at home row i.
+  std::int64_t packed_row(std::int64_t i) const { return home_map.packed_row(worker % cp, i); }
   std::vector<Region> regions;
   std::int64_t compute_q_vectors = 0, compute_kv_vectors = 0;
   // [phase][chunk]
@@ -230,7 +240,8 @@ struct ScheduleOptions {
 // plan): inside each slot's CP group, every rank receives all L rows of its
 // h_q/CP query heads (and the KV heads they use), computes whole samples,
 // and sends the outputs (backward: dQ, and dK/dV partial sums) back. One
-// chunk. Checks cp | h_q and that h_kv and cp divide one another.
+// chunk. Checks cp | h_q and that h_kv and cp divide one another; the
+// contiguous home layout only (a zigzag plan runs as mode ulysses).
 [[nodiscard]] Result<RankSchedule> make_ulysses_schedule(std::span<const PackedSequence> pool, const PlanConfig& config,
                                                          int worker, const ScheduleOptions& options = {});
 

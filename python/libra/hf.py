@@ -112,13 +112,9 @@ def slot_lengths(runtime):
 
 
 def home_rows(runtime):
-    """Row indices [home_rows] of the slot's packed sequence that this rank holds (its home, in THD order).
-
-    libra's home layout is contiguous: rows home_row0 .. home_row0 + home_rows - 1 of the schedule.
-    This and _Layout's cuts are the only places that know the layout; a zigzag home (two chunks per
-    rank) would change both."""
-    r0, rows = runtime.schedule["home_row0"], runtime.schedule["home_rows"]
-    return torch.arange(r0, r0 + rows)
+    """Row indices [home_rows] of the slot's packed sequence that this rank holds (its home, in THD order),
+    in the plan's home layout (contiguous or zigzag): the runtime's ``packed_rows``."""
+    return torch.as_tensor(runtime.packed_rows, dtype=torch.int64)
 
 
 class _Layout:
@@ -130,17 +126,9 @@ class _Layout:
         seq_len = runtime.plan.config["seq_len"]
         rows = home_rows(runtime)
         pos = packed_position_ids(lengths, seq_len)[rows]
-        total = sum(lengths)
-        self.valid = int((rows < total).sum())  # home rows holding tokens (padding comes last)
+        self.valid = int(runtime.home_tokens)  # home rows holding tokens (padding comes last)
         self.positions = pos[:self.valid]
-        r0 = int(rows[0]) if len(rows) else 0
-        r1 = r0 + len(rows)
-        cuts, start = [0], 0
-        for n in lengths:
-            a, b = max(start, r0), min(start + n, r1)
-            if a < b:
-                cuts.append(cuts[-1] + b - a)
-            start += n
+        cuts = [int(x) for x in runtime.cu_seqlens.tolist()]
         # With and without the padding as a last segment: both describe the same layout.
         self.cu = [cuts] + ([cuts + [len(rows)]] if cuts[-1] < len(rows) else [])
 

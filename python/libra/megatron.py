@@ -21,11 +21,13 @@ Backward needs no runtime (autograd keeps it) unless Megatron recomputes the att
 (``recompute_granularity``), so keep backward inside the context too.
 
 Megatron's own context parallelism stays off (``context_parallel_size=1``): libra is the CP.
-Each rank's ``hidden`` holds its home rows of its replica's packed sequence; ``cu_seqlens_q``
-(and ``cu_seqlens_kv``) must be the home layout (``home_cu_seqlens``; the padding rows may be a
-last segment), which every call checks
-on every rank of the pool (a mismatch, e.g. the previous micro-batch's runtime, raises the same
-one-line ValueError everywhere). The output is ``[t, h*d]`` for ``thd`` query ``[t, h, d]`` (what
+Each rank's ``hidden`` holds its home rows of its replica's packed sequence in the plan's home
+layout (contiguous or zigzag: ``runtime.packed_rows``). ``cu_seqlens_q`` must describe them, as
+``libra.torch.attention`` accepts ``cu_seqlens``: this rank's home segments (``home_cu_seqlens``)
+or the slot's whole packed sequence (``runtime.packed_cu_seqlens``, TE's convention under CP),
+either optionally with padding as a last segment; ``cu_seqlens_kv`` must equal it. Every call
+checks them on every rank of the pool (a mismatch, e.g. the previous micro-batch's runtime, raises
+the same one-line ValueError everywhere). The output is ``[t, h*d]`` for ``thd`` query ``[t, h, d]`` (what
 TEDotProductAttention returns; SelfAttention reshapes it to ``[t, 1, h*d]``) and ``[s, 1, h*d]`` for
 ``sbhd`` query ``[s, 1, h, d]``.
 
@@ -59,66 +61,33 @@ def use_runtime(runtime):
         _CURRENT.pop()
 
 
-def _home(runtime):
-    """(samples of this worker's slot, first home row, home rows)."""
-    plan, cp = runtime.plan, runtime.plan.config["cp"]
-    # The schedule's first home row, as libra.hf reads it: the one place that knows the layout.
-    return list(plan.pool[runtime.worker // cp]), int(runtime.schedule["home_row0"]), runtime.home_rows
-
-
 def home_cu_seqlens(runtime):
-    """This rank's home layout as int32 cu_seqlens: the sample boundaries inside its home rows,
-    relative to the first home row, ending at the last non-padding row (padding rows, after the
-    packed sequence's samples, are not in any segment)."""
-    samples, h0, rows = _home(runtime)
-    cu, end = [0], 0
-    for n in samples:
-        end += n
-        b = min(max(end - h0, 0), rows)
-        if b > cu[-1]:
-            cu.append(b)
-    if len(cu) == 1:
-        cu.append(0)  # all padding: one empty segment
-    return torch.tensor(cu, dtype=torch.int32)
+    """This rank's home layout as int32 cu_seqlens (``runtime.cu_seqlens``): one segment per run of one
+    sample's consecutive home rows, padding rows excluded; contiguous or zigzag, as the plan says."""
+    return runtime.cu_seqlens.clone()
 
 
 def home_position_ids(runtime):
-    """The position of each home row within its sample (0 on padding rows), int64 [home_rows]."""
-    samples, h0, rows = _home(runtime)
-    pos = torch.zeros(rows, dtype=torch.int64)
-    start = 0
-    for n in samples:
-        a, b = max(start, h0), min(start + n, h0 + rows)
-        if a < b:
-            pos[a - h0:b - h0] = torch.arange(a - start, b - start)
-        start += n
-    return pos
+    """Each home row's position within its sample, int64 [home_rows] (``runtime.position_ids``; padding
+    rows count on from 0): what RoPE needs where Megatron's thd RoPE would restart at every segment."""
+    return runtime.position_ids.clone()
 
 
 def packed_seq_params(runtime):
     """Megatron's PackedSeqParams for this rank's home rows under ``runtime`` (qkv_format "thd")."""
     from megatron.core.packed_seq_params import PackedSeqParams
     cu = home_cu_seqlens(runtime)
-    longest = int((cu[1:] - cu[:-1]).max())
-    return PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu.clone(), max_seqlen_q=longest,
-                           max_seqlen_kv=longest)
+    return PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu.clone(), max_seqlen_q=runtime.max_seqlen,
+                           max_seqlen_kv=runtime.max_seqlen)
 
 
-def _layout_problem(runtime, psp):
-    want = home_cu_seqlens(runtime).tolist()
-    rows = runtime.home_rows
-    # The same layout, also written with the padding rows as a last segment (as libra.hf accepts it).
-    accepted = [want] + ([want + [rows]] if want[-1] < rows else [])
-    if want == [0, 0]:
-        accepted += [[0], [0, rows]]
-    for name in ("cu_seqlens_q", "cu_seqlens_kv"):
-        got = getattr(psp, name, None)
-        if got is None:
-            return f"packed_seq_params.{name} is None"
-        got = got.detach().to("cpu", torch.int64).reshape(-1).tolist()
-        if got not in accepted:
-            return (f"packed_seq_params.{name} {got} is not this rank's home layout {want} "
-                    f"under the runtime's plan (a runtime of another micro-batch?)")
+def _kv_problem(psp):
+    q, kv = getattr(psp, "cu_seqlens_q", None), getattr(psp, "cu_seqlens_kv", None)
+    if q is None:
+        return "packed_seq_params.cu_seqlens_q is None"
+    if kv is not None and (kv.shape != q.shape or not torch.equal(kv.detach().cpu(), q.detach().cpu())):
+        return (f"packed_seq_params.cu_seqlens_kv {kv.tolist()} differs from cu_seqlens_q {q.tolist()} "
+                "(self-attention: one layout)")
     return None
 
 
@@ -178,8 +147,10 @@ class LibraCoreAttention(torch.nn.Module):
         rt = self._runtime()
         self._check(rt, query, attention_mask, attention_bias, packed_seq_params)
         q, k, v = (x.squeeze(1) if query.dim() == 4 else x for x in (query, key, value))
-        window = None if self.window_size is None else self.window_size[0] + 1
-        o = lt.attention(q, k, v, rt, softmax_scale=self.softmax_scale, window=window)
+        # The mask and window are the plan's (checked equal to the layer's above); attention checks
+        # cu_seqlens against the plan's home layout on every rank.
+        cu = None if packed_seq_params is None else packed_seq_params.cu_seqlens_q
+        o = lt.attention(q, k, v, rt, softmax_scale=self.softmax_scale, cu_seqlens=cu)
         o = o.reshape(o.shape[0], -1)
         return o.unsqueeze(1) if query.dim() == 4 else o
 
@@ -201,7 +172,7 @@ class LibraCoreAttention(torch.nn.Module):
         elif attention_mask is not None:
             problem = "attention_mask must be None (the plan's mask applies: causal within each packed sample)"
         elif packed_seq_params is not None:
-            problem = _layout_problem(rt, packed_seq_params)
+            problem = _kv_problem(packed_seq_params)
         # One agreement per call, so a bad call on one rank fails on every rank with the same line
         # instead of leaving the others in the exchange.
         _agree(rt, problem)

@@ -242,6 +242,54 @@ py::dict config_dict(const libra::Plan& plan) {
   o["chunks"] = c.chunks;
   o["mode"] = std::string(libra::plan_mode_name(c.mode));
   o["dedup_per_kv_head"] = c.dedup_per_kv_head;
+  o["home_layout"] = std::string(libra::home_layout_name(c.home_layout));
+  return o;
+}
+
+// Worker r's home rows as a data pipeline sees them (HomeMap): the packed
+// row of each home row, its sample (-1 on padding) and position in it
+// (padding counts on from 0 at the first padding row, as one more sample),
+// and flash-attn cu_seqlens over the token rows: a segment per run of one
+// sample's consecutive packed rows.
+py::dict home_layout_dict(const libra::Plan& plan, int r) {
+  const libra::PlanConfig& c = plan.config();
+  const libra::HomeMap map = c.home_map();
+  const libra::PackedSequence& seq = plan.pool()[static_cast<std::size_t>(r / c.cp)];
+  std::vector<I64> starts;
+  I64 tokens = 0;
+  for (I64 l : seq) {
+    starts.push_back(tokens);
+    tokens += l;
+  }
+  const I64 rows = map.rows();
+  std::vector<I64> packed(static_cast<std::size_t>(rows)), sample(packed.size()), position(packed.size()), cu = {0};
+  I64 home_tokens = 0;
+  for (I64 i = 0; i < rows; ++i) {
+    const I64 x = map.packed_row(r % c.cp, i);
+    packed[static_cast<std::size_t>(i)] = x;
+    if (x >= tokens) {
+      sample[static_cast<std::size_t>(i)] = -1;
+      position[static_cast<std::size_t>(i)] = x - tokens;
+      continue;
+    }
+    const auto j = static_cast<I64>(std::upper_bound(starts.begin(), starts.end(), x) - starts.begin()) - 1;
+    sample[static_cast<std::size_t>(i)] = j;
+    position[static_cast<std::size_t>(i)] = x - starts[static_cast<std::size_t>(j)];
+    // Padding is a suffix of every home, so token rows are [0, home_tokens).
+    if (i > 0 && (sample[static_cast<std::size_t>(i - 1)] != j || packed[static_cast<std::size_t>(i - 1)] != x - 1)) {
+      cu.push_back(i);
+    }
+    home_tokens = i + 1;
+  }
+  if (home_tokens > 0) cu.push_back(home_tokens);
+  py::dict o;
+  o["home_layout"] = std::string(libra::home_layout_name(c.home_layout));
+  o["home_rows"] = rows;
+  o["home_tokens"] = home_tokens;
+  o["packed_rows"] = int_array(std::move(packed));
+  o["sample"] = int_array(std::move(sample));
+  o["position_ids"] = int_array(std::move(position));
+  o["cu_seqlens"] = int_array(std::move(cu));
   return o;
 }
 
@@ -404,6 +452,7 @@ py::dict schedule_dict(const libra::RankSchedule& s, const std::vector<int>& ord
   o["window"] = s.window == libra::kFullCausal ? py::object(py::none()) : py::object(py::int_(s.window));
   o["home_row0"] = s.home_row0;
   o["home_rows"] = s.home_rows;
+  o["home_tokens"] = s.home_tokens;
   o["compute_q_vectors"] = s.compute_q_vectors;
   o["compute_kv_vectors"] = s.compute_kv_vectors;
   o["fingerprint"] = s.fingerprint;
@@ -851,7 +900,7 @@ PYBIND11_MODULE(_libra, m) {
       "make_plan",
       [](const py::object& pool, I64 seq_len, int cp, I64 block_size, int head_shards, int heads_q, int heads_kv,
          int head_dim, const std::string& dtype, std::optional<I64> window, double tau, int chunks,
-         const std::string& mode, bool dedup_per_kv_head) {
+         const std::string& mode, bool dedup_per_kv_head, const std::string& home_layout) {
         std::vector<libra::PackedSequence> seqs = to_sequences(pool, "pool");
         libra::PlanConfig c;
         c.seq_len = seq_len;
@@ -871,6 +920,8 @@ PYBIND11_MODULE(_libra, m) {
         c.chunks = chunks;
         c.mode = unwrap(libra::parse_plan_mode(mode));
         c.dedup_per_kv_head = dedup_per_kv_head;
+        if (auto l = libra::parse_home_layout(home_layout); l.ok()) c.home_layout = *l;
+        else bad("home_layout " + home_layout + ": must be contiguous or zigzag");
         libra::Result<libra::Plan> r = [&] {
           py::gil_scoped_release release;
           return libra::make_plan(seqs, c);
@@ -880,7 +931,14 @@ PYBIND11_MODULE(_libra, m) {
       py::arg("pool"), py::kw_only(), py::arg("seq_len"), py::arg("cp"), py::arg("block_size"),
       py::arg("head_shards"), py::arg("heads_q"), py::arg("heads_kv"), py::arg("head_dim"),
       py::arg("dtype") = "bf16", py::arg("window") = py::none(), py::arg("tau") = 0.03, py::arg("chunks") = 1,
-      py::arg("mode") = "tap", py::arg("dedup_per_kv_head") = false);
+      py::arg("mode") = "tap", py::arg("dedup_per_kv_head") = false, py::arg("home_layout") = "contiguous");
+  m.def(
+      "home_layout",
+      [](const libra::Plan& plan, int worker) {
+        check_worker(plan, worker, "worker");
+        return home_layout_dict(plan, worker);
+      },
+      py::arg("plan"), py::arg("worker"));
   m.def(
       "load_plan",
       [](const std::string& path) {

@@ -114,10 +114,12 @@ struct ExecCase {
   int chunks = 1;
   std::string mode = "tap";  // tap | tap-split | ulysses (plan) | ulysses-direct
   bool dedup_per_kv_head = false;
+  HomeLayout home_layout = HomeLayout::kContiguous;
   std::string name() const {
-    return fmt::format("{} P={} CP={} L={} B={} H={} hq={} hkv={} d={} {} w={} M={} seed={}", mode, pool_size, cp,
+    return fmt::format("{} P={} CP={} L={} B={} H={} hq={} hkv={} d={} {} w={} M={} seed={}{}", mode, pool_size, cp,
                        seq_len, block, head_shards, heads_q, heads_kv, head_dim, dtype_name(dtype),
-                       window == kFullCausal ? std::string("full") : std::to_string(window), chunks, pool_seed);
+                       window == kFullCausal ? std::string("full") : std::to_string(window), chunks, pool_seed,
+                       home_layout == HomeLayout::kContiguous ? "" : " zigzag");
   }
 };
 
@@ -161,6 +163,7 @@ inline PlanConfig case_config(const ExecCase& c) {
   cfg.shape.window = c.window;
   cfg.chunks = c.chunks;
   cfg.dedup_per_kv_head = c.dedup_per_kv_head;
+  cfg.home_layout = c.home_layout;
   return cfg;
 }
 
@@ -186,7 +189,6 @@ inline Status exec_case(Communicator& comm, const ExecCase& c, TraceRecorder* tr
   LIBRA_ASSIGN_OR_RETURN(BackwardOutputs g, ex->backward({q, k, v}, f, d_o));
   const int slot = r / c.cp;
   LIBRA_ASSIGN_OR_RETURN(SlotReference ref, harness_reference(c.data_seed, cfg, pool[static_cast<std::size_t>(slot)], slot));
-  const std::int64_t lc = c.seq_len / c.cp, lo = (r % c.cp) * lc;
   const std::int64_t qw = c.heads_q * c.head_dim, kw = c.heads_kv * c.head_dim;
   const Tolerance tol = tolerance_for(c.dtype);
   struct Check {
@@ -195,9 +197,9 @@ inline Status exec_case(Communicator& comm, const ExecCase& c, TraceRecorder* tr
     double tol;
   };
   const Check checks[] = {
-      {"O", compare_home(f.o, ref.o, lo, lc, qw), tol.o},      {"LSE", compare_home(f.lse, ref.lse, lo, lc, c.heads_q), tol.lse},
-      {"dQ", compare_home(g.dq, ref.dq, lo, lc, qw), tol.dq},  {"dK", compare_home(g.dk, ref.dk, lo, lc, kw), tol.dk},
-      {"dV", compare_home(g.dv, ref.dv, lo, lc, kw), tol.dv},
+      {"O", compare_home(f.o, ref.o, cfg, r, qw), tol.o},      {"LSE", compare_home(f.lse, ref.lse, cfg, r, c.heads_q), tol.lse},
+      {"dQ", compare_home(g.dq, ref.dq, cfg, r, qw), tol.dq},  {"dK", compare_home(g.dk, ref.dk, cfg, r, kw), tol.dk},
+      {"dV", compare_home(g.dv, ref.dv, cfg, r, kw), tol.dv},
   };
   for (const Check& ch : checks) {
     if (!(ch.e.rel() <= ch.tol)) {
@@ -301,6 +303,51 @@ inline std::vector<ExecCase> case_matrix(int world) {
   dedup.pool_seed = seed++;
   dedup.heads_q = 8;
   dedup.heads_kv = 2;
+  dedup.head_shards = 4;
+  dedup.chunks = 2;
+  dedup.dedup_per_kv_head = true;
+  cases.push_back(dedup);
+  return cases;
+}
+
+// Zigzag homes (Megatron's load-balanced CP layout) on `world` ranks: P = 2
+// with CP = world / 2; every plan mode, GQA, H > h_kv, a window, bf16, M up
+// to 4, dedup per KV head.
+inline std::vector<ExecCase> zigzag_cases(int world) {
+  std::vector<ExecCase> cases;
+  std::uint64_t seed = 101;
+  auto base = [&](const char* mode) {
+    ExecCase c;
+    c.mode = mode;
+    c.pool_size = 2;
+    c.cp = world / 2;
+    c.block = c.seq_len / (2 * c.cp) / 2;  // two blocks per chunk
+    c.pool_seed = seed++;
+    c.heads_q = 8;
+    c.heads_kv = 2;
+    c.home_layout = HomeLayout::kZigzag;
+    return c;
+  };
+  for (const char* mode : {"tap", "tap-split", "ulysses"}) {
+    for (int chunks : {1, 4}) {
+      ExecCase c = base(mode);
+      c.chunks = chunks;
+      if (std::string(mode) == "ulysses") c.chunks = chunks == 4 ? 2 : 1;  // h_q / cp query heads per tile
+      cases.push_back(c);
+    }
+    ExecCase w = base(mode);
+    w.heads_q = w.heads_kv = 4;
+    w.window = 24;
+    w.chunks = std::string(mode) == "ulysses" ? 1 : 2;
+    cases.push_back(w);
+    ExecCase b = base(mode);
+    b.heads_kv = 1;
+    b.head_shards = 4;
+    b.chunks = 2;
+    b.dtype = DType::kBF16;
+    cases.push_back(b);
+  }
+  ExecCase dedup = base("tap");
   dedup.head_shards = 4;
   dedup.chunks = 2;
   dedup.dedup_per_kv_head = true;

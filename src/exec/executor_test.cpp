@@ -32,6 +32,25 @@ TEST(PlanExecutor, MatchesTheReferenceOnEightRanksInProcess) {
   }
 }
 
+TEST(PlanExecutor, ZigzagHomesMatchTheReferenceOnFourAndEightRanks) {
+  for (int world : {4, 8}) {
+    for (const ExecCase& c : exec_test::zigzag_cases(world)) {
+      expect_all_ok(run_in_process(world, [&](Communicator& comm) { return exec_test::exec_case(comm, c); }), c.name());
+    }
+  }
+}
+
+TEST(UlyssesExecutor, RefusesZigzagHomesOnEveryRank) {
+  ExecCase c = exec_test::zigzag_cases(4).front();
+  c.mode = "ulysses-direct";
+  const std::vector<Status> st = run_in_process(4, [&](Communicator& comm) { return exec_test::exec_case(comm, c); });
+  for (const Status& s : st) {
+    ASSERT_FALSE(s.ok());
+    EXPECT_NE(s.message().find("home layout zigzag is not supported by the direct Ulysses schedule"), std::string::npos)
+        << s.message();
+  }
+}
+
 TEST(PlanExecutor, MismatchedPlanStopsEveryRankWithOneError) {
   ExecCase c;
   for (int w : {4, 8}) {
@@ -413,6 +432,26 @@ TEST(Harness, HomeTensorsTileTheWholeSlotTensor) {
   for (float x : a) {
     EXPECT_GE(x, -1.0f);
     EXPECT_LT(x, 1.0f);
+  }
+}
+
+TEST(Harness, ZigzagHomeTensorsHoldChunksRAnd2CPMinus1MinusR) {
+  PlanConfig cfg = exec_test::case_config(ExecCase{});
+  cfg.cp = 4;
+  cfg.block_size = 8;
+  PlanConfig zz = cfg;
+  zz.home_layout = HomeLayout::kZigzag;
+  // The whole slot tensor, row by row, from the contiguous homes.
+  const std::int64_t width = cfg.shape.heads_q * cfg.shape.head_dim, n = cfg.seq_len / 8;
+  std::vector<float> whole;
+  for (int c = 0; c < 4; ++c) {
+    auto h = harness_home_tensor(5, cfg, 4 + c, 0);  // slot 1
+    whole.insert(whole.end(), h.begin(), h.end());
+  }
+  for (int c = 0; c < 4; ++c) {
+    std::vector<float> want(whole.begin() + c * n * width, whole.begin() + (c + 1) * n * width);
+    want.insert(want.end(), whole.begin() + (7 - c) * n * width, whole.begin() + (8 - c) * n * width);
+    EXPECT_EQ(harness_home_tensor(5, zz, 4 + c, 0), want) << "cp rank " << c;
   }
 }
 

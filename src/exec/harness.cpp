@@ -44,14 +44,16 @@ float slot_value(std::uint64_t seed, const PlanConfig& c, int slot, int tensor, 
 
 std::vector<float> harness_home_tensor(std::uint64_t seed, const PlanConfig& c, int worker, int tensor) {
   const int slot = worker / c.cp;
-  const std::int64_t lc = c.seq_len / c.cp;
-  const std::int64_t lo = static_cast<std::int64_t>(worker % c.cp) * lc;
+  const HomeMap map = c.home_map();
+  const std::int64_t lc = map.rows();
   const int heads = tensor_heads(c, tensor);
   std::vector<float> out(static_cast<std::size_t>(lc * heads * c.shape.head_dim));
   std::size_t i = 0;
-  for (std::int64_t t = lo; t < lo + lc; ++t)
+  for (std::int64_t row = 0; row < lc; ++row) {
+    const std::int64_t t = map.packed_row(worker % c.cp, row);
     for (int h = 0; h < heads; ++h)
       for (std::int64_t col = 0; col < c.shape.head_dim; ++col) out[i++] = slot_value(seed, c, slot, tensor, t, h, col);
+  }
   return out;
 }
 
@@ -132,6 +134,24 @@ ErrorStats compare_home(std::span<const float> got, std::span<const double> refe
     s.max_ref = std::max(s.max_ref, std::abs(ref));
   }
   if (got.size() != n || off + n > reference.size()) s.max_abs = std::numeric_limits<double>::infinity();
+  return s;
+}
+
+ErrorStats compare_home(std::span<const float> got, std::span<const double> reference, const PlanConfig& config,
+                        int worker, std::int64_t row_width) {
+  const HomeMap map = config.home_map();
+  const std::int64_t rows = map.rows();
+  if (got.size() != static_cast<std::size_t>(rows * row_width)) {
+    return {std::numeric_limits<double>::infinity(), 0};
+  }
+  ErrorStats s;
+  for (std::int64_t i = 0; i < rows;) {
+    const std::int64_t x = map.packed_row(worker % config.cp, i);
+    const std::int64_t len = std::min(map.locate(x).run_end - x, rows - i);
+    s.merge(compare_home(got.subspan(static_cast<std::size_t>(i * row_width), static_cast<std::size_t>(len * row_width)),
+                         reference, x, len, row_width));
+    i += len;
+  }
   return s;
 }
 

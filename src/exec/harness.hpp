@@ -28,7 +28,8 @@ float harness_value(std::uint64_t seed, std::uint64_t stream, std::uint64_t inde
 // The home tensors of worker r (= slot * cp + c) for a data seed: each
 // slot's whole-sequence tensors are generated from (seed, slot, tensor), so
 // any rank and the reference see the same numbers. `tensor` 0 Q, 1 K, 2 V,
-// 3 dO. The returned vector is [L/CP, heads, d].
+// 3 dO. The returned vector is [L/CP, heads, d], rows in home order
+// (config.home_layout).
 std::vector<float> harness_home_tensor(std::uint64_t seed, const PlanConfig& config, int worker, int tensor);
 
 // Whole-slot results of plain attention over all samples of one slot, laid
@@ -55,6 +56,10 @@ struct ErrorStats {
 };
 ErrorStats compare_home(std::span<const float> got, std::span<const double> reference, std::int64_t row_begin,
                         std::int64_t rows, std::int64_t row_width);
+// The same over worker r's whole home under config's home layout (got:
+// [L/CP, row_width] in home order; reference: [L, row_width] packed order).
+ErrorStats compare_home(std::span<const float> got, std::span<const double> reference, const PlanConfig& config,
+                        int worker, std::int64_t row_width);
 
 // Tolerances (relative to the tensor's largest magnitude) that the tests
 // and `libra exec --check` apply, by element size.

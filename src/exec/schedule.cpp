@@ -47,7 +47,7 @@ class Builder {
 
   Strided home(bool kv, std::int64_t t0, std::int64_t t1, std::int32_t h0, std::int32_t h1) const {
     const std::int64_t heads = kv ? s_.heads_kv : s_.heads_q;
-    return {(t0 - s_.home_row0) * heads + h0, t1 - t0, h1 - h0, heads};
+    return {s_.home_row(t0) * heads + h0, t1 - t0, h1 - h0, heads};
   }
   // Rows [t0, t1) lie in one run (tile rows, or a sample's tokens within a
   // home shard, always do).
@@ -190,12 +190,18 @@ std::vector<RowRun> pack_runs(std::vector<std::pair<std::int64_t, std::int64_t>>
   return runs;
 }
 
-// Rows of the home shard [row0, row0 + rows) that hold tokens: samples are
-// packed from position 0, padding follows them.
-std::int64_t home_tokens(const PackedSequence& seq, std::int64_t row0, std::int64_t rows) {
-  std::int64_t tokens = 0;
+// Home rows of CP rank c that hold tokens: samples are packed from position
+// 0, padding follows them. Counted run by run of the home.
+std::int64_t home_tokens(const PackedSequence& seq, const HomeMap& map, int c) {
+  std::int64_t tokens = 0, at_home = 0;
   for (std::int64_t l : seq) tokens += l;
-  return std::clamp<std::int64_t>(tokens - row0, 0, rows);
+  for (std::int64_t i = 0; i < map.rows();) {
+    const std::int64_t x = map.packed_row(c, i);
+    const std::int64_t len = map.locate(x).run_end - x;
+    at_home += std::clamp<std::int64_t>(tokens - x, 0, len);
+    i += len;
+  }
+  return at_home;
 }
 
 void assign_offsets(RankSchedule& s) {
@@ -256,9 +262,10 @@ Result<RankSchedule> make_rank_schedule(const Plan& plan, int worker, const Sche
   s.dtype = cfg.shape.dtype;
   s.window = cfg.shape.window;
   s.slot = worker / cfg.cp;
-  s.home_rows = cfg.seq_len / cfg.cp;
-  s.home_row0 = static_cast<std::int64_t>(worker % cfg.cp) * s.home_rows;
-  s.home_tokens = home_tokens(plan.pool()[static_cast<std::size_t>(s.slot)], s.home_row0, s.home_rows);
+  s.home_map = cfg.home_map();
+  s.home_rows = s.home_map.rows();
+  s.home_row0 = s.packed_row(0);
+  s.home_tokens = home_tokens(plan.pool()[static_cast<std::size_t>(s.slot)], s.home_map, worker % cfg.cp);
   s.fingerprint = plan.fingerprint();
   s.what = "plan";
   const int grp = s.heads_q / s.heads_kv;
@@ -267,12 +274,14 @@ Result<RankSchedule> make_rank_schedule(const Plan& plan, int worker, const Sche
   const auto groups = plan.groups();
   const auto my_tiles = plan.worker_tiles(worker);
   // What the kernel reads in place: a tile on its own Q home; a sample whose
-  // tokens all lie in this worker's home shard (its keys are then contiguous
-  // there too).
+  // tokens all lie in one home run of this worker (its keys are then
+  // contiguous at home too).
   const bool in_place = options.read_home_in_place;
   auto q_at_home = [&](const Tile& t) { return in_place && t.home == worker; };
   auto kv_at_home = [&](const KvGroup& g) {
-    return in_place && g.slot == s.slot && g.begin >= s.home_row0 && g.end <= s.home_row0 + s.home_rows;
+    if (!in_place || g.slot != s.slot) return false;
+    const HomeSpot h = s.home_map.locate(g.begin);
+    return h.rank == worker % cfg.cp && g.end <= h.run_end;
   };
 
   // Regions: every slot this worker computes on, with the rows and heads of
@@ -374,16 +383,22 @@ Result<RankSchedule> make_rank_schedule(const Plan& plan, int worker, const Sche
   for (std::int32_t gid : plan.worker_groups(worker)) {
     const KvGroup& g = groups[static_cast<std::size_t>(gid)];
     if (g.slot != s.slot || kv_at_home(g)) continue;
-    const std::int64_t t0 = std::max(g.begin, s.home_row0), t1 = std::min(g.end, s.home_row0 + s.home_rows);
-    if (t0 >= t1) continue;
-    for (std::int32_t k = g.kv_heads.begin; k < g.kv_heads.end; ++k) {
-      const ChunkUse u = plan.kv_use(worker, gid, k);
-      if (!u.used()) continue;
-      const Cell c{worker, worker, g.slot, t0, t1, k};
-      auto [lt, fresh_l] = last_use.try_emplace(c, u.last);
-      if (!fresh_l) lt->second = std::max(lt->second, u.last);
-      auto [ft, fresh_f] = first_use.try_emplace(c, u.first);
-      if (!fresh_f) ft->second = std::min(ft->second, u.first);
+    // Each home run of the sample's tokens on this worker is one rectangle.
+    for (std::int64_t t0 = g.begin; t0 < g.end;) {
+      const HomeSpot h = s.home_map.locate(t0);
+      const std::int64_t t1 = std::min(g.end, h.run_end);
+      if (h.rank == worker % cfg.cp) {
+        for (std::int32_t k = g.kv_heads.begin; k < g.kv_heads.end; ++k) {
+          const ChunkUse u = plan.kv_use(worker, gid, k);
+          if (!u.used()) continue;
+          const Cell c{worker, worker, g.slot, t0, t1, k};
+          auto [lt, fresh_l] = last_use.try_emplace(c, u.last);
+          if (!fresh_l) lt->second = std::max(lt->second, u.last);
+          auto [ft, fresh_f] = first_use.try_emplace(c, u.first);
+          if (!fresh_f) ft->second = std::min(ft->second, u.first);
+        }
+      }
+      t0 = t1;
     }
   }
   // Consecutive heads of one (from, to, slot, rows) with the same chunk
@@ -425,8 +440,8 @@ Result<RankSchedule> make_rank_schedule(const Plan& plan, int worker, const Sche
       for (std::int32_t f = t.fragment_begin; f < t.fragment_end; ++f) {
         const Fragment& x = frags[static_cast<std::size_t>(f)];
         const bool kv_home = kv_at_home(groups[static_cast<std::size_t>(x.group)]);
-        const std::int64_t q_row = q_home ? x.sample_start + x.a - s.home_row0 : r.q_row(x.sample_start + x.a);
-        const std::int64_t kv_row = kv_home ? x.sample_start - s.home_row0 : r.kv_row(x.sample_start);
+        const std::int64_t q_row = q_home ? s.home_row(x.sample_start + x.a) : r.q_row(x.sample_start + x.a);
+        const std::int64_t kv_row = kv_home ? s.home_row(x.sample_start) : r.kv_row(x.sample_start);
         split[kv_home].push_back({q_row, kv_row, x.sample_length, x.a, x.e});
       }
       for (int kv_home = 0; kv_home < 2; ++kv_home) {
@@ -446,6 +461,10 @@ Result<RankSchedule> make_ulysses_schedule(std::span<const PackedSequence> pool,
   c.mode = PlanMode::kUlysses;
   c.chunks = 1;
   LIBRA_TRY(validate_plan_config(c));
+  if (c.home_layout != HomeLayout::kContiguous) {
+    return invalid_input("ulysses: home layout " + std::string(home_layout_name(c.home_layout)) +
+                         " is not supported by the direct Ulysses schedule (contiguous only); plan it as mode ulysses");
+  }
   const int cp = config.cp, hq = config.shape.heads_q, hkv = config.shape.heads_kv;
   const int W = static_cast<int>(pool.size()) * cp;
   if (worker < 0 || worker >= W) {
@@ -477,9 +496,10 @@ Result<RankSchedule> make_ulysses_schedule(std::span<const PackedSequence> pool,
   s.dtype = config.shape.dtype;
   s.window = config.shape.window;
   s.slot = worker / cp;
+  s.home_map = c.home_map();
   s.home_rows = config.seq_len / cp;
   s.home_row0 = static_cast<std::int64_t>(worker % cp) * s.home_rows;
-  s.home_tokens = home_tokens(pool[static_cast<std::size_t>(s.slot)], s.home_row0, s.home_rows);
+  s.home_tokens = home_tokens(pool[static_cast<std::size_t>(s.slot)], s.home_map, worker % cp);
   s.what = "ulysses pool and configuration";
   std::uint64_t fp = mix64(0x756c7973736573ULL, static_cast<std::uint64_t>(config.seq_len));
   for (std::int64_t v : {std::int64_t{cp}, std::int64_t{hq}, std::int64_t{hkv}, std::int64_t{config.shape.head_dim},

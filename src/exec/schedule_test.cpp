@@ -184,7 +184,7 @@ void check_case(const ExecCase& c, int W, ScheduleOptions options = {}) {
         for (std::int64_t t = 0; t < lc; ++t)
           for (std::int64_t hd = 0; hd < heads; ++hd)
             h[static_cast<std::size_t>(t * heads + hd)] =
-                (f == Field::kDk || f == Field::kDv) ? 0 : output ? kEmpty : label(f, s.slot, s.home_row0 + t, hd);
+                (f == Field::kDk || f == Field::kDv) ? 0 : output ? kEmpty : label(f, s.slot, s.packed_row(t), hd);
         sim.buf(r, f, false).assign(static_cast<std::size_t>(s.compute_vectors(f)), (f == Field::kDk || f == Field::kDv) ? 0 : kEmpty);
       }
     }
@@ -204,12 +204,12 @@ void check_case(const ExecCase& c, int W, ScheduleOptions options = {}) {
               if (packed >= run.at && packed < run.at + (run.end - run.begin)) return run.begin + (packed - run.at);
             return -1;
           };
-          // Views at home address the worker's own shard: slot row = home_row0 + row.
+          // Views at home address the worker's own shard: slot row = packed_row(row).
           if (call.q_home || call.kv_home) {
             ASSERT_EQ(reg.slot, s.slot) << "a call reads another slot at home";
           }
-          auto q_slot_row = [&](std::int64_t row) { return call.q_home ? s.home_row0 + row : slot_row(reg.q_rows, row); };
-          auto kv_slot_row = [&](std::int64_t row) { return call.kv_home ? s.home_row0 + row : slot_row(reg.kv_rows, row); };
+          auto q_slot_row = [&](std::int64_t row) { return call.q_home ? s.packed_row(row) : slot_row(reg.q_rows, row); };
+          auto kv_slot_row = [&](std::int64_t row) { return call.kv_home ? s.packed_row(row) : slot_row(reg.kv_rows, row); };
           const int nh = call.h1 - call.h0, nk = call.k1 - call.k0;
           ASSERT_TRUE(nk > 0 && nh % nk == 0);
           for (const CallFragment& fr : s.call_fragments(call)) {
@@ -283,7 +283,7 @@ void check_case(const ExecCase& c, int W, ScheduleOptions options = {}) {
       for (int cr = 0; cr < c.cp; ++cr) {
         const int r = slot * c.cp + cr;
         for (std::int64_t t = 0; t < lc; ++t) {
-          const std::int64_t x = cr * lc + t;
+          const std::int64_t x = sim.s[static_cast<std::size_t>(r)].packed_row(t);
           for (int h = 0; h < c.heads_q; ++h) {
             const std::size_t i = static_cast<std::size_t>(t * c.heads_q + h);
             if (bwd) {
@@ -378,6 +378,61 @@ TEST(RankSchedule, LargerPoolsWithManyBlocksAndChunks) {
       c.mode = mode;
       check_case(c, 12);
     }
+  }
+}
+
+TEST(RankSchedule, ZigzagHomesRunSymbolicallyWithAndWithoutReadingInPlace) {
+  for (int world : {4, 8}) {
+    for (const ExecCase& c : exec_test::zigzag_cases(world)) {
+      check_case(c, world);
+      check_case(c, world, {.read_home_in_place = false});
+    }
+  }
+  // Many blocks per chunk, three slots, CP 4, samples crossing chunks.
+  for (std::uint64_t seed : {21u, 22u}) {
+    ExecCase c;
+    c.pool_seed = seed;
+    c.pool_size = 3;
+    c.cp = 4;
+    c.seq_len = 512;
+    c.block = 16;
+    c.heads_q = 8;
+    c.heads_kv = 2;
+    c.chunks = 4;
+    c.home_layout = HomeLayout::kZigzag;
+    for (const char* mode : {"tap", "tap-split"}) {
+      c.mode = mode;
+      check_case(c, 12);
+    }
+  }
+}
+
+// Zigzag homes: a home row's packed row follows the chunk rule, padding
+// is a suffix of the home, and a sample read in place lies in one home run.
+TEST(RankSchedule, ZigzagHomeRowsAreChunksRAnd2CPMinus1MinusR) {
+  ExecCase c = exec_test::zigzag_cases(8).front();  // CP 4
+  const std::vector<PackedSequence> pool = exec_test::random_pool(c.pool_seed, c.pool_size, c.seq_len);
+  PlanConfig cfg = exec_test::case_config(c);
+  auto plan = make_plan(pool, cfg);
+  ASSERT_TRUE(plan.ok()) << plan.error().message();
+  const std::int64_t n = c.seq_len / (2 * c.cp);
+  for (int r = 0; r < plan->num_workers(); ++r) {
+    auto s = make_rank_schedule(*plan, r);
+    ASSERT_TRUE(s.ok());
+    const int cr = r % c.cp;
+    std::int64_t tokens = 0;
+    for (std::int64_t l : pool[static_cast<std::size_t>(r / c.cp)]) tokens += l;
+    std::int64_t want_tokens = 0;
+    for (std::int64_t i = 0; i < s->home_rows; ++i) {
+      const std::int64_t want = i < n ? cr * n + i : (2 * c.cp - 1 - cr) * n + (i - n);
+      ASSERT_EQ(s->packed_row(i), want) << "worker " << r << " home row " << i;
+      ASSERT_EQ(s->home_row(want), i);
+      if (want < tokens) {
+        EXPECT_EQ(want_tokens, i) << "a token row after padding";
+        ++want_tokens;
+      }
+    }
+    EXPECT_EQ(s->home_tokens, want_tokens) << "worker " << r;
   }
 }
 

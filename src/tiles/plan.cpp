@@ -40,7 +40,7 @@ std::vector<std::uint64_t> canonical_words(const PlanConfig& c, std::span<const 
   w.reserve(18 + pool.size() + samples + 4 * tiles.size());
   auto u = [](std::int64_t v) { return static_cast<std::uint64_t>(v); };
   w.push_back(kMagicWord);
-  w.push_back(kPlanFormatVersion);
+  w.push_back(plan_format_version(c));
   w.push_back(u(c.seq_len));
   w.push_back(u(c.cp));
   w.push_back(u(c.block_size));
@@ -54,6 +54,7 @@ std::vector<std::uint64_t> canonical_words(const PlanConfig& c, std::span<const 
   w.push_back(u(c.chunks));
   w.push_back(static_cast<std::uint64_t>(c.mode));
   w.push_back(c.dedup_per_kv_head ? 1U : 0U);
+  if (plan_format_version(c) >= 2) w.push_back(static_cast<std::uint64_t>(c.home_layout));
   w.push_back(pool.size());
   for (const PackedSequence& s : pool) {
     w.push_back(s.size());
@@ -312,10 +313,12 @@ Result<Plan> build_plan(std::span<const PackedSequence> pool, const PlanConfig& 
       for (std::size_t k = d->worker_group_offsets[r]; k < d->worker_group_offsets[r + 1]; ++k) {
         const std::int32_t gid = d->worker_group_ids[k];
         const KvGroup& grp = d->groups[static_cast<std::size_t>(gid)];
+        // One item per home run of the sample's tokens: the rows of an item
+        // are consecutive in the sender's home buffer.
         for (std::int64_t x = grp.begin; x < grp.end;) {
-          const std::int64_t c = x / g.shard_len;
-          const std::int64_t y = std::min(grp.end, (c + 1) * g.shard_len);
-          const int src = static_cast<int>(grp.slot * g.cp + c);
+          const HomeSpot h = g.map.locate(x);
+          const std::int64_t y = std::min(grp.end, h.run_end);
+          const int src = grp.slot * g.cp + h.rank;
           if (src != r) {
             sink(Transfer{TransferKind::kKv, src, r, grp.slot, x, y, grp.kv_heads, -1, gid,
                           kv_bytes(g, y - x, grp.kv_heads.size())});

@@ -58,6 +58,7 @@ struct Geometry {
   bool dedup_per_kv_head = false;
   std::int64_t seq_len = 0;
   std::int64_t shard_len = 0;  // L / cp: tokens resident per worker
+  HomeMap map{1, 1, HomeLayout::kContiguous};  // which worker holds which rows
   std::int64_t block_size = 0;
   std::int64_t head_dim = 0;
   std::int64_t elem_bytes = 0;
@@ -84,16 +85,21 @@ struct Geometry {
     return 2 * static_cast<std::int64_t>(shard_kv_heads(s).size()) * head_dim * elem_bytes;
   }
   std::int64_t qo_bytes_per_row() const { return head_width * head_dim * elem_bytes; }
+  // Worker holding row `row` of slot p (a tile's Q home: its first row's).
   std::int32_t home(int p, std::int64_t row) const {
-    return static_cast<std::int32_t>(p * cp + row / shard_len);
+    return static_cast<std::int32_t>(p * cp + map.locate(row).rank);
   }
   // Tokens of [o, o + l) in slot p that reside on worker r.
   std::int64_t local_tokens(int r, int p, std::int64_t o, std::int64_t l) const {
     if (r / cp != p) return 0;
-    const std::int64_t lo = static_cast<std::int64_t>(r % cp) * shard_len;
-    const std::int64_t a = o > lo ? o : lo;
-    const std::int64_t b = (o + l) < (lo + shard_len) ? (o + l) : (lo + shard_len);
-    return b > a ? b - a : 0;
+    std::int64_t n = 0;
+    for (std::int64_t x = o; x < o + l;) {
+      const HomeSpot h = map.locate(x);
+      const std::int64_t y = h.run_end < o + l ? h.run_end : o + l;
+      if (h.rank == r % cp) n += y - x;
+      x = y;
+    }
+    return n;
   }
   std::int32_t blocks(int p) const {
     return static_cast<std::int32_t>((tokens[p] + block_size - 1) / block_size);

@@ -33,7 +33,7 @@ std::string plan_to_json(const Plan& plan, int indent) {
   const PlanConfig& c = plan.config();
   OJson j;
   j["format"] = "libra-plan";
-  j["version"] = kPlanFormatVersion;
+  j["version"] = plan_format_version(c);
   j["fingerprint"] = hex(plan.fingerprint());
   OJson cfg;
   cfg["mode"] = std::string(plan_mode_name(c.mode));
@@ -50,6 +50,8 @@ std::string plan_to_json(const Plan& plan, int indent) {
   cfg["tau"] = c.tau;
   cfg["chunks"] = c.chunks;
   cfg["dedup_per_kv_head"] = c.dedup_per_kv_head;
+  // Version 1 (contiguous) files stay as they were.
+  if (plan_format_version(c) >= 2) cfg["home_layout"] = std::string(home_layout_name(c.home_layout));
   j["config"] = std::move(cfg);
   j["pool_size"] = plan.pool_size();
   j["num_workers"] = plan.num_workers();
@@ -144,7 +146,7 @@ std::string plan_to_binary(const Plan& plan) {
   std::string out;
   out.reserve(kHeaderBytes + 8 * words.size());
   out.append(kMagic, sizeof kMagic);
-  put_u32(out, kPlanFormatVersion);
+  put_u32(out, plan_format_version(plan.config()));
   put_u32(out, 0);
   put_u64(out, plan.fingerprint());
   put_u64(out, words.size());
@@ -157,8 +159,8 @@ Result<Plan> plan_from_binary(std::string_view bytes, const std::string& source)
     return invalid_input(source + ": not a libra binary plan (missing LIBRAPLN header)");
   }
   const std::uint32_t version = get_u32(bytes, 8);
-  if (version != kPlanFormatVersion) {
-    return mismatch_error(source + ": plan format version " + std::to_string(version) + "; this libra reads version " +
+  if (version < 1 || version > kPlanFormatVersion) {
+    return mismatch_error(source + ": plan format version " + std::to_string(version) + "; this libra reads versions 1 to " +
                           std::to_string(kPlanFormatVersion));
   }
   const std::uint64_t stated = get_u64(bytes, 16);
@@ -194,7 +196,7 @@ Result<Plan> plan_from_binary(std::string_view bytes, const std::string& source)
   constexpr std::int64_t kI32 = std::numeric_limits<std::int32_t>::max();
   constexpr std::int64_t kI64 = std::numeric_limits<std::int64_t>::max();
   std::uint64_t magic = 0, ver = 0;
-  if (!next(magic) || !next(ver) || ver != kPlanFormatVersion) return bad("content header");
+  if (!next(magic) || !next(ver) || ver != version) return bad("content header");
   PlanConfig c;
   std::uint64_t tau_bits = 0;
   int mode = 0, dedup = 0;
@@ -214,6 +216,12 @@ Result<Plan> plan_from_binary(std::string_view bytes, const std::string& source)
   c.tau = std::bit_cast<double>(tau_bits);
   c.mode = static_cast<PlanMode>(mode);
   c.dedup_per_kv_head = dedup != 0;
+  if (version >= 2) {
+    int layout = 0;
+    if (!next_int(layout, 0, 1)) return bad("home layout");
+    c.home_layout = static_cast<HomeLayout>(layout);
+    if (plan_format_version(c) != version) return bad("a contiguous home layout is stored as format version 1");
+  }
   std::int64_t slots = 0;
   if (!next_int(slots, 1, static_cast<std::int64_t>(w.size() - at))) return bad("pool size");
   std::vector<PackedSequence> pool(static_cast<std::size_t>(slots));
@@ -288,8 +296,8 @@ Result<Plan> plan_from_json(std::string_view text, const std::string& source) {
     return invalid_input(source + ": not a libra plan (field 'format' must be \"libra-plan\")");
   }
   LIBRA_ASSIGN_OR_RETURN(std::int64_t version, rd.integer(j, "version", "plan", 0, kI64));
-  if (version != kPlanFormatVersion) {
-    return mismatch_error(source + ": plan format version " + std::to_string(version) + "; this libra reads version " +
+  if (version < 1 || version > kPlanFormatVersion) {
+    return mismatch_error(source + ": plan format version " + std::to_string(version) + "; this libra reads versions 1 to " +
                           std::to_string(kPlanFormatVersion));
   }
   LIBRA_ASSIGN_OR_RETURN(const OJson* fp, rd.field(j, "fingerprint", "plan"));
@@ -358,6 +366,19 @@ Result<Plan> plan_from_json(std::string_view text, const std::string& source) {
     LIBRA_ASSIGN_OR_RETURN(const OJson* dedup, rd.field(*cfg, "dedup_per_kv_head", w));
     if (!dedup->is_boolean()) return invalid_input(source + ": config: field 'dedup_per_kv_head' must be true or false");
     c.dedup_per_kv_head = dedup->get<bool>();
+    // Version 1 has no home layout (contiguous); version 2 names it.
+    if (version >= 2 || cfg->contains("home_layout")) {
+      LIBRA_ASSIGN_OR_RETURN(const OJson* hl, rd.field(*cfg, "home_layout", w));
+      auto l = hl->is_string() ? parse_home_layout(hl->get<std::string>())
+                               : Result<HomeLayout>(invalid_input("field 'home_layout' must be a string"));
+      if (!l.ok()) return invalid_input(source + ": config: " + l.error().message());
+      c.home_layout = *l;
+      if (plan_format_version(c) != static_cast<std::uint32_t>(version)) {
+        return invalid_input(source + ": config: home_layout " + std::string(home_layout_name(c.home_layout)) +
+                             " is format version " + std::to_string(plan_format_version(c)) + ", the file says " +
+                             std::to_string(version));
+      }
+    }
   }
 
   LIBRA_ASSIGN_OR_RETURN(const OJson* pj, rd.field(j, "pool", "plan"));

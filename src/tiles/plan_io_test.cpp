@@ -115,8 +115,8 @@ TEST(PlanFile, RejectsOtherVersionsAndTamperedContent) {
   };
   {
     auto k = j;
-    k["version"] = 2;
-    expect_error(libra::plan_from_json(k.dump(), "p.json"), "p.json: plan format version 2");
+    k["version"] = 3;
+    expect_error(libra::plan_from_json(k.dump(), "p.json"), "p.json: plan format version 3; this libra reads versions 1 to 2");
   }
   {
     auto k = j;

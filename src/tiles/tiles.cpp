@@ -31,6 +31,23 @@ Result<PlanMode> parse_plan_mode(std::string_view name) {
   return invalid_input("plan mode '" + std::string(name) + "': must be one of tap, ulysses, tap-split");
 }
 
+std::string_view home_layout_name(HomeLayout layout) {
+  switch (layout) {
+    case HomeLayout::kContiguous:
+      return "contiguous";
+    case HomeLayout::kZigzag:
+      return "zigzag";
+  }
+  return "unknown";
+}
+
+Result<HomeLayout> parse_home_layout(std::string_view name) {
+  for (HomeLayout l : {HomeLayout::kContiguous, HomeLayout::kZigzag}) {
+    if (name == home_layout_name(l)) return l;
+  }
+  return invalid_input("home layout '" + std::string(name) + "': must be contiguous or zigzag");
+}
+
 namespace {
 
 std::string str(std::int64_t v) { return std::to_string(v); }
@@ -79,6 +96,18 @@ Status validate_plan_config(const PlanConfig& c) {
   if ((s.heads_q / c.head_shards) % c.chunks != 0) {
     return config_error("chunks " + str(c.chunks) + " must divide heads_q / head_shards = " +
                         str(s.heads_q / c.head_shards));
+  }
+  if (c.home_layout == HomeLayout::kZigzag) {
+    if (c.seq_len % (2 * static_cast<std::int64_t>(c.cp)) != 0) {
+      return config_error("home_layout zigzag: seq_len " + str(c.seq_len) + " must be divisible by 2 cp = " +
+                          str(2 * static_cast<std::int64_t>(c.cp)));
+    }
+    if ((c.seq_len / (2 * c.cp)) % c.block_size != 0) {
+      return config_error("home_layout zigzag: seq_len / (2 cp) = " + str(c.seq_len / (2 * c.cp)) +
+                          " must be divisible by block_size " + str(c.block_size));
+    }
+  } else if (c.home_layout != HomeLayout::kContiguous) {
+    return config_error("unknown home layout " + str(static_cast<int>(c.home_layout)));
   }
   if (c.mode == PlanMode::kUlysses) {
     if (s.heads_q % c.cp != 0) {
@@ -143,6 +172,7 @@ Result<Geometry> make_geometry(std::span<const PackedSequence> pool, const PlanC
   g.keys_per_sample = (config.dedup_per_kv_head && g.shards > g.heads_kv) ? g.heads_kv : g.shards;
   g.seq_len = config.seq_len;
   g.shard_len = config.seq_len / config.cp;
+  g.map = config.home_map();
   g.block_size = config.block_size;
   g.head_dim = config.shape.head_dim;
   g.elem_bytes = config.shape.elem_bytes();
@@ -270,13 +300,15 @@ class Placer {
           dc[w * 64 + static_cast<std::size_t>(std::countr_zero(word))] -= full;
         }
       }
-      const std::int64_t last = f.start + f.length - 1;
-      for (std::int64_t c = f.start / geo_.shard_len; c <= last / geo_.shard_len; ++c) {
-        const int r = static_cast<int>(p * geo_.cp + c);
-        if (is_committed(f.group, r)) continue;
-        const std::int64_t lo = std::max(f.start, c * geo_.shard_len);
-        const std::int64_t hi = std::min(last + 1, (c + 1) * geo_.shard_len);
-        dc[r] -= f.kv_bytes_per_token * (hi - lo);
+      // The sample's tokens by home run (one run per worker when the
+      // layout is contiguous; zigzag may give a worker two).
+      const std::int64_t stop = f.start + f.length;
+      for (std::int64_t x = f.start; x < stop;) {
+        const HomeSpot h = geo_.map.locate(x);
+        const std::int64_t y = std::min(stop, h.run_end);
+        const int r = p * geo_.cp + h.rank;
+        if (!is_committed(f.group, r)) dc[r] -= f.kv_bytes_per_token * (y - x);
+        x = y;
       }
     }
     // Headroom set first: the minimum dcomm over it (a branch-free min the

@@ -153,8 +153,8 @@ def compile_case(rank, world, group):
                 pair.append(global_loss(lo))
             losses.append(pair)
         # A bad call inside the compiled graph: the op's eager checks raise the same line on every rank.
-        windowed = libra.make_plan(POOLS[0], seq_len=L, cp=CP, block_size=8, head_shards=2, heads_q=HQ,
-                                   heads_kv=HKV, head_dim=D, dtype="fp32", window=7)
+        windowed = libra.make_plan(POOLS[0], seq_len=L, cp=CP, block_size=8, head_shards=2, heads_q=2 * HQ,
+                                   heads_kv=HKV, head_dim=D, dtype="fp32")
         try:
             cm(tok, tgt, lt.PlanRuntime(windowed, group), norm)
             bad = None
@@ -189,6 +189,37 @@ def op_case(rank, group):
         (o1 * o2.detach()).sum().backward()
         (o2 * o2.detach()).sum().backward()
         out[f"scale {s}"] = bool(torch.equal(o1, o2)) and all(torch.equal(a.grad, b.grad) for a, b in zip(got, ref))
+    return out
+
+
+def args_case(rank, group):
+    """attention's keyword arguments through the op (aot_eager, fullgraph) against eager, bitwise:
+    the plan's window_size, cu_seqlens and position_ids from the runtime, return_lse; and a
+    stale cu_seqlens raising the eager line on every rank."""
+    plan = libra.make_plan(POOLS[1], seq_len=L, cp=CP, block_size=8, head_shards=2, heads_q=HQ, heads_kv=HKV,
+                           head_dim=D, dtype="fp32", window=9)
+    rt = lt.PlanRuntime(plan, group)
+    g = torch.Generator().manual_seed(rank)
+    q = torch.randn(L // CP, HQ, D, generator=g)
+    k, v = torch.randn(2, L // CP, HKV, D, generator=g)
+
+    def call(q, k, v, rt, cu):
+        o, lse = lt.attention(q, k, v, rt, window_size=(8, 0), cu_seqlens=cu, position_ids=rt.position_ids,
+                              return_lse=True)
+        return o.sin() + lse.sum(), lse
+    f = torch.compile(call, fullgraph=True, backend="aot_eager")
+    got = [x.clone().requires_grad_() for x in (q, k, v)]
+    ref = [x.clone().requires_grad_() for x in (q, k, v)]
+    (o1, l1), (o2, l2) = f(*got, rt, rt.cu_seqlens), call(*ref, rt, rt.cu_seqlens)
+    o1.sum().backward()
+    o2.sum().backward()
+    out = {"equal": bool(torch.equal(o1, o2) and torch.equal(l1, l2))
+           and all(torch.equal(a.grad, b.grad) for a, b in zip(got, ref))}
+    try:
+        f(q, k, v, rt, torch.tensor([0, L // CP], dtype=torch.int32))
+        out["stale"] = None
+    except ValueError as e:
+        out["stale"] = str(e)
     return out
 
 
@@ -264,7 +295,7 @@ def checkpoint_case(rank, world, group):
 
 def body(rank, world):
     group, _ = lt.pool_group(P, CP)
-    out = {"compile": compile_case(rank, world, group), "op": op_case(rank, group),
+    out = {"compile": compile_case(rank, world, group), "op": op_case(rank, group), "args": args_case(rank, group),
            "ddp": wrapped_case(rank, world, group, "ddp")}
     try:
         out["fsdp2"] = wrapped_case(rank, world, group, "fsdp2")
@@ -292,12 +323,21 @@ def test_compiled_fullgraph_matches_eager(results):
 def test_a_bad_call_in_a_compiled_graph_raises_the_same_line_on_every_rank(results):
     for backend in ("aot_eager", "inductor"):
         lines = {r["compile"][backend]["bad_call"] for r in results}
-        assert lines == {"libra.torch.attention: group rank 0: window None differs from the plan's window 7"}, lines
+        assert lines == {"libra.torch.attention: group rank 0: q has shape [32, 4, 16] but the plan needs "
+                         "[32, 8, 16]"}, lines
 
 
 def test_the_op_matches_eager_bitwise_in_inference_and_with_scales(results):
     for r in results:
         assert r["op"] == {"inference_mode": True, "no_grad": True, "scale 0.0": True, "scale 0.3": True}, r["op"]
+
+
+def test_the_op_takes_attention_keywords(results):
+    for r in results:
+        assert r["args"]["equal"], r["args"]
+    lines = {r["args"]["stale"] for r in results}
+    assert len(lines) == 1 and None not in lines, lines
+    assert lines.pop().startswith("libra.torch.attention: group rank 0: cu_seqlens [0, 32] match neither")
 
 
 def test_ddp_trains_with_the_losses_of_the_unwrapped_model(results):

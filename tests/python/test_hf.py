@@ -83,7 +83,7 @@ def rel(a, b):
 rt_last = [None]  # run_model's last runtime
 
 
-def run_model(rank, cfg, context, checkpointing=False):
+def run_model(rank, cfg, context, checkpointing=False, home_layout="contiguous"):
     """libra over the shards: (loss, gradients) summed over the ranks."""
     group, worker = lt.pool_group(P, CP)
     model = make_model(cfg, "libra")
@@ -96,7 +96,7 @@ def run_model(rank, cfg, context, checkpointing=False):
     total = 0.0
     for step, pool in enumerate(STEPS):
         plan = libra.make_plan(pool, seq_len=L, cp=CP, block_size=8, head_shards=2, heads_q=4, heads_kv=2,
-                               head_dim=16, chunks=2, dtype="fp32")
+                               head_dim=16, chunks=2, dtype="fp32", home_layout=home_layout)
         rt = lt.PlanRuntime(plan, group)
         shard = lh.shard_batch(rt, tokens(step, rank // CP))
         if context:
@@ -125,11 +125,15 @@ def errors_of(fn):
 
 def dist_cases(rank, world):
     out = {}
-    cases = [("llama", "llama", False), ("qwen3", "qwen3", False), ("llama checkpointed", "llama", True)]
+    # Megatron / TransformerEngine's zigzag CP shards too: shard_batch takes the runtime's home rows.
+    # (The scaling check below rebuilds whole sequences from contiguous shards: the last case is contiguous.)
+    cases = [("llama", "llama", False, "contiguous"), ("qwen3", "qwen3", False, "contiguous"),
+             ("llama zigzag", "llama", False, "zigzag"), ("llama checkpointed", "llama", True, "contiguous")]
     refs = {}
-    for name, family, ckpt in cases:
+    for name, family, ckpt, layout in cases:
         cfg = configs()[family]
-        loss, model, group = run_model(rank, cfg, context=(family == "qwen3"), checkpointing=ckpt)
+        loss, model, group = run_model(rank, cfg, context=(family == "qwen3"), checkpointing=ckpt,
+                                       home_layout=layout)
         if family not in refs:
             refs[family] = separate_reference(cfg)
         ref_loss, ref_grads = refs[family]
@@ -202,7 +206,7 @@ def results():
     return spawn(dist_cases, P * CP)
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3", "llama checkpointed"])
+@pytest.mark.parametrize("family", ["llama", "qwen3", "llama checkpointed", "llama zigzag"])
 def test_loss_and_gradients_over_cp_shards_match_sdpa_on_each_sample(results, family):
     for r, res in enumerate(results):
         got = res[family]
@@ -248,9 +252,17 @@ def test_labels_shift_within_samples_before_sharding():
         lh.packed_position_ids([5, 6], 10)
 
 
-def test_shard_batch_gives_each_cp_rank_its_home_rows_with_the_labels_across_the_cut():
+def runtime_without_group(plan, w):
+    """What shard_batch reads of a PlanRuntime (its plan, worker and home layout), without a process group."""
     from types import SimpleNamespace  # noqa: PLC0415
 
+    lay = libra._libra.home_layout(plan, w)
+    return SimpleNamespace(plan=plan, worker=w, home_tokens=lay["home_tokens"],
+                           packed_rows=torch.from_numpy(lay["packed_rows"].astype("int64")),
+                           cu_seqlens=torch.from_numpy(lay["cu_seqlens"].astype("int32")))
+
+
+def test_shard_batch_gives_each_cp_rank_its_home_rows_with_the_labels_across_the_cut():
     plan = libra.make_plan(STEPS[0], seq_len=L, cp=CP, block_size=8, head_shards=2, heads_q=4, heads_kv=2,
                            head_dim=16, dtype="fp32")
     for slot, lengths in enumerate(STEPS[0]):
@@ -258,14 +270,13 @@ def test_shard_batch_gives_each_cp_rank_its_home_rows_with_the_labels_across_the
         shards = []
         for cpr in range(CP):
             w = slot * CP + cpr
-            # What shard_batch reads of a PlanRuntime: its plan, worker and schedule (no process group needed).
-            rt = SimpleNamespace(plan=plan, worker=w, schedule=libra._libra.rank_programs(plan, w).info)
+            rt = runtime_without_group(plan, w)
             shards.append(lh.shard_batch(rt, ids))
         for key, whole in (("input_ids", ids), ("labels", lh.packed_labels(ids, lengths)),
                            ("position_ids", lh.packed_position_ids(lengths, L))):
             assert torch.equal(torch.cat([sh[key][0] for sh in shards]), whole), key
     # Slot 0's sample of rows 10..39 crosses the cut at row 32: rank 0's last label is rank 1's first token.
-    rt0 = SimpleNamespace(plan=plan, worker=0, schedule=libra._libra.rank_programs(plan, 0).info)
+    rt0 = runtime_without_group(plan, 0)
     s0 = lh.shard_batch(rt0, tokens(0, 0))
     assert int(s0["labels"][0, -1]) == int(tokens(0, 0)[L // CP])
     with pytest.raises(ValueError, match=r"^libra.hf.shard_batch: input_ids has shape \[2, 64\], expected \[64\] or \[1, 64\]"):

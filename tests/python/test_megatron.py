@@ -123,6 +123,29 @@ def body(rank, world):
                   "dx": rel(x.grad[:n_valid], ref_dx[h0:h0 + n_valid]) if n_valid else 0.0,
                   "params": max(rel(grads[n], p.grad) for n, p in ref.named_parameters())}
 
+    # The zigzag home layout (Megatron / TE's: rank r holds chunks r and 2CP-1-r), with this rank's
+    # home cu_seqlens and with the whole packed sequence's (TE's convention under CP).
+    zplan = libra.make_plan(pool, seq_len=L, cp=CP, block_size=8, head_shards=2, heads_q=HEADS, heads_kv=GROUPS,
+                            head_dim=D, chunks=2, dtype="fp32", home_layout="zigzag")
+    zrt = lt.PlanRuntime(zplan, group)
+    rows = zrt.packed_rows
+    keep = rows < valid
+    out["zigzag_rows"] = rows.tolist()
+    out["zigzag"] = {}
+    for name, zpsp in (("home cu_seqlens", lm.packed_seq_params(zrt)),
+                       ("packed cu_seqlens", PackedSeqParams(qkv_format="thd", cu_seqlens_q=zrt.packed_cu_seqlens,
+                                                             cu_seqlens_kv=zrt.packed_cu_seqlens))):
+        layer.zero_grad()
+        xz = X[rows].clone().requires_grad_()
+        with lm.use_runtime(zrt):
+            yz, _ = layer(xz, attention_mask=None, packed_seq_params=zpsp)
+            (yz * G[rows]).sum().backward()
+        zgrads = {n: p.grad.clone() for n, p in layer.named_parameters()}
+        for t in zgrads.values():
+            dist.all_reduce(t, group=group)
+        out["zigzag"][name] = {"out": rel(yz[keep], ref_y[rows[keep]]), "dx": rel(xz.grad[keep], ref_dx[rows[keep]]),
+                               "params": max(rel(zgrads[n], p.grad) for n, p in ref.named_parameters())}
+
     out["gpt"] = gpt_model_case(rank, rt, pool, pool_index, slot, home, valid)
 
     # The module alone, called as Megatron calls it, thd and sbhd (batch 1), with the runtime set on it.
@@ -250,6 +273,18 @@ def test_gpt_model_matches_megatron_dot_product_attention(results):
             assert e < TOL, (what, r["gpt"])
 
 
+def test_zigzag_home_layout_matches_megatron_dot_product_attention(results):
+    print("zigzag errors by rank:", [r["zigzag"] for r in results])
+    # Rank r of the slot holds chunks r and 2CP-1-r of L/2CP rows each.
+    c = L // (2 * CP)
+    assert results[0]["zigzag_rows"] == list(range(0, c)) + list(range(3 * c, 4 * c))
+    assert results[1]["zigzag_rows"] == list(range(c, 3 * c))
+    for r in results:
+        for case, errs in r["zigzag"].items():
+            for what, e in errs.items():
+                assert e < TOL, (case, what, r["zigzag"])
+
+
 def test_home_layout(results):
     # Pool 0: sequences [10, 30, 20] (60 of 64 rows) and [64]; pool 1: [5, 5, 40, 3] and [33, 17].
     assert [r["cu_seqlens"] for r in results] == [[0, 10, 32], [0, 8, 28], [0, 32], [0, 32]]
@@ -265,10 +300,11 @@ def test_stale_layout_raises_the_same_line_on_every_rank(results):
     lines = {r["stale"] for r in results}
     assert len(lines) == 1 and None not in lines, lines
     (line,) = lines
-    assert line.startswith("libra.megatron.LibraCoreAttention: group rank ") and "home layout" in line
+    assert line.startswith("libra.torch.attention: group rank 0: cu_seqlens [0, 5, 10, 32] match neither this "
+                           "rank's home rows' [0, 10, 32] nor the packed sequence's [0, 10, 40, 60]"), line
     assert "\n" not in line
     hand = {r["hand_made"] for r in results}
-    assert len(hand) == 1 and "packed_seq_params.cu_seqlens_q [0, 32]" in hand.pop()
+    assert len(hand) == 1 and "cu_seqlens [0, 32] match neither" in hand.pop()
 
 
 def test_padding_as_a_last_segment_is_the_same_layout(results):

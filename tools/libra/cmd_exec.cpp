@@ -465,12 +465,12 @@ int exec_rank(Communicator& world, const ExecOptionsCli& opt) {
             off += static_cast<std::size_t>(n);
             return s;
           };
-          const std::int64_t lo = c * lc;
-          errs[0].merge(compare_home(take(lc * qw), ref->o, lo, lc, qw));
-          errs[1].merge(compare_home(take(lc * so.heads_q), ref->lse, lo, lc, so.heads_q));
-          errs[2].merge(compare_home(take(lc * qw), ref->dq, lo, lc, qw));
-          errs[3].merge(compare_home(take(lc * kw), ref->dk, lo, lc, kw));
-          errs[4].merge(compare_home(take(lc * kw), ref->dv, lo, lc, kw));
+          const int w = slot * so.cp + c;
+          errs[0].merge(compare_home(take(lc * qw), ref->o, *cfg, w, qw));
+          errs[1].merge(compare_home(take(lc * so.heads_q), ref->lse, *cfg, w, so.heads_q));
+          errs[2].merge(compare_home(take(lc * qw), ref->dq, *cfg, w, qw));
+          errs[3].merge(compare_home(take(lc * kw), ref->dk, *cfg, w, kw));
+          errs[4].merge(compare_home(take(lc * kw), ref->dv, *cfg, w, kw));
         }
       }
     }

@@ -41,7 +41,10 @@ std::string summary(const Plan& plan) {
   const double mean = static_cast<double>(total) / W;
   std::string out = fmt::format(
       "# plan mode {}{}  slots {}  cp {}  workers {}  tiles {}  block {}  head-shards {}  chunks {}  tau {}\n",
-      plan_mode_name(c.mode), c.dedup_per_kv_head ? " (dedup per KV head)" : "", plan.pool_size(), c.cp, W,
+      plan_mode_name(c.mode),
+      std::string(c.dedup_per_kv_head ? " (dedup per KV head)" : "") +
+          (c.home_layout == HomeLayout::kContiguous ? "" : " (home layout " + std::string(home_layout_name(c.home_layout)) + ")"),
+      plan.pool_size(), c.cp, W,
       plan.tiles().size(), c.block_size, c.head_shards, c.chunks, c.tau);
   out += fmt::format("# fingerprint 0x{:016x}\n", plan.fingerprint());
   out += fmt::format("{:>6} {:>6} {:>9} {:>20} {:>9} {:>16} {:>16}\n", "worker", "tiles", "kv_groups", "flops",

@@ -52,6 +52,8 @@ void add_plan_flags(CLI::App* sub, PlanFlags& f, std::string_view required) {
   keep(sub->add_option("--window", f.window, "Sliding-window width (default: full causal)"));
   keep(sub->add_option("--tau", f.tau, "TAP load slack of the soft target C"));
   keep(sub->add_option("--chunks", f.chunks, "Pipeline chunks M; divides h_q/H"));
+  keep(sub->add_option("--home-layout", f.home_layout,
+                       "Rows each CP rank holds: contiguous, or zigzag (chunks r and 2CP-1-r of 2CP, as Megatron CP)"));
 }
 
 std::string first_plan_flag_given(const PlanFlags& f) {
@@ -97,6 +99,9 @@ Result<PlanConfig> plan_config_from(const PlanFlags& f) {
   }
   c.tau = f.tau;
   c.chunks = f.chunks;
+  auto layout = parse_home_layout(f.home_layout);
+  if (!layout.ok()) return invalid_input("--home-layout " + f.home_layout + ": must be contiguous or zigzag");
+  c.home_layout = *layout;
   return c;
 }
 

@@ -38,12 +38,14 @@ struct PlanFlags {
   std::string dtype = "bf16";
   double tau = 0.03;
   int chunks = 1;
+  std::string home_layout = "contiguous";
   std::vector<const CLI::Option*> options;  // every flag added, to tell which were given
   std::string instead;  // what replaces the flags, for messages: "--load PLAN", "--plan FILE"
 };
 
 // Adds --seq-len, --cp, --block-size (alias --block), --head-shards, --model,
-// --heads-q, --heads-kv, --head-dim, --dtype, --window, --tau, --chunks.
+// --heads-q, --heads-kv, --head-dim, --dtype, --window, --tau, --chunks,
+// --home-layout.
 // `required` is how --help describes the flags a plan needs ("required",
 // "required unless --load").
 void add_plan_flags(CLI::App* sub, PlanFlags& flags, std::string_view required);

@@ -1,6 +1,7 @@
 """The autograd function that runs one pass per direction of the pipelined schedule,
 and ``attention``, the public call."""
 import math
+import warnings
 
 import torch
 
@@ -25,7 +26,7 @@ class _Attention(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, rt, scale):
+    def forward(ctx, q, k, v, rt, scale, want_lse=False):
         d, dt, dev = rt.head_dim, q.dtype, q.device
         sd = rt.schedule
         cq, ckv = sd["compute_q_vectors"], sd["compute_kv_vectors"]
@@ -38,10 +39,15 @@ class _Attention(torch.autograd.Function):
         o = home["O"].view(q.shape)
         ctx.rt, ctx.scale, ctx.lse = rt, scale, home["LSE"]
         ctx.save_for_backward(q, k, v, o)
-        return o
+        if not want_lse:
+            return o
+        # flash-attn's varlen layout [h_q, total]; a result, not differentiable.
+        lse = home["LSE"].view(q.shape[0], q.shape[1]).t().contiguous()
+        ctx.mark_non_differentiable(lse)
+        return o, lse
 
     @staticmethod
-    def backward(ctx, do):
+    def backward(ctx, do, _dlse=None):
         rt, scale = ctx.rt, ctx.scale
         q, k, v, o = ctx.saved_tensors
         o, lse = o.view(-1, rt.head_dim), ctx.lse
@@ -59,7 +65,7 @@ class _Attention(torch.autograd.Function):
         comp["dV"] = torch.zeros((ckv, d), **f32)
         _run_pass(rt, _BWD_IN, _BWD_OUT, 1, home, comp, dt, d, dev, scale)
         return (home["dQ"].view(q.shape).to(dt), home["dK"].view(k.shape).to(dt), home["dV"].view(v.shape).to(dt),
-                None, None)
+                None, None, None)
 
 
 def _run_pass(rt, phase_in, phase_out, pass_index, home, comp, dt, d, dev, scale):
@@ -94,10 +100,94 @@ def _run_pass(rt, phase_in, phase_out, pass_index, home, comp, dt, d, dev, scale
         _unpack_out_cpu(rt, phase_out, posted_out, home, dt)
 
 
-def _call_problem(q, k, v, rt, window):
-    """What is wrong with an attention call's arguments, or None."""
-    if window != rt.window:
+_UNSET = object()  # attention's window= not given (None means plain causal there)
+
+
+def _plan_window_size(rt):
+    return (-1, 0) if rt.window is None else (int(rt.window) - 1, 0)
+
+
+def _mask_problem(rt, window, causal, window_size):
+    """What contradicts the plan in the mask arguments, or None. flash-attn's terms: causal=True,
+    window_size=(left, right) lets query i see keys [i - left, i + right] (-1: unbounded); a plan of
+    window w is (w - 1, 0), plain causal (-1, 0)."""
+    if causal is not True and causal != 1:
+        return (f"causal={causal!r}: libra plans causal attention only (bottom-right per sample); "
+                "non-causal masks cannot be expressed")
+    if window_size is not None:
+        ok = isinstance(window_size, (tuple, list)) and len(window_size) == 2 and all(
+            isinstance(x, int) and not isinstance(x, bool) for x in window_size)
+        if not ok:
+            return f"window_size {window_size!r}: must be a pair of ints (left, right), -1 for unbounded"
+        left, right = window_size
+        if right not in (0, -1) or left < -1:
+            return (f"window_size ({left}, {right}): the plan cannot express it (causal plans need right 0 or -1 "
+                    "and left >= -1)")
+        want = None if left == -1 else left + 1
+        if want != rt.window:
+            return (f"window_size ({left}, {right}) contradicts the plan's window_size {_plan_window_size(rt)} "
+                    f"(plan window {rt.window})")
+    if window is not _UNSET and window != rt.window:
         return f"window {window} differs from the plan's window {rt.window}"
+    return None
+
+
+def _boundary_problem(rt, cu_seqlens, position_ids):
+    """Whether the caller's sample boundaries are this runtime's (a runtime of another micro-batch,
+    or data in another home layout, would compute silently wrong attention), or None."""
+    n = rt.home_tokens
+    stale = "this runtime is not the plan of the data (one PlanRuntime per micro-batch, same home layout)"
+    if position_ids is not None:
+        p = position_ids
+        if isinstance(p, torch.Tensor) and p.dim() == 2 and p.shape[0] == 1:
+            p = p[0]
+        if not isinstance(p, torch.Tensor) or p.dim() != 1 or p.shape[0] != rt.home_rows:
+            shape = list(position_ids.shape) if isinstance(position_ids, torch.Tensor) else type(position_ids).__name__
+            return f"position_ids has shape {shape} but this rank's home needs [{rt.home_rows}] or [1, {rt.home_rows}]"
+        want = rt._position_on.get(p.device)
+        if want is None:
+            want = rt._position_on[p.device] = rt.position_ids[:n].to(p.device)
+        bad = (p[:n] != want).nonzero()
+        if bad.numel():
+            i = int(bad[0, 0])
+            return (f"position_ids differ from the plan's at home row {i} (got {int(p[i])}, plan {int(want[i])}): "
+                    + stale)
+    if cu_seqlens is not None:
+        if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dim() != 1 or cu_seqlens.dtype.is_floating_point:
+            return "cu_seqlens must be a 1-D integer tensor (flash-attn's cumulative sequence lengths)"
+        got = [int(x) for x in cu_seqlens.tolist()]
+        home = [int(x) for x in rt.cu_seqlens.tolist()]
+        packed = [int(x) for x in rt.packed_cu_seqlens.tolist()]
+        L = rt.plan.config["seq_len"]
+        # This rank's home rows, or the slot's whole packed sequence (TE / Megatron pass those under
+        # CP); padding as one last segment is flash-attn practice too.
+        accepted = (home, packed) + ((home + [rt.home_rows],) if rt.padding_rows else ()) + (
+            (packed + [L],) if packed[-1] < L else ())
+        if got not in accepted:
+            def short(xs):
+                return str(xs) if len(xs) <= 8 else f"[{', '.join(map(str, xs[:6]))}, ... {xs[-1]}] ({len(xs)} entries)"
+            return (f"cu_seqlens {short(got)} match neither this rank's home rows' {short(home)} nor the packed "
+                    f"sequence's {short(packed)}: " + stale)
+    return None
+
+
+def _call_problem(q, k, v, rt, window, causal=True, window_size=None, cu_seqlens=None, position_ids=None,
+                  return_lse=False):
+    """What is wrong with an attention call's arguments, or None."""
+    mask = _mask_problem(rt, window, causal, window_size)
+    if mask is not None:
+        return mask
+    problem = _tensor_problem(q, k, v, rt)
+    if problem is not None:
+        return problem
+    if return_lse:
+        backend = backends.select(q.device, q.dtype)
+        if not backend.gives_lse():
+            return f"return_lse=True: the {backend.name} backend that runs these tensors gives no LSE"
+    return _boundary_problem(rt, cu_seqlens, position_ids)
+
+
+def _tensor_problem(q, k, v, rt):
     want_q = (rt.home_rows, rt.heads_q, rt.head_dim)
     want_kv = (rt.home_rows, rt.heads_kv, rt.head_dim)
     for name, t, want in (("q", q, want_q), ("k", k, want_kv), ("v", v, want_kv)):
@@ -114,12 +204,29 @@ def _call_problem(q, k, v, rt, window):
     return None
 
 
-def attention(q, k, v, runtime, softmax_scale=None, window=None):
+def attention(q, k, v, runtime, softmax_scale=None, window=_UNSET, *, causal=True, window_size=None,
+              cu_seqlens=None, position_ids=None, return_lse=False):
     """Core attention of this worker's home tokens under ``runtime``'s plan; differentiable.
 
     q: [L/cp, h_q, d]; k, v: [L/cp, h_kv, d] (THD, this worker's home rows of
-    its slot's packed sequence); returns o like q. ``window`` must equal the
-    plan's (None: plain causal); the masks are bottom-right causal per sample.
+    its slot's packed sequence, in the plan's home layout: ``runtime.packed_rows``);
+    returns o like q, and with ``return_lse=True`` also (o, lse), lse the softmax
+    log-sum-exp (natural log, of the scaled scores) per q head and home row,
+    fp32 [h_q, L/cp] (flash-attn's varlen layout; padding rows 0; not
+    differentiable; CPU kernel only).
+
+    The mask is causal (bottom-right) per sample with the plan's window, in
+    flash-attn's terms ``causal=True, window_size=(w - 1, 0)`` ((-1, 0) or
+    (-1, -1): plain causal). Both default to the plan's; a window_size that
+    contradicts it, ``causal=False`` or a right window > 0 raise.
+    ``window=`` is the deprecated alias: the plan's width w, None for plain causal.
+
+    ``cu_seqlens`` (flash-attn's, over this rank's home rows: ``runtime.cu_seqlens``, or
+    over the slot's whole packed sequence: ``runtime.packed_cu_seqlens``; either
+    optionally with padding as a last segment) and ``position_ids`` ([L/cp] or
+    [1, L/cp], per sample from 0: ``runtime.position_ids``; padding rows not
+    checked) are the caller's sample boundaries, checked against the plan.
+    Any problem raises the same one-line ValueError on every rank of the group.
     """
     if not isinstance(runtime, PlanRuntime):
         raise ValueError("libra.torch.attention: runtime must be a libra.torch.PlanRuntime")
@@ -127,10 +234,15 @@ def attention(q, k, v, runtime, softmax_scale=None, window=None):
         # torch.compile traces one opaque op (ops.py) instead, which runs this function eagerly inside:
         # the checks below gather Python objects across the group, which no graph can hold.
         from .ops import attention_op
-        return attention_op(q, k, v, runtime, softmax_scale, window)
+        return attention_op(q, k, v, runtime, softmax_scale, window, causal=causal, window_size=window_size,
+                            cu_seqlens=cu_seqlens, position_ids=position_ids, return_lse=return_lse)
+    if window is not _UNSET:
+        warnings.warn("libra.torch.attention: window= is deprecated; the plan's window is the default "
+                      "(window_size=(w - 1, 0) in flash-attn's terms)", DeprecationWarning, stacklevel=2)
     rt = runtime
     scale, scale_problem = _softmax_scale(softmax_scale)
-    problem = _call_problem(q, k, v, rt, window) or scale_problem
+    problem = _call_problem(q, k, v, rt, window, causal, window_size, cu_seqlens, position_ids,
+                            return_lse) or scale_problem
     if rt.check_calls:
         # One small collective so that a bad call on one rank fails on every rank with the same line
         # instead of leaving the others waiting in the exchange (PlanRuntime(check_calls=False) skips it).
@@ -144,7 +256,7 @@ def attention(q, k, v, runtime, softmax_scale=None, window=None):
         # "1/sqrt(d)". q * 0 at scale 1 gives the same scores (all 0), o, LSE and dk (0), and the
         # multiply sends dq = 0 back to q.
         q, scale = q * 0, 1.0
-    return _Attention.apply(q.contiguous(), k.contiguous(), v.contiguous(), runtime, scale)
+    return _Attention.apply(q.contiguous(), k.contiguous(), v.contiguous(), runtime, scale, bool(return_lse))
 
 
 def _softmax_scale(value):

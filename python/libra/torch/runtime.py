@@ -4,6 +4,7 @@ import math
 import operator
 import time
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -33,6 +34,24 @@ class PlanRuntime:
     within it, the other ranks raise a one-line TimeoutError naming it
     (within about twice the timeout: they wait that long again for each
     other's marks in the group's store). The group is unusable after that.
+
+    This rank's home layout (what its q, k, v rows are, in order), from the
+    plan's home layout (``make_plan(..., home_layout=)``: "contiguous" or
+    "zigzag"):
+
+    - ``packed_rows``: int64 [home_rows], the row of the slot's packed
+      sequence each home row holds (``x_home = x_packed[rt.packed_rows]``);
+    - ``position_ids``: int64 [home_rows], each row's position in its sample
+      (restarting at 0 per sample: what RoPE needs); padding rows count on
+      from 0 as one more sample;
+    - ``cu_seqlens``: int32 [n + 1], flash-attn style over the token rows
+      [0, home_tokens), one segment per run of one sample's consecutive rows
+      (a sample cut by the layout gives a segment per piece); padding
+      excluded; ``max_seqlen`` its longest segment;
+    - ``packed_cu_seqlens``: int32, the samples of the slot's whole packed
+      sequence (TransformerEngine / Megatron ``PackedSeqParams`` style);
+    - ``home_tokens`` (rows holding tokens: always the first ones) and
+      ``padding_rows`` (the rest); ``home_layout``, ``slot``, ``cp_rank``.
     """
 
     def __init__(self, plan, group, worker=None, threads=1, trace=False, check_calls=True, schedule=None,
@@ -91,6 +110,16 @@ class PlanRuntime:
         self.programs, self.schedule = progs, info
         self.home_rows, self.heads_q, self.heads_kv = info["home_rows"], info["heads_q"], info["heads_kv"]
         self.head_dim, self.num_chunks = info["head_dim"], info["chunks"]
+        lay = _libra.home_layout(plan, me)
+        self.home_layout, self.home_tokens = lay["home_layout"], lay["home_tokens"]
+        self.padding_rows = self.home_rows - self.home_tokens
+        self.slot, self.cp_rank = me // plan.config["cp"], me % plan.config["cp"]
+        self.packed_rows = torch.from_numpy(np.array(lay["packed_rows"], dtype=np.int64))
+        self.position_ids = torch.from_numpy(np.array(lay["position_ids"], dtype=np.int64))
+        self.cu_seqlens = torch.from_numpy(np.array(lay["cu_seqlens"], dtype=np.int32))
+        self.max_seqlen = int((self.cu_seqlens[1:] - self.cu_seqlens[:-1]).max()) if len(self.cu_seqlens) > 1 else 0
+        self.packed_cu_seqlens = torch.tensor(np.concatenate([[0], np.cumsum(plan.pool[self.slot])]), dtype=torch.int32)
+        self._position_on = {}  # position_ids of the token rows, by device (attention's check)
         self.splits = {(p, m, c): progs.splits(p, m, c)
                        for p, classes in _PHASE_CLASSES.items() for m in range(self.num_chunks) for c in classes}
         self._peers = peers

@@ -47,6 +47,10 @@ class Backend:
         """Why this backend cannot run on ``device`` with ``dtype`` (one line), or None."""
         raise NotImplementedError
 
+    def gives_lse(self):
+        """Whether its forward fills the softmax LSE (``attention(return_lse=True)`` needs it)."""
+        return True
+
     # kind "varlen"
     def varlen(self, q, k, v, cu_q, cu_k, max_q, max_k, scale, window, cu_host):
         """Returns (o [total_q, h_q, d] in q's dtype, lse [h_q, total_q] fp32 or None). ``window``

@@ -33,6 +33,9 @@ class FlashAttn(Backend):
             return str(e)
         return None
 
+    def gives_lse(self):
+        return self.impl is None  # the tests' stand-in computes no LSE
+
     def varlen(self, q, k, v, cu_q, cu_k, max_q, max_k, scale, window, cu_host):
         fn = self._fn()
         if self.impl is not None:  # the stand-in returns o only
@@ -43,7 +46,9 @@ class FlashAttn(Backend):
                  window_size=flash_window(window), return_attn_probs=True)
         o, lse = out[0], out[1]
         if lse.dim() != 2 or tuple(lse.shape) != (q.shape[1], q.shape[0]):
-            lse = None  # a layout this flash_attn version has of its own (1.x pads per batch): not used
+            # flash_attn 1.x pads its LSE per batch entry: a layout libra does not read.
+            raise RuntimeError(f"libra.torch: flash_attn returned its LSE as {list(lse.shape)}, not [h_q, total_q] "
+                               "(flash_attn 2.x); this version is not supported")
         return o, lse
 
 

@@ -40,6 +40,9 @@ class TorchVarlen(Backend):
             return self._missing
         return None
 
+    def gives_lse(self):
+        return self._ensure() is not None and "return_aux" in self._params
+
     def varlen(self, q, k, v, cu_q, cu_k, max_q, max_k, scale, window, cu_host):
         fn = self._ensure()
         p = self._params
@@ -68,7 +71,8 @@ class TorchVarlen(Backend):
         if want_lse:
             o, lse = out
             if tuple(lse.shape) != (q.shape[1], q.shape[0]):
-                lse = None
+                raise RuntimeError(f"libra.torch: varlen_attn returned its LSE as {list(lse.shape)}, not "
+                                   "[h_q, total_q]; this torch version is not supported")
             return o, lse
         return out, None
 
