@@ -230,6 +230,12 @@ def attention(q, k, v, runtime, softmax_scale=None, window=_UNSET, *, causal=Tru
     """
     if not isinstance(runtime, PlanRuntime):
         raise ValueError("libra.torch.attention: runtime must be a libra.torch.PlanRuntime")
+    if torch.compiler.is_compiling():
+        # torch.compile traces one opaque op (ops.py) instead, which runs this function eagerly inside:
+        # the checks below gather Python objects across the group, which no graph can hold.
+        from .ops import attention_op
+        return attention_op(q, k, v, runtime, softmax_scale, window, causal=causal, window_size=window_size,
+                            cu_seqlens=cu_seqlens, position_ids=position_ids, return_lse=return_lse)
     if window is not _UNSET:
         warnings.warn("libra.torch.attention: window= is deprecated; the plan's window is the default "
                       "(window_size=(w - 1, 0) in flash-attn's terms)", DeprecationWarning, stacklevel=2)

@@ -11,6 +11,7 @@ import torch.distributed as dist
 from .. import _libra
 from .exchange import _PHASE_CLASSES, _index_tensors
 from .groups import _POOLS
+from .ops import register as _register_op
 
 
 def _fingerprint_words(fp):
@@ -124,6 +125,8 @@ class PlanRuntime:
         self._peers = peers
         self._on = {}
         self._cuda_meta = {}  # _cuda_call_meta's, by (pass, chunk, device)
+        # What torch.compile's libra::attention op takes in place of this object (ops.py).
+        self.op_handle = _register_op(self)
 
     def on(self, device):
         """The schedule as index tensors on ``device`` (built once per device; the CUDA path's
