@@ -10,10 +10,12 @@
 #include <cmath>
 #include <map>
 #include <numeric>
+#include <string>
 #include <thread>
 #include <vector>
 
 #include <hwy/aligned_allocator.h>
+#include "core/fault.hpp"
 
 #include "kernel/detail.hpp"
 #include "libra/kernel.hpp"
@@ -155,12 +157,18 @@ std::vector<PackItem> pack_items(const Layout& lay) {
 // cost more than the arithmetic of a 128-token call).
 class Arena {
  public:
-  // Reserves room for the given float counts, each 64-byte aligned.
-  std::vector<float*> carve(std::initializer_list<I64> sizes) {
+  // Reserves room for the given float counts, each 64-byte aligned. Empty
+  // when the allocation failed (hwy returns null rather than throwing);
+  // `fail` makes it fail, for the fault-injection tests.
+  std::vector<float*> carve(std::initializer_list<I64> sizes, bool fail = false) {
     std::size_t total = 0;
     for (I64 n : sizes) total += static_cast<std::size_t>(detail::round_up(std::max<I64>(n, 1), 16));
-    if (total > cap_) {
-      buf_ = hwy::AllocateAligned<float>(total);
+    last_bytes_ = total * sizeof(float);
+    if (total > cap_ || fail) {
+      buf_.reset();
+      cap_ = 0;
+      if (!fail) buf_ = hwy::AllocateAligned<float>(total);
+      if (!buf_) return {};
       cap_ = total;
     }
     std::vector<float*> out;
@@ -175,8 +183,10 @@ class Arena {
     buf_.reset();
     cap_ = 0;
   }
+  std::size_t last_bytes() const { return last_bytes_; }
 
  private:
+  std::size_t last_bytes_ = 0;
   hwy::AlignedFreeUniquePtr<float[]> buf_;
   std::size_t cap_ = 0;
 };
@@ -184,6 +194,20 @@ class Arena {
 Arena& thread_arena() {
   thread_local Arena arena;
   return arena;
+}
+
+Error scratch_failed(const char* call) {
+  return internal_error(std::string(call) + ": out of memory allocating " + std::to_string(thread_arena().last_bytes()) +
+                        " bytes of kernel scratch");
+}
+
+// The fault-injection point inside the kernel: true when the test hook asks
+// this call's scratch allocation to fail.
+Result<bool> kernel_fault() {
+  const ::libra::detail::FaultAction a = ::libra::detail::fault_action(::libra::detail::FaultPoint::kKernel);
+  if (a == ::libra::detail::FaultAction::kAlloc) return true;
+  LIBRA_TRY(::libra::detail::fault_outcome(a, ::libra::detail::FaultPoint::kKernel));
+  return false;
 }
 
 }  // namespace
@@ -261,8 +285,10 @@ Status attention_forward(const ForwardArgs& args) {
   const int threads = useful_threads(args.threads, tasks, 4 * kBk * d, args.min_flops_per_thread);
   const auto bins = assign(std::move(tasks), threads);
   const auto items = pack_items(lay);
+  LIBRA_ASSIGN_OR_RETURN(const bool alloc_fault, kernel_fault());
   const auto mem = thread_arena().carve(
-      {lay.total_blocks * dp * kBk, lay.total_blocks * kBk * dp, threads * detail::fwd_scratch_floats(dp)});
+      {lay.total_blocks * dp * kBk, lay.total_blocks * kBk * dp, threads * detail::fwd_scratch_floats(dp)}, alloc_fault);
+  if (mem.empty()) return scratch_failed("attention_forward");
   float* const kt = mem[0];
   float* const vr = mem[1];
   float* const scratch = mem[2];
@@ -329,9 +355,12 @@ Status attention_backward(const BackwardArgs& args) {
     for (I64 i = 0; i < f.e - f.a; i += 256) chunks.push_back({f.q_row + i, std::min<I64>(256, f.e - f.a - i)});
   }
   const I64 blocks = lay.total_blocks;
+  LIBRA_ASSIGN_OR_RETURN(const bool alloc_fault, kernel_fault());
   const auto mem = thread_arena().carve({blocks * dp * kBk, blocks * dp * kBk, blocks * kBk * dp, hg * rows * dp,
                                          hg * rows * dp, hg * rows, hg * rows, threads * hg * rows * dp,
-                                         threads * detail::bwd_scratch_floats(dp)});
+                                         threads * detail::bwd_scratch_floats(dp)},
+                                        alloc_fault);
+  if (mem.empty()) return scratch_failed("attention_backward");
   float* const kt = mem[0];
   float* const vt = mem[1];
   float* const kr = mem[2];

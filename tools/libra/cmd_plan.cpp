@@ -78,6 +78,7 @@ Result<Plan> plan_from_options(const PlanOptions& o) {
       return invalid_input("--load " + o.load + ": the saved plan fixes " + given + "; drop " + given +
                            " or plan a pool instead");
     }
+    LIBRA_TRY(check_plan_path(o.load, "--load"));
     return load_plan(o.load);
   }
   if (o.source.empty()) return invalid_input("no pool given: name a POOL.jsonl (one line per slot) or --load PLAN");

@@ -58,4 +58,9 @@ std::string first_plan_flag_given(const PlanFlags& flags);
 // The element type of a --dtype value: bf16, fp16 or fp32.
 [[nodiscard]] Result<DType> dtype_flag(std::string_view dtype);
 
+// Refuses plan paths load_plan would misreport: "-" (a plan is read from a
+// file, not stdin) and a gzip file (read as JSON, "not valid JSON"). `flag`
+// names the option in the message.
+[[nodiscard]] Status check_plan_path(const std::string& path, std::string_view flag = "--plan");
+
 }  // namespace libra::cli
