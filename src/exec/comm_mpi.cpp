@@ -178,20 +178,22 @@ class MpiCommunicator final : public Communicator {
     bool done = false;
   };
 
-  // The silent peer is the lowest whose receive has not completed
-  // (MPI_Testall leaves every request alone unless all completed).
+  // The silent peer is the lowest whose receive has not completed, else
+  // the lowest that has not taken this rank's send (a peer that stopped
+  // after posting: its message arrived, but it takes nothing more).
+  // MPI_Testall leaves every request alone unless all completed.
   Status timed_out(std::int64_t id, std::vector<MPI_Request>& req) {
     int silent = -1;
-    for (int q = 0; q < size_ && silent < 0; ++q) {
+    for (int q = 0; q < 2 * size_ && silent < 0; ++q) {
       int flag = 1;
-      if (q != rank_) MPI_Test(&req[static_cast<std::size_t>(q)], &flag, MPI_STATUS_IGNORE);
-      if (!flag) silent = q;
+      if (q % size_ != rank_) MPI_Test(&req[static_cast<std::size_t>(q)], &flag, MPI_STATUS_IGNORE);
+      if (!flag) silent = q % size_;
     }
     const int me = world_rank_[static_cast<std::size_t>(rank_)];
     const int who = silent < 0 ? -1 : world_rank_[static_cast<std::size_t>(silent)];
     broken_ = internal_error(
         silent < 0 ? fmt::format("MPI rank {}: exchange {} not delivered within the timeout of {:g} s", me, id, timeout_s_)
-                   : fmt::format("MPI rank {}: no data from rank {} for exchange {} within the timeout of {:g} s (rank {} "
+                   : fmt::format("MPI rank {}: no answer from rank {} for exchange {} within the timeout of {:g} s (rank {} "
                                  "stopped or is too slow)",
                                  me, who, id, timeout_s_, who));
     return *broken_;

@@ -30,7 +30,9 @@ FaultAction hook(FaultPoint p, int rank) {
   if (g_action != FaultAction::kStop) return g_action;
   if (std::getenv("OMPI_COMM_WORLD_RANK") != nullptr || std::getenv("PMI_RANK") != nullptr) {
     ::raise(SIGSTOP);  // as `kill -STOP` would: the process sends nothing more
-    return FaultAction::kFail;
+    // mpirun continues a stopped process before killing it: it stays
+    // silent until then rather than reporting a failure of its own.
+    for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
   }
   // In-process the rank is a thread: it stops until another rank has
   // failed (timed out on it), then fails too so the process can end.

@@ -63,7 +63,7 @@ def main() -> int:
         if os.path.exists(trace):
             problems.append("a trace file was written")
         expect = {"fail": "fault injected at", "alloc": "out of memory",
-                  "stop": f"no data from rank {a.rank}"}[a.action]
+                  "stop": f"(rank {a.rank} stopped or is too slow)"}[a.action]
         if errors and expect not in errors[0]:
             problems.append(f"the line does not say '{expect}'")
         print(f"{a.transport} {a.action}@{a.point} rank {a.rank}: exit {p.returncode} after {dt:.2f} s: "

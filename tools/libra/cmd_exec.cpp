@@ -222,14 +222,14 @@ std::string bytes_text(std::int64_t b) {
   return fmt::format("{:.1f} KiB", x / 1024.0);
 }
 
-// The rank a timeout error names as silent ("no data from rank N"); -1 for
-// other errors.
+// The rank a timeout error names as silent ("(rank N stopped or is too
+// slow)", as both communicators say it); -1 for other errors.
 int silent_rank(const Error& e) {
   const std::string& m = e.message();
-  const std::string key = "no data from rank ";
-  const auto at = m.find(key);
-  if (at == std::string::npos) return -1;
-  return std::atoi(m.c_str() + at + key.size());
+  const auto end = m.rfind(" stopped or is too slow)");
+  const auto at = m.rfind("(rank ", end);
+  if (end == std::string::npos || at == std::string::npos) return -1;
+  return std::atoi(m.c_str() + at + 6);
 }
 
 // Failure of one rank after the collective part started: other ranks may
