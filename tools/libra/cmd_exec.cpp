@@ -188,7 +188,7 @@ Result<PlanConfig> make_config(ShapeOptions& o, const std::string& mode) {
   const std::string plan_mode = mode == "ulysses" ? "ulysses" : (mode == "ulysses-plan" ? "ulysses" : mode);
   LIBRA_ASSIGN_OR_RETURN(cfg.mode, parse_plan_mode(plan_mode));
   if (mode == "ulysses") cfg.chunks = 1;
-  LIBRA_TRY(validate_plan_config(cfg));
+  LIBRA_TRY(name_preset_fields(o.flags, validate_plan_config(cfg)));
   adopt_config(o, cfg);
   return cfg;
 }

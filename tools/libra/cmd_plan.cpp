@@ -63,7 +63,7 @@ Result<PlanConfig> config_from(const PlanOptions& o) {
   if (!m.ok()) return invalid_input("--mode " + o.mode + ": must be one of tap, ulysses, tap-split");
   c.mode = *m;
   c.dedup_per_kv_head = o.dedup_per_kv_head;
-  LIBRA_TRY(validate_plan_config(c));
+  LIBRA_TRY(name_preset_fields(o.plan, validate_plan_config(c)));
   return c;
 }
 

@@ -37,6 +37,21 @@ Result<DType> dtype_flag(std::string_view dtype) {
   return invalid_input("--dtype " + std::string(dtype) + ": must be bf16, fp16 or fp32");
 }
 
+Status name_preset_fields(const PlanFlags& f, Status s) {
+  if (s.ok() || f.model.empty()) return s;
+  Result<ModelPreset> p = find_model_preset(f.model);
+  if (!p.ok()) return s;
+  std::string from;
+  auto add = [&](const auto& given, const char* name, int value) {
+    if (!given) from += (from.empty() ? "" : ", ") + std::string(name) + " " + std::to_string(value);
+  };
+  add(f.heads_q, "--heads-q", p->heads_q);
+  add(f.heads_kv, "--heads-kv", p->heads_kv);
+  add(f.head_dim, "--head-dim", p->head_dim);
+  if (from.empty()) return s;
+  return Error(s.error().code(), s.error().message() + " (" + from + " from --model " + f.model + ")");
+}
+
 Status check_plan_path(const std::string& path, std::string_view flag) {
   const std::string f(flag);
   if (path == "-") {
