@@ -255,6 +255,9 @@ bool in_process_ranks() { return g_in_process; }
 int fail_on_all_ranks(Communicator& world, const Status& local) {
   const Status agreed = agree_on_status(world, local, "libra exec");
   if (agreed.ok()) return kExitOk;
+  // The agreement itself timed out: a peer went silent, and rank 0 may be
+  // the one, so this ends the job like any silent peer.
+  if (silent_rank(agreed.error()) >= 0) abort_job(world, agreed.error());
   if (world.rank() == 0) return fail(agreed.error());
   return agreed.error().code() == ErrorCode::kInternal ? kExitFailure : kExitUsage;
 }
@@ -843,7 +846,9 @@ int run_bench(BenchOptionsCli opt) {
   }
   if (!f.head_shards) f.head_shards = 4;
   if (opt.pools < 1) return fail(invalid_input(fmt::format("--pools {}: must be at least 1", opt.pools)));
-  if (opt.repeat < 1) return fail(invalid_input(fmt::format("--repeat {}: must be at least 1", opt.repeat)));
+  if (opt.repeat < 1 || opt.repeat > kMaxRepeat) {
+    return fail(invalid_input(fmt::format("--repeat {}: must be in [1, {}]", opt.repeat, kMaxRepeat)));
+  }
   const char* modes[] = {"ulysses", "tap", "tap-split"};
   std::vector<PlanConfig> cfgs;
   for (const char* m : modes) {
