@@ -77,8 +77,10 @@ class Communicator {
   // A sub-communicator of the ranks passing the same color, ordered by key
   // (then by rank): MPI_Comm_split.
   [[nodiscard]] virtual Result<std::unique_ptr<Communicator>> split(int color, int key) = 0;
-  // Ends every rank of the job after printing `message` (one line) on stderr.
-  // For failures that other ranks cannot learn of in any other way.
+  // Ends every rank of the job after printing `message` (one line) on stderr
+  // (MPI). For failures that other ranks cannot learn of in any other way.
+  // In-process it ends the calling rank's thread only, printing nothing:
+  // its peers fail in turn, and run_in_process reports the first failure.
   [[noreturn]] virtual void abort(const std::string& message) = 0;
 };
 
