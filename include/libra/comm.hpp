@@ -13,7 +13,7 @@
 //   - loopback (`make_loopback_communicator`, comm_loopback.cpp): one rank
 //     alone, for measuring its compute;
 //   - MPI (libra/comm_mpi.hpp, comm_mpi.cpp; when built with LIBRA_WITH_MPI):
-//     MPI_Ialltoallv on a duplicate of any MPI communicator.
+//     point-to-point messages on a duplicate of any MPI communicator.
 //
 //   std::vector<libra::Status> s = libra::run_in_process(4, [](libra::Communicator& c) {
 //     std::vector<std::byte> out(4 * 8), in(4 * 8);   // 8 bytes to and from every rank
@@ -77,8 +77,10 @@ class Communicator {
   // A sub-communicator of the ranks passing the same color, ordered by key
   // (then by rank): MPI_Comm_split.
   [[nodiscard]] virtual Result<std::unique_ptr<Communicator>> split(int color, int key) = 0;
-  // Ends every rank of the job after printing `message` (one line) on stderr.
-  // For failures that other ranks cannot learn of in any other way.
+  // Ends every rank of the job after printing `message` (one line) on stderr
+  // (MPI). For failures that other ranks cannot learn of in any other way.
+  // In-process it ends the calling rank's thread only, printing nothing:
+  // its peers fail in turn, and run_in_process reports the first failure.
   [[noreturn]] virtual void abort(const std::string& message) = 0;
 };
 
@@ -103,8 +105,13 @@ class Communicator {
 // within `timeout_ms` fails with an error instead of hanging; any error from
 // post or wait withdraws this rank's posted exchanges (the peers' waits on
 // them fail at once).
+// A rank whose thread ends (returns, or throws) posts nothing more: peers
+// waiting for it fail at once. abort() ends only the calling rank's thread
+// (its status carries the message). `first_failed`, if given, receives the
+// rank whose failure came first and was not caused by another rank's (-1
+// if none failed): the one line a job reports.
 std::vector<Status> run_in_process(int size, const std::function<Status(Communicator&)>& body,
-                                   int timeout_ms = 60000);
+                                   int timeout_ms = 60000, int* first_failed = nullptr);
 
 // ---- loopback --------------------------------------------------------------
 
@@ -125,7 +132,8 @@ bool mpi_built();
 [[nodiscard]] Status mpi_init();
 // Finalises MPI if this process initialised it through mpi_init.
 void mpi_finalize();
-// A communicator over MPI_COMM_WORLD. Requires mpi_init.
-[[nodiscard]] Result<std::unique_ptr<Communicator>> mpi_world();
+// A communicator over MPI_COMM_WORLD whose waits fail after `timeout_s`
+// seconds without data from a peer (libra/comm_mpi.hpp). Requires mpi_init.
+[[nodiscard]] Result<std::unique_ptr<Communicator>> mpi_world(double timeout_s = 300);
 
 }  // namespace libra

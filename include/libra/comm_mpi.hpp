@@ -5,7 +5,10 @@
 // path (link MPI::MPI_CXX; libra.hpp does not include this header). The communicator works on a
 // duplicate of `comm` (MPI_Comm_dup, collective over comm), so libra's
 // exchanges never match the caller's own messages; the caller keeps `comm`.
-// Each all-to-all-v is one MPI_Ialltoallv.
+// Each all-to-all-v is one non-blocking send and receive per peer; a wait
+// (and allgather, barrier, split) that hears nothing from a peer for
+// `timeout_s` seconds fails with an error naming it, and the communicator
+// is broken from then on (every later call fails alike).
 //
 //   MPI_Comm pool;
 //   MPI_Comm_split(MPI_COMM_WORLD, my_pool, rank, &pool);
@@ -22,6 +25,6 @@
 namespace libra {
 
 // Requires MPI initialised (mpi_init or the caller's MPI_Init).
-[[nodiscard]] Result<std::unique_ptr<Communicator>> make_mpi_communicator(MPI_Comm comm);
+[[nodiscard]] Result<std::unique_ptr<Communicator>> make_mpi_communicator(MPI_Comm comm, double timeout_s = 300);
 
 }  // namespace libra

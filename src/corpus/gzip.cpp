@@ -6,12 +6,33 @@
 
 namespace libra::detail {
 
+Status LineBound::add(std::string_view chunk, const std::string& name) {
+  for (std::size_t at = 0; at < chunk.size();) {
+    const std::size_t nl = chunk.find('\n', at);
+    const std::size_t n = (nl == std::string_view::npos ? chunk.size() : nl) - at;
+    if (run_ + n > kMaxLineBytes) {
+      return invalid_input(name + ":" + std::to_string(line_) + ": line longer than " +
+                           std::to_string(kMaxLineBytes >> 20) + " MiB; a corpus line holds one sample or one packed "
+                           "sequence");
+    }
+    if (nl == std::string_view::npos) {
+      run_ += n;
+      break;
+    }
+    run_ = 0;
+    ++line_;
+    at = nl + 1;
+  }
+  return {};
+}
+
 Result<std::string> gunzip(std::span<const unsigned char> bytes, const std::string& name, std::size_t max_bytes) {
   std::string out;
   z_stream z{};
   // 16 + MAX_WBITS: gzip header and trailer (CRC and length checked by zlib).
   if (inflateInit2(&z, 16 + MAX_WBITS) != Z_OK) return internal_error(name + ": gzip: cannot initialise zlib");
   std::size_t pos = 0;
+  LineBound lines;
   char buf[1 << 16];
   int rc = Z_OK;
   while (true) {
@@ -32,6 +53,10 @@ Result<std::string> gunzip(std::span<const unsigned char> bytes, const std::stri
       if (out.size() + got > max_bytes) {
         inflateEnd(&z);
         return invalid_input(name + ": gzip: inflates to more than " + std::to_string(max_bytes) + " bytes");
+      }
+      if (Status s = lines.add(std::string_view(buf, got), name); !s.ok()) {
+        inflateEnd(&z);
+        return s.error();
       }
       out.append(buf, got);
     } while (z.avail_out == 0 && rc != Z_STREAM_END);

@@ -56,5 +56,16 @@ TEST(Gunzip, NamesTruncationCorruptionAndTheCap) {
   EXPECT_FALSE(gunzip(trailing, "junk.gz").ok());
 }
 
+// Issue 21: a small gzip file inflating to gigabytes with no newline was
+// inflated whole ("out of memory"); it now fails at its line, once the line
+// passes kMaxLineBytes, with the output never larger than that.
+TEST(Gunzip, ALineLongerThanTheBoundFailsAtThatLine) {
+  auto bomb = gzip_member("1\n2\n" + std::string(kMaxLineBytes + 1, '0'));
+  auto r = gunzip(bomb, "zeros.gz");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message().find("zeros.gz:3: line longer than 64 MiB"), std::string::npos) << r.error().message();
+  EXPECT_TRUE(gunzip(gzip_member("1\n" + std::string(1000, '2') + "\n"), "ok.gz").ok());
+}
+
 }  // namespace
 }  // namespace libra::detail

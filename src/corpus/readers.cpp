@@ -107,8 +107,12 @@ class SourceBytes {
   }
 
  private:
+  // Streams (standard input, pipes) have no size to check up front: a
+  // plain one is bounded line by line as it is read, and in total.
   Status read_all(int fd, const std::string& name) {
     char buf[1 << 16];
+    detail::LineBound lines;
+    bool gzip = false;
     for (;;) {
       const ssize_t n = ::read(fd, buf, sizeof buf);
       if (n == 0) return {};
@@ -116,7 +120,13 @@ class SourceBytes {
         if (errno == EINTR) continue;
         return io_error(name + ": read failed: " + std::strerror(errno));
       }
-      owned_.append(buf, static_cast<std::size_t>(n));
+      const auto got = static_cast<std::size_t>(n);
+      if (owned_.empty()) gzip = got >= 2 && static_cast<unsigned char>(buf[0]) == 0x1f && static_cast<unsigned char>(buf[1]) == 0x8b;
+      if (!gzip) LIBRA_TRY(lines.add(std::string_view(buf, got), name));
+      if (owned_.size() + got > detail::kMaxGunzipBytes) {
+        return invalid_input(name + ": more than " + std::to_string(detail::kMaxGunzipBytes >> 30) + " GiB");
+      }
+      owned_.append(buf, got);
     }
   }
 

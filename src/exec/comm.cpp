@@ -84,7 +84,7 @@ Result<std::vector<std::string>> gather_strings(Communicator& comm, int root, co
 bool mpi_built() { return false; }
 Status mpi_init() { return invalid_input("MPI: libra was built without MPI (configure with -DLIBRA_WITH_MPI=ON and OpenMPI)"); }
 void mpi_finalize() {}
-Result<std::unique_ptr<Communicator>> mpi_world() { return mpi_init().error(); }
+Result<std::unique_ptr<Communicator>> mpi_world(double) { return mpi_init().error(); }
 
 #endif
 

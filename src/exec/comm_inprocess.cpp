@@ -27,14 +27,21 @@
 #include <map>
 #include <mutex>
 #include <set>
+#include <stdexcept>
 #include <thread>
 
 #include "libra/comm.hpp"
+#include "core/fault.hpp"
 #include "libra/io.hpp"
 
 namespace libra {
 
 namespace {
+
+// Thrown by abort() to end one rank's thread; caught by run_in_process.
+struct RankAborted : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
 
 // Big blocks are split so that several waiting ranks share their copy.
 constexpr std::int64_t kPiece = std::int64_t{1} << 20;
@@ -67,8 +74,45 @@ struct Copy {
   std::int64_t offset, bytes;
 };
 
+// The failures of the ranks of one run_in_process, in the order they
+// happened, shared by its world and every split of it: the first failure
+// that is not a consequence of another ("gave up", "stopped") is the one
+// the job reports.
+struct Failures {
+  std::mutex mu;
+  std::int64_t next = 0;
+  std::vector<std::int64_t> order;  // by rank: -1 none; else 2*seq (+1 when a consequence)
+  explicit Failures(int n) : order(static_cast<std::size_t>(n), -1) {}
+  void record(int rank, bool consequence) {
+    std::lock_guard<std::mutex> lock(mu);
+    auto& o = order[static_cast<std::size_t>(rank)];
+    if (o < 0) o = 2 * next++ + (consequence ? 1 : 0);
+    detail::fault_release().store(true);
+  }
+  int first() {
+    std::lock_guard<std::mutex> lock(mu);
+    int best = -1;
+    for (std::size_t r = 0; r < order.size(); ++r) {
+      const std::int64_t o = order[r];
+      if (o < 0) continue;
+      const std::int64_t b = best < 0 ? -1 : order[static_cast<std::size_t>(best)];
+      if (best < 0 || (o & 1) < (b & 1) || ((o & 1) == (b & 1) && o < b)) best = static_cast<int>(r);
+    }
+    return best;
+  }
+};
+
+// Marks the messages of errors caused by another rank's failure.
+constexpr const char* kGaveUp = "gave up on it";
+constexpr const char* kStopped = "stopped before posting it";
+bool is_consequence(const std::string& m) {
+  return m.find(kGaveUp) != std::string::npos || m.find(kStopped) != std::string::npos;
+}
+
 struct World {
-  World(int n, int timeout) : size(n), timeout_ms(timeout), copying(static_cast<std::size_t>(n)) {}
+  World(int n, int timeout, std::shared_ptr<Failures> f, std::vector<int> roots)
+      : size(n), timeout_ms(timeout), copying(static_cast<std::size_t>(n)), dead(static_cast<std::size_t>(n), false),
+        failures(std::move(f)), root_rank(std::move(roots)) {}
   int size;
   int timeout_ms;
   std::mutex mu;
@@ -76,6 +120,9 @@ struct World {
   std::map<std::uint64_t, Slot> slots;  // by exchange sequence number; nodes stay put, so Side* are stable
   std::deque<Copy> copies;              // both sides registered, waiting for a rank to do them
   std::vector<int> copying;             // by rank: copies in flight touching it
+  std::vector<bool> dead;               // by rank: its communicator is gone, it posts nothing more
+  std::shared_ptr<Failures> failures;
+  std::vector<int> root_rank;           // by rank: its rank in the run_in_process world
   // Sub-worlds created by split, keyed by (split sequence number, color).
   std::map<std::pair<std::uint64_t, int>, std::shared_ptr<World>> children;
 };
@@ -103,6 +150,10 @@ class InProcessCommunicator final : public Communicator {
   ~InProcessCommunicator() override {
     std::unique_lock<std::mutex> lock(world_->mu);
     withdraw(lock);
+    // Peers waiting for an exchange this rank will never post learn it now,
+    // not after the timeout.
+    world_->dead[static_cast<std::size_t>(rank_)] = true;
+    world_->cv.notify_all();
   }
 
   int rank() const override { return rank_; }
@@ -175,9 +226,12 @@ class InProcessCommunicator final : public Communicator {
         copy_one(lock, me);
         continue;
       }
-      if (w.cv.wait_until(lock, deadline) == std::cv_status::no_timeout || me.left == 0) continue;
-      int missing = 0;
-      while (missing < size() && (missing == rank_ || slot.sides[static_cast<std::size_t>(missing)].posted)) ++missing;
+      int missing = first_missing(slot, true);
+      const bool peer_dead = missing < size();
+      if (!peer_dead) {
+        if (w.cv.wait_until(lock, deadline) == std::cv_status::no_timeout || me.left == 0) continue;
+        missing = first_missing(slot, false);
+      }
       if (missing == size() && w.copying[static_cast<std::size_t>(rank_)] > 0) {
         // Every peer posted: what is left are copies in flight, which end.
         w.cv.wait(lock, [&] { return me.left == 0 || !w.copies.empty() || w.copying[static_cast<std::size_t>(rank_)] == 0; });
@@ -189,8 +243,12 @@ class InProcessCommunicator final : public Communicator {
         return internal_error(fmt::format("in-process rank {}: exchange {} incomplete after {} ms though every rank posted it",
                                           rank_, seq, w.timeout_ms));
       }
-      return Error(ErrorCode::kInternal, fmt::format("in-process rank {}: no data from rank {} for exchange {} after {} ms",
-                                                     rank_, missing, seq, w.timeout_ms));
+      if (peer_dead) {
+        return internal_error(fmt::format("in-process rank {}: exchange {}: rank {} {}", rank_, seq, missing, kStopped));
+      }
+      return internal_error(fmt::format("in-process rank {}: no data from rank {} for exchange {} within the timeout of "
+                                        "{} ms (rank {} stopped or is too slow)",
+                                        rank_, missing, seq, w.timeout_ms, missing));
     }
     const std::string error = std::move(me.error);
     if (++slot.finished == size()) w.slots.erase(seq);
@@ -232,15 +290,24 @@ class InProcessCommunicator final : public Communicator {
     {
       std::lock_guard<std::mutex> lock(world_->mu);
       auto& slot = world_->children[{seq, color}];
-      if (!slot) slot = std::make_shared<World>(static_cast<int>(members.size()), world_->timeout_ms);
+      if (!slot) {
+        std::vector<int> roots;
+        for (const auto& m : members) roots.push_back(world_->root_rank[static_cast<std::size_t>(m.second)]);
+        slot = std::make_shared<World>(static_cast<int>(members.size()), world_->timeout_ms, world_->failures,
+                                       std::move(roots));
+      }
       child = slot;
     }
     return std::unique_ptr<Communicator>(std::make_unique<InProcessCommunicator>(child, new_rank));
   }
 
+  // Ends this rank only: the other ranks are threads of the same process,
+  // which learn of it through their exchanges with this one (withdrawn as
+  // the exception unwinds) and end in turn; run_in_process reports the
+  // first failure, so the job prints one line.
   [[noreturn]] void abort(const std::string& message) override {
-    write_stderr_line("libra: error: " + message);
-    std::abort();
+    world_->failures->record(world_->root_rank[static_cast<std::size_t>(rank_)], is_consequence(message));
+    throw RankAborted(message);
   }
 
  private:
@@ -319,7 +386,17 @@ class InProcessCommunicator final : public Communicator {
   }
 
   static std::string gave_up(int rank, std::uint64_t seq, int peer) {
-    return fmt::format("in-process rank {}: exchange {}: rank {} gave up on it", rank, seq, peer);
+    return fmt::format("in-process rank {}: exchange {}: rank {} {}", rank, seq, peer, kGaveUp);
+  }
+
+  // The lowest rank (not this one; with `dead_only`, one whose communicator
+  // is gone) that has not posted the exchange; size() if none.
+  int first_missing(const Slot& slot, bool dead_only) const {
+    for (int p = 0; p < size(); ++p) {
+      const auto pu = static_cast<std::size_t>(p);
+      if (p != rank_ && !slot.sides[pu].posted && (!dead_only || world_->dead[pu])) return p;
+    }
+    return size();
   }
 
   std::shared_ptr<World> world_;
@@ -331,23 +408,39 @@ class InProcessCommunicator final : public Communicator {
 
 }  // namespace
 
-std::vector<Status> run_in_process(int size, const std::function<Status(Communicator&)>& body, int timeout_ms) {
+std::vector<Status> run_in_process(int size, const std::function<Status(Communicator&)>& body, int timeout_ms,
+                                   int* first_failed) {
   std::vector<Status> statuses(static_cast<std::size_t>(std::max(size, 0)));
+  if (first_failed != nullptr) *first_failed = -1;
   if (size <= 0) return statuses;
-  auto world = std::make_shared<World>(size, timeout_ms);
+  auto failures = std::make_shared<Failures>(size);
+  std::vector<int> roots(static_cast<std::size_t>(size));
+  for (int r = 0; r < size; ++r) roots[static_cast<std::size_t>(r)] = r;
+  auto world = std::make_shared<World>(size, timeout_ms, failures, roots);
   std::vector<std::thread> threads;
   threads.reserve(static_cast<std::size_t>(size));
   for (int r = 0; r < size; ++r) {
     threads.emplace_back([&, r] {
+      Status& st = statuses[static_cast<std::size_t>(r)];
+      // The world communicator outlives the catch, so a failure is recorded
+      // before this rank's exchanges are withdrawn and its peers fail too.
       InProcessCommunicator comm(world, r);
       try {
-        statuses[static_cast<std::size_t>(r)] = body(comm);
+        st = body(comm);
+        if (!st.ok()) failures->record(r, is_consequence(st.error().message()));
+      } catch (const RankAborted& e) {
+        st = internal_error(e.what());
+      } catch (const std::bad_alloc& e) {
+        failures->record(r, false);
+        st = internal_error(fmt::format("rank {}: out of memory: {}", r, e.what()));
       } catch (const std::exception& e) {
-        statuses[static_cast<std::size_t>(r)] = internal_error(fmt::format("rank {}: exception: {}", r, e.what()));
+        failures->record(r, false);
+        st = internal_error(fmt::format("rank {}: exception: {}", r, e.what()));
       }
     });
   }
   for (auto& t : threads) t.join();
+  if (first_failed != nullptr) *first_failed = failures->first();
   return statuses;
 }
 

@@ -46,16 +46,39 @@ TEST(InProcessCommunicator, ReportsAReceiveOfTheWrongSize) {
   EXPECT_NE(st[1].message().find("rank 0 sent 8 bytes, expected 4"), std::string::npos) << st[1].message();
 }
 
-TEST(InProcessCommunicator, AWaitWithNoPeerTimesOutInsteadOfHanging) {
+// A peer whose thread ended will post nothing more: the wait fails at once
+// (it used to wait out the whole timeout), naming the peer.
+TEST(InProcessCommunicator, AWaitOnAPeerThatEndedFailsAtOnce) {
   auto st = run_in_process(
       2,
       [](Communicator& c) -> Status {
         if (c.rank() == 1) return Status();  // never posts
         return one_way(c, 0, 0);
       },
+      600000);
+  ASSERT_FALSE(st[0].ok());
+  EXPECT_NE(st[0].message().find("exchange 0: rank 1 stopped before posting it"), std::string::npos) << st[0].message();
+}
+
+// A live peer that sends nothing (stopped, not ended) is named once the
+// timeout passes.
+TEST(InProcessCommunicator, AWaitWithASilentPeerTimesOutNamingIt) {
+  std::atomic<bool> done{false};
+  auto st = run_in_process(
+      2,
+      [&](Communicator& c) -> Status {
+        if (c.rank() == 1) {
+          while (!done.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+          return Status();
+        }
+        Status s = one_way(c, 0, 0);
+        done.store(true);
+        return s;
+      },
       200);
   ASSERT_FALSE(st[0].ok());
-  EXPECT_NE(st[0].message().find("no data from rank 1 for exchange 0"), std::string::npos) << st[0].message();
+  EXPECT_NE(st[0].message().find("no data from rank 1 for exchange 0 within the timeout of 200 ms"), std::string::npos)
+      << st[0].message();
 }
 
 TEST(InProcessCommunicator, RejectsBlocksOutsideTheBuffers) {
@@ -151,7 +174,7 @@ TEST(InProcessCommunicator, APeerPostingAfterATimeoutLearnsThatTheRankGaveUp) {
       },
       100);
   ASSERT_FALSE(st[0].ok());
-  EXPECT_NE(st[0].message().find("no data from rank 1 for exchange 0 after 100 ms"), std::string::npos) << st[0].message();
+  EXPECT_NE(st[0].message().find("no data from rank 1 for exchange 0 within the timeout of 100 ms"), std::string::npos) << st[0].message();
   ASSERT_FALSE(st[1].ok());
   EXPECT_NE(st[1].message().find("exchange 0: rank 0 gave up on it"), std::string::npos) << st[1].message();
 }

@@ -9,9 +9,11 @@
 #include <chrono>
 #include <cstring>
 #include <memory>
+#include <new>
 
 #include "libra/backend.hpp"
 #include "libra/comm.hpp"
+#include "core/fault.hpp"
 #include "libra/executor.hpp"
 #include "libra/schedule.hpp"
 
@@ -146,6 +148,7 @@ class ScheduleExecutor final : public Executor {
   Status post(Phase p, int m, Wire& w);
   Status wait(Phase p, int m, Wire& w);
   Status compute(Pass pass, int m);
+  Status grow_workspace(std::size_t bytes);
   Status run_pass(Pass pass);
   Status run_pass_steps(Pass pass);
 
@@ -344,6 +347,18 @@ Status ScheduleExecutor::wait(Phase p, int m, Wire& w) {
   return Status();
 }
 
+// The allocation that fails under memory pressure is named, with its size,
+// rather than surfacing as a bare std::bad_alloc.
+Status ScheduleExecutor::grow_workspace(std::size_t bytes) {
+  try {
+    workspace_.resize(bytes);
+  } catch (const std::bad_alloc&) {
+    return internal_error(fmt::format("executor rank {}: out of memory allocating {} bytes of kernel workspace",
+                                      comm_.rank(), bytes));
+  }
+  return Status();
+}
+
 Status ScheduleExecutor::compute(Pass pass, int m) {
   TraceRecorder* tr = opts_.trace;
   const double t0 = tr ? tr->now_us() : 0;
@@ -360,13 +375,13 @@ Status ScheduleExecutor::compute(Pass pass, int m) {
     if (pass == Pass::kForward) {
       AttentionForward a{view(Field::kQ), view(Field::kK),   view(Field::kV), view(Field::kO),
                          view(Field::kLse), frags,           s_.window,       opts_.threads};
-      workspace_.resize(backend_->forward_workspace_bytes(a));
+      LIBRA_TRY(grow_workspace(backend_->forward_workspace_bytes(a)));
       LIBRA_TRY(backend_->forward(a, workspace_));
     } else {
       AttentionBackward a{view(Field::kQ),  view(Field::kK),  view(Field::kV),  view(Field::kO),
                           view(Field::kDo), view(Field::kLse), view(Field::kDq), view(Field::kDk),
                           view(Field::kDv), frags,             s_.window,        opts_.threads};
-      workspace_.resize(backend_->backward_workspace_bytes(a));
+      LIBRA_TRY(grow_workspace(backend_->backward_workspace_bytes(a)));
       LIBRA_TRY(backend_->backward(a, workspace_));
     }
     // Let the communication library move the other chunks' data.
@@ -387,7 +402,14 @@ Status ScheduleExecutor::compute(Pass pass, int m) {
 // post chunk m's outputs; wait for every return at the end and apply them in
 // the schedule's fixed order.
 Status ScheduleExecutor::run_pass(Pass pass) {
-  Status st = run_pass_steps(pass);
+  Status st;
+  try {
+    st = run_pass_steps(pass);
+  } catch (const std::bad_alloc& e) {
+    // As an error, so that the exchanges already posted are waited out
+    // below before their buffers can be freed.
+    st = internal_error(fmt::format("executor rank {}: out of memory: {}", comm_.rank(), e.what()));
+  }
   if (!st.ok()) {
     // Peers may still move bytes into or out of this pass's buffers (the
     // in-process communicator copies straight between ranks' buffers, MPI
@@ -410,7 +432,9 @@ Status ScheduleExecutor::run_pass_steps(Pass pass) {
   const int M = s_.chunks;
   std::vector<Wire>& ins = in_[static_cast<std::size_t>(pass)];
   std::vector<Wire>& outs = out_[static_cast<std::size_t>(pass)];
+  LIBRA_TRY(detail::fault_point(detail::FaultPoint::kBeforePost));
   LIBRA_TRY(post(in, 0, ins[0]));
+  LIBRA_TRY(detail::fault_point(detail::FaultPoint::kMidPass));
   for (int m = 0; m < M; ++m) {
     const auto mu = static_cast<std::size_t>(m);
     if (m + 1 < M) LIBRA_TRY(post(in, m + 1, ins[mu + 1]));
@@ -622,11 +646,15 @@ Result<std::unique_ptr<Executor>> make_schedule_executor(Communicator& pool, Ran
 }
 
 Result<std::unique_ptr<Executor>> make_plan_executor(Communicator& pool, const Plan& plan, const ExecOptions& options) {
+  // The size check is agreed on like the fingerprint: a rank that returned
+  // alone would leave the others waiting on it in the collective below.
+  Status size_ok;
   if (pool.size() != plan.num_workers()) {
-    return invalid_input(fmt::format("executor: the pool communicator has {} ranks but the plan has {} workers "
-                                     "(P = {}, CP = {}); run with W = P * CP ranks per pool",
-                                     pool.size(), plan.num_workers(), plan.pool_size(), plan.config().cp));
+    size_ok = invalid_input(fmt::format("executor: the pool communicator has {} ranks but the plan has {} workers "
+                                        "(P = {}, CP = {}); run with W = P * CP ranks per pool",
+                                        pool.size(), plan.num_workers(), plan.pool_size(), plan.config().cp));
   }
+  LIBRA_TRY(agree_on_status(pool, size_ok, "executor"));
   // Agree before building: the schedule of a plan another rank does not
   // hold would not match its messages.
   LIBRA_TRY(agree_on_fingerprint(pool, plan.fingerprint(), "plan"));

@@ -72,6 +72,25 @@ TEST(PlanExecutor, RejectsAPoolCommunicatorOfTheWrongSize) {
   }
 }
 
+// One rank holding a valid plan for another pool size used to return its
+// size error alone, leaving the others in the fingerprint collective until
+// the timeout ("no data from rank 3"); now every rank gets the size error.
+TEST(PlanExecutor, OneRankWithAPlanForAnotherPoolSizeFailsEveryRankAtOnce) {
+  ExecCase c;
+  auto pool4 = exec_test::random_pool(3, 2, c.seq_len);  // P 2 x CP 2 = 4 workers
+  auto pool2 = exec_test::random_pool(3, 1, c.seq_len);  // P 1 x CP 2 = 2 workers
+  Result<Plan> plan4 = make_plan(pool4, exec_test::case_config(c));
+  Result<Plan> plan2 = make_plan(pool2, exec_test::case_config(c));
+  ASSERT_TRUE(plan4.ok() && plan2.ok());
+  auto st = run_in_process(
+      4, [&](Communicator& comm) { return make_plan_executor(comm, comm.rank() == 3 ? *plan2 : *plan4, {}).status(); },
+      30000);
+  for (const Status& s : st) {
+    ASSERT_FALSE(s.ok());
+    EXPECT_NE(s.message().find("has 4 ranks but the plan has 2 workers"), std::string::npos) << s.message();
+  }
+}
+
 TEST(PlanExecutor, RejectsInputsOfTheWrongSizeOnEveryRank) {
   ExecCase c;
   auto pool = exec_test::random_pool(3, 2, c.seq_len);

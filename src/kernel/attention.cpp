@@ -8,12 +8,15 @@
 #include <initializer_list>
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <numeric>
+#include <string>
 #include <thread>
 #include <vector>
 
 #include <hwy/aligned_allocator.h>
+#include "core/fault.hpp"
 
 #include "kernel/detail.hpp"
 #include "libra/kernel.hpp"
@@ -114,25 +117,42 @@ void run_threads(int threads, Body&& body) {
 
 float resolve_scale(float s, I64 d) { return s == 0.0f ? 1.0f / std::sqrt(static_cast<float>(d)) : s; }
 
+// A NaN or Inf operand as 0 in the backward's packed copies: a masked
+// (zero) entry of P or dS times NaN would be NaN and reach keys or queries
+// the bad row does not see. The rows that do see it are NaN through their
+// log-sum-exp or delta, as in plain attention.
+float finite_or_zero(float x) { return std::isfinite(x) ? x : 0.0f; }
+
 // Packs keys [0, len) of group g.. for KV head `head` of `src`: transposed
-// block tiles [block][dp][kBk] (t != nullptr) and/or rows [block*kBk][dp].
-void pack_kv(const ConstTensor& src, I64 head, const Group& gr, I64 jb, I64 d, I64 dp, float* t, float* r) {
+// block tiles [block][dp][kBk] (t != nullptr) and/or rows [block*kBk][dp];
+// `finite` zeroes non-finite values (backward).
+void pack_kv(const ConstTensor& src, I64 head, const Group& gr, I64 jb, I64 d, I64 dp, float* t, float* r,
+             bool finite = false, std::uint64_t* bad_rows = nullptr) {
   const I64 j0 = jb * kBk;
   if (t != nullptr) {
     float* tile = t + (gr.block_off + jb) * dp * kBk;
     std::fill(tile, tile + dp * kBk, 0.0f);
     for (I64 j = 0; j < kBk && j0 + j < gr.len; ++j) {
       const I64 off = detail::elem_offset(src, gr.kv_row + j0 + j, head);
-      for (I64 c = 0; c < d; ++c) tile[c * kBk + j] = detail::load_elem(src.data, src.dtype, off + c);
+      for (I64 c = 0; c < d; ++c) {
+        const float x = detail::load_elem(src.data, src.dtype, off + c);
+        tile[c * kBk + j] = finite ? finite_or_zero(x) : x;
+      }
     }
   }
   if (r != nullptr) {
     float* rows = r + (gr.block_off + jb) * kBk * dp;
     std::fill(rows, rows + kBk * dp, 0.0f);
+    std::uint64_t bad = 0;
     for (I64 j = 0; j < kBk && j0 + j < gr.len; ++j) {
       const I64 off = detail::elem_offset(src, gr.kv_row + j0 + j, head);
-      for (I64 c = 0; c < d; ++c) rows[j * dp + c] = detail::load_elem(src.data, src.dtype, off + c);
+      for (I64 c = 0; c < d; ++c) {
+        const float x = detail::load_elem(src.data, src.dtype, off + c);
+        if (!std::isfinite(x)) bad |= std::uint64_t{1} << j;
+        rows[j * dp + c] = finite ? finite_or_zero(x) : x;
+      }
     }
+    if (bad_rows != nullptr) bad_rows[gr.block_off + jb] = bad;
   }
 }
 
@@ -155,12 +175,18 @@ std::vector<PackItem> pack_items(const Layout& lay) {
 // cost more than the arithmetic of a 128-token call).
 class Arena {
  public:
-  // Reserves room for the given float counts, each 64-byte aligned.
-  std::vector<float*> carve(std::initializer_list<I64> sizes) {
+  // Reserves room for the given float counts, each 64-byte aligned. Empty
+  // when the allocation failed (hwy returns null rather than throwing);
+  // `fail` makes it fail, for the fault-injection tests.
+  std::vector<float*> carve(std::initializer_list<I64> sizes, bool fail = false) {
     std::size_t total = 0;
     for (I64 n : sizes) total += static_cast<std::size_t>(detail::round_up(std::max<I64>(n, 1), 16));
-    if (total > cap_) {
-      buf_ = hwy::AllocateAligned<float>(total);
+    last_bytes_ = total * sizeof(float);
+    if (total > cap_ || fail) {
+      buf_.reset();
+      cap_ = 0;
+      if (!fail) buf_ = hwy::AllocateAligned<float>(total);
+      if (!buf_) return {};
       cap_ = total;
     }
     std::vector<float*> out;
@@ -175,8 +201,10 @@ class Arena {
     buf_.reset();
     cap_ = 0;
   }
+  std::size_t last_bytes() const { return last_bytes_; }
 
  private:
+  std::size_t last_bytes_ = 0;
   hwy::AlignedFreeUniquePtr<float[]> buf_;
   std::size_t cap_ = 0;
 };
@@ -184,6 +212,20 @@ class Arena {
 Arena& thread_arena() {
   thread_local Arena arena;
   return arena;
+}
+
+Error scratch_failed(const char* call) {
+  return internal_error(std::string(call) + ": out of memory allocating " + std::to_string(thread_arena().last_bytes()) +
+                        " bytes of kernel scratch");
+}
+
+// The fault-injection point inside the kernel: true when the test hook asks
+// this call's scratch allocation to fail.
+Result<bool> kernel_fault() {
+  const ::libra::detail::FaultAction a = ::libra::detail::fault_action(::libra::detail::FaultPoint::kKernel);
+  if (a == ::libra::detail::FaultAction::kAlloc) return true;
+  LIBRA_TRY(::libra::detail::fault_outcome(a, ::libra::detail::FaultPoint::kKernel));
+  return false;
 }
 
 }  // namespace
@@ -261,8 +303,10 @@ Status attention_forward(const ForwardArgs& args) {
   const int threads = useful_threads(args.threads, tasks, 4 * kBk * d, args.min_flops_per_thread);
   const auto bins = assign(std::move(tasks), threads);
   const auto items = pack_items(lay);
+  LIBRA_ASSIGN_OR_RETURN(const bool alloc_fault, kernel_fault());
   const auto mem = thread_arena().carve(
-      {lay.total_blocks * dp * kBk, lay.total_blocks * kBk * dp, threads * detail::fwd_scratch_floats(dp)});
+      {lay.total_blocks * dp * kBk, lay.total_blocks * kBk * dp, threads * detail::fwd_scratch_floats(dp)}, alloc_fault);
+  if (mem.empty()) return scratch_failed("attention_forward");
   float* const kt = mem[0];
   float* const vr = mem[1];
   float* const scratch = mem[2];
@@ -276,13 +320,15 @@ Status attention_forward(const ForwardArgs& args) {
   cx.frag_group = &lay.frag_group;
   cx.kt = kt;
   cx.v = vr;
+  std::vector<std::uint64_t> v_bad(static_cast<std::size_t>(lay.total_blocks), 0);
+  cx.v_bad = v_bad.data();
   run_threads(threads, [&](int t, std::barrier<>& sync) {
     float* mine = scratch + t * detail::fwd_scratch_floats(dp);
     for (I64 g = 0; g < hkv; ++g) {
       for (std::size_t i = static_cast<std::size_t>(t); i < items.size(); i += static_cast<std::size_t>(threads)) {
         const Group& gr = lay.groups[static_cast<std::size_t>(items[i].group)];
         pack_kv(args.k, g, gr, items[i].jb, d, dp, kt, nullptr);
-        pack_kv(args.v, g, gr, items[i].jb, d, dp, nullptr, vr);
+        pack_kv(args.v, g, gr, items[i].jb, d, dp, nullptr, vr, true, v_bad.data());
       }
       sync.arrive_and_wait();
       detail::FwdCtx local = cx;
@@ -329,9 +375,12 @@ Status attention_backward(const BackwardArgs& args) {
     for (I64 i = 0; i < f.e - f.a; i += 256) chunks.push_back({f.q_row + i, std::min<I64>(256, f.e - f.a - i)});
   }
   const I64 blocks = lay.total_blocks;
+  LIBRA_ASSIGN_OR_RETURN(const bool alloc_fault, kernel_fault());
   const auto mem = thread_arena().carve({blocks * dp * kBk, blocks * dp * kBk, blocks * kBk * dp, hg * rows * dp,
                                          hg * rows * dp, hg * rows, hg * rows, threads * hg * rows * dp,
-                                         threads * detail::bwd_scratch_floats(dp)});
+                                         threads * detail::bwd_scratch_floats(dp)},
+                                        alloc_fault);
+  if (mem.empty()) return scratch_failed("attention_backward");
   float* const kt = mem[0];
   float* const vt = mem[1];
   float* const kr = mem[2];
@@ -352,6 +401,8 @@ Status attention_backward(const BackwardArgs& args) {
   cx.kt = kt;
   cx.vt = vt;
   cx.kr = kr;
+  std::vector<std::uint64_t> k_bad(static_cast<std::size_t>(lay.total_blocks), 0);
+  cx.k_bad = k_bad.data();
   cx.qp = qp;
   cx.dop = dop;
   cx.lse = lse;
@@ -363,8 +414,8 @@ Status attention_backward(const BackwardArgs& args) {
     for (I64 g = 0; g < hkv; ++g) {
       for (std::size_t i = tu; i < items.size(); i += tn) {
         const Group& gr = lay.groups[static_cast<std::size_t>(items[i].group)];
-        pack_kv(args.k, g, gr, items[i].jb, d, dp, kt, kr);
-        pack_kv(args.v, g, gr, items[i].jb, d, dp, vt, nullptr);
+        pack_kv(args.k, g, gr, items[i].jb, d, dp, kt, kr, true, k_bad.data());
+        pack_kv(args.v, g, gr, items[i].jb, d, dp, vt, nullptr, true);
       }
       for (std::size_t i = tu; i < chunks.size(); i += tn) {
         for (I64 hl = 0; hl < hg; ++hl) {
@@ -375,14 +426,18 @@ Status attention_backward(const BackwardArgs& args) {
             const I64 oq = detail::elem_offset(args.q, row, h), odo = detail::elem_offset(args.d_o, row, h);
             const I64 oo = detail::elem_offset(args.o, row, h);
             double dsum = 0;
+            bool bad_q = false;
             for (I64 c = 0; c < d; ++c) {
-              q[c] = detail::load_elem(args.q.data, args.q.dtype, oq + c);
+              const float x = detail::load_elem(args.q.data, args.q.dtype, oq + c);
+              bad_q |= !std::isfinite(x);
+              q[c] = finite_or_zero(x);
               o[c] = detail::load_elem(args.d_o.data, args.d_o.dtype, odo + c);
               dsum += static_cast<double>(o[c]) * detail::load_elem(args.o.data, args.o.dtype, oo + c);
             }
             std::fill(q + d, q + dp, 0.0f);
             std::fill(o + d, o + dp, 0.0f);
-            lse[hl * rows + row] = static_cast<const float*>(args.lse.data)[detail::elem_offset(args.lse, row, h)];
+            lse[hl * rows + row] = bad_q ? std::numeric_limits<float>::quiet_NaN()
+                                         : static_cast<const float*>(args.lse.data)[detail::elem_offset(args.lse, row, h)];
             delta[hl * rows + row] = static_cast<float>(dsum);
           }
         }

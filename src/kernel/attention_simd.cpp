@@ -35,6 +35,8 @@ using VF = hn::Vec<DF>;
 using I64 = std::int64_t;
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+constexpr float kPosInf = std::numeric_limits<float>::infinity();
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
 // Vector registers of the target: AVX-512 (and Arm) have 32, AVX2 and SSE
 // 16. Register tiles and the FMA probe are sized from this: a tile or a set
@@ -156,6 +158,16 @@ HWY_INLINE float RowMax(const float* x, I64 n) {
   return hn::GetLane(hn::MaxOfLanes(df, m));
 }
 
+// True if any of x[0, n) is NaN. Highway's Exp turns NaN into 0, and Max
+// may drop it, so NaN has to be looked for to be propagated.
+HWY_INLINE bool RowHasNaN(const float* x, I64 n) {
+  const DF df;
+  const I64 L = static_cast<I64>(hn::Lanes(df));
+  auto m = hn::IsNaN(hn::LoadU(df, x));
+  for (I64 i = L; i < n; i += L) m = hn::Or(m, hn::IsNaN(hn::LoadU(df, x + i)));
+  return !hn::AllFalse(df, m);
+}
+
 // x[i] = exp(x[i] * mul - sub); returns the sum. exp(-inf) and exp(NaN from
 // -inf - -inf) come out as 0 (Highway's Exp zeroes inputs below -104).
 HWY_INLINE float ExpRow(float* x, I64 n, float mul, float sub) {
@@ -191,6 +203,13 @@ void ForwardTask(const FwdCtx& cx, const FwdTask& t, float* scratch) {
     mrow[r] = kNegInf;
     lrow[r] = 0.0f;
   }
+  // Rows that saw a NaN or +inf score (a NaN or Inf in q or in a visible k
+  // row): plain attention and flash-attn give NaN there, so they do too,
+  // instead of a row that looks healthy.
+  bool bad[kBq] = {};
+  // Rows that see a non-finite value row: their O is NaN (their LSE is not:
+  // it does not depend on V).
+  bool vbad[kBq] = {};
   const I64 jb0 = first_key(qpos0, w) / kBk, jb1 = qlast / kBk;
   for (I64 jb = jb0; jb <= jb1; ++jb) {
     const I64 j0 = jb * kBk;
@@ -210,9 +229,21 @@ void ForwardTask(const FwdCtx& cx, const FwdTask& t, float* scratch) {
         for (I64 j = std::max<I64>(hi + 1, 0); j < kBk; ++j) sr[j] = kNegInf;
       }
     }
+    const std::uint64_t v_bad = cx.v_bad[blk];
     for (I64 r = 0; r < M; ++r) {
       float* sr = sb + r * kBk;
-      const float mnew = std::max(mrow[r], RowMax(sr, kBk));
+      const float mx = RowMax(sr, kBk);
+      if (!bad[r] && (mx == kPosInf || RowHasNaN(sr, kBk))) bad[r] = true;
+      if (!vbad[r] && v_bad != 0) {  // a non-finite value row this query sees
+        const I64 lo = std::max<I64>(first_key(qpos0 + r, w) - j0, 0), hi = std::min<I64>(qpos0 + r - j0, kBk - 1);
+        for (I64 j = lo; j <= hi && !vbad[r]; ++j) vbad[r] = (v_bad >> j) & 1U;
+      }
+      if (bad[r]) {  // its output is NaN: keep the rest of the block finite
+        alpha[r] = 1.0f;
+        for (I64 j = 0; j < kBk; ++j) sr[j] = 0.0f;
+        continue;
+      }
+      const float mnew = std::max(mrow[r], mx);
       if (mnew == kNegInf) {  // nothing visible yet in this row
         alpha[r] = 0.0f;
         for (I64 j = 0; j < kBk; ++j) sr[j] = 0.0f;
@@ -226,7 +257,13 @@ void ForwardTask(const FwdCtx& cx, const FwdTask& t, float* scratch) {
     Gemm(M, dp, kBk, sb, kBk, 1, cx.v + blk * kBk * dp, dp, ob, dp, alpha, jb != jb0);
   }
   for (I64 r = 0; r < M; ++r) {
-    const float inv = lrow[r] > 0.0f ? 1.0f / lrow[r] : 0.0f;
+    if (bad[r]) {
+      const I64 off = elem_offset(A.o, row0 + r, h);
+      for (I64 c = 0; c < d; ++c) store_elem(A.o.data, A.o.dtype, off + c, kNaN);
+      static_cast<float*>(A.lse.data)[elem_offset(A.lse, row0 + r, h)] = kNaN;
+      continue;
+    }
+    const float inv = vbad[r] ? kNaN : lrow[r] > 0.0f ? 1.0f / lrow[r] : 0.0f;
     const I64 off = elem_offset(A.o, row0 + r, h);
     for (I64 c = 0; c < d; ++c) store_elem(A.o.data, A.o.dtype, off + c, ob[r * dp + c] * inv);
     static_cast<float*>(A.lse.data)[elem_offset(A.lse, row0 + r, h)] =
@@ -279,16 +316,31 @@ void BackwardTask(const BwdCtx& cx, const BwdTask& t, float* scratch, float* dq_
         for (I64 r = 0; r < M; ++r) {
           float* pr = pb + r * kBk;
           float* sr = sb + r * kBk;
+          // A row whose log-sum-exp is NaN (the forward made it NaN: it saw
+          // a NaN or Inf in q or k) has a NaN P, as in plain attention; Exp
+          // alone would zero it. A NaN delta (a non-finite v row it sees)
+          // makes its dS NaN through the subtraction below. The operands are
+          // finite here (non-finite values are packed as 0).
+          const bool nan_row = std::isnan(lse[row + r]);
           ExpRow(pr, kBk, cx.scale, lse[row + r]);
-          if (diag || edge) {
-            const I64 lo = first_key(qs + r, w) - j0, hi = qs + r - j0;
-            for (I64 j = 0; j < std::min<I64>(lo, kBk); ++j) pr[j] = 0.0f;
-            for (I64 j = std::max<I64>(hi + 1, 0); j < kBk; ++j) pr[j] = 0.0f;
-          }
+          if (nan_row) std::fill(pr, pr + kBk, kNaN);
           const VF vd = hn::Set(df, delta[row + r]);
           for (I64 j = 0; j < kBk; j += L) {
             const VF p = hn::LoadU(df, pr + j);
             hn::StoreU(hn::Mul(p, hn::Sub(hn::LoadU(df, sr + j), vd)), df, sr + j);
+          }
+          if (const std::uint64_t kb = cx.k_bad[blk]; kb != 0) {
+            const I64 lo = std::max<I64>(first_key(qs + r, w) - j0, 0), hi = std::min<I64>(qs + r - j0, kBk - 1);
+            bool sees = false;
+            for (I64 j = lo; j <= hi && !sees; ++j) sees = (kb >> j) & 1U;
+            if (sees) std::fill(dq + (row + r) * dp, dq + (row + r) * dp + d, kNaN);
+          }
+          if (diag || edge) {
+            // Masked after dS too: 0 * NaN is NaN, and keys this row does
+            // not see must not get its NaN.
+            const I64 lo = first_key(qs + r, w) - j0, hi = qs + r - j0;
+            for (I64 j = 0; j < std::min<I64>(lo, kBk); ++j) pr[j] = sr[j] = 0.0f;
+            for (I64 j = std::max<I64>(hi + 1, 0); j < kBk; ++j) pr[j] = sr[j] = 0.0f;
           }
         }
         Gemm(kBk, dp, M, pb, 1, kBk, dob, dp, dv, dp, nullptr, true);

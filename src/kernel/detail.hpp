@@ -57,7 +57,10 @@ struct FwdCtx {
   const std::vector<Group>* groups = nullptr;
   const std::vector<std::int32_t>* frag_group = nullptr;
   const float* kt = nullptr;  // [block][dp][kBk]
-  const float* v = nullptr;   // [block * kBk][dp]
+  const float* v = nullptr;   // [block * kBk][dp], non-finite values as 0
+  // By block: bit j set when value row j of the block was not finite (its
+  // viewers' outputs are NaN; packed as 0 so masked rows stay finite).
+  const std::uint64_t* v_bad = nullptr;
 };
 
 // Scratch per thread for a forward task.
@@ -71,6 +74,9 @@ struct BwdCtx {
   const float* kt = nullptr;     // [block][dp][kBk]
   const float* vt = nullptr;     // [block][dp][kBk]
   const float* kr = nullptr;     // [block * kBk][dp]
+  // By block: bit j set when key row j of the block was not finite (packed
+  // as 0): dQ of every query that sees it is NaN, as 0 * Inf is.
+  const std::uint64_t* k_bad = nullptr;
   const float* qp = nullptr;     // [hg][rows][dp]
   const float* dop = nullptr;    // [hg][rows][dp]
   const float* lse = nullptr;    // [hg][rows]

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -439,6 +440,67 @@ TEST(AttentionBackward, AccumulatesDqWhenAsked) {
   for (I64 r = 0; r < T; ++r)
     for (I64 c = 0; c < d; ++c)
       EXPECT_NEAR(dq.get(r, 0, c) - dq0.get(r, 0, c), g->dq[static_cast<std::size_t>(r * d + c)], 1e-5);
+}
+
+// Issue 21: NaN in gives NaN out in the same rows as plain attention (the
+// fp64 reference), forward and backward; every other row keeps its value. A NaN or Inf q row used to give an
+// all-zero row, and a NaN k row left every later query finite.
+TEST(AttentionKernel, NanAndInfPropagateToTheSameElementsAsTheReference) {
+  const I64 T = 150, d = 16;  // three key blocks: rows before, at and after the bad row
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  struct Case {
+    const char* what;
+    char tensor;  // 'q', 'k' or 'v'
+    I64 row;
+    float value;
+    I64 window;
+  };
+  for (const Case& c : {Case{"NaN q row", 'q', 70, nan, kFullCausal}, Case{"+Inf q row", 'q', 3, inf, kFullCausal},
+                        Case{"-Inf q row", 'q', 100, -inf, kFullCausal}, Case{"NaN k row", 'k', 70, nan, kFullCausal},
+                        Case{"NaN k row, window", 'k', 70, nan, 20}, Case{"+Inf k row", 'k', 40, inf, kFullCausal},
+                        Case{"NaN v row", 'v', 70, nan, kFullCausal}, Case{"NaN v row, window", 'v', 30, nan, 10}}) {
+    SCOPED_TRACE(c.what);
+    std::mt19937_64 rng(21);
+    Buf q(DType::kF32, T, 1, d), k(DType::kF32, T, 1, d), v(DType::kF32, T, 1, d), o(DType::kF32, T, 1, d),
+        lse(DType::kF32, T, 1, 1), d_o(DType::kF32, T, 1, d), dq(DType::kF32, T, 1, d), dk(DType::kF32, T, 1, d),
+        dv(DType::kF32, T, 1, d);
+    q.fill(rng, 1.0f);
+    k.fill(rng, 1.0f);
+    v.fill(rng, 1.0f);
+    d_o.fill(rng, 1.0f);
+    Buf& bad = c.tensor == 'q' ? q : c.tensor == 'k' ? k : v;
+    bad.set(c.row, 0, 5, c.value);
+    std::vector<Fragment> frags = {{0, 0, T, 0, T}};
+    ASSERT_TRUE(attention_forward({q.cview(), k.cview(), v.cview(), o.view(), lse.view(), frags, c.window}).ok());
+    BackwardArgs ba{q.cview(), k.cview(), v.cview(), o.cview(), d_o.cview(), lse.cview(), dq.view(), dk.view(),
+                    dv.view(), frags, c.window};
+    ASSERT_TRUE(attention_backward(ba).ok());
+    auto f = reference_forward(q.cview(), k.cview(), v.cview(), frags, c.window);
+    auto g = reference_backward(q.cview(), k.cview(), v.cview(), d_o.cview(), frags, c.window);
+    ASSERT_TRUE(f.ok() && g.ok());
+    int nan_rows = 0;
+    auto same = [&](const char* name, const std::vector<double>& ref, const Buf& got, I64 width) {
+      for (I64 r = 0; r < T; ++r) {
+        bool ref_nan = false, got_nan = false;
+        for (I64 x = 0; x < width; ++x) {
+          ref_nan |= !std::isfinite(ref[static_cast<std::size_t>(r * width + x)]);
+          got_nan |= std::isnan(got.get(r, 0, x));
+        }
+        for (I64 x = 0; x < width && !ref_nan; ++x) {  // rows that stay finite keep their values
+          const double a = ref[static_cast<std::size_t>(r * width + x)];
+          EXPECT_NEAR(got.get(r, 0, x), a, 1e-4 * std::max(1.0, std::abs(a))) << name << " row " << r;
+        }
+        EXPECT_EQ(got_nan, ref_nan) << name << " row " << r;
+        nan_rows += ref_nan;
+      }
+    };
+    same("O", f->o, o, d);
+    same("LSE", f->lse, lse, 1);
+    same("dQ", g->dq, dq, d);
+    same("dK", g->dk, dk, d);
+    same("dV", g->dv, dv, d);
+    EXPECT_GT(nan_rows, 0);  // the case does reach the outputs
+  }
 }
 
 // Loss L = sum(O * dO); central differences of the reference forward pass.

@@ -86,6 +86,11 @@ constexpr std::array<std::string_view, 2> kRuleNames = {"buddy", "lightest"};
 // further swap would help: the loop provably terminates (every swap strictly
 // lowers the sum of squared loads), but the bound keeps the worst case cheap.
 constexpr std::int64_t kSwapsPerSequence = 16;
+// vrsp-refine's pool pairs examined per refinement: each swap scans every
+// pool, so without a bound the refinement is quadratic in the window
+// (GBS 131,072 took 37 s, 1,048,576 did not finish). Windows up to GBS
+// ~16K never reach it; larger ones keep the best found within it.
+constexpr std::int64_t kMaxPairEvaluations = std::int64_t{1} << 26;
 
 using detail::Pools;
 
@@ -191,9 +196,10 @@ void swap_heaviest_lightest(Pools& pools, std::span<const std::int64_t> w) {
 // bound on the maximum load. Each swap strictly lowers the sum of squared
 // loads and never raises the maximum. Returns the number of swaps made.
 std::int64_t refine_max_pool(Pools& pools, std::vector<std::int64_t>& loads, std::span<const std::int64_t> w,
-                             std::int64_t floor, std::int64_t budget) {
+                             std::int64_t floor, std::int64_t budget, std::int64_t& pairs_left) {
   std::int64_t swaps = 0;
-  for (; swaps < budget; ++swaps) {
+  for (; swaps < budget && pairs_left > 0; ++swaps) {
+    pairs_left -= static_cast<std::int64_t>(pools.size());
     const std::size_t h = argmax(loads);
     if (loads[h] <= floor) break;
     Swap best;
@@ -216,7 +222,9 @@ std::int64_t refine_max_pool(Pools& pools, std::vector<std::int64_t>& loads, std
 // heaviest with second lightest, and so on, and balance each pair with its
 // best swap. This makes room below the maximum that step 1 can then use; it
 // never raises the maximum either. Returns the number of swaps made.
-std::int64_t balance_pairs(Pools& pools, std::vector<std::int64_t>& loads, std::span<const std::int64_t> w) {
+std::int64_t balance_pairs(Pools& pools, std::vector<std::int64_t>& loads, std::span<const std::int64_t> w,
+                           std::int64_t& pairs_left) {
+  pairs_left -= static_cast<std::int64_t>(pools.size() / 2);
   std::vector<std::size_t> by_load(pools.size());
   std::iota(by_load.begin(), by_load.end(), std::size_t{0});
   std::sort(by_load.begin(), by_load.end(), [&](std::size_t a, std::size_t b) {
@@ -238,12 +246,13 @@ std::int64_t balance_pairs(Pools& pools, std::vector<std::int64_t>& loads, std::
 void refine(Pools& pools, std::span<const std::int64_t> w, std::int64_t floor) {
   std::vector<std::int64_t> loads = pool_loads(pools, w);
   std::int64_t budget = kSwapsPerSequence * static_cast<std::int64_t>(w.size());
+  std::int64_t pairs_left = kMaxPairEvaluations;
   for (;;) {
-    budget -= refine_max_pool(pools, loads, w, floor, budget);
-    if (budget <= 0 || *std::max_element(loads.begin(), loads.end()) <= floor) return;
-    const std::int64_t moved = balance_pairs(pools, loads, w);
+    budget -= refine_max_pool(pools, loads, w, floor, budget, pairs_left);
+    if (budget <= 0 || pairs_left <= 0 || *std::max_element(loads.begin(), loads.end()) <= floor) return;
+    const std::int64_t moved = balance_pairs(pools, loads, w, pairs_left);
     budget -= moved;
-    if (moved == 0 || budget <= 0) return;
+    if (moved == 0 || budget <= 0 || pairs_left <= 0) return;
   }
 }
 

@@ -115,7 +115,18 @@ Result<SimResult> simulate(std::span<const PackedSequence> seqs, std::int64_t se
                     cfg.model.heads_q));
   }
   if (cfg.max_windows < 0) return invalid_input(fmt::format("--windows {}: must be >= 0", cfg.max_windows));
-  if (cfg.random_seeds < 1) return invalid_input(fmt::format("--random-seeds {}: must be >= 1", cfg.random_seeds));
+  // Each seed is a full grouping per window: a bound keeps a typo (2^40)
+  // from becoming a run that never ends.
+  if (cfg.random_seeds < 1 || cfg.random_seeds > 1000000) {
+    return invalid_input(fmt::format("--random-seeds {}: must be in [1, 1000000]", cfg.random_seeds));
+  }
+  // A negative or infinite size prints negative throughputs, inf and -nan%.
+  if (!(cfg.model.active_params > 0) || !std::isfinite(cfg.model.active_params)) {
+    return invalid_input(fmt::format("--active-params {}: must be a finite number > 0", cfg.model.active_params));
+  }
+  if (!(cfg.model.grad_bytes_per_gpu >= 0) || !std::isfinite(cfg.model.grad_bytes_per_gpu)) {
+    return invalid_input(fmt::format("--grad-bytes-per-gpu {}: must be a finite number >= 0", cfg.model.grad_bytes_per_gpu));
+  }
   if (!(cfg.worst_weight >= 0) || !std::isfinite(cfg.worst_weight)) {
     return invalid_input(fmt::format("--worst-weight {}: must be a non-negative number", cfg.worst_weight));
   }

@@ -4,7 +4,9 @@
 // the fingerprint, so a loaded plan is exactly the plan that was saved.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <bit>
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -182,6 +184,12 @@ Result<Plan> plan_from_binary(std::string_view bytes, const std::string& source)
   if (version < 1 || version > kPlanFormatVersion) {
     return mismatch_error(source + ": plan format version " + std::to_string(version) + "; this libra reads versions 1 to " +
                           std::to_string(kPlanFormatVersion));
+  }
+  // Reserved for options a later version may add: a reader that ignored
+  // them would misread such a file.
+  if (const std::uint32_t flags = get_u32(bytes, 12); flags != 0) {
+    return invalid_input(source + ": binary plan header: flags word is " + std::to_string(flags) +
+                         ", expected 0 (docs/plan-format.md)");
   }
   const std::uint64_t stated = get_u64(bytes, 16);
   const std::uint64_t count = get_u64(bytes, 24);
@@ -479,6 +487,20 @@ Result<Plan> plan_from_json(std::string_view text, const std::string& source) {
         return mismatch_error(source + ": tiles[" + std::to_string(i) + "]: field '" + key +
                               "' disagrees with the plan (" + std::to_string(want) + ")");
       }
+    }
+  }
+  for (const auto& [key, want] : {std::pair<const char*, std::int64_t>{"num_workers", plan.num_workers()},
+                                  {"pool_size", plan.pool_size()}}) {
+    if (j.contains(key) && (!j[key].is_number_integer() || j[key].get<std::int64_t>() != want)) {
+      return mismatch_error(source + ": field '" + key + "' disagrees with the plan's tiles (" + std::to_string(want) + ")");
+    }
+  }
+  if (j.contains("imbalance")) {
+    // Written with the shortest text that reads back to the same double.
+    const OJson& im = j["imbalance"];
+    const double want = plan.imbalance();
+    if (!im.is_number() || std::abs(im.get<double>() - want) > 1e-12 * std::max(1.0, std::abs(want))) {
+      return mismatch_error(source + ": field 'imbalance' disagrees with the plan's tiles (" + fmt::format("{}", want) + ")");
     }
   }
   if (j.contains("comm_bytes") && j["comm_bytes"] != plan.comm_bytes()) {

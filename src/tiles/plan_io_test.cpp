@@ -161,6 +161,33 @@ TEST(PlanFile, RejectsOtherVersionsAndTamperedContent) {
   expect_error(libra::plan_from_binary("hello", "p.bin"), "not a libra binary plan");
 }
 
+// Issue 21: these summaries loaded without complaint when they disagreed
+// with the tiles, and a nonzero flags word was accepted.
+TEST(PlanFile, RejectsStatedSummariesThatDisagreeWithTheTilesAndAFlagsWord) {
+  auto plan = libra::make_plan(kPool, small_config(PlanMode::kTap));
+  ASSERT_TRUE(plan.ok());
+  const nlohmann::json j = nlohmann::json::parse(libra::plan_to_json(*plan));
+  ASSERT_TRUE(libra::plan_from_json(j.dump(), "p.json").ok());
+  auto expect_error = [](const libra::Result<Plan>& r, const std::string& part) {
+    ASSERT_FALSE(r.ok()) << part;
+    EXPECT_NE(r.error().message().find(part), std::string::npos) << r.error().message();
+  };
+  for (const char* key : {"num_workers", "pool_size"}) {
+    auto k = j;
+    k[key] = k[key].get<std::int64_t>() + 1;
+    expect_error(libra::plan_from_json(k.dump(), "p.json"), std::string("p.json: field '") + key + "' disagrees");
+  }
+  {
+    auto k = j;
+    k["imbalance"] = k["imbalance"].get<double>() + 0.25;
+    expect_error(libra::plan_from_json(k.dump(), "p.json"), "p.json: field 'imbalance' disagrees");
+  }
+  std::string bin = libra::plan_to_binary(*plan);
+  ASSERT_TRUE(libra::plan_from_binary(bin, "p.bin").ok());
+  bin[12] = 1;
+  expect_error(libra::plan_from_binary(bin, "p.bin"), "p.bin: binary plan header: flags word is 1, expected 0");
+}
+
 RC_GTEST_PROP(PlanFile, BinaryParserNeverCrashesOnCorruptedBytes, ()) {
   static const std::string bin = [] {
     auto plan = libra::make_plan(kPool, small_config(PlanMode::kTapSplit));

@@ -14,16 +14,19 @@
 #include <cstring>
 #include <iostream>
 #include <memory>
+#include <new>
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <optional>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
 #include "commands.hpp"
 #include "plan_flags.hpp"
+#include "core/fault.hpp"
 #include "exec/harness.hpp"
 #include "libra/comm.hpp"
 #include "libra/corpus.hpp"
@@ -66,7 +69,12 @@ struct ExecOptionsCli {
   const CLI::Option* ranks_flag = nullptr;
   std::vector<const CLI::Option*> pool_flags;  // source, --pool-size, --pool-index, --mode: fixed by --plan
   int repeat = 1;    // forward + backward runs; timings and check of the last
+  double timeout = 300;  // seconds a rank waits to hear from a peer
 };
+
+// Bounds that keep a typo from becoming a run that never ends.
+constexpr int kMaxRepeat = 100000;
+constexpr int kMaxThreads = 1024;  // the kernel's own limit
 
 struct BenchOptionsCli {
   ShapeOptions shape;
@@ -140,15 +148,47 @@ Result<std::vector<PackedSequence>> draw_pool(const std::vector<PackedSequence>&
   return std::vector<PackedSequence>(all.begin() + first, all.begin() + first + P);
 }
 
+Status check_threads(int threads) {
+  if (threads < 1 || threads > kMaxThreads) {
+    return invalid_input(fmt::format("--threads {}: must be in [1, {}]", threads, kMaxThreads));
+  }
+  return Status();
+}
+
+// FNV-1a: a fingerprint of bytes that every rank computes alike.
+std::uint64_t fnv1a(std::string_view bytes, std::uint64_t h = 0xcbf29ce484222325ULL) {
+  for (unsigned char c : bytes) h = (h ^ c) * 0x100000001b3ULL;
+  return h;
+}
+
+// Every rank's fingerprint equal, else one error naming the groups of ranks
+// that hold each (the same text on every rank: built from gathered values).
+Status agree_on(Communicator& world, std::uint64_t mine, const std::string& what, const std::string& hint) {
+  LIBRA_ASSIGN_OR_RETURN(std::vector<std::uint64_t> all, world.allgather(mine));
+  std::vector<std::pair<std::uint64_t, std::vector<int>>> groups;
+  for (std::size_t r = 0; r < all.size(); ++r) {
+    auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == all[r]; });
+    if (it == groups.end()) {
+      groups.push_back({all[r], {static_cast<int>(r)}});
+    } else {
+      it->second.push_back(static_cast<int>(r));
+    }
+  }
+  if (groups.size() == 1) return Status();
+  std::vector<std::string> parts;
+  for (const auto& [fp, ranks] : groups) parts.push_back(fmt::format("rank(s) {} hold {:016x}", fmt::join(ranks, ","), fp));
+  return invalid_input(fmt::format("{} differ across the {} ranks: {}; {}", what, all.size(), fmt::join(parts, "; "), hint));
+}
+
 // The configuration of the flags for one executor mode; also fills the
 // resolved shape fields of `o`.
 Result<PlanConfig> make_config(ShapeOptions& o, const std::string& mode) {
   LIBRA_ASSIGN_OR_RETURN(PlanConfig cfg, plan_config_from(o.flags));
-  if (o.threads < 1) return invalid_input(fmt::format("--threads {}: must be at least 1", o.threads));
+  LIBRA_TRY(check_threads(o.threads));
   const std::string plan_mode = mode == "ulysses" ? "ulysses" : (mode == "ulysses-plan" ? "ulysses" : mode);
   LIBRA_ASSIGN_OR_RETURN(cfg.mode, parse_plan_mode(plan_mode));
   if (mode == "ulysses") cfg.chunks = 1;
-  LIBRA_TRY(validate_plan_config(cfg));
+  LIBRA_TRY(name_preset_fields(o.flags, validate_plan_config(cfg)));
   adopt_config(o, cfg);
   return cfg;
 }
@@ -182,10 +222,30 @@ std::string bytes_text(std::int64_t b) {
   return fmt::format("{:.1f} KiB", x / 1024.0);
 }
 
+// The rank a timeout error names as silent ("(rank N stopped or is too
+// slow)", as both communicators say it); -1 for other errors.
+int silent_rank(const Error& e) {
+  const std::string& m = e.message();
+  const auto end = m.rfind(" stopped or is too slow)");
+  const auto at = m.rfind("(rank ", end);
+  if (end == std::string::npos || at == std::string::npos) return -1;
+  return std::atoi(m.c_str() + at + 6);
+}
+
 // Failure of one rank after the collective part started: other ranks may
-// be waiting on it, so the whole job ends.
+// be waiting on it, so the whole job ends. When a peer went silent, every
+// other rank times out at about the same moment: the lowest of them alone
+// reports it, and the rest give it a few seconds to end the job before
+// reporting it themselves, so the job prints one line.
+bool g_in_process = false;  // --ranks: the ranks are threads of this process
+bool in_process_ranks() { return g_in_process; }
+
 [[noreturn]] void abort_job(Communicator& world, const Error& e) {
-  world.abort(e.message());
+  const int silent = silent_rank(e);
+  if (silent >= 0 && !in_process_ranks() && world.rank() != (silent == 0 ? 1 : 0)) {
+    std::this_thread::sleep_for(std::chrono::seconds(3));
+  }
+  world.abort(printable(e.message()));
   std::abort();  // not reached: abort ends the job
 }
 
@@ -195,6 +255,9 @@ std::string bytes_text(std::int64_t b) {
 int fail_on_all_ranks(Communicator& world, const Status& local) {
   const Status agreed = agree_on_status(world, local, "libra exec");
   if (agreed.ok()) return kExitOk;
+  // The agreement itself timed out: a peer went silent, and rank 0 may be
+  // the one, so this ends the job like any silent peer.
+  if (silent_rank(agreed.error()) >= 0) abort_job(world, agreed.error());
   if (world.rank() == 0) return fail(agreed.error());
   return agreed.error().code() == ErrorCode::kInternal ? kExitFailure : kExitUsage;
 }
@@ -204,6 +267,17 @@ int fail_on_all_ranks(Communicator& world, const Status& local) {
 int exec_rank(Communicator& world, const ExecOptionsCli& opt) {
   const bool root = world.rank() == 0;
   ShapeOptions so = opt.shape;
+  detail::set_fault_rank(world.rank());
+
+  // Agreement before work: ranks started with different flags would build
+  // different schedules and wait on messages that never come.
+  std::string args;
+  for (const std::string& a : command_line()) args += a + '\0';
+  if (int rc = fail_on_all_ranks(world, agree_on(world, fnv1a(args), "the command lines",
+                                                 "start every rank with the same flags"));
+      rc != kExitOk) {
+    return rc;
+  }
 
   // Configuration and pool: every rank derives the same from the flags, or
   // loads the same plan file (which carries both).
@@ -243,6 +317,18 @@ int exec_rank(Communicator& world, const ExecOptionsCli& opt) {
   Result<std::vector<PackedSequence>> pool = all.ok() ? draw_pool(*all, so.source, saved ? 0 : so.pool_index + pool_id, P)
                                                       : Result<std::vector<PackedSequence>>(all.error());
   if (int rc = fail_on_all_ranks(world, pool.status()); rc != kExitOk) return rc;
+  {
+    // The same flags may still read different files on different machines.
+    std::string bytes = saved ? fmt::format("{:016x}", saved->fingerprint()) : std::string();
+    for (const PackedSequence& seq : *all) {
+      bytes += fmt::format("{};", fmt::join(seq, ","));
+    }
+    if (int rc = fail_on_all_ranks(world, agree_on(world, fnv1a(bytes), so.source + ": the inputs read",
+                                                   "every rank must read the same file"));
+        rc != kExitOk) {
+      return rc;
+    }
+  }
 
   // The pool communicator: ranks numbered as the contract numbers workers.
   Result<std::unique_ptr<Communicator>> pool_comm = world.split(pool_id, world.rank());
@@ -326,6 +412,10 @@ int exec_rank(Communicator& world, const ExecOptionsCli& opt) {
   auto fw = max_mean(world, fwd_wall), fc = max_mean(world, fwd_compute), bw = max_mean(world, bwd_wall),
        bc = max_mean(world, bwd_compute);
   if (!fw.ok() || !fc.ok() || !bw.ok() || !bc.ok()) abort_job(world, internal_error("allgather of timings failed"));
+
+  // Nothing is printed or written before this point, so a rank failing
+  // here leaves no partial output.
+  if (Status s = detail::fault_point(detail::FaultPoint::kOutput); !s.ok()) abort_job(world, s.error());
 
   // Every pool's figures, gathered on world rank 0 from the pool roots, so a
   // multi-pool run reports every pool, not pool 0 alone.
@@ -569,26 +659,33 @@ int exec_rank(Communicator& world, const ExecOptionsCli& opt) {
   if (!verdicts.ok()) abort_job(world, verdicts.error());
   return static_cast<int>((*verdicts)[0]);
 }
-int run_exec(const ExecOptionsCli& opt) {
+// The flag errors run_exec finds before starting any rank.
+Status check_exec_flags(const ExecOptionsCli& opt, bool under_mpirun) {
   static const char* kModes[] = {"tap", "tap-split", "tap-topo", "ulysses", "ulysses-plan"};
   if (std::find_if(std::begin(kModes), std::end(kModes), [&](const char* m) { return opt.mode == m; }) == std::end(kModes)) {
-    return fail(invalid_input("--mode " + opt.mode + ": expected tap, tap-split, tap-topo, ulysses or ulysses-plan"));
+    return invalid_input("--mode " + opt.mode + ": expected tap, tap-split, tap-topo, ulysses or ulysses-plan");
   }
-  if (opt.repeat < 1) return fail(invalid_input(fmt::format("--repeat {}: must be at least 1", opt.repeat)));
+  if (opt.repeat < 1 || opt.repeat > kMaxRepeat) {
+    return invalid_input(fmt::format("--repeat {}: must be in [1, {}]", opt.repeat, kMaxRepeat));
+  }
+  if (!(opt.timeout > 0) || opt.timeout > 86400) {
+    return invalid_input(fmt::format("--timeout {}: must be more than 0 and at most 86400 seconds", opt.timeout));
+  }
+  LIBRA_TRY(check_threads(opt.shape.threads));
   if (opt.reference != "auto" && opt.reference != "naive" && opt.reference != "kernel") {
-    return fail(invalid_input("--reference " + opt.reference + ": expected auto, naive or kernel"));
+    return invalid_input("--reference " + opt.reference + ": expected auto, naive or kernel");
   }
   if (opt.check_tolerance_flag != nullptr && opt.check_tolerance_flag->count() > 0) {
     if (!opt.check) {
-      return fail(invalid_input(fmt::format("--check-tolerance {}: only used by --check; add --check or drop it",
-                                            opt.check_tolerance)));
+      return invalid_input(fmt::format("--check-tolerance {}: only used by --check; add --check or drop it",
+                                       opt.check_tolerance));
     }
     if (!(opt.check_tolerance >= 0) || !std::isfinite(opt.check_tolerance)) {
-      return fail(invalid_input(fmt::format("--check-tolerance {}: must be a finite number >= 0", opt.check_tolerance)));
+      return invalid_input(fmt::format("--check-tolerance {}: must be a finite number >= 0", opt.check_tolerance));
     }
   }
   if (opt.reference_flag != nullptr && opt.reference_flag->count() > 0 && !opt.check) {
-    return fail(invalid_input("--reference " + opt.reference + ": only used by --check; add --check or drop --reference"));
+    return invalid_input("--reference " + opt.reference + ": only used by --check; add --check or drop --reference");
   }
   if (!opt.plan.empty()) {
     std::string given = first_plan_flag_given(opt.shape.flags);
@@ -596,60 +693,103 @@ int run_exec(const ExecOptionsCli& opt) {
       if (given.empty() && f->count() > 0) given = f->get_name();
     }
     if (!given.empty()) {
-      return fail(invalid_input("--plan " + opt.plan + ": the saved plan fixes " + given + "; drop " + given +
-                                " or plan from the flags instead"));
+      return invalid_input("--plan " + opt.plan + ": the saved plan fixes " + given + "; drop " + given +
+                           " or plan from the flags instead");
     }
+    LIBRA_TRY(check_plan_path(opt.plan));
   }
-  // Under mpirun every process would start --ranks threads of its own: the
-  // job would run (and print) once per process.
-  const char* mpi_size = nullptr;
-  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"}) {
-    if (mpi_size == nullptr) mpi_size = std::getenv(var);
+  // Each rank would read its own part of one stream, and no two ranks the
+  // same pool.
+  const bool several = under_mpirun || opt.ranks > 1;
+  if (opt.plan.empty() && opt.shape.source == "-" && several) {
+    return invalid_input("-: standard input cannot feed several ranks (each would read a different part of it); save "
+                         "the pool to a file and name the file");
   }
   const bool ranks_given = opt.ranks_flag != nullptr && opt.ranks_flag->count() > 0;
-  if (mpi_size == nullptr) {
-    if (!ranks_given) {
-      return fail(invalid_input("no ranks: run under mpirun -np N, or give --ranks N for N in-process ranks"));
+  if (under_mpirun) {
+    // Every process would start --ranks threads of its own: the job would
+    // run (and print) once per process.
+    if (ranks_given) {
+      return invalid_input(fmt::format("--ranks {}: starts in-process ranks, but this is already one of the processes "
+                                       "of mpirun; drop --ranks (mpirun -np sets the ranks)",
+                                       opt.ranks));
     }
-    if (opt.ranks < 1) return fail(invalid_input(fmt::format("--ranks {}: must be at least 1", opt.ranks)));
-    if (opt.ranks > 256) return fail(invalid_input(fmt::format("--ranks {}: at most 256 in-process ranks", opt.ranks)));
-    std::vector<int> codes(static_cast<std::size_t>(opt.ranks), 0);
-    run_in_process(opt.ranks, [&](Communicator& c) {
-      codes[static_cast<std::size_t>(c.rank())] = exec_rank(c, opt);
-      return Status();
-    });
-    return codes[0];
+    return Status();
   }
-  // Under mpirun, --ranks is refused like any error of the ranks: agreed
-  // over MPI, so rank 0 alone prints it and no rank exits before it has
-  // (mpirun kills the job at the first nonzero exit).
-  const Status refused =
-      ranks_given ? invalid_input(fmt::format("--ranks {}: starts in-process ranks, but this is already one of the "
-                                              "processes of mpirun; drop --ranks (mpirun -np sets the ranks)",
-                                              opt.ranks))
-                  : Status();
+  if (!ranks_given) return invalid_input("no ranks: run under mpirun -np N, or give --ranks N for N in-process ranks");
+  if (opt.ranks < 1) return invalid_input(fmt::format("--ranks {}: must be at least 1", opt.ranks));
+  if (opt.ranks > 256) return invalid_input(fmt::format("--ranks {}: at most 256 in-process ranks", opt.ranks));
+  return Status();
+}
+
+// One MPI process's share of the job: `refused` (a flag error of this
+// process) is agreed on with the others first, so that rank 0 alone prints
+// it and no rank exits before it has (mpirun kills the job at the first
+// nonzero exit).
+int run_mpi_rank(const ExecOptionsCli* opt, const Status& refused) {
+  const double timeout = opt != nullptr && refused.ok() ? opt->timeout : 300;
   if (Status s = mpi_init(); !s.ok()) {
     if (refused.ok()) return fail(s.error());
     // Without MPI the ranks cannot agree; the launcher's rank 0 prints.
     const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
     if (rank == nullptr) rank = std::getenv("PMI_RANK");
     if (rank == nullptr || std::string(rank) == "0") fail(refused);
-    return kExitUsage;
+    return refused.error().code() == ErrorCode::kInternal ? kExitFailure : kExitUsage;
   }
   int rc = kExitFailure;
   {
-    Result<std::unique_ptr<Communicator>> world = mpi_world();
+    Result<std::unique_ptr<Communicator>> world = mpi_world(timeout);
     if (!world.ok()) {
       rc = fail(world.error());
-    } else if (!refused.ok()) {
-      rc = fail_on_all_ranks(**world, refused);
+    } else if (int agreed = fail_on_all_ranks(**world, refused); agreed != kExitOk || opt == nullptr) {
+      rc = agreed;
     } else {
-      rc = exec_rank(**world, opt);
+      try {
+        rc = exec_rank(**world, *opt);
+      } catch (const std::bad_alloc& e) {
+        // Ends the job from here, in one line, rather than leaving the
+        // launcher to notice a process gone.
+        abort_job(**world, internal_error(fmt::format("rank {}: out of memory: {}", (*world)->rank(), e.what())));
+      }
     }
   }
   mpi_finalize();
   return rc;
 }
+
+int run_exec(const ExecOptionsCli& opt) {
+  const bool mpi = under_mpirun();
+  const Status flags = check_exec_flags(opt, mpi);
+  if (mpi) return run_mpi_rank(&opt, flags);
+  if (!flags.ok()) return fail(flags);
+  g_in_process = true;
+  std::vector<int> codes(static_cast<std::size_t>(opt.ranks), 0);
+  int first = -1;
+  const std::vector<Status> st = run_in_process(
+      opt.ranks,
+      [&](Communicator& c) {
+        codes[static_cast<std::size_t>(c.rank())] = exec_rank(c, opt);
+        return Status();
+      },
+      static_cast<int>(std::min(opt.timeout * 1000.0, 86400e3)), &first);
+  // A rank that threw or aborted printed nothing: its failure (the first
+  // that was not caused by another rank's) is the job's one line.
+  if (first >= 0) return fail(st[static_cast<std::size_t>(first)].error());
+  return codes[0];
+}
+
+}  // namespace
+
+bool under_mpirun() {
+  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"}) {
+    if (std::getenv(var) != nullptr) return true;
+  }
+  return false;
+}
+
+int fail_under_mpirun(const Status& error) { return run_mpi_rank(nullptr, error); }
+
+namespace {
 
 // ---- bench -----------------------------------------------------------------
 
@@ -706,7 +846,9 @@ int run_bench(BenchOptionsCli opt) {
   }
   if (!f.head_shards) f.head_shards = 4;
   if (opt.pools < 1) return fail(invalid_input(fmt::format("--pools {}: must be at least 1", opt.pools)));
-  if (opt.repeat < 1) return fail(invalid_input(fmt::format("--repeat {}: must be at least 1", opt.repeat)));
+  if (opt.repeat < 1 || opt.repeat > kMaxRepeat) {
+    return fail(invalid_input(fmt::format("--repeat {}: must be in [1, {}]", opt.repeat, kMaxRepeat)));
+  }
   const char* modes[] = {"ulysses", "tap", "tap-split"};
   std::vector<PlanConfig> cfgs;
   for (const char* m : modes) {
@@ -806,6 +948,8 @@ const bool registered = register_command(70, [](CLI::App& app) {
   ex->add_flag("--json", eo->json, "print the run, every pool and the --check result as one JSON document");
   ex->add_option("--repeat", eo->repeat, "run forward and backward N times on the same executor; the last run is timed "
                                          "and checked");
+  ex->add_option("--timeout", eo->timeout, "seconds a rank waits to hear from a peer before the job ends with an error "
+                                           "naming the silent rank");
   ex->add_option("--plan", eo->plan, "run a saved plan file (libra plan -o FILE): its pool and shape replace the source "
                                      "and shape flags");
   handlers.push_back({ex, [eo] { return run_exec(*eo); }});

@@ -68,7 +68,7 @@ Result<PlanConfig> config_from(const PlanOptions& o) {
   c.mode = *m;
   c.dedup_per_kv_head = o.dedup_per_kv_head;
   c.topology = o.topology;
-  LIBRA_TRY(validate_plan_config(c));
+  LIBRA_TRY(name_preset_fields(o.plan, validate_plan_config(c)));
   return c;
 }
 
@@ -83,6 +83,7 @@ Result<Plan> plan_from_options(const PlanOptions& o) {
       return invalid_input("--load " + o.load + ": the saved plan fixes " + given + "; drop " + given +
                            " or plan a pool instead");
     }
+    LIBRA_TRY(check_plan_path(o.load, "--load"));
     return load_plan(o.load);
   }
   if (o.source.empty()) return invalid_input("no pool given: name a POOL.jsonl (one line per slot) or --load PLAN");

@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <filesystem>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -68,6 +69,67 @@ bool render_plots(const std::string& dir) {
     if (errno != EINTR) return false;
   }
   return WIFEXITED(status) && WEXITSTATUS(status) == 0;
+}
+
+// The figures the report's index.md shows; a figure gnuplot left empty
+// (a full disk) counts as not rendered.
+bool figures_complete(const std::filesystem::path& dir) {
+  for (const char* png : {"sim-imbalance.png", "sim-bytes.png", "sim-latency.png", "sim-microbatch.png",
+                          "sim-dp-scaling.png"}) {
+    std::error_code ec;
+    const auto size = std::filesystem::file_size(dir / png, ec);
+    if (ec || size == 0) return false;
+  }
+  return true;
+}
+
+// Writes the report as a whole or not at all: into a temporary folder next
+// to `dir`, figures checked, then renamed to `dir` (or, when `dir` already
+// holds files, each file renamed into it with index.md last), so a failure
+// midway leaves no index.md pointing at missing or empty figures.
+Status write_report_atomically(const SimResult& r, const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::create_directories(dir, ec);  // also checks that it can exist
+  if (ec || !fs::is_directory(dir)) {
+    return io_error(fmt::format("--report {}: cannot create directory: {}", dir,
+                                ec ? ec.message() : std::string("a file of that name exists")));
+  }
+  const fs::path target = fs::absolute(dir).lexically_normal();
+  const fs::path tmp = target.parent_path() / fmt::format(".{}.tmp-{}", target.filename().string(), ::getpid());
+  fs::remove_all(tmp, ec);
+  auto fail_clean = [&](const Status& s) {
+    std::error_code ignore;
+    fs::remove_all(tmp, ignore);
+    return s;
+  };
+  Status s = write_sim_report(r, tmp.string(), true);
+  if (!s.ok()) return fail_clean(s);
+  if (!render_plots(tmp.string()) || !figures_complete(tmp)) {
+    for (const auto& e : fs::directory_iterator(tmp, ec)) {
+      if (e.path().extension() == ".png") fs::remove(e.path(), ec);
+    }
+    s = write_sim_report(r, tmp.string(), false);
+    if (!s.ok()) return fail_clean(s);
+  }
+  if (fs::is_empty(target, ec) && !ec) {
+    fs::rename(tmp, target, ec);  // onto an empty directory: one step
+    if (!ec) return {};
+  }
+  std::vector<fs::path> files;
+  for (const auto& e : fs::directory_iterator(tmp, ec)) {
+    if (e.path().filename() != "index.md") files.push_back(e.path());
+  }
+  files.push_back(tmp / "index.md");
+  for (const fs::path& f : files) {
+    fs::rename(f, target / f.filename(), ec);
+    if (ec) {
+      return fail_clean(io_error(fmt::format("--report {}: cannot move {} into it: {}", dir, f.filename().string(),
+                                             ec.message())));
+    }
+  }
+  fs::remove_all(tmp, ec);
+  return {};
 }
 
 std::string join(const std::vector<std::string>& v) {
@@ -136,12 +198,8 @@ int run_simulate(const SimulateOptions& o) {
 
   std::string out = o.json ? sim_json(*r) : o.csv ? sim_csv(*r) : sim_table(*r);
   if (o.report) {
-    Status s = write_sim_report(*r, *o.report, true);
+    Status s = write_report_atomically(*r, *o.report);
     if (!s.ok()) return fail(s);
-    if (!render_plots(*o.report)) {
-      s = write_sim_report(*r, *o.report, false);
-      if (!s.ok()) return fail(s);
-    }
     if (!o.json && !o.csv) out += "\nReport written to " + *o.report + "/index.md\n";
   }
   if (o.timing) {

@@ -64,6 +64,16 @@ inline CLI::App* command_group(CLI::App& app, const std::string& name, const std
   return group;
 }
 
+// The arguments this process was started with (after the program name),
+// for comparing across the ranks of one job.
+const std::vector<std::string>& command_line();
+
+// Reports a flag error of a process started by mpirun: agreed with the
+// other processes (which meet it in their first collective), so the job
+// prints one line. Returns the exit status.
+int fail_under_mpirun(const Status& error);
+bool under_mpirun();
+
 // True when stderr is a terminal (progress bars only then).
 bool stderr_is_terminal();
 

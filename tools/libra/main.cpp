@@ -3,10 +3,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "commands.hpp"
 #include "core/decimal.hpp"
@@ -41,6 +45,26 @@ CLI::Validator strict_integer() {
           return text + " is out of range (at most " + std::to_string(std::numeric_limits<T>::max()) + ")";
         }
         text = std::to_string(r.value);
+        return {};
+      },
+      "");
+}
+
+// CLI11 reads a float with strtod-like rules: '' is 0 and "0x10" is 16.
+// Every float option takes a decimal number instead (digits, an optional
+// sign, point and exponent), finite.
+CLI::Validator strict_float() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        double v = 0;
+        const char* b = text.data();
+        const char* e = b + text.size();
+        const auto [end, ec] = std::from_chars(b, e, v, std::chars_format::general);
+        const bool hex = text.find_first_of("xX") != std::string::npos;
+        if (text.empty() || hex || ec != std::errc() || end != e) {
+          return "'" + printable(text) + "' is not a decimal number";
+        }
+        if (!std::isfinite(v)) return "'" + printable(text) + "' is not a finite number";
         return {};
       },
       "");
@@ -93,6 +117,7 @@ void harden_options(CLI::App& app) {
     const std::string type = opt->get_type_name();
     if (type == "INT") opt->transform(strict_integer<std::int64_t>());
     if (type == "UINT") opt->transform(strict_integer<std::uint64_t>());
+    if (type == "FLOAT") opt->transform(strict_float());
     if (is_output_option(opt)) opt->check(writable_path());
     if (is_output_dir_option(opt)) opt->check(writable_dir());
   }
@@ -201,6 +226,12 @@ int fail(const Status& status) { return status.ok() ? kExitOk : fail(status.erro
 
 void note(std::string_view message) { libra::write_stderr_line("libra: note: " + printable(message)); }
 
+std::vector<std::string>& command_line_storage() {
+  static std::vector<std::string> args;
+  return args;
+}
+const std::vector<std::string>& command_line() { return command_line_storage(); }
+
 bool stderr_is_terminal() { return ::isatty(STDERR_FILENO) == 1; }
 
 }  // namespace libra::cli
@@ -220,6 +251,14 @@ int main(int argc, char** argv) {
     handlers.insert(handlers.end(), h.begin(), h.end());
   }
   harden_options(app);
+  for (int i = 1; i < argc; ++i) command_line_storage().emplace_back(argv[i]);
+  // Under mpirun every process parses the same flags: a flag error goes
+  // through the processes' agreement, so it is printed once, not once each.
+  auto usage_error = [&](const std::string& message) {
+    if (under_mpirun()) return fail_under_mpirun(libra::invalid_input(message));
+    libra::write_stderr_line("libra: error: " + printable(message));
+    return kExitUsage;
+  };
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -237,16 +276,16 @@ int main(int argc, char** argv) {
       if (const auto eq = m.find(" = "); eq != std::string::npos) m.replace(eq, 3, " ");
       m += ": out of range for this option";
     }
-    libra::write_stderr_line("libra: error: " + printable(m));
-    return kExitUsage;
+    return usage_error(m);
   } catch (const CLI::ParseError& e) {
     // One line, naming the flag and the rule, exit status 2 like every bad input.
-    libra::write_stderr_line("libra: error: " + usage_message(app, e));
-    return kExitUsage;
+    return usage_error(usage_message(app, e));
   }
   for (auto& h : handlers) {
     if (h.command->parsed()) {
-      if (libra::Status s = check_outputs_are_not_inputs(*h.command); !s.ok()) return fail(s);
+      if (libra::Status s = check_outputs_are_not_inputs(*h.command); !s.ok()) {
+        return under_mpirun() ? fail_under_mpirun(s) : fail(s);
+      }
       // tests/docs: every command shown in the docs parses (flags exist,
       // values are well formed, output directories exist) without running.
       if (const char* p = std::getenv("LIBRA_PARSE_ONLY"); p != nullptr && std::string(p) == "1") {

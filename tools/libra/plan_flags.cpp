@@ -1,6 +1,7 @@
 #include "plan_flags.hpp"
 
 #include <array>
+#include <fstream>
 
 namespace libra::cli {
 
@@ -34,6 +35,34 @@ Result<DType> dtype_flag(std::string_view dtype) {
   if (dtype == "fp16") return DType::kF16;
   if (dtype == "fp32") return DType::kF32;
   return invalid_input("--dtype " + std::string(dtype) + ": must be bf16, fp16 or fp32");
+}
+
+Status name_preset_fields(const PlanFlags& f, Status s) {
+  if (s.ok() || f.model.empty()) return s;
+  Result<ModelPreset> p = find_model_preset(f.model);
+  if (!p.ok()) return s;
+  std::string from;
+  auto add = [&](const auto& given, const char* name, int value) {
+    if (!given) from += (from.empty() ? "" : ", ") + std::string(name) + " " + std::to_string(value);
+  };
+  add(f.heads_q, "--heads-q", p->heads_q);
+  add(f.heads_kv, "--heads-kv", p->heads_kv);
+  add(f.head_dim, "--head-dim", p->head_dim);
+  if (from.empty()) return s;
+  return Error(s.error().code(), s.error().message() + " (" + from + " from --model " + f.model + ")");
+}
+
+Status check_plan_path(const std::string& path, std::string_view flag) {
+  const std::string f(flag);
+  if (path == "-") {
+    return invalid_input(f + " -: a plan is read from a file, not standard input; save it with libra plan -o FILE");
+  }
+  std::ifstream in(path, std::ios::binary);
+  char magic[2] = {0, 0};
+  if (in.read(magic, 2) && static_cast<unsigned char>(magic[0]) == 0x1f && static_cast<unsigned char>(magic[1]) == 0x8b) {
+    return invalid_input(f + " " + path + ": is gzip-compressed; plan files are read uncompressed (gunzip it first)");
+  }
+  return {};
 }
 
 void add_plan_flags(CLI::App* sub, PlanFlags& f, std::string_view required) {

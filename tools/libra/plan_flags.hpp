@@ -60,4 +60,14 @@ std::string first_plan_flag_given(const PlanFlags& flags);
 // The element type of a --dtype value: bf16, fp16 or fp32.
 [[nodiscard]] Result<DType> dtype_flag(std::string_view dtype);
 
+// `s` (a configuration error) with the shape fields that came from the
+// --model preset named, so that "heads_q 32 must ..." is not read as a
+// flag the user typed; `s` unchanged when no preset filled a field.
+[[nodiscard]] Status name_preset_fields(const PlanFlags& flags, Status s);
+
+// Refuses plan paths load_plan would misreport: "-" (a plan is read from a
+// file, not stdin) and a gzip file (read as JSON, "not valid JSON"). `flag`
+// names the option in the message.
+[[nodiscard]] Status check_plan_path(const std::string& path, std::string_view flag = "--plan");
+
 }  // namespace libra::cli
