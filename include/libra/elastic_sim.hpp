@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "libra/placement.hpp"
 #include "libra/simulator.hpp"
@@ -57,12 +58,28 @@ struct ElasticSimResult {
   ElasticPair window_latency;
   double mean_window_speedup = 0;  // mean over windows of vrsp time / elastic time
   double whole_pool_lower_bound = 0;  // mean over windows of VRSP's bound (placement.hpp)
+  // Priced fusing (the default): a window keeps its fused domains only when
+  // the cost model predicts its optimizer step faster with them than with
+  // VRSP's pools (compute, exposed exchange on the domain's GPUs, the
+  // domain's real TAP plan); otherwise it runs VRSP's pools. Unpriced: every
+  // window vrsp-elastic fuses runs fused.
+  bool priced = true;
+  std::int64_t declined_windows = 0;  // windows vrsp-elastic fused but pricing kept on VRSP
+  // Per window, in order: the elastic report.
+  struct Window {
+    bool candidate = false;  // vrsp-elastic fuses pools in this window
+    bool fused = false;      // and the window runs fused (priced: only when predicted faster)
+    double gain = 1;         // predicted VRSP time / fused time of the candidate (1 when no candidate)
+    double vrsp_s = 0;       // predicted optimizer-step latency (one layer, forward), VRSP
+    double elastic_s = 0;    // the same for what the window runs
+  };
+  std::vector<Window> per_window;
 };
 
 // Errors: as libra::simulate for the configuration and the candidate; a
 // bad elastic setting as place_window. Identical results for any thread count.
 [[nodiscard]] Result<ElasticSimResult> simulate_elastic(const SimConfig& config, const SimCandidate& candidate,
-                                                        const ElasticOptions& elastic);
+                                                        const ElasticOptions& elastic, bool priced = true);
 
 std::string elastic_table(const ElasticSimResult& result);
 std::string elastic_json(const ElasticSimResult& result);

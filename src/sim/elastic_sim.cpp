@@ -34,7 +34,10 @@ struct WindowOut {
   std::int64_t fused_domains = 0, fused_steps = 0;
   std::vector<bool> fused_step;  // per GA step
   double lower_bound = 0;
+  ElasticSimResult::Window report;
 };
+
+double total(const std::vector<double>& v) { return std::accumulate(v.begin(), v.end(), 0.0); }
 
 // Plans every domain of a placement as one pool (a fused domain: k*P slots,
 // its workers the GPUs of its pools' replicas in domain order) and prices it.
@@ -78,7 +81,7 @@ Status run_side(std::span<const PackedSequence> window, const WindowPlacement& p
 }
 
 WindowOut simulate_window(std::span<const PackedSequence> window, const detail::Ctx& ctx, const PlanConfig& pc,
-                          const SimCandidate& cand, const ElasticOptions& elastic, std::uint64_t w) {
+                          const SimCandidate& cand, const ElasticOptions& elastic, bool priced, std::uint64_t w) {
   const SimConfig& cfg = ctx.cfg;
   WindowOut out;
   auto run = [&]() -> Status {
@@ -89,7 +92,25 @@ WindowOut simulate_window(std::span<const PackedSequence> window, const detail::
                                             .dp = cfg.dp, .elastic = elastic}));
     out.lower_bound = lower_bound_imbalance(f, cand.pool_size);
     LIBRA_TRY(run_side(window, vrsp, ctx, pc, w, out.vrsp));
-    LIBRA_TRY(run_side(window, el, ctx, pc, w, out.elastic));
+    const bool candidate = std::any_of(el.domains.begin(), el.domains.end(), [](const auto& d) { return d.size() > 1; });
+    if (candidate) {
+      LIBRA_TRY(run_side(window, el, ctx, pc, w, out.elastic));
+    } else {
+      out.elastic = out.vrsp;  // exactly VRSP's placement: the same prices
+    }
+    const double tv = total(out.vrsp.latency), te = total(out.elastic.latency);
+    out.report.candidate = candidate;
+    out.report.gain = candidate && te > 0 ? tv / te : 1;
+    // The price: fused domains only where the predicted optimizer step is faster. The cost model
+    // is deterministic (its device noise is seeded by window and GA step), so this is a pure
+    // function of the window and the configuration.
+    if (candidate && priced && !(te < tv)) {
+      el = vrsp;
+      out.elastic = out.vrsp;
+    }
+    out.report.fused = candidate && (!priced || te < tv);
+    out.report.vrsp_s = tv;
+    out.report.elastic_s = total(out.elastic.latency);
     LIBRA_ASSIGN_OR_RETURN(StepLayout layout, layout_window(el, cfg.dp));
     out.fused_step.assign(static_cast<std::size_t>(layout.ga_steps), false);
     for (const auto& d : el.domains) {
@@ -107,7 +128,7 @@ WindowOut simulate_window(std::span<const PackedSequence> window, const detail::
 }  // namespace
 
 Result<ElasticSimResult> simulate_elastic(const SimConfig& cfg, const SimCandidate& cand,
-                                          const ElasticOptions& elastic) {
+                                          const ElasticOptions& elastic, bool priced) {
   LIBRA_TRY(validate_cost_model(cfg.cost));
   if (cfg.gbs < 1) return invalid_input(fmt::format("--gbs {}: must be at least 1", cfg.gbs));
   if (cfg.dp < 1 || cfg.gbs % cfg.dp != 0) {
@@ -145,7 +166,7 @@ Result<ElasticSimResult> simulate_elastic(const SimConfig& cfg, const SimCandida
         const auto window = std::span<const PackedSequence>(seqs).subspan(static_cast<std::size_t>(i * cfg.gbs),
                                                                           static_cast<std::size_t>(cfg.gbs));
         wo[static_cast<std::size_t>(i)] =
-            simulate_window(window, ctx, pc, cand, elastic, static_cast<std::uint64_t>(i));
+            simulate_window(window, ctx, pc, cand, elastic, priced, static_cast<std::uint64_t>(i));
       }
     };
     std::vector<std::thread> pool;
@@ -162,6 +183,7 @@ Result<ElasticSimResult> simulate_elastic(const SimConfig& cfg, const SimCandida
   r.cp = cfg.cp;
   r.candidate = cand;
   r.elastic = elastic;
+  r.priced = priced;
   r.windows = windows;
   r.steps = windows * (cfg.gbs / cfg.dp);
   std::vector<double> pv, pe, wv, we, bv, be, lv, le, tv, te, fv, fe;
@@ -187,6 +209,8 @@ Result<ElasticSimResult> simulate_elastic(const SimConfig& cfg, const SimCandida
     r.fused_domains += o.fused_domains;
     r.fused_steps += o.fused_steps;
     r.fused_windows += o.fused_domains > 0 ? 1 : 0;
+    r.declined_windows += o.report.candidate && !o.report.fused ? 1 : 0;
+    r.per_window.push_back(o.report);
     r.lower_bound_windows += o.lower_bound > elastic.threshold ? 1 : 0;
     lb += o.lower_bound;
   }
@@ -206,6 +230,9 @@ std::string elastic_table(const ElasticSimResult& r) {
       "# elastic pools: {}  L {}  GBS {}  DP {}  CP {}  P {} H {} B {}  k {}  threshold {}  rule {}\n", r.source,
       r.seq_len, r.gbs, r.dp, r.cp, r.candidate.pool_size, r.candidate.head_shards, r.candidate.block_size,
       r.elastic.max_pools, r.elastic.threshold, elastic_rule_name(r.elastic.rule));
+  out += fmt::format("fusing: {}; {} windows vrsp-elastic fused were kept on VRSP (predicted slower)\n",
+                     r.priced ? "priced (fused only where the cost model predicts a faster step)" : "unpriced",
+                     r.declined_windows);
   out += fmt::format("fused: {} of {} windows, {} of {} GA steps, {} domains; whole-pool bound above the threshold in "
                      "{} windows (mean bound {:.4f})\n",
                      r.fused_windows, r.windows, r.fused_steps, r.steps, r.fused_domains, r.lower_bound_windows,
@@ -227,6 +254,15 @@ std::string elastic_table(const ElasticSimResult& r) {
                      100 * extra, r.mean_window_speedup,
                      r.window_latency.elastic.worst > 0 ? r.window_latency.vrsp.worst / r.window_latency.elastic.worst
                                                         : 0);
+  out += fmt::format("{:>6} {:>9} {:>6} {:>9} {:>12} {:>12} {:>9}\n", "window", "candidate", "fused", "gain",
+                     "vrsp ms", "elastic ms", "speedup");
+  for (std::size_t w = 0; w < r.per_window.size(); ++w) {
+    const auto& x = r.per_window[w];
+    if (!x.candidate) continue;  // VRSP's placement exactly: nothing to report
+    out += fmt::format("{:>6} {:>9} {:>6} {:>8.4f}x {:>12.3f} {:>12.3f} {:>8.4f}x\n", w, "yes", x.fused ? "yes" : "no",
+                       x.gain, 1e3 * x.vrsp_s, 1e3 * x.elastic_s, x.elastic_s > 0 ? x.vrsp_s / x.elastic_s : 1);
+  }
+  out += "(windows vrsp-elastic does not fuse run VRSP's pools: not listed)\n";
   return out;
 }
 
@@ -260,7 +296,15 @@ std::string elastic_json(const ElasticSimResult& r) {
          {"step_latency_s", pair(r.step_latency)},
          {"window_latency_s", pair(r.window_latency)},
          {"fused_step_latency_s", pair(r.fused_step_latency)},
-         {"mean_window_speedup", r.mean_window_speedup}};
+         {"mean_window_speedup", r.mean_window_speedup},
+         {"priced", r.priced},
+         {"declined_windows", r.declined_windows}};
+  J per = J::array();
+  for (const auto& x : r.per_window) {
+    per.push_back({{"candidate", x.candidate}, {"fused", x.fused}, {"gain", x.gain}, {"vrsp_s", x.vrsp_s},
+                   {"elastic_s", x.elastic_s}});
+  }
+  j["per_window"] = per;
   return j.dump() + "\n";
 }
 

@@ -52,7 +52,8 @@ TEST(ElasticSim, NothingToFuseGivesVrspOnBothSides) {
 
 TEST(ElasticSim, FusingMatchesThePlacementAndIsThreadIndependent) {
   const SimConfig cfg = small_config();
-  auto r = simulate_elastic(cfg, kCand, {});
+  // Unpriced: every window the placement fuses runs fused.
+  auto r = simulate_elastic(cfg, kCand, {}, /*priced=*/false);
   ASSERT_TRUE(r.ok()) << r.error().message();
   auto seqs = load_packed_sequences(cfg.source, cfg.seq_len);
   ASSERT_TRUE(seqs.ok());
@@ -76,9 +77,42 @@ TEST(ElasticSim, FusingMatchesThePlacementAndIsThreadIndependent) {
   EXPECT_NEAR(r->window_latency.vrsp.mean, 2 * r->step_latency.vrsp.mean, 1e-12);
   SimConfig threaded = cfg;
   threaded.threads = 3;
-  auto t = simulate_elastic(threaded, kCand, {});
+  auto t = simulate_elastic(threaded, kCand, {}, /*priced=*/false);
   ASSERT_TRUE(t.ok());
   EXPECT_EQ(elastic_json(*t), elastic_json(*r));
+  auto p1 = simulate_elastic(cfg, kCand, {}), p3 = simulate_elastic(threaded, kCand, {});
+  ASSERT_TRUE(p1.ok() && p3.ok());
+  EXPECT_EQ(elastic_json(*p3), elastic_json(*p1));
+}
+
+// Priced fusing: no window predicted slower than VRSP; a declined window is VRSP's exactly; unpriced
+// runs every candidate fused, and the per-window report says what pricing saw.
+TEST(ElasticSim, PricedFusingIsNeverSlowerThanVrspWindowByWindow) {
+  for (double congestion : {-1.0, 0.0}) {  // the fitted network, and one without NIC congestion
+    SimConfig cfg = small_config();
+    if (congestion >= 0) cfg.cost.net.congestion_per_node = congestion;
+    auto priced = simulate_elastic(cfg, kCand, {});
+    auto unpriced = simulate_elastic(cfg, kCand, {}, /*priced=*/false);
+    ASSERT_TRUE(priced.ok() && unpriced.ok());
+    ASSERT_EQ(priced->per_window.size(), static_cast<std::size_t>(cfg.max_windows));
+    std::int64_t candidates = 0, fused = 0;
+    for (std::size_t w = 0; w < priced->per_window.size(); ++w) {
+      const auto& p = priced->per_window[w];
+      const auto& u = unpriced->per_window[w];
+      EXPECT_LE(p.elastic_s, p.vrsp_s) << "window " << w;
+      EXPECT_EQ(p.candidate, u.candidate);
+      EXPECT_EQ(u.fused, u.candidate);
+      EXPECT_EQ(p.fused, p.candidate && u.elastic_s < u.vrsp_s);
+      EXPECT_EQ(p.elastic_s, p.fused ? u.elastic_s : p.vrsp_s);
+      EXPECT_NEAR(p.gain, u.elastic_s > 0 ? u.vrsp_s / u.elastic_s : 1, 1e-12);
+      candidates += p.candidate ? 1 : 0;
+      fused += p.fused ? 1 : 0;
+    }
+    EXPECT_GT(candidates, 0);
+    EXPECT_EQ(priced->fused_windows, fused);
+    EXPECT_EQ(priced->declined_windows, candidates - fused);
+    EXPECT_GE(priced->mean_window_speedup, 1.0);
+  }
 }
 
 TEST(ElasticSim, BadInput) {

@@ -27,7 +27,8 @@ namespace libra::cli {
 
 // cmd_simulate_elastic.cpp
 int run_simulate_elastic(SimConfig cfg, bool pool_given, bool shards_given, bool blocks_given,
-                         ElasticOptions elastic, const std::string& rule, bool json, const std::string& output);
+                         ElasticOptions elastic, const std::string& rule, bool priced, bool json,
+                         const std::string& output);
 
 namespace {
 
@@ -43,6 +44,7 @@ struct SimulateOptions {
   bool elastic = false;  // --elastic: vrsp-elastic against vrsp (cmd_simulate_elastic.cpp)
   ElasticOptions elastic_options;
   std::string elastic_rule = "buddy";
+  bool elastic_unpriced = false;  // --elastic-unpriced: every window vrsp-elastic fuses runs fused
   std::vector<const CLI::Option*> elastic_flags;  // meaningful with --elastic only
 };
 
@@ -168,7 +170,7 @@ int run_simulate(const SimulateOptions& o) {
     };
     if (!given("windows")) cfg.max_windows = 0;  // every window unless --windows says otherwise
     return run_simulate_elastic(cfg, given("pool_size"), given("head_shards"), given("block_size"),
-                                o.elastic_options, o.elastic_rule, o.json, o.output);
+                                o.elastic_options, o.elastic_rule, !o.elastic_unpriced, o.json, o.output);
   }
   if (o.config_out) {
     Status s = write_file_atomic(*o.config_out, sim_config_json(cfg));
@@ -249,6 +251,8 @@ const bool registered = register_command(50, [](CLI::App& app) {
       sub->add_option("--elastic-threshold", o->elastic_options.threshold,
                       "with --elastic: fuse above this excess over the mean pool load (default 0.05)"),
       sub->add_option("--elastic-rule", o->elastic_rule, "with --elastic: buddy (default) or lightest"),
+      sub->add_flag("--elastic-unpriced", o->elastic_unpriced,
+                    "with --elastic: run fused every window vrsp-elastic fuses (default: only where predicted faster)"),
   };
   return std::vector<Handler>{{sub, [o] { return run_simulate(*o); }}};
 });

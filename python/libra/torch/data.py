@@ -1,11 +1,21 @@
 """The DataLoader side: a batch sampler that hands each DP replica its VRSP-placed
 packed sequence for every GA step, one epoch at a time."""
+import collections
 import threading
 
 import numpy as np
 import torch
 
 from .. import PlacementSampler, _integer, _refuse
+
+
+# What PlacementBatchSampler.domain(n) returns for a replica whose pool is fused in batch n.
+Domain = collections.namedtuple("Domain", ["index", "pools", "positions", "slot", "indices"])
+Domain.__doc__ = """A fused vrsp-elastic domain of one batch: ``index`` (in the window's ``domains``),
+``pools`` (window pool indices, increasing), ``positions`` (those pools' places in their GA step,
+pool % (dp/P): what ``DomainGroups.of`` takes), ``slot`` (this replica's slot in the domain: slot s
+is slot s % P of pool pools[s // P]) and ``indices`` (the domain's len(pools) * P sequences in slot
+order, what make_plan takes)."""
 
 
 class PlacementBatchSampler(torch.utils.data.Sampler):
@@ -18,12 +28,18 @@ class PlacementBatchSampler(torch.utils.data.Sampler):
     order given, epoch e > 0 a permutation of them drawn from (seed, e), the
     same on every rank; VRSP then places each window of ``gbs`` sequences.
     The order is a pure function of (sequences, gbs, dp, pool_size, mode,
-    seed, epoch): ``state_dict()`` holds the epoch and the position in it, and
+    seed, epoch, elastic_*): ``state_dict()`` holds the epoch and the position in it, and
     ``load_state_dict`` resumes from them. An epoch's iteration ends where the
     epoch does; iterating again yields nothing until ``set_epoch`` moves on.
+
+    With ``mode="vrsp-elastic"`` (docs/elastic.md) a batch's pool may be fused with other pools of
+    its GA step into one TAP domain: ``domain(n)`` says which (None when this replica's pool runs
+    alone) and ``plan_pool(n)`` gives the sequences to plan, the domain's when fused.
+    ``elastic_k``, ``elastic_threshold`` and ``elastic_rule`` are those of libra.place_window.
     """
 
-    def __init__(self, sequences, gbs, dp, pool_size, dp_rank, mode="vrsp", seed=0):
+    def __init__(self, sequences, gbs, dp, pool_size, dp_rank, mode="vrsp", seed=0, elastic_k=2,
+                 elastic_threshold=0.05, elastic_rule="buddy"):
         where = "PlacementBatchSampler:"
         gbs, dp, pool_size, dp_rank, seed = (_integer(f"{where} {n}", v) for n, v in (
             ("gbs", gbs), ("dp", dp), ("pool_size", pool_size), ("dp_rank", dp_rank), ("seed", seed)))
@@ -37,6 +53,8 @@ class PlacementBatchSampler(torch.utils.data.Sampler):
         if not 0 <= dp_rank < dp:
             _refuse(f"{where} dp_rank {dp_rank}: must be in [0, dp = {dp})")
         self._args = (gbs, dp, pool_size, mode, seed)
+        self._elastic = dict(elastic_k=elastic_k, elastic_threshold=elastic_threshold, elastic_rule=elastic_rule)
+        self.mode = mode
         self._sequences = sequences
         self._core = self._make(sequences)
         self._given = self._core  # epoch 0: indices are the caller's; it also serves sequence(i)
@@ -50,7 +68,7 @@ class PlacementBatchSampler(torch.utils.data.Sampler):
 
     def _make(self, sequences):
         try:
-            return PlacementSampler(sequences, *self._args)
+            return PlacementSampler(sequences, *self._args, **self._elastic)
         except ValueError as e:
             raise ValueError(f"PlacementBatchSampler: {e}") from None
 
@@ -87,12 +105,21 @@ class PlacementBatchSampler(torch.utils.data.Sampler):
             self.epoch, self._perm, self._core = epoch, perm, core
             self._step_cache = (None, None)
 
-    def _order(self, step):
+    def _step(self, step):
+        """(order as caller indices, the window's domains) of optimizer step `step`, cached."""
         with self._lock:
             if self._step_cache[0] != step:
-                order = self._core.at(step)["order"]
-                self._step_cache = (step, order if self._perm is None else self._perm[order])
+                at = self._core.at(step)
+                order = at["order"]
+                layout = {(int(g), int(f)): q for q, (g, f) in enumerate(zip(at["pool_ga"], at["pool_first_replica"]))}
+                self._step_cache = (step, (order if self._perm is None else self._perm[order],
+                                           [list(map(int, d)) for d in at["domains"]],
+                                           list(zip(map(int, at["pool_ga"]), map(int, at["pool_first_replica"]))),
+                                           layout))
             return self._step_cache[1]
+
+    def _order(self, step):
+        return self._step(step)[0]
 
     def _check(self, n):
         n = _integer("PlacementBatchSampler: batch", n)
@@ -118,6 +145,32 @@ class PlacementBatchSampler(torch.utils.data.Sampler):
     def pool(self, n):
         """The packed sequences (lists of sample lengths) of batch n's pool, in slot order."""
         return [self._given.sequence(i) for i in self.pool_indices(n)]
+
+    def domain(self, n):
+        """The fused domain this replica's pool belongs to in batch n (a ``Domain``), or None when
+        its pool runs alone (every mode but vrsp-elastic, and unfused pools)."""
+        n = self._check(n)
+        step, ga = divmod(n, self.ga_steps)
+        order, domains, where, pool_at = self._step(step)
+        P = self.pool_size
+        pool = pool_at[(ga, self.dp_rank // P * P)]
+        for j, d in enumerate(domains):
+            if pool in d and len(d) > 1:
+                # S' holds pool q at replicas [first, first + P) of its GA index (the step's layout).
+                idx = [int(order[where[q][0] * self.dp + where[q][1] + s]) for q in d for s in range(P)]
+                slot = d.index(pool) * P + self.dp_rank % P
+                return Domain(j, d, [where[q][1] // P for q in d], slot, idx)
+        return None
+
+    def plan_indices(self, n):
+        """Indices of the sequences batch n's plan is made of: the fused domain's in slot order, else
+        the pool's."""
+        d = self.domain(n)
+        return self.pool_indices(n) if d is None else d.indices
+
+    def plan_pool(self, n):
+        """The packed sequences batch n's plan is made of (``plan_indices``)."""
+        return [self._given.sequence(i) for i in self.plan_indices(n)]
 
     def sequence(self, i):
         return self._given.sequence(i)

@@ -1,6 +1,8 @@
 """Process groups: a pool's P * cp ranks (and an elastic domain's) as one group each,
 with this rank's worker index in the planning contract's numbering."""
 import collections
+import itertools
+import math
 
 import torch.distributed as dist
 
@@ -46,12 +48,65 @@ def pool_group(pool_size, cp):
 
 
 # What domain_groups returns; unpacks as (pool, pool_worker, domain, domain_worker).
-DomainGroups = collections.namedtuple("DomainGroups", ["pool", "pool_worker", "domain", "domain_worker"])
+_DomainGroupsBase = collections.namedtuple("DomainGroups", ["pool", "pool_worker", "domain", "domain_worker"])
+
+# The lightest rule needs a group per possible fused domain; past this many a job would hold more
+# communicators than it is worth (an NCCL communicator costs memory and set-up time per member).
+MAX_LIGHTEST_GROUPS = 64
 
 
-def domain_groups(pool_size, cp, k=2):
+class DomainGroups(_DomainGroupsBase):
+    """(pool, pool_worker, domain, domain_worker), plus ``of(positions)``: the group and this rank's
+    worker of the fused domain of those pool positions in the GA step (``PlacementBatchSampler.domain``
+    gives them). ``domain`` / ``domain_worker`` are the buddy domain's (None for the lightest rule,
+    whose domain changes from step to step)."""
+
+    def __new__(cls, pool, pool_worker, domain, domain_worker, by_positions=None, rule="buddy"):
+        self = super().__new__(cls, pool, pool_worker, domain, domain_worker)
+        self._by_positions = dict(by_positions or {})
+        self.rule = rule
+        return self
+
+    def of(self, positions):
+        """(group, worker) of the fused domain of pool positions ``positions`` (pool index mod DP/P,
+        increasing), for a rank in it."""
+        key = tuple(int(x) for x in positions)
+        if key not in self._by_positions:
+            raise ValueError(f"DomainGroups.of(): positions {list(key)}: no {self.rule} domain group of this "
+                             f"rank has these pool positions")
+        return self._by_positions[key]
+
+
+def _subset_groups(subsets, pool_size, cp, rank):
+    """One group per subset of pool positions (every rank creates every group, same order); returns
+    {subset: (group, worker)} for the subsets holding this rank. Domain slot s is slot s % P of pool
+    subset[s // P], so worker = (place of the pool in the subset * P + slot) * cp + cp_rank."""
+    n = pool_size * cp
+    mine = {}
+    for sub in subsets:
+        ranks = [q * n + j for q in sub for j in range(n)]
+        g = dist.new_group(sorted(ranks))
+        if rank in ranks:
+            workers = [ranks.index(x) for x in sorted(ranks)]  # worker by group rank
+            _POOLS[id(g)] = (g, workers)
+            mine[tuple(sub)] = (g, ranks.index(rank))
+    return mine
+
+
+def _lightest_subsets(ppg, k):
+    """Every set of 2..k of a GA step's ppg pool positions (what the lightest rule can fuse), or the
+    one-line refusal when that is more than MAX_LIGHTEST_GROUPS groups."""
+    n = sum(math.comb(ppg, j) for j in range(2, k + 1))
+    if n > MAX_LIGHTEST_GROUPS:
+        raise ValueError(f"domain_groups: rule 'lightest' with DP/P = {ppg} pools and k = {k} needs {n} groups "
+                         f"(one per set of 2..k pools of a GA step), more than {MAX_LIGHTEST_GROUPS}: "
+                         f"use rule 'buddy' (static groups)")
+    return [s for j in range(2, k + 1) for s in itertools.combinations(range(ppg), j)]
+
+
+def domain_groups(pool_size, cp, k=2, rule="buddy"):
     """Collective over the default group, once per job: this rank's pool group and its vrsp-elastic
-    fused-domain group, with its worker index in each.
+    fused-domain groups, with its worker index in each.
 
     The buddy rule (docs/elastic.md) fuses pools at fixed positions of a GA step: a fused domain is
     always the k * pool_size consecutive DP replicas [m*k*P, (m+1)*k*P), so its k * P * cp ranks form
@@ -61,14 +116,30 @@ def domain_groups(pool_size, cp, k=2):
     k is clamped to the DP / P pools of a GA step, as the placement clamps it; ranks past the last
     whole domain (DP / P not divisible by k) get domain None and domain_worker None: their pools
     never fuse.
+
+    The lightest rule fuses whichever pools of a GA step are heaviest and lightest, so it needs a
+    group for every set of 2 .. k of the step's DP / P pools: sum_j C(DP/P, j) groups, each rank in
+    sum_j C(DP/P - 1, j - 1) of them. They are created here when that is at most
+    MAX_LIGHTEST_GROUPS (64: DP/P <= 11 at k = 2, <= 6 at k = 3); past it this refuses (ValueError):
+    use the buddy rule, whose groups are static. ``of(positions)`` finds a domain's group either way.
     """
     world, rank = _world()
     if pool_size < 1 or cp < 1 or k < 1:
         raise ValueError(f"domain_groups: pool_size {pool_size}, cp {cp} and k {k} must be >= 1")
+    if rule not in ("buddy", "lightest"):
+        raise ValueError(f"domain_groups: rule {rule!r}: must be 'buddy' or 'lightest'")
     if world % (pool_size * cp) != 0:
         raise ValueError(f"domain_groups: world size {world} must be divisible by pool_size * cp = {pool_size * cp}")
     replicas = world // cp
-    k = min(k, replicas // pool_size)
+    ppg = replicas // pool_size
+    k = min(k, ppg)
+    subsets = _lightest_subsets(ppg, k) if rule == "lightest" else None
     pool, pool_worker = _slot_groups(pool_size, cp, replicas, rank)
+    if rule == "lightest":
+        return DomainGroups(pool, pool_worker, None, None, _subset_groups(subsets, pool_size, cp, rank), rule)
     domain, domain_worker = _slot_groups(k * pool_size, cp, replicas, rank)
-    return DomainGroups(pool, pool_worker, domain, domain_worker)
+    by = {}
+    if domain is not None and k >= 2:
+        m = (rank // cp) // (k * pool_size)
+        by[tuple(range(m * k, (m + 1) * k))] = (domain, domain_worker)
+    return DomainGroups(pool, pool_worker, domain, domain_worker, by, rule)

@@ -16,15 +16,27 @@ class Planner:
     at once. The other keyword arguments are those of libra.make_plan; they
     are checked at construction, which plans batch 0 (kept for ``get(0)``),
     so a bad argument raises here, not at the first ``get``.
+
+    Elastic pools (a sampler in mode vrsp-elastic): batch n's plan is made of
+    ``sampler.plan_pool(n)``, the fused domain's k*P sequences when this
+    replica's pool is fused (the plan of a pool otherwise). Pass
+    ``groups=`` (what domain_groups returned) instead of ``worker=``: the
+    thread then derives the schedule of this rank's worker in the batch's
+    domain or pool, and ``runtime(n)`` runs it on that group.
     """
 
-    def __init__(self, sampler, worker=None, **plan_kwargs):
+    def __init__(self, sampler, worker=None, groups=None, **plan_kwargs):
+        if worker is not None and groups is not None:
+            _refuse("Planner: worker and groups: pass one (groups gives the worker of each batch's pool or domain)")
+        if groups is not None and not hasattr(groups, "of"):
+            _refuse(f"Planner: groups: must be what libra.torch.domain_groups returns, got a {type(groups).__name__}")
         if worker is not None:
             worker = _integer("Planner: worker", worker)
             if worker < 0:
                 _refuse(f"Planner: worker {worker}: must be >= 0")
         self._sampler = sampler
         self._worker = worker
+        self._groups = groups
         self._kw = plan_kwargs
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="libra-planner")
         self._futures = {}  # batch -> future, of the sampler's epoch self._planned_epoch
@@ -42,14 +54,26 @@ class Planner:
     def _epoch(self):
         return getattr(self._sampler, "epoch", 0)
 
-    def _work(self, pool):
+    def _where(self, n):
+        """(group, worker) batch n runs on: the fused domain's or the pool's (groups=), else (None, worker)."""
+        if self._groups is None:
+            return None, self._worker
+        d = self._sampler.domain(n) if hasattr(self._sampler, "domain") else None
+        if d is None:
+            return self._groups.pool, self._groups.pool_worker
+        return self._groups.of(d.positions)
+
+    def _work(self, pool, where):
         plan = make_plan(pool, **self._kw)
-        sched = None if self._worker is None else _libra.rank_programs(plan, self._worker)
-        return plan, sched
+        worker = where[1]
+        sched = None if worker is None else _libra.rank_programs(plan, worker)
+        return plan, sched, where[0]
 
     def _submit(self, n):
         if n < len(self._sampler) and n not in self._futures and n not in self._done:
-            self._futures[n] = self._pool.submit(self._work, self._sampler.pool(n))
+            s = self._sampler
+            pool = s.plan_pool(n) if hasattr(s, "plan_pool") else s.pool(n)
+            self._futures[n] = self._pool.submit(self._work, pool, self._where(n))
 
     def _result(self, n):
         if isinstance(n, bool) or not 0 <= n < len(self._sampler):
@@ -70,9 +94,18 @@ class Planner:
     def get(self, n):
         return self._result(n)[0]
 
-    def runtime(self, n, group, **kwargs):
-        """PlanRuntime of batch n on ``group`` (collective), from the prefetched plan and schedule."""
-        plan, sched = self._result(n)
+    def fused(self, n):
+        """Whether batch n's plan is a fused elastic domain's (more than one pool)."""
+        return self._result(n)[0].pool_size > getattr(self._sampler, "pool_size", 0)
+
+    def runtime(self, n, group=None, **kwargs):
+        """PlanRuntime of batch n on ``group`` (collective), from the prefetched plan and schedule.
+        With ``groups=`` at construction ``group`` defaults to the batch's domain or pool group."""
+        plan, sched, where = self._result(n)
+        if group is None:
+            if where is None:
+                _refuse("Planner.runtime(): group: required when the Planner has no groups=")
+            group = where
         return PlanRuntime(plan, group, schedule=sched, **kwargs)
 
     def close(self):
