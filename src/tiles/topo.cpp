@@ -59,7 +59,6 @@ class TopoPlacer {
  public:
   TopoPlacer(const Geometry& geo, const PlanTopology& topo, double capacity)
       : geo_(geo),
-        topo_(topo),
         W_(geo.workers),
         words_((static_cast<std::size_t>(geo.workers) + 63) / 64),
         limit_(capacity_limit(capacity)),
@@ -249,7 +248,6 @@ class TopoPlacer {
   }
 
   const Geometry& geo_;
-  const PlanTopology& topo_;
   int W_;
   std::size_t words_;
   std::int64_t limit_;
