@@ -21,15 +21,15 @@ def _call_meta(rt, pass_index, m, device):
     schedule, so built once per (pass, chunk, device) and kept on the runtime: every layer and step
     reuses them instead of copying index arrays to the device per call."""
     key = (pass_index, m, device)
-    meta = rt._cuda_meta.get(key)
+    meta = rt._varlen_meta.get(key)
     if meta is not None:
         return meta
     calls = rt.schedule["calls"][pass_index][m]
     # Forward and backward run the same calls (same tiles, same buffers): one set of index tensors
     # serves both, which halves their device memory (90-112 MiB a worker at 256K tokens, CP 8).
-    other = rt._cuda_meta.get((1 - pass_index, m, device))
+    other = rt._varlen_meta.get((1 - pass_index, m, device))
     if other is not None and _same_calls(calls, rt.schedule["calls"][1 - pass_index][m]):
-        rt._cuda_meta[key] = other
+        rt._varlen_meta[key] = other
         return other
     meta = []
     for call in calls:
@@ -46,7 +46,7 @@ def _call_meta(rt, pass_index, m, device):
         cu_k = torch.from_numpy(cu_k_host).to(device)
         meta.append((bool(q_home), bool(kv_home), qv, kv, cu_q, cu_k, int(nq.max()), int(nk.max()),
                      (cu_q_host.tolist(), cu_k_host.tolist())))
-    rt._cuda_meta[key] = meta
+    rt._varlen_meta[key] = meta
     return meta
 
 

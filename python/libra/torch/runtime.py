@@ -124,7 +124,7 @@ class PlanRuntime:
                        for p, classes in _PHASE_CLASSES.items() for m in range(self.num_chunks) for c in classes}
         self._peers = peers
         self._on = {}
-        self._cuda_meta = {}  # _cuda_call_meta's, by (pass, chunk, device)
+        self._varlen_meta = {}  # compute._call_meta of the varlen backends, by (pass, chunk, device)
         # What torch.compile's libra::attention op takes in place of this object (ops.py).
         self.op_handle = _register_op(self)
 
