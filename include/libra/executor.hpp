@@ -198,11 +198,6 @@ class Executor {
 [[nodiscard]] Result<std::unique_ptr<Executor>> make_schedule_executor(Communicator& pool, RankSchedule schedule,
                                                                        const ExecOptions& options);
 
-// Every segment program, kernel view and fragment of `s` inside its
-// buffers, and byte counts consistent with the segments; the error names
-// the first that is not.
-[[nodiscard]] Status validate_schedule(const RankSchedule& s);
-
 // Ranks agree on `fingerprint`: on a mismatch every rank returns the same
 // kMismatch error listing which ranks hold which value.
 [[nodiscard]] Status agree_on_fingerprint(Communicator& comm, std::uint64_t fingerprint, const std::string& what);

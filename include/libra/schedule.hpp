@@ -83,10 +83,10 @@
 #include <utility>
 #include <vector>
 
-#include "libra/backend.hpp"
 #include "libra/dtype.hpp"
 #include "libra/plan.hpp"
 #include "libra/status.hpp"
+#include "libra/tensor_view.hpp"
 
 namespace libra {
 
@@ -155,7 +155,7 @@ struct Region {
 };
 
 // A query fragment of a kernel call (the varlen convention of
-// libra/backend.hpp): sample-local queries [a, e) at rows q_row.. of the
+// libra/tensor_view.hpp): sample-local queries [a, e) at rows q_row.. of the
 // call's Q view, the sample's keys 0 .. e-1 at rows kv_row.. of its K view.
 using CallFragment = QueryFragment;
 
@@ -235,6 +235,11 @@ struct ScheduleOptions {
 
 // Worker `worker`'s schedule of `plan`. Pure and deterministic.
 [[nodiscard]] Result<RankSchedule> make_rank_schedule(const Plan& plan, int worker, const ScheduleOptions& options = {});
+
+// Every segment program, kernel view and fragment of `s` inside its
+// buffers, and byte counts consistent with the segments; the error names
+// the first that is not (src/schedule/validate.cpp).
+[[nodiscard]] Status validate_schedule(const RankSchedule& s);
 
 // The Ulysses baseline as a schedule, written from its definition (no
 // plan): inside each slot's CP group, every rank receives all L rows of its

@@ -511,16 +511,6 @@ Status ScheduleExecutor::backward_into(const AttentionInputs& in, const HomeTens
   return run_pass(Pass::kBackward);
 }
 
-Status check_program(const RankSchedule& s, const Strided& a, std::int64_t buffer, const std::string& what) {
-  if (a.rows < 0 || a.run < 0 || a.offset < 0 || a.run > a.stride ||
-      (a.rows > 0 && a.run > 0 && a.offset + (a.rows - 1) * a.stride + a.run > buffer)) {
-    return invalid_input(fmt::format("schedule of worker {}: {} (offset {}, {} rows of {} vectors, stride {}) lies "
-                                     "outside its buffer of {} vectors",
-                                     s.worker, what, a.offset, a.rows, a.run, a.stride, buffer));
-  }
-  return Status();
-}
-
 }  // namespace
 
 Result<ForwardOutputs> Executor::forward(const AttentionInputs& in) {
@@ -539,97 +529,6 @@ Result<BackwardOutputs> Executor::backward(const AttentionInputs& in, const Forw
   out.dv.resize(kv_elements());
   LIBRA_TRY(backward_into(in, fwd.o, fwd.lse, HomeTensor(d_o), {out.dq, out.dk, out.dv}));
   return out;
-}
-
-Status validate_schedule(const RankSchedule& s) {
-  if (s.workers < 1 || s.worker < 0 || s.worker >= s.workers || s.chunks < 1 || s.heads_q < 1 || s.heads_kv < 1 ||
-      s.head_dim < 1) {
-    return invalid_input(fmt::format("schedule: worker {} of {}, {} chunks, heads {}/{}, head_dim {} is not a schedule",
-                                     s.worker, s.workers, s.chunks, s.heads_q, s.heads_kv, s.head_dim));
-  }
-  for (int p = 0; p < 4; ++p) {
-    if (s.exchanges[static_cast<std::size_t>(p)].size() != static_cast<std::size_t>(s.chunks)) {
-      return invalid_input("schedule: exchanges of a phase do not cover its chunks");
-    }
-    for (int m = 0; m < s.chunks; ++m) {
-      const Exchange& x = s.exchange(static_cast<Phase>(p), m);
-      const bool in = is_in(static_cast<Phase>(p));
-      for (int side = 0; side < 2; ++side) {
-        const auto& lists = side == 0 ? x.send : x.recv;
-        const auto& bytes = side == 0 ? x.send_bytes : x.recv_bytes;
-        const auto& displs = side == 0 ? x.send_displs : x.recv_displs;
-        if (lists.size() != static_cast<std::size_t>(s.workers) || bytes.size() != lists.size() || displs.size() != lists.size()) {
-          return invalid_input("schedule: an exchange does not list every peer");
-        }
-        std::int64_t total = 0;
-        for (std::size_t peer = 0; peer < lists.size(); ++peer) {
-          std::int64_t n = 0;
-          for (const Segment& seg : lists[peer]) {
-            const bool home = side == 0 ? in : !in;
-            const std::int64_t buffer = home ? s.home_vectors(seg.field) : s.compute_vectors(seg.field);
-            LIBRA_TRY(check_program(s, seg.at, buffer,
-                                    fmt::format("{} chunk {} {} {} of peer {}", phase_name(static_cast<Phase>(p)), m,
-                                                side == 0 ? "send" : "receive", field_name(seg.field), peer)));
-            if (seg.add && (side == 0 || !home || field_dtype(seg.field, s.dtype) != DType::kF32)) {
-              return invalid_input("schedule: only fp32 home buffers are added into");
-            }
-            n += seg.at.count() * s.vector_bytes(seg.field);
-          }
-          if (n != bytes[peer] || displs[peer] != total) return invalid_input("schedule: byte counts disagree with the segments");
-          total += n;
-        }
-        if (total != (side == 0 ? x.total_send_bytes : x.total_recv_bytes)) {
-          return invalid_input("schedule: total bytes disagree with the segments");
-        }
-      }
-    }
-  }
-  // The message to self is copied segment by segment: both sides must agree.
-  for (int p = 0; p < 4; ++p) {
-    for (int m = 0; m < s.chunks; ++m) {
-      const Exchange& x = s.exchange(static_cast<Phase>(p), m);
-      const auto& a = x.send[static_cast<std::size_t>(s.worker)];
-      const auto& b = x.recv[static_cast<std::size_t>(s.worker)];
-      bool same = a.size() == b.size();
-      for (std::size_t k = 0; same && k < a.size(); ++k) {
-        same = a[k].field == b[k].field && a[k].at.rows == b[k].at.rows && a[k].at.run == b[k].at.run;
-      }
-      if (!same) return invalid_input(fmt::format("schedule of worker {}: {} chunk {}: the message to self does not match "
-                                                  "its receipt", s.worker, phase_name(static_cast<Phase>(p)), m));
-    }
-  }
-  if (s.home_tokens < 0 || s.home_tokens > s.home_rows) {
-    return invalid_input(fmt::format("schedule of worker {}: {} token rows in a home shard of {}", s.worker,
-                                     s.home_tokens, s.home_rows));
-  }
-  for (auto [peer, m] : s.apply_order) {
-    if (peer < 0 || peer >= s.workers || m < 0 || m >= s.chunks) return invalid_input("schedule: apply order out of range");
-  }
-  for (int pass = 0; pass < 2; ++pass) {
-    if (s.kernel_calls[static_cast<std::size_t>(pass)].size() != static_cast<std::size_t>(s.chunks)) {
-      return invalid_input("schedule: kernel calls do not cover the chunks");
-    }
-    for (int m = 0; m < s.chunks; ++m) {
-      for (const KernelCall& c : s.calls(static_cast<Pass>(pass), m)) {
-        LIBRA_TRY(check_program(s, c.q, c.q_home ? s.home_vectors(Field::kQ) : s.compute_q_vectors,
-                                fmt::format("kernel call Q view of chunk {}", m)));
-        LIBRA_TRY(check_program(s, c.kv, c.kv_home ? s.home_vectors(Field::kK) : s.compute_kv_vectors,
-                                fmt::format("kernel call KV view of chunk {}", m)));
-        if (c.fragment_begin < 0 || c.fragment_begin > c.fragment_end ||
-            static_cast<std::size_t>(c.fragment_end) > s.fragments.size()) {
-          return invalid_input("schedule: kernel call fragments out of range");
-        }
-        // Rows the fragments touch lie inside the views (the kernel checks
-        // the rest of each fragment).
-        for (const CallFragment& f : s.call_fragments(c)) {
-          if (f.q_row < 0 || f.kv_row < 0 || f.q_row + (f.e - f.a) > c.q.rows || f.kv_row + f.e > c.kv.rows) {
-            return invalid_input(fmt::format("schedule of worker {}: a fragment of chunk {} reaches past its views", s.worker, m));
-          }
-        }
-      }
-    }
-  }
-  return Status();
 }
 
 Result<std::unique_ptr<Executor>> make_schedule_executor(Communicator& pool, RankSchedule schedule,

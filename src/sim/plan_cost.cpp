@@ -166,7 +166,7 @@ PhaseBytes phase_bytes(const Plan& plan) {
 }
 
 // Turns a plan into per-worker compute and communication times, priced as
-// the executor sends them (src/exec/schedule.cpp, field_dtype): forward in
+// the executor sends them (src/schedule/schedule.cpp, field_dtype): forward in
 // Q + K/V and out O + LSE; backward in Q, dO, O, LSE + K/V and out dQ plus the
 // dK/dV partial sums. LSE, dQ, dK and dV travel in fp32 whatever the data
 // type, and a KV head's dK/dV goes home once per (worker, source, rows, head)
