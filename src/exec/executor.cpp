@@ -1,7 +1,8 @@
 // The execution engine: one RankSchedule run over a Communicator with an
 // AttentionBackend. Both passes go through run_pass, the pipeline loop of
-// paper section 6.3; everything the loop moves is described by the schedule,
-// so this file has no knowledge of plans, tiles or Ulysses.
+// paper section 6.3; everything the loop moves is a move of the schedule's
+// flat program (libra/program.hpp), carried out here with copies, so this
+// file has no knowledge of plans, tiles, segments or Ulysses.
 #include <fmt/format.h>
 
 #include <time.h>
@@ -15,6 +16,7 @@
 #include "libra/comm.hpp"
 #include "core/fault.hpp"
 #include "libra/executor.hpp"
+#include "libra/program.hpp"
 #include "libra/schedule.hpp"
 
 namespace libra {
@@ -66,7 +68,6 @@ class WireBuffer {
 // One all-to-all-v in flight, traced from posting to the end of its wait.
 struct Wire {
   WireBuffer send, recv;
-  std::vector<std::int64_t> send_counts, recv_counts;  // the exchange's, with the block to self 0
   PendingExchange pending;
   double posted_us = 0;
 };
@@ -127,8 +128,8 @@ class ScheduleExecutor final : public Executor {
 
  private:
   RawBuffer& buf(Field f) { return compute_[static_cast<std::size_t>(f)]; }
-  std::byte* at(Field f, bool home, std::int64_t vector) {
-    std::byte* base = home ? home_[static_cast<std::size_t>(f)] : buf(f).data();
+  std::byte* at(Field f, Loc where, std::int64_t vector) {
+    std::byte* base = where == Loc::kHome ? home_[static_cast<std::size_t>(f)] : buf(f).data();
     return base + vector * s_.vector_bytes(f);
   }
   struct Sizes {
@@ -142,10 +143,8 @@ class ScheduleExecutor final : public Executor {
   void output_home(Field f, void* out, DType type);
   void finish_output(Field f, const HomeOutput& out);
   void prepare(bool backward);
-  void pack(Phase p, int m, Wire& w);
-  void unpack(const std::vector<Segment>& segs, bool home, const std::byte* src);
-  void copy_self(const Exchange& x, bool from_home);
-  Status post(Phase p, int m, Wire& w);
+  void run_moves(std::span<const Move> moves, const std::byte* recv, std::byte* send);
+  Status post(Phase p, const ExchangeProgram& x, Wire& w);
   Status wait(Phase p, int m, Wire& w);
   Status compute(Pass pass, int m);
   Status grow_workspace(std::size_t bytes);
@@ -154,6 +153,7 @@ class ScheduleExecutor final : public Executor {
 
   Communicator& comm_;
   RankSchedule s_;
+  RankProgram prog_;
   ExecOptions opts_;
   std::unique_ptr<AttentionBackend> owned_backend_;
   AttentionBackend* backend_ = nullptr;
@@ -176,6 +176,11 @@ Status ScheduleExecutor::init() {
     backend_ = owned_backend_.get();
   }
   Status local = validate_schedule(s_);
+  if (local.ok()) {
+    Result<RankProgram> p = make_rank_program(s_);
+    if (p.ok()) prog_ = std::move(*p);
+    local = p.status();
+  }
   if (local.ok()) local = backend_->supports(s_.dtype);
   LIBRA_TRY(agree_on_status(comm_, local, "executor setup"));
   for (auto* w : {&in_, &out_})
@@ -250,84 +255,36 @@ void ScheduleExecutor::prepare(bool backward) {
   }
 }
 
-void ScheduleExecutor::pack(Phase p, int m, Wire& w) {
-  const Exchange& x = s_.exchange(p, m);
+// Carries out moves: buffers to the send message, the receive message to
+// buffers (assigned, or fp32 sums added), or buffer to buffer.
+void ScheduleExecutor::run_moves(std::span<const Move> moves, const std::byte* recv, std::byte* send) {
+  for (const Move& mv : moves) {
+    const std::int64_t vb = s_.vector_bytes(mv.field);
+    const auto n = static_cast<std::size_t>(mv.run * vb);
+    const std::byte* from = mv.src == Loc::kWire ? recv + mv.wire_byte : at(mv.field, mv.src, mv.src_offset);
+    std::byte* to = mv.dst == Loc::kWire ? send + mv.wire_byte : at(mv.field, mv.dst, mv.dst_offset);
+    const std::int64_t from_step = mv.src_stride * vb, to_step = mv.dst_stride * vb;
+    for (std::int64_t i = 0; i < mv.rows; ++i) {
+      if (mv.add) {
+        // dK/dV partial sums: fp32 on the wire and at home.
+        add_f32(to + i * to_step, from + i * from_step, mv.run * s_.width(mv.field));
+      } else {
+        std::memcpy(to + i * to_step, from + i * from_step, n);
+      }
+    }
+  }
+}
+
+Status ScheduleExecutor::post(Phase p, const ExchangeProgram& x, Wire& w) {
   w.send.ensure(static_cast<std::size_t>(x.total_send_bytes));
   w.recv.ensure(static_cast<std::size_t>(x.total_recv_bytes));
-  const bool from_home = is_in(p);
-  std::byte* cur = w.send.data();
-  for (std::size_t peer = 0; peer < x.send.size(); ++peer) {
-    if (static_cast<int>(peer) == s_.worker) {
-      cur += x.send_bytes[peer];  // moved by copy_self, never packed
-      continue;
-    }
-    for (const Segment& seg : x.send[peer]) {
-      const std::int64_t vb = s_.vector_bytes(seg.field);
-      const auto n = static_cast<std::size_t>(seg.at.run * vb);
-      const std::byte* src = at(seg.field, from_home, seg.at.offset);
-      for (std::int64_t i = 0; i < seg.at.rows; ++i) {
-        std::memcpy(cur, src + i * seg.at.stride * vb, n);
-        cur += n;
-      }
-    }
-  }
-}
-
-void ScheduleExecutor::unpack(const std::vector<Segment>& segs, bool home, const std::byte* src) {
-  for (const Segment& seg : segs) {
-    const std::int64_t vb = s_.vector_bytes(seg.field);
-    const auto n = static_cast<std::size_t>(seg.at.run * vb);
-    std::byte* dst = at(seg.field, home, seg.at.offset);
-    for (std::int64_t i = 0; i < seg.at.rows; ++i) {
-      std::byte* row = dst + i * seg.at.stride * vb;
-      if (seg.add) {
-        // dK/dV partial sums: fp32 on the wire and at home.
-        add_f32(row, src, seg.at.run * s_.width(seg.field));
-      } else {
-        std::memcpy(row, src, n);
-      }
-      src += n;
-    }
-  }
-}
-
-// The data a worker sends itself moves straight from its source to its
-// destination programs (one copy, not pack + exchange + unpack); the
-// schedule lists both sides in the same order.
-void ScheduleExecutor::copy_self(const Exchange& x, bool from_home) {
-  const auto me = static_cast<std::size_t>(s_.worker);
-  const auto& src = x.send[me];
-  const auto& dst = x.recv[me];
-  for (std::size_t k = 0; k < src.size() && k < dst.size(); ++k) {
-    const Segment &a = src[k], &b = dst[k];
-    const std::int64_t vb = s_.vector_bytes(a.field);
-    const std::byte* from = at(a.field, from_home, a.at.offset);
-    std::byte* to = at(b.field, !from_home, b.at.offset);
-    for (std::int64_t i = 0; i < a.at.rows; ++i) {
-      const std::byte* row = from + i * a.at.stride * vb;
-      std::byte* out = to + i * b.at.stride * vb;
-      if (b.add) {
-        add_f32(out, row, a.at.run * s_.width(a.field));
-      } else {
-        std::memcpy(out, row, static_cast<std::size_t>(a.at.run * vb));
-      }
-    }
-  }
-}
-
-Status ScheduleExecutor::post(Phase p, int m, Wire& w) {
-  pack(p, m, w);
-  const Exchange& x = s_.exchange(p, m);
-  const auto me = static_cast<std::size_t>(s_.worker);
-  w.send_counts = x.send_bytes;
-  w.recv_counts = x.recv_bytes;
-  w.send_counts[me] = w.recv_counts[me] = 0;
+  run_moves(x.gather, nullptr, w.send.data());
   if (opts_.trace) w.posted_us = opts_.trace->now_us();
-  LIBRA_ASSIGN_OR_RETURN(w.pending, comm_.post({std::span<const std::byte>(w.send.data(), w.send.size()), w.send_counts,
+  LIBRA_ASSIGN_OR_RETURN(w.pending, comm_.post({std::span<const std::byte>(w.send.data(), w.send.size()), x.send_bytes,
                                                 x.send_displs, std::span<std::byte>(w.recv.data(), w.recv.size()),
-                                                w.recv_counts, x.recv_displs}));
-  // Inputs to self are ready now; outputs to self are applied in order at the end.
-  if (is_in(p)) copy_self(x, true);
+                                                x.recv_bytes, x.recv_displs}));
+  // Inputs kept are ready now; outputs kept are applied in order at the end.
+  if (is_in(p)) run_moves(x.local, nullptr, nullptr);
   return Status();
 }
 
@@ -369,7 +326,7 @@ Status ScheduleExecutor::compute(Pass pass, int m) {
     auto view = [&](Field f) {
       const bool home = is_kv_field(f) ? c.kv_home : c.q_home;
       const Strided& v = is_kv_field(f) ? c.kv : c.q;
-      return View{at(f, home, v.offset), field_dtype(f, s_.dtype), v.rows, v.run, s_.width(f), v.stride * s_.width(f),
+      return View{at(f, home ? Loc::kHome : Loc::kCompute, v.offset), field_dtype(f, s_.dtype), v.rows, v.run, s_.width(f), v.stride * s_.width(f),
                   Device::kCpu};
     };
     if (pass == Pass::kForward) {
@@ -427,36 +384,28 @@ Status ScheduleExecutor::run_pass(Pass pass) {
 }
 
 Status ScheduleExecutor::run_pass_steps(Pass pass) {
-  const Phase in = pass == Pass::kForward ? Phase::kFwdIn : Phase::kBwdIn;
-  const Phase out = pass == Pass::kForward ? Phase::kFwdOut : Phase::kBwdOut;
+  const PassProgram& pp = prog_.pass(pass);
   const int M = s_.chunks;
   std::vector<Wire>& ins = in_[static_cast<std::size_t>(pass)];
   std::vector<Wire>& outs = out_[static_cast<std::size_t>(pass)];
   LIBRA_TRY(detail::fault_point(detail::FaultPoint::kBeforePost));
-  LIBRA_TRY(post(in, 0, ins[0]));
+  LIBRA_TRY(post(pp.in_phase, pp.in[0], ins[0]));
   LIBRA_TRY(detail::fault_point(detail::FaultPoint::kMidPass));
   for (int m = 0; m < M; ++m) {
     const auto mu = static_cast<std::size_t>(m);
-    if (m + 1 < M) LIBRA_TRY(post(in, m + 1, ins[mu + 1]));
-    LIBRA_TRY(wait(in, m, ins[mu]));
-    const Exchange& x = s_.exchange(in, m);
-    for (std::size_t p = 0; p < x.recv.size(); ++p) {
-      if (static_cast<int>(p) != s_.worker) unpack(x.recv[p], false, ins[mu].recv.data() + x.recv_displs[p]);
-    }
+    if (m + 1 < M) LIBRA_TRY(post(pp.in_phase, pp.in[mu + 1], ins[mu + 1]));
+    LIBRA_TRY(wait(pp.in_phase, m, ins[mu]));
+    run_moves(pp.in[mu].scatter, ins[mu].recv.data(), nullptr);
     LIBRA_TRY(compute(pass, m));
-    LIBRA_TRY(post(out, m, outs[mu]));
+    LIBRA_TRY(post(pp.out_phase, pp.out[mu], outs[mu]));
   }
-  for (int m = 0; m < M; ++m) LIBRA_TRY(wait(out, m, outs[static_cast<std::size_t>(m)]));
-  for (auto [peer, m] : s_.apply_order) {
-    const Exchange& x = s_.exchange(out, m);
-    const auto pu = static_cast<std::size_t>(peer);
-    // Compute rows of an output are final once its chunk computed (a dK/dV
-    // rectangle goes home after its last use), so self reads them now.
-    if (peer == s_.worker) {
-      copy_self(x, false);
-    } else {
-      unpack(x.recv[pu], true, outs[static_cast<std::size_t>(m)].recv.data() + x.recv_displs[pu]);
-    }
+  for (int m = 0; m < M; ++m) LIBRA_TRY(wait(pp.out_phase, m, outs[static_cast<std::size_t>(m)]));
+  // Compute rows of an output are final once its chunk computed (a dK/dV
+  // rectangle goes home after its last use), so the outputs kept are read
+  // now, in the same order as the receipts.
+  for (const Move& mv : pp.apply) {
+    run_moves(std::span<const Move>(&mv, 1), mv.src == Loc::kWire ? outs[static_cast<std::size_t>(mv.chunk)].recv.data() : nullptr,
+              nullptr);
   }
   return Status();
 }
