@@ -34,6 +34,7 @@
 #include "libra/packing.hpp"
 #include "libra/placement.hpp"
 #include "libra/plan.hpp"
+#include "libra/program.hpp"
 #include "libra/sampler.hpp"
 #include "libra/schedule.hpp"
 #include "libra/simulator.hpp"
@@ -350,96 +351,11 @@ std::vector<libra::kernel::Fragment> kernel_fragments(const py::array_t<I64, py:
 }
 
 
-// ---- rank schedules (libra/schedule.hpp) as index arrays for libra.torch.
-//
-// A message of one (phase, chunk) is split by element class, one
-// all_to_all_single per class present: 0 = data (Q, K, V, O, dO; the plan's
-// dtype, head_dim wide), 1 = LSE (fp32, 1 wide), 2 = gradients (dQ, dK, dV;
-// fp32, head_dim wide). Both sides list a peer's segments in the same order,
-// so the per-class sub-messages agree too. For every field, `pos` are head
-// vector positions in the class's message (all peers, in `order`) and `idx`
-// the head vectors of the field's buffer they come from or go to.
+// ---- rank programs (libra/program.hpp) for libra.torch: the schedule's
+// sizes and kernel calls, and its flat program as numpy arrays.
 
-int field_class(libra::Field f) {
-  switch (f) {
-    case libra::Field::kLse: return 1;
-    case libra::Field::kDq:
-    case libra::Field::kDk:
-    case libra::Field::kDv: return 2;
-    default: return 0;
-  }
-}
-
-void expand(const libra::Strided& at, std::vector<I64>& out) {
-  for (I64 i = 0; i < at.rows; ++i) {
-    for (I64 j = 0; j < at.run; ++j) out.push_back(at.offset + i * at.stride + j);
-  }
-}
-
-struct FieldLists {
-  std::vector<I64> pos, idx, peer;
-};
-
-struct Side {
-  std::vector<std::vector<I64>> splits;               // [class][group rank]
-  std::map<std::pair<int, bool>, FieldLists> fields;  // (field, add)
-};
-
-// Expands one side of an exchange; plain C++, run without the GIL.
-Side expand_side(const std::vector<std::vector<libra::Segment>>& lists, const std::vector<int>& order, bool recv) {
-  Side out;
-  std::array<I64, 3> count{};
-  out.splits.assign(3, std::vector<I64>(order.size(), 0));
-  for (std::size_t gi = 0; gi < order.size(); ++gi) {
-    const int peer = order[gi];
-    for (const libra::Segment& seg : lists[static_cast<std::size_t>(peer)]) {
-      const int c = field_class(seg.field);
-      FieldLists& fl = out.fields[{static_cast<int>(seg.field), recv && seg.add}];
-      const std::size_t before = fl.idx.size();
-      expand(seg.at, fl.idx);
-      for (std::size_t i = before; i < fl.idx.size(); ++i) {
-        fl.pos.push_back(count[static_cast<std::size_t>(c)]++);
-        fl.peer.push_back(peer);
-      }
-      out.splits[static_cast<std::size_t>(c)][gi] += seg.at.count();
-    }
-  }
-  return out;
-}
-
-py::dict side_dict(Side&& x) {
-  py::list fl_out;
-  for (auto& [key, fl] : x.fields) {
-    py::dict d;
-    d["field"] = libra::field_name(static_cast<libra::Field>(key.first));
-    d["class"] = field_class(static_cast<libra::Field>(key.first));
-    d["add"] = key.second;
-    d["pos"] = int_array(std::move(fl.pos));
-    d["idx"] = int_array(std::move(fl.idx));
-    d["peer"] = int_array(std::move(fl.peer));
-    fl_out.append(d);
-  }
-  py::dict o;
-  o["fields"] = fl_out;
-  o["splits"] = py::cast(x.splits);
-  return o;
-}
-
-// [phase][chunk] = (send, recv)
-using Expanded = std::vector<std::vector<std::pair<Side, Side>>>;
-
-Expanded expand_all(const libra::RankSchedule& s, const std::vector<int>& order) {
-  Expanded out(4);
-  for (int p = 0; p < 4; ++p) {
-    for (int m = 0; m < s.chunks; ++m) {
-      const libra::Exchange& x = s.exchange(static_cast<libra::Phase>(p), m);
-      out[static_cast<std::size_t>(p)].emplace_back(expand_side(x.send, order, false), expand_side(x.recv, order, true));
-    }
-  }
-  return out;
-}
-
-py::dict schedule_dict(const libra::RankSchedule& s, const std::vector<int>& order, Expanded&& ex) {
+// A schedule's sizes and kernel calls (what libra.torch's compute step reads).
+py::dict schedule_dict(const libra::RankSchedule& s, const std::vector<int>& order) {
   py::dict o;
   o["order"] = py::cast(order);
   o["worker"] = s.worker;
@@ -456,18 +372,6 @@ py::dict schedule_dict(const libra::RankSchedule& s, const std::vector<int>& ord
   o["compute_q_vectors"] = s.compute_q_vectors;
   o["compute_kv_vectors"] = s.compute_kv_vectors;
   o["fingerprint"] = s.fingerprint;
-  py::list phases;
-  for (auto& per_chunk : ex) {  // empty when not expanded
-    py::list chunks;
-    for (auto& [send, recv] : per_chunk) {
-      py::dict e;
-      e["send"] = side_dict(std::move(send));
-      e["recv"] = side_dict(std::move(recv));
-      chunks.append(e);
-    }
-    phases.append(chunks);
-  }
-  o["exchanges"] = phases;
   py::list passes;
   for (int p = 0; p < 2; ++p) {
     py::list chunks;
@@ -489,152 +393,116 @@ py::dict schedule_dict(const libra::RankSchedule& s, const std::vector<int>& ord
   return o;
 }
 
-// ---- rank programs: a rank schedule kept in C++ for CPU tensors. pack/unpack/apply copy the
-// schedule's strided runs between torch tensors' memory and message buffers (memcpy, fp32 adds),
-// with the GIL released; nothing is expanded per head vector, so paper-scale schedules cost what
-// make_rank_schedule costs. Buffers are passed as {field name: (data_ptr, head vectors)}; their
-// element sizes follow the field's class (data: data_bytes, LSE and gradients: fp32).
-
-struct Ptrs {
-  std::array<unsigned char*, libra::kNumFields> ptr{};
-  std::array<I64, libra::kNumFields> vectors{};
+struct ProgramHandle {
+  libra::RankSchedule schedule;
+  libra::RankProgram program;
 };
 
-class RankPrograms {
- public:
-  RankPrograms(libra::RankSchedule s, std::vector<int> order) : s_(std::move(s)), order_(std::move(order)) {}
-  const libra::RankSchedule& schedule() const { return s_; }
-  const std::vector<int>& order() const { return order_; }
-
-  I64 vector_bytes(libra::Field f, I64 data_bytes) const {
-    switch (field_class(f)) {
-      case 0: return s_.head_dim * data_bytes;
-      case 1: return 4;
-      default: return s_.head_dim * 4;
-    }
+// Moves as an int64 [n, 13] array: field, src, dst, add, peer, chunk, rows,
+// run, src_offset, src_stride, dst_offset, dst_stride, wire_byte.
+py::array_t<I64> moves_array(const std::vector<libra::Move>& moves) {
+  std::vector<I64> v;
+  v.reserve(moves.size() * 13);
+  for (const libra::Move& m : moves) {
+    v.insert(v.end(), {static_cast<I64>(m.field), static_cast<I64>(m.src), static_cast<I64>(m.dst), m.add ? 1 : 0,
+                       m.peer, m.chunk, m.rows, m.run, m.src_offset, m.src_stride, m.dst_offset, m.dst_stride,
+                       m.wire_byte});
   }
-
-  // Vectors per group rank of one (phase, chunk, class), send and receive.
-  std::pair<std::vector<I64>, std::vector<I64>> splits(int phase, int chunk, int cls) const {
-    const libra::Exchange& x = exchange(phase, chunk);
-    std::vector<I64> send(order_.size(), 0), recv(order_.size(), 0);
-    for (std::size_t gi = 0; gi < order_.size(); ++gi) {
-      for (const auto& seg : x.send[static_cast<std::size_t>(order_[gi])]) {
-        if (field_class(seg.field) == cls) send[gi] += seg.at.count();
-      }
-      for (const auto& seg : x.recv[static_cast<std::size_t>(order_[gi])]) {
-        if (field_class(seg.field) == cls) recv[gi] += seg.at.count();
-      }
-    }
-    return {send, recv};
-  }
-
-  // Message (send side) <- buffers, or buffers <- message (receive side, assignment).
-  void copy(int phase, int chunk, int cls, const Ptrs& bufs, unsigned char* msg, I64 msg_vectors, I64 data_bytes,
-            bool pack) const {
-    const libra::Exchange& x = exchange(phase, chunk);
-    const auto& lists = pack ? x.send : x.recv;
-    I64 pos = 0;
-    for (int peer : order_) {
-      for (const auto& seg : lists[static_cast<std::size_t>(peer)]) {
-        if (field_class(seg.field) != cls) continue;
-        move(seg, bufs, msg, msg_vectors, pos, data_bytes, pack, false);
-      }
-    }
-    if (pos != msg_vectors) bad("rank programs: message of " + std::to_string(msg_vectors) + " vectors, schedule needs " + std::to_string(pos));
-  }
-
-  // Out phases: every chunk's received messages applied in the schedule's (peer, chunk) order.
-  void apply(int phase, int cls, const Ptrs& bufs, const std::vector<std::pair<std::uintptr_t, I64>>& msgs,
-             I64 data_bytes) const {
-    if (msgs.size() != static_cast<std::size_t>(s_.chunks)) bad("rank programs: one message per chunk expected");
-    // Offset of each peer's piece in each chunk's message.
-    std::vector<std::vector<I64>> start(static_cast<std::size_t>(s_.chunks), std::vector<I64>(static_cast<std::size_t>(s_.workers), 0));
-    for (int m = 0; m < s_.chunks; ++m) {
-      const libra::Exchange& x = exchange(phase, m);
-      I64 pos = 0;
-      for (int peer : order_) {
-        start[static_cast<std::size_t>(m)][static_cast<std::size_t>(peer)] = pos;
-        for (const auto& seg : x.recv[static_cast<std::size_t>(peer)]) {
-          if (field_class(seg.field) == cls) pos += seg.at.count();
-        }
-      }
-      if (pos != msgs[static_cast<std::size_t>(m)].second) bad("rank programs: received message size differs from the schedule");
-    }
-    for (const auto& [peer, m] : s_.apply_order) {
-      const libra::Exchange& x = exchange(phase, m);
-      I64 pos = start[static_cast<std::size_t>(m)][static_cast<std::size_t>(peer)];
-      auto* msg = reinterpret_cast<unsigned char*>(msgs[static_cast<std::size_t>(m)].first);
-      for (const auto& seg : x.recv[static_cast<std::size_t>(peer)]) {
-        if (field_class(seg.field) != cls) continue;
-        move(seg, bufs, msg, msgs[static_cast<std::size_t>(m)].second, pos, data_bytes, false, seg.add);
-      }
-    }
-  }
-
- private:
-  const libra::Exchange& exchange(int phase, int chunk) const {
-    if (phase < 0 || phase > 3 || chunk < 0 || chunk >= s_.chunks) bad("rank programs: no such phase or chunk");
-    return s_.exchange(static_cast<libra::Phase>(phase), chunk);
-  }
-
-  void move(const libra::Segment& seg, const Ptrs& bufs, unsigned char* msg, I64 msg_vectors, I64& pos,
-            I64 data_bytes, bool pack, bool add) const {
-    const auto f = static_cast<std::size_t>(seg.field);
-    unsigned char* buf = bufs.ptr[f];
-    const libra::Strided& at = seg.at;
-    if (buf == nullptr) bad(std::string("rank programs: no buffer for field ") + libra::field_name(seg.field));
-    if (at.offset < 0 || at.run < 0 || at.rows < 0 ||
-        (at.rows > 0 && at.offset + (at.rows - 1) * at.stride + at.run > bufs.vectors[f]) ||
-        pos + at.count() > msg_vectors) {
-      bad(std::string("rank programs: segment of field ") + libra::field_name(seg.field) + " lies outside its buffer");
-    }
-    const I64 vb = vector_bytes(seg.field, data_bytes);
-    for (I64 i = 0; i < at.rows; ++i) {
-      unsigned char* b = buf + (at.offset + i * at.stride) * vb;
-      unsigned char* m = msg + (pos + i * at.run) * vb;
-      const auto n = static_cast<std::size_t>(at.run * vb);
-      if (pack) {
-        std::memcpy(m, b, n);
-      } else if (!add) {
-        std::memcpy(b, m, n);
-      } else {  // fp32 partial sums
-        float* dst = reinterpret_cast<float*>(b);
-        const float* src = reinterpret_cast<const float*>(m);
-        for (std::size_t j = 0; j < n / 4; ++j) dst[j] += src[j];
-      }
-    }
-    pos += at.count();
-  }
-
-  libra::RankSchedule s_;
-  std::vector<int> order_;
-};
-
-Ptrs read_ptrs(const py::dict& d) {
-  Ptrs p;
-  for (auto item : d) {
-    const std::string name = py::str(item.first);
-    int f = -1;
-    for (int i = 0; i < libra::kNumFields; ++i) {
-      if (name == libra::field_name(static_cast<libra::Field>(i))) f = i;
-    }
-    if (f < 0) bad("rank programs: unknown field " + name);
-    auto [ptr, vectors] = item.second.cast<std::pair<std::uintptr_t, I64>>();
-    p.ptr[static_cast<std::size_t>(f)] = reinterpret_cast<unsigned char*>(ptr);
-    p.vectors[static_cast<std::size_t>(f)] = vectors;
-  }
-  return p;
+  return int_array(std::move(v), 13);
 }
 
-// RankPrograms.pack (buffers -> message) and .unpack (message -> buffers).
-auto copier(bool pack) {
-  return [pack](const RankPrograms& p, int phase, int chunk, int cls, const py::dict& bufs, std::uintptr_t msg,
-                I64 msg_vectors, I64 data_bytes) {
-    Ptrs b = read_ptrs(bufs);
+// Moves expanded per head vector for torch's index_select / index_copy_ /
+// index_add_, grouped by (field, src, dst, add) in move order (so the adds
+// into one row keep the program's order). Wire positions are class-message
+// vectors; for an apply list (`apply`), every chunk's class messages are
+// concatenated in chunk order and followed by the field's compute buffer, so
+// the receipts and the outputs kept form one source (src 3) and one
+// index_add_ per field keeps the program's order. Returns [(field name, src,
+// dst, add, class, src index, dst index)].
+struct Group {
+  int field = 0, src = 0, dst = 0, cls = 0;
+  bool add = false;
+  std::vector<I64> sidx, didx;
+};
+
+std::vector<Group> expand_moves(const ProgramHandle& h, const libra::PassProgram* pass, const std::vector<libra::Move>& moves) {
+  // apply: first vector of chunk m's class-c message in the concatenation, and the compute buffer's start.
+  std::vector<std::array<I64, libra::kNumWireClasses>> base;
+  std::array<I64, libra::kNumWireClasses> total{};
+  if (pass) {
+    for (const libra::ExchangeProgram& x : pass->out) {
+      base.push_back(total);
+      for (std::size_t c = 0; c < libra::kNumWireClasses; ++c) {
+        for (I64 n : x.recv_vectors[c]) total[c] += n;
+      }
+    }
+  }
+  std::vector<Group> out;
+  std::map<std::tuple<int, int, int, bool>, std::size_t> at;
+  for (const libra::Move& m : moves) {
+    const int cls = libra::wire_class(m.field);
+    const int src = pass ? 3 : static_cast<int>(m.src);
+    auto key = std::make_tuple(static_cast<int>(m.field), src, static_cast<int>(m.dst), m.add);
+    auto it = at.find(key);
+    if (it == at.end()) {
+      it = at.emplace(key, out.size()).first;
+      out.push_back({static_cast<int>(m.field), src, static_cast<int>(m.dst), cls, m.add, {}, {}});
+    }
+    Group& g = out[it->second];
+    I64 shift = 0;
+    if (pass) {
+      shift = m.src == libra::Loc::kWire ? base[static_cast<std::size_t>(m.chunk)][static_cast<std::size_t>(cls)]
+                                         : total[static_cast<std::size_t>(cls)];
+    }
+    for (I64 i = 0; i < m.rows; ++i) {
+      for (I64 j = 0; j < m.run; ++j) {
+        g.sidx.push_back(shift + m.src_offset + i * m.src_stride + j);
+        g.didx.push_back(m.dst_offset + i * m.dst_stride + j);
+      }
+    }
+  }
+  (void)h;
+  return out;
+}
+
+py::list groups_list(std::vector<Group>&& groups) {
+  py::list l;
+  for (Group& g : groups) {
+    l.append(py::make_tuple(libra::field_name(static_cast<libra::Field>(g.field)), g.src, g.dst, g.add, g.cls,
+                            int_array(std::move(g.sidx)), int_array(std::move(g.didx))));
+  }
+  return l;
+}
+
+py::dict exchange_dict(const ProgramHandle& h, const libra::ExchangeProgram& x) {
+  std::vector<Group> gather, local, scatter;
+  {
     py::gil_scoped_release release;
-    p.copy(phase, chunk, cls, b, reinterpret_cast<unsigned char*>(msg), msg_vectors, data_bytes, pack);
-  };
+    gather = expand_moves(h, nullptr, x.gather);
+    local = expand_moves(h, nullptr, x.local);
+    scatter = expand_moves(h, nullptr, x.scatter);
+  }
+  py::dict d;
+  d["send_vectors"] = py::cast(x.send_vectors);
+  d["recv_vectors"] = py::cast(x.recv_vectors);
+  d["gather"] = groups_list(std::move(gather));
+  d["local"] = groups_list(std::move(local));
+  d["scatter"] = groups_list(std::move(scatter));
+  return d;
+}
+
+const libra::PassProgram& pass_of(const ProgramHandle& h, int pass) {
+  if (pass != 0 && pass != 1) bad("rank program: pass " + std::to_string(pass) + ": must be 0 (forward) or 1 (backward)");
+  return h.program.pass(static_cast<libra::Pass>(pass));
+}
+
+const libra::ExchangeProgram& exchange_of(const ProgramHandle& h, const libra::PassProgram& pp, const std::string& kind,
+                                          int chunk) {
+  if (kind != "in" && kind != "out") bad("rank program: exchange " + kind + ": must be in or out");
+  if (chunk < 0 || chunk >= h.program.chunks) {
+    bad("rank program: chunk " + std::to_string(chunk) + ": must be in [0, " + std::to_string(h.program.chunks) + ")");
+  }
+  return (kind == "in" ? pp.in : pp.out)[static_cast<std::size_t>(chunk)];
 }
 
 std::vector<int> check_order(const libra::Plan& plan, std::optional<std::vector<int>> order) {
@@ -1037,48 +905,56 @@ PYBIND11_MODULE(_libra, m) {
       py::arg("softmax_scale") = py::none(), py::arg("threads") = 1);
   m.def("simd_target", &libra::kernel::simd_target);
 
-  m.def(
-      "rank_schedule",
-      [](const libra::Plan& plan, int worker, std::optional<std::vector<int>> order, bool expand) {
-        check_worker(plan, worker, "worker");
-        std::vector<int> peers = check_order(plan, order);
-        Expanded ex;
-        libra::Result<libra::RankSchedule> r = [&] {
+  // libra/program.hpp: this worker's flat exchange program, on a group whose rank g holds worker order[g].
+  py::class_<ProgramHandle>(m, "RankProgram")
+      .def_property_readonly("info",
+                             [](const ProgramHandle& h) { return schedule_dict(h.schedule, h.program.order); })
+      // The raw moves of one list: kind "apply", or "<in|out> <gather|local|scatter>" of a chunk.
+      .def("moves",
+           [](const ProgramHandle& h, int pass, const std::string& kind, int chunk) {
+             const libra::PassProgram& pp = pass_of(h, pass);
+             if (kind == "apply") return moves_array(pp.apply);
+             const auto sp = kind.find(' ');
+             const std::string dir = kind.substr(0, sp), list = sp == std::string::npos ? "" : kind.substr(sp + 1);
+             const libra::ExchangeProgram& x = exchange_of(h, pp, dir, chunk);
+             if (list == "gather") return moves_array(x.gather);
+             if (list == "local") return moves_array(x.local);
+             if (list == "scatter") return moves_array(x.scatter);
+             bad("rank program: moves " + kind + ": must be apply or in/out gather, local or scatter");
+           },
+           py::arg("pass"), py::arg("kind"), py::arg("chunk") = 0)
+      .def("exchange",
+           [](const ProgramHandle& h, int pass, const std::string& kind, int chunk) {
+             return exchange_dict(h, exchange_of(h, pass_of(h, pass), kind, chunk));
+           },
+           py::arg("pass"), py::arg("kind"), py::arg("chunk"))
+      .def("apply", [](const ProgramHandle& h, int pass) {
+        const libra::PassProgram& pp = pass_of(h, pass);
+        std::vector<Group> g;
+        {
           py::gil_scoped_release release;
-          auto sched = libra::make_rank_schedule(plan, worker);
-          if (sched.ok() && expand) ex = expand_all(*sched, peers);
-          return sched;
-        }();
-        return schedule_dict(unwrap(std::move(r)), peers, std::move(ex));
-      },
-      py::arg("plan"), py::arg("worker"), py::arg("order") = py::none(), py::arg("expand") = true);
-
-  py::class_<RankPrograms>(m, "RankPrograms")
-      .def_property_readonly("info", [](const RankPrograms& p) { return schedule_dict(p.schedule(), p.order(), {}); })
-      .def("splits", &RankPrograms::splits, py::arg("phase"), py::arg("chunk"), py::arg("cls"))
-      .def("pack", copier(true), py::arg("phase"), py::arg("chunk"), py::arg("cls"), py::arg("buffers"),
-           py::arg("msg"), py::arg("msg_vectors"), py::arg("data_bytes"))
-      .def("unpack", copier(false), py::arg("phase"), py::arg("chunk"), py::arg("cls"), py::arg("buffers"),
-           py::arg("msg"), py::arg("msg_vectors"), py::arg("data_bytes"))
-      .def(
-          "apply",
-          [](const RankPrograms& p, int phase, int cls, const py::dict& bufs,
-             const std::vector<std::pair<std::uintptr_t, I64>>& msgs, I64 data_bytes) {
-            Ptrs b = read_ptrs(bufs);
-            py::gil_scoped_release release;
-            p.apply(phase, cls, b, msgs, data_bytes);
-          },
-          py::arg("phase"), py::arg("cls"), py::arg("buffers"), py::arg("msgs"), py::arg("data_bytes"));
+          g = expand_moves(h, &pp, pp.apply);
+        }
+        return groups_list(std::move(g));
+      }, py::arg("pass"));
   m.def(
-      "rank_programs",
+      "rank_program",
       [](const libra::Plan& plan, int worker, std::optional<std::vector<int>> order) {
         check_worker(plan, worker, "worker");
         std::vector<int> peers = check_order(plan, order);
-        libra::Result<libra::RankSchedule> r = [&] {
+        ProgramHandle h;
+        libra::Status st = [&] {
           py::gil_scoped_release release;
-          return libra::make_rank_schedule(plan, worker);
+          libra::Result<libra::RankSchedule> sched = libra::make_rank_schedule(plan, worker);
+          if (!sched.ok()) return sched.status();
+          libra::Result<libra::RankProgram> prog = libra::make_rank_program(*sched, peers);
+          if (!prog.ok()) return prog.status();
+          h.schedule = std::move(*sched);
+          h.program = std::move(*prog);
+          return libra::Status();
         }();
-        return RankPrograms(unwrap(std::move(r)), std::move(peers));
+        check(st);
+        return h;
       },
       py::arg("plan"), py::arg("worker"), py::arg("order") = py::none());
 }

@@ -1,11 +1,19 @@
-"""The exchanges of the per-rank schedule carried out with torch collectives: pack,
-post (async all_to_all_single), unpack and apply, by index tensors on any device or by
-the binding's C++ programs on CPU tensors."""
+"""The exchanges of the worker's flat program (libra/program.hpp) carried out with torch ops on any
+device: gather (index_select into the message), post (async all_to_all_single, one per element
+class), the data kept (buffer to buffer), scatter, and the Out phases' apply list (index_copy_ /
+index_add_ in the program's fixed order). Nothing here derives positions: the binding gives them."""
 import numpy as np
 import torch
 import torch.distributed as dist
 
 from .trace import _watch
+
+# Element classes a pass's exchanges carry (the program's wire_class): 0 the data type, 1 LSE (fp32,
+# 1 wide), 2 gradients (fp32). Fixed per (pass, direction), so every rank posts the same collectives
+# even when its own part is empty.
+_CLASSES = {(0, "in"): (0,), (0, "out"): (0, 1), (1, "in"): (0, 1), (1, "out"): (2,)}
+_NAMES = {(0, "in"): "fwd in", (0, "out"): "fwd out", (1, "in"): "bwd in", (1, "out"): "bwd out"}
+_HOME, _COMPUTE, _WIRE, _CAT = range(4)  # the program's Loc, and the apply lists' joined source
 
 
 def _wire(x):
@@ -19,61 +27,25 @@ def _a2a(out, inp, out_splits, in_splits, group):
                                   async_op=True)
 
 
-# ---------------------------------------------------------------- exchanges
-
-_FWD_IN, _FWD_OUT, _BWD_IN, _BWD_OUT = range(4)
-# Element classes of the binding's sub-messages (one all_to_all_single each): the data type,
-# LSE (fp32, 1 wide) and gradients (fp32); which a phase carries is fixed, so every rank posts the
-# same collectives even when its own part is empty.
-_PHASE_CLASSES = {_FWD_IN: (0,), _FWD_OUT: (0, 1), _BWD_IN: (0, 1), _BWD_OUT: (2,)}
-_PHASE_NAMES = {_FWD_IN: "fwd in", _FWD_OUT: "fwd out", _BWD_IN: "bwd in", _BWD_OUT: "bwd out"}
+def _tensors(groups, device):
+    return [(field, src, dst, add, cls, torch.from_numpy(np.array(s, dtype=np.int64)).to(device),
+             torch.from_numpy(np.array(d, dtype=np.int64)).to(device))
+            for field, src, dst, add, cls, s, d in groups]
 
 
-def _index_tensors(sd):
-    """The binding's schedule dict as the index tensors the passes use."""
-    def t(a):
-        return torch.from_numpy(np.array(a, dtype=np.int64))  # a writable copy of the read-only array
-
-    def side(x):
-        return {"splits": x["splits"],
-                "fields": [(f["field"], f["class"], f["add"], t(f["pos"]), t(f["idx"])) for f in x["fields"]]}
-
-    phases = []
-    for p, per_chunk in enumerate(sd["exchanges"]):
-        phase = {"chunks": [{"send": side(e["send"]), "recv": side(e["recv"])} for e in per_chunk]}
-        if p in (_FWD_OUT, _BWD_OUT):
-            phase["apply"] = _apply_plan(per_chunk, sd["apply_order"], sd["workers"])
-        phases.append(phase)
-    return {"phases": phases, "calls": sd["calls"]}
-
-
-def _apply_plan(per_chunk, apply_order, workers):
-    """Out phases: each field's received pieces of every chunk, in the schedule's apply order (peer,
-    chunk), as positions into the chunks' class buffers concatenated in chunk order."""
-    M = len(per_chunk)
-    rank = np.zeros(workers * M, dtype=np.int64)
-    for i, (peer, m) in enumerate(apply_order):
-        rank[peer * M + m] = i
-    offsets = {}
-    for c in range(3):
-        acc = 0
-        for m, e in enumerate(per_chunk):
-            offsets[(c, m)] = acc
-            acc += sum(e["recv"]["splits"][c])
-    entries = {}
-    for m, e in enumerate(per_chunk):
-        for f in e["recv"]["fields"]:
-            key = (f["field"], f["class"], f["add"])
-            pos = f["pos"] + offsets[(f["class"], m)]
-            order = rank[f["peer"] * M + m]
-            entries.setdefault(key, []).append((order, pos, f["idx"]))
+def program_tensors(program, chunks, device):
+    """The program as index tensors on ``device``: [pass] = {"in": [chunk], "out": [chunk], "apply"}."""
     out = []
-    for (field, cls, add), parts in entries.items():
-        order = np.concatenate([o for o, _, _ in parts])
-        pos = np.concatenate([p for _, p, _ in parts])
-        idx = np.concatenate([i for _, _, i in parts])
-        perm = np.argsort(order, kind="stable")
-        out.append((field, cls, add, torch.from_numpy(pos[perm].copy()), torch.from_numpy(idx[perm].copy())))
+    for p in (0, 1):
+        per = {"apply": _tensors(program.apply(p), device)}
+        for kind in ("in", "out"):
+            per[kind] = []
+            for m in range(chunks):
+                x = program.exchange(p, kind, m)
+                per[kind].append({"send": [list(v) for v in x["send_vectors"]],
+                                  "recv": [list(v) for v in x["recv_vectors"]],
+                                  **{k: _tensors(x[k], device) for k in ("gather", "local", "scatter")}})
+        out.append(per)
     return out
 
 
@@ -81,82 +53,48 @@ def _class_layout(c, dtype, d):
     return (dtype, d) if c == 0 else (torch.float32, 1 if c == 1 else d)
 
 
-def _post(rt, phase, m, ex, bufs, dtype, d, device):
-    """Packs and posts (async) one (phase, chunk)'s sub-messages; returns [(class, work, recv)]."""
-    posted = []
-    for c in _PHASE_CLASSES[phase]:
+def post(rt, pass_index, kind, m, x, bufs, dtype, d, device):
+    """Gathers and posts (async) one (pass, direction, chunk)'s class messages; an In exchange also
+    copies the data this worker keeps. Returns [(class, work, recv)]."""
+    sends = {}
+    for c in _CLASSES[(pass_index, kind)]:
         dt, width = _class_layout(c, dtype, d)
-        send = torch.empty((sum(ex["send"]["splits"][c]), width), dtype=dt, device=device)
-        for field, cls, _add, pos, idx in ex["send"]["fields"]:
-            if cls == c:
-                send.index_copy_(0, pos, bufs[field].index_select(0, idx))
-        recv = torch.empty((sum(ex["recv"]["splits"][c]), width), dtype=dt, device=device)
-        work = _a2a(recv, send, ex["recv"]["splits"][c], ex["send"]["splits"][c], rt.group)
-        posted.append((c, _watch(rt, work, f"{_PHASE_NAMES[phase]} chunk {m} class {c}"), recv))
+        sends[c] = torch.empty((sum(x["send"][c]), width), dtype=dt, device=device)
+    for field, src, _dst, _add, c, sidx, didx in x["gather"]:
+        sends[c].index_copy_(0, didx, bufs[src][field].index_select(0, sidx))
+    posted = []
+    for c, send in sends.items():
+        recv = torch.empty((sum(x["recv"][c]), send.shape[1]), dtype=send.dtype, device=device)
+        work = _a2a(recv, send, x["recv"][c], x["send"][c], rt.group)
+        posted.append((c, _watch(rt, work, f"{_NAMES[(pass_index, kind)]} chunk {m} class {c}"), recv))
+    for field, src, dst, _add, _c, sidx, didx in x["local"]:
+        bufs[dst][field].index_copy_(0, didx, bufs[src][field].index_select(0, sidx))
     return posted
 
 
-def _unpack_in(ex, posted, bufs):
+def scatter(x, posted, bufs):
+    """Waits for an In exchange and scatters its receipts into the compute buffers."""
     recvs = {}
     for c, work, recv in posted:
         work.wait()
         recvs[c] = recv
-    for field, cls, _add, pos, idx in ex["recv"]["fields"]:
-        bufs[field].index_copy_(0, idx, recvs[cls].index_select(0, pos))
+    for field, _src, dst, _add, c, sidx, didx in x["scatter"]:
+        bufs[dst][field].index_copy_(0, didx, recvs[c].index_select(0, sidx))
 
 
-def _unpack_out(apply, posted_by_chunk, bufs):
-    """Waits for every chunk's Out sub-messages and applies them in the schedule's fixed order, so
-    the fp32 sums of dK/dV do not depend on arrival order."""
+def apply(groups, posted_by_chunk, bufs):
+    """Waits for every chunk's Out exchange and applies the receipts and the outputs kept in the
+    program's fixed order, so the fp32 sums of dK/dV do not depend on arrival order."""
     per_class = {}
     for posted in posted_by_chunk:
         for c, work, recv in posted:
             work.wait()
             per_class.setdefault(c, []).append(recv)
-    cat = {c: torch.cat(v) for c, v in per_class.items()}
-    for field, cls, add, pos, idx in apply:
-        rows = cat[cls].index_select(0, pos)
+    for field, _src, dst, add, c, sidx, didx in groups:
+        # One source per field: every chunk's class messages, then the field's compute buffer.
+        source = torch.cat(per_class.get(c, []) + [bufs[_COMPUTE][field]])
+        rows = source.index_select(0, sidx)
         if add:
-            bufs[field].index_add_(0, idx, rows)
+            bufs[dst][field].index_add_(0, didx, rows)
         else:
-            bufs[field].index_copy_(0, idx, rows)
-
-
-def _ptrs(bufs):
-    return {name: (t.data_ptr(), t.shape[0]) for name, t in bufs.items()}
-
-
-def _post_cpu(rt, phase, m, bufs, dtype, d):
-    """CPU: packs one (phase, chunk)'s sub-messages with the C++ programs and posts them."""
-    posted = []
-    data_bytes = torch.empty(0, dtype=dtype).element_size()
-    ptrs = _ptrs(bufs)
-    for c in _PHASE_CLASSES[phase]:
-        dt, width = _class_layout(c, dtype, d)
-        send_splits, recv_splits = rt.splits[(phase, m, c)]
-        send = torch.empty((sum(send_splits), width), dtype=dt)
-        rt.programs.pack(phase, m, c, ptrs, send.data_ptr(), send.shape[0], data_bytes)
-        recv = torch.empty((sum(recv_splits), width), dtype=dt)
-        work = _a2a(recv, send, recv_splits, send_splits, rt.group)
-        posted.append((c, _watch(rt, work, f"{_PHASE_NAMES[phase]} chunk {m} class {c}"), recv))
-    return posted
-
-
-def _unpack_in_cpu(rt, phase, m, posted, bufs, dtype):
-    data_bytes = torch.empty(0, dtype=dtype).element_size()
-    ptrs = _ptrs(bufs)
-    for c, work, recv in posted:
-        work.wait()
-        rt.programs.unpack(phase, m, c, ptrs, recv.data_ptr(), recv.shape[0], data_bytes)
-
-
-def _unpack_out_cpu(rt, phase, posted_by_chunk, bufs, dtype):
-    data_bytes = torch.empty(0, dtype=dtype).element_size()
-    ptrs = _ptrs(bufs)
-    per_class = {}
-    for posted in posted_by_chunk:
-        for c, work, recv in posted:
-            work.wait()
-            per_class.setdefault(c, []).append(recv)
-    for c, recvs in per_class.items():
-        rt.programs.apply(phase, c, ptrs, [(r.data_ptr(), r.shape[0]) for r in recvs], data_bytes)
+            bufs[dst][field].index_copy_(0, didx, rows)

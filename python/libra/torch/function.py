@@ -7,18 +7,21 @@ import torch
 
 from . import backends
 from .compute import run_chunk
-from .exchange import (_BWD_IN, _BWD_OUT, _FWD_IN, _FWD_OUT, _post, _post_cpu, _unpack_in, _unpack_in_cpu,
-                       _unpack_out, _unpack_out_cpu)
+from .exchange import apply as _apply
+from .exchange import post as _post
+from .exchange import scatter as _scatter
 from .runtime import PlanRuntime
 from .trace import _compute
 
 
 class _Attention(torch.autograd.Function):
-    """libra's pipelined executor on torch tensors (libra/schedule.hpp's loop).
+    """libra's pipelined executor on torch tensors: the worker's flat program (libra/program.hpp)
+    carried out in the C++ engine's order.
 
-    Each pass, per chunk m: post in(m) for every chunk up front, wait in(m),
-    unpack, compute the chunk's kernel calls, pack and post out(m); then wait
-    every out and apply them in the schedule's fixed order. Forward: Q, K, V
+    Each pass: post in(0); per chunk m: post in(m+1), wait in(m), scatter,
+    compute the chunk's kernel calls while chunk m+1 arrives and chunk m-1
+    returns, gather and post out(m); then wait every out and apply them in the
+    program's fixed order. Forward: Q, K, V
     in; O, LSE out. Backward: Q, dO, O, LSE, K, V in; dQ assigned and fp32
     dK/dV partial sums added at home. Calls flagged q_home / kv_home read and
     write the home tensors in place instead of compute buffers. Only the home
@@ -35,7 +38,7 @@ class _Attention(torch.autograd.Function):
                 "LSE": torch.zeros((q.shape[0] * q.shape[1], 1), dtype=torch.float32, device=dev)}
         comp = {"Q": q.new_zeros((cq, d)), "K": q.new_zeros((ckv, d)), "V": q.new_zeros((ckv, d)),
                 "O": q.new_zeros((cq, d)), "LSE": torch.zeros((cq, 1), dtype=torch.float32, device=dev)}
-        _run_pass(rt, _FWD_IN, _FWD_OUT, 0, home, comp, dt, d, dev, scale)
+        _run_pass(rt, 0, home, comp, dt, d, dev, scale)
         o = home["O"].view(q.shape)
         ctx.rt, ctx.scale, ctx.lse = rt, scale, home["LSE"]
         ctx.save_for_backward(q, k, v, o)
@@ -63,41 +66,30 @@ class _Attention(torch.autograd.Function):
         comp["dQ"] = torch.zeros((cq, d), **f32)
         comp["dK"] = torch.zeros((ckv, d), **f32)
         comp["dV"] = torch.zeros((ckv, d), **f32)
-        _run_pass(rt, _BWD_IN, _BWD_OUT, 1, home, comp, dt, d, dev, scale)
+        _run_pass(rt, 1, home, comp, dt, d, dev, scale)
         return (home["dQ"].view(q.shape).to(dt), home["dK"].view(k.shape).to(dt), home["dV"].view(v.shape).to(dt),
                 None, None, None)
 
 
-def _run_pass(rt, phase_in, phase_out, pass_index, home, comp, dt, d, dev, scale):
-    """One pass of the pipelined schedule: post every chunk's input exchange, then per chunk wait for
-    its input, compute it on the selected backend and post its output; finally apply the outputs in
-    the schedule's fixed order. A ``buffers`` backend on CPU tensors packs with the binding's C++
-    programs (unless PlanRuntime(exchange="index")); every other case uses index tensors on the
-    tensors' device."""
+def _run_pass(rt, pass_index, home, comp, dt, d, dev, scale):
+    """One pass of the pipelined program, the C++ engine's loop (src/exec/executor.cpp): post chunk
+    0's input; per chunk m, post chunk m+1's input, wait for chunk m's only, compute it on the
+    selected backend while chunk m+1 arrives and chunk m-1 returns, post chunk m's output; finally
+    apply every output in the program's fixed order. The same index ops on every device."""
     backend = backends.select(dev, dt)
-    index = backend.kind == "varlen" or rt.exchange == "index"
-    if index:
-        ix = rt.on(dev)
-        ins, outs = ix["phases"][phase_in]["chunks"], ix["phases"][phase_out]["chunks"]
-        posted_in = [_post(rt, phase_in, m, ex, home, dt, d, dev) for m, ex in enumerate(ins)]
-    else:
-        posted_in = [_post_cpu(rt, phase_in, m, home, dt, d) for m in range(rt.num_chunks)]
+    prog = rt.on(dev)[pass_index]
+    bufs = (home, comp)  # by the program's Loc: home 0, compute 1
+    M = rt.num_chunks
+    posted_in = [_post(rt, pass_index, "in", 0, prog["in"][0], bufs, dt, d, dev)]
     posted_out = []
-    for m in range(rt.num_chunks):
-        if index:
-            _unpack_in(ins[m], posted_in[m], comp)
-        else:
-            _unpack_in_cpu(rt, phase_in, m, posted_in[m], comp, dt)
+    for m in range(M):
+        if m + 1 < M:
+            posted_in.append(_post(rt, pass_index, "in", m + 1, prog["in"][m + 1], bufs, dt, d, dev))
+        _scatter(prog["in"][m], posted_in[m], bufs)
         with _compute(rt, f"{'fwd' if pass_index == 0 else 'bwd'} compute chunk {m}"):
             run_chunk(rt, backend, pass_index, m, home, comp, scale)
-        if index:
-            posted_out.append(_post(rt, phase_out, m, outs[m], comp, dt, d, dev))
-        else:
-            posted_out.append(_post_cpu(rt, phase_out, m, comp, dt, d))
-    if index:
-        _unpack_out(ix["phases"][phase_out]["apply"], posted_out, home)
-    else:
-        _unpack_out_cpu(rt, phase_out, posted_out, home, dt)
+        posted_out.append(_post(rt, pass_index, "out", m, prog["out"][m], bufs, dt, d, dev))
+    _apply(prog["apply"], posted_out, bufs)
 
 
 _UNSET = object()  # attention's window= not given (None means plain causal there)

@@ -66,7 +66,7 @@ class Planner:
     def _work(self, pool, where):
         plan = make_plan(pool, **self._kw)
         worker = where[1]
-        sched = None if worker is None else _libra.rank_programs(plan, worker)
+        sched = None if worker is None else _libra.rank_program(plan, worker)
         return plan, sched, where[0]
 
     def _submit(self, n):

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 from .. import _libra
-from .exchange import _PHASE_CLASSES, _index_tensors
+from .exchange import program_tensors
 from .groups import _POOLS
 from .ops import register as _register_op
 
@@ -89,25 +89,24 @@ class PlanRuntime:
         self.worker = me
         self.threads = int(threads)
         self.check_calls = check_calls
-        # How messages are packed: "programs" copies the schedule's runs in C++ (CPU tensors),
-        # "index" uses index tensors and torch ops (any device; what CUDA tensors use).
+        # Accepted for compatibility: every device now carries out the same program with index ops.
         self.exchange = exchange
         # Chrome trace events of every attention call under this runtime (trace=True): per chunk, the
         # kernel calls (tid 0) and each all-to-all from issue to completion (tid 1).
         self.trace = [] if trace else None
         self._t0 = time.perf_counter()
         self.window = plan.config["window"]
-        # libra's per-rank schedule (libra/schedule.hpp), its exchanges expanded to index arrays with
-        # the peers in group-rank order (what all_to_all_single's splits follow).
+        # libra's per-rank flat program (libra/program.hpp), the peers in group-rank order (what
+        # all_to_all_single's splits follow); Planner may have built it on its thread.
         progs = schedule
         if progs is not None:
             info = progs.info
             if info["order"] != peers or info["worker"] != me or info["fingerprint"] != plan.fingerprint:
                 progs = None
         if progs is None:
-            progs = _libra.rank_programs(plan, me, peers)
+            progs = _libra.rank_program(plan, me, peers)
             info = progs.info
-        self.programs, self.schedule = progs, info
+        self.program, self.schedule = progs, info
         self.home_rows, self.heads_q, self.heads_kv = info["home_rows"], info["heads_q"], info["heads_kv"]
         self.head_dim, self.num_chunks = info["head_dim"], info["chunks"]
         lay = _libra.home_layout(plan, me)
@@ -120,8 +119,6 @@ class PlanRuntime:
         self.max_seqlen = int((self.cu_seqlens[1:] - self.cu_seqlens[:-1]).max()) if len(self.cu_seqlens) > 1 else 0
         self.packed_cu_seqlens = torch.tensor(np.concatenate([[0], np.cumsum(plan.pool[self.slot])]), dtype=torch.int32)
         self._position_on = {}  # position_ids of the token rows, by device (attention's check)
-        self.splits = {(p, m, c): progs.splits(p, m, c)
-                       for p, classes in _PHASE_CLASSES.items() for m in range(self.num_chunks) for c in classes}
         self._peers = peers
         self._on = {}
         self._varlen_meta = {}  # compute._call_meta of the varlen backends, by (pass, chunk, device)
@@ -129,23 +126,22 @@ class PlanRuntime:
         self.op_handle = _register_op(self)
 
     def on(self, device):
-        """The schedule as index tensors on ``device`` (built once per device; the CUDA path's
-        exchanges; CPU tensors use the C++ programs instead)."""
+        """The program as index tensors on ``device`` (built once per device)."""
         device = torch.device(device)
-        if torch.device("cpu") not in self._on:
-            sd = _libra.rank_schedule(self.plan, self.worker, self._peers)
-            self._on[torch.device("cpu")] = _index_tensors(sd)
-        self.index = self._on[torch.device("cpu")]
         if device not in self._on:
-            def move(x):
-                if isinstance(x, torch.Tensor):
-                    return x.to(device)
-                if isinstance(x, dict):
-                    return {k: move(v) for k, v in x.items()}
-                if isinstance(x, (list, tuple)):
-                    return type(x)(move(v) for v in x)
-                return x
-            self._on[device] = move(self.index)
+            cpu = self._on.get(torch.device("cpu"))
+            if cpu is None or device == torch.device("cpu"):
+                self._on[device] = program_tensors(self.program, self.num_chunks, device)
+            else:
+                def move(x):
+                    if isinstance(x, torch.Tensor):
+                        return x.to(device)
+                    if isinstance(x, dict):
+                        return {k: move(v) for k, v in x.items()}
+                    if isinstance(x, (list, tuple)):
+                        return type(x)(move(v) for v in x)
+                    return x
+                self._on[device] = move(cpu)
         return self._on[device]
 
     @property
@@ -217,7 +213,7 @@ def _check_options(plan, group, size, worker, threads, trace, check_calls, sched
             return f"{name} {v!r}: must be True or False", me, timeout
     if exchange not in ("auto", "programs", "index"):
         return f"exchange {exchange!r}: must be auto, programs or index", me, timeout
-    if schedule is not None and not isinstance(schedule, _libra.RankPrograms):
+    if schedule is not None and not isinstance(schedule, _libra.RankProgram):
         return f"schedule must be None or Planner's, got {type(schedule).__name__}", me, timeout
     return None, me, timeout
 
