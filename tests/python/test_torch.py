@@ -6,6 +6,7 @@ dominates on a small machine). The reference is written here in torch:
 block-diagonal causal attention per sample over the whole packed sequence
 (tests/python/dist_util.py), in float64 from the same (rounded) inputs.
 """
+import contextlib
 import threading
 
 import pytest
@@ -165,16 +166,37 @@ CASES_FLASH = [
 ]
 
 
+@contextlib.contextmanager
+def pinned(name, flash_impl=None):
+    """Pins compute backend `name` (and the flash-attn backend's function) for a body's cases. The pin
+    is the process's, which in-process workers share: each reads the old one before any sets it, and
+    it goes once every worker is done."""
+    flash = backends.get("flash-attn")
+    saved = backends.forced(), flash.impl
+
+    def restore():
+        backends.force(saved[0])
+        flash.impl = saved[1]
+
+    barrier()
+    backends.force(name)
+    flash.impl = flash_impl or saved[1]
+    try:
+        yield
+    except BaseException:
+        restore()  # without barriers: the other workers may never reach them
+        raise
+    barrier()
+    restore()
+    barrier()
+
+
 def flash_path(rank):
     """The CUDA tensors' path (flash_attn_varlen_func calls, flash backward through autograd,
     index-tensor exchanges) forced on CPU tensors with the stand-in above, against float64 plain
     attention; also whether the stand-in really ran and how many calls read home buffers in place."""
-    flash = backends.get("flash-attn")
-    barrier()  # the pin is the process's: in-process workers set it once all are past their earlier cases
-    saved = backends.force("flash-attn"), flash.impl
-    flash.impl = stand_in_flash_attn_varlen_func
     out = {"errors": {}, "in_place_calls": 0}
-    try:
+    with pinned("flash-attn", stand_in_flash_attn_varlen_func):
         for case in CASES_FLASH:
             kw = {k: v for k, v in case.items() if k != "name"}
             before = WORKER.stand_in_calls
@@ -196,27 +218,18 @@ def flash_path(rank):
             results.append([o.detach(), q.grad, k.grad, v.grad])
         out["repeat"] = {"built_before": built, "built_after": len(rt._varlen_meta),
                          "identical": all(torch.equal(a, b) for a, b in zip(*results))}
-        barrier()  # every worker done before the pin goes
-    finally:
-        backends.force(saved[0])
-        flash.impl = saved[1]
     return out
 
 
 def sdpa_path(rank):
     """The portable fallback (scaled_dot_product_attention per sample) forced on CPU tensors, through
     the same engine code as the flash path (index-tensor exchanges, autograd recompute)."""
-    barrier()
-    saved = backends.force("sdpa")
     out = {}
-    try:
+    with pinned("sdpa"):
         for case in CASES_FLASH:
             kw = {k: v for k, v in case.items() if k != "name"}
             errs, _, padded = run_attention(rank, 2, 2, POOLS, **kw)
             out[case["name"]] = (kw.get("dtype", "float32"), errs, padded)
-        barrier()
-    finally:
-        backends.force(saved)
     return out
 
 
