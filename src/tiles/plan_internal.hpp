@@ -5,7 +5,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
+#include <new>
+#include <type_traits>
 #include <span>
 #include <string>
 #include <vector>
@@ -13,6 +16,31 @@
 #include "libra/plan.hpp"
 
 namespace libra {
+
+namespace detail {
+// Transfers written once each, in any order, right after allocation: unlike
+// a vector, nothing value-initialises the megabytes about to be overwritten.
+class TransferArray {
+ public:
+  TransferArray() = default;
+  explicit TransferArray(std::size_t n)
+      : items_(static_cast<Transfer*>(std::malloc((n > 0 ? n : 1) * sizeof(Transfer)))), size_(n) {
+    if (!items_) throw std::bad_alloc();
+  }
+  // Every index in [0, size) exactly once before the items are read.
+  void put(std::size_t i, const Transfer& x) { ::new (static_cast<void*>(items_.get() + i)) Transfer(x); }
+  const Transfer* data() const { return items_.get(); }
+  std::size_t size() const { return size_; }
+
+ private:
+  static_assert(std::is_trivially_destructible_v<Transfer> && std::is_trivially_copyable_v<Transfer>);
+  struct Free {
+    void operator()(Transfer* p) const noexcept { std::free(p); }
+  };
+  std::unique_ptr<Transfer, Free> items_;
+  std::size_t size_ = 0;
+};
+}  // namespace detail
 
 struct Plan::Data {
   PlanConfig config;
@@ -37,7 +65,7 @@ struct Plan::Data {
   std::vector<std::int64_t> byte_matrix;          // W * W
   std::vector<Transfer> transfers;
   std::vector<std::size_t> transfer_offsets;      // W * W + 1, bucket src * W + dst
-  std::vector<Transfer> chunk_transfers;
+  detail::TransferArray chunk_transfers;
   std::vector<std::size_t> chunk_offsets;         // M * W * W + 1, bucket (m * W + src) * W + dst
   std::vector<std::int64_t> chunk_byte_matrix;    // M * W * W
   std::vector<TierBytes> tier_bytes;              // W

@@ -306,13 +306,24 @@ class Placer {
   // the loads keeps. Same choice, same tie-breaks as scanning all W workers.
   Choice evaluate(int p, int s, std::int64_t begin, std::int64_t end, std::int64_t flops) {
     frags_.clear();
-    const std::int64_t vkv = geo_.kv_bytes_per_token(s);
-    std::int64_t all_groups = 0;
-    for (std::int32_t j = geo_.sample_at(p, begin); j < geo_.sample_base[p + 1] && geo_.starts[j] < end; ++j) {
-      frags_.push_back({geo_.group_id(j, s), geo_.starts[j], geo_.lengths[j], vkv});
-      all_groups += vkv * geo_.lengths[j];
+    // The shards of a block come one after another with the same rows: the
+    // samples they touch are found once.
+    if (p != rows_slot_ || begin != rows_begin_ || end != rows_end_) {
+      rows_slot_ = p;
+      rows_begin_ = begin;
+      rows_end_ = end;
+      rows_first_ = geo_.sample_at(p, begin);
+      rows_last_ = rows_first_;
+      rows_tokens_ = 0;
+      while (rows_last_ < geo_.sample_base[p + 1] && geo_.starts[rows_last_] < end) rows_tokens_ += geo_.lengths[rows_last_++];
+      rows_home_ = geo_.home(p, begin);
     }
-    const int home = geo_.home(p, begin);
+    const std::int64_t vkv = geo_.kv_bytes_per_token(s);
+    for (std::int32_t j = rows_first_; j < rows_last_; ++j) {
+      frags_.push_back({geo_.group_id(j, s), geo_.starts[j], geo_.lengths[j], vkv});
+    }
+    const std::int64_t all_groups = vkv * rows_tokens_;
+    const int home = rows_home_;
     const std::int64_t vqo = 2 * (end - begin) * geo_.qo_bytes_per_row();
     const std::int64_t base = vqo + all_groups;
     save(home, vqo);
@@ -418,6 +429,10 @@ class Placer {
   // int64 -> double conversion is monotone.
   std::int64_t limit_;
   std::vector<PlaceFrag> frags_;
+  int rows_slot_ = -1;  // the rows evaluated last and what they touch
+  std::int64_t rows_begin_ = 0, rows_end_ = 0, rows_tokens_ = 0;
+  std::int32_t rows_first_ = 0, rows_last_ = 0;
+  int rows_home_ = 0;
 };
 
 struct BaseTile {
