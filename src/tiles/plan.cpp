@@ -362,28 +362,9 @@ Result<Plan> build_plan(std::span<const PackedSequence> pool, const PlanConfig& 
   //    heads, KV items without a head in chunk m left out. A KV group sends
   //    one item per home run of its sample (the rows of an item are
   //    consecutive in the sender's home buffer); the runs are the same for
-  //    every key of a sample, so they are found once. The items are first
+  //    every key of a sample (Geometry::runs). The items are first
   //    sorted into their buckets as small indices (a counting sort keeps
   //    the generation order), so that both lists are written front to back.
-  struct Run {
-    std::int64_t begin, end;
-    std::int32_t src;
-  };
-  std::vector<Run> runs;
-  std::vector<std::size_t> sample_runs(static_cast<std::size_t>(total_samples) + 1, 0);
-  runs.reserve(static_cast<std::size_t>(total_samples) + static_cast<std::size_t>(W) * 2);
-  for (int p = 0; p < g.pool_size; ++p) {
-    for (std::int32_t j = g.sample_base[p]; j < g.sample_base[p + 1]; ++j) {
-      const std::int64_t stop = g.starts[j] + g.lengths[j];
-      for (std::int64_t x = g.starts[j]; x < stop;) {
-        const HomeSpot h = g.map.locate(x);
-        const std::int64_t y = std::min(stop, h.run_end);
-        runs.push_back({x, y, p * g.cp + h.rank});
-        x = y;
-      }
-      sample_runs[static_cast<std::size_t>(j) + 1] = runs.size();
-    }
-  }
   // KV heads of chunk m for each dedup key (they depend on nothing else).
   const Plan view(d);
   std::vector<HeadRange> chunk_kv(static_cast<std::size_t>(g.keys_per_sample) * static_cast<std::size_t>(M));
@@ -397,7 +378,7 @@ Result<Plan> build_plan(std::span<const PackedSequence> pool, const PlanConfig& 
   struct KvItem {
     std::int32_t entry;  // in worker_group_ids
     std::int32_t key;
-    std::int32_t run;
+    std::int32_t run;  // in g.runs
   };
   std::vector<std::size_t> q_at(W2 + 1, 0), kv_at(W2 + 1, 0), o_at(W2 + 1, 0);
   for (const Tile& t : d->tiles) {
@@ -411,12 +392,12 @@ Result<Plan> build_plan(std::span<const PackedSequence> pool, const PlanConfig& 
   for (int r = 0; r < W; ++r) {
     for (std::size_t k = d->worker_group_offsets[r]; k < d->worker_group_offsets[r + 1]; ++k) {
       const KvGroup& grp = d->groups[static_cast<std::size_t>(d->worker_group_ids[k])];
-      const auto j = static_cast<std::size_t>(g.sample_base[grp.slot] + grp.sample);
-      for (std::size_t u = sample_runs[j]; u < sample_runs[j + 1]; ++u) {
-        if (runs[u].src != r) {
-          ++kv_at[static_cast<std::size_t>(runs[u].src) * W + r + 1];
+      for (const Geometry::Run& run : g.sample_runs(g.sample_base[grp.slot] + grp.sample)) {
+        const int src = grp.slot * g.cp + run.rank;
+        if (src != r) {
+          ++kv_at[static_cast<std::size_t>(src) * W + r + 1];
         } else {
-          d->tier_bytes[static_cast<std::size_t>(r)].kept += kv_bytes(g, runs[u].end - runs[u].begin, grp.kv_heads.size());
+          d->tier_bytes[static_cast<std::size_t>(r)].kept += kv_bytes(g, run.end - run.begin, grp.kv_heads.size());
         }
       }
     }
@@ -442,10 +423,10 @@ Result<Plan> build_plan(std::span<const PackedSequence> pool, const PlanConfig& 
         const KvGroup& grp = d->groups[static_cast<std::size_t>(gid)];
         const std::int32_t j = g.sample_base[grp.slot] + grp.sample;
         const std::int32_t key = gid - j * g.keys_per_sample;
-        for (std::size_t u = sample_runs[static_cast<std::size_t>(j)]; u < sample_runs[static_cast<std::size_t>(j) + 1]; ++u) {
-          if (runs[u].src == r) continue;
-          kv_items[ki[static_cast<std::size_t>(runs[u].src) * W + r]++] = {static_cast<std::int32_t>(k), key,
-                                                                           static_cast<std::int32_t>(u)};
+        for (std::int32_t u = g.run_base[static_cast<std::size_t>(j)]; u < g.run_base[static_cast<std::size_t>(j) + 1]; ++u) {
+          const int src = grp.slot * g.cp + g.runs[static_cast<std::size_t>(u)].rank;
+          if (src == r) continue;
+          kv_items[ki[static_cast<std::size_t>(src) * W + r]++] = {static_cast<std::int32_t>(k), key, u};
         }
       }
     }
@@ -492,11 +473,12 @@ Result<Plan> build_plan(std::span<const PackedSequence> pool, const PlanConfig& 
     }
     for (std::size_t i = kv_at[b]; i < kv_at[b + 1]; ++i) {
       const KvItem& item = kv_items[i];
-      const Run& run = runs[static_cast<std::size_t>(item.run)];
+      const Geometry::Run& run = g.runs[static_cast<std::size_t>(item.run)];
       const std::int32_t gid = d->worker_group_ids[static_cast<std::size_t>(item.entry)];
       const HeadRange kv = key_group[static_cast<std::size_t>(item.key)].kv_heads;
-      const Transfer x{TransferKind::kKv, run.src, static_cast<std::int32_t>(b % static_cast<std::size_t>(W)),
-                       d->groups[static_cast<std::size_t>(gid)].slot, run.begin, run.end, kv, -1, gid,
+      const std::int32_t slot = d->groups[static_cast<std::size_t>(gid)].slot;
+      const Transfer x{TransferKind::kKv, slot * g.cp + run.rank, static_cast<std::int32_t>(b % static_cast<std::size_t>(W)),
+                       slot, run.begin, run.end, kv, -1, gid,
                        kv_bytes(g, run.end - run.begin, kv.size()), 0, M - 1};
       d->transfers.push_back(x);
       d->byte_matrix[b] += x.bytes;

@@ -98,6 +98,20 @@ struct Geometry {
   std::vector<std::int32_t> sample_base;  // P + 1: global index of slot p's first sample
   std::vector<std::int64_t> starts;       // per global sample: o_j in its slot
   std::vector<std::int64_t> lengths;      // per global sample: l_j
+  // Every sample's tokens by home run (one run per CP rank in the
+  // contiguous layout; zigzag may give a rank two): the placers and the
+  // builder read them instead of locating rows one by one.
+  struct Run {
+    std::int64_t begin, end;  // packed rows
+    std::int32_t rank;        // CP rank holding them (worker p * cp + rank)
+  };
+  std::vector<Run> runs;
+  std::vector<std::int32_t> run_base;  // per global sample + 1: its first run
+  std::span<const Run> sample_runs(std::int32_t j) const {
+    return std::span<const Run>(runs).subspan(static_cast<std::size_t>(run_base[static_cast<std::size_t>(j)]),
+                                              static_cast<std::size_t>(run_base[static_cast<std::size_t>(j) + 1] -
+                                                                       run_base[static_cast<std::size_t>(j)]));
+  }
 
   HeadRange shard_heads(int s) const { return {s * head_width, (s + 1) * head_width}; }
   HeadRange shard_kv_heads(int s) const {
