@@ -48,8 +48,10 @@ struct Corpus {
 // tokens, tokens of a packed sequence, F of a packed sequence) must fit in an
 // int64; anything else is an input error naming the file and place.
 
-// Reads a corpus from a path (format detected from content) or a builtin
-// name. Errors name the file and the line or byte offset.
+// Reads a corpus from a path (format detected from content), "-" (standard
+// input) or a builtin name. Errors name the file and the line or byte
+// offset. Text and JSON Lines are read as a stream of lines, plain or gzip,
+// holding at most one line (64 MiB) of the source (docs/corpora.md).
 [[nodiscard]] Result<Corpus> load_corpus(const std::string& source);
 
 // Packed sequences from any source: packed sources are returned as they are
@@ -60,8 +62,9 @@ struct Corpus {
 [[nodiscard]] Result<std::vector<PackedSequence>> load_packed_sequences(const std::string& source,
                                                                        std::optional<std::int64_t> seq_len);
 
-// --- Readers on bytes already in memory (what load_corpus uses; the fuzz
-// targets call these directly). `name` is the file name used in messages.
+// --- Readers on bytes already in memory (the fuzz targets call these
+// directly; load_corpus reads files and pipes as a stream of lines through
+// the same line parsers). `name` is the file name used in messages.
 
 // Plain text: one positive integer per line; blank lines, surrounding spaces,
 // tabs and a CR before the newline are allowed.

@@ -15,10 +15,13 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "libra/placement.hpp"
+#include "libra/sampler.hpp"
 #include "libra/simulator.hpp"
 #include "libra/status.hpp"
 
@@ -28,6 +31,15 @@ namespace libra {
 // (imbalances) or GA steps (bytes, latency).
 struct ElasticPair {
   Stat vrsp, elastic;
+};
+
+// One window's priced fusing decision (the simulator's per-window report).
+struct ElasticWindowReport {
+  bool candidate = false;  // vrsp-elastic fuses pools in this window
+  bool fused = false;      // and the window runs fused (priced: only when predicted faster)
+  double gain = 1;         // predicted VRSP time / fused time of the candidate (1 when no candidate)
+  double vrsp_s = 0;       // predicted optimizer-step latency (one layer, forward), VRSP
+  double elastic_s = 0;    // the same for what the window runs
 };
 
 struct ElasticSimResult {
@@ -66,15 +78,52 @@ struct ElasticSimResult {
   bool priced = true;
   std::int64_t declined_windows = 0;  // windows vrsp-elastic fused but pricing kept on VRSP
   // Per window, in order: the elastic report.
-  struct Window {
-    bool candidate = false;  // vrsp-elastic fuses pools in this window
-    bool fused = false;      // and the window runs fused (priced: only when predicted faster)
-    double gain = 1;         // predicted VRSP time / fused time of the candidate (1 when no candidate)
-    double vrsp_s = 0;       // predicted optimizer-step latency (one layer, forward), VRSP
-    double elastic_s = 0;    // the same for what the window runs
-  };
+  using Window = ElasticWindowReport;
   std::vector<Window> per_window;
 };
+
+// Priced fusing as one pure function of (window, window index, configuration),
+// for the simulator and a training job's sampler alike, so every rank and the
+// simulator's report decide the same. For one window: VRSP's placement and
+// vrsp-elastic's (buddy domains at buddy_domain_starts on the configuration's
+// topology: config.cp, config.cost.net), each pool or domain planned by
+// make_plan (TAP on the domain's k*P slots) and priced by the cost model on
+// the GPUs it occupies (compute with the seeded device noise of (window
+// index, GA step), exposed exchange on the network tiers); the window runs
+// fused only when its optimizer step (the sum of its GA steps' slowest pool
+// or domain) is predicted faster than VRSP's. Unpriced: whenever vrsp-elastic
+// fuses.
+class ElasticPricer {
+ public:
+  // config: gbs, dp, cp, model, chunks, tau, cost (hardware and topology);
+  // its source, seq_len and candidate lists are not read. seq_len: L of the
+  // packed sequences. Errors: as simulate_elastic for the configuration.
+  [[nodiscard]] static Result<ElasticPricer> create(const SimConfig& config, const SimCandidate& candidate,
+                                                    const ElasticOptions& elastic, std::int64_t seq_len,
+                                                    bool priced = true);
+  struct Decision {
+    WindowPlacement placement;  // what the window runs (VRSP's pools when not fused)
+    ElasticWindowReport report;
+  };
+  // window: the GBS packed sequences of one optimizer step; window_index
+  // keys the device noise (the simulator's window i, the sampler's step i).
+  [[nodiscard]] Result<Decision> decide(std::span<const PackedSequence> window, std::uint64_t window_index) const;
+  // The elastic options with the topology the buddy positions use.
+  const ElasticOptions& elastic() const;
+
+  struct Impl;
+
+ private:
+  std::shared_ptr<const Impl> impl_;
+  friend Result<ElasticSimResult> simulate_elastic(const SimConfig&, const SimCandidate&, const ElasticOptions&,
+                                                   bool);
+};
+
+// The sampler's placer (SamplerOptions::placer) that places each window by
+// pricer.decide(window, step): a training job's vrsp-elastic with priced
+// fusing. It needs the sequences (a sampler made with create, not
+// from_workloads).
+SamplerOptions::Placer priced_elastic_placer(ElasticPricer pricer);
 
 // Errors: as libra::simulate for the configuration and the candidate; a
 // bad elastic setting as place_window. Identical results for any thread count.

@@ -83,7 +83,28 @@ struct ElasticOptions {
   // load exceeds the window's mean pool load by more than this.
   double threshold = 0.05;
   ElasticRule rule = ElasticRule::kBuddy;
+  // Where the DP replicas sit, for the buddy rule's fixed positions: replica
+  // r holds GPUs [r*cp, (r+1)*cp), GPUs are numbered node-major and nodes
+  // supernode-major (the simulator's topology). Any field 0: unknown, and
+  // the buddy domains tile each GA step's pools from position 0.
+  struct Topology {
+    std::int64_t cp = 0;
+    std::int64_t gpus_per_node = 0;
+    std::int64_t nodes_per_supernode = 0;
+    friend bool operator==(const Topology&, const Topology&) = default;
+  } topology{};
 };
+
+// The buddy rule's fused domains in one GA step of `pools_per_ga` pools of
+// `pool_size` replicas (pool position q holds replicas [q*P, (q+1)*P)): the
+// first position of each domain (domain j: positions [starts[j], +k)). A
+// domain is k adjacent pools; left to right, a position starts one when the
+// domain touches the fewest supernodes, then the fewest nodes, that any k
+// adjacent pools of the step touch (so a domain that fits a supernode stays
+// on one), else it stays unfused. Without a topology: 0, k, 2k, ...
+// k < 2 or k > pools_per_ga: none.
+std::vector<std::int64_t> buddy_domain_starts(std::int64_t pools_per_ga, std::int64_t pool_size, std::int64_t k,
+                                              const ElasticOptions::Topology& topology);
 
 struct PlacementOptions {
   std::int64_t pool_size = 8;  // P

@@ -20,7 +20,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
+#include <span>
 #include <vector>
 
 #include "libra/workload.hpp"
@@ -33,6 +35,14 @@ struct SamplerOptions {
   std::int64_t gbs = 0;          // D: sequences per optimizer step
   std::int64_t dp = 0;           // DP replicas; 0 means dp = pool_size
   PlacementOptions placement{};  // pool size, mode, base seed
+  // When set, places every window instead of place_window: (the window's
+  // sequences, empty for a sampler built from workloads; its workloads; the
+  // step) -> a placement of the window into pools of placement.pool_size.
+  // The sim stage's priced elastic fusing (libra::priced_elastic_placer in
+  // elastic_sim.hpp) is one: the placement stage has no cost model.
+  using Placer = std::function<Result<WindowPlacement>(std::span<const PackedSequence>,
+                                                       std::span<const std::int64_t>, std::int64_t)>;
+  Placer placer{};
 };
 
 struct SamplerStep {

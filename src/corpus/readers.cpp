@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <algorithm>
 #include <cstring>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -13,7 +14,7 @@
 #include <utility>
 
 #include "core/decimal.hpp"
-#include "corpus/gzip.hpp"
+#include "corpus/stream.hpp"
 #include "corpus/text_util.hpp"
 #include "libra/checked.hpp"
 #include "libra/corpus.hpp"
@@ -34,119 +35,155 @@ std::string_view trim(std::string_view s) {
   return s;
 }
 
-// Calls f(line_number, line) for each '\n'-separated line; stops at the
-// first error f returns.
-template <class F>
-Status for_each_line(std::string_view text, F&& f) {
-  std::int64_t line_no = 0;
-  while (!text.empty()) {
-    ++line_no;
-    const std::size_t nl = text.find('\n');
-    const std::string_view line = text.substr(0, nl);
-    LIBRA_TRY(f(line_no, line));
-    if (nl == std::string_view::npos) break;
-    text.remove_prefix(nl + 1);
-  }
-  return {};
-}
-
 std::string where(std::string_view name, std::int64_t line_no) {
   return std::string(name) + ":" + std::to_string(line_no) + ": ";
 }
 
-// The bytes of a corpus source: a regular file is memory-mapped; standard
-// input ("-"), pipes and files that report size 0 (/proc) are read; a gzip
-// stream (magic 1f 8b) is inflated, whatever its name.
-class SourceBytes {
+// Hands every line of `s` to parser.add(line number, line); stops at the
+// first error.
+template <class P>
+Status feed_lines(detail::CorpusStream& s, P& parser) {
+  for (;;) {
+    LIBRA_ASSIGN_OR_RETURN(std::optional<std::string_view> line, s.next_line());
+    if (!line) return {};
+    LIBRA_TRY(parser.add(s.line_number(), *line));
+  }
+}
+
+// Plain text, one line at a time (parse_length_lines and the stream reader).
+class LengthLines {
  public:
-  SourceBytes() = default;
-  SourceBytes(const SourceBytes&) = delete;
-  SourceBytes& operator=(const SourceBytes&) = delete;
-  ~SourceBytes() {
-    if (data_ != nullptr) ::munmap(data_, size_);
-  }
+  explicit LengthLines(std::string_view name) : name_(name) {}
 
-  Status open(const std::string& path) {
-    if (path == "-") {
-      LIBRA_TRY(read_all(STDIN_FILENO, "standard input"));
-      return gunzip_if_compressed("standard input");
+  Status add(std::int64_t line_no, std::string_view raw) {
+    const std::string_view line = trim(raw);
+    if (line.empty()) return {};
+    const auto parsed = detail::parse_decimal<std::int64_t>(line);
+    if (parsed.error == detail::DecimalError::kSyntax) {
+      return invalid_input(where(name_, line_no) + "expected a positive integer, got " + detail::quoted(line));
     }
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return io_error(path + ": cannot open: " + std::strerror(errno));
-    struct stat st {};
-    if (::fstat(fd, &st) != 0) {
-      const int saved = errno;
-      ::close(fd);
-      return io_error(path + ": cannot stat: " + std::strerror(saved));
+    if (parsed.error == detail::DecimalError::kRange) {
+      return invalid_input(where(name_, line_no) + "sample length " + detail::quoted(line) +
+                           " exceeds the 64-bit range");
     }
-    if (S_ISDIR(st.st_mode) || !(S_ISREG(st.st_mode) || S_ISFIFO(st.st_mode) || S_ISCHR(st.st_mode))) {
-      ::close(fd);
-      return io_error(path + ": not a regular file");
+    const std::int64_t value = parsed.value;
+    if (value <= 0) {
+      return invalid_input(where(name_, line_no) + "expected a positive integer, got " + detail::quoted(line));
     }
-    Status s;
-    if (S_ISREG(st.st_mode) && st.st_size > 0) {
-      size_ = static_cast<std::size_t>(st.st_size);
-      void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
-      if (p == MAP_FAILED) {
-        size_ = 0;
-        s = read_all(fd, path);
-      } else {
-        data_ = p;
-      }
-    } else {
-      s = read_all(fd, path);
-    }
-    ::close(fd);
-    LIBRA_TRY(s);
-    return gunzip_if_compressed(path);
-  }
-
-  std::span<const unsigned char> bytes() const {
-    if (data_ != nullptr) return {static_cast<const unsigned char*>(data_), size_};
-    return {reinterpret_cast<const unsigned char*>(owned_.data()), owned_.size()};
-  }
-
- private:
-  // Streams (standard input, pipes) have no size to check up front: a
-  // plain one is bounded line by line as it is read, and in total.
-  Status read_all(int fd, const std::string& name) {
-    char buf[1 << 16];
-    detail::LineBound lines;
-    bool gzip = false;
-    for (;;) {
-      const ssize_t n = ::read(fd, buf, sizeof buf);
-      if (n == 0) return {};
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        return io_error(name + ": read failed: " + std::strerror(errno));
-      }
-      const auto got = static_cast<std::size_t>(n);
-      if (owned_.empty()) gzip = got >= 2 && static_cast<unsigned char>(buf[0]) == 0x1f && static_cast<unsigned char>(buf[1]) == 0x8b;
-      if (!gzip) LIBRA_TRY(lines.add(std::string_view(buf, got), name));
-      if (owned_.size() + got > detail::kMaxGunzipBytes) {
-        return invalid_input(name + ": more than " + std::to_string(detail::kMaxGunzipBytes >> 30) + " GiB");
-      }
-      owned_.append(buf, got);
-    }
-  }
-
-  Status gunzip_if_compressed(const std::string& name) {
-    const std::span<const unsigned char> in = bytes();
-    if (in.size() < 2 || in[0] != 0x1f || in[1] != 0x8b) return {};
-    LIBRA_ASSIGN_OR_RETURN(std::string out, detail::gunzip(in, name));
-    if (data_ != nullptr) {
-      ::munmap(data_, size_);
-      data_ = nullptr;
-      size_ = 0;
-    }
-    owned_ = std::move(out);
+    auto sum = checked_add(total_, value);
+    if (!sum) return invalid_input(where(name_, line_no) + "total token count exceeds the 64-bit range");
+    total_ = *sum;
+    lengths_.push_back(value);
     return {};
   }
 
-  void* data_ = nullptr;
-  std::size_t size_ = 0;
-  std::string owned_;
+  Result<std::vector<std::int64_t>> finish() && {
+    if (lengths_.empty()) return invalid_input(std::string(name_) + ": no sample lengths (the file is empty)");
+    return std::move(lengths_);
+  }
+
+ private:
+  std::string_view name_;
+  std::vector<std::int64_t> lengths_;
+  std::int64_t total_ = 0;
 };
+
+// JSON Lines of packed sequences, one line at a time.
+class PackedLines {
+ public:
+  PackedLines(std::string_view name, std::optional<std::int64_t> seq_len) : name_(name), seq_len_(seq_len) {}
+
+  Status add(std::int64_t line_no, std::string_view raw) {
+    using nlohmann::json;
+    const std::string_view line = trim(raw);
+    if (line.empty()) return {};
+    json value;
+    try {
+      value = json::parse(line.begin(), line.end());
+    } catch (const json::parse_error& e) {
+      // e.byte is 1-based within the trimmed line; report the column in the raw line.
+      const std::size_t lead = static_cast<std::size_t>(line.data() - raw.data());
+      return invalid_input(where(name_, line_no) +
+                           "expected a JSON array of positive integers: invalid JSON at column " +
+                           std::to_string(e.byte + lead));
+    } catch (const json::exception&) {
+      // The parser throws out_of_range for numbers like 1e400.
+      return invalid_input(where(name_, line_no) +
+                           "expected a JSON array of positive integers: a number is out of range");
+    }
+    if (!value.is_array()) {
+      return invalid_input(where(name_, line_no) + "expected a JSON array of positive integers, got " +
+                           detail::quoted(line) +
+                           (value.is_object() ? " (a JSON object; each line must be an array such as [512,300])" : ""));
+    }
+    if (value.empty()) {
+      return invalid_input(where(name_, line_no) +
+                           "empty packed sequence: a packed sequence needs at least one sample");
+    }
+    PackedSequence seq;
+    seq.reserve(value.size());
+    std::int64_t tokens = 0;
+    std::int64_t f = 0;
+    for (std::size_t k = 0; k < value.size(); ++k) {
+      const json& e = value[k];
+      const std::string at = where(name_, line_no) + "element " + std::to_string(k + 1) + " ";
+      std::int64_t l = 0;
+      if (e.is_number_unsigned()) {
+        const auto u = e.get<std::uint64_t>();
+        if (u > static_cast<std::uint64_t>(kInt64Max)) {
+          return invalid_input(at + "(" + std::to_string(u) + ") exceeds the 64-bit range");
+        }
+        l = static_cast<std::int64_t>(u);
+      } else if (e.is_number_integer()) {
+        l = e.get<std::int64_t>();
+      } else {
+        return invalid_input(at + "is " + detail::quoted(e.dump()) + "; sample lengths must be positive integers");
+      }
+      if (l <= 0) {
+        return invalid_input(at + "is " + std::to_string(l) + "; sample lengths must be positive integers");
+      }
+      auto t = checked_add(tokens, l);
+      if (!t) {
+        return invalid_input(where(name_, line_no) + "token count of the packed sequence exceeds the 64-bit range");
+      }
+      tokens = *t;
+      auto sq = checked_mul(l, l);
+      auto ff = sq ? checked_add(f, *sq) : std::nullopt;
+      if (!ff) {
+        return invalid_input(where(name_, line_no) +
+                             "workload F = sum l^2 of the packed sequence exceeds the 64-bit range");
+      }
+      f = *ff;
+      seq.push_back(l);
+    }
+    if (seq_len_ && tokens > *seq_len_) {
+      return invalid_input(where(name_, line_no) + "packed sequence has " + std::to_string(tokens) +
+                           " tokens, more than the packed length " + std::to_string(*seq_len_));
+    }
+    auto sum = checked_add(total_, tokens);
+    if (!sum) return invalid_input(where(name_, line_no) + "total token count exceeds the 64-bit range");
+    total_ = *sum;
+    sequences_.push_back(std::move(seq));
+    return {};
+  }
+
+  Result<std::vector<PackedSequence>> finish() && {
+    if (sequences_.empty()) return invalid_input(std::string(name_) + ": no packed sequences (the file is empty)");
+    return std::move(sequences_);
+  }
+
+ private:
+  std::string_view name_;
+  std::optional<std::int64_t> seq_len_;
+  std::vector<PackedSequence> sequences_;
+  std::int64_t total_ = 0;
+};
+
+detail::CorpusStream text_stream(std::string_view text, std::string_view name) {
+  return detail::CorpusStream::from_memory(
+      std::span<const unsigned char>(reinterpret_cast<const unsigned char*>(text.data()), text.size()),
+      std::string(name), false);
+}
 
 std::uint64_t read_u64(const unsigned char* p) {
   std::uint64_t v = 0;
@@ -185,115 +222,57 @@ std::int64_t megatron_dtype_size(unsigned code) {
 }  // namespace
 
 Result<std::vector<std::int64_t>> parse_length_lines(std::string_view text, std::string_view name) {
-  std::vector<std::int64_t> lengths;
-  std::int64_t total = 0;
-  Status s = for_each_line(text, [&](std::int64_t line_no, std::string_view raw) -> Status {
-    const std::string_view line = trim(raw);
-    if (line.empty()) return {};
-    const auto parsed = detail::parse_decimal<std::int64_t>(line);
-    if (parsed.error == detail::DecimalError::kSyntax) {
-      return invalid_input(where(name, line_no) + "expected a positive integer, got " + detail::quoted(line));
-    }
-    if (parsed.error == detail::DecimalError::kRange) {
-      return invalid_input(where(name, line_no) + "sample length " + detail::quoted(line) +
-                           " exceeds the 64-bit range");
-    }
-    const std::int64_t value = parsed.value;
-    if (value <= 0) {
-      return invalid_input(where(name, line_no) + "expected a positive integer, got " + detail::quoted(line));
-    }
-    auto sum = checked_add(total, value);
-    if (!sum) return invalid_input(where(name, line_no) + "total token count exceeds the 64-bit range");
-    total = *sum;
-    lengths.push_back(value);
-    return {};
-  });
-  if (!s.ok()) return s.error();
-  if (lengths.empty()) return invalid_input(std::string(name) + ": no sample lengths (the file is empty)");
-  return lengths;
+  detail::CorpusStream s = text_stream(text, name);
+  LengthLines parser(name);
+  LIBRA_TRY(feed_lines(s, parser));
+  return std::move(parser).finish();
 }
 
 Result<std::vector<PackedSequence>> parse_packed_jsonl(std::string_view text, std::string_view name,
                                                        std::optional<std::int64_t> seq_len) {
-  using nlohmann::json;
-  std::vector<PackedSequence> sequences;
-  std::int64_t total = 0;
-  Status s = for_each_line(text, [&](std::int64_t line_no, std::string_view raw) -> Status {
-    const std::string_view line = trim(raw);
-    if (line.empty()) return {};
-    json value;
-    try {
-      value = json::parse(line.begin(), line.end());
-    } catch (const json::parse_error& e) {
-      // e.byte is 1-based within the trimmed line; report the column in the raw line.
-      const std::size_t lead = static_cast<std::size_t>(line.data() - raw.data());
-      return invalid_input(where(name, line_no) + "expected a JSON array of positive integers: invalid JSON at column " +
-                           std::to_string(e.byte + lead));
-    } catch (const json::exception&) {
-      // The parser throws out_of_range for numbers like 1e400.
-      return invalid_input(where(name, line_no) + "expected a JSON array of positive integers: a number is out of range");
-    }
-    if (!value.is_array()) {
-      return invalid_input(where(name, line_no) + "expected a JSON array of positive integers, got " +
-                           detail::quoted(line) +
-                           (value.is_object() ? " (a JSON object; each line must be an array such as [512,300])" : ""));
-    }
-    if (value.empty()) {
-      return invalid_input(where(name, line_no) + "empty packed sequence: a packed sequence needs at least one sample");
-    }
-    PackedSequence seq;
-    seq.reserve(value.size());
-    std::int64_t tokens = 0;
-    std::int64_t f = 0;
-    for (std::size_t k = 0; k < value.size(); ++k) {
-      const json& e = value[k];
-      const std::string at = where(name, line_no) + "element " + std::to_string(k + 1) + " ";
-      std::int64_t l = 0;
-      if (e.is_number_unsigned()) {
-        const auto u = e.get<std::uint64_t>();
-        if (u > static_cast<std::uint64_t>(kInt64Max)) {
-          return invalid_input(at + "(" + std::to_string(u) + ") exceeds the 64-bit range");
-        }
-        l = static_cast<std::int64_t>(u);
-      } else if (e.is_number_integer()) {
-        l = e.get<std::int64_t>();
-      } else {
-        return invalid_input(at + "is " + detail::quoted(e.dump()) + "; sample lengths must be positive integers");
-      }
-      if (l <= 0) {
-        return invalid_input(at + "is " + std::to_string(l) + "; sample lengths must be positive integers");
-      }
-      auto t = checked_add(tokens, l);
-      if (!t) return invalid_input(where(name, line_no) + "token count of the packed sequence exceeds the 64-bit range");
-      tokens = *t;
-      auto sq = checked_mul(l, l);
-      auto ff = sq ? checked_add(f, *sq) : std::nullopt;
-      if (!ff) {
-        return invalid_input(where(name, line_no) + "workload F = sum l^2 of the packed sequence exceeds the 64-bit range");
-      }
-      f = *ff;
-      seq.push_back(l);
-    }
-    if (seq_len && tokens > *seq_len) {
-      return invalid_input(where(name, line_no) + "packed sequence has " + std::to_string(tokens) +
-                           " tokens, more than the packed length " + std::to_string(*seq_len));
-    }
-    auto sum = checked_add(total, tokens);
-    if (!sum) return invalid_input(where(name, line_no) + "total token count exceeds the 64-bit range");
-    total = *sum;
-    sequences.push_back(std::move(seq));
-    return {};
-  });
-  if (!s.ok()) return s.error();
-  if (sequences.empty()) return invalid_input(std::string(name) + ": no packed sequences (the file is empty)");
-  return sequences;
+  detail::CorpusStream s = text_stream(text, name);
+  PackedLines parser(name, seq_len);
+  LIBRA_TRY(feed_lines(s, parser));
+  return std::move(parser).finish();
 }
 
+namespace {
+
+constexpr std::size_t kIdxHeader = 34;
+
+// The bytes an .idx header declares in all (header and arrays), or nullopt
+// when that passes 2^64. `header` holds at least kIdxHeader bytes.
+std::optional<std::uint64_t> idx_declared_size(const unsigned char* header);
+
+// An .idx whose first bytes are `bytes` and whose whole length is `size`
+// (>= bytes.size(): a stream keeps only what its header declares; any
+// excess is counted, so the message still gives it).
+Result<std::vector<std::int64_t>> parse_megatron_idx_sized(std::span<const unsigned char> bytes, std::uint64_t size,
+                                                           std::string_view name);
+
+}  // namespace
+
 Result<std::vector<std::int64_t>> parse_megatron_idx(std::span<const unsigned char> bytes, std::string_view name) {
+  return parse_megatron_idx_sized(bytes, bytes.size(), name);
+}
+
+namespace {
+
+std::optional<std::uint64_t> idx_declared_size(const unsigned char* header) {
+  std::uint64_t seq_bytes = 0, doc_bytes = 0, need = 0, all = 0;
+  if (__builtin_mul_overflow(read_u64(header + 18), std::uint64_t{12}, &seq_bytes) ||
+      __builtin_mul_overflow(read_u64(header + 26), std::uint64_t{8}, &doc_bytes) ||
+      __builtin_add_overflow(seq_bytes, doc_bytes, &need) || __builtin_add_overflow(need, kIdxHeader, &all)) {
+    return std::nullopt;
+  }
+  return all;
+}
+
+Result<std::vector<std::int64_t>> parse_megatron_idx_sized(std::span<const unsigned char> bytes, std::uint64_t size,
+                                                           std::string_view name) {
   const std::string file(name);
   auto at = [&](std::uint64_t offset) { return file + ": byte " + std::to_string(offset) + ": "; };
-  constexpr std::size_t kMagic = 0, kVersion = 9, kDtype = 17, kSeqCount = 18, kDocCount = 26, kHeader = 34;
-  const std::size_t size = bytes.size();
+  constexpr std::size_t kMagic = 0, kVersion = 9, kDtype = 17, kSeqCount = 18, kDocCount = 26, kHeader = kIdxHeader;
   if (size < kMegatronIdxMagic.size() ||
       std::memcmp(bytes.data(), kMegatronIdxMagic.data(), kMegatronIdxMagic.size()) != 0) {
     return invalid_input(at(kMagic) + "not a Megatron .idx file: expected the magic \"MMIDIDX\\0\\0\"");
@@ -374,40 +353,108 @@ Result<std::vector<std::int64_t>> parse_megatron_idx(std::span<const unsigned ch
   return lengths;
 }
 
-namespace {
+bool has_idx_magic(std::string_view head) {
+  return head.size() >= 7 && std::memcmp(head.data(), kMegatronIdxMagic.data(), 7) == 0;
+}
 
-Result<Corpus> parse_corpus_with(std::span<const unsigned char> bytes, const std::string& name,
-                                 std::optional<std::int64_t> seq_len) {
+Corpus idx_corpus(std::vector<std::int64_t> lengths, const std::string& name) {
   Corpus c;
   c.source = name;
+  c.raw_lengths = std::move(lengths);
+  c.kind = CorpusKind::kRaw;
+  c.format = CorpusFormat::kMegatronIdx;
+  return c;
+}
+
+// A read-only mapping of a whole regular file (how an .idx on disk is read).
+class Mapping {
+ public:
+  Mapping(int fd, std::size_t size) : size_(size) {
+    void* p = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+    data_ = p == MAP_FAILED ? nullptr : p;
+  }
+  Mapping(const Mapping&) = delete;
+  Mapping& operator=(const Mapping&) = delete;
+  ~Mapping() {
+    if (data_ != nullptr) ::munmap(data_, size_);
+  }
+  bool ok() const { return data_ != nullptr; }
+  std::span<const unsigned char> bytes() const { return {static_cast<const unsigned char*>(data_), size_}; }
+
+ private:
+  void* data_ = nullptr;
+  std::size_t size_ = 0;
+};
+
+// A corpus from a stream: an .idx is read whole (memory-mapped when
+// `map_fd` is a regular file of `map_size` bytes read as it is; from a pipe
+// or gzip, up to the size its header declares), text and JSON Lines one
+// line at a time, so they never hold more than one line of the source.
+Result<Corpus> parse_corpus_stream(detail::CorpusStream& s, const std::string& name, std::optional<std::int64_t> seq_len,
+                                   int map_fd, std::size_t map_size) {
+  LIBRA_ASSIGN_OR_RETURN(std::string_view head, s.peek(kIdxHeader));
   // "MMIDIDX" with a damaged tail is still meant as an .idx: let its reader
   // name the bad magic rather than the text reader complain about line 1.
-  if (bytes.size() >= 7 && std::memcmp(bytes.data(), kMegatronIdxMagic.data(), 7) == 0) {
-    LIBRA_ASSIGN_OR_RETURN(c.raw_lengths, parse_megatron_idx(bytes, name));
+  if (has_idx_magic(head)) {
+    if (map_fd >= 0 && !s.gzip()) {
+      const Mapping m(map_fd, map_size);
+      if (m.ok()) {
+        LIBRA_ASSIGN_OR_RETURN(std::vector<std::int64_t> lengths, parse_megatron_idx(m.bytes(), name));
+        return idx_corpus(std::move(lengths), name);
+      }
+    }
+    std::uint64_t keep = kIdxHeader;
+    if (head.size() >= kIdxHeader) {
+      keep = std::max<std::uint64_t>(keep, idx_declared_size(reinterpret_cast<const unsigned char*>(head.data()))
+                                               .value_or(kIdxHeader));
+    }
+    std::string whole;
+    LIBRA_ASSIGN_OR_RETURN(std::uint64_t size, s.take_rest(whole, keep));
+    LIBRA_ASSIGN_OR_RETURN(
+        std::vector<std::int64_t> lengths,
+        parse_megatron_idx_sized(std::span<const unsigned char>(reinterpret_cast<const unsigned char*>(whole.data()),
+                                                                whole.size()),
+                                 size, name));
+    return idx_corpus(std::move(lengths), name);
+  }
+  Corpus c;
+  c.source = name;
+  // The first non-blank character decides; a leading '{' is JSON too: its
+  // reader explains that lines are arrays.
+  for (;;) {
+    LIBRA_ASSIGN_OR_RETURN(std::optional<std::string_view> line, s.next_line());
+    if (!line) return invalid_input(name + ": the file is empty: no sample lengths");
+    const std::string_view content = trim(*line);
+    if (content.empty()) continue;
+    if (content.front() == '[' || content.front() == '{') {
+      PackedLines parser(name, seq_len);
+      LIBRA_TRY(parser.add(s.line_number(), *line));
+      LIBRA_TRY(feed_lines(s, parser));
+      LIBRA_ASSIGN_OR_RETURN(c.packed, std::move(parser).finish());
+      c.kind = CorpusKind::kPacked;
+      c.format = CorpusFormat::kJsonLines;
+      return c;
+    }
+    LengthLines parser(name);
+    LIBRA_TRY(parser.add(s.line_number(), *line));
+    LIBRA_TRY(feed_lines(s, parser));
+    LIBRA_ASSIGN_OR_RETURN(c.raw_lengths, std::move(parser).finish());
     c.kind = CorpusKind::kRaw;
-    c.format = CorpusFormat::kMegatronIdx;
+    c.format = CorpusFormat::kText;
     return c;
   }
-  const std::string_view text(reinterpret_cast<const char*>(bytes.data()), bytes.size());
-  const std::string_view content = trim(text);
-  if (content.empty()) return invalid_input(name + ": the file is empty: no sample lengths");
-  // A leading '{' is JSON too: its reader explains that lines are arrays.
-  if (content.front() == '[' || content.front() == '{') {
-    LIBRA_ASSIGN_OR_RETURN(c.packed, parse_packed_jsonl(text, name, seq_len));
-    c.kind = CorpusKind::kPacked;
-    c.format = CorpusFormat::kJsonLines;
-    return c;
-  }
-  LIBRA_ASSIGN_OR_RETURN(c.raw_lengths, parse_length_lines(text, name));
-  c.kind = CorpusKind::kRaw;
-  c.format = CorpusFormat::kText;
-  return c;
 }
 
 }  // namespace
 
 Result<Corpus> parse_corpus(std::span<const unsigned char> bytes, const std::string& name) {
-  return parse_corpus_with(bytes, name, std::nullopt);
+  const std::string_view head(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+  if (has_idx_magic(head)) {
+    LIBRA_ASSIGN_OR_RETURN(std::vector<std::int64_t> lengths, parse_megatron_idx(bytes, name));
+    return idx_corpus(std::move(lengths), name);
+  }
+  detail::CorpusStream s = detail::CorpusStream::from_memory(bytes, name, false);
+  return parse_corpus_stream(s, name, std::nullopt, -1, 0);
 }
 
 std::string format_length_lines(std::span<const std::int64_t> lengths) {
@@ -457,15 +504,31 @@ Result<Corpus> load_builtin(const std::string& source) {
 Result<Corpus> load_corpus_checked(const std::string& source, std::optional<std::int64_t> seq_len) {
   if (source.starts_with(kBuiltinPrefix)) return load_builtin(source);
   if (source.empty()) return invalid_input("corpus source: empty path");
-  SourceBytes file;
   // A Megatron dataset is named by its prefix (data/my_text_document for
   // data/my_text_document.idx + .bin), as Megatron's own --data-path does.
   struct stat st {};
   const bool prefix = source != "-" && ::stat(source.c_str(), &st) != 0 && errno == ENOENT &&
                       ::stat((source + ".idx").c_str(), &st) == 0;
   const std::string path = prefix ? source + ".idx" : source;
-  LIBRA_TRY(file.open(path));
-  return parse_corpus_with(file.bytes(), path, seq_len);
+  if (path == "-") {
+    detail::CorpusStream s = detail::CorpusStream::from_fd(STDIN_FILENO, "standard input");
+    return parse_corpus_stream(s, path, seq_len, -1, 0);
+  }
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return io_error(path + ": cannot open: " + std::strerror(errno));
+  struct Close {
+    int fd;
+    ~Close() { ::close(fd); }
+  } closer{fd};
+  if (::fstat(fd, &st) != 0) return io_error(path + ": cannot stat: " + std::strerror(errno));
+  if (S_ISDIR(st.st_mode) || !(S_ISREG(st.st_mode) || S_ISFIFO(st.st_mode) || S_ISCHR(st.st_mode))) {
+    return io_error(path + ": not a regular file");
+  }
+  // Files that report size 0 (/proc) are streams like a pipe.
+  const bool mappable = S_ISREG(st.st_mode) && st.st_size > 0;
+  detail::CorpusStream s = detail::CorpusStream::from_fd(fd, path);
+  return parse_corpus_stream(s, path, seq_len, mappable ? fd : -1,
+                             mappable ? static_cast<std::size_t>(st.st_size) : 0);
 }
 
 }  // namespace

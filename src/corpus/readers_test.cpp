@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 #include <rapidcheck/gtest.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include <cstdio>
 #include <fstream>
@@ -150,6 +151,39 @@ RC_GTEST_PROP(MegatronIdx, ReadsWhatAnIndependentByteWriterWrites, ()) {
   RC_ASSERT(c->kind == CorpusKind::kRaw);
   RC_ASSERT(c->format == CorpusFormat::kMegatronIdx);
   RC_ASSERT(c->raw_lengths == std::vector<std::int64_t>(lengths.begin(), lengths.end()));
+}
+
+// A gzip-compressed .idx is read as a stream, kept only up to the size its
+// header declares: every truncation and an excess give the message (and
+// byte offset) that the whole file gives.
+TEST(MegatronIdx, AGzipStreamGivesTheMessagesOfTheWholeFile) {
+  auto gz = [](const Bytes& b) {
+    uLongf n = compressBound(static_cast<uLong>(b.size())) + 32;
+    Bytes out(n);
+    z_stream z{};
+    EXPECT_EQ(deflateInit2(&z, 6, Z_DEFLATED, 16 + MAX_WBITS, 8, Z_DEFAULT_STRATEGY), Z_OK);
+    z.next_in = const_cast<Bytef*>(b.data());
+    z.avail_in = static_cast<uInt>(b.size());
+    z.next_out = out.data();
+    z.avail_out = static_cast<uInt>(out.size());
+    EXPECT_EQ(deflate(&z, Z_FINISH), Z_STREAM_END);
+    out.resize(z.total_out);
+    deflateEnd(&z);
+    return out;
+  };
+  Bytes good = write_idx({5, 6, 7}, {0, 2, 3});
+  for (std::size_t n : {std::size_t{7}, std::size_t{20}, std::size_t{40}, good.size()}) {
+    const Bytes cut(good.begin(), good.begin() + static_cast<std::ptrdiff_t>(n));
+    const TempFile file(gz(cut));
+    auto c = load_corpus(file.path());
+    EXPECT_EQ(c.ok() ? "(ok)" : c.error().message(), error_of(parse_megatron_idx(cut, file.path()))) << n;
+  }
+  Bytes longer = good;
+  longer.insert(longer.end(), 5000, 0);
+  const TempFile file(gz(longer));
+  auto c = load_corpus(file.path());
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.error().message(), error_of(parse_megatron_idx(longer, file.path())));
 }
 
 TEST(MegatronIdx, RejectsEveryTruncationAndExtension) {

@@ -4,6 +4,7 @@
 // and the measured effect.
 #include <algorithm>
 #include <queue>
+#include <utility>
 #include <vector>
 
 #include "placement/internal.hpp"
@@ -69,21 +70,22 @@ Domains fuse_lightest(const Pools& pools, std::span<const std::int64_t> w, std::
 }
 
 // Rule kBuddy with m fused domains at the fixed buddy positions: fused
-// domain j sits at GA step j / (ppg/k), pools [(j mod (ppg/k))*k, +k) of
-// that step. VRSP's greedy over domains instead of pools: heaviest sequence
-// first into the non-full domain of least load per pool (exactly compared;
-// ties: fused domains first, then lower pool id), a domain of n pools
-// holding n*P sequences. Fused domains come first, so they receive the
-// outliers, and their per-pool load keeps them from receiving much else.
-// Each fused domain's sequences are then split over its pools by VRSP.
+// domain j sits at GA step j / |starts|, pools [starts[j mod |starts|], +k)
+// of that step (buddy_domain_starts). VRSP's greedy over domains instead of
+// pools: heaviest sequence first into the non-full domain of least load per
+// pool (exactly compared; ties: fused domains first, then lower pool id), a
+// domain of n pools holding n*P sequences. Fused domains come first, so they
+// receive the outliers, and their per-pool load keeps them from receiving
+// much else. Each fused domain's sequences are then split over its pools by
+// VRSP.
 ElasticPlacement place_buddy(std::span<const std::int64_t> w, std::int64_t p, std::int64_t ppg, std::int64_t k,
-                             std::int64_t m) {
+                             std::int64_t m, const std::vector<std::int64_t>& starts) {
   const std::int64_t num_pools = static_cast<std::int64_t>(w.size()) / p;
-  const std::int64_t per_step = ppg / k;
+  const auto per_step = static_cast<std::int64_t>(starts.size());
   Domains structure;
   std::vector<bool> fused(static_cast<std::size_t>(num_pools), false);
   for (std::int64_t j = 0; j < m; ++j) {
-    const std::int64_t base = (j / per_step) * ppg + (j % per_step) * k;
+    const std::int64_t base = (j / per_step) * ppg + starts[static_cast<std::size_t>(j % per_step)];
     std::vector<std::int32_t> d;
     for (std::int64_t q = base; q < base + k; ++q) {
       d.push_back(static_cast<std::int32_t>(q));
@@ -155,13 +157,46 @@ ElasticPlacement place_elastic(std::span<const std::int64_t> w, const PlacementO
     return vrsp;
   }
   const auto num_pools = static_cast<std::int64_t>(loads.size());
-  const std::int64_t capacity = (num_pools / ppg) * (ppg / k);  // fused domains that fit the GA steps
+  const std::vector<std::int64_t> starts = buddy_domain_starts(ppg, p, k, options.elastic.topology);
+  // fused domains that fit the GA steps
+  const std::int64_t capacity = (num_pools / ppg) * static_cast<std::int64_t>(starts.size());
+  if (capacity == 0) return vrsp;
   std::int64_t m = 0;
   for (std::int64_t l : loads) m += above(l, sum, loads.size(), threshold) ? 1 : 0;
-  ElasticPlacement buddy = place_buddy(w, p, ppg, k, std::min(m, capacity));
+  ElasticPlacement buddy = place_buddy(w, p, ppg, k, std::min(m, capacity), starts);
   // Fusing only where it pays: the result must beat VRSP's worst pool.
   if (domain_imbalance(pool_loads(buddy.pools, w), buddy.domains) < imbalance_of_loads(loads)) return buddy;
   return vrsp;
 }
 
 }  // namespace libra::detail
+
+namespace libra {
+
+std::vector<std::int64_t> buddy_domain_starts(std::int64_t ppg, std::int64_t p, std::int64_t k,
+                                              const ElasticOptions::Topology& t) {
+  std::vector<std::int64_t> starts;
+  if (k < 2 || p < 1 || ppg < k) return starts;
+  const bool known = t.cp > 0 && t.gpus_per_node > 0 && t.nodes_per_supernode > 0;
+  // (supernodes, nodes) the k pools from position q touch: their GPUs are the contiguous range
+  // [q*P*cp, (q+k)*P*cp), so both counts follow from the range's ends.
+  auto touched = [&](std::int64_t q) -> std::pair<std::int64_t, std::int64_t> {
+    if (!known) return {0, 0};
+    const std::int64_t first = q * p * t.cp, last = (q + k) * p * t.cp - 1;
+    const std::int64_t sn = t.gpus_per_node * t.nodes_per_supernode;
+    return {last / sn - first / sn + 1, last / t.gpus_per_node - first / t.gpus_per_node + 1};
+  };
+  std::pair<std::int64_t, std::int64_t> best = touched(0);
+  for (std::int64_t q = 1; q + k <= ppg; ++q) best = std::min(best, touched(q));
+  for (std::int64_t q = 0; q + k <= ppg;) {
+    if (touched(q) == best) {
+      starts.push_back(q);
+      q += k;
+    } else {
+      ++q;
+    }
+  }
+  return starts;
+}
+
+}  // namespace libra

@@ -90,6 +90,51 @@ TEST(Elastic, SamplerPassesItsDp) {
   EXPECT_EQ(step->order.front(), 8);  // global indices: window 1 starts at 8
 }
 
+// Buddy positions on a topology, worked by hand. Pool q of a GA step holds
+// replicas [q*P, (q+1)*P), replica r GPUs [r*cp, (r+1)*cp).
+TEST(Elastic, BuddyStartsOnTheTopologyHandComputed) {
+  using V = std::vector<std::int64_t>;
+  // No topology: domains tile the step from position 0.
+  EXPECT_EQ(buddy_domain_starts(6, 1, 2, {}), (V{0, 2, 4}));
+  EXPECT_EQ(buddy_domain_starts(7, 2, 3, {}), (V{0, 3}));
+  EXPECT_EQ(buddy_domain_starts(6, 1, 1, {}), V{});
+  EXPECT_EQ(buddy_domain_starts(1, 4, 2, {}), V{});
+  // P = 1, cp 8, 8 GPUs per node: pool q is node q; 3 nodes per supernode:
+  // supernodes {0,1,2} {3,4,5}. Pairs (0,1) and (3,4) stay on one supernode;
+  // (2,3) would straddle, so pools 2 and 5 stay unfused.
+  EXPECT_EQ(buddy_domain_starts(6, 1, 2, {.cp = 8, .gpus_per_node = 8, .nodes_per_supernode = 3}), (V{0, 3}));
+  // Nodes too: cp 4, 12 GPUs per node (replicas 0-2 on node 0, 3-5 on node
+  // 1), one big supernode: (0,1) and (3,4) stay on a node.
+  EXPECT_EQ(buddy_domain_starts(6, 1, 2, {.cp = 4, .gpus_per_node = 12, .nodes_per_supernode = 100}), (V{0, 3}));
+  // The default machine (8 GPUs per node, 4 nodes per supernode) at P = 8, cp 8: a pool is 8 nodes,
+  // a domain 16 nodes on 4 whole supernodes; aligned tiling is already the best.
+  EXPECT_EQ(buddy_domain_starts(4, 8, 2, {.cp = 8, .gpus_per_node = 8, .nodes_per_supernode = 4}), (V{0, 2}));
+  // P = 2, cp 8: a pool is 2 nodes, a domain 4 nodes = one supernode when it starts at an even pool.
+  EXPECT_EQ(buddy_domain_starts(5, 2, 2, {.cp = 8, .gpus_per_node = 8, .nodes_per_supernode = 4}), (V{0, 2}));
+  // No aligned choice exists (P = 3, cp 8: pools of 3 nodes, supernodes of 4): each domain of 6
+  // nodes touches 2 or 3 supernodes; positions 0 (nodes 0-5: 2) and 2 (nodes 6-11: 2; position 1,
+  // nodes 3-8, touches 3) are taken.
+  EXPECT_EQ(buddy_domain_starts(4, 3, 2, {.cp = 8, .gpus_per_node = 8, .nodes_per_supernode = 4}), (V{0, 2}));
+}
+
+TEST(Elastic, BuddyDomainsFollowTheTopology) {
+  // P = 1, DP 6 (one GA step of 6 pools), two outliers (100, 90; mean 38.3): two fused domains.
+  const std::vector<std::int64_t> w = {100, 90, 10, 10, 10, 10};
+  PlacementOptions o = elastic(1, 6);
+  auto flat = place_window(w, o);
+  ASSERT_TRUE(flat.ok());
+  EXPECT_EQ(flat->domains, (Lists{{0, 1}, {2, 3}, {4}, {5}}));
+  o.elastic.topology = {.cp = 8, .gpus_per_node = 8, .nodes_per_supernode = 3};
+  auto topo = place_window(w, o);
+  ASSERT_TRUE(topo.ok());
+  // The second domain moves to pools 3, 4 (one supernode). Greedy by load per pool: 100 -> {0,1},
+  // 90 -> {3,4}, 10 -> {2}, 10 -> {5}, 10 -> {3,4} (45 < 50), 10 -> {0,1}.
+  EXPECT_EQ(topo->domains, (Lists{{0, 1}, {2}, {3, 4}, {5}}));
+  EXPECT_EQ(topo->loads, (std::vector<std::int64_t>{100, 10, 10, 90, 10, 10}));
+  o.elastic.topology.cp = -1;
+  EXPECT_FALSE(place_window(w, o).ok());
+}
+
 // Random windows with long tails: a few heavy outliers among light ones.
 struct Case {
   std::vector<std::int64_t> w;

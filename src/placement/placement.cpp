@@ -477,6 +477,12 @@ Result<WindowPlacement> place_window(std::span<const std::int64_t> workloads, co
         return invalid_input("elastic pools: threshold " + std::to_string(options.elastic.threshold) +
                              ": must be a finite number >= 0");
       }
+      const ElasticOptions::Topology& t = options.elastic.topology;
+      if (t.cp < 0 || t.gpus_per_node < 0 || t.nodes_per_supernode < 0) {
+        return invalid_input("elastic pools: topology cp " + std::to_string(t.cp) + ", gpus per node " +
+                             std::to_string(t.gpus_per_node) + ", nodes per supernode " +
+                             std::to_string(t.nodes_per_supernode) + ": must be >= 0 (0: unknown)");
+      }
       const std::int64_t dp = options.dp == 0 ? p : options.dp;
       if (dp < 1 || dp % p != 0 || static_cast<std::int64_t>(workloads.size()) % dp != 0) {
         return invalid_input("elastic pools: dp " + std::to_string(dp) + ": must be a multiple of the pool size " +

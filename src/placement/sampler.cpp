@@ -72,7 +72,13 @@ Result<SamplerStep> PlacementSampler::at(std::int64_t step) const {
   PlacementOptions po = options_.placement;
   po.seed = step_seed(options_.placement.seed, step);
   po.dp = options_.dp;  // elastic pools fuse pools of one GA step, so they need the layout's DP
-  auto placed = place_window(window, po);
+  auto placed = [&]() -> Result<WindowPlacement> {
+    if (!options_.placer) return place_window(window, po);
+    const auto seqs = sequences_.empty() ? std::span<const PackedSequence>()
+                                         : std::span<const PackedSequence>(sequences_).subspan(
+                                               static_cast<std::size_t>(first), static_cast<std::size_t>(d));
+    return options_.placer(seqs, window, step);
+  }();
   if (!placed.ok()) {
     return invalid_input("step " + std::to_string(step) + " (sequences " + std::to_string(first) + ".." +
                          std::to_string(first + d - 1) + "): " + placed.error().message());

@@ -34,7 +34,8 @@ struct WindowOut {
   std::int64_t fused_domains = 0, fused_steps = 0;
   std::vector<bool> fused_step;  // per GA step
   double lower_bound = 0;
-  ElasticSimResult::Window report;
+  WindowPlacement runs;  // what the window runs
+  ElasticWindowReport report;
 };
 
 double total(const std::vector<double>& v) { return std::accumulate(v.begin(), v.end(), 0.0); }
@@ -80,9 +81,20 @@ Status run_side(std::span<const PackedSequence> window, const WindowPlacement& p
   return {};
 }
 
-WindowOut simulate_window(std::span<const PackedSequence> window, const detail::Ctx& ctx, const PlanConfig& pc,
-                          const SimCandidate& cand, const ElasticOptions& elastic, bool priced, std::uint64_t w) {
-  const SimConfig& cfg = ctx.cfg;
+}  // namespace
+
+struct ElasticPricer::Impl {
+  SimConfig cfg;
+  SimCandidate cand;
+  ElasticOptions elastic;
+  bool priced = true;
+  std::unique_ptr<detail::Ctx> ctx;
+  PlanConfig pc;
+
+  WindowOut window(std::span<const PackedSequence> window, std::uint64_t w) const;
+};
+
+WindowOut ElasticPricer::Impl::window(std::span<const PackedSequence> window, std::uint64_t w) const {
   WindowOut out;
   auto run = [&]() -> Status {
     LIBRA_ASSIGN_OR_RETURN(std::vector<std::int64_t> f, sequence_workloads(window));
@@ -91,10 +103,10 @@ WindowOut simulate_window(std::span<const PackedSequence> window, const detail::
                            place_window(f, {.pool_size = cand.pool_size, .mode = PlacementMode::kVrspElastic,
                                             .dp = cfg.dp, .elastic = elastic}));
     out.lower_bound = lower_bound_imbalance(f, cand.pool_size);
-    LIBRA_TRY(run_side(window, vrsp, ctx, pc, w, out.vrsp));
+    LIBRA_TRY(run_side(window, vrsp, *ctx, pc, w, out.vrsp));
     const bool candidate = std::any_of(el.domains.begin(), el.domains.end(), [](const auto& d) { return d.size() > 1; });
     if (candidate) {
-      LIBRA_TRY(run_side(window, el, ctx, pc, w, out.elastic));
+      LIBRA_TRY(run_side(window, el, *ctx, pc, w, out.elastic));
     } else {
       out.elastic = out.vrsp;  // exactly VRSP's placement: the same prices
     }
@@ -103,7 +115,7 @@ WindowOut simulate_window(std::span<const PackedSequence> window, const detail::
     out.report.gain = candidate && te > 0 ? tv / te : 1;
     // The price: fused domains only where the predicted optimizer step is faster. The cost model
     // is deterministic (its device noise is seeded by window and GA step), so this is a pure
-    // function of the window and the configuration.
+    // function of the window, its index and the configuration.
     if (candidate && priced && !(te < tv)) {
       el = vrsp;
       out.elastic = out.vrsp;
@@ -119,16 +131,15 @@ WindowOut simulate_window(std::span<const PackedSequence> window, const detail::
       out.fused_step[static_cast<std::size_t>(layout.pool_ga[static_cast<std::size_t>(d.front())])] = true;
     }
     out.fused_steps = std::count(out.fused_step.begin(), out.fused_step.end(), true);
+    out.runs = std::move(el);
     return {};
   };
   out.status = run();
   return out;
 }
 
-}  // namespace
-
-Result<ElasticSimResult> simulate_elastic(const SimConfig& cfg, const SimCandidate& cand,
-                                          const ElasticOptions& elastic, bool priced) {
+// What can be checked before the corpus is read.
+static Status check_config(const SimConfig& cfg, const SimCandidate& cand) {
   LIBRA_TRY(validate_cost_model(cfg.cost));
   if (cfg.gbs < 1) return invalid_input(fmt::format("--gbs {}: must be at least 1", cfg.gbs));
   if (cfg.dp < 1 || cfg.gbs % cfg.dp != 0) {
@@ -137,17 +148,69 @@ Result<ElasticSimResult> simulate_elastic(const SimConfig& cfg, const SimCandida
   if (cand.pool_size < 1 || cfg.dp % cand.pool_size != 0) {
     return invalid_input(fmt::format("--pool-size {}: must divide --dp {}", cand.pool_size, cfg.dp));
   }
+  if (cfg.cp < 1) return invalid_input(fmt::format("--cp {}: must be at least 1", cfg.cp));
+  return {};
+}
+
+Result<ElasticPricer> ElasticPricer::create(const SimConfig& cfg, const SimCandidate& cand,
+                                            const ElasticOptions& elastic, std::int64_t seq_len, bool priced) {
+  LIBRA_TRY(check_config(cfg, cand));
+  if (seq_len < 1) return invalid_input(fmt::format("--seq-len {}: must be at least 1", seq_len));
+  auto impl = std::make_shared<Impl>();
+  impl->cfg = cfg;
+  impl->cand = cand;
+  impl->elastic = elastic;
+  // Buddy domains sit where the network is fastest for them, and are priced on those GPUs.
+  impl->elastic.topology = {.cp = cfg.cp,
+                            .gpus_per_node = cfg.cost.net.gpus_per_node,
+                            .nodes_per_supernode = cfg.cost.net.nodes_per_supernode};
+  impl->priced = priced;
+  impl->ctx = std::make_unique<detail::Ctx>(
+      detail::Ctx{impl->cfg, seq_len, ThroughputTable(impl->cfg.cost.kernel), {cand}});
+  impl->pc = detail::tap_config(*impl->ctx, cand.head_shards, cand.block_size);
+  if (Status s = validate_plan_config(impl->pc); !s.ok()) {
+    return invalid_input(
+        fmt::format("--head-shards {} --block-size {}: {}", cand.head_shards, cand.block_size, s.message()));
+  }
+  ElasticPricer p;
+  p.impl_ = std::move(impl);
+  return p;
+}
+
+Result<ElasticPricer::Decision> ElasticPricer::decide(std::span<const PackedSequence> window,
+                                                      std::uint64_t window_index) const {
+  if (static_cast<std::int64_t>(window.size()) != impl_->cfg.gbs) {
+    return invalid_input(fmt::format("elastic pricing: window of {} packed sequences; --gbs is {}", window.size(),
+                                     impl_->cfg.gbs));
+  }
+  WindowOut o = impl_->window(window, window_index);
+  if (!o.status.ok()) return o.status.error();
+  return Decision{std::move(o.runs), o.report};
+}
+
+const ElasticOptions& ElasticPricer::elastic() const { return impl_->elastic; }
+
+SamplerOptions::Placer priced_elastic_placer(ElasticPricer pricer) {
+  return [pricer = std::move(pricer)](std::span<const PackedSequence> seqs, std::span<const std::int64_t>,
+                                      std::int64_t step) -> Result<WindowPlacement> {
+    if (seqs.empty()) {
+      return invalid_input("elastic pricing: needs the packed sequences' lengths (a sampler made from workloads "
+                           "has none)");
+    }
+    LIBRA_ASSIGN_OR_RETURN(ElasticPricer::Decision d, pricer.decide(seqs, static_cast<std::uint64_t>(step)));
+    return std::move(d.placement);
+  };
+}
+
+Result<ElasticSimResult> simulate_elastic(const SimConfig& cfg, const SimCandidate& cand,
+                                          const ElasticOptions& elastic, bool priced) {
+  LIBRA_TRY(check_config(cfg, cand));
   if (cfg.max_windows < 0) return invalid_input(fmt::format("--windows {}: must be >= 0", cfg.max_windows));
   if (cfg.threads < 0) return invalid_input(fmt::format("--threads {}: must be >= 0", cfg.threads));
   LIBRA_ASSIGN_OR_RETURN(SimInput in, load_sim_input(cfg));
   const std::int64_t seq_len = in.seq_len;
   const std::vector<PackedSequence>& seqs = in.sequences;
-  const detail::Ctx ctx{cfg, seq_len, ThroughputTable(cfg.cost.kernel), {cand}};
-  const PlanConfig pc = detail::tap_config(ctx, cand.head_shards, cand.block_size);
-  if (Status s = validate_plan_config(pc); !s.ok()) {
-    return invalid_input(
-        fmt::format("--head-shards {} --block-size {}: {}", cand.head_shards, cand.block_size, s.message()));
-  }
+  LIBRA_ASSIGN_OR_RETURN(ElasticPricer pricer, ElasticPricer::create(cfg, cand, elastic, seq_len, priced));
   const std::int64_t full = static_cast<std::int64_t>(seqs.size()) / cfg.gbs;
   if (full < 1) {
     return invalid_input(fmt::format("{}: {} packed sequences at --seq-len {} is shorter than one window of --gbs {}",
@@ -165,8 +228,7 @@ Result<ElasticSimResult> simulate_elastic(const SimConfig& cfg, const SimCandida
       for (std::int64_t i; (i = next++) < windows;) {
         const auto window = std::span<const PackedSequence>(seqs).subspan(static_cast<std::size_t>(i * cfg.gbs),
                                                                           static_cast<std::size_t>(cfg.gbs));
-        wo[static_cast<std::size_t>(i)] =
-            simulate_window(window, ctx, pc, cand, elastic, priced, static_cast<std::uint64_t>(i));
+        wo[static_cast<std::size_t>(i)] = pricer.impl_->window(window, static_cast<std::uint64_t>(i));
       }
     };
     std::vector<std::thread> pool;

@@ -2,9 +2,12 @@
 // fusing counts match the placement API's domains; thread-count independence.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <span>
 #include <vector>
 
 #include "libra/elastic_sim.hpp"
+#include "libra/sampler.hpp"
 
 namespace libra {
 namespace {
@@ -113,6 +116,78 @@ TEST(ElasticSim, PricedFusingIsNeverSlowerThanVrspWindowByWindow) {
     EXPECT_EQ(priced->declined_windows, candidates - fused);
     EXPECT_GE(priced->mean_window_speedup, 1.0);
   }
+}
+
+// The training side: a sampler placing by priced_elastic_placer fuses exactly the windows the
+// simulator's report fuses, runs VRSP's placement where pricing declines, and never fuses a window
+// predicted slower than VRSP.
+TEST(ElasticSim, SamplerDecidesLikeTheSimulatorReport) {
+  std::int64_t fused_total = 0, declined_total = 0;  // the test must see both decisions
+  for (double congestion : {-1.0, 0.0}) {
+    // The outlier-heavy corpus with the real model shape at L = 64K: compute-bound enough that some
+    // windows win by fusing (a domain of 2 x 2 replicas x cp 2 sits on one node) and some lose.
+    SimConfig cfg = small_config();
+    cfg.source = "builtin:paper-256k-v1";
+    cfg.seq_len = 65536;
+    cfg.model = ModelShape{};
+    if (congestion >= 0) cfg.cost.net.congestion_per_node = congestion;
+    constexpr SimCandidate kBig{.pool_size = 2, .head_shards = 2, .block_size = 4096};
+    auto report = simulate_elastic(cfg, kBig, {});
+    ASSERT_TRUE(report.ok());
+    auto seqs = load_packed_sequences(cfg.source, cfg.seq_len);
+    ASSERT_TRUE(seqs.ok());
+    auto pricer = ElasticPricer::create(cfg, kBig, {}, cfg.seq_len);
+    ASSERT_TRUE(pricer.ok()) << pricer.error().message();
+    std::vector<PackedSequence> head(seqs->begin(), seqs->begin() + cfg.max_windows * cfg.gbs);
+    SamplerOptions so{.gbs = cfg.gbs, .dp = cfg.dp,
+                      .placement = {.pool_size = kBig.pool_size, .mode = PlacementMode::kVrspElastic}};
+    so.placer = priced_elastic_placer(*pricer);
+    auto sampler = PlacementSampler::create(head, so);
+    ASSERT_TRUE(sampler.ok());
+    ASSERT_EQ(sampler->num_steps(), cfg.max_windows);
+    std::int64_t fused_windows = 0;
+    for (std::int64_t w = 0; w < cfg.max_windows; ++w) {
+      auto step = sampler->at(w);
+      ASSERT_TRUE(step.ok()) << step.error().message();
+      const auto& x = report->per_window[static_cast<std::size_t>(w)];
+      const bool fused = std::any_of(step->placement.domains.begin(), step->placement.domains.end(),
+                                     [](const auto& d) { return d.size() > 1; });
+      EXPECT_EQ(fused, x.fused) << "window " << w;
+      if (fused) {
+        EXPECT_LT(x.elastic_s, x.vrsp_s) << "window " << w;
+      }
+      if (!fused) {
+        std::vector<std::int64_t> f;
+        for (std::int64_t i = 0; i < cfg.gbs; ++i) f.push_back(sampler->workloads()[static_cast<std::size_t>(w * cfg.gbs + i)]);
+        auto vrsp = place_window(f, {.pool_size = kBig.pool_size});
+        ASSERT_TRUE(vrsp.ok());
+        EXPECT_EQ(step->placement.pools, vrsp->pools) << "window " << w;
+      }
+      fused_windows += fused ? 1 : 0;
+      auto d = pricer->decide(std::span<const PackedSequence>(head).subspan(static_cast<std::size_t>(w * cfg.gbs),
+                                                                            static_cast<std::size_t>(cfg.gbs)),
+                              static_cast<std::uint64_t>(w));
+      ASSERT_TRUE(d.ok());
+      EXPECT_EQ(d->report.vrsp_s, x.vrsp_s);
+      EXPECT_EQ(d->report.elastic_s, x.elastic_s);
+      EXPECT_EQ(d->placement.domains, step->placement.domains);
+    }
+    EXPECT_EQ(fused_windows, report->fused_windows);
+    fused_total += fused_windows;
+    declined_total += report->declined_windows;
+  }
+  EXPECT_GT(fused_total, 0);
+  EXPECT_GT(declined_total, 0);
+  // A sampler built from workloads has no lengths to price.
+  auto pricer = ElasticPricer::create(small_config(), kCand, {}, 8192);
+  ASSERT_TRUE(pricer.ok());
+  SamplerOptions so{.gbs = 8, .dp = 4, .placement = {.pool_size = 2, .mode = PlacementMode::kVrspElastic}};
+  so.placer = priced_elastic_placer(*pricer);
+  auto s = PlacementSampler::from_workloads(std::vector<std::int64_t>(8, 1), so);
+  ASSERT_TRUE(s.ok());
+  auto st = s->at(0);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.error().message().find("elastic pricing"), std::string::npos);
 }
 
 TEST(ElasticSim, BadInput) {

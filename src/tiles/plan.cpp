@@ -105,9 +105,11 @@ Result<Plan> build_plan(std::span<const PackedSequence> pool, const PlanConfig& 
 
   // 1. The tile set must cut every (slot, block, shard) into consecutive
   //    pieces that cover the block's rows exactly.
+  std::vector<std::int32_t> slot_blocks(static_cast<std::size_t>(g.pool_size));
+  for (int p = 0; p < g.pool_size; ++p) slot_blocks[static_cast<std::size_t>(p)] = g.blocks(p);
   for (const PlacedRows& r : rows) {
     if (r.slot < 0 || r.slot >= g.pool_size || r.shard < 0 || r.shard >= g.shards || r.block < 0 ||
-        r.block >= g.blocks(r.slot)) {
+        r.block >= slot_blocks[static_cast<std::size_t>(r.slot)]) {
       return invalid_input(source + ": tile (slot " + str(r.slot) + ", block " + str(r.block) + ", shard " +
                            str(r.shard) + ") does not exist for this pool and configuration");
     }
@@ -126,7 +128,7 @@ Result<Plan> build_plan(std::span<const PackedSequence> pool, const PlanConfig& 
   {
     std::size_t i = 0;
     for (int p = 0; p < g.pool_size; ++p) {
-      for (std::int32_t b = 0; b < g.blocks(p); ++b) {
+      for (std::int32_t b = 0; b < slot_blocks[static_cast<std::size_t>(p)]; ++b) {
         const std::int64_t bb = b * g.block_size;
         const std::int64_t be = std::min(bb + g.block_size, g.tokens[static_cast<std::size_t>(p)]);
         for (int s = 0; s < g.shards; ++s) {
@@ -163,6 +165,13 @@ Result<Plan> build_plan(std::span<const PackedSequence> pool, const PlanConfig& 
   // 2. Tiles and fragments.
   d->tiles.resize(rows.size());
   d->fragments.reserve(rows.size() * 4);
+  std::vector<HeadRange> shard_heads(static_cast<std::size_t>(g.shards)), shard_kv_heads(shard_heads.size());
+  std::vector<std::int32_t> shard_key(shard_heads.size());
+  for (int s = 0; s < g.shards; ++s) {
+    shard_heads[static_cast<std::size_t>(s)] = g.shard_heads(s);
+    shard_kv_heads[static_cast<std::size_t>(s)] = g.shard_kv_heads(s);
+    shard_key[static_cast<std::size_t>(s)] = g.key_index(s);
+  }
   for (std::size_t i = 0; i < rows.size(); ++i) {
     const PlacedRows& r = rows[i];
     Tile& t = d->tiles[i];
@@ -175,11 +184,27 @@ Result<Plan> build_plan(std::span<const PackedSequence> pool, const PlanConfig& 
                   : 0;
     t.begin = r.begin;
     t.end = r.end;
-    t.heads = g.shard_heads(r.shard);
-    t.kv_heads = g.shard_kv_heads(r.shard);
-    t.home = g.home(r.slot, r.begin);
+    t.heads = shard_heads[static_cast<std::size_t>(r.shard)];
+    t.kv_heads = shard_kv_heads[static_cast<std::size_t>(r.shard)];
     t.worker = r.worker;
     t.fragment_begin = static_cast<std::int32_t>(d->fragments.size());
+    if (i > 0 && rows[i - 1].slot == r.slot && rows[i - 1].begin == r.begin && rows[i - 1].end == r.end) {
+      // Another shard of the same rows (every shard of a tap block): the
+      // same fragments, FLOPs and home, with this shard's groups.
+      const Tile& prev = d->tiles[i - 1];
+      t.home = prev.home;
+      t.flops = prev.flops;
+      const std::int32_t key = shard_key[static_cast<std::size_t>(r.shard)];
+      for (std::int32_t fi = prev.fragment_begin; fi < prev.fragment_end; ++fi) {
+        Fragment f = d->fragments[static_cast<std::size_t>(fi)];
+        f.tile = t.id;
+        f.group = (g.sample_base[r.slot] + f.sample) * g.keys_per_sample + key;
+        d->fragments.push_back(f);
+      }
+      t.fragment_end = static_cast<std::int32_t>(d->fragments.size());
+      continue;
+    }
+    t.home = g.home(r.slot, r.begin);
     std::int64_t pairs = 0;
     for (std::int32_t j = g.sample_at(r.slot, r.begin); j < g.sample_base[r.slot + 1] && g.starts[j] < r.end; ++j) {
       Fragment f;
@@ -204,24 +229,28 @@ Result<Plan> build_plan(std::span<const PackedSequence> pool, const PlanConfig& 
   const std::int32_t total_samples = g.sample_base.back();
   d->groups.resize(static_cast<std::size_t>(total_samples) * g.keys_per_sample);
   std::vector<HeadRange> rep_shard_heads(static_cast<std::size_t>(g.keys_per_sample));
+  std::vector<KvGroup> key_group(static_cast<std::size_t>(g.keys_per_sample));  // key and KV heads per key
+  for (int k = 0; k < g.keys_per_sample; ++k) {
+    KvGroup& grp = key_group[static_cast<std::size_t>(k)];
+    if (g.dedup_per_kv_head && g.shards > g.heads_kv) {
+      grp.key = k;
+      grp.kv_heads = {k, k + 1};
+      rep_shard_heads[static_cast<std::size_t>(k)] = g.shard_heads(k * g.group_size / g.head_width);
+    } else {
+      grp.key = g.dedup_per_kv_head ? g.shard_kv_heads(k).begin : k;
+      grp.kv_heads = g.shard_kv_heads(k);
+      rep_shard_heads[static_cast<std::size_t>(k)] = g.shard_heads(k);
+    }
+  }
   for (int p = 0; p < g.pool_size; ++p) {
     for (std::int32_t j = g.sample_base[p]; j < g.sample_base[p + 1]; ++j) {
       for (int k = 0; k < g.keys_per_sample; ++k) {
-        const std::size_t id = static_cast<std::size_t>(j) * g.keys_per_sample + k;
-        KvGroup& grp = d->groups[id];
+        KvGroup& grp = d->groups[static_cast<std::size_t>(j) * g.keys_per_sample + k];
+        grp = key_group[static_cast<std::size_t>(k)];
         grp.slot = p;
         grp.sample = j - g.sample_base[p];
         grp.begin = g.starts[j];
         grp.end = g.starts[j] + g.lengths[j];
-        if (g.dedup_per_kv_head && g.shards > g.heads_kv) {
-          grp.key = k;
-          grp.kv_heads = {k, k + 1};
-          rep_shard_heads[static_cast<std::size_t>(k)] = g.shard_heads(k * g.group_size / g.head_width);
-        } else {
-          grp.key = g.dedup_per_kv_head ? g.shard_kv_heads(k).begin : k;
-          grp.kv_heads = g.shard_kv_heads(k);
-          rep_shard_heads[static_cast<std::size_t>(k)] = g.shard_heads(k);
-        }
       }
     }
   }
@@ -248,130 +277,201 @@ Result<Plan> build_plan(std::span<const PackedSequence> pool, const PlanConfig& 
   d->imbalance = mean > 0 ? static_cast<double>(max_flops) / mean - 1.0 : 0.0;
 
   // 5. C_r: the groups of each worker's fragments, each once, increasing:
-  //    a worker-major bitset, read back in bit order.
-  d->worker_group_offsets.assign(static_cast<std::size_t>(W) + 1, 0);
-  {
-    const std::size_t words = (d->groups.size() + 63) / 64;
-    std::vector<std::uint64_t> held(words * static_cast<std::size_t>(W), 0);
-    for (const Fragment& f : d->fragments) {
-      const std::size_t r = static_cast<std::size_t>(d->tiles[static_cast<std::size_t>(f.tile)].worker);
-      held[r * words + static_cast<std::size_t>(f.group) / 64] |= std::uint64_t{1} << (f.group % 64);
-    }
-    std::size_t count = 0;
-    for (std::uint64_t w : held) count += static_cast<std::size_t>(std::popcount(w));
-    d->worker_group_ids.reserve(count);
-    for (int r = 0; r < W; ++r) {
-      for (std::size_t k = 0; k < words; ++k) {
-        for (std::uint64_t w = held[static_cast<std::size_t>(r) * words + k]; w != 0; w &= w - 1) {
-          d->worker_group_ids.push_back(static_cast<std::int32_t>(k * 64 + static_cast<std::size_t>(std::countr_zero(w))));
-        }
-      }
-      d->worker_group_offsets[r + 1] = d->worker_group_ids.size();
-    }
+  //    a worker-major bitset, read back in bit order. `rank` (per worker
+  //    and word: the index in worker_group_ids of the word's first set bit)
+  //    turns (worker, group) into its entry without a search.
+  const std::size_t words = (d->groups.size() + 63) / 64;
+  std::vector<std::uint64_t> held(words * static_cast<std::size_t>(W), 0);
+  std::vector<std::size_t> rank(held.size());
+  for (const Fragment& f : d->fragments) {
+    const std::size_t r = static_cast<std::size_t>(d->tiles[static_cast<std::size_t>(f.tile)].worker);
+    held[r * words + static_cast<std::size_t>(f.group) / 64] |= std::uint64_t{1} << (f.group % 64);
   }
+  // KV heads per group, by dedup key (the same for every sample).
+  std::vector<std::int32_t> key_heads(static_cast<std::size_t>(g.keys_per_sample));
+  for (int k = 0; k < g.keys_per_sample; ++k) {
+    key_heads[static_cast<std::size_t>(k)] = d->groups[static_cast<std::size_t>(k)].kv_heads.size();
+  }
+  d->worker_group_offsets.assign(static_cast<std::size_t>(W) + 1, 0);
+  d->worker_group_ids.reserve(d->fragments.size());
+  d->kv_use_offsets.reserve(d->fragments.size() + 1);
+  d->kv_use_offsets.push_back(0);
+  for (int r = 0; r < W; ++r) {
+    for (std::size_t k = 0; k < words; ++k) {
+      rank[static_cast<std::size_t>(r) * words + k] = d->worker_group_ids.size();
+      for (std::uint64_t w = held[static_cast<std::size_t>(r) * words + k]; w != 0; w &= w - 1) {
+        const auto gid = static_cast<std::int32_t>(k * 64 + static_cast<std::size_t>(std::countr_zero(w)));
+        d->worker_group_ids.push_back(gid);
+        d->kv_use_offsets.push_back(d->kv_use_offsets.back() +
+                                    static_cast<std::size_t>(key_heads[static_cast<std::size_t>(gid % g.keys_per_sample)]));
+      }
+    }
+    d->worker_group_offsets[r + 1] = d->worker_group_ids.size();
+  }
+  auto entry = [&](int r, std::int32_t gid) {
+    const std::size_t at = static_cast<std::size_t>(r) * words + static_cast<std::size_t>(gid) / 64;
+    const std::uint64_t below = held[at] & ((std::uint64_t{1} << (gid % 64)) - 1);
+    return rank[at] + static_cast<std::size_t>(std::popcount(below));
+  };
 
   // 5b. First and last chunk of every (worker, group, KV head): chunk m of a
   //     tile reads the KV heads of its query heads heads.begin + [m*w/M,
-  //     (m+1)*w/M) in every group of its fragments.
-  {
-    d->kv_use_offsets.assign(d->worker_group_ids.size() + 1, 0);
-    for (std::size_t k = 0; k < d->worker_group_ids.size(); ++k) {
-      d->kv_use_offsets[k + 1] =
-          d->kv_use_offsets[k] + static_cast<std::size_t>(d->groups[static_cast<std::size_t>(d->worker_group_ids[k])].kv_heads.size());
+  //     (m+1)*w/M) in every group of its fragments. Which chunks read which
+  //     KV head of the group depends only on the shard: one table per shard.
+  const std::int32_t per_chunk = g.head_width / M;
+  std::int32_t max_heads = 0;
+  for (std::int32_t n : key_heads) max_heads = std::max(max_heads, n);
+  std::vector<ChunkUse> shard_use(static_cast<std::size_t>(g.shards) * static_cast<std::size_t>(max_heads));
+  for (int s = 0; s < g.shards; ++s) {
+    const HeadRange heads = shard_heads[static_cast<std::size_t>(s)];
+    const HeadRange kv = d->groups[static_cast<std::size_t>(shard_key[static_cast<std::size_t>(s)])].kv_heads;
+    for (int m = 0; m < M; ++m) {
+      const std::int32_t q0 = heads.begin + m * per_chunk, q1 = q0 + per_chunk;
+      const std::int32_t k0 = std::max(kv.begin, q0 / g.group_size);
+      const std::int32_t k1 = std::min(kv.end, (q1 - 1) / g.group_size + 1);
+      for (std::int32_t kh = k0; kh < k1; ++kh) {
+        ChunkUse& u = shard_use[static_cast<std::size_t>(s) * max_heads + static_cast<std::size_t>(kh - kv.begin)];
+        if (!u.used()) u = {m, m};
+        u.first = std::min(u.first, m);
+        u.last = std::max(u.last, m);
+      }
     }
-    d->kv_uses.assign(d->kv_use_offsets.back(), ChunkUse{});
-    const std::int32_t per = g.head_width / M;
-    for (const Tile& t : d->tiles) {
-      const auto r = static_cast<std::size_t>(t.worker);
-      const auto begin = d->worker_group_ids.begin() + static_cast<std::ptrdiff_t>(d->worker_group_offsets[r]);
-      const auto end = d->worker_group_ids.begin() + static_cast<std::ptrdiff_t>(d->worker_group_offsets[r + 1]);
-      for (std::int32_t fi = t.fragment_begin; fi < t.fragment_end; ++fi) {
-        const std::int32_t gid = d->fragments[static_cast<std::size_t>(fi)].group;
-        const KvGroup& grp = d->groups[static_cast<std::size_t>(gid)];
-        const auto at = static_cast<std::size_t>(std::lower_bound(begin, end, gid) - d->worker_group_ids.begin());
-        for (int m = 0; m < M; ++m) {
-          const std::int32_t q0 = t.heads.begin + m * per, q1 = q0 + per;
-          const std::int32_t k0 = std::max(grp.kv_heads.begin, q0 / g.group_size);
-          const std::int32_t k1 = std::min(grp.kv_heads.end, (q1 - 1) / g.group_size + 1);
-          for (std::int32_t kh = k0; kh < k1; ++kh) {
-            ChunkUse& u = d->kv_uses[d->kv_use_offsets[at] + static_cast<std::size_t>(kh - grp.kv_heads.begin)];
-            if (!u.used()) u = {m, m};
-            u.first = std::min(u.first, m);
-            u.last = std::max(u.last, m);
-          }
+  }
+  d->kv_uses.assign(d->kv_use_offsets.back(), ChunkUse{});
+  for (const Tile& t : d->tiles) {
+    const ChunkUse* su = &shard_use[static_cast<std::size_t>(t.shard) * max_heads];
+    for (std::int32_t fi = t.fragment_begin; fi < t.fragment_end; ++fi) {
+      const std::size_t at = entry(t.worker, d->fragments[static_cast<std::size_t>(fi)].group);
+      const std::size_t first = d->kv_use_offsets[at], n = d->kv_use_offsets[at + 1] - first;
+      for (std::size_t i = 0; i < n; ++i) {
+        if (!su[i].used()) continue;
+        ChunkUse& u = d->kv_uses[first + i];
+        if (!u.used()) {
+          u = su[i];
+        } else {
+          u.first = std::min(u.first, su[i].first);
+          u.last = std::max(u.last, su[i].last);
         }
       }
     }
   }
 
-  // 6. Transfers, generated Q (by tile), KV (by destination, group,
-  //    begin), O (by tile) and bucketed by (src, dst): one pass counts, the
-  //    second writes each transfer straight into its bucket, so every bucket
-  //    keeps the generation order.
-  auto generate = [&](auto&& sink0) {
-    auto sink = [&](Transfer x) {
-      x.first_use = 0;
-      x.last_use = M - 1;
-      sink0(x);
-    };
+  // 6. Transfers, Q (by tile), KV (by destination, group, begin), O (by
+  //    tile), bucketed by (src, dst) in that order: one pass counts, the
+  //    second writes each transfer straight into its bucket. A KV group
+  //    sends one item per home run of its sample (the rows of an item are
+  //    consecutive in the sender's home buffer); the runs are the same for
+  //    every key of a sample, so they are found once. Beside each KV item:
+  //    its entry in worker_group_ids (for its chunk uses) and its dedup
+  //    key. The K/V tokens a worker holds itself are what it keeps.
+  struct Run {
+    std::int64_t begin, end;
+    std::int32_t src;
+  };
+  std::vector<Run> runs;
+  std::vector<std::size_t> sample_runs(static_cast<std::size_t>(total_samples) + 1, 0);
+  runs.reserve(static_cast<std::size_t>(total_samples) + static_cast<std::size_t>(W) * 2);
+  for (int p = 0; p < g.pool_size; ++p) {
+    for (std::int32_t j = g.sample_base[p]; j < g.sample_base[p + 1]; ++j) {
+      const std::int64_t stop = g.starts[j] + g.lengths[j];
+      for (std::int64_t x = g.starts[j]; x < stop;) {
+        const HomeSpot h = g.map.locate(x);
+        const std::int64_t y = std::min(stop, h.run_end);
+        runs.push_back({x, y, p * g.cp + h.rank});
+        x = y;
+      }
+      sample_runs[static_cast<std::size_t>(j) + 1] = runs.size();
+    }
+  }
+  auto group_runs = [&](const KvGroup& grp) {
+    const auto j = static_cast<std::size_t>(g.sample_base[grp.slot] + grp.sample);
+    return std::span<const Run>(runs).subspan(sample_runs[j], sample_runs[j + 1] - sample_runs[j]);
+  };
+  d->tier_bytes.assign(static_cast<std::size_t>(W), TierBytes{});
+  d->transfer_offsets.assign(W2 + 1, 0);
+  d->byte_matrix.assign(W2, 0);
+  {
+    std::size_t* count = d->transfer_offsets.data() + 1;
     for (const Tile& t : d->tiles) {
       if (t.worker == t.home) continue;
-      sink(Transfer{TransferKind::kQ, t.home, t.worker, t.slot, t.begin, t.end, t.heads, t.id, -1,
-                    qo_bytes(g, t.end - t.begin, t.heads.size())});
+      ++count[static_cast<std::size_t>(t.home) * W + t.worker];
+      ++count[static_cast<std::size_t>(t.worker) * W + t.home];
+    }
+    for (int r = 0; r < W; ++r) {
+      for (std::size_t k = d->worker_group_offsets[r]; k < d->worker_group_offsets[r + 1]; ++k) {
+        for (const Run& run : group_runs(d->groups[static_cast<std::size_t>(d->worker_group_ids[k])])) {
+          if (run.src != r) ++count[static_cast<std::size_t>(run.src) * W + r];
+        }
+      }
+    }
+  }
+  for (std::size_t b = 0; b < W2; ++b) d->transfer_offsets[b + 1] += d->transfer_offsets[b];
+  d->transfers.resize(d->transfer_offsets[W2]);
+  // Per transfer: its KV entry and key (-1 for Q and O).
+  std::vector<std::int32_t> item_entry(d->transfers.size(), -1), item_key(d->transfers.size(), -1);
+  {
+    std::vector<std::size_t> at(d->transfer_offsets.begin(), d->transfer_offsets.end() - 1);
+    auto put = [&](const Transfer& x) {
+      const std::size_t bucket = static_cast<std::size_t>(x.src) * W + x.dst;
+      d->byte_matrix[bucket] += x.bytes;
+      d->comm_bytes += x.bytes;
+      const std::size_t i = at[bucket]++;
+      d->transfers[i] = x;
+      d->transfers[i].last_use = M - 1;
+      return i;
+    };
+    for (const Tile& t : d->tiles) {
+      if (t.worker == t.home) {
+        d->tier_bytes[static_cast<std::size_t>(t.worker)].kept += 2 * qo_bytes(g, t.end - t.begin, t.heads.size());
+        continue;
+      }
+      put(Transfer{TransferKind::kQ, t.home, t.worker, t.slot, t.begin, t.end, t.heads, t.id, -1,
+                   qo_bytes(g, t.end - t.begin, t.heads.size())});
     }
     for (int r = 0; r < W; ++r) {
       for (std::size_t k = d->worker_group_offsets[r]; k < d->worker_group_offsets[r + 1]; ++k) {
         const std::int32_t gid = d->worker_group_ids[k];
         const KvGroup& grp = d->groups[static_cast<std::size_t>(gid)];
-        // One item per home run of the sample's tokens: the rows of an item
-        // are consecutive in the sender's home buffer.
-        for (std::int64_t x = grp.begin; x < grp.end;) {
-          const HomeSpot h = g.map.locate(x);
-          const std::int64_t y = std::min(grp.end, h.run_end);
-          const int src = grp.slot * g.cp + h.rank;
-          if (src != r) {
-            sink(Transfer{TransferKind::kKv, src, r, grp.slot, x, y, grp.kv_heads, -1, gid,
-                          kv_bytes(g, y - x, grp.kv_heads.size())});
+        const std::int32_t key = gid - (g.sample_base[grp.slot] + grp.sample) * g.keys_per_sample;
+        for (const Run& run : group_runs(grp)) {
+          const std::int64_t bytes = kv_bytes(g, run.end - run.begin, grp.kv_heads.size());
+          if (run.src == r) {
+            d->tier_bytes[static_cast<std::size_t>(r)].kept += bytes;
+            continue;
           }
-          x = y;
+          const std::size_t i =
+              put(Transfer{TransferKind::kKv, run.src, r, grp.slot, run.begin, run.end, grp.kv_heads, -1, gid, bytes});
+          item_entry[i] = static_cast<std::int32_t>(k);
+          item_key[i] = key;
         }
       }
     }
     for (const Tile& t : d->tiles) {
       if (t.worker == t.home) continue;
-      sink(Transfer{TransferKind::kO, t.worker, t.home, t.slot, t.begin, t.end, t.heads, t.id, -1,
-                    qo_bytes(g, t.end - t.begin, t.heads.size())});
+      put(Transfer{TransferKind::kO, t.worker, t.home, t.slot, t.begin, t.end, t.heads, t.id, -1,
+                   qo_bytes(g, t.end - t.begin, t.heads.size())});
     }
-  };
-  d->transfer_offsets.assign(W2 + 1, 0);
-  d->byte_matrix.assign(W2, 0);
-  generate([&](const Transfer& x) {
-    const std::size_t bucket = static_cast<std::size_t>(x.src) * W + x.dst;
-    ++d->transfer_offsets[bucket + 1];
-    d->byte_matrix[bucket] += x.bytes;
-    d->comm_bytes += x.bytes;
-  });
-  for (std::size_t b = 0; b < W2; ++b) d->transfer_offsets[b + 1] += d->transfer_offsets[b];
-  d->transfers.resize(d->transfer_offsets[W2]);
-  {
-    std::vector<std::size_t> at(d->transfer_offsets.begin(), d->transfer_offsets.end() - 1);
-    generate([&](const Transfer& x) { d->transfers[at[static_cast<std::size_t>(x.src) * W + x.dst]++] = x; });
   }
 
   // 7. Chunks: every transfer restricted to chunk m's heads, same order.
-  const std::int32_t per_chunk = g.head_width / M;
   d->chunk_offsets.assign(static_cast<std::size_t>(M) * W2 + 1, 0);
   d->chunk_byte_matrix.assign(static_cast<std::size_t>(M) * W2, 0);
-  d->chunk_transfers.reserve(M == 1 ? d->transfers.size() : d->transfers.size() * static_cast<std::size_t>(M));
   const Plan view(d);
   // KV heads of chunk m for each dedup key (they depend on nothing else).
   std::vector<HeadRange> chunk_kv(static_cast<std::size_t>(g.keys_per_sample) * static_cast<std::size_t>(M));
+  std::vector<std::size_t> key_chunks(static_cast<std::size_t>(g.keys_per_sample), 0);
   for (int k = 0; k < g.keys_per_sample; ++k) {
     const KvGroup& first = d->groups[static_cast<std::size_t>(k)];
     for (int m = 0; m < M; ++m) {
-      chunk_kv[static_cast<std::size_t>(k) * M + m] =
-          view.chunk_kv_heads(rep_shard_heads[static_cast<std::size_t>(k)], first.kv_heads, m);
+      const HeadRange h = view.chunk_kv_heads(rep_shard_heads[static_cast<std::size_t>(k)], first.kv_heads, m);
+      chunk_kv[static_cast<std::size_t>(k) * M + m] = h;
+      if (h.size() > 0) ++key_chunks[static_cast<std::size_t>(k)];
     }
+  }
+  {
+    std::size_t items = 0;
+    for (std::int32_t key : item_key) items += key < 0 ? static_cast<std::size_t>(M) : key_chunks[static_cast<std::size_t>(key)];
+    d->chunk_transfers.reserve(items);
   }
   for (int m = 0; m < M; ++m) {
     for (std::size_t b = 0; b < W2; ++b) {
@@ -379,13 +479,16 @@ Result<Plan> build_plan(std::span<const PackedSequence> pool, const PlanConfig& 
       for (std::size_t k = d->transfer_offsets[b]; k < d->transfer_offsets[b + 1]; ++k) {
         Transfer x = d->transfers[k];
         if (x.kind == TransferKind::kKv) {
-          x.heads = chunk_kv[static_cast<std::size_t>(x.group % g.keys_per_sample) * M + m];
+          const auto key = static_cast<std::size_t>(item_key[k]);
+          const std::int32_t kv_begin = x.heads.begin;
+          x.heads = chunk_kv[key * M + m];
           if (x.heads.size() == 0) continue;
           x.bytes = kv_bytes(g, x.end - x.begin, x.heads.size());
           x.first_use = M;
           x.last_use = -1;
+          const ChunkUse* uses = &d->kv_uses[d->kv_use_offsets[static_cast<std::size_t>(item_entry[k])]];
           for (std::int32_t kh = x.heads.begin; kh < x.heads.end; ++kh) {
-            const ChunkUse u = view.kv_use(x.dst, x.group, kh);
+            const ChunkUse u = uses[kh - kv_begin];
             if (!u.used()) continue;
             x.first_use = std::min(x.first_use, u.first);
             x.last_use = std::max(x.last_use, u.last);
@@ -404,18 +507,9 @@ Result<Plan> build_plan(std::span<const PackedSequence> pool, const PlanConfig& 
     }
   }
 
-  // 7b. Bytes by tier: what stays, and the byte matrix split by where each
-  //     pair of workers sits.
-  d->tier_bytes.assign(static_cast<std::size_t>(W), TierBytes{});
-  for (const Tile& t : d->tiles) {
-    if (t.worker == t.home) d->tier_bytes[static_cast<std::size_t>(t.worker)].kept += 2 * qo_bytes(g, t.end - t.begin, t.heads.size());
-  }
+  // 7b. Bytes by tier: the byte matrix split by where each pair of workers
+  //     sits (what stays was counted with the transfers).
   for (int r = 0; r < W; ++r) {
-    for (std::size_t k = d->worker_group_offsets[r]; k < d->worker_group_offsets[r + 1]; ++k) {
-      const KvGroup& grp = d->groups[static_cast<std::size_t>(d->worker_group_ids[k])];
-      d->tier_bytes[static_cast<std::size_t>(r)].kept +=
-          kv_bytes(g, g.local_tokens(r, grp.slot, grp.begin, grp.end - grp.begin), grp.kv_heads.size());
-    }
     for (int dst = 0; dst < W; ++dst) {
       const std::int64_t b = d->byte_matrix[static_cast<std::size_t>(r) * W + dst];
       if (b == 0) continue;

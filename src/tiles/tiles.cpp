@@ -281,8 +281,14 @@ class Placer {
         words_((static_cast<std::size_t>(geo.workers) + 63) / 64),
         loads_(static_cast<std::size_t>(geo.workers), 0),
         committed_(static_cast<std::size_t>(geo.sample_base.back()) * geo.keys_per_sample * words_, 0),
-        dcomm_(static_cast<std::size_t>(geo.workers), 0),
-        limit_(largest_at_most(capacity)) {}
+        saved_(static_cast<std::size_t>(geo.workers), 0),
+        leaves_(std::bit_ceil(static_cast<std::size_t>(geo.workers))),
+        least_(2 * leaves_, -1),
+        limit_(largest_at_most(capacity)) {
+    for (std::size_t i = 0; i < static_cast<std::size_t>(geo.workers); ++i) least_[leaves_ + i] = static_cast<std::int32_t>(i);
+    for (std::size_t i = leaves_ - 1; i >= 1; --i) least_[i] = lesser(least_[2 * i], least_[2 * i + 1]);
+    touched_.reserve(static_cast<std::size_t>(geo.workers));
+  }
 
   struct Choice {
     int worker = -1;  // best in the headroom set, or -1 if it is empty
@@ -290,12 +296,14 @@ class Placer {
   };
 
   // Loads the fragments of rows [begin, end) of (p, s) and evaluates every
-  // worker for a tile of `flops` with Q-home `home`. dcomm starts from "every
-  // group at full size, plus Q and O" for all workers; then the few workers
-  // that already committed a group (its set bits) get it back, and the
-  // workers of slot p that hold part of a sample get their local tokens
-  // back. That keeps divisions and per-worker bit tests out of the W-wide
-  // loop.
+  // worker for a tile of `flops` with Q-home `home`. A worker's dcomm is
+  // "every group at full size, plus Q and O" (`base`) minus what it saves:
+  // Q and O at home, a committed group, its local tokens of a group. Every
+  // saving is positive, so only the few workers that save anything can beat
+  // `base`: they are evaluated one by one, and when none of them has
+  // headroom, every worker with headroom is at `base` and the choice is the
+  // least-loaded worker (lowest id on ties), which a tournament tree over
+  // the loads keeps. Same choice, same tie-breaks as scanning all W workers.
   Choice evaluate(int p, int s, std::int64_t begin, std::int64_t end, std::int64_t flops) {
     frags_.clear();
     const std::int64_t vkv = geo_.kv_bytes_per_token(s);
@@ -304,18 +312,16 @@ class Placer {
       frags_.push_back({geo_.group_id(j, s), geo_.starts[j], geo_.lengths[j], vkv});
       all_groups += vkv * geo_.lengths[j];
     }
-    const int W = geo_.workers;
     const int home = geo_.home(p, begin);
     const std::int64_t vqo = 2 * (end - begin) * geo_.qo_bytes_per_row();
-    std::int64_t* dc = dcomm_.data();
-    std::fill(dcomm_.begin(), dcomm_.end(), vqo + all_groups);
-    dc[home] -= vqo;
+    const std::int64_t base = vqo + all_groups;
+    save(home, vqo);
     for (const PlaceFrag& f : frags_) {
       const std::uint64_t* bits = &committed_[static_cast<std::size_t>(f.group) * words_];
       const std::int64_t full = f.kv_bytes_per_token * f.length;
       for (std::size_t w = 0; w < words_; ++w) {
         for (std::uint64_t word = bits[w]; word != 0; word &= word - 1) {
-          dc[w * 64 + static_cast<std::size_t>(std::countr_zero(word))] -= full;
+          save(static_cast<int>(w * 64 + static_cast<std::size_t>(std::countr_zero(word))), full);
         }
       }
       // The sample's tokens by home run (one run per worker when the
@@ -325,34 +331,48 @@ class Placer {
         const HomeSpot h = geo_.map.locate(x);
         const std::int64_t y = std::min(stop, h.run_end);
         const int r = p * geo_.cp + h.rank;
-        if (!is_committed(f.group, r)) dc[r] -= f.kv_bytes_per_token * (y - x);
+        if (!is_committed(f.group, r)) save(r, f.kv_bytes_per_token * (y - x));
         x = y;
       }
     }
-    // Headroom set first: the minimum dcomm over it (a branch-free min the
-    // compiler vectorises), then the lowest (load, r) among the workers at
-    // that minimum. Only an empty set needs the fallback's (load, dcomm, r).
     Choice c;
     const std::int64_t room = limit_ - flops;  // headroom: load <= room
     const std::int64_t* loads = loads_.data();
-    constexpr std::int64_t kNone = std::numeric_limits<std::int64_t>::max();
-    std::int64_t best_dc = kNone;
-    for (int r = 0; r < W; ++r) best_dc = std::min(best_dc, loads[r] <= room ? dc[r] : kNone);
-    if (best_dc != kNone) {
-      for (int r = 0; r < W; ++r) {
-        if (dc[r] == best_dc && loads[r] <= room && (c.worker < 0 || loads[r] < loads[c.worker])) c.worker = r;
+    // Among the savers with headroom: the largest saving (least dcomm),
+    // then the lowest (load, r).
+    for (const std::int32_t r : touched_) {
+      if (loads[r] > room) continue;
+      if (c.worker < 0 || saved_[r] > saved_[c.worker] ||
+          (saved_[r] == saved_[c.worker] && (loads[r] < loads[c.worker] || (loads[r] == loads[c.worker] && r < c.worker)))) {
+        c.worker = r;
       }
-      return c;
     }
-    for (int r = 1; r < W; ++r) {
-      if (loads[r] < loads[c.fallback] || (loads[r] == loads[c.fallback] && dc[r] < dc[c.fallback])) c.fallback = r;
+    if (c.worker < 0) {
+      const std::int32_t least = least_[1];
+      if (loads[least] <= room) {
+        c.worker = least;
+      } else {
+        // Nobody has headroom: the minimum of (load, dcomm, r) over all.
+        const int W = geo_.workers;
+        for (int r = 1; r < W; ++r) {
+          if (loads[r] < loads[c.fallback] ||
+              (loads[r] == loads[c.fallback] && base - saved_[r] < base - saved_[c.fallback])) {
+            c.fallback = r;
+          }
+        }
+      }
     }
+    for (const std::int32_t r : touched_) saved_[r] = 0;
+    touched_.clear();
     return c;
   }
 
   // Commits the fragments loaded by the last evaluate() (or commit_rows) to r.
   void commit(int r, std::int64_t flops) {
     loads_[static_cast<std::size_t>(r)] += flops;
+    for (std::size_t i = (leaves_ + static_cast<std::size_t>(r)) / 2; i >= 1; i /= 2) {
+      least_[i] = lesser(least_[2 * i], least_[2 * i + 1]);
+    }
     for (const PlaceFrag& f : frags_) {
       committed_[static_cast<std::size_t>(f.group) * words_ + static_cast<std::size_t>(r) / 64] |=
           std::uint64_t{1} << (r % 64);
@@ -373,13 +393,26 @@ class Placer {
   bool is_committed(std::int32_t group, int r) const {
     return (committed_[static_cast<std::size_t>(group) * words_ + static_cast<std::size_t>(r) / 64] >> (r % 64)) & 1U;
   }
+  void save(int r, std::int64_t bytes) {
+    if (saved_[static_cast<std::size_t>(r)] == 0) touched_.push_back(r);
+    saved_[static_cast<std::size_t>(r)] += bytes;
+  }
+  // The lower (load, id) of two tree entries; -1 (padding) loses.
+  std::int32_t lesser(std::int32_t a, std::int32_t b) const {
+    if (a < 0) return b;
+    if (b < 0) return a;
+    return loads_[static_cast<std::size_t>(b)] < loads_[static_cast<std::size_t>(a)] ? b : a;
+  }
 
   const Geometry& geo_;
   double capacity_;
   std::size_t words_;
   std::vector<std::int64_t> loads_;
   std::vector<std::uint64_t> committed_;
-  std::vector<std::int64_t> dcomm_;
+  std::vector<std::int64_t> saved_;     // per worker, zero outside evaluate()
+  std::vector<std::int32_t> touched_;   // workers with saved_ > 0
+  std::size_t leaves_;
+  std::vector<std::int32_t> least_;     // tournament tree: least_[1] = argmin (load, r)
   // The largest integer x with double(x) <= C: the contract's headroom test
   // double(load + f) <= C is then exactly load + f <= limit_, because the
   // int64 -> double conversion is monotone.
