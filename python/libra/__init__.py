@@ -197,6 +197,42 @@ def simulate(config=None):
     return _json.loads(_libra.simulate_json(_json.dumps(config, allow_nan=False)))
 
 
+# Set by the sampler, not by a pricing configuration.
+_PRICING_OWN_KEYS = ("source", "gbs", "dp", "pool_sizes", "windows")
+
+
+def _pricing_json(pricing, where):
+    """A pricing configuration (a dict of ``libra simulate --config`` keys) as JSON text, or one line."""
+    if not isinstance(pricing, dict):
+        _refuse(f"{where}: elastic pricing: must be a dict of `libra simulate --config` keys "
+                f"(seq_len required), got a {_type_name(pricing)}")
+    for key in _PRICING_OWN_KEYS:
+        if key in pricing:
+            _refuse(f"{where}: elastic pricing: {key}: set by the sampler, not the pricing configuration")
+    problem = _json_problem(pricing, "elastic pricing")
+    if problem:
+        _refuse(f"{where}: {problem}")
+    return _json.dumps(pricing, allow_nan=False)
+
+
+_priced_placement_sampler = _one_line_type_errors(_libra.priced_placement_sampler, "priced_placement_sampler")
+
+
+def priced_placement_sampler(sequences, gbs, dp, pool_size, pricing, seed=0, elastic_k=2, elastic_threshold=0.05,
+                             elastic_rule="buddy"):
+    """A vrsp-elastic ``PlacementSampler`` whose windows fuse pools only where the cost model
+    predicts the optimizer step faster: the decision of ``libra simulate --elastic`` (the same C++
+    function, libra::ElasticPricer), step s priced as the simulator's window s, so every rank and
+    the simulator's per-window report agree. ``pricing`` holds the ``libra simulate --config`` keys
+    of the machine and model: ``seq_len`` (required: the packed length L), ``cp``, ``hardware``,
+    network keys (``congestion_per_node``, ``inter_supernode_gbps``, ...), ``head_shards`` and
+    ``block_sizes`` (one value each; default 8 and 16384), ``chunks``, ``tau``; gbs, dp and the pool
+    size are the sampler's. Buddy domains sit on that topology (libra::buddy_domain_starts); give
+    ``libra.torch.domain_groups`` the same ``pricing``. docs/elastic.md."""
+    return _priced_placement_sampler(sequences, gbs, dp, pool_size, seed, elastic_k, elastic_threshold,
+                                     elastic_rule, _pricing_json(pricing, "priced_placement_sampler"))
+
+
 def _json_problem(value, where):
     """What in a dict the simulator would read as JSON cannot be JSON (NaN, inf, sets, objects), in
     one line naming the key; None when it is all JSON."""
@@ -224,5 +260,5 @@ def _json_problem(value, where):
 __all__ = [
     "ArgumentError", "FULL_CAUSAL", "Plan", "PlacementSampler", "builtin_corpora", "corpus_stats", "load_lengths",
     "load_packed_sequences", "load_plan", "make_plan", "pack", "place_window", "plan_from_bytes",
-    "plan_from_json", "sequence_workloads", "simulate", "TRANSFER_Q", "TRANSFER_KV", "TRANSFER_O",
+    "plan_from_json", "priced_placement_sampler", "sequence_workloads", "simulate", "TRANSFER_Q", "TRANSFER_KV", "TRANSFER_O",
 ]

@@ -61,6 +61,16 @@ void bind_placement(py::module_& m) {
       py::arg("dp") = 0, py::arg("elastic_k") = 2, py::arg("elastic_threshold") = 0.05,
       py::arg("elastic_rule") = "buddy");
 
+  m.def(
+      "buddy_domain_starts",
+      [](I64 pools_per_ga, I64 pool_size, I64 k, I64 cp, I64 gpus_per_node, I64 nodes_per_supernode) {
+        return libra::buddy_domain_starts(pools_per_ga, pool_size, k,
+                                          {.cp = cp, .gpus_per_node = gpus_per_node,
+                                           .nodes_per_supernode = nodes_per_supernode});
+      },
+      py::arg("pools_per_ga"), py::arg("pool_size"), py::arg("k"), py::arg("cp") = 0, py::arg("gpus_per_node") = 0,
+      py::arg("nodes_per_supernode") = 0);
+
   py::class_<libra::PlacementSampler>(m, "PlacementSampler")
       .def(py::init([](const py::object& seqs, I64 gbs, I64 dp, I64 pool_size, const std::string& mode,
                        std::uint64_t seed, I64 elastic_k, double elastic_threshold, const std::string& elastic_rule) {
@@ -91,7 +101,12 @@ void bind_placement(py::module_& m) {
       .def(
           "at",
           [](const libra::PlacementSampler& s, I64 step) {
-            libra::SamplerStep st = unwrap(s.at(step));
+            // A priced sampler plans and prices the window here: other threads keep running.
+            libra::Result<libra::SamplerStep> r = [&] {
+              py::gil_scoped_release release;
+              return s.at(step);
+            }();
+            libra::SamplerStep st = unwrap(std::move(r));
             py::dict d = window_dict(st.placement);
             d["step"] = st.step;
             d["order"] = int_array(st.order);

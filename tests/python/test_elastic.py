@@ -58,6 +58,70 @@ def test_sampler_domain_is_the_placements():
     assert all(s.domain(n) is None for n in range(len(s)))
 
 
+# Priced fusing (libra.priced_placement_sampler): the outlier-heavy corpus at L = 64K with the real
+# model shape, where some windows win by fusing (a domain of 2 pools x 2 replicas x cp 2 on one node)
+# and some lose. The simulator's CLI reads and packs the corpus itself: an independent path.
+PRICED = dict(source="builtin:paper-256k-v1", seq_len=65536, gbs=8, dp=4, pool_size=2, windows=6)
+PRICING = {"seq_len": 65536, "cp": 2, "chunks": 2, "head_shards": [2], "block_sizes": [4096]}
+
+
+def cli_report(libra_cli, extra=()):
+    import json
+    import subprocess
+    c = PRICED
+    out = subprocess.run([libra_cli, "simulate", c["source"], "--elastic", "--seq-len", str(c["seq_len"]),
+                          "--gbs", str(c["gbs"]), "--dp", str(c["dp"]), "--cp", "2", "--chunks", "2",
+                          "--windows", str(c["windows"]), "--pool-size", str(c["pool_size"]), "--head-shards", "2",
+                          "--block-size", "4096", "--json", *extra], check=True, capture_output=True, text=True)
+    return json.loads(out.stdout)["per_window"]
+
+
+def sampler_fused(pricing):
+    """Per window: whether any replica's batch of it runs a fused domain."""
+    c = PRICED
+    seqs = libra.load_packed_sequences(c["source"], c["seq_len"])[:c["windows"] * c["gbs"]]
+    ga = c["gbs"] // c["dp"]
+    fused = [False] * c["windows"]
+    for r in range(c["dp"]):
+        kw = {} if pricing is None else {"elastic_pricing": pricing}
+        s = lt.PlacementBatchSampler(seqs, c["gbs"], c["dp"], c["pool_size"], r, mode="vrsp-elastic", **kw)
+        for n in range(len(s)):
+            fused[n // ga] |= s.domain(n) is not None
+    return fused
+
+
+@pytest.mark.parametrize("network", [{}, {"congestion_per_node": 0, "inter_supernode_gbps": 45}])
+def test_priced_sampler_fuses_what_the_simulator_reports(libra_cli, network):
+    extra = [x for k, v in network.items() for x in (f"--{k.replace('_', '-')}", str(v))]
+    report = cli_report(libra_cli, extra)
+    fused = sampler_fused({**PRICING, **network})
+    assert fused == [w["fused"] for w in report], (fused, report)
+    for f, w in zip(fused, report):
+        if w["candidate"] and w["gain"] <= 1:  # predicted slower: never fused
+            assert not f
+    # The case must tell the rules apart: the unpriced sampler fuses a window pricing declines.
+    assert any(w["candidate"] and not w["fused"] for w in report)
+    assert any(w["fused"] for w in report)
+    assert sampler_fused(None) == [w["candidate"] for w in report]
+
+
+def test_priced_sampler_bad_input():
+    for pricing, match in (({}, r"seq_len: required"), ({"seq_len": 65536, "gbs": 8}, r"gbs: set by the sampler"),
+                           ({"seq_len": 65536, "head_shards": [2, 4]}, r"head_shards: one value"),
+                           ({"seq_len": 65536, "bogus": 1}, r"bogus"), ([1], r"must be a dict")):
+        with pytest.raises(ValueError, match=match):
+            lt.PlacementBatchSampler(SEQS, GBS, DP, P, 0, mode="vrsp-elastic", elastic_pricing=pricing)
+    with pytest.raises(ValueError, match=r"elastic_pricing: only with mode 'vrsp-elastic'"):
+        lt.PlacementBatchSampler(SEQS, GBS, DP, P, 0, elastic_pricing=PRICING)
+
+
+def test_buddy_starts_follow_the_topology():
+    # Worked by hand in src/placement/elastic_test.cpp: pools of one node, 3 nodes per supernode.
+    assert libra._libra.buddy_domain_starts(6, 1, 2) == [0, 2, 4]
+    assert libra._libra.buddy_domain_starts(6, 1, 2, 8, 8, 3) == [0, 3]
+    assert tuple(libra._libra.pricing_topology('{"seq_len": 8, "cp": 8, "nodes_per_supernode": 3}')) == (8, 8, 3)
+
+
 def test_lightest_groups_are_bounded():
     assert lt_groups._lightest_subsets(4, 2) == [(0, 1), (0, 2), (0, 3), (1, 2), (1, 3), (2, 3)]
     assert len(lt_groups._lightest_subsets(11, 2)) == 55
@@ -71,6 +135,10 @@ def body_train(rank, world):
     kw = dict(seq_len=L, cp=CP, block_size=8, head_shards=2, heads_q=4, heads_kv=2, head_dim=16, chunks=2,
               dtype="fp32")
     out = {}
+    # With a pricing configuration the buddy groups sit on its topology: pools of 2 replicas x cp 2
+    # on an 8-GPU node pair into one node, positions (0, 1), the same group as without.
+    gp = lt.domain_groups(P, CP, k=2, elastic_pricing={"seq_len": L, "cp": CP})
+    out["priced_groups"] = (sorted(gp._by_positions), gp.of((0, 1))[1])
     for rule in ("buddy", "lightest"):
         g = lt.domain_groups(P, CP, k=2, rule=rule)
         sampler = lt.PlacementBatchSampler(SEQS, GBS, DP, P, replica, mode="vrsp-elastic", elastic_rule=rule)
@@ -104,7 +172,8 @@ def body_train(rank, world):
 
 def test_training_through_a_fused_domain_matches_plain_attention():
     results = spawn(body_train, CP * DP)
-    for r in results:
+    for rank, r in enumerate(results):
+        assert r["priced_groups"] == [[[0, 1]], rank], r["priced_groups"]
         for rule in ("buddy", "lightest"):
             x = r[rule]
             # Batch 0 of replicas 0-3 is the fused domain of pools 0 and 1; the rest run as pools.

@@ -6,7 +6,7 @@ import threading
 import numpy as np
 import torch
 
-from .. import PlacementSampler, _integer, _refuse
+from .. import PlacementSampler, _integer, _pricing_json, _refuse, priced_placement_sampler
 
 
 # What PlacementBatchSampler.domain(n) returns for a replica whose pool is fused in batch n.
@@ -36,10 +36,14 @@ class PlacementBatchSampler(torch.utils.data.Sampler):
     its GA step into one TAP domain: ``domain(n)`` says which (None when this replica's pool runs
     alone) and ``plan_pool(n)`` gives the sequences to plan, the domain's when fused.
     ``elastic_k``, ``elastic_threshold`` and ``elastic_rule`` are those of libra.place_window.
+    With ``elastic_pricing=`` (a dict of ``libra simulate --config`` keys: seq_len required, cp,
+    hardware, network, head_shards, block_sizes) a window fuses only where the cost model predicts
+    its optimizer step faster than VRSP's, the decision ``libra simulate --elastic`` reports for
+    that window (libra.priced_placement_sampler); without it, whenever a pool is above the threshold.
     """
 
     def __init__(self, sequences, gbs, dp, pool_size, dp_rank, mode="vrsp", seed=0, elastic_k=2,
-                 elastic_threshold=0.05, elastic_rule="buddy"):
+                 elastic_threshold=0.05, elastic_rule="buddy", elastic_pricing=None):
         where = "PlacementBatchSampler:"
         gbs, dp, pool_size, dp_rank, seed = (_integer(f"{where} {n}", v) for n, v in (
             ("gbs", gbs), ("dp", dp), ("pool_size", pool_size), ("dp_rank", dp_rank), ("seed", seed)))
@@ -54,6 +58,12 @@ class PlacementBatchSampler(torch.utils.data.Sampler):
             _refuse(f"{where} dp_rank {dp_rank}: must be in [0, dp = {dp})")
         self._args = (gbs, dp, pool_size, mode, seed)
         self._elastic = dict(elastic_k=elastic_k, elastic_threshold=elastic_threshold, elastic_rule=elastic_rule)
+        self._pricing = None
+        if elastic_pricing is not None:
+            if mode != "vrsp-elastic":
+                _refuse(f"{where} elastic_pricing: only with mode 'vrsp-elastic' (the mode is {mode!r})")
+            _pricing_json(elastic_pricing, where.rstrip(":"))  # one line now, not at the first batch
+            self._pricing = dict(elastic_pricing)
         self.mode = mode
         self._sequences = sequences
         self._core = self._make(sequences)
@@ -68,6 +78,9 @@ class PlacementBatchSampler(torch.utils.data.Sampler):
 
     def _make(self, sequences):
         try:
+            if self._pricing is not None:
+                gbs, dp, pool_size, _, seed = self._args
+                return priced_placement_sampler(sequences, gbs, dp, pool_size, self._pricing, seed, **self._elastic)
             return PlacementSampler(sequences, *self._args, **self._elastic)
         except ValueError as e:
             raise ValueError(f"PlacementBatchSampler: {e}") from None

@@ -6,6 +6,8 @@ import math
 
 import torch.distributed as dist
 
+from .. import _libra, _pricing_json
+
 
 _POOLS = {}  # id(group) -> (group, workers by group rank)
 
@@ -104,18 +106,23 @@ def _lightest_subsets(ppg, k):
     return [s for j in range(2, k + 1) for s in itertools.combinations(range(ppg), j)]
 
 
-def domain_groups(pool_size, cp, k=2, rule="buddy"):
+def domain_groups(pool_size, cp, k=2, rule="buddy", elastic_pricing=None):
     """Collective over the default group, once per job: this rank's pool group and its vrsp-elastic
     fused-domain groups, with its worker index in each.
 
     The buddy rule (docs/elastic.md) fuses pools at fixed positions of a GA step: a fused domain is
-    always the k * pool_size consecutive DP replicas [m*k*P, (m+1)*k*P), so its k * P * cp ranks form
+    (without elastic_pricing) always the k * pool_size consecutive DP replicas [m*k*P, (m+1)*k*P),
+    so its k * P * cp ranks form
     one static group, created here with every pool group. The domain worker of a rank is
     slot * cp + cp_rank, slot = its replica's place in the domain (slot s is slot s % P of the
     domain's pool s // P): the worker numbering of make_plan on the domain's k * P sequences.
     k is clamped to the DP / P pools of a GA step, as the placement clamps it; ranks past the last
     whole domain (DP / P not divisible by k) get domain None and domain_worker None: their pools
     never fuse.
+
+    With ``elastic_pricing`` (the dict given to PlacementBatchSampler) the buddy domains sit where
+    the priced sampler puts them on that configuration's topology: adjacent pools touching the
+    fewest supernodes, then nodes (libra::buddy_domain_starts); some pools may then never fuse.
 
     The lightest rule fuses whichever pools of a GA step are heaviest and lightest, so it needs a
     group for every set of 2 .. k of the step's DP / P pools: sum_j C(DP/P, j) groups, each rank in
@@ -137,9 +144,12 @@ def domain_groups(pool_size, cp, k=2, rule="buddy"):
     pool, pool_worker = _slot_groups(pool_size, cp, replicas, rank)
     if rule == "lightest":
         return DomainGroups(pool, pool_worker, None, None, _subset_groups(subsets, pool_size, cp, rank), rule)
-    domain, domain_worker = _slot_groups(k * pool_size, cp, replicas, rank)
-    by = {}
-    if domain is not None and k >= 2:
-        m = (rank // cp) // (k * pool_size)
-        by[tuple(range(m * k, (m + 1) * k))] = (domain, domain_worker)
+    topology = (0, 0, 0)
+    if elastic_pricing is not None:
+        topology = tuple(_libra.pricing_topology(_pricing_json(elastic_pricing, "domain_groups")))
+        if topology[0] != cp:
+            raise ValueError(f"domain_groups: cp {cp}: the elastic pricing configuration has cp {topology[0]}")
+    starts = _libra.buddy_domain_starts(ppg, pool_size, k, *topology)
+    by = _subset_groups([tuple(range(s, s + k)) for s in starts], pool_size, cp, rank)
+    domain, domain_worker = next(iter(by.values())) if by else (None, None)
     return DomainGroups(pool, pool_worker, domain, domain_worker, by, rule)
