@@ -29,6 +29,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "libra/status.hpp"
@@ -95,6 +96,16 @@ class Communicator {
 // Gathers a variable-size byte string from every rank on `root` (result is
 // empty on the other ranks). Collective.
 [[nodiscard]] Result<std::vector<std::string>> gather_strings(Communicator& comm, int root, const std::string& mine);
+// Ranks agree on `value`: on a difference every rank returns the same error
+// with `code`, "{what} across the N ranks: rank(s) 0,1,2 hold 5c0f...;
+// rank(s) 3 hold 91aa...; {hint}" (groups in the order of their lowest rank).
+[[nodiscard]] Status agree_on_value(Communicator& comm, std::uint64_t value, const std::string& what,
+                                    const std::string& hint, ErrorCode code);
+// The same for what an executor runs: a kMismatch "{what} fingerprint
+// mismatch across the N ranks: ...; every rank must build or load the same {what}".
+[[nodiscard]] Status agree_on_fingerprint(Communicator& comm, std::uint64_t fingerprint, const std::string& what);
+// FNV-1a of `bytes`: a value every rank computes alike, to agree on.
+[[nodiscard]] std::uint64_t fingerprint_of(std::string_view bytes);
 
 // ---- in-process ----------------------------------------------------------
 

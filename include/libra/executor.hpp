@@ -198,8 +198,4 @@ class Executor {
 [[nodiscard]] Result<std::unique_ptr<Executor>> make_schedule_executor(Communicator& pool, RankSchedule schedule,
                                                                        const ExecOptions& options);
 
-// Ranks agree on `fingerprint`: on a mismatch every rank returns the same
-// kMismatch error listing which ranks hold which value.
-[[nodiscard]] Status agree_on_fingerprint(Communicator& comm, std::uint64_t fingerprint, const std::string& what);
-
 }  // namespace libra

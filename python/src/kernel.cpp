@@ -14,10 +14,11 @@ namespace {
 // Kernel views: (data_ptr, dtype, rows, heads, head_dim, row_stride).
 using View = std::tuple<std::uintptr_t, std::string, I64, I64, I64, I64>;
 
+// libra.torch's CPU backend hands fp32 and bf16 views only.
 libra::kernel::DType kernel_dtype(const std::string& name) {
-  if (name == "fp32") return libra::kernel::DType::kF32;
-  if (name == "bf16") return libra::kernel::DType::kBF16;
-  bad("kernel dtype " + name + ": must be fp32 or bf16");
+  libra::Result<libra::DType> t = libra::parse_dtype(name);
+  if (!t.ok() || *t == libra::DType::kF16) bad("kernel dtype " + name + ": must be fp32 or bf16");
+  return *t;
 }
 
 // The kernel reads softmax_scale 0 as "1 / sqrt(head_dim)"; here None says that, and a real 0 (legal

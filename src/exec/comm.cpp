@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <optional>
 #include <string>
 #include <vector>
@@ -77,6 +78,33 @@ Status agree_on_status(Communicator& comm, const Status& local, const std::strin
 
 Result<std::vector<std::string>> gather_strings(Communicator& comm, int root, const std::string& mine) {
   return collect_strings(comm, mine, root);
+}
+
+Status agree_on_value(Communicator& comm, std::uint64_t value, const std::string& what, const std::string& hint,
+                      ErrorCode code) {
+  LIBRA_ASSIGN_OR_RETURN(std::vector<std::uint64_t> all, comm.allgather(value));
+  std::vector<std::pair<std::uint64_t, std::vector<int>>> groups;
+  for (std::size_t r = 0; r < all.size(); ++r) {
+    auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == all[r]; });
+    if (it == groups.end()) it = groups.insert(groups.end(), {all[r], {}});
+    it->second.push_back(static_cast<int>(r));
+  }
+  if (groups.size() == 1) return Status();
+  // Same text on every rank: built from the gathered values only.
+  std::vector<std::string> parts;
+  for (const auto& [v, ranks] : groups) parts.push_back(fmt::format("rank(s) {} hold {:016x}", fmt::join(ranks, ","), v));
+  return Error(code, fmt::format("{} across the {} ranks: {}; {}", what, all.size(), fmt::join(parts, "; "), hint));
+}
+
+Status agree_on_fingerprint(Communicator& comm, std::uint64_t fingerprint, const std::string& what) {
+  return agree_on_value(comm, fingerprint, what + " fingerprint mismatch", "every rank must build or load the same " + what,
+                        ErrorCode::kMismatch);
+}
+
+std::uint64_t fingerprint_of(std::string_view bytes) {
+  std::uint64_t h = 0xcbf29ce484222325ULL;
+  for (unsigned char c : bytes) h = (h ^ c) * 0x100000001b3ULL;
+  return h;
 }
 
 #ifndef LIBRA_HAVE_MPI

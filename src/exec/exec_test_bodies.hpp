@@ -170,44 +170,34 @@ inline PlanConfig case_config(const ExecCase& c) {
   return cfg;
 }
 
-// Runs forward and backward of one case and checks this rank's home
-// tensors against the naive double-precision reference on whole sequences.
+// Runs forward and backward of one case through run_check (the check
+// `libra exec` runs: every home gathered on rank 0 and compared there with
+// the naive double-precision reference on whole sequences); rank 0 returns
+// the verdict. A world of several pools runs one case per pool.
 inline Status exec_case(Communicator& comm, const ExecCase& c, TraceRecorder* trace = nullptr) {
-  const std::vector<PackedSequence> pool = random_pool(c.pool_seed, c.pool_size, c.seq_len);
-  PlanConfig cfg = case_config(c);
-  ExecOptions opts;
-  opts.trace = trace;
-  std::unique_ptr<Executor> ex;
-  if (c.mode == "ulysses-direct") {
-    LIBRA_ASSIGN_OR_RETURN(ex, make_ulysses_executor(comm, pool, cfg, opts));
-  } else {
-    LIBRA_ASSIGN_OR_RETURN(cfg.mode, parse_plan_mode(c.mode));
-    LIBRA_ASSIGN_OR_RETURN(Plan plan, make_plan(pool, cfg));
-    LIBRA_ASSIGN_OR_RETURN(ex, make_plan_executor(comm, plan, opts));
+  const int pools = comm.size() / (c.pool_size * c.cp);
+  const std::vector<PackedSequence> sequences = random_pool(c.pool_seed, c.pool_size * std::max(1, pools), c.seq_len);
+  CheckJob job;
+  job.config = case_config(c);
+  job.ulysses_direct = c.mode == "ulysses-direct";
+  if (!job.ulysses_direct) {
+    LIBRA_ASSIGN_OR_RETURN(job.config.mode, parse_plan_mode(c.mode));
   }
-  const int r = comm.rank();
-  std::vector<float> q = harness_home_tensor(c.data_seed, cfg, r, 0), k = harness_home_tensor(c.data_seed, cfg, r, 1),
-                     v = harness_home_tensor(c.data_seed, cfg, r, 2), d_o = harness_home_tensor(c.data_seed, cfg, r, 3);
-  LIBRA_ASSIGN_OR_RETURN(ForwardOutputs f, ex->forward({q, k, v}));
-  LIBRA_ASSIGN_OR_RETURN(BackwardOutputs g, ex->backward({q, k, v}, f, d_o));
-  const int slot = r / c.cp;
-  LIBRA_ASSIGN_OR_RETURN(SlotReference ref, harness_reference(c.data_seed, cfg, pool[static_cast<std::size_t>(slot)], slot));
-  const std::int64_t qw = c.heads_q * c.head_dim, kw = c.heads_kv * c.head_dim;
+  job.sequences = sequences;
+  job.pool_size = c.pool_size;
+  job.seed = c.data_seed;
+  job.reference = ReferenceKind::kNaive;
+  job.trace = trace;
+  LIBRA_ASSIGN_OR_RETURN(CheckReport report, run_check(comm, job));
   const Tolerance tol = tolerance_for(c.dtype);
-  struct Check {
-    const char* name;
-    ErrorStats e;
-    double tol;
-  };
-  const Check checks[] = {
-      {"O", compare_home(f.o, ref.o, cfg, r, qw), tol.o},      {"LSE", compare_home(f.lse, ref.lse, cfg, r, c.heads_q), tol.lse},
-      {"dQ", compare_home(g.dq, ref.dq, cfg, r, qw), tol.dq},  {"dK", compare_home(g.dk, ref.dk, cfg, r, kw), tol.dk},
-      {"dV", compare_home(g.dv, ref.dv, cfg, r, kw), tol.dv},
-  };
-  for (const Check& ch : checks) {
-    if (!(ch.e.rel() <= ch.tol)) {
-      return internal_error(fmt::format("{}: rank {}: {} max abs error {:.3g} (relative {:.3g}) exceeds tolerance {:.1g}",
-                                        c.name(), r, ch.name, ch.e.max_abs, ch.e.rel(), ch.tol));
+  const double tols[kCheckedTensors] = {tol.o, tol.lse, tol.dq, tol.dk, tol.dv};
+  for (const PoolResult& p : report.pool_results) {
+    for (int i = 0; i < kCheckedTensors; ++i) {
+      const ErrorStats& e = p.errors[static_cast<std::size_t>(i)];
+      if (!(e.rel() <= tols[i])) {
+        return internal_error(fmt::format("{}: pool {}: {} max abs error {:.3g} (relative {:.3g}) exceeds tolerance {:.1g}",
+                                          c.name(), p.pool, kCheckedTensorNames[i], e.max_abs, e.rel(), tols[i]));
+      }
     }
   }
   return Status();
@@ -239,8 +229,7 @@ inline Status mismatch_case(Communicator& comm, const ExecCase& c) {
     return internal_error(fmt::format("rank {}: unexpected error for a mismatched plan: {}", comm.rank(), msg));
   }
   // Every rank holds the same text: compare a hash of it.
-  std::uint64_t h = 1469598103934665603ULL;
-  for (char ch : msg) h = (h ^ static_cast<unsigned char>(ch)) * 1099511628211ULL;
+  const std::uint64_t h = fingerprint_of(msg);
   LIBRA_ASSIGN_OR_RETURN(std::vector<std::uint64_t> all, comm.allgather(h));
   for (std::uint64_t x : all) {
     if (x != h) return internal_error(fmt::format("rank {}: ranks report different mismatch messages", comm.rank()));

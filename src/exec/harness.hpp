@@ -3,18 +3,27 @@
 //
 // Defines deterministic home tensors for any worker, a whole-sequence
 // reference of plain attention per slot, error metrics of a home against
-// it, and the tolerances the tests and --check apply.
+// it, the tolerances the tests and --check apply, and the distributed check
+// itself (run_check): the one function `libra exec`, the MPI test program
+// and the in-process executor tests run.
 //
 //   std::vector<float> q = libra::harness_home_tensor(seed, cfg, rank, 0);
 //   libra::Result<libra::SlotReference> ref = libra::harness_reference(seed, cfg, pool[slot], slot);
 //   libra::ErrorStats e = libra::compare_home(out.o, ref->o, row_begin, rows, heads_q * head_dim);
 //   bool ok = e.rel() <= libra::tolerance_for(cfg.shape.dtype).o;
+//   libra::Result<libra::CheckReport> r = libra::run_check(world, job);   // collective
 #pragma once
 
+#include <array>
 #include <cstdint>
+#include <functional>
+#include <optional>
 #include <span>
+#include <string>
 #include <vector>
 
+#include "libra/comm.hpp"
+#include "libra/executor.hpp"
 #include "libra/plan.hpp"
 #include "libra/status.hpp"
 
@@ -67,5 +76,66 @@ struct Tolerance {
   double o, lse, dq, dk, dv;
 };
 Tolerance tolerance_for(DType dtype);
+
+// ---- the distributed check --------------------------------------------------
+
+// One job of pools side by side on `world`: the world splits into pools of
+// W = P x CP ranks (numbered inside a pool as the contract numbers workers),
+// each runs forward and backward through an executor on deterministic data
+// and, with `check`, gathers every home on its pool's rank 0, which compares
+// each slot with the whole-sequence reference.
+struct CheckJob {
+  PlanConfig config;              // plan: the plan's own config
+  bool ulysses_direct = false;    // the Ulysses baseline executor (make_ulysses_executor), no plan
+  const Plan* plan = nullptr;     // a saved plan every pool runs (its pool, not `sequences`)
+  // Pool k of the job is sequences [(first_pool + k) * P, (first_pool + k + 1) * P).
+  std::span<const PackedSequence> sequences;
+  std::string source = "pool";    // names the sequences in errors
+  std::int64_t first_pool = 0;
+  int pool_size = 0;              // P; 0: world size / cp
+  std::uint64_t seed = 1;         // pool k's data seed: seed * 1000003 + first_pool + k
+  int threads = 1;                // kernel threads per rank
+  int repeat = 1;                 // forward + backward runs on one executor; the last is timed and checked
+  bool check = true;
+  std::optional<ReferenceKind> reference;  // none: naive fp64 unless a slot is too large for it
+  TraceRecorder* trace = nullptr;
+  // A rank's own failure once the pools run, while its peers may wait on it
+  // (`libra exec` ends the job here). Every error run_check returns without
+  // passing through on_fatal is the same on every rank.
+  std::function<void(const Error&)> on_fatal;
+};
+
+inline constexpr int kCheckedTensors = 5;  // O, LSE, dQ, dK, dV
+inline constexpr const char* kCheckedTensorNames[kCheckedTensors] = {"O", "LSE", "dQ", "dK", "dV"};
+
+struct PoolResult {
+  std::int64_t pool = 0;  // index in the source (0 for a saved plan)
+  std::int64_t samples = 0;
+  std::vector<std::int64_t> tokens_per_slot;
+  bool planned = false;   // the plan figures below are set
+  std::int64_t tiles = 0, comm_bytes = 0;
+  double imbalance = 0;
+  std::array<ErrorStats, kCheckedTensors> errors{};  // over the pool's homes (check)
+  ReferenceKind reference = ReferenceKind::kNaive;   // the weaker one when a pool mixes them
+};
+
+struct MaxMean {
+  double max = 0, mean = 0;  // over the world's ranks
+};
+
+struct CheckReport {
+  int ranks = 0, pool_ranks = 0, pool_size = 0, pools = 0;
+  MaxMean forward_wall, forward_compute, backward_wall, backward_compute;
+  // The executor's own thread CPU time outside the kernel over its kernel CPU time.
+  MaxMean forward_own, backward_own;
+  std::vector<PoolResult> pool_results;  // every pool, on world rank 0 only
+};
+
+// Collective over `world`.
+[[nodiscard]] Result<CheckReport> run_check(Communicator& world, const CheckJob& job);
+
+// Pool `index` of P sequences from `all` (sequences [index * P, (index + 1) * P)); `source` names `all` in the error.
+[[nodiscard]] Result<std::vector<PackedSequence>> draw_pool(std::span<const PackedSequence> all, const std::string& source,
+                                                            std::int64_t index, int P);
 
 }  // namespace libra

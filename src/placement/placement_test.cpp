@@ -11,6 +11,7 @@
 #include <numeric>
 #include <vector>
 
+#include "placement/internal.hpp"
 #include "placement/random.hpp"
 
 namespace libra {
@@ -233,6 +234,51 @@ RC_GTEST_PROP(VrspRefine, StopsAtTheBoundOrWhereNoSwapHelps, ()) {
       }
     }
   }
+}
+
+// A window of `n` workloads spread evenly over [1, 2^40] from a fixed seed:
+// no sequence dominates, so the lower bound is the mean load, which
+// integer loads almost never reach exactly, and nearly every swap that
+// lowers the heaviest pool leaves another just as heavy to work on.
+std::vector<std::int64_t> even_window(std::size_t n, std::uint64_t seed) {
+  std::vector<std::int64_t> w(n);
+  std::uint64_t state = seed;
+  for (auto& f : w) f = 1 + static_cast<std::int64_t>(detail::uniform_below(state, std::uint64_t{1} << 40));
+  return w;
+}
+
+// Issue 21: vrsp-refine scanned every pool per swap with no limit, so its
+// pair checks grew with the square of the window (GBS 131,072 took 37 s,
+// 1,048,576 did not finish). Every refinement now stops at a bound on the
+// pool pairs it examines (kMaxPairEvaluations in place_window). This window
+// needs about 7M unbounded, so bounds of 2^16 and 2^20 are both reached;
+// with the bound's checks removed the test fails (7.0M > 2^16).
+TEST(VrspRefine, PairChecksNeverExceedTheBound) {
+  const std::vector<std::int64_t> w = even_window(16384, 21);
+  const std::int64_t p = 8, scan = static_cast<std::int64_t>(w.size()) / p - 1;
+  const auto vrsp = place(w, p, PlacementMode::kVrsp);
+  for (std::int64_t bound : {std::int64_t{1} << 16, std::int64_t{1} << 20}) {
+    const auto run = detail::place_vrsp_refine_counted(w, p, bound);
+    ASSERT_EQ(run.pairs.size(), 2U);  // from VRSP, then from balanced differencing
+    for (std::int64_t pairs : run.pairs) EXPECT_LE(pairs, bound);
+    EXPECT_GT(run.pairs[0], bound - scan) << "the window must need more pair checks than the bound";
+    // Stopped early, it is still a placement and never worse than VRSP.
+    std::vector<std::int32_t> all;
+    for (const auto& pool : run.pools) {
+      EXPECT_EQ(static_cast<std::int64_t>(pool.size()), p);
+      all.insert(all.end(), pool.begin(), pool.end());
+    }
+    std::sort(all.begin(), all.end());
+    for (std::size_t i = 0; i < all.size(); ++i) ASSERT_EQ(all[i], static_cast<std::int32_t>(i));
+    const auto loads = detail::pool_loads(run.pools, w);
+    EXPECT_LE(*std::max_element(loads.begin(), loads.end()),
+              *std::max_element(vrsp.loads.begin(), vrsp.loads.end()));
+  }
+  // place_window is this refinement under kMaxPairEvaluations.
+  const std::vector<std::int64_t> small = even_window(4096, 5);
+  const auto run = detail::place_vrsp_refine_counted(small, p);
+  for (std::int64_t pairs : run.pairs) EXPECT_LE(pairs, detail::kMaxPairEvaluations);
+  EXPECT_EQ(place(small, p, PlacementMode::kVrspRefine).pools, run.pools);
 }
 
 RC_GTEST_PROP(ZigzagSwap, NeverWorseThanZigzagAndStopsAtAFixedPoint, ()) {

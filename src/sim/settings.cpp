@@ -10,6 +10,7 @@
 #include <variant>
 
 #include "core/decimal.hpp"
+#include "libra/dtype.hpp"
 #include "libra/simulator.hpp"
 
 namespace libra {
@@ -177,10 +178,9 @@ const std::vector<Entry>& entries() {
        LIBRA_INT(model.elem_bytes)},
       {{"dtype", "--dtype", T::kString, "bf16 (default), fp16 or fp32: sets --elem-bytes"},
        [](SimConfig& c, const Value& v, const std::string& where) -> Status {
-         const std::string& d = as<std::string>(v);
-         if (d == "bf16" || d == "fp16") c.model.elem_bytes = 2;
-         else if (d == "fp32") c.model.elem_bytes = 4;
-         else return invalid_input(where + ": must be bf16, fp16 or fp32");
+         Result<DType> d = parse_dtype(as<std::string>(v));
+         if (!d.ok()) return invalid_input(where + ": must be bf16, fp16 or fp32");
+         c.model.elem_bytes = dtype_bytes(*d);
          return {};
        },
        [](const SimConfig& c) { return nlohmann::ordered_json(c.model.elem_bytes == 4 ? "fp32" : "bf16"); }},

@@ -50,18 +50,14 @@ int run(const std::string& what) {
     report("mismatch", exec_test::mismatch_case(world, c));
   }
   if (what == "pools") {
-    // Pools of W = 4 (P = 2, CP = 2) split from the world, as `libra exec`
-    // splits a job: ranks numbered inside a pool as the contract numbers workers.
-    auto pool = world.split(world.rank() / 4, world.rank());
-    if (!pool.ok()) {
-      report("split", pool.error());
-    } else {
-      exec_test::ExecCase c;
-      c.pool_seed = 100 + static_cast<std::uint64_t>(world.rank() / 4);  // each pool its own sequences
-      c.chunks = 2;
-      c.heads_q = 8;
-      report(fmt::format("pool {} of {}", world.rank() / 4, w / 4), exec_test::exec_case(**pool, c));
-    }
+    // Pools of W = 4 (P = 2, CP = 2) side by side, as `libra exec` runs a
+    // job: run_check splits the world, ranks numbered inside a pool as the
+    // contract numbers workers, each pool its own sequences.
+    exec_test::ExecCase c;
+    c.pool_seed = 100;
+    c.chunks = 2;
+    c.heads_q = 8;
+    report(fmt::format("{} pools of W = 4", w / 4), exec_test::exec_case(world, c));
   }
   if (what == "mpi-pools") {
     // The same, with the pools made by the caller's own MPI_Comm_split and

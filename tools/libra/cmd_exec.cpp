@@ -2,7 +2,9 @@
 // distributed executor, under mpirun or as in-process ranks, and check it
 // against a single-process reference) and `libra bench exec` (per-worker
 // compute time with the real kernel, straggler per mode, speedups over
-// Ulysses).
+// Ulysses). The distributed check itself is the harness's run_check
+// (src/exec/harness.hpp), which the executor tests run too; this file holds
+// the flags and the printing.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -11,16 +13,12 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <iostream>
 #include <memory>
 #include <new>
 #include <nlohmann/json.hpp>
-#include <numeric>
 #include <optional>
-#include <sstream>
 #include <string>
-#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -36,25 +34,17 @@
 namespace libra::cli {
 namespace {
 
-struct ShapeOptions {
+// The flags that choose a pool and its shape, shared by `exec` and `bench exec`.
+struct PoolFlags {
   std::string source = "builtin:paper-1m";
-  PlanFlags flags;  // as given; the fields below are resolved from them (or a --plan file)
-  std::int64_t seq_len = 0;
-  int cp = 0;
-  std::int64_t block = 0;
-  int head_shards = 0;
-  int heads_q = 0, heads_kv = 0, head_dim = 0;
-  std::string dtype = "bf16";
-  std::optional<std::int64_t> window;
-  double tau = 0.03;
-  int chunks = 1;
+  PlanFlags flags;
   int pool_size = 0;     // 0: ranks / cp (exec), 4 (bench)
   std::int64_t pool_index = 0;
   int threads = 1;
 };
 
 struct ExecOptionsCli {
-  ShapeOptions shape;
+  PoolFlags pool;
   std::string mode = "tap";
   std::uint64_t seed = 1;
   bool check = false;
@@ -77,13 +67,13 @@ constexpr int kMaxRepeat = 100000;
 constexpr int kMaxThreads = 1024;  // the kernel's own limit
 
 struct BenchOptionsCli {
-  ShapeOptions shape;
+  PoolFlags pool;
   int pools = 4;
   bool backward = false;
   int repeat = 1;
 };
 
-std::vector<const CLI::Option*> add_shape_options(CLI::App* sub, ShapeOptions& o, bool bench) {
+std::vector<const CLI::Option*> add_pool_flags(CLI::App* sub, PoolFlags& o, bool bench) {
   std::vector<const CLI::Option*> pool_flags;
   pool_flags.push_back(sub->add_option("source", o.source, "pool: JSON Lines file (one packed sequence per line) or "
                                                            "builtin:NAME, whose sequences are scaled to --seq-len"));
@@ -95,21 +85,6 @@ std::vector<const CLI::Option*> add_shape_options(CLI::App* sub, ShapeOptions& o
       sub->add_option("--pool-index", o.pool_index, "first pool drawn from the source: sequences [index*P, ...)"));
   sub->add_option("--threads", o.threads, "kernel threads per rank");
   return pool_flags;
-}
-
-// The resolved shape fields of `so` from a configuration (flags or a plan file).
-void adopt_config(ShapeOptions& so, const PlanConfig& c) {
-  so.seq_len = c.seq_len;
-  so.cp = c.cp;
-  so.block = c.block_size;
-  so.head_shards = c.head_shards;
-  so.heads_q = c.shape.heads_q;
-  so.heads_kv = c.shape.heads_kv;
-  so.head_dim = c.shape.head_dim;
-  so.dtype = dtype_name(c.shape.dtype);
-  so.window = c.shape.window == kFullCausal ? std::nullopt : std::optional<std::int64_t>(c.shape.window);
-  so.tau = c.tau;
-  so.chunks = c.chunks;
 }
 
 // Packed sequences of the source at --seq-len. A built-in corpus made for
@@ -138,16 +113,6 @@ Result<std::vector<PackedSequence>> load_scaled(const std::string& source, std::
   return packed;
 }
 
-Result<std::vector<PackedSequence>> draw_pool(const std::vector<PackedSequence>& all, const std::string& source,
-                                              std::int64_t index, int P) {
-  const std::int64_t first = index * P;
-  if (index < 0 || first + P > static_cast<std::int64_t>(all.size())) {
-    return invalid_input(fmt::format("{}: pool {} needs sequences [{}, {}) but the source has {}", source, index, first,
-                                     first + P, all.size()));
-  }
-  return std::vector<PackedSequence>(all.begin() + first, all.begin() + first + P);
-}
-
 Status check_threads(int threads) {
   if (threads < 1 || threads > kMaxThreads) {
     return invalid_input(fmt::format("--threads {}: must be in [1, {}]", threads, kMaxThreads));
@@ -155,64 +120,14 @@ Status check_threads(int threads) {
   return Status();
 }
 
-// FNV-1a: a fingerprint of bytes that every rank computes alike.
-std::uint64_t fnv1a(std::string_view bytes, std::uint64_t h = 0xcbf29ce484222325ULL) {
-  for (unsigned char c : bytes) h = (h ^ c) * 0x100000001b3ULL;
-  return h;
-}
-
-// Every rank's fingerprint equal, else one error naming the groups of ranks
-// that hold each (the same text on every rank: built from gathered values).
-Status agree_on(Communicator& world, std::uint64_t mine, const std::string& what, const std::string& hint) {
-  LIBRA_ASSIGN_OR_RETURN(std::vector<std::uint64_t> all, world.allgather(mine));
-  std::vector<std::pair<std::uint64_t, std::vector<int>>> groups;
-  for (std::size_t r = 0; r < all.size(); ++r) {
-    auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == all[r]; });
-    if (it == groups.end()) {
-      groups.push_back({all[r], {static_cast<int>(r)}});
-    } else {
-      it->second.push_back(static_cast<int>(r));
-    }
-  }
-  if (groups.size() == 1) return Status();
-  std::vector<std::string> parts;
-  for (const auto& [fp, ranks] : groups) parts.push_back(fmt::format("rank(s) {} hold {:016x}", fmt::join(ranks, ","), fp));
-  return invalid_input(fmt::format("{} differ across the {} ranks: {}; {}", what, all.size(), fmt::join(parts, "; "), hint));
-}
-
-// The configuration of the flags for one executor mode; also fills the
-// resolved shape fields of `o`.
-Result<PlanConfig> make_config(ShapeOptions& o, const std::string& mode) {
+// The configuration of the flags for one executor mode.
+Result<PlanConfig> make_config(const PoolFlags& o, const std::string& mode) {
   LIBRA_ASSIGN_OR_RETURN(PlanConfig cfg, plan_config_from(o.flags));
   LIBRA_TRY(check_threads(o.threads));
-  const std::string plan_mode = mode == "ulysses" ? "ulysses" : (mode == "ulysses-plan" ? "ulysses" : mode);
-  LIBRA_ASSIGN_OR_RETURN(cfg.mode, parse_plan_mode(plan_mode));
+  LIBRA_ASSIGN_OR_RETURN(cfg.mode, parse_plan_mode(mode == "ulysses-plan" ? "ulysses" : mode));
   if (mode == "ulysses") cfg.chunks = 1;
   LIBRA_TRY(name_preset_fields(o.flags, validate_plan_config(cfg)));
-  adopt_config(o, cfg);
   return cfg;
-}
-
-std::uint64_t bits_of(double x) {
-  std::uint64_t u;
-  std::memcpy(&u, &x, 8);
-  return u;
-}
-double double_of(std::uint64_t u) {
-  double x;
-  std::memcpy(&x, &u, 8);
-  return x;
-}
-
-// Max and mean over ranks of a per-rank value.
-Result<std::pair<double, double>> max_mean(Communicator& comm, double x) {
-  LIBRA_ASSIGN_OR_RETURN(std::vector<std::uint64_t> all, comm.allgather(bits_of(x)));
-  double mx = 0, sum = 0;
-  for (std::uint64_t u : all) {
-    mx = std::max(mx, double_of(u));
-    sum += double_of(u);
-  }
-  return std::make_pair(mx, sum / static_cast<double>(all.size()));
 }
 
 std::string bytes_text(std::int64_t b) {
@@ -249,11 +164,9 @@ bool in_process_ranks() { return g_in_process; }
   std::abort();  // not reached: abort ends the job
 }
 
-// Every rank learns of a failure and of the same message (the lowest failed
-// rank's, naming the ranks); world rank 0 alone prints it, so the job prints
-// one line however many ranks failed. kExitOk when no rank failed.
-int fail_on_all_ranks(Communicator& world, const Status& local) {
-  const Status agreed = agree_on_status(world, local, "libra exec");
+// The exit status of a status every rank holds alike (agreed): world rank 0
+// alone prints it, so the job prints one line however many ranks failed.
+int finish_agreed(Communicator& world, const Status& agreed) {
   if (agreed.ok()) return kExitOk;
   // The agreement itself timed out: a peer went silent, and rank 0 may be
   // the one, so this ends the job like any silent peer.
@@ -262,231 +175,81 @@ int fail_on_all_ranks(Communicator& world, const Status& local) {
   return agreed.error().code() == ErrorCode::kInternal ? kExitFailure : kExitUsage;
 }
 
-// The body every rank runs. Returns the exit status; only world rank 0
-// prints.
-int exec_rank(Communicator& world, const ExecOptionsCli& opt) {
+// Every rank learns of a failure and of the same message (the lowest failed
+// rank's, naming the ranks). kExitOk when no rank failed.
+int fail_on_all_ranks(Communicator& world, const Status& local) {
+  return finish_agreed(world, agree_on_status(world, local, "libra exec"));
+}
+
+// World rank 0's report of a finished run: the run, every pool, the
+// timings, the trace and the check.
+int print_report(Communicator& world, const ExecOptionsCli& opt, const PlanConfig& cfg, const std::string& source,
+                 double scale, const CheckReport& r, const TraceRecorder& trace) {
   const bool root = world.rank() == 0;
-  ShapeOptions so = opt.shape;
-  detail::set_fault_rank(world.rank());
-
-  // Agreement before work: ranks started with different flags would build
-  // different schedules and wait on messages that never come.
-  std::string args;
-  for (const std::string& a : command_line()) args += a + '\0';
-  if (int rc = fail_on_all_ranks(world, agree_on(world, fnv1a(args), "the command lines",
-                                                 "start every rank with the same flags"));
-      rc != kExitOk) {
-    return rc;
-  }
-
-  // Configuration and pool: every rank derives the same from the flags, or
-  // loads the same plan file (which carries both).
-  std::optional<Plan> saved;
-  if (!opt.plan.empty()) {
-    Result<Plan> p = load_plan(opt.plan);
-    if (int rc = fail_on_all_ranks(world, p.status()); rc != kExitOk) return rc;
-    saved = *p;
-    adopt_config(so, saved->config());
-    so.pool_size = saved->pool_size();
-    so.source = opt.plan;
-  }
-  Result<PlanConfig> cfg = saved ? Result<PlanConfig>(saved->config()) : make_config(so, opt.mode);
-  if (int rc = fail_on_all_ranks(world, cfg.status()); rc != kExitOk) return rc;
-  const int W = world.size();
-  const int P = so.pool_size > 0 ? so.pool_size : W / so.cp;
-  Status layout;
-  if (so.pool_size > 0 && W % (P * so.cp) != 0) {
-    layout = invalid_input(fmt::format("{} ranks: must be a multiple of --pool-size {} x --cp {} = {} (one pool of W = "
-                                       "P x CP ranks, or several side by side)",
-                                       W, P, so.cp, P * so.cp));
-  } else if (so.pool_size <= 0 && W < so.cp) {
-    layout = invalid_input(fmt::format("{} rank(s): fewer than --cp {}; one pool needs --pool-size x --cp ranks", W, so.cp));
-  } else if (so.pool_size <= 0 && W % so.cp != 0) {
-    layout = invalid_input(fmt::format("{} ranks: must be a multiple of --cp {} (--pool-size defaults to ranks / cp)", W,
-                                       so.cp));
-  }
-  if (int rc = fail_on_all_ranks(world, layout); rc != kExitOk) return rc;
-  const int Wp = P * so.cp;
-  const int pools = W / Wp;
-  const int pool_id = world.rank() / Wp;
-
-  double scale = 1.0;
-  Result<std::vector<PackedSequence>> all =
-      saved ? Result<std::vector<PackedSequence>>(std::vector<PackedSequence>(saved->pool().begin(), saved->pool().end()))
-            : load_scaled(so.source, so.seq_len, &scale);
-  Result<std::vector<PackedSequence>> pool = all.ok() ? draw_pool(*all, so.source, saved ? 0 : so.pool_index + pool_id, P)
-                                                      : Result<std::vector<PackedSequence>>(all.error());
-  if (int rc = fail_on_all_ranks(world, pool.status()); rc != kExitOk) return rc;
-  {
-    // The same flags may still read different files on different machines.
-    std::string bytes = saved ? fmt::format("{:016x}", saved->fingerprint()) : std::string();
-    for (const PackedSequence& seq : *all) {
-      bytes += fmt::format("{};", fmt::join(seq, ","));
-    }
-    if (int rc = fail_on_all_ranks(world, agree_on(world, fnv1a(bytes), so.source + ": the inputs read",
-                                                   "every rank must read the same file"));
-        rc != kExitOk) {
-      return rc;
-    }
-  }
-
-  // The pool communicator: ranks numbered as the contract numbers workers.
-  Result<std::unique_ptr<Communicator>> pool_comm = world.split(pool_id, world.rank());
-  if (int rc = fail_on_all_ranks(world, pool_comm.status()); rc != kExitOk) return rc;
-  Communicator& pc = **pool_comm;
-
-  TraceRecorder trace;
-  ExecOptions eo;
-  eo.threads = so.threads;
-  eo.trace = opt.trace.empty() ? nullptr : &trace;
-  std::optional<Plan> plan;
-  Result<std::unique_ptr<Executor>> ex = internal_error("no executor");
-  if (saved) {
-    plan = *saved;
-    ex = make_plan_executor(pc, *plan, eo);
-  } else if (opt.mode == "ulysses") {
-    ex = make_ulysses_executor(pc, *pool, *cfg, eo);
-  } else {
-    Result<Plan> p = make_plan(*pool, *cfg);
-    if (p.ok()) {
-      plan = *p;
-      ex = make_plan_executor(pc, *plan, eo);
-    } else {
-      ex = p.error();
-    }
-  }
-  if (int rc = fail_on_all_ranks(world, ex.status()); rc != kExitOk) return rc;
-
-  const std::uint64_t data_seed = opt.seed * 1000003ULL + static_cast<std::uint64_t>(so.pool_index + pool_id);
-  const int r = pc.rank();
-  const std::vector<float> q = harness_home_tensor(data_seed, *cfg, r, 0), k = harness_home_tensor(data_seed, *cfg, r, 1),
-                           v = harness_home_tensor(data_seed, *cfg, r, 2), d_o = harness_home_tensor(data_seed, *cfg, r, 3);
-
-  // --repeat: the executor is reused as a model reuses it across layers;
-  // the last run is timed and checked (earlier ones pay first-touch costs).
-  // Outputs live in buffers kept across runs, as a training framework's
-  // caching allocator keeps them, so later runs time attention, not page
-  // faults.
-  Result<ForwardOutputs> f = ForwardOutputs{std::vector<float>((*ex)->q_elements()), std::vector<float>((*ex)->lse_elements())};
-  Result<BackwardOutputs> g = BackwardOutputs{std::vector<float>((*ex)->q_elements()),
-                                              std::vector<float>((*ex)->kv_elements()),
-                                              std::vector<float>((*ex)->kv_elements())};
-  // A bf16 or fp16 plan gets its tensors in its own type, as a model in
-  // that type holds them, so the timed runs convert nothing.
-  const DType dt = cfg->shape.dtype;
-  auto in_type = [&](const std::vector<float>& x) {
-    std::vector<std::uint16_t> b(dt == DType::kF32 ? 0 : x.size());
-    if (!b.empty()) store_all_from_f32(x.data(), static_cast<std::int64_t>(x.size()), dt, b.data());
-    return b;
-  };
-  const std::vector<std::uint16_t> q16 = in_type(q), k16 = in_type(k), v16 = in_type(v), d_o16 = in_type(d_o);
-  std::vector<std::uint16_t> o16(dt == DType::kF32 ? 0 : f->o.size());
-  auto home = [&](const std::vector<float>& x32, const std::vector<std::uint16_t>& x16) {
-    return dt == DType::kF32 ? HomeTensor(x32) : HomeTensor(x16, dt);
-  };
-  const AttentionInputs inputs{home(q, q16), home(k, k16), home(v, v16)};
-  const HomeOutput o_out = dt == DType::kF32 ? HomeOutput(f->o) : HomeOutput(o16, dt);
-  double fwd_wall = 0, bwd_wall = 0, fwd_compute = 0, bwd_compute = 0;
-  PassStats fwd_stats, bwd_stats;
-  for (int rep = 0; rep < opt.repeat; ++rep) {
-    if (Status s = world.barrier(); !s.ok()) abort_job(world, s.error());
-    auto t0 = std::chrono::steady_clock::now();
-    if (Status s = (*ex)->forward_into(inputs, {o_out, f->lse}); !s.ok()) abort_job(world, s.error());
-    fwd_wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    fwd_compute = (*ex)->last_compute_seconds();
-    fwd_stats = (*ex)->last_stats();
-    t0 = std::chrono::steady_clock::now();
-    if (Status s = (*ex)->backward_into(inputs, home(f->o, o16), f->lse, home(d_o, d_o16), {g->dq, g->dk, g->dv}); !s.ok()) {
-      abort_job(world, s.error());
-    }
-    bwd_wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    bwd_compute = (*ex)->last_compute_seconds();
-    bwd_stats = (*ex)->last_stats();
-  }
-  // The executor's own CPU work per rank (packing, unpacking, conversions)
-  // relative to its kernel CPU time.
-  auto own = [](const PassStats& s) { return s.kernel_cpu > 0 ? (s.cpu - s.kernel_cpu) / s.kernel_cpu : 0.0; };
-  auto fo = max_mean(world, own(fwd_stats)), bo = max_mean(world, own(bwd_stats));
-  if (!fo.ok() || !bo.ok()) abort_job(world, internal_error("allgather of timings failed"));
-
-  auto fw = max_mean(world, fwd_wall), fc = max_mean(world, fwd_compute), bw = max_mean(world, bwd_wall),
-       bc = max_mean(world, bwd_compute);
-  if (!fw.ok() || !fc.ok() || !bw.ok() || !bc.ok()) abort_job(world, internal_error("allgather of timings failed"));
-
-  // Nothing is printed or written before this point, so a rank failing
-  // here leaves no partial output.
-  if (Status s = detail::fault_point(detail::FaultPoint::kOutput); !s.ok()) abort_job(world, s.error());
-
-  // Every pool's figures, gathered on world rank 0 from the pool roots, so a
-  // multi-pool run reports every pool, not pool 0 alone.
-  std::string desc;
-  if (pc.rank() == 0) {
-    nlohmann::json d;
-    std::vector<std::int64_t> tokens;
-    std::size_t samples = 0;
-    for (const auto& seq : *pool) {
-      tokens.push_back(std::accumulate(seq.begin(), seq.end(), std::int64_t{0}));
-      samples += seq.size();
-    }
-    d["pool"] = saved ? 0 : so.pool_index + pool_id;
-    d["samples"] = samples;
-    d["tokens_per_slot"] = tokens;
-    if (plan) {
-      d["tiles"] = plan->tiles().size();
-      d["imbalance"] = plan->imbalance();
-      d["comm_bytes"] = plan->comm_bytes();
-    }
-    desc = d.dump();
-  }
-  Result<std::vector<std::string>> descs = gather_strings(world, 0, desc);
-  if (!descs.ok()) abort_job(world, descs.error());
   nlohmann::ordered_json report;
   std::vector<nlohmann::json> pool_info;
+  for (const PoolResult& p : r.pool_results) {
+    nlohmann::json d;
+    d["pool"] = p.pool;
+    d["samples"] = p.samples;
+    d["tokens_per_slot"] = p.tokens_per_slot;
+    if (p.planned) {
+      d["tiles"] = p.tiles;
+      d["imbalance"] = p.imbalance;
+      d["comm_bytes"] = p.comm_bytes;
+    }
+    pool_info.push_back(d);
+  }
+  const std::string dtype = dtype_name(cfg.shape.dtype);
+  const bool windowed = cfg.shape.window != kFullCausal;
+  const int threads = opt.pool.threads;
   if (root) {
-    for (int p = 0; p < pools; ++p) pool_info.push_back(nlohmann::json::parse((*descs)[static_cast<std::size_t>(p * Wp)]));
-    const std::string mode_text = saved ? fmt::format("{} (plan {})", plan_mode_name(cfg->mode), opt.plan) : opt.mode;
+    const std::string mode_text = opt.plan.empty() ? opt.mode : fmt::format("{} (plan {})", plan_mode_name(cfg.mode), opt.plan);
     if (opt.json) {
-      report["ranks"] = W;
-      report["pool_ranks"] = Wp;
-      report["pool_size"] = P;
-      report["cp"] = so.cp;
+      report["ranks"] = r.ranks;
+      report["pool_ranks"] = r.pool_ranks;
+      report["pool_size"] = r.pool_size;
+      report["cp"] = cfg.cp;
       report["mode"] = mode_text;
-      report["chunks"] = cfg->chunks;
-      report["seq_len"] = so.seq_len;
-      report["heads_q"] = so.heads_q;
-      report["heads_kv"] = so.heads_kv;
-      report["head_dim"] = so.head_dim;
-      report["dtype"] = so.dtype;
-      report["window"] = so.window ? nlohmann::ordered_json(*so.window) : nlohmann::ordered_json(nullptr);
-      report["threads"] = so.threads;
-      report["source"] = so.source;
+      report["chunks"] = cfg.chunks;
+      report["seq_len"] = cfg.seq_len;
+      report["heads_q"] = cfg.shape.heads_q;
+      report["heads_kv"] = cfg.shape.heads_kv;
+      report["head_dim"] = cfg.shape.head_dim;
+      report["dtype"] = dtype;
+      report["window"] = windowed ? nlohmann::ordered_json(cfg.shape.window) : nlohmann::ordered_json(nullptr);
+      report["threads"] = threads;
+      report["source"] = source;
       report["length_scale"] = scale;
       report["pools"] = pool_info;
-      report["forward"] = {{"wall_s", fw->first}, {"compute_max_s", fc->first}, {"compute_mean_s", fc->second}};
-      report["backward"] = {{"wall_s", bw->first}, {"compute_max_s", bc->first}, {"compute_mean_s", bc->second}};
-      report["executor_cpu_over_kernel_cpu"] = {{"forward", fo->first}, {"backward", bo->first}};
+      report["forward"] = {{"wall_s", r.forward_wall.max}, {"compute_max_s", r.forward_compute.max},
+                           {"compute_mean_s", r.forward_compute.mean}};
+      report["backward"] = {{"wall_s", r.backward_wall.max}, {"compute_max_s", r.backward_compute.max},
+                            {"compute_mean_s", r.backward_compute.mean}};
+      report["executor_cpu_over_kernel_cpu"] = {{"forward", r.forward_own.max}, {"backward", r.backward_own.max}};
     } else {
       fmt::print("libra exec: {} ranks = {} pool(s) x W {} (P {} x CP {}); mode {}, M {}, L {}, h_q {}, h_kv {}, d {}, "
                  "{}, window {}, {} kernel thread(s) per rank\n",
-                 W, pools, Wp, P, so.cp, mode_text, cfg->chunks, so.seq_len, so.heads_q, so.heads_kv, so.head_dim,
-                 so.dtype, so.window ? std::to_string(*so.window) : std::string("full"), so.threads);
-      if (scale != 1.0) fmt::print("pool source: {} with sample lengths scaled by {:.6g}\n", so.source, scale);
-      for (const nlohmann::json& d : pool_info) {
-        fmt::print("pool {}: {} samples, tokens per slot: {}\n", d["pool"].get<std::int64_t>(),
-                   d["samples"].get<std::int64_t>(), fmt::join(d["tokens_per_slot"].get<std::vector<std::int64_t>>(), " "));
-        if (d.contains("tiles")) {
-          fmt::print("pool {} plan: {} tiles, intra-pool imbalance {:.4f}, exchanged {} per pass\n",
-                     d["pool"].get<std::int64_t>(), d["tiles"].get<std::int64_t>(), d["imbalance"].get<double>(),
-                     bytes_text(d["comm_bytes"].get<std::int64_t>()));
+                 r.ranks, r.pools, r.pool_ranks, r.pool_size, cfg.cp, mode_text, cfg.chunks, cfg.seq_len,
+                 cfg.shape.heads_q, cfg.shape.heads_kv, cfg.shape.head_dim, dtype,
+                 windowed ? std::to_string(cfg.shape.window) : std::string("full"), threads);
+      if (scale != 1.0) fmt::print("pool source: {} with sample lengths scaled by {:.6g}\n", source, scale);
+      for (const PoolResult& p : r.pool_results) {
+        fmt::print("pool {}: {} samples, tokens per slot: {}\n", p.pool, p.samples, fmt::join(p.tokens_per_slot, " "));
+        if (p.planned) {
+          fmt::print("pool {} plan: {} tiles, intra-pool imbalance {:.4f}, exchanged {} per pass\n", p.pool, p.tiles,
+                     p.imbalance, bytes_text(p.comm_bytes));
         }
       }
       fmt::print("forward:  wall {:.4f} s (slowest rank), kernel compute {:.4f} s slowest / {:.4f} s mean rank\n",
-                 fw->first, fc->first, fc->second);
+                 r.forward_wall.max, r.forward_compute.max, r.forward_compute.mean);
       fmt::print("backward: wall {:.4f} s (slowest rank), kernel compute {:.4f} s slowest / {:.4f} s mean rank\n",
-                 bw->first, bc->first, bc->second);
+                 r.backward_wall.max, r.backward_compute.max, r.backward_compute.mean);
       fmt::print("overhead: wall over the busiest rank's kernel time forward {:+.1f}%, backward {:+.1f}%; executor CPU "
                  "outside the kernel (thread CPU time, max over ranks) forward {:.1f}%, backward {:.1f}% of kernel CPU\n",
-                 100 * (fw->first / fc->first - 1), 100 * (bw->first / bc->first - 1), 100 * fo->first, 100 * bo->first);
+                 100 * (r.forward_wall.max / r.forward_compute.max - 1),
+                 100 * (r.backward_wall.max / r.backward_compute.max - 1), 100 * r.forward_own.max,
+                 100 * r.backward_own.max);
     }
   }
 
@@ -501,111 +264,34 @@ int exec_rank(Communicator& world, const ExecOptionsCli& opt) {
       fmt::print("trace: {} (Chrome trace-event JSON; lanes per rank: compute, transfer, wait)\n", opt.trace);
     }
   }
-
-  auto print_report = [&] {
-    if (root && opt.json) fmt::print("{}\n", report.dump(1));
-  };
   if (!opt.check) {
-    print_report();
+    if (root && opt.json) fmt::print("{}\n", report.dump(1));
     return kExitOk;
   }
 
-  if (dt != DType::kF32) load_all_as_f32(o16.data(), static_cast<std::int64_t>(o16.size()), dt, f->o.data());
-
-  // Gather every home of the pool on its rank 0, which compares each slot
-  // with the single-process reference on the whole sequence.
-  const std::int64_t lc = so.seq_len / so.cp;
-  std::vector<ErrorStats> errs(5);
-  std::string which = "naive";
-  Status check_status;
-  {
-    std::string mine;
-    mine.reserve((2 * f->o.size() + f->lse.size() + 2 * g->dk.size()) * sizeof(float));
-    for (const std::vector<float>* t : {&f->o, &f->lse, &g->dq, &g->dk, &g->dv}) {
-      mine.append(reinterpret_cast<const char*>(t->data()), t->size() * sizeof(float));
-    }
-    Result<std::vector<std::string>> gathered = gather_strings(pc, 0, mine);
-    if (!gathered.ok()) abort_job(world, gathered.error());
-    if (pc.rank() == 0) {
-      // The pool's other ranks wait for the verdict meanwhile: the kernel
-      // reference may use their threads (up to the machine's).
-      const int reference_threads = std::max(
-          so.threads, std::min(static_cast<int>(std::thread::hardware_concurrency()), pc.size() * so.threads));
-      const std::int64_t qw = so.heads_q * so.head_dim, kw = so.heads_kv * so.head_dim;
-      for (int slot = 0; slot < P && check_status.ok(); ++slot) {
-        const PackedSequence& seq = (*pool)[static_cast<std::size_t>(slot)];
-        double work = 0;
-        for (std::int64_t l : seq) work += 0.5 * static_cast<double>(l) * static_cast<double>(l);
-        work *= so.heads_q * so.head_dim;
-        ReferenceKind kind = ReferenceKind::kNaive;
-        if (opt.reference == "kernel" || (opt.reference == "auto" && work > 2e8)) kind = ReferenceKind::kKernel;
-        // One pool may mix references (auto): report the weaker one.
-        if (kind == ReferenceKind::kKernel) which = "kernel";
-        Result<SlotReference> ref = harness_reference(data_seed, *cfg, seq, slot, kind, reference_threads);
-        if (!ref.ok()) {
-          check_status = ref.error();
-          break;
-        }
-        for (int c = 0; c < so.cp; ++c) {
-          const std::string& blob = (*gathered)[static_cast<std::size_t>(slot * so.cp + c)];
-          const float* base = reinterpret_cast<const float*>(blob.data());
-          std::size_t off = 0;
-          auto take = [&](std::int64_t n) {
-            std::span<const float> s(base + off, static_cast<std::size_t>(n));
-            off += static_cast<std::size_t>(n);
-            return s;
-          };
-          const int w = slot * so.cp + c;
-          errs[0].merge(compare_home(take(lc * qw), ref->o, *cfg, w, qw));
-          errs[1].merge(compare_home(take(lc * so.heads_q), ref->lse, *cfg, w, so.heads_q));
-          errs[2].merge(compare_home(take(lc * qw), ref->dq, *cfg, w, qw));
-          errs[3].merge(compare_home(take(lc * kw), ref->dk, *cfg, w, kw));
-          errs[4].merge(compare_home(take(lc * kw), ref->dv, *cfg, w, kw));
-        }
-      }
-    }
-  }
-  // Pool roots hold the errors; world rank 0 (root of pool 0) collects them.
-  if (Status s = agree_on_status(world, check_status, "--check reference"); !s.ok()) {
-    if (root) return fail(s.error());
-    return kExitUsage;
-  }
-  std::string stats;
-  for (const ErrorStats& e : errs) stats += fmt::format("{:a} {:a} ", e.max_abs, e.max_ref);
-  stats += which;
-  Result<std::vector<std::string>> all_stats = gather_strings(world, 0, stats);
-  if (!all_stats.ok()) abort_job(world, all_stats.error());
   int verdict = kExitOk;
   if (root) {
-    const Tolerance tol = tolerance_for(cfg->shape.dtype);
+    const Tolerance tol = tolerance_for(cfg.shape.dtype);
     double tols[] = {tol.o, tol.lse, tol.dq, tol.dk, tol.dv};
     if (opt.check_tolerance_flag != nullptr && opt.check_tolerance_flag->count() > 0) {
       for (double& t : tols) t = opt.check_tolerance;
     }
-    const char* names[] = {"O", "LSE", "dQ", "dK", "dV"};
-    auto refname = [](const std::string& w) {
-      return w == "kernel" ? std::string("fp32 kernel in one process") : std::string("naive fp64");
+    const auto& names = kCheckedTensorNames;
+    auto refname = [](ReferenceKind k) {
+      return k == ReferenceKind::kKernel ? std::string("fp32 kernel in one process") : std::string("naive fp64");
     };
-    std::vector<ErrorStats> total(5);
-    std::vector<std::vector<ErrorStats>> per_pool(static_cast<std::size_t>(pools), std::vector<ErrorStats>(5));
-    std::vector<std::string> pool_ref(static_cast<std::size_t>(pools));
-    for (int p = 0; p < pools; ++p) {
-      std::istringstream in((*all_stats)[static_cast<std::size_t>(p * Wp)]);
-      for (int i = 0; i < 5; ++i) {
-        std::string a, b;
-        in >> a >> b;
-        const ErrorStats e{std::strtod(a.c_str(), nullptr), std::strtod(b.c_str(), nullptr)};
-        per_pool[static_cast<std::size_t>(p)][static_cast<std::size_t>(i)] = e;
-        total[static_cast<std::size_t>(i)].merge(e);
-      }
-      in >> pool_ref[static_cast<std::size_t>(p)];
+    std::array<ErrorStats, kCheckedTensors> total{};
+    for (const PoolResult& p : r.pool_results) {
+      for (int i = 0; i < kCheckedTensors; ++i) total[static_cast<std::size_t>(i)].merge(p.errors[static_cast<std::size_t>(i)]);
     }
-    auto within = [&](const std::vector<ErrorStats>& e, int i) { return e[static_cast<std::size_t>(i)].rel() <= tols[i]; };
+    auto within = [&](const std::array<ErrorStats, kCheckedTensors>& e, int i) {
+      return e[static_cast<std::size_t>(i)].rel() <= tols[i];
+    };
     bool ok = true;
-    for (int i = 0; i < 5; ++i) ok = ok && within(total, i);
-    auto tensors_json = [&](const std::vector<ErrorStats>& e) {
+    for (int i = 0; i < kCheckedTensors; ++i) ok = ok && within(total, i);
+    auto tensors_json = [&](const std::array<ErrorStats, kCheckedTensors>& e) {
       nlohmann::ordered_json t;
-      for (int i = 0; i < 5; ++i) {
+      for (int i = 0; i < kCheckedTensors; ++i) {
         t[names[i]] = {{"max_abs_error", e[static_cast<std::size_t>(i)].max_abs},
                        {"relative_error", e[static_cast<std::size_t>(i)].rel()},
                        {"tolerance", tols[i]},
@@ -618,35 +304,32 @@ int exec_rank(Communicator& world, const ExecOptionsCli& opt) {
       c["within_tolerance"] = ok;
       c["tensors"] = tensors_json(total);
       c["pools"] = nlohmann::ordered_json::array();
-      for (int p = 0; p < pools; ++p) {
-        c["pools"].push_back({{"pool", pool_info[static_cast<std::size_t>(p)]["pool"]},
-                              {"reference", refname(pool_ref[static_cast<std::size_t>(p)])},
-                              {"tensors", tensors_json(per_pool[static_cast<std::size_t>(p)])}});
+      for (const PoolResult& p : r.pool_results) {
+        c["pools"].push_back({{"pool", p.pool}, {"reference", refname(p.reference)}, {"tensors", tensors_json(p.errors)}});
       }
       report["check"] = c;
-      print_report();
+      fmt::print("{}\n", report.dump(1));
     } else {
-      fmt::print("check ({} pool(s), every home gathered on its pool's rank 0, reference on whole sequences):\n", pools);
-      for (int p = 0; p < pools && pools > 1; ++p) {
-        const auto& e = per_pool[static_cast<std::size_t>(p)];
+      fmt::print("check ({} pool(s), every home gathered on its pool's rank 0, reference on whole sequences):\n", r.pools);
+      for (const PoolResult& p : r.pool_results) {
+        if (r.pools == 1) break;
         bool pool_ok = true;
         std::string rels;
-        for (int i = 0; i < 5; ++i) {
-          pool_ok = pool_ok && within(e, i);
-          rels += fmt::format(" {} {:.2e}", names[i], e[static_cast<std::size_t>(i)].rel());
+        for (int i = 0; i < kCheckedTensors; ++i) {
+          pool_ok = pool_ok && within(p.errors, i);
+          rels += fmt::format(" {} {:.2e}", names[i], p.errors[static_cast<std::size_t>(i)].rel());
         }
-        fmt::print("  pool {} ({}): relative{}  {}\n", pool_info[static_cast<std::size_t>(p)]["pool"].get<std::int64_t>(),
-                   refname(pool_ref[static_cast<std::size_t>(p)]), rels, pool_ok ? "ok" : "FAIL");
+        fmt::print("  pool {} ({}): relative{}  {}\n", p.pool, refname(p.reference), rels, pool_ok ? "ok" : "FAIL");
       }
-      if (pools == 1) fmt::print("  reference: {}\n", refname(pool_ref[0]));
-      for (int i = 0; i < 5; ++i) {
+      if (r.pools == 1) fmt::print("  reference: {}\n", refname(r.pool_results[0].reference));
+      for (int i = 0; i < kCheckedTensors; ++i) {
         fmt::print("  {:<4} max abs error {:.3e}  relative {:.3e}  (tolerance {:.0e})  {}\n", names[i],
                    total[static_cast<std::size_t>(i)].max_abs, total[static_cast<std::size_t>(i)].rel(), tols[i],
                    within(total, i) ? "ok" : "FAIL");
       }
       fmt::print("result: {}\n", ok ? "within tolerance" : "BEYOND TOLERANCE");
     }
-    for (int i = 0; i < 5 && !ok; ++i) {
+    for (int i = 0; i < kCheckedTensors && !ok; ++i) {
       if (within(total, i)) continue;
       std::fflush(stdout);
       fmt::print(stderr, "libra: error: --check: {} relative error {:.3e} is beyond the tolerance {:.0e} (exit status 3)\n",
@@ -659,6 +342,59 @@ int exec_rank(Communicator& world, const ExecOptionsCli& opt) {
   if (!verdicts.ok()) abort_job(world, verdicts.error());
   return static_cast<int>((*verdicts)[0]);
 }
+
+// The body every rank runs. Returns the exit status; only world rank 0
+// prints.
+int exec_rank(Communicator& world, const ExecOptionsCli& opt) {
+  detail::set_fault_rank(world.rank());
+
+  // Agreement before work: ranks started with different flags would build
+  // different schedules and wait on messages that never come.
+  std::string args;
+  for (const std::string& a : command_line()) args += a + '\0';
+  if (int rc = finish_agreed(world, agree_on_value(world, fingerprint_of(args), "the command lines differ",
+                                                   "start every rank with the same flags", ErrorCode::kInvalidInput));
+      rc != kExitOk) {
+    return rc;
+  }
+
+  // Configuration and pool: every rank derives the same from the flags, or
+  // loads the same plan file (which carries both).
+  std::optional<Plan> saved;
+  if (!opt.plan.empty()) {
+    Result<Plan> p = load_plan(opt.plan);
+    if (int rc = fail_on_all_ranks(world, p.status()); rc != kExitOk) return rc;
+    saved = std::move(*p);
+  }
+  Result<PlanConfig> cfg = saved ? Result<PlanConfig>(saved->config()) : make_config(opt.pool, opt.mode);
+  if (int rc = fail_on_all_ranks(world, cfg.status()); rc != kExitOk) return rc;
+  double scale = 1.0;
+  Result<std::vector<PackedSequence>> all = std::vector<PackedSequence>();
+  if (!saved) all = load_scaled(opt.pool.source, cfg->seq_len, &scale);
+  if (int rc = fail_on_all_ranks(world, all.status()); rc != kExitOk) return rc;
+
+  TraceRecorder trace;
+  CheckJob job;
+  job.config = *cfg;
+  job.ulysses_direct = !saved && opt.mode == "ulysses";
+  job.plan = saved ? &*saved : nullptr;
+  job.sequences = *all;
+  job.source = saved ? opt.plan : opt.pool.source;
+  job.first_pool = opt.pool.pool_index;
+  job.pool_size = saved ? saved->pool_size() : opt.pool.pool_size;
+  job.seed = opt.seed;
+  job.threads = opt.pool.threads;
+  job.repeat = opt.repeat;
+  job.check = opt.check;
+  if (opt.reference == "naive") job.reference = ReferenceKind::kNaive;
+  if (opt.reference == "kernel") job.reference = ReferenceKind::kKernel;
+  job.trace = opt.trace.empty() ? nullptr : &trace;
+  job.on_fatal = [&world](const Error& e) { abort_job(world, e); };
+  Result<CheckReport> report = run_check(world, job);
+  if (!report.ok()) return finish_agreed(world, report.status());
+  return print_report(world, opt, *cfg, job.source, scale, *report, trace);
+}
+
 // The flag errors run_exec finds before starting any rank.
 Status check_exec_flags(const ExecOptionsCli& opt, bool under_mpirun) {
   static const char* kModes[] = {"tap", "tap-split", "tap-topo", "ulysses", "ulysses-plan"};
@@ -671,7 +407,7 @@ Status check_exec_flags(const ExecOptionsCli& opt, bool under_mpirun) {
   if (!(opt.timeout > 0) || opt.timeout > 86400) {
     return invalid_input(fmt::format("--timeout {}: must be more than 0 and at most 86400 seconds", opt.timeout));
   }
-  LIBRA_TRY(check_threads(opt.shape.threads));
+  LIBRA_TRY(check_threads(opt.pool.threads));
   if (opt.reference != "auto" && opt.reference != "naive" && opt.reference != "kernel") {
     return invalid_input("--reference " + opt.reference + ": expected auto, naive or kernel");
   }
@@ -688,7 +424,7 @@ Status check_exec_flags(const ExecOptionsCli& opt, bool under_mpirun) {
     return invalid_input("--reference " + opt.reference + ": only used by --check; add --check or drop --reference");
   }
   if (!opt.plan.empty()) {
-    std::string given = first_plan_flag_given(opt.shape.flags);
+    std::string given = first_plan_flag_given(opt.pool.flags);
     for (const CLI::Option* f : opt.pool_flags) {
       if (given.empty() && f->count() > 0) given = f->get_name();
     }
@@ -701,7 +437,7 @@ Status check_exec_flags(const ExecOptionsCli& opt, bool under_mpirun) {
   // Each rank would read its own part of one stream, and no two ranks the
   // same pool.
   const bool several = under_mpirun || opt.ranks > 1;
-  if (opt.plan.empty() && opt.shape.source == "-" && several) {
+  if (opt.plan.empty() && opt.pool.source == "-" && several) {
     return invalid_input("-: standard input cannot feed several ranks (each would read a different part of it); save "
                          "the pool to a file and name the file");
   }
@@ -806,7 +542,7 @@ Result<double> worker_seconds(const std::vector<PackedSequence>& pool, const Pla
   const int W = static_cast<int>(pool.size()) * cfg.cp;
   auto comm = make_loopback_communicator(w, W);
   ExecOptions eo;
-  eo.threads = opt.shape.threads;
+  eo.threads = opt.pool.threads;
   std::unique_ptr<Executor> ex;
   if (plan) {
     LIBRA_ASSIGN_OR_RETURN(ex, make_plan_executor(*comm, *plan, eo));
@@ -829,7 +565,7 @@ Result<double> worker_seconds(const std::vector<PackedSequence>& pool, const Pla
 }
 
 int run_bench(BenchOptionsCli opt) {
-  ShapeOptions& so = opt.shape;
+  PoolFlags& so = opt.pool;
   // CPU-sized defaults scaled from the paper's setting (P = 8, CP = 8,
   // L = 1M, B = 8192, H = 8, h_q = 32, h_kv = 4, d = 128).
   PlanFlags& f = so.flags;
@@ -856,10 +592,11 @@ int run_bench(BenchOptionsCli opt) {
     if (!c.ok()) return fail(c.error());
     cfgs.push_back(*c);
   }
+  const PlanConfig& c0 = cfgs[0];
   double scale = 1.0;
-  Result<std::vector<PackedSequence>> all = load_scaled(so.source, so.seq_len, &scale);
+  Result<std::vector<PackedSequence>> all = load_scaled(so.source, c0.seq_len, &scale);
   if (!all.ok()) return fail(all.error());
-  const int P = so.pool_size, W = P * so.cp;
+  const int P = so.pool_size, W = P * c0.cp;
   // Every pool is checked to exist before the first measurement.
   const auto n = static_cast<std::int64_t>(all->size());
   if (so.pool_index < 0 || (so.pool_index + opt.pools) * P > n) {
@@ -876,8 +613,8 @@ int run_bench(BenchOptionsCli opt) {
              opt.backward ? "forward + backward" : "forward", so.threads);
   fmt::print("pools: {} from {} (sample lengths x {:.6g}), L {}, P {}, CP {}, W {}, B {}, H {}, h_q {}, h_kv {}, d {}, {}, "
              "median of {} run(s)\n",
-             opt.pools, so.source, scale, so.seq_len, P, so.cp, W, so.block, so.head_shards, so.heads_q, so.heads_kv,
-             so.head_dim, so.dtype, opt.repeat);
+             opt.pools, so.source, scale, c0.seq_len, P, c0.cp, W, c0.block_size, c0.head_shards, c0.shape.heads_q,
+             c0.shape.heads_kv, c0.shape.head_dim, dtype_name(c0.shape.dtype), opt.repeat);
   {
     // One untimed run first, so that no measured worker pays for first-touch
     // page faults and the kernel's one-time set-up.
@@ -933,7 +670,7 @@ const bool registered = register_command(70, [](CLI::App& app) {
   auto* ex = app.add_subcommand("exec", "Run a pool's attention forward and backward through a distributed executor "
                                         "(under mpirun, or --ranks N in-process) and check it");
   auto eo = std::make_shared<ExecOptionsCli>();
-  eo->pool_flags = add_shape_options(ex, eo->shape, false);
+  eo->pool_flags = add_pool_flags(ex, eo->pool, false);
   eo->pool_flags.push_back(
       ex->add_option("--mode", eo->mode, "executor: tap, tap-split, tap-topo, ulysses (the baseline executor), ulysses-plan"));
   ex->add_option("--seed", eo->seed, "seed of the random Q, K, V and dO");
@@ -958,7 +695,7 @@ const bool registered = register_command(70, [](CLI::App& app) {
   auto* be = bench->add_subcommand("exec", "Per-worker kernel compute time and straggler speedups of tap and tap-split "
                                            "over ulysses on pools of a built-in corpus");
   auto bo = std::make_shared<BenchOptionsCli>();
-  add_shape_options(be, bo->shape, true);
+  add_pool_flags(be, bo->pool, true);
   be->add_option("--pools", bo->pools, "pools to measure (default 4)");
   be->add_flag("--backward", bo->backward, "also time the backward pass");
   be->add_option("--repeat", bo->repeat, "runs per worker; the median is used");

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "commands.hpp"
+#include "plan_flags.hpp"
 #include "libra/io.hpp"
 #include "libra/kernel.hpp"
 
@@ -76,8 +77,8 @@ int run_kernel_bench(const KernelBenchOptions& o) {
   p.threads = o.threads;
   p.min_seconds = o.min_seconds;
   p.repetitions = o.repetitions;
-  auto dtype = parse_dtype(o.dtype);
-  if (!dtype.ok()) return fail(invalid_input("--dtype " + o.dtype + ": " + dtype.error().message()));
+  auto dtype = dtype_flag(o.dtype);
+  if (!dtype.ok()) return fail(dtype.error());
   p.dtype = *dtype;
   if (Status s = kernel::set_simd_target(o.target); !s.ok()) {
     return fail(invalid_input("--target " + o.target + ": " + s.message()));

@@ -31,10 +31,9 @@ Result<ModelPreset> find_model_preset(std::string_view name) {
 }
 
 Result<DType> dtype_flag(std::string_view dtype) {
-  if (dtype == "bf16") return DType::kBF16;
-  if (dtype == "fp16") return DType::kF16;
-  if (dtype == "fp32") return DType::kF32;
-  return invalid_input("--dtype " + std::string(dtype) + ": must be bf16, fp16 or fp32");
+  Result<DType> t = parse_dtype(dtype);
+  if (!t.ok()) return invalid_input("--dtype " + std::string(dtype) + ": " + t.error().message());
+  return t;
 }
 
 Status name_preset_fields(const PlanFlags& f, Status s) {

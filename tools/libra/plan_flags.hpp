@@ -57,7 +57,7 @@ std::string first_plan_flag_given(const PlanFlags& flags);
 // missing or invalid flag. Shape flags override the --model preset.
 [[nodiscard]] Result<PlanConfig> plan_config_from(const PlanFlags& flags);
 
-// The element type of a --dtype value: bf16, fp16 or fp32.
+// The element type of a --dtype value (parse_dtype), the error naming the flag.
 [[nodiscard]] Result<DType> dtype_flag(std::string_view dtype);
 
 // `s` (a configuration error) with the shape fields that came from the

@@ -1,10 +1,8 @@
-// Shared pieces of the executors: the trace recorder and fingerprint
-// agreement.
+// The executors' trace: a recorder per rank and the one Chrome trace-event
+// file of a job (libra/executor.hpp).
 #include <fmt/format.h>
-#include <fmt/ranges.h>
 
 #include <algorithm>
-#include <map>
 
 #include "libra/executor.hpp"
 #include "libra/io.hpp"
@@ -63,21 +61,6 @@ Status write_trace(Communicator& comm, const TraceRecorder& trace, const std::st
     st = write_file_atomic(path, text);
   }
   return agree_on_status(comm, st, "--trace " + path);
-}
-
-Status agree_on_fingerprint(Communicator& comm, std::uint64_t fingerprint, const std::string& what) {
-  LIBRA_ASSIGN_OR_RETURN(std::vector<std::uint64_t> all, comm.allgather(fingerprint));
-  std::map<std::uint64_t, std::vector<int>> holders;
-  for (std::size_t r = 0; r < all.size(); ++r) holders[all[r]].push_back(static_cast<int>(r));
-  if (holders.size() == 1) return Status();
-  // Same text on every rank: built from the gathered values only.
-  std::vector<std::string> parts;
-  for (const auto& [fp, ranks] : holders) {
-    parts.push_back(fmt::format("rank(s) {} hold {:016x}", fmt::join(ranks, ","), fp));
-  }
-  return mismatch_error(fmt::format("{} fingerprint mismatch across the pool's {} ranks: {}; every rank must build or "
-                                    "load the same {}",
-                                    what, all.size(), fmt::join(parts, "; "), what));
 }
 
 }  // namespace libra
