@@ -90,9 +90,11 @@ def sampler_fused(pricing):
     return fused
 
 
-@pytest.mark.parametrize("network", [{}, {"congestion_per_node": 0, "inter_supernode_gbps": 45}])
+@pytest.mark.parametrize("network", [{}, {"congestion_per_node": 0, "inter_supernode_gbps": 45},
+                                     {"plan_mode": "tap-topo"}])
 def test_priced_sampler_fuses_what_the_simulator_reports(libra_cli, network):
-    extra = [x for k, v in network.items() for x in (f"--{k.replace('_', '-')}", str(v))]
+    flag = {"plan_mode": "elastic-plan-mode"}
+    extra = [x for k, v in network.items() for x in (f"--{flag.get(k, k.replace('_', '-'))}", str(v))]
     report = cli_report(libra_cli, extra)
     fused = sampler_fused({**PRICING, **network})
     assert fused == [w["fused"] for w in report], (fused, report)
@@ -108,7 +110,8 @@ def test_priced_sampler_fuses_what_the_simulator_reports(libra_cli, network):
 def test_priced_sampler_bad_input():
     for pricing, match in (({}, r"seq_len: required"), ({"seq_len": 65536, "gbs": 8}, r"gbs: set by the sampler"),
                            ({"seq_len": 65536, "head_shards": [2, 4]}, r"head_shards: one value"),
-                           ({"seq_len": 65536, "bogus": 1}, r"bogus"), ([1], r"must be a dict")):
+                           ({"seq_len": 65536, "bogus": 1}, r"bogus"), ([1], r"must be a dict"),
+                           ({"seq_len": 65536, "plan_mode": "ulysses"}, r"plan_mode 'ulysses': must be")):
         with pytest.raises(ValueError, match=match):
             lt.PlacementBatchSampler(SEQS, GBS, DP, P, 0, mode="vrsp-elastic", elastic_pricing=pricing)
     with pytest.raises(ValueError, match=r"elastic_pricing: only with mode 'vrsp-elastic'"):

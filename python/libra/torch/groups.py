@@ -146,7 +146,7 @@ def domain_groups(pool_size, cp, k=2, rule="buddy", elastic_pricing=None):
         return DomainGroups(pool, pool_worker, None, None, _subset_groups(subsets, pool_size, cp, rank), rule)
     topology = (0, 0, 0)
     if elastic_pricing is not None:
-        topology = tuple(_libra.pricing_topology(_pricing_json(elastic_pricing, "domain_groups")))
+        topology = tuple(_libra.pricing_topology(_pricing_json(elastic_pricing, "domain_groups")[0]))
         if topology[0] != cp:
             raise ValueError(f"domain_groups: cp {cp}: the elastic pricing configuration has cp {topology[0]}")
     starts = _libra.buddy_domain_starts(ppg, pool_size, k, *topology)
