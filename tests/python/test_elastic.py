@@ -8,7 +8,7 @@ torch = pytest.importorskip("torch")
 import libra  # noqa: E402
 import libra.torch as lt  # noqa: E402
 from libra.torch import groups as lt_groups  # noqa: E402
-from dist_util import reference_attention, spawn  # noqa: E402
+from dist_util import COMMUNICATORS, reference_attention, run  # noqa: E402
 
 L = 64
 P, CP, DP, GBS = 2, 2, 4, 8
@@ -173,8 +173,9 @@ def body_train(rank, world):
     return out
 
 
-def test_training_through_a_fused_domain_matches_plain_attention():
-    results = spawn(body_train, CP * DP)
+@pytest.mark.parametrize("comm", COMMUNICATORS)
+def test_training_through_a_fused_domain_matches_plain_attention(comm):
+    results = run(comm, body_train, CP * DP)
     for rank, r in enumerate(results):
         assert r["priced_groups"] == [[[0, 1]], rank], r["priced_groups"]
         for rule in ("buddy", "lightest"):
