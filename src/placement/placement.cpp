@@ -444,9 +444,39 @@ double domain_imbalance(std::span<const std::int64_t> loads, const std::vector<s
   return static_cast<double>(num) / (static_cast<double>(best_n) * static_cast<double>(sum));
 }
 
+std::vector<std::int32_t> node_interleaved_slots(std::span<const std::int64_t> workloads, const NodeInterleave& where) {
+  const auto P = static_cast<std::int64_t>(workloads.size());
+  std::vector<std::int32_t> order(workloads.size());
+  std::iota(order.begin(), order.end(), 0);
+  if (where.cp <= 0 || where.gpus_per_node <= 0 || where.gpus_per_node % where.cp != 0) return order;
+  const std::int64_t per_node = where.gpus_per_node / where.cp;
+  const std::int64_t nodes = (P + per_node - 1) / per_node;
+  if (per_node < 2 || nodes < 2) return order;
+  const std::vector<std::int32_t> heavy = heavy_first(workloads);
+  std::vector<std::int64_t> filled(static_cast<std::size_t>(nodes), 0);
+  std::size_t next = 0;
+  for (std::int64_t round = 0; next < heavy.size(); ++round) {
+    for (std::int64_t i = 0; i < nodes && next < heavy.size(); ++i) {
+      const std::int64_t n = round % 2 == 0 ? i : nodes - 1 - i;
+      const std::int64_t slot = n * per_node + filled[static_cast<std::size_t>(n)];
+      if (filled[static_cast<std::size_t>(n)] == per_node || slot >= P) continue;
+      ++filled[static_cast<std::size_t>(n)];
+      order[static_cast<std::size_t>(slot)] = heavy[next++];
+    }
+  }
+  return order;
+}
+
 Result<WindowPlacement> place_window(std::span<const std::int64_t> workloads, const PlacementOptions& options) {
   std::int64_t sum = 0;
   LIBRA_TRY(validate(workloads, options, sum));
+  if (options.interleave.cp < 0 || options.interleave.gpus_per_node < 0) {
+    return invalid_input("slot interleave: cp " + std::to_string(options.interleave.cp) + ", gpus per node " +
+                         std::to_string(options.interleave.gpus_per_node) + ": must be >= 0 (0: off)");
+  }
+  if (options.mode == PlacementMode::kVrspElastic && options.interleave.cp > 0 && options.interleave.gpus_per_node > 0) {
+    return invalid_input("slot interleave: not with mode vrsp-elastic (its domains fix their slot order)");
+  }
   const std::int64_t p = options.pool_size;
   Pools pools;
   std::vector<std::vector<std::int32_t>> domains;  // empty: one per pool
@@ -504,6 +534,16 @@ Result<WindowPlacement> place_window(std::span<const std::int64_t> workloads, co
     }
   }
   if (pools.empty()) return internal_error("placement: unknown mode");
+  if (options.interleave.cp > 0 && options.interleave.gpus_per_node > 0) {
+    std::vector<std::int64_t> w(static_cast<std::size_t>(p));
+    for (auto& pool : pools) {
+      for (std::size_t s = 0; s < pool.size(); ++s) w[s] = workloads[static_cast<std::size_t>(pool[s])];
+      const std::vector<std::int32_t> order = node_interleaved_slots(w, options.interleave);
+      std::vector<std::int32_t> moved(pool.size());
+      for (std::size_t s = 0; s < pool.size(); ++s) moved[s] = pool[static_cast<std::size_t>(order[s])];
+      pool = std::move(moved);
+    }
+  }
   WindowPlacement out;
   out.loads = pool_loads(pools, workloads);
   out.pools = std::move(pools);

@@ -15,7 +15,8 @@ behaviour (docs/python.md, "Errors and timeouts"):
 - no rank writes the step's output (it writes only after its backward returned);
 - the stopped rank is still stopped when the others have ended: the launcher ends it.
 
-12 cells (3 actions x 4 points), each on fresh forked processes.
+12 cells (3 actions x 4 points), each on fresh forked processes; the same 12 again over the in-process
+communicator (below).
 """
 import datetime
 import json
@@ -135,7 +136,7 @@ TIMEOUT_LINE = re.compile(r"TimeoutError: libra\.torch\.attention: (fwd|bwd) (in
 
 @pytest.mark.parametrize("point", POINTS)
 @pytest.mark.parametrize("action", ACTIONS)
-def test_cell(action, point):
+def test_gloo_cell(action, point):
     t0 = time.monotonic()
     ranks, results, fired = run_cell(action, point)
     assert fired, f"the fault at {point} never fired: the point was not reached"
@@ -164,3 +165,74 @@ def test_cell(action, point):
         assert got["stdout"] == "", f"{who}: printed on stdout: {got['stdout']}"
     assert not results, f"{action}@{point}: a rank wrote the step's output although the step failed"
     print(f"{action}@{point}: slowest exit {slowest:.2f} s after the fault, cell {time.monotonic() - t0:.2f} s")
+
+
+# ---- The same cells over libra.torch's in-process communicator (comms/inprocess.py: the 2 workers
+# are threads of this process). There the job is ``inprocess.run``: it must end within 2 T of the
+# fault with exactly one exception, of one line: the faulty worker's own, or for a stopped worker
+# the TimeoutError of the worker that waited for it. A stopped worker is a thread, which no signal
+# can stop alone: it blocks until another worker has failed, then ends (as in the C++ matrix).
+
+
+def run_inprocess_cell(action, point):
+    """(the exception run raised or None, seconds from the fault to run's end or None, results)."""
+    import threading
+
+    from libra.torch.comms import inprocess
+
+    fired, failed = [], threading.Event()
+
+    def hook(name, rt):
+        if name != point or rt.worker != FAULTY or fired:
+            return
+        fired.append(time.time())
+        if action == "fail":
+            raise RuntimeError(f"fault injected at {name}")
+        if action == "alloc":
+            torch.empty(1 << 60, dtype=torch.uint8)
+        if action == "stop":
+            failed.wait(GUARD)
+            raise RuntimeError("stopped worker released")  # after another's failure: not the job's line
+
+    def body(rank, world):
+        try:
+            group, _ = lt.pool_group(world, 1)
+            rt = lt.PlanRuntime(_plan(), group, timeout=T)
+            g = torch.Generator().manual_seed(rank)
+            q, k, v = (torch.randn(rt.home_rows, h, rt.head_dim, generator=g).requires_grad_()
+                       for h in (rt.heads_q, rt.heads_kv, rt.heads_kv))
+            o = lt.attention(q, k, v, rt)
+            o.sum().backward()
+            return o.detach()
+        except BaseException:
+            failed.set()
+            raise
+
+    _fault.hook = hook
+    try:
+        results, error = inprocess.run(body, WORLD, timeout=GUARD), None
+    except Exception as e:  # noqa: BLE001 - the job's one line is checked by the caller
+        results, error = None, e
+    finally:
+        _fault.hook = None
+    after = time.time() - fired[0] if fired else None
+    return error, after, results, bool(fired)
+
+
+@pytest.mark.parametrize("point", POINTS)
+@pytest.mark.parametrize("action", ACTIONS)
+def test_inprocess_cell(action, point):
+    error, after, results, fired = run_inprocess_cell(action, point)
+    who = f"in-process {action}@{point}"
+    assert fired, f"{who}: the fault never fired: the point was not reached"
+    assert results is None and error is not None, f"{who}: the job returned results although a worker failed"
+    assert after <= 2 * T + MARGIN, f"{who}: ended {after:.2f} s after the fault"
+    line = f"{type(error).__name__}: {error}"
+    assert len(line.splitlines()) == 1, f"{who}: {line}"
+    if action == "fail":
+        assert line == f"RuntimeError: fault injected at {point}", f"{who}: {line}"
+    elif action == "alloc":
+        assert line.startswith("RuntimeError: [enforce fail at") and "can't allocate memory" in line, f"{who}: {line}"
+    else:
+        assert TIMEOUT_LINE.fullmatch(line), f"{who}: {line}"
+    print(f"{who}: ended {after:.2f} s after the fault: {line}")
