@@ -4,7 +4,9 @@ corpora and the Debian source-file corpus and prints the markdown tables of
 docs/elastic.md.
 
 Usage: /usr/bin/python3 scripts/elastic-figures.py [LIBRA]   (default build/release/tools/libra)
-Runs libra place and libra simulate --elastic (a few minutes on 2 cores).
+Runs libra place and libra simulate --elastic --elastic-unpriced (every window vrsp-elastic fuses
+runs fused: what fusing costs and buys; scripts/elastic-priced.py measures the priced default), a
+few minutes on 2 cores.
 """
 import json
 import subprocess
@@ -64,7 +66,8 @@ def main():
         for dp in dps:
             for rule in ("buddy", "lightest"):
                 j = run(["simulate"] + src + ["--elastic", "--gbs", str(gbs), "--dp", str(dp), "--block-size",
-                                              str(block), "--elastic-rule", rule, "--json"] + net_args)
+                                              str(block), "--elastic-rule", rule, "--elastic-unpriced", "--json"]
+                        + net_args)
                 pi, wi, b = j["placement_imbalance"], j["worker_imbalance"], j["step_bytes"]
                 fl, wl = j["fused_step_latency_s"], j["window_latency_s"]
                 extra = b["elastic"]["mean"] / b["vrsp"]["mean"] - 1

@@ -5,8 +5,9 @@
 #                                          or on a machine whose python has torch with CUDA)
 # LIBRA_PYTHON: the interpreter (default .venv/bin/python, else python3). What runs:
 # - the backend each CUDA dtype selects (flash-attn, torch-varlen or sdpa) and why the others don't;
-# - tests/python/test_torch.py's CUDA tests: one NCCL process per GPU (two at most), bf16
-#   attention forward and backward against the float64 reference on the CPU;
+# - tests/python/test_torch.py's CUDA tests, bf16 attention forward and backward against the float64
+#   reference on the CPU: a pool of 2 workers in one process on cuda:0 (libra.torch's in-process
+#   communicator; what one GPU runs), and with two or more GPUs also one NCCL process per GPU;
 # - every varlen backend pinned in turn on cuda:0, one call each, against the same reference.
 set -euo pipefail
 cd "$(dirname "$0")/.."

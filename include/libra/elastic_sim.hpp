@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "libra/placement.hpp"
+#include "libra/plan.hpp"
 #include "libra/sampler.hpp"
 #include "libra/simulator.hpp"
 #include "libra/status.hpp"
@@ -76,6 +77,7 @@ struct ElasticSimResult {
   // domain's real TAP plan); otherwise it runs VRSP's pools. Unpriced: every
   // window vrsp-elastic fuses runs fused.
   bool priced = true;
+  PlanMode plan_mode = PlanMode::kTap;  // the tile placement every pool and domain is planned with
   std::int64_t declined_windows = 0;  // windows vrsp-elastic fused but pricing kept on VRSP
   // Per window, in order: the elastic report.
   using Window = ElasticWindowReport;
@@ -97,10 +99,12 @@ class ElasticPricer {
  public:
   // config: gbs, dp, cp, model, chunks, tau, cost (hardware and topology);
   // its source, seq_len and candidate lists are not read. seq_len: L of the
-  // packed sequences. Errors: as simulate_elastic for the configuration.
+  // packed sequences. plan_mode: the tile placement the job plans pools and
+  // domains with, kTap or kTapTopo (topology-aware, on config's network).
+  // Errors: as simulate_elastic for the configuration; another plan mode.
   [[nodiscard]] static Result<ElasticPricer> create(const SimConfig& config, const SimCandidate& candidate,
                                                     const ElasticOptions& elastic, std::int64_t seq_len,
-                                                    bool priced = true);
+                                                    bool priced = true, PlanMode plan_mode = PlanMode::kTap);
   struct Decision {
     WindowPlacement placement;  // what the window runs (VRSP's pools when not fused)
     ElasticWindowReport report;
@@ -116,7 +120,7 @@ class ElasticPricer {
  private:
   std::shared_ptr<const Impl> impl_;
   friend Result<ElasticSimResult> simulate_elastic(const SimConfig&, const SimCandidate&, const ElasticOptions&,
-                                                   bool);
+                                                   bool, PlanMode);
 };
 
 // The sampler's placer (SamplerOptions::placer) that places each window by
@@ -128,7 +132,8 @@ SamplerOptions::Placer priced_elastic_placer(ElasticPricer pricer);
 // Errors: as libra::simulate for the configuration and the candidate; a
 // bad elastic setting as place_window. Identical results for any thread count.
 [[nodiscard]] Result<ElasticSimResult> simulate_elastic(const SimConfig& config, const SimCandidate& candidate,
-                                                        const ElasticOptions& elastic, bool priced = true);
+                                                        const ElasticOptions& elastic, bool priced = true,
+                                                        PlanMode plan_mode = PlanMode::kTap);
 
 std::string elastic_table(const ElasticSimResult& result);
 std::string elastic_json(const ElasticSimResult& result);

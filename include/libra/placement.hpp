@@ -106,6 +106,29 @@ struct ElasticOptions {
 std::vector<std::int64_t> buddy_domain_starts(std::int64_t pools_per_ga, std::int64_t pool_size, std::int64_t k,
                                               const ElasticOptions::Topology& topology);
 
+// Where a pool's slots sit, for the node-interleaved slot order: slot s
+// holds GPUs [s*cp, (s+1)*cp) of a node-aligned pool. 0 in either: off.
+struct NodeInterleave {
+  std::int64_t cp = 0;
+  std::int64_t gpus_per_node = 0;
+  friend bool operator==(const NodeInterleave&, const NodeInterleave&) = default;
+};
+
+// The slot order that spreads a pool's heaviest sequences over the nodes it
+// spans (issue 20). VRSP lists a pool heaviest first, so with CP below the
+// GPUs per node its two heaviest sequences share the first node, and that
+// node's NICs carry both of their exchanges. Here the sequences, heaviest
+// first (ties: lower slot), are dealt to the pool's nodes serpentine (nodes
+// 0, 1, .., N-1, then N-1, .., 0, ...; a full node is skipped), each node
+// filling its slots in order: with two slots per node, node n holds the
+// n-th heaviest and the n-th lightest, which minimises the heaviest node's
+// load. workloads[s] is slot s's F; the result is order[s'] = the slot whose
+// sequence moves to slot s'. The identity when gpus_per_node is not a
+// multiple of cp (a slot would straddle nodes), when a slot fills a node or
+// more, or when the pool fits one node.
+std::vector<std::int32_t> node_interleaved_slots(std::span<const std::int64_t> workloads,
+                                                 const NodeInterleave& where);
+
 struct PlacementOptions {
   std::int64_t pool_size = 8;  // P
   PlacementMode mode = PlacementMode::kVrsp;
@@ -114,6 +137,10 @@ struct PlacementOptions {
   // (0 means dp = P: one pool per GA step, so nothing can fuse).
   std::int64_t dp = 0;
   ElasticOptions elastic{};    // used by kVrspElastic only
+  // Opt-in: every pool's slots in node_interleaved_slots order (not with
+  // kVrspElastic, whose domains fix their slots). Off, the slot order is
+  // the mode's own (for kVrsp the planning contract's, section 3).
+  NodeInterleave interleave{};
 };
 
 struct WindowPlacement {

@@ -202,7 +202,8 @@ _PRICING_OWN_KEYS = ("source", "gbs", "dp", "pool_sizes", "windows")
 
 
 def _pricing_json(pricing, where):
-    """A pricing configuration (a dict of ``libra simulate --config`` keys) as JSON text, or one line."""
+    """A pricing configuration (a dict of ``libra simulate --config`` keys, plus ``plan_mode``) as
+    (JSON text of the simulate keys, plan mode), or one line."""
     if not isinstance(pricing, dict):
         _refuse(f"{where}: elastic pricing: must be a dict of `libra simulate --config` keys "
                 f"(seq_len required), got a {_type_name(pricing)}")
@@ -212,10 +213,11 @@ def _pricing_json(pricing, where):
     problem = _json_problem(pricing, "elastic pricing")
     if problem:
         _refuse(f"{where}: {problem}")
-    return _json.dumps(pricing, allow_nan=False)
-
-
-_priced_placement_sampler = _one_line_type_errors(_libra.priced_placement_sampler, "priced_placement_sampler")
+    config = dict(pricing)
+    plan_mode = config.pop("plan_mode", "tap")
+    if plan_mode not in ("tap", "tap-topo"):
+        _refuse(f"{where}: elastic pricing: plan_mode {plan_mode!r}: must be 'tap' or 'tap-topo'")
+    return _json.dumps(config, allow_nan=False), plan_mode
 
 
 def priced_placement_sampler(sequences, gbs, dp, pool_size, pricing, seed=0, elastic_k=2, elastic_threshold=0.05,
@@ -226,11 +228,14 @@ def priced_placement_sampler(sequences, gbs, dp, pool_size, pricing, seed=0, ela
     the simulator's per-window report agree. ``pricing`` holds the ``libra simulate --config`` keys
     of the machine and model: ``seq_len`` (required: the packed length L), ``cp``, ``hardware``,
     network keys (``congestion_per_node``, ``inter_supernode_gbps``, ...), ``head_shards`` and
-    ``block_sizes`` (one value each; default 8 and 16384), ``chunks``, ``tau``; gbs, dp and the pool
+    ``block_sizes`` (one value each; default 8 and 16384), ``chunks``, ``tau``, and ``plan_mode``
+    (the tile placement the job plans with: "tap", the default, or "tap-topo"); gbs, dp and the pool
     size are the sampler's. Buddy domains sit on that topology (libra::buddy_domain_starts); give
     ``libra.torch.domain_groups`` the same ``pricing``. docs/elastic.md."""
-    return _priced_placement_sampler(sequences, gbs, dp, pool_size, seed, elastic_k, elastic_threshold,
-                                     elastic_rule, _pricing_json(pricing, "priced_placement_sampler"))
+    config, plan_mode = _pricing_json(pricing, "priced_placement_sampler")
+    # Looked up per call: a package newer than its extension still imports.
+    make = _one_line_type_errors(_libra.priced_placement_sampler, "priced_placement_sampler")
+    return make(sequences, gbs, dp, pool_size, seed, elastic_k, elastic_threshold, elastic_rule, config, plan_mode)
 
 
 def _json_problem(value, where):

@@ -23,6 +23,11 @@
 PYBIND11_MODULE(_libra, m) {
   m.doc() = "libra core binding (torch-free); use the `libra` package";
   m.attr("FULL_CAUSAL") = libra::kFullCausal;
+  // pybind11 2.10 looks numpy's C API up in a function-local static on first use, with the GIL
+  // held: two threads making their first arrays at once (an in-process pool's workers, a Planner
+  // thread) deadlock on that static's guard while the lookup's import waits for the GIL. Looked up
+  // here, under the import lock, it is ready before any thread needs it.
+  pybind11::detail::npy_api::get();
   libra_py::bind_corpus(m);
   libra_py::bind_placement(m);
   libra_py::bind_plan(m);

@@ -50,14 +50,16 @@ void bind_sim(py::module_& m) {
   m.def(
       "priced_placement_sampler",
       [](const py::object& seqs, I64 gbs, I64 dp, I64 pool_size, std::uint64_t seed, I64 elastic_k,
-         double elastic_threshold, const std::string& elastic_rule, const std::string& config_json) {
+         double elastic_threshold, const std::string& elastic_rule, const std::string& config_json,
+         const std::string& plan_mode) {
         libra::SimConfig cfg = pricing_config(config_json);
         cfg.gbs = gbs;
         cfg.dp = dp;
         const libra::ElasticOptions e{.max_pools = elastic_k, .threshold = elastic_threshold,
                                       .rule = unwrap(libra::parse_elastic_rule(elastic_rule))};
         libra::ElasticPricer pricer = unwrap(libra::ElasticPricer::create(
-            cfg, {pool_size, cfg.head_shards.front(), cfg.block_sizes.front()}, e, cfg.seq_len));
+            cfg, {pool_size, cfg.head_shards.front(), cfg.block_sizes.front()}, e, cfg.seq_len, /*priced=*/true,
+            unwrap(libra::parse_plan_mode(plan_mode))));
         libra::SamplerOptions o{.gbs = gbs, .dp = dp,
                                 .placement = {.pool_size = pool_size, .mode = libra::PlacementMode::kVrspElastic,
                                               .seed = seed, .dp = dp, .elastic = pricer.elastic()}};
@@ -66,7 +68,7 @@ void bind_sim(py::module_& m) {
       },
       py::arg("sequences"), py::arg("gbs"), py::arg("dp"), py::arg("pool_size"), py::arg("seed") = 0,
       py::arg("elastic_k") = 2, py::arg("elastic_threshold") = 0.05, py::arg("elastic_rule") = "buddy",
-      py::arg("config_json") = "{}");
+      py::arg("config_json") = "{}", py::arg("plan_mode") = "tap");
 
   // (cp, gpus per node, nodes per supernode) of a pricing configuration: where the priced sampler's
   // buddy domains sit (libra::buddy_domain_starts), for libra.torch.domain_groups.

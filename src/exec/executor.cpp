@@ -148,6 +148,7 @@ class ScheduleExecutor final : public Executor {
   Status wait(Phase p, int m, Wire& w);
   Status compute(Pass pass, int m);
   Status grow_workspace(std::size_t bytes);
+  Status of_this_rank(Status s) const;
   Status run_pass(Pass pass);
   Status run_pass_steps(Pass pass);
 
@@ -316,6 +317,14 @@ Status ScheduleExecutor::grow_workspace(std::size_t bytes) {
   return Status();
 }
 
+// A backend's error (the kernel's scratch allocation failing, say) as this
+// rank's: the one line the job prints names the rank that failed. (The
+// test hook's injected failures name it already.)
+Status ScheduleExecutor::of_this_rank(Status s) const {
+  if (s.ok() || s.message().starts_with(fmt::format("rank {}: ", comm_.rank()))) return s;
+  return Error(s.error().code(), fmt::format("executor rank {}: {}", comm_.rank(), s.error().message()));
+}
+
 Status ScheduleExecutor::compute(Pass pass, int m) {
   TraceRecorder* tr = opts_.trace;
   const double t0 = tr ? tr->now_us() : 0;
@@ -333,13 +342,13 @@ Status ScheduleExecutor::compute(Pass pass, int m) {
       AttentionForward a{view(Field::kQ), view(Field::kK),   view(Field::kV), view(Field::kO),
                          view(Field::kLse), frags,           s_.window,       opts_.threads};
       LIBRA_TRY(grow_workspace(backend_->forward_workspace_bytes(a)));
-      LIBRA_TRY(backend_->forward(a, workspace_));
+      LIBRA_TRY(of_this_rank(backend_->forward(a, workspace_)));
     } else {
       AttentionBackward a{view(Field::kQ),  view(Field::kK),  view(Field::kV),  view(Field::kO),
                           view(Field::kDo), view(Field::kLse), view(Field::kDq), view(Field::kDk),
                           view(Field::kDv), frags,             s_.window,        opts_.threads};
       LIBRA_TRY(grow_workspace(backend_->backward_workspace_bytes(a)));
-      LIBRA_TRY(backend_->backward(a, workspace_));
+      LIBRA_TRY(of_this_rank(backend_->backward(a, workspace_)));
     }
     // Let the communication library move the other chunks' data.
     LIBRA_TRY(comm_.progress());

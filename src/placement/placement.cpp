@@ -86,12 +86,6 @@ constexpr std::array<std::string_view, 2> kRuleNames = {"buddy", "lightest"};
 // further swap would help: the loop provably terminates (every swap strictly
 // lowers the sum of squared loads), but the bound keeps the worst case cheap.
 constexpr std::int64_t kSwapsPerSequence = 16;
-// vrsp-refine's pool pairs examined per refinement: each swap scans every
-// pool, so without a bound the refinement is quadratic in the window
-// (GBS 131,072 took 37 s, 1,048,576 did not finish). Windows up to GBS
-// ~16K never reach it; larger ones keep the best found within it.
-constexpr std::int64_t kMaxPairEvaluations = std::int64_t{1} << 26;
-
 using detail::Pools;
 
 // R - 1 of `max_load` against `sum` over `k` pools, from an exact numerator so
@@ -198,8 +192,10 @@ void swap_heaviest_lightest(Pools& pools, std::span<const std::int64_t> w) {
 std::int64_t refine_max_pool(Pools& pools, std::vector<std::int64_t>& loads, std::span<const std::int64_t> w,
                              std::int64_t floor, std::int64_t budget, std::int64_t& pairs_left) {
   std::int64_t swaps = 0;
-  for (; swaps < budget && pairs_left > 0; ++swaps) {
-    pairs_left -= static_cast<std::int64_t>(pools.size());
+  // A scan examines pools.size() - 1 pairs: it runs only while that many are left.
+  const auto scan = static_cast<std::int64_t>(pools.size()) - 1;
+  for (; swaps < budget && pairs_left >= scan; ++swaps) {
+    pairs_left -= scan;
     const std::size_t h = argmax(loads);
     if (loads[h] <= floor) break;
     Swap best;
@@ -224,7 +220,9 @@ std::int64_t refine_max_pool(Pools& pools, std::vector<std::int64_t>& loads, std
 // never raises the maximum either. Returns the number of swaps made.
 std::int64_t balance_pairs(Pools& pools, std::vector<std::int64_t>& loads, std::span<const std::int64_t> w,
                            std::int64_t& pairs_left) {
-  pairs_left -= static_cast<std::int64_t>(pools.size() / 2);
+  const auto pairs = static_cast<std::int64_t>(pools.size() / 2);
+  if (pairs_left < pairs) return 0;
+  pairs_left -= pairs;
   std::vector<std::size_t> by_load(pools.size());
   std::iota(by_load.begin(), by_load.end(), std::size_t{0});
   std::sort(by_load.begin(), by_load.end(), [&](std::size_t a, std::size_t b) {
@@ -243,17 +241,19 @@ std::int64_t balance_pairs(Pools& pools, std::vector<std::int64_t>& loads, std::
   return swaps;
 }
 
-void refine(Pools& pools, std::span<const std::int64_t> w, std::int64_t floor) {
+// Returns the pool pairs examined (best_pair_swap calls), at most max_pairs.
+std::int64_t refine(Pools& pools, std::span<const std::int64_t> w, std::int64_t floor, std::int64_t max_pairs) {
   std::vector<std::int64_t> loads = pool_loads(pools, w);
   std::int64_t budget = kSwapsPerSequence * static_cast<std::int64_t>(w.size());
-  std::int64_t pairs_left = kMaxPairEvaluations;
+  std::int64_t pairs_left = max_pairs;
   for (;;) {
     budget -= refine_max_pool(pools, loads, w, floor, budget, pairs_left);
-    if (budget <= 0 || pairs_left <= 0 || *std::max_element(loads.begin(), loads.end()) <= floor) return;
+    if (budget <= 0 || *std::max_element(loads.begin(), loads.end()) <= floor) break;
     const std::int64_t moved = balance_pairs(pools, loads, w, pairs_left);
     budget -= moved;
-    if (moved == 0 || budget <= 0 || pairs_left <= 0) return;
+    if (moved == 0 || budget <= 0) break;
   }
+  return max_pairs - pairs_left;
 }
 
 // Balanced largest differencing (Karmarkar-Karp with exact cardinality):
@@ -330,18 +330,27 @@ std::int64_t max_load(const Pools& pools, std::span<const std::int64_t> w) {
 // The largest lower bound on the maximum pool load (see imbalance_lower_bound).
 std::int64_t max_load_floor(std::span<const std::int64_t> workloads, std::int64_t pool_size);
 
-Pools place_vrsp_refine(std::span<const std::int64_t> w, std::int64_t p) {
+}  // namespace
+
+namespace detail {
+
+RefineRun place_vrsp_refine_counted(std::span<const std::int64_t> w, std::int64_t p, std::int64_t max_pairs) {
   const std::int64_t floor = max_load_floor(w, p);
-  Pools best = place_vrsp(w, p);
-  refine(best, w, floor);
-  const std::int64_t best_max = max_load(best, w);
-  if (best_max <= floor) return best;
+  RefineRun run;
+  run.pools = place_vrsp(w, p);
+  run.pairs.push_back(refine(run.pools, w, floor, max_pairs));
+  const std::int64_t best_max = max_load(run.pools, w);
+  if (best_max <= floor) return run;
   Pools alt = place_balanced_differencing(w, p);
-  refine(alt, w, floor);
+  run.pairs.push_back(refine(alt, w, floor, max_pairs));
   // Strictly better only, so ties keep the VRSP-based answer.
-  if (max_load(alt, w) < best_max) return alt;
-  return best;
+  if (max_load(alt, w) < best_max) run.pools = std::move(alt);
+  return run;
 }
+
+}  // namespace detail
+
+namespace {
 
 Status validate(std::span<const std::int64_t> w, const PlacementOptions& options, std::int64_t& sum) {
   const std::int64_t p = options.pool_size;
@@ -435,9 +444,39 @@ double domain_imbalance(std::span<const std::int64_t> loads, const std::vector<s
   return static_cast<double>(num) / (static_cast<double>(best_n) * static_cast<double>(sum));
 }
 
+std::vector<std::int32_t> node_interleaved_slots(std::span<const std::int64_t> workloads, const NodeInterleave& where) {
+  const auto P = static_cast<std::int64_t>(workloads.size());
+  std::vector<std::int32_t> order(workloads.size());
+  std::iota(order.begin(), order.end(), 0);
+  if (where.cp <= 0 || where.gpus_per_node <= 0 || where.gpus_per_node % where.cp != 0) return order;
+  const std::int64_t per_node = where.gpus_per_node / where.cp;
+  const std::int64_t nodes = (P + per_node - 1) / per_node;
+  if (per_node < 2 || nodes < 2) return order;
+  const std::vector<std::int32_t> heavy = heavy_first(workloads);
+  std::vector<std::int64_t> filled(static_cast<std::size_t>(nodes), 0);
+  std::size_t next = 0;
+  for (std::int64_t round = 0; next < heavy.size(); ++round) {
+    for (std::int64_t i = 0; i < nodes && next < heavy.size(); ++i) {
+      const std::int64_t n = round % 2 == 0 ? i : nodes - 1 - i;
+      const std::int64_t slot = n * per_node + filled[static_cast<std::size_t>(n)];
+      if (filled[static_cast<std::size_t>(n)] == per_node || slot >= P) continue;
+      ++filled[static_cast<std::size_t>(n)];
+      order[static_cast<std::size_t>(slot)] = heavy[next++];
+    }
+  }
+  return order;
+}
+
 Result<WindowPlacement> place_window(std::span<const std::int64_t> workloads, const PlacementOptions& options) {
   std::int64_t sum = 0;
   LIBRA_TRY(validate(workloads, options, sum));
+  if (options.interleave.cp < 0 || options.interleave.gpus_per_node < 0) {
+    return invalid_input("slot interleave: cp " + std::to_string(options.interleave.cp) + ", gpus per node " +
+                         std::to_string(options.interleave.gpus_per_node) + ": must be >= 0 (0: off)");
+  }
+  if (options.mode == PlacementMode::kVrspElastic && options.interleave.cp > 0 && options.interleave.gpus_per_node > 0) {
+    return invalid_input("slot interleave: not with mode vrsp-elastic (its domains fix their slot order)");
+  }
   const std::int64_t p = options.pool_size;
   Pools pools;
   std::vector<std::vector<std::int32_t>> domains;  // empty: one per pool
@@ -466,7 +505,7 @@ Result<WindowPlacement> place_window(std::span<const std::int64_t> workloads, co
       swap_heaviest_lightest(pools, workloads);
       break;
     case PlacementMode::kVrspRefine:
-      pools = place_vrsp_refine(workloads, p);
+      pools = detail::place_vrsp_refine_counted(workloads, p).pools;
       break;
     case PlacementMode::kVrspElastic: {
       if (options.elastic.max_pools < 1) {
@@ -495,6 +534,16 @@ Result<WindowPlacement> place_window(std::span<const std::int64_t> workloads, co
     }
   }
   if (pools.empty()) return internal_error("placement: unknown mode");
+  if (options.interleave.cp > 0 && options.interleave.gpus_per_node > 0) {
+    std::vector<std::int64_t> w(static_cast<std::size_t>(p));
+    for (auto& pool : pools) {
+      for (std::size_t s = 0; s < pool.size(); ++s) w[s] = workloads[static_cast<std::size_t>(pool[s])];
+      const std::vector<std::int32_t> order = node_interleaved_slots(w, options.interleave);
+      std::vector<std::int32_t> moved(pool.size());
+      for (std::size_t s = 0; s < pool.size(); ++s) moved[s] = pool[static_cast<std::size_t>(order[s])];
+      pool = std::move(moved);
+    }
+  }
   WindowPlacement out;
   out.loads = pool_loads(pools, workloads);
   out.pools = std::move(pools);

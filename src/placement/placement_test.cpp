@@ -11,6 +11,7 @@
 #include <numeric>
 #include <vector>
 
+#include "placement/internal.hpp"
 #include "placement/random.hpp"
 
 namespace libra {
@@ -235,6 +236,51 @@ RC_GTEST_PROP(VrspRefine, StopsAtTheBoundOrWhereNoSwapHelps, ()) {
   }
 }
 
+// A window of `n` workloads spread evenly over [1, 2^40] from a fixed seed:
+// no sequence dominates, so the lower bound is the mean load, which
+// integer loads almost never reach exactly, and nearly every swap that
+// lowers the heaviest pool leaves another just as heavy to work on.
+std::vector<std::int64_t> even_window(std::size_t n, std::uint64_t seed) {
+  std::vector<std::int64_t> w(n);
+  std::uint64_t state = seed;
+  for (auto& f : w) f = 1 + static_cast<std::int64_t>(detail::uniform_below(state, std::uint64_t{1} << 40));
+  return w;
+}
+
+// Issue 21: vrsp-refine scanned every pool per swap with no limit, so its
+// pair checks grew with the square of the window (GBS 131,072 took 37 s,
+// 1,048,576 did not finish). Every refinement now stops at a bound on the
+// pool pairs it examines (kMaxPairEvaluations in place_window). This window
+// needs about 7M unbounded, so bounds of 2^16 and 2^20 are both reached;
+// with the bound's checks removed the test fails (7.0M > 2^16).
+TEST(VrspRefine, PairChecksNeverExceedTheBound) {
+  const std::vector<std::int64_t> w = even_window(16384, 21);
+  const std::int64_t p = 8, scan = static_cast<std::int64_t>(w.size()) / p - 1;
+  const auto vrsp = place(w, p, PlacementMode::kVrsp);
+  for (std::int64_t bound : {std::int64_t{1} << 16, std::int64_t{1} << 20}) {
+    const auto run = detail::place_vrsp_refine_counted(w, p, bound);
+    ASSERT_EQ(run.pairs.size(), 2U);  // from VRSP, then from balanced differencing
+    for (std::int64_t pairs : run.pairs) EXPECT_LE(pairs, bound);
+    EXPECT_GT(run.pairs[0], bound - scan) << "the window must need more pair checks than the bound";
+    // Stopped early, it is still a placement and never worse than VRSP.
+    std::vector<std::int32_t> all;
+    for (const auto& pool : run.pools) {
+      EXPECT_EQ(static_cast<std::int64_t>(pool.size()), p);
+      all.insert(all.end(), pool.begin(), pool.end());
+    }
+    std::sort(all.begin(), all.end());
+    for (std::size_t i = 0; i < all.size(); ++i) ASSERT_EQ(all[i], static_cast<std::int32_t>(i));
+    const auto loads = detail::pool_loads(run.pools, w);
+    EXPECT_LE(*std::max_element(loads.begin(), loads.end()),
+              *std::max_element(vrsp.loads.begin(), vrsp.loads.end()));
+  }
+  // place_window is this refinement under kMaxPairEvaluations.
+  const std::vector<std::int64_t> small = even_window(4096, 5);
+  const auto run = detail::place_vrsp_refine_counted(small, p);
+  for (std::int64_t pairs : run.pairs) EXPECT_LE(pairs, detail::kMaxPairEvaluations);
+  EXPECT_EQ(place(small, p, PlacementMode::kVrspRefine).pools, run.pools);
+}
+
 RC_GTEST_PROP(ZigzagSwap, NeverWorseThanZigzagAndStopsAtAFixedPoint, ()) {
   const auto [w, p] = *gen_window(64);
   const auto zz = place_window(w, {.pool_size = p, .mode = PlacementMode::kZigzag});
@@ -422,6 +468,99 @@ TEST(SequenceWorkloads, SumsSquaresAndNamesTheSequence) {
   auto e = sequence_workloads(bad);
   ASSERT_FALSE(e.ok());
   EXPECT_NE(e.error().message().find("packed sequence 1"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace libra
+
+namespace libra {
+namespace {
+
+// The heaviest node's load of a slot order (node n holds slots [n*k, (n+1)*k)).
+std::int64_t heaviest_node(const std::vector<std::int64_t>& w, const std::vector<std::int32_t>& order, std::size_t k) {
+  std::int64_t worst = 0;
+  for (std::size_t n = 0; n * k < order.size(); ++n) {
+    std::int64_t sum = 0;
+    for (std::size_t s = n * k; s < std::min(order.size(), (n + 1) * k); ++s) sum += w[static_cast<std::size_t>(order[s])];
+    worst = std::max(worst, sum);
+  }
+  return worst;
+}
+
+TEST(NodeInterleave, HandComputedSerpentine) {
+  // VRSP order (heaviest first), CP 4 on 8-GPU nodes: two slots per node.
+  const std::vector<std::int64_t> w = {80, 70, 60, 50, 40, 30, 20, 10};
+  EXPECT_EQ(node_interleaved_slots(w, {.cp = 4, .gpus_per_node = 8}),
+            (std::vector<std::int32_t>{0, 7, 1, 6, 2, 5, 3, 4}));
+  // Four slots per node, two nodes: 0 3 4 7 | 1 2 5 6 by rank.
+  EXPECT_EQ(node_interleaved_slots(w, {.cp = 2, .gpus_per_node = 8}),
+            (std::vector<std::int32_t>{0, 3, 4, 7, 1, 2, 5, 6}));
+  // Ties go to the lower slot; a slot order that is not heaviest first is ranked first.
+  EXPECT_EQ(node_interleaved_slots(std::vector<std::int64_t>{5, 9, 5, 1}, {.cp = 1, .gpus_per_node = 2}),
+            (std::vector<std::int32_t>{1, 3, 0, 2}));
+}
+
+TEST(NodeInterleave, IdentityWhereNothingSpreads) {
+  const std::vector<std::int64_t> w = {1, 9, 3, 7, 5, 2};
+  const std::vector<std::int32_t> id = {0, 1, 2, 3, 4, 5};
+  EXPECT_EQ(node_interleaved_slots(w, {.cp = 8, .gpus_per_node = 8}), id);   // a slot fills a node
+  EXPECT_EQ(node_interleaved_slots(w, {.cp = 16, .gpus_per_node = 8}), id);  // or more
+  EXPECT_EQ(node_interleaved_slots(w, {.cp = 3, .gpus_per_node = 8}), id);   // slots would straddle nodes
+  EXPECT_EQ(node_interleaved_slots(w, {.cp = 1, .gpus_per_node = 8}), id);   // one node
+  EXPECT_EQ(node_interleaved_slots(w, {.cp = 0, .gpus_per_node = 8}), id);   // off
+}
+
+// Against brute force: with two slots per node the serpentine order reaches
+// the least heaviest-node load over every slot order; with more per node it
+// puts the N heaviest sequences on N different nodes and is a permutation.
+RC_GTEST_PROP(NodeInterleave, TwoPerNodeIsOptimalAgainstBruteForce, ()) {
+  const auto nodes = *rc::gen::inRange<std::size_t>(2, 5);
+  const auto per = *rc::gen::inRange<std::size_t>(2, 4);
+  const std::size_t P = per == 2 ? nodes * 2 : nodes * per - *rc::gen::inRange<std::size_t>(0, per - 1);
+  const auto w = *rc::gen::container<std::vector<std::int64_t>>(P, rc::gen::inRange<std::int64_t>(0, 50));
+  const std::vector<std::int32_t> order =
+      node_interleaved_slots(w, {.cp = 2, .gpus_per_node = static_cast<std::int64_t>(2 * per)});
+  std::vector<std::int32_t> sorted = order;
+  std::sort(sorted.begin(), sorted.end());
+  for (std::size_t s = 0; s < P; ++s) RC_ASSERT(sorted[s] == static_cast<std::int32_t>(s));
+  // The heaviest `nodes` sequences (by rank, ties lower slot) sit on distinct nodes.
+  std::vector<std::int32_t> rank(P);
+  std::iota(rank.begin(), rank.end(), 0);
+  std::stable_sort(rank.begin(), rank.end(), [&](std::int32_t a, std::int32_t b) { return w[a] > w[b]; });
+  std::vector<int> seen(nodes, 0);
+  for (std::size_t s = 0; s < P; ++s) {
+    const auto r = static_cast<std::size_t>(std::find(rank.begin(), rank.end(), order[s]) - rank.begin());
+    if (r < nodes) RC_ASSERT(++seen[s / per] == 1);
+  }
+  if (per == 2 && P <= 8) {
+    std::vector<std::int32_t> perm(P);
+    std::iota(perm.begin(), perm.end(), 0);
+    std::int64_t best = std::numeric_limits<std::int64_t>::max();
+    do {
+      best = std::min(best, heaviest_node(w, perm, per));
+    } while (std::next_permutation(perm.begin(), perm.end()));
+    RC_ASSERT(heaviest_node(w, order, per) == best);
+  }
+}
+
+TEST(NodeInterleave, PlaceWindowReordersEveryPoolAndChecksItsInput) {
+  const std::vector<std::int64_t> w = {10, 80, 20, 70, 30, 60, 40, 50, 15, 75, 25, 65, 35, 55, 45, 5};
+  auto plain = place_window(w, {.pool_size = 8, .mode = PlacementMode::kVrsp});
+  auto mixed = place_window(w, {.pool_size = 8, .mode = PlacementMode::kVrsp, .interleave = {.cp = 4, .gpus_per_node = 8}});
+  ASSERT_TRUE(plain.ok() && mixed.ok());
+  EXPECT_EQ(plain->loads, mixed->loads);
+  EXPECT_EQ(plain->imbalance, mixed->imbalance);
+  for (std::size_t k = 0; k < plain->pools.size(); ++k) {
+    std::vector<std::int64_t> pw;
+    for (std::int32_t i : plain->pools[k]) pw.push_back(w[static_cast<std::size_t>(i)]);
+    const auto order = node_interleaved_slots(pw, {.cp = 4, .gpus_per_node = 8});
+    for (std::size_t s = 0; s < order.size(); ++s) EXPECT_EQ(mixed->pools[k][s], plain->pools[k][static_cast<std::size_t>(order[s])]);
+  }
+  auto bad = place_window(w, {.pool_size = 8, .mode = PlacementMode::kVrsp, .interleave = {.cp = -1, .gpus_per_node = 8}});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.error().message(), "slot interleave: cp -1, gpus per node 8: must be >= 0 (0: off)");
+  auto elastic = place_window(w, {.pool_size = 8, .mode = PlacementMode::kVrspElastic, .interleave = {.cp = 4, .gpus_per_node = 8}});
+  ASSERT_FALSE(elastic.ok());
 }
 
 }  // namespace

@@ -153,8 +153,12 @@ static Status check_config(const SimConfig& cfg, const SimCandidate& cand) {
 }
 
 Result<ElasticPricer> ElasticPricer::create(const SimConfig& cfg, const SimCandidate& cand,
-                                            const ElasticOptions& elastic, std::int64_t seq_len, bool priced) {
+                                            const ElasticOptions& elastic, std::int64_t seq_len, bool priced,
+                                            PlanMode plan_mode) {
   LIBRA_TRY(check_config(cfg, cand));
+  if (plan_mode != PlanMode::kTap && plan_mode != PlanMode::kTapTopo) {
+    return invalid_input(fmt::format("--elastic-plan-mode {}: must be tap or tap-topo", plan_mode_name(plan_mode)));
+  }
   if (seq_len < 1) return invalid_input(fmt::format("--seq-len {}: must be at least 1", seq_len));
   auto impl = std::make_shared<Impl>();
   impl->cfg = cfg;
@@ -167,7 +171,7 @@ Result<ElasticPricer> ElasticPricer::create(const SimConfig& cfg, const SimCandi
   impl->priced = priced;
   impl->ctx = std::make_unique<detail::Ctx>(
       detail::Ctx{impl->cfg, seq_len, ThroughputTable(impl->cfg.cost.kernel), {cand}});
-  impl->pc = detail::tap_config(*impl->ctx, cand.head_shards, cand.block_size);
+  impl->pc = detail::plan_config(*impl->ctx, cand.head_shards, cand.block_size, cfg.chunks, plan_mode, false);
   if (Status s = validate_plan_config(impl->pc); !s.ok()) {
     return invalid_input(
         fmt::format("--head-shards {} --block-size {}: {}", cand.head_shards, cand.block_size, s.message()));
@@ -203,14 +207,14 @@ SamplerOptions::Placer priced_elastic_placer(ElasticPricer pricer) {
 }
 
 Result<ElasticSimResult> simulate_elastic(const SimConfig& cfg, const SimCandidate& cand,
-                                          const ElasticOptions& elastic, bool priced) {
+                                          const ElasticOptions& elastic, bool priced, PlanMode plan_mode) {
   LIBRA_TRY(check_config(cfg, cand));
   if (cfg.max_windows < 0) return invalid_input(fmt::format("--windows {}: must be >= 0", cfg.max_windows));
   if (cfg.threads < 0) return invalid_input(fmt::format("--threads {}: must be >= 0", cfg.threads));
   LIBRA_ASSIGN_OR_RETURN(SimInput in, load_sim_input(cfg));
   const std::int64_t seq_len = in.seq_len;
   const std::vector<PackedSequence>& seqs = in.sequences;
-  LIBRA_ASSIGN_OR_RETURN(ElasticPricer pricer, ElasticPricer::create(cfg, cand, elastic, seq_len, priced));
+  LIBRA_ASSIGN_OR_RETURN(ElasticPricer pricer, ElasticPricer::create(cfg, cand, elastic, seq_len, priced, plan_mode));
   const std::int64_t full = static_cast<std::int64_t>(seqs.size()) / cfg.gbs;
   if (full < 1) {
     return invalid_input(fmt::format("{}: {} packed sequences at --seq-len {} is shorter than one window of --gbs {}",
@@ -246,6 +250,7 @@ Result<ElasticSimResult> simulate_elastic(const SimConfig& cfg, const SimCandida
   r.candidate = cand;
   r.elastic = elastic;
   r.priced = priced;
+  r.plan_mode = plan_mode;
   r.windows = windows;
   r.steps = windows * (cfg.gbs / cfg.dp);
   std::vector<double> pv, pe, wv, we, bv, be, lv, le, tv, te, fv, fe;
@@ -289,9 +294,9 @@ Result<ElasticSimResult> simulate_elastic(const SimConfig& cfg, const SimCandida
 
 std::string elastic_table(const ElasticSimResult& r) {
   std::string out = fmt::format(
-      "# elastic pools: {}  L {}  GBS {}  DP {}  CP {}  P {} H {} B {}  k {}  threshold {}  rule {}\n", r.source,
-      r.seq_len, r.gbs, r.dp, r.cp, r.candidate.pool_size, r.candidate.head_shards, r.candidate.block_size,
-      r.elastic.max_pools, r.elastic.threshold, elastic_rule_name(r.elastic.rule));
+      "# elastic pools: {}  L {}  GBS {}  DP {}  CP {}  P {} H {} B {}  k {}  threshold {}  rule {}  tiles {}\n",
+      r.source, r.seq_len, r.gbs, r.dp, r.cp, r.candidate.pool_size, r.candidate.head_shards, r.candidate.block_size,
+      r.elastic.max_pools, r.elastic.threshold, elastic_rule_name(r.elastic.rule), plan_mode_name(r.plan_mode));
   out += fmt::format("fusing: {}; {} windows vrsp-elastic fused were kept on VRSP (predicted slower)\n",
                      r.priced ? "priced (fused only where the cost model predicts a faster step)" : "unpriced",
                      r.declined_windows);
@@ -360,6 +365,7 @@ std::string elastic_json(const ElasticSimResult& r) {
          {"fused_step_latency_s", pair(r.fused_step_latency)},
          {"mean_window_speedup", r.mean_window_speedup},
          {"priced", r.priced},
+         {"plan_mode", std::string(plan_mode_name(r.plan_mode))},
          {"declined_windows", r.declined_windows}};
   J per = J::array();
   for (const auto& x : r.per_window) {

@@ -200,6 +200,9 @@ TEST(ElasticSim, BadInput) {
   EXPECT_FALSE(k.ok());
   auto b = simulate_elastic(small_config(), {.pool_size = 2, .head_shards = 3, .block_size = 1024}, {});
   EXPECT_FALSE(b.ok());
+  auto m = simulate_elastic(small_config(), kCand, {}, true, PlanMode::kUlysses);
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.error().message().find("must be tap or tap-topo"), std::string::npos);
 }
 
 }  // namespace

@@ -73,7 +73,8 @@ E2eWindow e2e_window(const Ctx& ctx, std::span<const PackedSequence> window, std
     // replicas wait for each other at every layer's all-to-all.
     const std::int64_t p = std::gcd(rec.pool_size, dp);
     const double t0 = thread_cpu_seconds();
-    auto pl = place_window(*f, {.pool_size = p, .mode = PlacementMode::kVrsp, .seed = cfg.seed});
+    const NodeInterleave interleave = libra == Variant::kLibraTopo ? topo_interleave(ctx) : NodeInterleave{};
+    auto pl = place_window(*f, {.pool_size = p, .mode = PlacementMode::kVrsp, .seed = cfg.seed, .interleave = interleave});
     if (!pl.ok()) {
       out.status = pl.error();
       return out;

@@ -60,6 +60,10 @@ struct PlanCost {
 PlanConfig plan_config(const Ctx& ctx, std::int64_t h, std::int64_t b, std::int64_t chunks, PlanMode mode,
                        bool dedup_kv);
 PlanConfig tap_config(const Ctx& ctx, std::int64_t h, std::int64_t b);
+// libra-topo's pools: VRSP with the slots interleaved over the cost model's
+// nodes (node_interleaved_slots), so a pool's heaviest sequences do not
+// share a node's NICs. Pools are node-aligned here (pool_gpus).
+NodeInterleave topo_interleave(const Ctx& ctx);
 PlanConfig ulysses_config(const Ctx& ctx);
 
 // GPU ids of a domain's workers: slot p of a domain whose slot 0 sits on

@@ -77,6 +77,10 @@ PlanConfig plan_config(const Ctx& ctx, std::int64_t h, std::int64_t b, std::int6
   return pc;
 }
 
+NodeInterleave topo_interleave(const Ctx& ctx) {
+  return {.cp = ctx.cfg.cp, .gpus_per_node = ctx.cfg.cost.net.gpus_per_node};
+}
+
 PlanConfig tap_config(const Ctx& ctx, std::int64_t h, std::int64_t b) {
   return plan_config(ctx, h, b, ctx.cfg.chunks, PlanMode::kTap, false);
 }

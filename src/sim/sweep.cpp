@@ -93,9 +93,10 @@ WindowResult simulate_window(const Ctx& ctx, std::span<const PackedSequence> win
     out.wlb_loader = std::move(*wl);
   }
 
-  auto placement_for = [&](std::int64_t p, PlacementMode mode) -> Result<Placed> {
+  auto placement_for = [&](std::int64_t p, PlacementMode mode, NodeInterleave interleave = {}) -> Result<Placed> {
     const double t1 = thread_cpu_seconds();
-    LIBRA_ASSIGN_OR_RETURN(WindowPlacement pl, place_window(*f, {.pool_size = p, .mode = mode, .seed = cfg.seed}));
+    LIBRA_ASSIGN_OR_RETURN(WindowPlacement pl,
+                           place_window(*f, {.pool_size = p, .mode = mode, .seed = cfg.seed, .interleave = interleave}));
     LIBRA_ASSIGN_OR_RETURN(StepLayout lay, layout_window(pl, cfg.dp));
     tm.placement += thread_cpu_seconds() - t1;
     return std::make_pair(std::move(pl), std::move(lay));
@@ -142,6 +143,7 @@ WindowResult simulate_window(const Ctx& ctx, std::span<const PackedSequence> win
   const bool time_distca = distca_skip_reason(cfg).empty();
   std::map<std::pair<std::int64_t, std::int64_t>, std::vector<double>> distca;  // per (H, B)
   std::map<std::int64_t, std::map<PlacementMode, Placed>> by_p;
+  std::map<std::int64_t, Placed> topo_by_p;  // libra-topo's interleaved VRSP pools
   const auto modes = all_placement_modes();
   out.cand.resize(ctx.candidates.size());
   for (std::size_t ci = 0; ci < ctx.candidates.size(); ++ci) {
@@ -185,7 +187,13 @@ WindowResult simulate_window(const Ctx& ctx, std::span<const PackedSequence> win
     if (s.ok()) {
       const PlanConfig topo =
           plan_config(ctx, cand.head_shards, cand.block_size, cfg.chunks, PlanMode::kTapTopo, false);
-      s = run_pools(placed.at(PlacementMode::kVrsp), topo, {{Variant::kLibraTopo, true}}, cw, Record::kTopo);
+      auto tp = topo_by_p.find(cand.pool_size);
+      if (tp == topo_by_p.end()) {
+        auto pl = placement_for(cand.pool_size, PlacementMode::kVrsp, topo_interleave(ctx));
+        if (!pl.ok()) return fail(pl.error());
+        tp = topo_by_p.emplace(cand.pool_size, std::move(*pl)).first;
+      }
+      s = run_pools(tp->second, topo, {{Variant::kLibraTopo, true}}, cw, Record::kTopo);
     }
     if (s.ok() && time_distca) {
       // One pool of P = DP per GA step in loader order; once per (H, B).

@@ -356,155 +356,157 @@ Result<Plan> build_plan(std::span<const PackedSequence> pool, const PlanConfig& 
     }
   }
 
-  // 6. Transfers, Q (by tile), KV (by destination, group, begin), O (by
-  //    tile), bucketed by (src, dst) in that order: one pass counts, the
-  //    second writes each transfer straight into its bucket. A KV group
-  //    sends one item per home run of its sample (the rows of an item are
+  // 6. Transfers and their chunks. A bucket (src, dst) lists Q items (by
+  //    tile), then KV items (by group of dst, then begin), then O items (by
+  //    tile); chunk m's bucket lists the same items restricted to chunk m's
+  //    heads, KV items without a head in chunk m left out. A KV group sends
+  //    one item per home run of its sample (the rows of an item are
   //    consecutive in the sender's home buffer); the runs are the same for
-  //    every key of a sample, so they are found once. Beside each KV item:
-  //    its entry in worker_group_ids (for its chunk uses) and its dedup
-  //    key. The K/V tokens a worker holds itself are what it keeps.
-  struct Run {
-    std::int64_t begin, end;
-    std::int32_t src;
-  };
-  std::vector<Run> runs;
-  std::vector<std::size_t> sample_runs(static_cast<std::size_t>(total_samples) + 1, 0);
-  runs.reserve(static_cast<std::size_t>(total_samples) + static_cast<std::size_t>(W) * 2);
-  for (int p = 0; p < g.pool_size; ++p) {
-    for (std::int32_t j = g.sample_base[p]; j < g.sample_base[p + 1]; ++j) {
-      const std::int64_t stop = g.starts[j] + g.lengths[j];
-      for (std::int64_t x = g.starts[j]; x < stop;) {
-        const HomeSpot h = g.map.locate(x);
-        const std::int64_t y = std::min(stop, h.run_end);
-        runs.push_back({x, y, p * g.cp + h.rank});
-        x = y;
-      }
-      sample_runs[static_cast<std::size_t>(j) + 1] = runs.size();
+  //    every key of a sample (Geometry::runs). The items are first
+  //    sorted into their buckets as small indices (a counting sort keeps
+  //    the generation order), so that both lists are written front to back.
+  // KV heads of chunk m for each dedup key (they depend on nothing else).
+  const Plan view(d);
+  std::vector<HeadRange> chunk_kv(static_cast<std::size_t>(g.keys_per_sample) * static_cast<std::size_t>(M));
+  for (int k = 0; k < g.keys_per_sample; ++k) {
+    for (int m = 0; m < M; ++m) {
+      chunk_kv[static_cast<std::size_t>(k) * M + m] =
+          view.chunk_kv_heads(rep_shard_heads[static_cast<std::size_t>(k)], key_group[static_cast<std::size_t>(k)].kv_heads, m);
     }
   }
-  auto group_runs = [&](const KvGroup& grp) {
-    const auto j = static_cast<std::size_t>(g.sample_base[grp.slot] + grp.sample);
-    return std::span<const Run>(runs).subspan(sample_runs[j], sample_runs[j + 1] - sample_runs[j]);
-  };
   d->tier_bytes.assign(static_cast<std::size_t>(W), TierBytes{});
-  d->transfer_offsets.assign(W2 + 1, 0);
-  d->byte_matrix.assign(W2, 0);
-  {
-    std::size_t* count = d->transfer_offsets.data() + 1;
-    for (const Tile& t : d->tiles) {
-      if (t.worker == t.home) continue;
-      ++count[static_cast<std::size_t>(t.home) * W + t.worker];
-      ++count[static_cast<std::size_t>(t.worker) * W + t.home];
+  struct KvItem {
+    std::int32_t entry;  // in worker_group_ids
+    std::int32_t key;
+    std::int32_t run;  // in g.runs
+  };
+  std::vector<std::size_t> q_at(W2 + 1, 0), kv_at(W2 + 1, 0), o_at(W2 + 1, 0);
+  for (const Tile& t : d->tiles) {
+    if (t.worker == t.home) {
+      d->tier_bytes[static_cast<std::size_t>(t.worker)].kept += 2 * qo_bytes(g, t.end - t.begin, t.heads.size());
+      continue;
     }
-    for (int r = 0; r < W; ++r) {
-      for (std::size_t k = d->worker_group_offsets[r]; k < d->worker_group_offsets[r + 1]; ++k) {
-        for (const Run& run : group_runs(d->groups[static_cast<std::size_t>(d->worker_group_ids[k])])) {
-          if (run.src != r) ++count[static_cast<std::size_t>(run.src) * W + r];
+    ++q_at[static_cast<std::size_t>(t.home) * W + t.worker + 1];
+    ++o_at[static_cast<std::size_t>(t.worker) * W + t.home + 1];
+  }
+  for (int r = 0; r < W; ++r) {
+    for (std::size_t k = d->worker_group_offsets[r]; k < d->worker_group_offsets[r + 1]; ++k) {
+      const KvGroup& grp = d->groups[static_cast<std::size_t>(d->worker_group_ids[k])];
+      for (const Geometry::Run& run : g.sample_runs(g.sample_base[grp.slot] + grp.sample)) {
+        const int src = grp.slot * g.cp + run.rank;
+        if (src != r) {
+          ++kv_at[static_cast<std::size_t>(src) * W + r + 1];
+        } else {
+          d->tier_bytes[static_cast<std::size_t>(r)].kept += kv_bytes(g, run.end - run.begin, grp.kv_heads.size());
         }
       }
     }
   }
-  for (std::size_t b = 0; b < W2; ++b) d->transfer_offsets[b + 1] += d->transfer_offsets[b];
-  d->transfers.resize(d->transfer_offsets[W2]);
-  // Per transfer: its KV entry and key (-1 for Q and O).
-  std::vector<std::int32_t> item_entry(d->transfers.size(), -1), item_key(d->transfers.size(), -1);
+  for (std::size_t b = 0; b < W2; ++b) {
+    q_at[b + 1] += q_at[b];
+    kv_at[b + 1] += kv_at[b];
+    o_at[b + 1] += o_at[b];
+  }
+  std::vector<std::int32_t> q_ids(q_at[W2]), o_ids(o_at[W2]);
+  std::vector<KvItem> kv_items(kv_at[W2]);
   {
-    std::vector<std::size_t> at(d->transfer_offsets.begin(), d->transfer_offsets.end() - 1);
-    auto put = [&](const Transfer& x) {
-      const std::size_t bucket = static_cast<std::size_t>(x.src) * W + x.dst;
-      d->byte_matrix[bucket] += x.bytes;
-      d->comm_bytes += x.bytes;
-      const std::size_t i = at[bucket]++;
-      d->transfers[i] = x;
-      d->transfers[i].last_use = M - 1;
-      return i;
-    };
+    std::vector<std::size_t> qi(q_at.begin(), q_at.end() - 1), ki(kv_at.begin(), kv_at.end() - 1),
+        oi(o_at.begin(), o_at.end() - 1);
     for (const Tile& t : d->tiles) {
-      if (t.worker == t.home) {
-        d->tier_bytes[static_cast<std::size_t>(t.worker)].kept += 2 * qo_bytes(g, t.end - t.begin, t.heads.size());
-        continue;
-      }
-      put(Transfer{TransferKind::kQ, t.home, t.worker, t.slot, t.begin, t.end, t.heads, t.id, -1,
-                   qo_bytes(g, t.end - t.begin, t.heads.size())});
+      if (t.worker == t.home) continue;
+      q_ids[qi[static_cast<std::size_t>(t.home) * W + t.worker]++] = t.id;
+      o_ids[oi[static_cast<std::size_t>(t.worker) * W + t.home]++] = t.id;
     }
     for (int r = 0; r < W; ++r) {
       for (std::size_t k = d->worker_group_offsets[r]; k < d->worker_group_offsets[r + 1]; ++k) {
         const std::int32_t gid = d->worker_group_ids[k];
         const KvGroup& grp = d->groups[static_cast<std::size_t>(gid)];
-        const std::int32_t key = gid - (g.sample_base[grp.slot] + grp.sample) * g.keys_per_sample;
-        for (const Run& run : group_runs(grp)) {
-          const std::int64_t bytes = kv_bytes(g, run.end - run.begin, grp.kv_heads.size());
-          if (run.src == r) {
-            d->tier_bytes[static_cast<std::size_t>(r)].kept += bytes;
-            continue;
-          }
-          const std::size_t i =
-              put(Transfer{TransferKind::kKv, run.src, r, grp.slot, run.begin, run.end, grp.kv_heads, -1, gid, bytes});
-          item_entry[i] = static_cast<std::int32_t>(k);
-          item_key[i] = key;
+        const std::int32_t j = g.sample_base[grp.slot] + grp.sample;
+        const std::int32_t key = gid - j * g.keys_per_sample;
+        for (std::int32_t u = g.run_base[static_cast<std::size_t>(j)]; u < g.run_base[static_cast<std::size_t>(j) + 1]; ++u) {
+          const int src = grp.slot * g.cp + g.runs[static_cast<std::size_t>(u)].rank;
+          if (src == r) continue;
+          kv_items[ki[static_cast<std::size_t>(src) * W + r]++] = {static_cast<std::int32_t>(k), key, u};
         }
       }
     }
-    for (const Tile& t : d->tiles) {
-      if (t.worker == t.home) continue;
-      put(Transfer{TransferKind::kO, t.worker, t.home, t.slot, t.begin, t.end, t.heads, t.id, -1,
-                   qo_bytes(g, t.end - t.begin, t.heads.size())});
-    }
   }
-
-  // 7. Chunks: every transfer restricted to chunk m's heads, same order.
+  // Item counts of every (chunk, bucket), then their offsets.
+  d->transfer_offsets.assign(W2 + 1, 0);
   d->chunk_offsets.assign(static_cast<std::size_t>(M) * W2 + 1, 0);
-  d->chunk_byte_matrix.assign(static_cast<std::size_t>(M) * W2, 0);
-  const Plan view(d);
-  // KV heads of chunk m for each dedup key (they depend on nothing else).
-  std::vector<HeadRange> chunk_kv(static_cast<std::size_t>(g.keys_per_sample) * static_cast<std::size_t>(M));
-  std::vector<std::size_t> key_chunks(static_cast<std::size_t>(g.keys_per_sample), 0);
-  for (int k = 0; k < g.keys_per_sample; ++k) {
-    const KvGroup& first = d->groups[static_cast<std::size_t>(k)];
-    for (int m = 0; m < M; ++m) {
-      const HeadRange h = view.chunk_kv_heads(rep_shard_heads[static_cast<std::size_t>(k)], first.kv_heads, m);
-      chunk_kv[static_cast<std::size_t>(k) * M + m] = h;
-      if (h.size() > 0) ++key_chunks[static_cast<std::size_t>(k)];
-    }
-  }
-  {
-    std::size_t items = 0;
-    for (std::int32_t key : item_key) items += key < 0 ? static_cast<std::size_t>(M) : key_chunks[static_cast<std::size_t>(key)];
-    d->chunk_transfers.reserve(items);
-  }
-  for (int m = 0; m < M; ++m) {
-    for (std::size_t b = 0; b < W2; ++b) {
-      std::int64_t bytes = 0;
-      for (std::size_t k = d->transfer_offsets[b]; k < d->transfer_offsets[b + 1]; ++k) {
-        Transfer x = d->transfers[k];
-        if (x.kind == TransferKind::kKv) {
-          const auto key = static_cast<std::size_t>(item_key[k]);
-          const std::int32_t kv_begin = x.heads.begin;
-          x.heads = chunk_kv[key * M + m];
-          if (x.heads.size() == 0) continue;
-          x.bytes = kv_bytes(g, x.end - x.begin, x.heads.size());
-          x.first_use = M;
-          x.last_use = -1;
-          const ChunkUse* uses = &d->kv_uses[d->kv_use_offsets[static_cast<std::size_t>(item_entry[k])]];
-          for (std::int32_t kh = x.heads.begin; kh < x.heads.end; ++kh) {
-            const ChunkUse u = uses[kh - kv_begin];
-            if (!u.used()) continue;
-            x.first_use = std::min(x.first_use, u.first);
-            x.last_use = std::max(x.last_use, u.last);
-          }
-        } else {
-          x.heads = {x.heads.begin + m * per_chunk, x.heads.begin + (m + 1) * per_chunk};
-          x.bytes = qo_bytes(g, x.end - x.begin, x.heads.size());
-          x.first_use = x.last_use = m;
-        }
-        bytes += x.bytes;
-        d->chunk_transfers.push_back(x);
+  for (std::size_t b = 0; b < W2; ++b) {
+    const std::size_t qo = (q_at[b + 1] - q_at[b]) + (o_at[b + 1] - o_at[b]);
+    d->transfer_offsets[b + 1] = d->transfer_offsets[b] + qo + (kv_at[b + 1] - kv_at[b]);
+    for (int m = 0; m < M; ++m) d->chunk_offsets[static_cast<std::size_t>(m) * W2 + b + 1] = qo;
+    for (std::size_t i = kv_at[b]; i < kv_at[b + 1]; ++i) {
+      const HeadRange* heads = &chunk_kv[static_cast<std::size_t>(kv_items[i].key) * M];
+      for (int m = 0; m < M; ++m) {
+        if (heads[m].size() > 0) ++d->chunk_offsets[static_cast<std::size_t>(m) * W2 + b + 1];
       }
-      const std::size_t cb = static_cast<std::size_t>(m) * W2 + b;
-      d->chunk_byte_matrix[cb] = bytes;
-      d->chunk_offsets[cb + 1] = d->chunk_transfers.size();
     }
+  }
+  for (std::size_t i = 0; i < static_cast<std::size_t>(M) * W2; ++i) d->chunk_offsets[i + 1] += d->chunk_offsets[i];
+  d->transfers.reserve(d->transfer_offsets[W2]);
+  d->chunk_transfers = TransferArray(d->chunk_offsets.back());
+  d->byte_matrix.assign(W2, 0);
+  d->chunk_byte_matrix.assign(static_cast<std::size_t>(M) * W2, 0);
+  std::vector<std::size_t> chunk_at(static_cast<std::size_t>(M));
+  for (std::size_t b = 0; b < W2; ++b) {
+    for (int m = 0; m < M; ++m) chunk_at[static_cast<std::size_t>(m)] = d->chunk_offsets[static_cast<std::size_t>(m) * W2 + b];
+    std::int64_t* chunk_bytes = &d->chunk_byte_matrix[b];
+    auto put_qo = [&](const Transfer& x) {
+      d->transfers.push_back(x);
+      d->byte_matrix[b] += x.bytes;
+      for (int m = 0; m < M; ++m) {
+        Transfer c = x;
+        c.heads = {x.heads.begin + m * per_chunk, x.heads.begin + (m + 1) * per_chunk};
+        c.bytes = qo_bytes(g, x.end - x.begin, c.heads.size());
+        c.first_use = c.last_use = m;
+        chunk_bytes[static_cast<std::size_t>(m) * W2] += c.bytes;
+        d->chunk_transfers.put(chunk_at[static_cast<std::size_t>(m)]++, c);
+      }
+    };
+    for (std::size_t i = q_at[b]; i < q_at[b + 1]; ++i) {
+      const Tile& t = d->tiles[static_cast<std::size_t>(q_ids[i])];
+      put_qo(Transfer{TransferKind::kQ, t.home, t.worker, t.slot, t.begin, t.end, t.heads, t.id, -1,
+                      qo_bytes(g, t.end - t.begin, t.heads.size()), 0, M - 1});
+    }
+    for (std::size_t i = kv_at[b]; i < kv_at[b + 1]; ++i) {
+      const KvItem& item = kv_items[i];
+      const Geometry::Run& run = g.runs[static_cast<std::size_t>(item.run)];
+      const std::int32_t gid = d->worker_group_ids[static_cast<std::size_t>(item.entry)];
+      const HeadRange kv = key_group[static_cast<std::size_t>(item.key)].kv_heads;
+      const std::int32_t slot = d->groups[static_cast<std::size_t>(gid)].slot;
+      const Transfer x{TransferKind::kKv, slot * g.cp + run.rank, static_cast<std::int32_t>(b % static_cast<std::size_t>(W)),
+                       slot, run.begin, run.end, kv, -1, gid,
+                       kv_bytes(g, run.end - run.begin, kv.size()), 0, M - 1};
+      d->transfers.push_back(x);
+      d->byte_matrix[b] += x.bytes;
+      const ChunkUse* uses = &d->kv_uses[d->kv_use_offsets[static_cast<std::size_t>(item.entry)]];
+      const HeadRange* heads = &chunk_kv[static_cast<std::size_t>(item.key) * M];
+      for (int m = 0; m < M; ++m) {
+        if (heads[m].size() == 0) continue;
+        Transfer c = x;
+        c.heads = heads[m];
+        c.bytes = kv_bytes(g, x.end - x.begin, c.heads.size());
+        c.first_use = M;
+        c.last_use = -1;
+        for (std::int32_t kh = c.heads.begin; kh < c.heads.end; ++kh) {
+          const ChunkUse u = uses[kh - kv.begin];
+          if (!u.used()) continue;
+          c.first_use = std::min(c.first_use, u.first);
+          c.last_use = std::max(c.last_use, u.last);
+        }
+        chunk_bytes[static_cast<std::size_t>(m) * W2] += c.bytes;
+        d->chunk_transfers.put(chunk_at[static_cast<std::size_t>(m)]++, c);
+      }
+    }
+    for (std::size_t i = o_at[b]; i < o_at[b + 1]; ++i) {
+      const Tile& t = d->tiles[static_cast<std::size_t>(o_ids[i])];
+      put_qo(Transfer{TransferKind::kO, t.worker, t.home, t.slot, t.begin, t.end, t.heads, t.id, -1,
+                      qo_bytes(g, t.end - t.begin, t.heads.size()), 0, M - 1});
+    }
+    d->comm_bytes += d->byte_matrix[b];
   }
 
   // 7b. Bytes by tier: the byte matrix split by where each pair of workers
@@ -641,7 +643,7 @@ std::span<const Transfer> Plan::chunk_transfers(int m, int src, int dst) const {
   const std::size_t W = static_cast<std::size_t>(d_->num_workers);
   const std::size_t b = (static_cast<std::size_t>(m) * W + static_cast<std::size_t>(src)) * W + dst;
   const auto& o = d_->chunk_offsets;
-  return std::span<const Transfer>(d_->chunk_transfers).subspan(o[b], o[b + 1] - o[b]);
+  return std::span<const Transfer>(d_->chunk_transfers.data() + o[b], o[b + 1] - o[b]);
 }
 std::int64_t Plan::chunk_bytes(int m, int src, int dst) const {
   const std::size_t W = static_cast<std::size_t>(d_->num_workers);

@@ -5,7 +5,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
+#include <new>
+#include <type_traits>
 #include <span>
 #include <string>
 #include <vector>
@@ -13,6 +16,31 @@
 #include "libra/plan.hpp"
 
 namespace libra {
+
+namespace detail {
+// Transfers written once each, in any order, right after allocation: unlike
+// a vector, nothing value-initialises the megabytes about to be overwritten.
+class TransferArray {
+ public:
+  TransferArray() = default;
+  explicit TransferArray(std::size_t n)
+      : items_(static_cast<Transfer*>(std::malloc((n > 0 ? n : 1) * sizeof(Transfer)))), size_(n) {
+    if (!items_) throw std::bad_alloc();
+  }
+  // Every index in [0, size) exactly once before the items are read.
+  void put(std::size_t i, const Transfer& x) { ::new (static_cast<void*>(items_.get() + i)) Transfer(x); }
+  const Transfer* data() const { return items_.get(); }
+  std::size_t size() const { return size_; }
+
+ private:
+  static_assert(std::is_trivially_destructible_v<Transfer> && std::is_trivially_copyable_v<Transfer>);
+  struct Free {
+    void operator()(Transfer* p) const noexcept { std::free(p); }
+  };
+  std::unique_ptr<Transfer, Free> items_;
+  std::size_t size_ = 0;
+};
+}  // namespace detail
 
 struct Plan::Data {
   PlanConfig config;
@@ -37,7 +65,7 @@ struct Plan::Data {
   std::vector<std::int64_t> byte_matrix;          // W * W
   std::vector<Transfer> transfers;
   std::vector<std::size_t> transfer_offsets;      // W * W + 1, bucket src * W + dst
-  std::vector<Transfer> chunk_transfers;
+  detail::TransferArray chunk_transfers;
   std::vector<std::size_t> chunk_offsets;         // M * W * W + 1, bucket (m * W + src) * W + dst
   std::vector<std::int64_t> chunk_byte_matrix;    // M * W * W
   std::vector<TierBytes> tier_bytes;              // W
@@ -70,6 +98,20 @@ struct Geometry {
   std::vector<std::int32_t> sample_base;  // P + 1: global index of slot p's first sample
   std::vector<std::int64_t> starts;       // per global sample: o_j in its slot
   std::vector<std::int64_t> lengths;      // per global sample: l_j
+  // Every sample's tokens by home run (one run per CP rank in the
+  // contiguous layout; zigzag may give a rank two): the placers and the
+  // builder read them instead of locating rows one by one.
+  struct Run {
+    std::int64_t begin, end;  // packed rows
+    std::int32_t rank;        // CP rank holding them (worker p * cp + rank)
+  };
+  std::vector<Run> runs;
+  std::vector<std::int32_t> run_base;  // per global sample + 1: its first run
+  std::span<const Run> sample_runs(std::int32_t j) const {
+    return std::span<const Run>(runs).subspan(static_cast<std::size_t>(run_base[static_cast<std::size_t>(j)]),
+                                              static_cast<std::size_t>(run_base[static_cast<std::size_t>(j) + 1] -
+                                                                       run_base[static_cast<std::size_t>(j)]));
+  }
 
   HeadRange shard_heads(int s) const { return {s * head_width, (s + 1) * head_width}; }
   HeadRange shard_kv_heads(int s) const {

@@ -234,6 +234,18 @@ Result<Geometry> make_geometry(std::span<const PackedSequence> pool, const PlanC
     total_tokens += t;
     g.sample_base.push_back(static_cast<std::int32_t>(total_samples));
   }
+  g.run_base.reserve(g.starts.size() + 1);
+  g.run_base.push_back(0);
+  for (std::size_t j = 0; j < g.starts.size(); ++j) {
+    const std::int64_t stop = g.starts[j] + g.lengths[j];
+    for (std::int64_t x = g.starts[j]; x < stop;) {
+      const HomeSpot h = g.map.locate(x);
+      const std::int64_t y = std::min(stop, h.run_end);
+      g.runs.push_back({x, y, h.rank});
+      x = y;
+    }
+    g.run_base.push_back(static_cast<std::int32_t>(g.runs.size()));
+  }
   // Every FLOP and byte count below is bounded by these totals, so the hot
   // loops can use plain int64 arithmetic.
   if (!checked_mul(total_pairs, config.shape.heads_q)) {
@@ -266,6 +278,7 @@ std::int64_t largest_at_most(double c) {
 
 struct PlaceFrag {
   std::int32_t group;
+  std::int32_t sample;  // global index
   std::int64_t start;
   std::int64_t length;
   std::int64_t kv_bytes_per_token;
@@ -306,13 +319,24 @@ class Placer {
   // the loads keeps. Same choice, same tie-breaks as scanning all W workers.
   Choice evaluate(int p, int s, std::int64_t begin, std::int64_t end, std::int64_t flops) {
     frags_.clear();
-    const std::int64_t vkv = geo_.kv_bytes_per_token(s);
-    std::int64_t all_groups = 0;
-    for (std::int32_t j = geo_.sample_at(p, begin); j < geo_.sample_base[p + 1] && geo_.starts[j] < end; ++j) {
-      frags_.push_back({geo_.group_id(j, s), geo_.starts[j], geo_.lengths[j], vkv});
-      all_groups += vkv * geo_.lengths[j];
+    // The shards of a block come one after another with the same rows: the
+    // samples they touch are found once.
+    if (p != rows_slot_ || begin != rows_begin_ || end != rows_end_) {
+      rows_slot_ = p;
+      rows_begin_ = begin;
+      rows_end_ = end;
+      rows_first_ = geo_.sample_at(p, begin);
+      rows_last_ = rows_first_;
+      rows_tokens_ = 0;
+      while (rows_last_ < geo_.sample_base[p + 1] && geo_.starts[rows_last_] < end) rows_tokens_ += geo_.lengths[rows_last_++];
+      rows_home_ = geo_.home(p, begin);
     }
-    const int home = geo_.home(p, begin);
+    const std::int64_t vkv = geo_.kv_bytes_per_token(s);
+    for (std::int32_t j = rows_first_; j < rows_last_; ++j) {
+      frags_.push_back({geo_.group_id(j, s), j, geo_.starts[j], geo_.lengths[j], vkv});
+    }
+    const std::int64_t all_groups = vkv * rows_tokens_;
+    const int home = rows_home_;
     const std::int64_t vqo = 2 * (end - begin) * geo_.qo_bytes_per_row();
     const std::int64_t base = vqo + all_groups;
     save(home, vqo);
@@ -324,15 +348,9 @@ class Placer {
           save(static_cast<int>(w * 64 + static_cast<std::size_t>(std::countr_zero(word))), full);
         }
       }
-      // The sample's tokens by home run (one run per worker when the
-      // layout is contiguous; zigzag may give a worker two).
-      const std::int64_t stop = f.start + f.length;
-      for (std::int64_t x = f.start; x < stop;) {
-        const HomeSpot h = geo_.map.locate(x);
-        const std::int64_t y = std::min(stop, h.run_end);
-        const int r = p * geo_.cp + h.rank;
-        if (!is_committed(f.group, r)) save(r, f.kv_bytes_per_token * (y - x));
-        x = y;
+      for (const Geometry::Run& run : geo_.sample_runs(f.sample)) {
+        const int r = p * geo_.cp + run.rank;
+        if (!is_committed(f.group, r)) save(r, f.kv_bytes_per_token * (run.end - run.begin));
       }
     }
     Choice c;
@@ -381,7 +399,7 @@ class Placer {
   void commit_rows(int r, int p, int s, std::int64_t begin, std::int64_t end, std::int64_t flops) {
     frags_.clear();
     for (std::int32_t j = geo_.sample_at(p, begin); j < geo_.sample_base[p + 1] && geo_.starts[j] < end; ++j) {
-      frags_.push_back({geo_.group_id(j, s), geo_.starts[j], geo_.lengths[j], 0});
+      frags_.push_back({geo_.group_id(j, s), j, geo_.starts[j], geo_.lengths[j], 0});
     }
     commit(r, flops);
   }
@@ -418,6 +436,10 @@ class Placer {
   // int64 -> double conversion is monotone.
   std::int64_t limit_;
   std::vector<PlaceFrag> frags_;
+  int rows_slot_ = -1;  // the rows evaluated last and what they touch
+  std::int64_t rows_begin_ = 0, rows_end_ = 0, rows_tokens_ = 0;
+  std::int32_t rows_first_ = 0, rows_last_ = 0;
+  int rows_home_ = 0;
 };
 
 struct BaseTile {

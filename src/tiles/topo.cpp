@@ -86,23 +86,21 @@ class TopoPlacer {
   // Loads the tile's sources (KV by CP rank, Q/O from the home); with
   // `scoring`, also what evaluate() needs.
   void load(const PlacedRows& t, bool scoring = true) {
-    p_ = t.slot;
-    home_ = geo_.home(t.slot, t.begin);
+    // The shards of a block often come one after another: their rows touch
+    // the same samples and have the same home.
+    if (t.slot != p_ || t.begin != begin_ || t.end != end_) {
+      p_ = t.slot;
+      begin_ = t.begin;
+      end_ = t.end;
+      home_ = geo_.home(t.slot, t.begin);
+      first_ = geo_.sample_at(t.slot, t.begin);
+    }
     vqo_ = (t.end - t.begin) * geo_.qo_bytes_per_row();
     srcs_.clear();
     const std::int64_t vkv = geo_.kv_bytes_per_token(t.shard);
-    for (std::int32_t j = geo_.sample_at(t.slot, t.begin); j < geo_.sample_base[t.slot + 1] && geo_.starts[j] < t.end;
-         ++j) {
+    for (std::int32_t j = first_; j < geo_.sample_base[t.slot + 1] && geo_.starts[j] < t.end; ++j) {
       const std::int32_t gid = geo_.group_id(j, t.shard);
-      const std::int64_t o = geo_.starts[j], last = o + geo_.lengths[j] - 1;
-      // The sample's tokens by home run: one run per CP rank in the
-      // contiguous layout, possibly two for a rank in the zigzag one.
-      for (std::int64_t x = o; x <= last;) {
-        const HomeSpot h = geo_.map.locate(x);
-        const std::int64_t y = std::min(last + 1, h.run_end);
-        srcs_.push_back({gid, h.rank, vkv * (y - x)});
-        x = y;
-      }
+      for (const Geometry::Run& run : geo_.sample_runs(j)) srcs_.push_back({gid, run.rank, vkv * (run.end - run.begin)});
     }
     if (!scoring) return;
     // Most candidates hold none of the tile's groups and sit outside its
@@ -259,7 +257,9 @@ class TopoPlacer {
   double inv_spine_ = 0;
   std::array<double, 3> per_byte_{};
   // The loaded tile.
-  int p_ = 0, home_ = 0;
+  int p_ = -1, home_ = 0;
+  std::int64_t begin_ = 0, end_ = 0;
+  std::int32_t first_ = 0;  // its first sample
   std::int64_t vqo_ = 0;
   std::vector<Source> srcs_;
   std::vector<int> node_, super_;
@@ -319,9 +319,14 @@ std::vector<PlacedRows> place_topo(const Geometry& geo, const PlanConfig& config
     std::vector<PlacedRows> rows;
     std::unique_ptr<TopoPlacer> placer;
   };
-  auto home_of = [&](std::int32_t i) {
-    return geo.home(base[static_cast<std::size_t>(i)].slot, base[static_cast<std::size_t>(i)].begin);
-  };
+  // Sorting compares homes n log n times: find each once.
+  std::vector<std::int32_t> homes(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    homes[i] = i > 0 && base[i].slot == base[i - 1].slot && base[i].begin == base[i - 1].begin
+                   ? homes[i - 1]
+                   : geo.home(base[i].slot, base[i].begin);
+  }
+  auto home_of = [&](std::int32_t i) { return homes[static_cast<std::size_t>(i)]; };
   // Home first: each home keeps a prefix of its tiles in `before` order
   // while they fit under C; the rest go heaviest first where the links
   // suffer least.

@@ -9,6 +9,7 @@ file. Prints the time the job took to exit.
 """
 import argparse
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -66,6 +67,10 @@ def main() -> int:
                   "stop": f"(rank {a.rank} stopped or is too slow)"}[a.action]
         if errors and expect not in errors[0]:
             problems.append(f"the line does not say '{expect}'")
+        # The line names the rank that failed or went silent (an out-of-memory
+        # inside the kernel used to name only the kernel call).
+        if errors and not re.search(rf"\brank {a.rank}\b", errors[0]):
+            problems.append(f"the line does not name rank {a.rank}")
         print(f"{a.transport} {a.action}@{a.point} rank {a.rank}: exit {p.returncode} after {dt:.2f} s: "
               f"{errors[0] if errors else '(no error line)'}")
         if problems:

@@ -1,5 +1,6 @@
-"""Helpers for the libra.torch tests: gloo process groups via torch.multiprocessing.spawn
-and a plain-attention reference in float64 (block-diagonal causal per sample)."""
+"""Helpers for the libra.torch tests: a test body run over each communicator (gloo process groups via
+torch.multiprocessing.spawn, or libra.torch's in-process pool on threads) and a plain-attention
+reference in float64 (block-diagonal causal per sample)."""
 import json
 import os
 import tempfile
@@ -10,7 +11,14 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 
+from libra.torch import comms
+from libra.torch.comms import inprocess
+
 BACKEND = "gloo"  # the CUDA test switches to nccl
+
+# The communicators every distributed test body runs over (pytest parameters): torch.distributed on
+# processes, and the in-process pool.
+COMMUNICATORS = ("gloo", "inprocess")
 
 
 def _entry(rank, world, init_file, out_dir, fn, args, backend):
@@ -40,6 +48,31 @@ def spawn(fn, world, *args):
             with open(os.path.join(d, f"result.{r}.json")) as f:
                 out.append(json.load(f))
         return out
+
+
+def run(comm, fn, world, *args):
+    """fn(rank, world, *args) on every rank of a pool of `world` workers over communicator `comm`
+    ("gloo": processes, "inprocess": threads of this process); the JSON results by rank either way."""
+    if comm == "gloo":
+        return spawn(fn, world, *args)
+    if comm != "inprocess":
+        raise ValueError(f"run: communicator {comm!r}: must be one of {COMMUNICATORS}")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # one kernel thread per worker, as in each spawned process
+    try:
+        return [json.loads(json.dumps(r)) for r in inprocess.run(fn, world, *args)]
+    finally:
+        torch.set_num_threads(threads)
+
+
+def barrier():
+    """Waits for every rank of the body's world, on either communicator."""
+    comms.current().barrier()
+
+
+def all_reduce(t, group=None):
+    """Sums `t` in place over `group` (the body's world when None), on either communicator."""
+    (comms.current() if group is None else comms.of(group)).all_reduce(t, group)
 
 
 def reference_attention(q, k, v, samples, window=None, scale=None):

@@ -8,7 +8,7 @@ torch = pytest.importorskip("torch")
 import libra  # noqa: E402
 import libra.torch as lt  # noqa: E402
 from libra.torch import groups as lt_groups  # noqa: E402
-from dist_util import reference_attention, spawn  # noqa: E402
+from dist_util import COMMUNICATORS, reference_attention, run  # noqa: E402
 
 L = 64
 P, CP, DP, GBS = 2, 2, 4, 8
@@ -90,9 +90,11 @@ def sampler_fused(pricing):
     return fused
 
 
-@pytest.mark.parametrize("network", [{}, {"congestion_per_node": 0, "inter_supernode_gbps": 45}])
+@pytest.mark.parametrize("network", [{}, {"congestion_per_node": 0, "inter_supernode_gbps": 45},
+                                     {"plan_mode": "tap-topo"}])
 def test_priced_sampler_fuses_what_the_simulator_reports(libra_cli, network):
-    extra = [x for k, v in network.items() for x in (f"--{k.replace('_', '-')}", str(v))]
+    flag = {"plan_mode": "elastic-plan-mode"}
+    extra = [x for k, v in network.items() for x in (f"--{flag.get(k, k.replace('_', '-'))}", str(v))]
     report = cli_report(libra_cli, extra)
     fused = sampler_fused({**PRICING, **network})
     assert fused == [w["fused"] for w in report], (fused, report)
@@ -108,7 +110,8 @@ def test_priced_sampler_fuses_what_the_simulator_reports(libra_cli, network):
 def test_priced_sampler_bad_input():
     for pricing, match in (({}, r"seq_len: required"), ({"seq_len": 65536, "gbs": 8}, r"gbs: set by the sampler"),
                            ({"seq_len": 65536, "head_shards": [2, 4]}, r"head_shards: one value"),
-                           ({"seq_len": 65536, "bogus": 1}, r"bogus"), ([1], r"must be a dict")):
+                           ({"seq_len": 65536, "bogus": 1}, r"bogus"), ([1], r"must be a dict"),
+                           ({"seq_len": 65536, "plan_mode": "ulysses"}, r"plan_mode 'ulysses': must be")):
         with pytest.raises(ValueError, match=match):
             lt.PlacementBatchSampler(SEQS, GBS, DP, P, 0, mode="vrsp-elastic", elastic_pricing=pricing)
     with pytest.raises(ValueError, match=r"elastic_pricing: only with mode 'vrsp-elastic'"):
@@ -170,8 +173,9 @@ def body_train(rank, world):
     return out
 
 
-def test_training_through_a_fused_domain_matches_plain_attention():
-    results = spawn(body_train, CP * DP)
+@pytest.mark.parametrize("comm", COMMUNICATORS)
+def test_training_through_a_fused_domain_matches_plain_attention(comm):
+    results = run(comm, body_train, CP * DP)
     for rank, r in enumerate(results):
         assert r["priced_groups"] == [[[0, 1]], rank], r["priced_groups"]
         for rule in ("buddy", "lightest"):

@@ -1,10 +1,14 @@
-"""libra.torch on gloo (CPU): attention forward and backward against plain attention in float64.
+"""libra.torch on CPU: attention forward and backward against plain attention in float64, every
+distributed body over each communicator (gloo processes and the in-process pool, dist_util.run).
 
-Each spawn runs many cases on one set of processes (process start-up
+Each run executes many cases on one pool of workers (process start-up
 dominates on a small machine). The reference is written here in torch:
 block-diagonal causal attention per sample over the whole packed sequence
 (tests/python/dist_util.py), in float64 from the same (rounded) inputs.
 """
+import contextlib
+import threading
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -13,7 +17,7 @@ import torch.utils.checkpoint  # noqa: E402
 import libra  # noqa: E402
 import libra.torch as lt  # noqa: E402
 from libra.torch import backends  # noqa: E402
-from dist_util import reference_attention, spawn  # noqa: E402
+from dist_util import COMMUNICATORS, all_reduce, barrier, reference_attention, run  # noqa: E402
 
 L = 64
 POOLS = [[10, 30, 20], [64], [5, 5, 40, 3], [33, 17], [64], [1, 2, 3, 50], [8] * 8, [60]]
@@ -34,7 +38,13 @@ def rel_err(got, want):
     return float((got.detach().to(torch.float64) - want).abs().max() / want.abs().max().clamp_min(1e-30))
 
 
-LAST_RUNTIME = [None]  # the runtime of run_attention's last case
+class _PerWorker(threading.local):
+    """What a body keeps between its calls, per worker (in-process workers share the module)."""
+    runtime = None  # the runtime of run_attention's last case
+    stand_in_calls = 0  # calls of the flash_attn stand-in
+
+
+WORKER = _PerWorker()
 
 
 def run_attention(rank, P, cp, pools, *, mode="tap", chunks=1, hq=4, hkv=2, d=16, block=8, shards=2,
@@ -48,7 +58,7 @@ def run_attention(rank, P, cp, pools, *, mode="tap", chunks=1, hq=4, hkv=2, d=16
                            heads_kv=hkv, head_dim=d, chunks=chunks, mode=mode, window=window, tau=tau,
                            dtype="fp32" if dtype == "float32" else "bf16", dedup_per_kv_head=dedup)
     rt = lt.PlanRuntime(plan, group, exchange=exchange)
-    LAST_RUNTIME[0] = rt
+    WORKER.runtime = rt
     slot, cpr = worker // cp, worker % cp
     Q, K, V, G = slot_data(pool_index, slot, hq, hkv, d, dt)
     home = slice(cpr * (L // cp), (cpr + 1) * (L // cp))
@@ -117,7 +127,7 @@ def stand_in_flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seq
     query head h uses KV head h // (h_q / h_kv); causal is bottom-right aligned (query i of s_q sees
     keys j <= i + s_k - s_q), window_size (left, right) bounds j to [i' - left, i' + right]; the
     output has q's dtype, computed in fp32."""
-    STAND_IN_CALLS[0] += 1
+    WORKER.stand_in_calls += 1
     assert dropout_p == 0.0 and causal
     assert cu_seqlens_q.dtype == cu_seqlens_k.dtype == torch.int32 and len(cu_seqlens_q) == len(cu_seqlens_k)
     assert q.device == k.device == v.device == cu_seqlens_q.device and q.shape[1] % k.shape[1] == 0
@@ -146,8 +156,6 @@ def stand_in_flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seq
     return torch.cat(out).to(q.dtype)
 
 
-STAND_IN_CALLS = [0]
-
 CASES_FLASH = [
     dict(name="flash tap M2 fp32 GQA", mode="tap", chunks=2),
     dict(name="flash tap M1 bf16", mode="tap", chunks=1, dtype="bfloat16"),
@@ -158,26 +166,48 @@ CASES_FLASH = [
 ]
 
 
+@contextlib.contextmanager
+def pinned(name, flash_impl=None):
+    """Pins compute backend `name` (and the flash-attn backend's function) for a body's cases. The pin
+    is the process's, which in-process workers share: each reads the old one before any sets it, and
+    it goes once every worker is done."""
+    flash = backends.get("flash-attn")
+    saved = backends.forced(), flash.impl
+
+    def restore():
+        backends.force(saved[0])
+        flash.impl = saved[1]
+
+    barrier()
+    backends.force(name)
+    flash.impl = flash_impl or saved[1]
+    try:
+        yield
+    except BaseException:
+        restore()  # without barriers: the other workers may never reach them
+        raise
+    barrier()
+    restore()
+    barrier()
+
+
 def flash_path(rank):
     """The CUDA tensors' path (flash_attn_varlen_func calls, flash backward through autograd,
     index-tensor exchanges) forced on CPU tensors with the stand-in above, against float64 plain
     attention; also whether the stand-in really ran and how many calls read home buffers in place."""
-    flash = backends.get("flash-attn")
-    saved = backends.force("flash-attn"), flash.impl
-    flash.impl = stand_in_flash_attn_varlen_func
     out = {"errors": {}, "in_place_calls": 0}
-    try:
+    with pinned("flash-attn", stand_in_flash_attn_varlen_func):
         for case in CASES_FLASH:
             kw = {k: v for k, v in case.items() if k != "name"}
-            before = STAND_IN_CALLS[0]
+            before = WORKER.stand_in_calls
             errs, _, padded = run_attention(rank, 2, 2, POOLS, **kw)
-            errs["stand_in_calls"] = STAND_IN_CALLS[0] - before
+            errs["stand_in_calls"] = WORKER.stand_in_calls - before
             out["errors"][case["name"]] = (kw.get("dtype", "float32"), errs, padded)
-            calls = LAST_RUNTIME[0].schedule["calls"]
+            calls = WORKER.runtime.schedule["calls"]
             out["in_place_calls"] += sum(c[3] or c[4] for per_pass in calls for chunk in per_pass for c in chunk)
         # A second step on the last runtime reuses its per-call index tensors (built once per pass,
         # chunk and device) and gives the same numbers bit for bit.
-        rt = LAST_RUNTIME[0]
+        rt = WORKER.runtime
         built = len(rt._varlen_meta)
         results = []
         for _ in range(2):
@@ -188,24 +218,18 @@ def flash_path(rank):
             results.append([o.detach(), q.grad, k.grad, v.grad])
         out["repeat"] = {"built_before": built, "built_after": len(rt._varlen_meta),
                          "identical": all(torch.equal(a, b) for a, b in zip(*results))}
-    finally:
-        backends.force(saved[0])
-        flash.impl = saved[1]
     return out
 
 
 def sdpa_path(rank):
     """The portable fallback (scaled_dot_product_attention per sample) forced on CPU tensors, through
     the same engine code as the flash path (index-tensor exchanges, autograd recompute)."""
-    saved = backends.force("sdpa")
     out = {}
-    try:
+    with pinned("sdpa"):
         for case in CASES_FLASH:
             kw = {k: v for k, v in case.items() if k != "name"}
             errs, _, padded = run_attention(rank, 2, 2, POOLS, **kw)
             out[case["name"]] = (kw.get("dtype", "float32"), errs, padded)
-    finally:
-        backends.force(saved)
     return out
 
 
@@ -285,7 +309,7 @@ def layer_grads(rank, world, P=2, cp=2, dm=32, hq=4, hkv=2, d=8):
     (out.to(torch.float64) * gs[slot][home]).sum().backward()
     grads = [w.grad.clone() for w in ws]
     for t in grads:
-        torch.distributed.all_reduce(t)  # the DP (x CP) gradient all-reduce
+        all_reduce(t)  # the DP (x CP) gradient all-reduce
     wr = [w.clone().requires_grad_() for w in weights]
     for p in range(P):
         ref = layer(xs[p], wr, lambda q, k, v, p=p: reference_attention(q, k, v, POOLS[p]))
@@ -293,9 +317,9 @@ def layer_grads(rank, world, P=2, cp=2, dm=32, hq=4, hkv=2, d=8):
     return max(rel_err(a, b.grad) for a, b in zip(grads, wr))
 
 
-@pytest.fixture(scope="module")
-def four():
-    return spawn(body_4, 4)
+@pytest.fixture(scope="module", params=COMMUNICATORS)
+def four(request):
+    return run(request.param, body_4, 4)
 
 
 def test_attention_matches_plain_attention_on_4_ranks(four):
@@ -434,8 +458,9 @@ def body_8(rank, world):
     return out
 
 
-def test_attention_on_8_ranks():
-    for r in spawn(body_8, 8):
+@pytest.mark.parametrize("comm", COMMUNICATORS)
+def test_attention_on_8_ranks(comm):
+    for r in run(comm, body_8, 8):
         for name, (dtype, errs) in r.items():
             assert max(errs.values()) < TOL[dtype], (name, errs)
 
@@ -514,9 +539,11 @@ def test_cuda_attention_without_flash_attn_falls_back():
     assert backends.select(torch.device("cuda"), torch.bfloat16).name in ("torch-varlen", "sdpa")
 
 
-def body_cuda(rank, world):
-    """One NCCL process per GPU: P = world, CP = 1; CUDA bf16 attention vs the float64 reference."""
-    torch.cuda.set_device(rank)
+def body_cuda(rank, world, per_gpu):
+    """P = world, CP = 1; CUDA bf16 attention vs the float64 reference. per_gpu: one NCCL process per
+    GPU; else every worker of the in-process pool on the current GPU."""
+    if per_gpu:
+        torch.cuda.set_device(rank)
     errs, _, _ = run_attention_cuda(rank, world)
     return errs
 
@@ -539,15 +566,20 @@ def run_attention_cuda(rank, P):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
-def test_cuda_attention_matches_plain_attention():
+@pytest.mark.parametrize("comm", ["nccl", "inprocess"])
+def test_cuda_attention_matches_plain_attention(comm):
     import dist_util  # noqa: PLC0415
 
-    world = min(2, torch.cuda.device_count())
-    dist_util.BACKEND = "nccl"
-    try:
-        results = spawn(body_cuda, world)
-    finally:
-        dist_util.BACKEND = "gloo"
+    if comm == "inprocess":  # a whole pool of 2 on one GPU
+        results = run("inprocess", body_cuda, 2, False)
+    else:
+        if torch.cuda.device_count() < 2:
+            pytest.skip("one GPU: NCCL needs a GPU per process (the in-process case runs the pool)")
+        dist_util.BACKEND = "nccl"
+        try:
+            results = dist_util.spawn(body_cuda, 2, True)
+        finally:
+            dist_util.BACKEND = "gloo"
     for errs in results:
         assert max(errs.values()) < TOL["bfloat16"], errs
 
@@ -615,8 +647,9 @@ def body_elastic(rank, world, P=2, cp=2, k=2):
     return out
 
 
-def test_fused_domain_on_its_domain_group_matches_plain_attention():
-    results = spawn(body_elastic, 8)
+@pytest.mark.parametrize("comm", COMMUNICATORS)
+def test_fused_domain_on_its_domain_group_matches_plain_attention(comm):
+    results = run(comm, body_elastic, 8)
     r0 = results[0]
     assert r0["domains"] == [[0, 1]] and r0["pool_imbalance"] > 0.5 and r0["imbalance"] < 0.05, r0
     for r in results:

@@ -27,7 +27,8 @@ namespace libra::cli {
 
 // cmd_simulate_elastic.cpp
 int run_simulate_elastic(SimConfig cfg, bool pool_given, bool shards_given, bool blocks_given,
-                         ElasticOptions elastic, const std::string& rule, bool priced, bool json,
+                         ElasticOptions elastic, const std::string& rule, bool priced, const std::string& plan_mode,
+                         bool json,
                          const std::string& output);
 
 namespace {
@@ -45,6 +46,7 @@ struct SimulateOptions {
   ElasticOptions elastic_options;
   std::string elastic_rule = "buddy";
   bool elastic_unpriced = false;  // --elastic-unpriced: every window vrsp-elastic fuses runs fused
+  std::string elastic_plan_mode = "tap";  // --elastic-plan-mode: tap or tap-topo
   std::vector<const CLI::Option*> elastic_flags;  // meaningful with --elastic only
 };
 
@@ -170,7 +172,8 @@ int run_simulate(const SimulateOptions& o) {
     };
     if (!given("windows")) cfg.max_windows = 0;  // every window unless --windows says otherwise
     return run_simulate_elastic(cfg, given("pool_size"), given("head_shards"), given("block_size"),
-                                o.elastic_options, o.elastic_rule, !o.elastic_unpriced, o.json, o.output);
+                                o.elastic_options, o.elastic_rule, !o.elastic_unpriced, o.elastic_plan_mode,
+                                o.json, o.output);
   }
   if (o.config_out) {
     Status s = write_file_atomic(*o.config_out, sim_config_json(cfg));
@@ -253,6 +256,8 @@ const bool registered = register_command(50, [](CLI::App& app) {
       sub->add_option("--elastic-rule", o->elastic_rule, "with --elastic: buddy (default) or lightest"),
       sub->add_flag("--elastic-unpriced", o->elastic_unpriced,
                     "with --elastic: run fused every window vrsp-elastic fuses (default: only where predicted faster)"),
+      sub->add_option("--elastic-plan-mode", o->elastic_plan_mode,
+                      "with --elastic: tile placement of pools and domains, tap (default) or tap-topo"),
   };
   return std::vector<Handler>{{sub, [o] { return run_simulate(*o); }}};
 });

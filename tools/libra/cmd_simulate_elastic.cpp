@@ -13,8 +13,8 @@
 namespace libra::cli {
 
 int run_simulate_elastic(SimConfig cfg, bool pool_given, bool shards_given, bool blocks_given,
-                         ElasticOptions elastic, const std::string& rule, bool priced, bool json,
-                         const std::string& output) {
+                         ElasticOptions elastic, const std::string& rule, bool priced, const std::string& plan_mode,
+                         bool json, const std::string& output) {
   // One candidate: the paper's choice unless given (a list is an error here).
   const std::pair<const char*, std::vector<std::int64_t>*> lists[] = {
       {"--pool-size", &cfg.pool_sizes}, {"--head-shards", &cfg.head_shards}, {"--block-size", &cfg.block_sizes}};
@@ -36,7 +36,11 @@ int run_simulate_elastic(SimConfig cfg, bool pool_given, bool shards_given, bool
   if (!(elastic.threshold >= 0) || !std::isfinite(elastic.threshold)) {
     return fail(invalid_input(fmt::format("--elastic-threshold {}: must be a finite number >= 0", elastic.threshold)));
   }
-  auto res = simulate_elastic(cfg, {value[0], value[1], value[2]}, elastic, priced);
+  auto mode = parse_plan_mode(plan_mode);
+  if (!mode.ok() || (*mode != PlanMode::kTap && *mode != PlanMode::kTapTopo)) {
+    return fail(invalid_input("--elastic-plan-mode " + plan_mode + ": expected tap or tap-topo"));
+  }
+  auto res = simulate_elastic(cfg, {value[0], value[1], value[2]}, elastic, priced, *mode);
   if (!res.ok()) return fail(res.error());
   Status s = write_file_atomic(output, json ? elastic_json(*res) : elastic_table(*res));
   if (!s.ok()) return fail(s);

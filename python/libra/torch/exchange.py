@@ -1,10 +1,10 @@
 """The exchanges of the worker's flat program (libra/program.hpp) carried out with torch ops on any
-device: gather (index_select into the message), post (async all_to_all_single, one per element
-class), the data kept (buffer to buffer), scatter, and the Out phases' apply list (index_copy_ /
-index_add_ in the program's fixed order). Nothing here derives positions: the binding gives them."""
+device: gather (index_select into the message), post (an async all-to-all on the runtime's
+communicator, one per element class), the data kept (buffer to buffer), scatter, and the Out
+phases' apply list (index_copy_ / index_add_ in the program's fixed order). Nothing here derives
+positions: the binding gives them."""
 import numpy as np
 import torch
-import torch.distributed as dist
 
 from .trace import _watch
 
@@ -14,17 +14,6 @@ from .trace import _watch
 _CLASSES = {(0, "in"): (0,), (0, "out"): (0, 1), (1, "in"): (0, 1), (1, "out"): (2,)}
 _NAMES = {(0, "in"): "fwd in", (0, "out"): "fwd out", (1, "in"): "bwd in", (1, "out"): "bwd out"}
 _HOME, _COMPUTE, _WIRE, _CAT = range(4)  # the program's Loc, and the apply lists' joined source
-
-
-def _wire(x):
-    """gloo has no bf16: send 16-bit floats as their bytes."""
-    return x.view(torch.uint8) if x.dtype in (torch.bfloat16, torch.float16) else x
-
-
-def _a2a(out, inp, out_splits, in_splits, group):
-    """Async all_to_all_single of row buffers (splits count rows); returns the work."""
-    return dist.all_to_all_single(_wire(out), _wire(inp), list(out_splits), list(in_splits), group=group,
-                                  async_op=True)
 
 
 def _tensors(groups, device):
@@ -65,7 +54,7 @@ def post(rt, pass_index, kind, m, x, bufs, dtype, d, device):
     posted = []
     for c, send in sends.items():
         recv = torch.empty((sum(x["recv"][c]), send.shape[1]), dtype=send.dtype, device=device)
-        work = _a2a(recv, send, x["recv"][c], x["send"][c], rt.group)
+        work = rt.comm.all_to_all(recv, send, x["recv"][c], x["send"][c], rt.group)
         posted.append((c, _watch(rt, work, f"{_NAMES[(pass_index, kind)]} chunk {m} class {c}"), recv))
     for field, src, dst, _add, _c, sidx, didx in x["local"]:
         bufs[dst][field].index_copy_(0, didx, bufs[src][field].index_select(0, sidx))

@@ -5,7 +5,7 @@ import warnings
 
 import torch
 
-from . import backends
+from . import _fault, backends
 from .compute import run_chunk
 from .exchange import apply as _apply
 from .exchange import post as _post
@@ -80,16 +80,20 @@ def _run_pass(rt, pass_index, home, comp, dt, d, dev, scale):
     prog = rt.on(dev)[pass_index]
     bufs = (home, comp)  # by the program's Loc: home 0, compute 1
     M = rt.num_chunks
+    _fault.point("before-post", rt)
     posted_in = [_post(rt, pass_index, "in", 0, prog["in"][0], bufs, dt, d, dev)]
+    _fault.point("mid-pass", rt)
     posted_out = []
     for m in range(M):
         if m + 1 < M:
             posted_in.append(_post(rt, pass_index, "in", m + 1, prog["in"][m + 1], bufs, dt, d, dev))
         _scatter(prog["in"][m], posted_in[m], bufs)
         with _compute(rt, f"{'fwd' if pass_index == 0 else 'bwd'} compute chunk {m}"):
+            _fault.point("kernel", rt)
             run_chunk(rt, backend, pass_index, m, home, comp, scale)
         posted_out.append(_post(rt, pass_index, "out", m, prog["out"][m], bufs, dt, d, dev))
     _apply(prog["apply"], posted_out, bufs)
+    _fault.point("output", rt)
 
 
 _UNSET = object()  # attention's window= not given (None means plain causal there)

@@ -1,24 +1,23 @@
 """Process groups: a pool's P * cp ranks (and an elastic domain's) as one group each,
-with this rank's worker index in the planning contract's numbering."""
+with this rank's worker index in the planning contract's numbering. The groups are the caller's
+communicator's (torch.distributed, or the in-process pool the calling thread works in)."""
 import collections
 import itertools
 import math
 
-import torch.distributed as dist
-
 from .. import _libra, _pricing_json
-
+from . import comms
 
 _POOLS = {}  # id(group) -> (group, workers by group rank)
 
 
 def _world():
-    if not dist.is_available() or not dist.is_initialized():
-        raise RuntimeError("libra.torch: torch.distributed is not initialised (call init_process_group first)")
-    return dist.get_world_size(), dist.get_rank()
+    comm = comms.current()
+    size, rank = comm.world()
+    return comm, size, rank
 
 
-def _slot_groups(slots, cp, replicas, rank):
+def _slot_groups(comm, slots, cp, replicas, rank):
     """Creates one group per block of `slots` consecutive DP replicas (replicas // slots of them; every
     rank creates every group, in the same order, as new_group requires) and returns this rank's
     (group, worker), or (None, None) for a rank in no block. Worker = slot * cp + cp_rank, slot = the
@@ -27,7 +26,7 @@ def _slot_groups(slots, cp, replicas, rank):
     mine = (None, None)
     for b in range(replicas // slots):
         ranks = list(range(b * n, (b + 1) * n))
-        g = dist.new_group(ranks)
+        g = comm.new_group(ranks)
         if rank in ranks:
             mine = (g, ranks)
     group, ranks = mine
@@ -41,12 +40,12 @@ def _slot_groups(slots, cp, replicas, rank):
 
 def pool_group(pool_size, cp):
     """Collective over the default group: returns (this rank's pool group, its worker index)."""
-    world, rank = _world()
+    comm, world, rank = _world()
     if pool_size < 1 or cp < 1:
         raise ValueError(f"pool_group: pool_size {pool_size} and cp {cp} must be >= 1")
     if world % (pool_size * cp) != 0:
         raise ValueError(f"pool_group: world size {world} must be divisible by pool_size * cp = {pool_size * cp}")
-    return _slot_groups(pool_size, cp, world // cp, rank)
+    return _slot_groups(comm, pool_size, cp, world // cp, rank)
 
 
 # What domain_groups returns; unpacks as (pool, pool_worker, domain, domain_worker).
@@ -79,7 +78,7 @@ class DomainGroups(_DomainGroupsBase):
         return self._by_positions[key]
 
 
-def _subset_groups(subsets, pool_size, cp, rank):
+def _subset_groups(comm, subsets, pool_size, cp, rank):
     """One group per subset of pool positions (every rank creates every group, same order); returns
     {subset: (group, worker)} for the subsets holding this rank. Domain slot s is slot s % P of pool
     subset[s // P], so worker = (place of the pool in the subset * P + slot) * cp + cp_rank."""
@@ -87,7 +86,7 @@ def _subset_groups(subsets, pool_size, cp, rank):
     mine = {}
     for sub in subsets:
         ranks = [q * n + j for q in sub for j in range(n)]
-        g = dist.new_group(sorted(ranks))
+        g = comm.new_group(sorted(ranks))
         if rank in ranks:
             workers = [ranks.index(x) for x in sorted(ranks)]  # worker by group rank
             _POOLS[id(g)] = (g, workers)
@@ -130,7 +129,7 @@ def domain_groups(pool_size, cp, k=2, rule="buddy", elastic_pricing=None):
     MAX_LIGHTEST_GROUPS (64: DP/P <= 11 at k = 2, <= 6 at k = 3); past it this refuses (ValueError):
     use the buddy rule, whose groups are static. ``of(positions)`` finds a domain's group either way.
     """
-    world, rank = _world()
+    comm, world, rank = _world()
     if pool_size < 1 or cp < 1 or k < 1:
         raise ValueError(f"domain_groups: pool_size {pool_size}, cp {cp} and k {k} must be >= 1")
     if rule not in ("buddy", "lightest"):
@@ -141,15 +140,15 @@ def domain_groups(pool_size, cp, k=2, rule="buddy", elastic_pricing=None):
     ppg = replicas // pool_size
     k = min(k, ppg)
     subsets = _lightest_subsets(ppg, k) if rule == "lightest" else None
-    pool, pool_worker = _slot_groups(pool_size, cp, replicas, rank)
+    pool, pool_worker = _slot_groups(comm, pool_size, cp, replicas, rank)
     if rule == "lightest":
-        return DomainGroups(pool, pool_worker, None, None, _subset_groups(subsets, pool_size, cp, rank), rule)
+        return DomainGroups(pool, pool_worker, None, None, _subset_groups(comm, subsets, pool_size, cp, rank), rule)
     topology = (0, 0, 0)
     if elastic_pricing is not None:
-        topology = tuple(_libra.pricing_topology(_pricing_json(elastic_pricing, "domain_groups")))
+        topology = tuple(_libra.pricing_topology(_pricing_json(elastic_pricing, "domain_groups")[0]))
         if topology[0] != cp:
             raise ValueError(f"domain_groups: cp {cp}: the elastic pricing configuration has cp {topology[0]}")
     starts = _libra.buddy_domain_starts(ppg, pool_size, k, *topology)
-    by = _subset_groups([tuple(range(s, s + k)) for s in starts], pool_size, cp, rank)
+    by = _subset_groups(comm, [tuple(range(s, s + k)) for s in starts], pool_size, cp, rank)
     domain, domain_worker = next(iter(by.values())) if by else (None, None)
     return DomainGroups(pool, pool_worker, domain, domain_worker, by, rule)

@@ -6,9 +6,9 @@ import time
 
 import numpy as np
 import torch
-import torch.distributed as dist
 
 from .. import _libra
+from . import comms
 from .exchange import program_tensors
 from .groups import _POOLS
 from .ops import register as _register_op
@@ -56,17 +56,20 @@ class PlanRuntime:
 
     def __init__(self, plan, group, worker=None, threads=1, trace=False, check_calls=True, schedule=None,
                  exchange="auto", timeout=300):
-        if not isinstance(group, dist.ProcessGroup):
-            raise ValueError(f"PlanRuntime: group must be a torch.distributed ProcessGroup, got {type(group).__name__}")
-        size = dist.get_world_size(group)
+        comm = comms.of(group)
+        if comm is None:
+            raise ValueError(f"PlanRuntime: group must be a torch.distributed ProcessGroup or an in-process group, "
+                             f"got {type(group).__name__}")
+        size = comm.size(group)
         # Every option is checked here, before anything is posted; a rank's own problem travels with
         # the agreement below, so every rank raises the same line instead of leaving the others waiting.
-        problem, me, timeout = _check_options(plan, group, size, worker, threads, trace, check_calls, schedule,
-                                              exchange, timeout)
-        self._native_timeout = _set_group_timeout(group, timeout)
+        problem, me, timeout = _check_options(comm, plan, group, size, worker, threads, trace, check_calls,
+                                              schedule, exchange, timeout)
+        self.comm = comm
+        self._native_timeout = comm.set_timeout(group, timeout)
         fp = plan.fingerprint if isinstance(plan, _libra.Plan) else 0
         nw = plan.num_workers if isinstance(plan, _libra.Plan) else 0
-        everyone, first = _agree(group, _fingerprint_words(fp) + [me, nw], problem, timeout, "PlanRuntime",
+        everyone, first = _agree(comm, group, _fingerprint_words(fp) + [me, nw], problem, timeout, "PlanRuntime",
                                  self._native_timeout)
         if first is not None:
             raise ValueError(f"PlanRuntime: group rank {first[0]}: {first[1]}")
@@ -151,13 +154,13 @@ class PlanRuntime:
     def _deadline(self, work, name):
         """``work`` (an async collective just posted on the group) with this runtime's timeout: its
         ``wait()`` raises one line naming the silent rank instead of blocking."""
-        return _Timed(self.group, work, _next_seq(self.group), self.timeout, f"libra.torch.attention: {name}",
-                      self._native_timeout)
+        return _Timed(self.comm, self.group, work, _next_seq(self.group), self.timeout,
+                      f"libra.torch.attention: {name}", self._native_timeout)
 
     def _agree(self, problem, what):
         """Collective: this rank's problem (a line, or None) against every rank's; returns the first
         (group rank, line) any rank had, or None. Bounded by the timeout like every exchange."""
-        return _agree(self.group, [], problem, self.timeout, what, self._native_timeout)[1]
+        return _agree(self.comm, self.group, [], problem, self.timeout, what, self._native_timeout)[1]
 
 
 # ---- option checks, agreement and deadlines (issue 21: no rank waits on a peer that will never come)
@@ -185,7 +188,7 @@ def _index(value):
         return None
 
 
-def _check_options(plan, group, size, worker, threads, trace, check_calls, schedule, exchange, timeout):
+def _check_options(comm, plan, group, size, worker, threads, trace, check_calls, schedule, exchange, timeout):
     """(this rank's first problem or None, its worker or -1, the timeout to use) for PlanRuntime's
     arguments; nothing here communicates."""
     if not _number(timeout) or not math.isfinite(float(timeout)) or float(timeout) <= 0:
@@ -199,7 +202,7 @@ def _check_options(plan, group, size, worker, threads, trace, check_calls, sched
     if worker is None:
         if entry is None:
             return ("group was not made by libra.torch.pool_group or domain_groups; pass worker=", me, timeout)
-        me = entry[1][dist.get_rank(group)]
+        me = entry[1][comm.rank(group)]
     elif _index(worker) is None:
         return f"worker {worker!r}: must be an integer", me, timeout
     else:
@@ -218,34 +221,23 @@ def _check_options(plan, group, size, worker, threads, trace, check_calls, sched
     return None, me, timeout
 
 
-def _set_group_timeout(group, seconds):
-    """Sets the backend's own timeout of ``group``; True where the backend takes it."""
-    # The backend's own timeout ends a collective whose peer is silent; a wait's deadline alone would
-    # leave the collective pending in gloo's thread, and the process would hang on exit until it ends.
-    try:
-        group.set_timeout(datetime.timedelta(seconds=seconds))
-        return True
-    except (AttributeError, RuntimeError):
-        return False
-
-
 class _Timed:
     """An async collective with a deadline (what ``wait`` raises when a peer is silent)."""
 
-    def __init__(self, group, work, seq, timeout, what, native):
-        self.group, self.work, self.seq, self.timeout, self.what = group, work, seq, timeout, what
-        self.native = native  # the backend times the collective out itself (set_timeout took)
+    def __init__(self, comm, group, work, seq, timeout, what, native):
+        self.comm, self.group, self.work, self.seq, self.timeout, self.what = comm, group, work, seq, timeout, what
+        self.native = native  # the communicator times the collective out itself (set_timeout took)
 
     def wait(self):
         try:
-            # A deadline on wait() makes NCCL's wait block the CPU; where the backend keeps its own
+            # A deadline on wait() makes NCCL's wait block the CPU; where the communicator keeps its own
             # timeout, wait() stays the plain one.
             if self.native:
                 self.work.wait()
             else:
                 self.work.wait(timeout=datetime.timedelta(seconds=self.timeout))
         except RuntimeError as e:
-            raise _silent_peers(self.group, self.seq, self.timeout, self.what, e) from None
+            raise _silent_peers(self, e) from None
         return True
 
     def is_completed(self):
@@ -255,27 +247,12 @@ class _Timed:
         return self.work.get_future()
 
 
-def _silent_peers(group, seq, timeout, what, err):
-    """The error of a collective that did not complete: every rank that gave up on it leaves a mark in
-    the group's store, then waits up to ``timeout`` for the others' marks (their deadlines run from
-    their own posts); the ranks that left none sent nothing and are named."""
-    me, size = dist.get_rank(group), dist.get_world_size(group)
-    ranks = dist.get_process_group_ranks(group)
-    key = f"libra/silent/{seq}/"
-    missing = None
-    try:
-        store = group.get_group_store()
-        store.set_timeout(datetime.timedelta(seconds=timeout))
-        store.set(key + str(me), "1")
-        end = time.monotonic() + timeout
-        others = [r for r in range(size) if r != me]
-        while True:
-            missing = [r for r in others if not store.check([key + str(r)])]
-            if not missing or time.monotonic() >= end:
-                break
-            time.sleep(0.05)
-    except (AttributeError, RuntimeError):
-        pass  # no store to ask (or it is silent too): the line says what is known
+def _silent_peers(timed, err):
+    """The error of a collective that did not complete, naming the ranks that never joined it where the
+    communicator can tell (comms.Communicator.silent)."""
+    comm, group, timeout, what = timed.comm, timed.group, timed.timeout, timed.what
+    missing = comm.silent(group, timed.work, timed.seq, timeout)
+    ranks = comm.world_ranks(group)
     t = f"{timeout:g} s"
     if missing:
         names = ", ".join(f"{r} (global rank {ranks[r]})" for r in missing)
@@ -286,16 +263,16 @@ def _silent_peers(group, seq, timeout, what, err):
     return TimeoutError(f"{what}: a peer sent nothing within {t} ({first})")
 
 
-def _agree(group, words, problem, timeout, what, native=False):
+def _agree(comm, group, words, problem, timeout, what, native=False):
     """Collective: gathers every rank's int64 ``words`` and its problem line (or None). Returns (the
     gathered words by group rank, the first (group rank, line) of a rank with a problem, or None).
     Two gathers at most, both with the deadline: a message goes only when some rank has one."""
-    size = dist.get_world_size(group)
+    size = comm.size(group)
     msg = b"" if problem is None else str(problem).encode("utf-8", "replace")
     mine = torch.tensor(list(words) + [len(msg)], dtype=torch.int64)
     everyone = [torch.zeros_like(mine) for _ in range(size)]
-    work = dist.all_gather(everyone, mine, group=group, async_op=True)
-    _Timed(group, work, _next_seq(group), timeout, what, native).wait()
+    work = comm.all_gather(everyone, mine, group)
+    _Timed(comm, group, work, _next_seq(group), timeout, what, native).wait()
     lengths = [int(t[-1]) for t in everyone]
     if not any(lengths):
         return [t[:-1] for t in everyone], None
@@ -303,7 +280,7 @@ def _agree(group, words, problem, timeout, what, native=False):
     buf = torch.zeros(width, dtype=torch.uint8)
     buf[:len(msg)] = torch.frombuffer(bytearray(msg), dtype=torch.uint8) if msg else buf[:0]
     texts = [torch.zeros(width, dtype=torch.uint8) for _ in range(size)]
-    work = dist.all_gather(texts, buf, group=group, async_op=True)
-    _Timed(group, work, _next_seq(group), timeout, what, native).wait()
+    work = comm.all_gather(texts, buf, group)
+    _Timed(comm, group, work, _next_seq(group), timeout, what, native).wait()
     first = next(i for i, n in enumerate(lengths) if n)
     return [t[:-1] for t in everyone], (first, bytes(texts[first][:lengths[first]].tolist()).decode("utf-8", "replace"))
