@@ -27,8 +27,10 @@ py::dict window_dict(const libra::WindowPlacement& w) {
 }
 
 libra::PlacementOptions placement_options(I64 pool_size, const std::string& mode, std::uint64_t seed, I64 dp,
-                                          I64 elastic_k, double elastic_threshold, const std::string& elastic_rule) {
+                                          I64 elastic_k, double elastic_threshold, const std::string& elastic_rule,
+                                          I64 interleave_cp, I64 interleave_gpus_per_node) {
   libra::PlacementOptions o{.pool_size = pool_size, .mode = placement_mode(mode), .seed = seed, .dp = dp};
+  o.interleave = {.cp = interleave_cp, .gpus_per_node = interleave_gpus_per_node};
   o.elastic = {.max_pools = elastic_k, .threshold = elastic_threshold,
                .rule = unwrap(libra::parse_elastic_rule(elastic_rule))};
   return o;
@@ -47,10 +49,10 @@ void bind_placement(py::module_& m) {
   m.def(
       "place_window",
       [](const py::object& seqs, I64 pool_size, const std::string& mode, std::uint64_t seed, I64 dp, I64 elastic_k,
-         double elastic_threshold, const std::string& elastic_rule) {
+         double elastic_threshold, const std::string& elastic_rule, I64 interleave_cp, I64 interleave_gpus_per_node) {
         std::vector<I64> f = unwrap(libra::sequence_workloads(to_sequences(seqs, "sequences")));
-        libra::PlacementOptions o =
-            placement_options(pool_size, mode, seed, dp, elastic_k, elastic_threshold, elastic_rule);
+        libra::PlacementOptions o = placement_options(pool_size, mode, seed, dp, elastic_k, elastic_threshold,
+                                                      elastic_rule, interleave_cp, interleave_gpus_per_node);
         libra::WindowPlacement w = unwrap(libra::place_window(f, o));
         py::dict d = window_dict(w);
         d["workloads"] = int_array(f);
@@ -59,7 +61,7 @@ void bind_placement(py::module_& m) {
       },
       py::arg("sequences"), py::arg("pool_size"), py::arg("mode") = "vrsp", py::arg("seed") = 0,
       py::arg("dp") = 0, py::arg("elastic_k") = 2, py::arg("elastic_threshold") = 0.05,
-      py::arg("elastic_rule") = "buddy");
+      py::arg("elastic_rule") = "buddy", py::arg("interleave_cp") = 0, py::arg("interleave_gpus_per_node") = 0);
 
   m.def(
       "buddy_domain_starts",
@@ -73,15 +75,17 @@ void bind_placement(py::module_& m) {
 
   py::class_<libra::PlacementSampler>(m, "PlacementSampler")
       .def(py::init([](const py::object& seqs, I64 gbs, I64 dp, I64 pool_size, const std::string& mode,
-                       std::uint64_t seed, I64 elastic_k, double elastic_threshold, const std::string& elastic_rule) {
+                       std::uint64_t seed, I64 elastic_k, double elastic_threshold, const std::string& elastic_rule,
+                       I64 interleave_cp, I64 interleave_gpus_per_node) {
              libra::SamplerOptions o{.gbs = gbs, .dp = dp,
                                      .placement = placement_options(pool_size, mode, seed, dp, elastic_k,
-                                                                    elastic_threshold, elastic_rule)};
+                                                                    elastic_threshold, elastic_rule, interleave_cp,
+                                                                    interleave_gpus_per_node)};
              return unwrap(libra::PlacementSampler::create(to_sequences(seqs, "sequences"), o));
            }),
            py::arg("sequences"), py::arg("gbs"), py::arg("dp"), py::arg("pool_size"), py::arg("mode") = "vrsp",
            py::arg("seed") = 0, py::arg("elastic_k") = 2, py::arg("elastic_threshold") = 0.05,
-           py::arg("elastic_rule") = "buddy")
+           py::arg("elastic_rule") = "buddy", py::arg("interleave_cp") = 0, py::arg("interleave_gpus_per_node") = 0)
       .def_property_readonly("num_steps", &libra::PlacementSampler::num_steps)
       .def_property_readonly("dropped_tail", &libra::PlacementSampler::dropped_tail)
       .def_property_readonly("gbs", [](const libra::PlacementSampler& s) { return s.options().gbs; })

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <numeric>
+#include <utility>
 #include <vector>
 
 #include "libra/placement.hpp"
@@ -115,6 +116,54 @@ TEST(Elastic, BuddyStartsOnTheTopologyHandComputed) {
   // nodes touches 2 or 3 supernodes; positions 0 (nodes 0-5: 2) and 2 (nodes 6-11: 2; position 1,
   // nodes 3-8, touches 3) are taken.
   EXPECT_EQ(buddy_domain_starts(4, 3, 2, {.cp = 8, .gpus_per_node = 8, .nodes_per_supernode = 4}), (V{0, 2}));
+}
+
+// Against a naive recount of every candidate position's supernodes and nodes (GPU by GPU): the
+// starts' domains are disjoint, inside the step, each touches the fewest (supernodes, nodes) any k
+// adjacent pools touch, and no further such domain fits between them (left-to-right greedy).
+RC_GTEST_PROP(Elastic, BuddyStartsAreBestAndMaximal, ()) {
+  const auto ppg = *rc::gen::inRange<std::int64_t>(1, 13);
+  const auto p = *rc::gen::inRange<std::int64_t>(1, 5);
+  const auto k = *rc::gen::inRange<std::int64_t>(1, 5);
+  const ElasticOptions::Topology t{.cp = *rc::gen::inRange<std::int64_t>(1, 9),
+                                   .gpus_per_node = *rc::gen::inRange<std::int64_t>(1, 13),
+                                   .nodes_per_supernode = *rc::gen::inRange<std::int64_t>(1, 5)};
+  auto touch = [&](std::int64_t q) {
+    std::vector<std::int64_t> sn, nodes;
+    for (std::int64_t g = q * p * t.cp; g < (q + k) * p * t.cp; ++g) {
+      nodes.push_back(g / t.gpus_per_node);
+      sn.push_back(g / t.gpus_per_node / t.nodes_per_supernode);
+    }
+    auto distinct = [](std::vector<std::int64_t> v) {
+      std::sort(v.begin(), v.end());
+      return static_cast<std::int64_t>(std::unique(v.begin(), v.end()) - v.begin());
+    };
+    return std::make_pair(distinct(sn), distinct(nodes));
+  };
+  const std::vector<std::int64_t> starts = buddy_domain_starts(ppg, p, k, t);
+  if (k < 2 || k > ppg) {
+    RC_ASSERT(starts.empty());
+    return;
+  }
+  auto best = touch(0);
+  for (std::int64_t q = 1; q + k <= ppg; ++q) best = std::min(best, touch(q));
+  std::vector<bool> used(static_cast<std::size_t>(ppg), false);
+  for (std::size_t j = 0; j < starts.size(); ++j) {
+    RC_ASSERT(starts[j] >= 0 && starts[j] + k <= ppg);
+    if (j > 0) RC_ASSERT(starts[j] >= starts[j - 1] + k);
+    RC_ASSERT(touch(starts[j]) == best);
+    for (std::int64_t q = starts[j]; q < starts[j] + k; ++q) used[static_cast<std::size_t>(q)] = true;
+  }
+  RC_ASSERT(!starts.empty());
+  for (std::int64_t q = 0; q + k <= ppg; ++q) {
+    bool free = true;
+    for (std::int64_t x = q; x < q + k; ++x) free = free && !used[static_cast<std::size_t>(x)];
+    // The left-to-right scan visits every position outside a taken domain: a free best window
+    // would have been taken.
+    if (free) RC_ASSERT(touch(q) != best);
+  }
+  const std::vector<std::int64_t> plain = buddy_domain_starts(ppg, p, k, {});
+  RC_ASSERT(static_cast<std::int64_t>(plain.size()) == ppg / k);
 }
 
 TEST(Elastic, BuddyDomainsFollowTheTopology) {

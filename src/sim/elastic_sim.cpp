@@ -98,7 +98,12 @@ WindowOut ElasticPricer::Impl::window(std::span<const PackedSequence> window, st
   WindowOut out;
   auto run = [&]() -> Status {
     LIBRA_ASSIGN_OR_RETURN(std::vector<std::int64_t> f, sequence_workloads(window));
-    LIBRA_ASSIGN_OR_RETURN(WindowPlacement vrsp, place_window(f, {.pool_size = cand.pool_size}));
+    // A tap-topo job runs libra-topo's pools: VRSP with node-interleaved slots (the simulator's
+    // libra-topo variant), so its pools, and the elastic side's single pools, are priced so.
+    const NodeInterleave interleave =
+        pc.mode == PlanMode::kTapTopo ? detail::topo_interleave(*ctx) : NodeInterleave{};
+    LIBRA_ASSIGN_OR_RETURN(WindowPlacement vrsp,
+                           place_window(f, {.pool_size = cand.pool_size, .interleave = interleave}));
     LIBRA_ASSIGN_OR_RETURN(WindowPlacement el,
                            place_window(f, {.pool_size = cand.pool_size, .mode = PlacementMode::kVrspElastic,
                                             .dp = cfg.dp, .elastic = elastic}));
@@ -106,9 +111,22 @@ WindowOut ElasticPricer::Impl::window(std::span<const PackedSequence> window, st
     LIBRA_TRY(run_side(window, vrsp, *ctx, pc, w, out.vrsp));
     const bool candidate = std::any_of(el.domains.begin(), el.domains.end(), [](const auto& d) { return d.size() > 1; });
     if (candidate) {
+      if (interleave.cp > 0) {
+        for (const auto& d : el.domains) {
+          if (d.size() != 1) continue;  // a fused domain's slots are fixed by domain_slots
+          auto& pool = el.pools[static_cast<std::size_t>(d.front())];
+          std::vector<std::int64_t> pw;
+          for (std::int32_t i : pool) pw.push_back(f[static_cast<std::size_t>(i)]);
+          const std::vector<std::int32_t> order = node_interleaved_slots(pw, interleave);
+          std::vector<std::int32_t> moved;
+          for (std::int32_t from : order) moved.push_back(pool[static_cast<std::size_t>(from)]);
+          pool = std::move(moved);
+        }
+      }
       LIBRA_TRY(run_side(window, el, *ctx, pc, w, out.elastic));
     } else {
-      out.elastic = out.vrsp;  // exactly VRSP's placement: the same prices
+      el = vrsp;  // exactly VRSP's placement: the same prices
+      out.elastic = out.vrsp;
     }
     const double tv = total(out.vrsp.latency), te = total(out.elastic.latency);
     out.report.candidate = candidate;

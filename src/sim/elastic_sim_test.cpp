@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <numeric>
 #include <span>
 #include <vector>
 
@@ -188,6 +189,52 @@ TEST(ElasticSim, SamplerDecidesLikeTheSimulatorReport) {
   auto st = s->at(0);
   ASSERT_FALSE(st.ok());
   EXPECT_NE(st.error().message().find("elastic pricing"), std::string::npos);
+}
+
+// With tap-topo tiles the pricer runs libra-topo's pools: VRSP with node-interleaved slots. Two
+// slots of cp 2 per 4-GPU node, P = 4: a pool spans 2 nodes, so the interleave is not the identity.
+TEST(ElasticSim, TapTopoPricesAndRunsInterleavedVrspPools) {
+  SimConfig cfg = small_config();
+  cfg.source = "builtin:paper-256k-v1";
+  cfg.seq_len = 65536;
+  cfg.model = ModelShape{};
+  cfg.gbs = 16;
+  cfg.dp = 8;
+  cfg.cost.net.gpus_per_node = 4;
+  const SimCandidate cand{.pool_size = 4, .head_shards = 2, .block_size = 4096};
+  auto pricer = ElasticPricer::create(cfg, cand, {}, cfg.seq_len, true, PlanMode::kTapTopo);
+  ASSERT_TRUE(pricer.ok()) << pricer.error().message();
+  auto seqs = load_packed_sequences(cfg.source, cfg.seq_len);
+  ASSERT_TRUE(seqs.ok());
+  const NodeInterleave where{.cp = 2, .gpus_per_node = 4};
+  std::int64_t moved = 0, declined = 0;
+  for (std::int64_t w = 0; w < cfg.max_windows; ++w) {
+    const auto window = std::span<const PackedSequence>(*seqs).subspan(static_cast<std::size_t>(w * cfg.gbs),
+                                                                       static_cast<std::size_t>(cfg.gbs));
+    auto d = pricer->decide(window, static_cast<std::uint64_t>(w));
+    ASSERT_TRUE(d.ok()) << d.error().message();
+    auto f = sequence_workloads(window);
+    auto plain = place_window(*f, {.pool_size = 4});
+    auto inter = place_window(*f, {.pool_size = 4, .interleave = where});
+    ASSERT_TRUE(plain.ok() && inter.ok());
+    moved += plain->pools != inter->pools ? 1 : 0;
+    if (!d->report.fused) {
+      ++declined;
+      EXPECT_EQ(d->placement.pools, inter->pools) << "window " << w;
+    }
+    for (const auto& dom : d->placement.domains) {  // single pools in interleaved order
+      if (dom.size() != 1) continue;
+      const auto& pool = d->placement.pools[static_cast<std::size_t>(dom.front())];
+      std::vector<std::int64_t> pw;
+      for (std::int32_t i : pool) pw.push_back((*f)[static_cast<std::size_t>(i)]);
+      auto order = node_interleaved_slots(pw, where);
+      std::vector<std::int32_t> identity(order.size());
+      std::iota(identity.begin(), identity.end(), 0);
+      EXPECT_EQ(order, identity) << "window " << w << ": a single pool is not in interleaved order";
+    }
+  }
+  EXPECT_GT(moved, 0);
+  EXPECT_GT(declined, 0);
 }
 
 TEST(ElasticSim, BadInput) {

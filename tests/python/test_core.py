@@ -318,3 +318,29 @@ def test_long_calls_release_the_gil():
                 raise AssertionError(f"{name}: (free, held, during call, seconds) = {seen}")
     finally:
         sys.setswitchinterval(old)
+
+
+def test_place_window_node_interleave_against_a_serpentine_reference():
+    seqs = libra.pack([int(x) for x in np.random.default_rng(5).integers(1, 200, size=800)], 256)["sequences"][:32]
+    f = [sum(l * l for l in s) for s in seqs]
+    plain = libra.place_window(seqs, 8)
+    mixed = libra.place_window(seqs, 8, interleave_cp=2, interleave_gpus_per_node=4)  # 2 slots per node, 4 nodes
+    assert list(mixed["loads"]) == list(plain["loads"]) and mixed["imbalance"] == plain["imbalance"]
+    for pool, got in zip(plain["pools"], mixed["pools"]):
+        # Reference: heaviest first (ties: lower slot), dealt 0 1 2 3 3 2 1 0 over the nodes.
+        ranked = sorted(range(8), key=lambda s: (-f[pool[s]], s))
+        node_of_rank = [0, 1, 2, 3, 3, 2, 1, 0]
+        want = [None] * 8
+        filled = [0] * 4
+        for rank, s in enumerate(ranked):
+            n = node_of_rank[rank]
+            want[2 * n + filled[n]] = pool[s]
+            filled[n] += 1
+        assert got == want
+    # A slot filling a node, or slots straddling nodes: the plain order.
+    assert libra.place_window(seqs, 8, interleave_cp=4, interleave_gpus_per_node=4)["pools"] == plain["pools"]
+    assert libra.place_window(seqs, 8, interleave_cp=3, interleave_gpus_per_node=8)["pools"] == plain["pools"]
+    with pytest.raises(ValueError, match="slot interleave: cp -1"):
+        libra.place_window(seqs, 8, interleave_cp=-1, interleave_gpus_per_node=8)
+    with pytest.raises(ValueError, match="not with mode vrsp-elastic"):
+        libra.place_window(seqs, 8, mode="vrsp-elastic", dp=16, interleave_cp=2, interleave_gpus_per_node=4)

@@ -666,3 +666,26 @@ def test_elastic_placement_in_the_binding():
     assert libra.place_window(ELASTIC_WINDOW, 2, mode="vrsp", dp=4)["domains"] == [[0], [1]]
     with pytest.raises(ValueError, match="elastic rule"):
         libra.place_window(ELASTIC_WINDOW, 2, mode="vrsp-elastic", dp=4, elastic_rule="nearest")
+
+
+def test_sampler_node_interleave_keeps_replicas_and_pools_in_step():
+    seqs = libra.pack([int(x) for x in torch.randint(1, 60, (400,), generator=torch.Generator().manual_seed(9))],
+                      L)["sequences"]
+    dp, P, gbs = 8, 4, 16
+    kw = dict(interleave_cp=2, interleave_gpus_per_node=4)
+    samplers = [lt.PlacementBatchSampler(seqs, gbs=gbs, dp=dp, pool_size=P, dp_rank=r, **kw) for r in range(dp)]
+    full = [list(s) for s in samplers]
+    core = libra.PlacementSampler(seqs, gbs, dp, P, **kw)
+    plain = libra.PlacementSampler(seqs, gbs, dp, P)
+    for n in range(len(samplers[0])):
+        step, ga = divmod(n, gbs // dp)
+        assert core.at(step)["pools"] == [
+            libra.place_window([seqs[i] for i in range(step * gbs, (step + 1) * gbs)], P, **kw)["pools"][k]
+            for k in range(gbs // P)]
+        assert sorted(core.at(step)["order"]) == sorted(plain.at(step)["order"])
+        for r in range(dp):
+            # The sequence replica r trains on is the one its slot holds in the plan's pool.
+            assert full[r][n][0] == samplers[r].pool_indices(n)[r % P]
+    with pytest.raises(ValueError, match="node-interleaved"):
+        lt.PlacementBatchSampler(seqs, gbs=gbs, dp=dp, pool_size=P, dp_rank=0, mode="vrsp-elastic",
+                                 elastic_pricing={"seq_len": L}, **kw)

@@ -35,7 +35,10 @@ class PlacementBatchSampler(torch.utils.data.Sampler):
     With ``mode="vrsp-elastic"`` (docs/elastic.md) a batch's pool may be fused with other pools of
     its GA step into one TAP domain: ``domain(n)`` says which (None when this replica's pool runs
     alone) and ``plan_pool(n)`` gives the sequences to plan, the domain's when fused.
-    ``elastic_k``, ``elastic_threshold`` and ``elastic_rule`` are those of libra.place_window.
+    ``elastic_k``, ``elastic_threshold`` and ``elastic_rule`` are those of libra.place_window, and so
+    are ``interleave_cp`` and ``interleave_gpus_per_node``: every pool's slots in node-interleaved
+    order (a pool's heaviest sequences on different nodes; what ``libra simulate``'s libra-topo
+    plans), which ``index``, ``pool`` and the plans made from them all follow.
     With ``elastic_pricing=`` (a dict of ``libra simulate --config`` keys: seq_len required, cp,
     hardware, network, head_shards, block_sizes) a window fuses only where the cost model predicts
     its optimizer step faster than VRSP's, the decision ``libra simulate --elastic`` reports for
@@ -43,7 +46,8 @@ class PlacementBatchSampler(torch.utils.data.Sampler):
     """
 
     def __init__(self, sequences, gbs, dp, pool_size, dp_rank, mode="vrsp", seed=0, elastic_k=2,
-                 elastic_threshold=0.05, elastic_rule="buddy", elastic_pricing=None):
+                 elastic_threshold=0.05, elastic_rule="buddy", elastic_pricing=None, interleave_cp=0,
+                 interleave_gpus_per_node=0):
         where = "PlacementBatchSampler:"
         gbs, dp, pool_size, dp_rank, seed = (_integer(f"{where} {n}", v) for n, v in (
             ("gbs", gbs), ("dp", dp), ("pool_size", pool_size), ("dp_rank", dp_rank), ("seed", seed)))
@@ -58,10 +62,15 @@ class PlacementBatchSampler(torch.utils.data.Sampler):
             _refuse(f"{where} dp_rank {dp_rank}: must be in [0, dp = {dp})")
         self._args = (gbs, dp, pool_size, mode, seed)
         self._elastic = dict(elastic_k=elastic_k, elastic_threshold=elastic_threshold, elastic_rule=elastic_rule)
+        # Node-interleaved slots (libra.place_window): every pool's order, so the replica that loads a
+        # sequence and the plan's slot of it agree.
+        self._interleave = dict(interleave_cp=interleave_cp, interleave_gpus_per_node=interleave_gpus_per_node)
         self._pricing = None
         if elastic_pricing is not None:
             if mode != "vrsp-elastic":
                 _refuse(f"{where} elastic_pricing: only with mode 'vrsp-elastic' (the mode is {mode!r})")
+            if interleave_cp or interleave_gpus_per_node:
+                _refuse(f"{where} elastic_pricing: not with a node-interleaved slot order (mode vrsp-elastic fixes it)")
             _pricing_json(elastic_pricing, where.rstrip(":"))  # one line now, not at the first batch
             self._pricing = dict(elastic_pricing)
         self.mode = mode
@@ -81,7 +90,7 @@ class PlacementBatchSampler(torch.utils.data.Sampler):
             if self._pricing is not None:
                 gbs, dp, pool_size, _, seed = self._args
                 return priced_placement_sampler(sequences, gbs, dp, pool_size, self._pricing, seed, **self._elastic)
-            return PlacementSampler(sequences, *self._args, **self._elastic)
+            return PlacementSampler(sequences, *self._args, **self._elastic, **self._interleave)
         except ValueError as e:
             raise ValueError(f"PlacementBatchSampler: {e}") from None
 
