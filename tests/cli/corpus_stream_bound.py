@@ -3,10 +3,11 @@
 address-space limit far below what the sources expand to.
 
 A 4 MB gzip file expanding to 4 GiB (a bad first line, then newlines) was
-inflated whole before its first line was read: "out of memory". Standard
-input was read whole, so an endless pipe never ended. Now each fails at its
-first line with one line and exit status 2, within the limit; a 4 GiB run of
-zeros fails once its first line passes the 64 MiB line bound.
+inflated whole before its first line was read: "out of memory", and so was a
+good file expanding to more than the limit. Standard input was read whole, so
+an endless pipe never ended. Now each bad source fails at its first line with
+one line and exit status 2, within the limit, and the good one is read; a
+4 GiB run of zeros fails once its first line passes the 64 MiB line bound.
 
 usage: corpus_stream_bound.py LIBRA
 """
@@ -56,6 +57,11 @@ def main() -> int:
         with open(zeros, "wb") as f:
             f.write(member(b"\0" * (1 << 20)) * 4096)
         bound = "line longer than 64 MiB; a corpus line holds one sample or one packed sequence"
+        # A good source passes too: 512 MiB of blank lines (1 MiB of spaces each), twice the limit,
+        # then one sample.
+        blank_then_one = os.path.join(d, "blank_then_one.gz")
+        with open(blank_then_one, "wb") as f:
+            f.write(member(b" " * ((1 << 20) - 1) + b"\n") * 512 + member(b"7\n"))
         cases = [
             ("gzip file, bad line 1 then 4 GiB of newlines", ["corpus", "stats", newlines], None, None,
              f"libra: error: {newlines}:1: expected a positive integer, got 'x'"),
@@ -68,6 +74,11 @@ def main() -> int:
             ("endless standard input of zeros", ["corpus", "stats", "-"], None, "cat /dev/zero",
              f"libra: error: standard input:1: {bound}"),
         ]
+        code, out, err = run(libra, ["corpus", "stats", blank_then_one, "--json"])
+        ok = code == 0 and '"samples": 1' in out and '"total_tokens": 7' in out and err == ""
+        print(f"{'ok  ' if ok else 'FAIL'} gzip file, 512 MiB of blank lines then one sample: exit {code}: "
+              f"{'one sample of 7 tokens' if ok else err.strip()}")
+        failures += not ok
         for what, args, stdin_path, feeder, expected in cases:
             if stdin_path:
                 with open(stdin_path, "rb") as f:
