@@ -69,4 +69,16 @@ class AttentionBackend {
 // in per-thread scratch that it grows and keeps itself (kernel.hpp).
 [[nodiscard]] std::unique_ptr<AttentionBackend> make_cpu_backend();
 
+// The backends that can be made by name (`libra exec --backend NAME`), one
+// line each in src/exec/registry.cpp: a new backend is its own files and
+// that line.
+struct BackendEntry {
+  const char* name;  // "cpu"
+  const char* what;  // for --help
+  std::unique_ptr<AttentionBackend> (*make)();
+};
+[[nodiscard]] std::span<const BackendEntry> attention_backends();
+// The registered backend `name`; the error lists the registered names.
+[[nodiscard]] Result<std::unique_ptr<AttentionBackend>> make_backend(std::string_view name);
+
 }  // namespace libra

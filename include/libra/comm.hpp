@@ -167,5 +167,30 @@ void mpi_finalize();
 // A communicator over MPI_COMM_WORLD whose waits fail after `timeout_s`
 // seconds without data from a peer (libra/comm_mpi.hpp). Requires mpi_init.
 [[nodiscard]] Result<std::unique_ptr<Communicator>> mpi_world(double timeout_s = 300);
+// This process is one of a job mpirun (OpenMPI, or a PMI launcher) started,
+// whether or not libra was built with MPI; and its rank there (-1 unknown).
+bool mpi_launched();
+int mpi_launcher_rank();
+
+// ---- worlds started by a launcher ------------------------------------------
+
+// A transport whose processes a launcher starts: how a process tells it is
+// one of them, and how it joins the job's world. `libra exec` runs over the
+// registered world whose launcher started it (else in-process ranks, --ranks).
+// One line each in src/exec/registry.cpp: a new transport is its own files
+// (a class deriving from Communicator) and that line.
+struct LaunchedWorld {
+  const char* name;      // "mpi"
+  const char* launcher;  // named in messages: "mpirun"
+  const char* start;     // how a user starts N ranks: "mpirun -np N"
+  bool (*launched)();    // this process is one rank of a job the launcher started
+  int (*launcher_rank)();  // its rank from the launcher's environment, -1 unknown (who prints before the world exists)
+  Status (*init)();        // once per process, before world
+  Result<std::unique_ptr<Communicator>> (*world)(double timeout_s);  // waits fail after timeout_s without a peer
+  void (*finalize)();      // after the last communicator is gone
+};
+[[nodiscard]] std::span<const LaunchedWorld> launched_worlds();
+// The registered world whose launcher started this process, or null.
+[[nodiscard]] const LaunchedWorld* launched_world();
 
 }  // namespace libra

@@ -6,6 +6,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <optional>
 #include <string>
 #include <vector>
@@ -133,6 +134,20 @@ std::uint64_t fingerprint_of(std::string_view bytes) {
   std::uint64_t h = 0xcbf29ce484222325ULL;
   for (unsigned char c : bytes) h = (h ^ c) * 0x100000001b3ULL;
   return h;
+}
+
+bool mpi_launched() {
+  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"}) {
+    if (std::getenv(var) != nullptr) return true;
+  }
+  return false;
+}
+
+int mpi_launcher_rank() {
+  for (const char* var : {"OMPI_COMM_WORLD_RANK", "PMI_RANK"}) {
+    if (const char* r = std::getenv(var)) return std::atoi(r);
+  }
+  return -1;
 }
 
 #ifndef LIBRA_HAVE_MPI

@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include <chrono>
+#include <cstdlib>
 #include <limits>
 #include <set>
 #include <thread>
@@ -366,6 +367,40 @@ TEST(PlanExecutor, Fp16EndToEnd) {
     c.chunks = mode == std::string("ulysses-direct") ? 1 : 2;
     expect_all_ok(run_in_process(4, [&](Communicator& comm) { return exec_test::exec_case(comm, c); }), c.name());
   }
+}
+
+// The registries name what `libra exec` can run on: one line each in
+// src/exec/registry.cpp.
+TEST(Registry, MakesRegisteredBackendsByNameAndNamesThemOnAnUnknownOne) {
+  ASSERT_FALSE(attention_backends().empty());
+  for (const BackendEntry& b : attention_backends()) {
+    Result<std::unique_ptr<AttentionBackend>> made = make_backend(b.name);
+    ASSERT_TRUE(made.ok()) << made.error().message();
+    EXPECT_NE(*made, nullptr);
+  }
+  Result<std::unique_ptr<AttentionBackend>> cpu = make_backend("cpu");
+  ASSERT_TRUE(cpu.ok());
+  EXPECT_EQ((*cpu)->device(), Device::kCpu);
+  Result<std::unique_ptr<AttentionBackend>> none = make_backend("nope");
+  ASSERT_FALSE(none.ok());
+  EXPECT_EQ(none.error().message(), "backend nope: not one of the registered backends (cpu)");
+}
+
+TEST(Registry, FindsTheLaunchedWorldFromTheLaunchersEnvironment) {
+  ASSERT_FALSE(launched_worlds().empty());
+  EXPECT_STREQ(launched_worlds()[0].name, "mpi");
+  // The test runs without a launcher unless ctest itself was started by one.
+  if (launched_worlds()[0].launched()) GTEST_SKIP() << "started by mpirun";
+  EXPECT_EQ(launched_world(), nullptr);
+  ::setenv("OMPI_COMM_WORLD_SIZE", "2", 1);
+  ::setenv("OMPI_COMM_WORLD_RANK", "1", 1);
+  const LaunchedWorld* w = launched_world();
+  const int rank = w ? w->launcher_rank() : -2;
+  ::unsetenv("OMPI_COMM_WORLD_SIZE");
+  ::unsetenv("OMPI_COMM_WORLD_RANK");
+  ASSERT_NE(w, nullptr);
+  EXPECT_STREQ(w->name, "mpi");
+  EXPECT_EQ(rank, 1);
 }
 
 TEST(CpuBackend, RejectsViewsOfAnotherDeviceAndReportsItsTypes) {

@@ -188,9 +188,12 @@ Result<CheckReport> run_check(Communicator& world, const CheckJob& job) {
   LIBRA_TRY(agree_on_status(world, split.status(), "libra exec"));
   Communicator& pc = **split;
 
+  Result<std::unique_ptr<AttentionBackend>> backend = make_backend(job.backend);
+  LIBRA_TRY(agree_on_status(world, backend.status(), "libra exec"));
   ExecOptions eo;
   eo.threads = job.threads;
   eo.trace = job.trace;
+  eo.backend = backend->get();
   std::optional<Plan> made;
   Result<std::unique_ptr<Executor>> ex = internal_error("no executor");
   if (job.plan) {

@@ -52,6 +52,7 @@ struct ExecOptionsCli {
   std::string trace;
   int ranks = 0;  // > 0: in-process ranks instead of MPI
   std::string plan;  // a saved plan: pool and shape come from it
+  std::string backend = "cpu";  // a registered attention backend (attention_backends())
   bool json = false;
   const CLI::Option* reference_flag = nullptr;
   double check_tolerance = 0;  // with check_tolerance_flag: one relative tolerance for every tensor
@@ -384,6 +385,7 @@ int exec_rank(Communicator& world, const ExecOptionsCli& opt) {
   job.pool_size = saved ? saved->pool_size() : opt.pool.pool_size;
   job.seed = opt.seed;
   job.threads = opt.pool.threads;
+  job.backend = opt.backend;
   job.repeat = opt.repeat;
   job.check = opt.check;
   if (opt.reference == "naive") job.reference = ReferenceKind::kNaive;
@@ -396,7 +398,7 @@ int exec_rank(Communicator& world, const ExecOptionsCli& opt) {
 }
 
 // The flag errors run_exec finds before starting any rank.
-Status check_exec_flags(const ExecOptionsCli& opt, bool under_mpirun) {
+Status check_exec_flags(const ExecOptionsCli& opt, const LaunchedWorld* launched) {
   static const char* kModes[] = {"tap", "tap-split", "tap-topo", "ulysses", "ulysses-plan"};
   if (std::find_if(std::begin(kModes), std::end(kModes), [&](const char* m) { return opt.mode == m; }) == std::end(kModes)) {
     return invalid_input("--mode " + opt.mode + ": expected tap, tap-split, tap-topo, ulysses or ulysses-plan");
@@ -408,6 +410,9 @@ Status check_exec_flags(const ExecOptionsCli& opt, bool under_mpirun) {
     return invalid_input(fmt::format("--timeout {}: must be more than 0 and at most 86400 seconds", opt.timeout));
   }
   LIBRA_TRY(check_threads(opt.pool.threads));
+  if (Result<std::unique_ptr<AttentionBackend>> b = make_backend(opt.backend); !b.ok()) {
+    return invalid_input("--" + b.error().message());
+  }
   if (opt.reference != "auto" && opt.reference != "naive" && opt.reference != "kernel") {
     return invalid_input("--reference " + opt.reference + ": expected auto, naive or kernel");
   }
@@ -436,45 +441,48 @@ Status check_exec_flags(const ExecOptionsCli& opt, bool under_mpirun) {
   }
   // Each rank would read its own part of one stream, and no two ranks the
   // same pool.
-  const bool several = under_mpirun || opt.ranks > 1;
+  const bool several = launched != nullptr || opt.ranks > 1;
   if (opt.plan.empty() && opt.pool.source == "-" && several) {
     return invalid_input("-: standard input cannot feed several ranks (each would read a different part of it); save "
                          "the pool to a file and name the file");
   }
   const bool ranks_given = opt.ranks_flag != nullptr && opt.ranks_flag->count() > 0;
-  if (under_mpirun) {
+  if (launched != nullptr) {
     // Every process would start --ranks threads of its own: the job would
     // run (and print) once per process.
     if (ranks_given) {
       return invalid_input(fmt::format("--ranks {}: starts in-process ranks, but this is already one of the processes "
-                                       "of mpirun; drop --ranks (mpirun -np sets the ranks)",
-                                       opt.ranks));
+                                       "of {}; drop --ranks ({} sets the ranks)",
+                                       opt.ranks, launched->launcher, launched->start));
     }
     return Status();
   }
-  if (!ranks_given) return invalid_input("no ranks: run under mpirun -np N, or give --ranks N for N in-process ranks");
+  if (!ranks_given) {
+    std::string starts;
+    for (const LaunchedWorld& w : launched_worlds()) starts += fmt::format("run under {}, or ", w.start);
+    return invalid_input("no ranks: " + starts + "give --ranks N for N in-process ranks");
+  }
   if (opt.ranks < 1) return invalid_input(fmt::format("--ranks {}: must be at least 1", opt.ranks));
   if (opt.ranks > 256) return invalid_input(fmt::format("--ranks {}: at most 256 in-process ranks", opt.ranks));
   return Status();
 }
 
-// One MPI process's share of the job: `refused` (a flag error of this
-// process) is agreed on with the others first, so that rank 0 alone prints
-// it and no rank exits before it has (mpirun kills the job at the first
-// nonzero exit).
-int run_mpi_rank(const ExecOptionsCli* opt, const Status& refused) {
+// One launched process's share of the job (a registered LaunchedWorld, as
+// mpirun starts MPI ranks): `refused` (a flag error of this process) is
+// agreed on with the others first, so that rank 0 alone prints it and no
+// rank exits before it has (mpirun kills the job at the first nonzero exit).
+int run_launched_rank(const LaunchedWorld& kind, const ExecOptionsCli* opt, const Status& refused) {
   const double timeout = opt != nullptr && refused.ok() ? opt->timeout : 300;
-  if (Status s = mpi_init(); !s.ok()) {
+  if (Status s = kind.init(); !s.ok()) {
     if (refused.ok()) return fail(s.error());
-    // Without MPI the ranks cannot agree; the launcher's rank 0 prints.
-    const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
-    if (rank == nullptr) rank = std::getenv("PMI_RANK");
-    if (rank == nullptr || std::string(rank) == "0") fail(refused);
+    // Without the world the ranks cannot agree; the launcher's rank 0 prints.
+    const int rank = kind.launcher_rank();
+    if (rank <= 0) fail(refused);
     return refused.error().code() == ErrorCode::kInternal ? kExitFailure : kExitUsage;
   }
   int rc = kExitFailure;
   {
-    Result<std::unique_ptr<Communicator>> world = mpi_world(timeout);
+    Result<std::unique_ptr<Communicator>> world = kind.world(timeout);
     if (!world.ok()) {
       rc = fail(world.error());
     } else if (int agreed = fail_on_all_ranks(**world, refused); agreed != kExitOk || opt == nullptr) {
@@ -489,14 +497,14 @@ int run_mpi_rank(const ExecOptionsCli* opt, const Status& refused) {
       }
     }
   }
-  mpi_finalize();
+  kind.finalize();
   return rc;
 }
 
 int run_exec(const ExecOptionsCli& opt) {
-  const bool mpi = under_mpirun();
-  const Status flags = check_exec_flags(opt, mpi);
-  if (mpi) return run_mpi_rank(&opt, flags);
+  const LaunchedWorld* launched = launched_world();
+  const Status flags = check_exec_flags(opt, launched);
+  if (launched != nullptr) return run_launched_rank(*launched, &opt, flags);
   if (!flags.ok()) return fail(flags);
   g_in_process = true;
   std::vector<int> codes(static_cast<std::size_t>(opt.ranks), 0);
@@ -516,14 +524,9 @@ int run_exec(const ExecOptionsCli& opt) {
 
 }  // namespace
 
-bool under_mpirun() {
-  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"}) {
-    if (std::getenv(var) != nullptr) return true;
-  }
-  return false;
-}
+bool under_launcher() { return launched_world() != nullptr; }
 
-int fail_under_mpirun(const Status& error) { return run_mpi_rank(nullptr, error); }
+int fail_under_launcher(const Status& error) { return run_launched_rank(*launched_world(), nullptr, error); }
 
 namespace {
 
@@ -674,6 +677,11 @@ const bool registered = register_command(70, [](CLI::App& app) {
   eo->pool_flags.push_back(
       ex->add_option("--mode", eo->mode, "executor: tap, tap-split, tap-topo, ulysses (the baseline executor), ulysses-plan"));
   ex->add_option("--seed", eo->seed, "seed of the random Q, K, V and dO");
+  {
+    std::string names;
+    for (const BackendEntry& b : attention_backends()) names += fmt::format("{}{} ({})", names.empty() ? "" : ", ", b.name, b.what);
+    ex->add_option("--backend", eo->backend, "attention backend: " + names);
+  }
   ex->add_flag("--check", eo->check, "compare with the single-process reference on the whole sequences (exit 3 beyond tolerance)");
   eo->reference_flag =
       ex->add_option("--reference", eo->reference, "reference for --check: auto (naive fp64 when small), naive, kernel");

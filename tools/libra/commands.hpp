@@ -68,11 +68,12 @@ inline CLI::App* command_group(CLI::App& app, const std::string& name, const std
 // for comparing across the ranks of one job.
 const std::vector<std::string>& command_line();
 
-// Reports a flag error of a process started by mpirun: agreed with the
-// other processes (which meet it in their first collective), so the job
-// prints one line. Returns the exit status.
-int fail_under_mpirun(const Status& error);
-bool under_mpirun();
+// Reports a flag error of a process a registered launcher started (mpirun;
+// LaunchedWorld in libra/comm.hpp): agreed with the other processes (which
+// meet it in their first collective), so the job prints one line. Returns the
+// exit status.
+int fail_under_launcher(const Status& error);
+bool under_launcher();
 
 // True when stderr is a terminal (progress bars only then).
 bool stderr_is_terminal();

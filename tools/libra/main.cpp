@@ -255,7 +255,7 @@ int main(int argc, char** argv) {
   // Under mpirun every process parses the same flags: a flag error goes
   // through the processes' agreement, so it is printed once, not once each.
   auto usage_error = [&](const std::string& message) {
-    if (under_mpirun()) return fail_under_mpirun(libra::invalid_input(message));
+    if (under_launcher()) return fail_under_launcher(libra::invalid_input(message));
     libra::write_stderr_line("libra: error: " + printable(message));
     return kExitUsage;
   };
@@ -284,7 +284,7 @@ int main(int argc, char** argv) {
   for (auto& h : handlers) {
     if (h.command->parsed()) {
       if (libra::Status s = check_outputs_are_not_inputs(*h.command); !s.ok()) {
-        return under_mpirun() ? fail_under_mpirun(s) : fail(s);
+        return under_launcher() ? fail_under_launcher(s) : fail(s);
       }
       // tests/docs: every command shown in the docs parses (flags exist,
       // values are well formed, output directories exist) without running.
