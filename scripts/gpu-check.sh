@@ -8,7 +8,8 @@
 # - tests/python/test_torch.py's CUDA tests, bf16 attention forward and backward against the float64
 #   reference on the CPU: a pool of 2 workers in one process on cuda:0 (libra.torch's in-process
 #   communicator; what one GPU runs), and with two or more GPUs also one NCCL process per GPU;
-# - every varlen backend pinned in turn on cuda:0, one call each, against the same reference.
+# - every varlen backend pinned in turn on cuda:0, one call each, against the same reference;
+# - a whole pool (4 workers, in-process) on cuda:0: its forward + backward wall time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 py=${LIBRA_PYTHON:-.venv/bin/python}
@@ -59,4 +60,46 @@ for name in ("flash-attn", "torch-varlen", "sdpa"):
     err = ((o.double().cpu() - ref).abs().max() / ref.abs().max()).item()
     print(f"gpu-check: {name}: bf16 max rel error {err:.2e} vs float64, lse {'given' if lse is not None else 'none'}, "
           f"{(time.perf_counter() - t0) / 20 * 1e3:.3f} ms a call (mean of 20)")
+PY
+# A whole pool on one GPU (the in-process communicator): P 2 x CP 2 = 4 workers on threads, bf16
+# forward + backward at L 16384; the wall time of the slowest worker, median of 5 after a warm-up.
+"$py" - <<'PY'
+import statistics
+import time
+import torch
+import libra
+import libra.torch as lt
+from libra.torch import backends
+from libra.torch.comms import inprocess
+
+dev = torch.device("cuda")
+L, P, CP = 16384, 2, 2
+pool = [[8192, 4096, 4096], [16384]]
+
+
+def body(rank, world):
+    group, worker = lt.pool_group(P, CP)
+    plan = libra.make_plan(pool, seq_len=L, cp=CP, block_size=1024, head_shards=2, heads_q=16, heads_kv=4,
+                           head_dim=128, chunks=2, dtype="bf16")
+    rt = lt.PlanRuntime(plan, group)
+    g = torch.Generator().manual_seed(rank)
+    q, k, v = (torch.randn(L // CP, h, 128, generator=g).to(dev, torch.bfloat16).requires_grad_() for h in (16, 4, 4))
+    times = []
+    for rep in range(6):
+        inprocess.COMMUNICATOR.barrier()
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        lt.attention(q, k, v, rt).float().square().sum().backward()
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+        if rep:
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+walls = inprocess.run(body, P * CP)
+print(f"gpu-check: in-process pool of {P * CP} workers on one {dev.type} device "
+      f"({backends.select(dev, torch.bfloat16).name}): L {L}, h_q 16, h_kv 4, d 128, M 2, bf16 forward + backward "
+      f"{max(walls) * 1e3:.1f} ms (slowest worker, median of 5)")
 PY
