@@ -69,7 +69,6 @@ def body(rank, world, init_file, a, pool, out_file):
     allres = [torch.zeros_like(res) for _ in range(world)]
     dist.all_gather(allres, res)
     if a.trace:
-        time.sleep(0.1)  # let the last completion callbacks run
         traces = [None] * world
         dist.all_gather_object(traces, rt.trace)
         if rank == 0:
@@ -90,7 +89,8 @@ def main():
     ap.add_argument("--mode", default="tap", choices=["tap", "tap-split"])
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--trace", help="write a Chrome trace-event JSON of the Python runs (compute tid 0, transfers tid 1)")
+    ap.add_argument("--trace", help="write the trace of the Python runs (the C++ executor's format: compute, transfer and wait "
+                    "lanes, docs/executor.md)")
     ap.add_argument("--libra", default=os.path.join(HERE, "..", "build", "release", "tools", "libra"))
     a = ap.parse_args()
     pool = libra.load_packed_sequences(a.pool, a.seq_len)

@@ -88,10 +88,31 @@ class Communicator {
 // Helpers built on the interface.
 // post + wait.
 [[nodiscard]] Status exchange(Communicator& comm, const AllToAllV& x);
+// The agreement before work, whatever moves its bytes: every rank gathers
+// every rank's `words` with the length of its problem (empty: none), and
+// only when some rank has one, every rank's problem; all ranks then hold the
+// same gathered values and decide alike. agree_on_status runs it on a
+// Communicator; libra.torch runs the same function through the binding, its
+// transports torch all-gathers (python/libra/torch/runtime.py). A transport
+// error (a silent peer) is returned as it is.
+struct AgreeTransport {
+  // Every rank's words (the same count from each), by rank.
+  std::function<Result<std::vector<std::vector<std::int64_t>>>(const std::vector<std::int64_t>&)> gather_words;
+  // Every rank's bytes, by rank.
+  std::function<Result<std::vector<std::string>>(const std::string&)> gather_bytes;
+};
+struct Agreement {
+  std::vector<std::vector<std::int64_t>> words;  // every rank's words, by rank
+  std::vector<std::string> problems;             // by rank; empty: none
+  std::vector<int> failed;                       // the ranks with a problem, increasing
+};
+[[nodiscard]] Result<Agreement> agree(const AgreeTransport& transport, std::vector<std::int64_t> words,
+                                      const std::string& problem);
 // Every rank learns whether every rank succeeded, and if not, the same error
 // on every rank: the lowest failed rank's message, naming the failed ranks
 // unless all failed alike (e.g. "q has 10 values, expected 12 (rank(s) 2 of
-// 4)"), so all ranks stop together and the job prints one line.
+// 4)"), so all ranks stop together and the job prints one line. agree() on
+// `comm`.
 [[nodiscard]] Status agree_on_status(Communicator& comm, const Status& local, const std::string& what);
 // Gathers a variable-size byte string from every rank on `root` (result is
 // empty on the other ranks). Collective.

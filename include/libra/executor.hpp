@@ -81,8 +81,21 @@ class TraceRecorder {
   std::vector<Event> events_;
 };
 
+// The one trace file format of libra's engines (the C++ executor's
+// write_trace and libra.torch.write_trace through the binding): Chrome
+// trace-event JSON {"displayTimeUnit":"ms","traceEvents":[...]} of every
+// rank's json_events: per rank (pid) a process_name "rank N" and a
+// thread_name per lane (tid 0 compute, 1 transfer, 2 wait), then "X"
+// events {name, cat = the lane's name, ph, pid, tid, ts, dur} in
+// microseconds of the steady clock (CLOCK_MONOTONIC: one origin for every
+// process of a machine). Names: "{fwd|bwd} compute chunk M", a transfer
+// "{fwd|bwd} {input|output} chunk M" (libra.torch: one per element class,
+// " class C" appended) from its post to the end of its wait, and
+// "wait " + the transfer's name for the wait itself.
+[[nodiscard]] std::string trace_document(const std::vector<std::string>& rank_events);
+
 // Gathers every rank's events on rank 0 of `comm` and writes one Chrome
-// trace JSON file there (write_file_atomic). Collective.
+// trace JSON file there (write_file_atomic, trace_document). Collective.
 [[nodiscard]] Status write_trace(Communicator& comm, const TraceRecorder& trace, const std::string& path);
 
 struct ExecOptions {

@@ -55,5 +55,6 @@ void bind_plan(py::module_& m);
 void bind_sim(py::module_& m);
 void bind_kernel(py::module_& m);
 void bind_program(py::module_& m);
+void bind_exec(py::module_& m);
 
 }  // namespace libra_py

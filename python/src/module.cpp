@@ -15,7 +15,7 @@
 //   plan.fingerprint, plan.tiles["worker"], plan.byte_matrix
 //
 // One file per stage (corpus.cpp, placement.cpp, plan.cpp, sim.cpp,
-// kernel.cpp, program.cpp) binds that stage; binding.hpp holds what they share.
+// kernel.cpp, program.cpp, exec.cpp) binds that stage; binding.hpp holds what they share.
 #include "binding.hpp"
 
 #include "libra/workload.hpp"
@@ -34,4 +34,5 @@ PYBIND11_MODULE(_libra, m) {
   libra_py::bind_sim(m);
   libra_py::bind_kernel(m);
   libra_py::bind_program(m);
+  libra_py::bind_exec(m);
 }

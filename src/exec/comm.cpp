@@ -51,25 +51,53 @@ Result<std::vector<std::string>> collect_strings(Communicator& comm, const std::
 
 }  // namespace
 
-Status agree_on_status(Communicator& comm, const Status& local, const std::string& what) {
-  LIBRA_ASSIGN_OR_RETURN(std::vector<std::uint64_t> ok, comm.allgather(local.ok() ? 1u : 0u));
-  std::vector<int> failed;
-  for (std::size_t r = 0; r < ok.size(); ++r) {
-    if (ok[r] == 0) failed.push_back(static_cast<int>(r));
+Result<Agreement> agree(const AgreeTransport& transport, std::vector<std::int64_t> words, const std::string& problem) {
+  words.push_back(static_cast<std::int64_t>(problem.size()));
+  LIBRA_ASSIGN_OR_RETURN(std::vector<std::vector<std::int64_t>> all, transport.gather_words(words));
+  Agreement a;
+  a.problems.resize(all.size());
+  for (std::size_t r = 0; r < all.size(); ++r) {
+    if (all[r].size() != words.size()) {
+      return internal_error(fmt::format("agreement: rank {} sent {} words, expected {}", r, all[r].size(), words.size()));
+    }
+    if (all[r].back() != 0) a.failed.push_back(static_cast<int>(r));
+    all[r].pop_back();
   }
-  if (failed.empty()) return Status();
-  // Every rank takes this branch (they all saw the same flags), so the
-  // messages can be exchanged: all ranks then return the same error, built
-  // from the gathered messages only, and one line is printed for the job
-  // however many ranks failed.
+  a.words = std::move(all);
+  if (a.failed.empty()) return a;
+  // Every rank takes this branch (they all saw the same lengths), so the
+  // problems can be exchanged.
+  LIBRA_ASSIGN_OR_RETURN(std::vector<std::string> texts, transport.gather_bytes(problem));
+  if (texts.size() != a.problems.size()) return internal_error("agreement: the byte gather lost ranks");
+  a.problems = std::move(texts);
+  return a;
+}
+
+Status agree_on_status(Communicator& comm, const Status& local, const std::string& what) {
+  AgreeTransport t{
+      [&comm](const std::vector<std::int64_t>& mine) -> Result<std::vector<std::vector<std::int64_t>>> {
+        std::vector<std::vector<std::int64_t>> all(static_cast<std::size_t>(comm.size()));
+        for (std::int64_t w : mine) {
+          LIBRA_ASSIGN_OR_RETURN(std::vector<std::uint64_t> got, comm.allgather(static_cast<std::uint64_t>(w)));
+          for (std::size_t r = 0; r < all.size(); ++r) all[r].push_back(static_cast<std::int64_t>(got[r]));
+        }
+        return all;
+      },
+      [&comm](const std::string& mine) { return collect_strings(comm, mine, std::nullopt); }};
+  // A problem travels as its error code's digit and its message, so every
+  // rank returns the first failed rank's code too.
   const std::string mine = local.ok() ? std::string() : std::string(1, static_cast<char>('0' + static_cast<int>(local.error().code()))) + local.message();
-  LIBRA_ASSIGN_OR_RETURN(std::vector<std::string> all, collect_strings(comm, mine, std::nullopt));
-  const std::string& first = all[static_cast<std::size_t>(failed.front())];
+  LIBRA_ASSIGN_OR_RETURN(Agreement a, agree(t, {}, mine));
+  const std::vector<int>& failed = a.failed;
+  if (failed.empty()) return Status();
+  // All ranks return the same error, built from the gathered problems only,
+  // and one line is printed for the job however many ranks failed.
+  const std::string& first = a.problems[static_cast<std::size_t>(failed.front())];
   const auto code = static_cast<ErrorCode>(first.empty() ? static_cast<int>(ErrorCode::kInternal) : first[0] - '0');
   const std::string msg = first.empty() ? std::string("unknown failure") : first.substr(1);
   bool same = true;
-  for (int r : failed) same = same && all[static_cast<std::size_t>(r)] == first;
-  const std::size_t W = ok.size();
+  for (int r : failed) same = same && a.problems[static_cast<std::size_t>(r)] == first;
+  const std::size_t W = a.problems.size();
   if (same && failed.size() == W) return Error(code, msg);
   if (same) return Error(code, fmt::format("{} (rank(s) {} of {})", msg, fmt::join(failed, ","), W));
   std::vector<int> rest(failed.begin() + 1, failed.end());

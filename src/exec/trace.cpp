@@ -47,19 +47,21 @@ std::string TraceRecorder::json_events(int rank) const {
   return out;
 }
 
+std::string trace_document(const std::vector<std::string>& rank_events) {
+  std::string text = "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n";
+  for (std::size_t i = 0; i < rank_events.size(); ++i) {
+    if (i > 0) text += ",\n";
+    text += rank_events[i];
+  }
+  text += "\n]}\n";
+  return text;
+}
+
 Status write_trace(Communicator& comm, const TraceRecorder& trace, const std::string& path) {
   LIBRA_ASSIGN_OR_RETURN(std::vector<std::string> all,
                          gather_strings(comm, 0, trace.json_events(comm.rank())));
   Status st;
-  if (comm.rank() == 0) {
-    std::string text = "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n";
-    for (std::size_t i = 0; i < all.size(); ++i) {
-      if (i > 0) text += ",\n";
-      text += all[i];
-    }
-    text += "\n]}\n";
-    st = write_file_atomic(path, text);
-  }
+  if (comm.rank() == 0) st = write_file_atomic(path, trace_document(all));
   return agree_on_status(comm, st, "--trace " + path);
 }
 

@@ -303,11 +303,6 @@ void place_rest(TopoPlacer& placer, int W, std::span<const PlacedRows> base, std
   }
 }
 
-bool heavier(std::span<const std::int64_t> flops, std::int32_t a, std::int32_t b) {
-  const std::int64_t fa = flops[static_cast<std::size_t>(a)], fb = flops[static_cast<std::size_t>(b)];
-  return fa != fb ? fa > fb : a < b;
-}
-
 }  // namespace
 
 std::vector<PlacedRows> place_topo(const Geometry& geo, const PlanConfig& config, std::span<const PlacedRows> base,
@@ -332,15 +327,38 @@ std::vector<PlacedRows> place_topo(const Geometry& geo, const PlanConfig& config
   // suffer least.
   std::int64_t total = 0;
   for (std::int64_t f : flops) total += f;
-  auto home_first = [&](auto&& before, std::int64_t keep_cap) {
+  // Heaviest first, ties lower id, as sortable keys (one array, no
+  // indirection in the comparisons).
+  auto heaviest_first = [&](std::span<const std::int32_t> tiles) {
+    std::vector<std::pair<std::int64_t, std::int32_t>> keyed(tiles.size());
+    for (std::size_t k = 0; k < tiles.size(); ++k) keyed[k] = {-flops[static_cast<std::size_t>(tiles[k])], tiles[k]};
+    std::sort(keyed.begin(), keyed.end());
+    std::vector<std::int32_t> order(tiles.size());
+    for (std::size_t k = 0; k < tiles.size(); ++k) order[k] = keyed[k].second;
+    return order;
+  };
+  // Each home's tiles, lightest first (ties: higher id first), optionally
+  // whole head shards first.
+  auto home_first = [&](bool whole_shards, std::int64_t keep_cap) {
     Candidate c{std::vector<PlacedRows>(base.begin(), base.end()),
                 std::make_unique<TopoPlacer>(geo, config.topology, capacity)};
-    std::vector<std::int32_t> order(n);
-    std::iota(order.begin(), order.end(), 0);
-    std::sort(order.begin(), order.end(), [&](std::int32_t x, std::int32_t y) {
-      const int hx = home_of(x), hy = home_of(y);
-      return hx != hy ? hx < hy : before(x, y);
+    struct Key {
+      std::int32_t home, shard;
+      std::int64_t flops;
+      std::int32_t id;
+    };
+    std::vector<Key> keys(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      keys[i] = {homes[i], whole_shards ? base[i].shard : 0, flops[i], static_cast<std::int32_t>(i)};
+    }
+    std::sort(keys.begin(), keys.end(), [](const Key& x, const Key& y) {
+      if (x.home != y.home) return x.home < y.home;
+      if (x.shard != y.shard) return x.shard < y.shard;
+      if (x.flops != y.flops) return x.flops < y.flops;
+      return x.id > y.id;
     });
+    std::vector<std::int32_t> order(n);
+    for (std::size_t k = 0; k < n; ++k) order[k] = keys[k].id;
     std::vector<std::int32_t> moved;
     for (std::size_t k = 0; k < n;) {
       const int h = home_of(order[k]);
@@ -358,17 +376,12 @@ std::vector<PlacedRows> place_topo(const Geometry& geo, const PlanConfig& config
         }
       }
     }
-    std::sort(moved.begin(), moved.end(), [&](std::int32_t x, std::int32_t y) { return heavier(flops, x, y); });
-    place_rest(*c.placer, W, base, flops, moved, c.rows);
+    place_rest(*c.placer, W, base, flops, heaviest_first(moved), c.rows);
     return c;
   };
   std::vector<Candidate> cands;
   // A. Lightest first: a light tile moves the most bytes per FLOP.
-  auto lightest = [&](std::int32_t x, std::int32_t y) { return heavier(flops, y, x); };
-  auto by_shard = [&](std::int32_t x, std::int32_t y) {
-    const std::int32_t sx = base[static_cast<std::size_t>(x)].shard, sy = base[static_cast<std::size_t>(y)].shard;
-    return sx != sy ? sx < sy : heavier(flops, y, x);
-  };
+  constexpr bool lightest = false, by_shard = true;
   constexpr std::int64_t kNoCap = std::numeric_limits<std::int64_t>::max();
   cands.push_back(home_first(lightest, kNoCap));
   if (cands[0].placer->within_capacity() && cands[0].placer->link_times().first == 0) return std::move(cands[0].rows);
@@ -393,10 +406,9 @@ std::vector<PlacedRows> place_topo(const Geometry& geo, const PlanConfig& config
   if (none_within()) {
     Candidate c{std::vector<PlacedRows>(base.begin(), base.end()),
                 std::make_unique<TopoPlacer>(geo, config.topology, capacity)};
-    std::vector<std::int32_t> order(n);
-    std::iota(order.begin(), order.end(), 0);
-    std::sort(order.begin(), order.end(), [&](std::int32_t x, std::int32_t y) { return heavier(flops, x, y); });
-    place_rest(*c.placer, W, base, flops, order, c.rows);
+    std::vector<std::int32_t> all(n);
+    std::iota(all.begin(), all.end(), 0);
+    place_rest(*c.placer, W, base, flops, heaviest_first(all), c.rows);
     cands.push_back(std::move(c));
   }
   // D. TAP itself, priced the same way (the links' final state does not

@@ -689,3 +689,69 @@ def test_sampler_node_interleave_keeps_replicas_and_pools_in_step():
     with pytest.raises(ValueError, match="node-interleaved"):
         lt.PlacementBatchSampler(seqs, gbs=gbs, dp=dp, pool_size=P, dp_rank=0, mode="vrsp-elastic",
                                  elastic_pricing={"seq_len": L}, **kw)
+
+
+# ---------------------------------------------------------------- one trace format
+
+TRACE_NAME = r"^(wait )?(fwd|bwd) (compute|input|output) chunk (\d+)( class [0-2])?$"
+LANES = {0: "compute", 1: "transfer", 2: "wait"}
+
+
+def read_trace(path):
+    """The one reader of libra's trace files (libra::trace_document's schema): checks every event and
+    returns {rank: [(lane name, event name, ts, dur)]}."""
+    import json
+    import re
+
+    with open(path) as f:
+        doc = json.load(f)
+    assert set(doc) == {"displayTimeUnit", "traceEvents"} and doc["displayTimeUnit"] == "ms"
+    meta, spans = {}, {}
+    for e in doc["traceEvents"]:
+        if e["ph"] == "M":
+            meta.setdefault(e["pid"], {})[(e["name"], e.get("tid"))] = e["args"]["name"]
+            continue
+        assert set(e) == {"name", "cat", "ph", "pid", "tid", "ts", "dur"} and e["ph"] == "X", e
+        assert e["cat"] == LANES[e["tid"]] and e["dur"] >= 0, e
+        m = re.match(TRACE_NAME, e["name"])
+        assert m and (m.group(3) == "compute") == (e["tid"] == 0) and bool(m.group(1)) == (e["tid"] == 2), e
+        spans.setdefault(e["pid"], []).append((e["cat"], e["name"], e["ts"], e["dur"]))
+    for pid in spans:
+        assert meta[pid] == {("process_name", None): f"rank {pid}",
+                             **{("thread_name", t): n for t, n in LANES.items()}}, meta[pid]
+    return spans
+
+
+def traced_body(rank, world):
+    group, _ = lt.pool_group(2, 2)
+    plan = libra.make_plan(POOLS[:2], seq_len=L, cp=2, block_size=8, head_shards=2, heads_q=4, heads_kv=2,
+                           head_dim=16, chunks=2, dtype="fp32")
+    rt = lt.PlanRuntime(plan, group, trace=True)
+    q = torch.randn(L // 2, 4, 16, requires_grad=True)
+    kv = torch.randn(L // 2, 2, 16, requires_grad=True)
+    lt.attention(q, kv, kv, rt).sum().backward()
+    return rt.trace
+
+
+def test_both_engines_write_one_trace_format(libra_cli, tmp_path):
+    import subprocess
+
+    pool = tmp_path / "pool.jsonl"
+    pool.write_text("".join(f"{s}\n" for s in POOLS[:2]))
+    cpp = tmp_path / "cpp.json"
+    subprocess.run([libra_cli, "exec", str(pool), "--seq-len", str(L), "--cp", "2", "--pool-size", "2", "--ranks",
+                    "4", "--block", "8", "--head-shards", "2", "--heads-q", "4", "--heads-kv", "2", "--head-dim",
+                    "16", "--chunks", "2", "--trace", str(cpp)], check=True, capture_output=True)
+    py = tmp_path / "py.json"
+    lt.write_trace(str(py), [e for t in run("inprocess", traced_body, 4) for e in t])
+    for path in (cpp, py):
+        spans = read_trace(path)
+        assert sorted(spans) == [0, 1, 2, 3], path
+        for events in spans.values():
+            names = {n for _, n, _, _ in events}
+            # Every chunk's compute in both passes, and each transfer with its wait.
+            assert {f"{p} compute chunk {m}" for p in ("fwd", "bwd") for m in (0, 1)} <= names, names
+            transfers = {n for lane, n, _, _ in events if lane == "transfer"}
+            assert transfers and all("wait " + n in names for n in transfers), names
+    with pytest.raises(ValueError, match=r"^trace event 'x': lane 3: must be 0 \(compute\), 1 \(transfer\) or 2"):
+        lt.write_trace(str(tmp_path / "bad.json"), [(0, "x", 3, 0.0, 1.0)])

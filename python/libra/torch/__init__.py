@@ -16,16 +16,18 @@ and rank x of pool k is worker (x // cp % P) * cp + x % cp of the pool's plan
         o = libra.torch.attention(q, k, v, runtime)   # q: [L/cp, h_q, d] home tokens, THD
 
 ``attention`` replaces a context-parallel core-attention call (forward and
-backward). Its transfers are ``all_to_all_single`` calls, one per pipeline
-chunk and direction, issued asynchronously so that chunk m+1 travels while
-chunk m computes. On CPU tensors it runs libra's kernel on the tensors'
-memory through the binding; on CUDA tensors ``flash_attn_varlen_func``.
+backward). Its transfers are asynchronous all-to-alls on the group's
+communicator (``comms``: torch.distributed, or an in-process pool of W workers
+on threads), one per pipeline chunk, direction and element class, so that
+chunk m+1 travels while chunk m computes. The kernel is the first available
+compute backend (``backends``: libra's CPU kernel, flash-attn, torch's varlen
+attention, SDPA).
 
 The package's rooms follow the data flow: ``groups`` (process groups),
-``data`` (the sampler), ``planner`` (background planning), ``runtime``
-(a plan bound to a group), ``exchange`` (the all-to-all packing), ``compute``
-(the kernels), ``function`` (the autograd function and ``attention``) and
-``trace``. Integrations with model libraries sit beside it
+``comms`` (communicators), ``data`` (the sampler), ``planner`` (background
+planning), ``runtime`` (a plan bound to a group), ``exchange`` (the flat
+program's exchanges), ``compute`` and ``backends`` (the kernels),
+``function`` (the autograd function and ``attention``) and ``trace``. Integrations with model libraries sit beside it
 (``libra.hf``, ``libra.megatron``).
 """
 from .data import PlacementBatchSampler

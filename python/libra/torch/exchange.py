@@ -55,7 +55,8 @@ def post(rt, pass_index, kind, m, x, bufs, dtype, d, device):
     for c, send in sends.items():
         recv = torch.empty((sum(x["recv"][c]), send.shape[1]), dtype=send.dtype, device=device)
         work = rt.comm.all_to_all(recv, send, x["recv"][c], x["send"][c], rt.group)
-        posted.append((c, _watch(rt, work, f"{_NAMES[(pass_index, kind)]} chunk {m} class {c}"), recv))
+        trace = f"{'fwd' if pass_index == 0 else 'bwd'} {'input' if kind == 'in' else 'output'} chunk {m} class {c}"
+        posted.append((c, _watch(rt, work, f"{_NAMES[(pass_index, kind)]} chunk {m} class {c}", trace), recv))
     for field, src, dst, _add, _c, sidx, didx in x["local"]:
         bufs[dst][field].index_copy_(0, didx, bufs[src][field].index_select(0, sidx))
     return posted

@@ -2,7 +2,6 @@
 import datetime
 import math
 import operator
-import time
 
 import numpy as np
 import torch
@@ -94,10 +93,9 @@ class PlanRuntime:
         self.check_calls = check_calls
         # Accepted for compatibility: every device now carries out the same program with index ops.
         self.exchange = exchange
-        # Chrome trace events of every attention call under this runtime (trace=True): per chunk, the
-        # kernel calls (tid 0) and each all-to-all from issue to completion (tid 1).
+        # The trace of every attention call under this runtime (trace=True), in the C++ engine's format
+        # (trace.py): (worker, name, lane, begin_us, end_us) per chunk's compute, exchange and wait.
         self.trace = [] if trace else None
-        self._t0 = time.perf_counter()
         self.window = plan.config["window"]
         # libra's per-rank flat program (libra/program.hpp), the peers in group-rank order (what
         # all_to_all_single's splits follow); Planner may have built it on its thread.
@@ -240,12 +238,6 @@ class _Timed:
             raise _silent_peers(self, e) from None
         return True
 
-    def is_completed(self):
-        return self.work.is_completed()
-
-    def get_future(self):
-        return self.work.get_future()
-
 
 def _silent_peers(timed, err):
     """The error of a collective that did not complete, naming the ranks that never joined it where the
@@ -266,21 +258,31 @@ def _silent_peers(timed, err):
 def _agree(comm, group, words, problem, timeout, what, native=False):
     """Collective: gathers every rank's int64 ``words`` and its problem line (or None). Returns (the
     gathered words by group rank, the first (group rank, line) of a rank with a problem, or None).
-    Two gathers at most, both with the deadline: a message goes only when some rank has one."""
+    The protocol is the C++ engine's (libra::agree, through the binding: the lengths with the words,
+    the lines only when some rank has one); here its two gathers are all-gathers on the group's
+    communicator, each with the deadline."""
     size = comm.size(group)
+
+    def gather(mine):
+        everyone = [torch.zeros_like(mine) for _ in range(size)]
+        _Timed(comm, group, comm.all_gather(everyone, mine, group), _next_seq(group), timeout, what, native).wait()
+        return everyone
+
+    gathered = []  # every rank's words, its problem's length last
+
+    def gather_words(mine):
+        gathered[:] = [t.tolist() for t in gather(torch.tensor(mine, dtype=torch.int64))]
+        return gathered
+
+    def gather_bytes(mine):
+        # all_gather moves equal sizes: padded to the longest, whose length came with the words.
+        buf = torch.zeros(max(w[-1] for w in gathered), dtype=torch.uint8)
+        if mine:
+            buf[:len(mine)] = torch.frombuffer(bytearray(mine), dtype=torch.uint8)
+        return [bytes(t[:w[-1]].tolist()) for t, w in zip(gather(buf), gathered)]
+
     msg = b"" if problem is None else str(problem).encode("utf-8", "replace")
-    mine = torch.tensor(list(words) + [len(msg)], dtype=torch.int64)
-    everyone = [torch.zeros_like(mine) for _ in range(size)]
-    work = comm.all_gather(everyone, mine, group)
-    _Timed(comm, group, work, _next_seq(group), timeout, what, native).wait()
-    lengths = [int(t[-1]) for t in everyone]
-    if not any(lengths):
-        return [t[:-1] for t in everyone], None
-    width = max(lengths)
-    buf = torch.zeros(width, dtype=torch.uint8)
-    buf[:len(msg)] = torch.frombuffer(bytearray(msg), dtype=torch.uint8) if msg else buf[:0]
-    texts = [torch.zeros(width, dtype=torch.uint8) for _ in range(size)]
-    work = comm.all_gather(texts, buf, group)
-    _Timed(comm, group, work, _next_seq(group), timeout, what, native).wait()
-    first = next(i for i, n in enumerate(lengths) if n)
-    return [t[:-1] for t in everyone], (first, bytes(texts[first][:lengths[first]].tolist()).decode("utf-8", "replace"))
+    everyone, problems, failed = _libra.agree([int(w) for w in words], msg, gather_words, gather_bytes)
+    if not failed:
+        return everyone, None
+    return everyone, (failed[0], problems[failed[0]].decode("utf-8", "replace"))

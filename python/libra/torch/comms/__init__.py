@@ -26,8 +26,8 @@ ORDER = ("inprocess", "torch-dist")
 
 class Communicator:
     """What every communicator provides. Groups are its own objects; ``rank`` and ``size`` are the
-    caller's place in one. Asynchronous operations return a work with ``wait(timeout=None)`` (raises
-    RuntimeError when it did not complete), ``is_completed()`` and ``get_future().then(callback)``."""
+    caller's place in one. Asynchronous operations return a work whose ``wait(timeout=None)`` (a
+    timedelta) raises RuntimeError when it did not complete."""
 
     name = "?"
 

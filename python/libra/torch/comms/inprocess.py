@@ -61,30 +61,11 @@ class Group:
         return f"inprocess.Group(rank {self._rank} of world ranks {self.state.ranks})"
 
 
-class _Future:
-    def __init__(self):
-        self._callbacks, self._done = [], False
-
-    def then(self, callback):
-        if self._done:
-            callback(self)
-        else:
-            self._callbacks.append(callback)
-        return self
-
-    def _finish(self):
-        self._done = True
-        for cb in self._callbacks:
-            cb(self)
-        self._callbacks = []
-
-
 class _Work:
     """A posted collective of one worker; ``take(payloads)`` gives it its part once every rank joined."""
 
     def __init__(self, group, seq, op, take):
         self.group, self.seq, self.op, self.take = group, seq, op, take
-        self._future = _Future()
         self._done = False
 
     def wait(self, timeout=None):
@@ -110,14 +91,7 @@ class _Work:
             if op.done == n:
                 state.ops.pop(self.seq, None)
         self._done = True
-        self._future._finish()
         return True
-
-    def is_completed(self):
-        return self._done
-
-    def get_future(self):
-        return self._future
 
 
 def _ctx():
