@@ -117,9 +117,10 @@ struct Agreement {
 // Gathers a variable-size byte string from every rank on `root` (result is
 // empty on the other ranks). Collective.
 [[nodiscard]] Result<std::vector<std::string>> gather_strings(Communicator& comm, int root, const std::string& mine);
-// Ranks agree on `value`: on a difference every rank returns the same error
-// with `code`, "{what} across the N ranks: rank(s) 0,1,2 hold 5c0f...;
-// rank(s) 3 hold 91aa...; {hint}" (groups in the order of their lowest rank).
+// Ranks agree on `value` (agree() on `comm`): on a difference every rank
+// returns the same error with `code`, "{what} across the N ranks: rank(s)
+// 0,1,2 hold 5c0f...; rank(s) 3 hold 91aa...; {hint}" (groups in the order
+// of their lowest rank).
 [[nodiscard]] Status agree_on_value(Communicator& comm, std::uint64_t value, const std::string& what,
                                     const std::string& hint, ErrorCode code);
 // The same for what an executor runs: a kMismatch "{what} fingerprint

@@ -73,17 +73,25 @@ Result<Agreement> agree(const AgreeTransport& transport, std::vector<std::int64_
   return a;
 }
 
+namespace {
+
+// agree() over a Communicator.
+AgreeTransport transport_of(Communicator& comm) {
+  return {[&comm](const std::vector<std::int64_t>& mine) -> Result<std::vector<std::vector<std::int64_t>>> {
+            std::vector<std::vector<std::int64_t>> all(static_cast<std::size_t>(comm.size()));
+            for (std::int64_t w : mine) {
+              LIBRA_ASSIGN_OR_RETURN(std::vector<std::uint64_t> got, comm.allgather(static_cast<std::uint64_t>(w)));
+              for (std::size_t r = 0; r < all.size(); ++r) all[r].push_back(static_cast<std::int64_t>(got[r]));
+            }
+            return all;
+          },
+          [&comm](const std::string& mine) { return collect_strings(comm, mine, std::nullopt); }};
+}
+
+}  // namespace
+
 Status agree_on_status(Communicator& comm, const Status& local, const std::string& what) {
-  AgreeTransport t{
-      [&comm](const std::vector<std::int64_t>& mine) -> Result<std::vector<std::vector<std::int64_t>>> {
-        std::vector<std::vector<std::int64_t>> all(static_cast<std::size_t>(comm.size()));
-        for (std::int64_t w : mine) {
-          LIBRA_ASSIGN_OR_RETURN(std::vector<std::uint64_t> got, comm.allgather(static_cast<std::uint64_t>(w)));
-          for (std::size_t r = 0; r < all.size(); ++r) all[r].push_back(static_cast<std::int64_t>(got[r]));
-        }
-        return all;
-      },
-      [&comm](const std::string& mine) { return collect_strings(comm, mine, std::nullopt); }};
+  const AgreeTransport t = transport_of(comm);
   // A problem travels as its error code's digit and its message, so every
   // rank returns the first failed rank's code too.
   const std::string mine = local.ok() ? std::string() : std::string(1, static_cast<char>('0' + static_cast<int>(local.error().code()))) + local.message();
@@ -111,18 +119,20 @@ Result<std::vector<std::string>> gather_strings(Communicator& comm, int root, co
 
 Status agree_on_value(Communicator& comm, std::uint64_t value, const std::string& what, const std::string& hint,
                       ErrorCode code) {
-  LIBRA_ASSIGN_OR_RETURN(std::vector<std::uint64_t> all, comm.allgather(value));
+  LIBRA_ASSIGN_OR_RETURN(Agreement a, agree(transport_of(comm), {static_cast<std::int64_t>(value)}, std::string()));
+  const std::size_t W = a.words.size();
   std::vector<std::pair<std::uint64_t, std::vector<int>>> groups;
-  for (std::size_t r = 0; r < all.size(); ++r) {
-    auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == all[r]; });
-    if (it == groups.end()) it = groups.insert(groups.end(), {all[r], {}});
+  for (std::size_t r = 0; r < W; ++r) {
+    const auto v = static_cast<std::uint64_t>(a.words[r][0]);
+    auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == v; });
+    if (it == groups.end()) it = groups.insert(groups.end(), {v, {}});
     it->second.push_back(static_cast<int>(r));
   }
   if (groups.size() == 1) return Status();
   // Same text on every rank: built from the gathered values only.
   std::vector<std::string> parts;
   for (const auto& [v, ranks] : groups) parts.push_back(fmt::format("rank(s) {} hold {:016x}", fmt::join(ranks, ","), v));
-  return Error(code, fmt::format("{} across the {} ranks: {}; {}", what, all.size(), fmt::join(parts, "; "), hint));
+  return Error(code, fmt::format("{} across the {} ranks: {}; {}", what, W, fmt::join(parts, "; "), hint));
 }
 
 Status agree_on_fingerprint(Communicator& comm, std::uint64_t fingerprint, const std::string& what) {

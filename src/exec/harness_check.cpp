@@ -272,6 +272,11 @@ Result<CheckReport> run_check(Communicator& world, const CheckJob& job) {
     *into = *m;
   }
 
+  // Nothing is printed or written before this point, so a rank failing
+  // here leaves no partial output. It comes before the check, so that such
+  // a failure ends the job without its peers first waiting out a reference.
+  if (Status s = detail::fault_point(detail::FaultPoint::kOutput); !s.ok()) return fatal(s.error());
+
   PoolResult mine;
   mine.pool = job.plan ? 0 : pool_index;
   for (const PackedSequence& seq : pool) {
@@ -291,9 +296,6 @@ Result<CheckReport> run_check(Communicator& world, const CheckJob& job) {
     LIBRA_TRY(agree_on_status(world, checked, "--check reference"));
   }
 
-  // Nothing is printed or written before this point, so a rank failing
-  // here leaves no partial output.
-  if (Status s = detail::fault_point(detail::FaultPoint::kOutput); !s.ok()) return fatal(s.error());
   // Every pool's figures and errors, gathered on world rank 0 from the pool
   // roots as binary values.
   Result<std::vector<std::string>> results = gather_strings(world, 0, r == 0 ? pack_result(mine) : std::string());
