@@ -5,7 +5,7 @@ The zigzag rows, positions and cu_seqlens are computed here from the layout's de
 packed sequence cut into 2 CP chunks; CP rank r holds chunks r and 2CP-1-r, in that order) and the
 pool alone, independently of libra; outputs and gradients are compared with plain attention in
 float64 on whole sequences (tests/python/dist_util.py), the LSE with a float64 log-sum-exp.
-One spawn of 4 processes runs every case.
+One run of 4 workers runs every case, over each communicator (gloo processes, the in-process pool).
 """
 import warnings
 
@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")
 
 import libra  # noqa: E402
 import libra.torch as lt  # noqa: E402
-from dist_util import reference_attention, spawn  # noqa: E402
+from dist_util import COMMUNICATORS, reference_attention, run  # noqa: E402
 
 L = 64
 POOLS = [[10, 30, 20], [64], [5, 5, 40, 3], [33, 17]]
@@ -161,11 +161,8 @@ def refusals(rank):
     out["shape"] = call_error(lambda: lt.attention(x, y, y, rt, position_ids=rt.position_ids[:-1]))
     windowed = lt.PlanRuntime(libra.make_plan(POOLS[2:], window=9, **kw), group)
     out["window_default"] = call_error(lambda: lt.attention(x, y, y, windowed))
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        out["window_alias"] = call_error(lambda: lt.attention(x, y, y, windowed, window=9))
-    out["alias_deprecated"] = any(issubclass(w.category, DeprecationWarning) and "window= is deprecated" in str(w.message)
-                                  for w in caught)
+    # Its DeprecationWarning: test_the_window_alias_is_deprecated (warnings are not thread-safe).
+    out["window_alias"] = call_error(lambda: lt.attention(x, y, y, windowed, window=9))
     out["window_size_ok"] = call_error(lambda: lt.attention(x, y, y, windowed, window_size=(8, 0)))
     out["window_size_bad"] = call_error(lambda: lt.attention(x, y, y, windowed, window_size=(4, 0)))
     out["window_none"] = call_error(lambda: lt.attention(x, y, y, windowed, window=None))
@@ -186,9 +183,9 @@ def body(rank, world):
     return out
 
 
-@pytest.fixture(scope="module")
-def four():
-    return spawn(body, 4)
+@pytest.fixture(scope="module", params=COMMUNICATORS)
+def four(request):
+    return run(request.param, body, 4)
 
 
 def test_zigzag_and_contiguous_homes_match_plain_attention_and_its_lse(four):
@@ -222,11 +219,29 @@ def test_boundaries_wrong_on_one_rank_fail_on_every_rank_alike(four):
 def test_masks_in_flash_attn_terms(four):
     f = four[0]["refusals"]
     assert f["window_default"] is None and f["window_alias"] is None and f["window_size_ok"] is None
-    assert f["full_as_minus_one"] is None and f["alias_deprecated"]
+    assert f["full_as_minus_one"] is None
     assert "window_size (4, 0) contradicts the plan's window_size (8, 0) (plan window 9)" in f["window_size_bad"]
     assert "window None differs from the plan's window 9" in f["window_none"]
     assert "window_size (8, 3)" in f["right"] and "cannot express" in f["right"]
     assert "causal=False" in f["non_causal"]
+
+
+def alias_body(rank, world):
+    """One worker (warnings are the process's: one thread records them): attention(window=) warns."""
+    group, _ = lt.pool_group(1, 1)
+    plan = libra.make_plan(POOLS[:1], seq_len=L, cp=1, block_size=8, head_shards=2, heads_q=4, heads_kv=2,
+                           head_dim=16, dtype="fp32", window=9)
+    rt = lt.PlanRuntime(plan, group)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        err = call_error(lambda: lt.attention(torch.zeros(L, 4, 16), torch.zeros(L, 2, 16), torch.zeros(L, 2, 16), rt,
+                                              window=9))
+    return err, any(issubclass(w.category, DeprecationWarning) and "window= is deprecated" in str(w.message)
+                    for w in caught)
+
+
+def test_the_window_alias_is_deprecated():
+    assert run("inprocess", alias_body, 1) == [[None, True]]
 
 
 def test_make_plan_refuses_an_unknown_home_layout():
