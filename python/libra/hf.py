@@ -38,10 +38,9 @@ import contextvars
 import weakref
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 
-from .torch import PlanRuntime, attention
+from .torch import PlanRuntime, attention, comms
 
 NAME = "libra"
 IGNORE_INDEX = -100
@@ -173,13 +172,21 @@ def shard_batch(runtime, input_ids, labels=None, position_ids=None, ignore_index
 
 # ---------------------------------------------------------------- the loss over CP shards
 
+def _comm(group):
+    """The communicator of ``group`` (the caller's world when None; None outside any)."""
+    if group is not None:
+        return comms.of(group)
+    return next((c for c in comms.registry().values() if c.active()), None)
+
+
 def count_items(labels, group=None, ignore_index=IGNORE_INDEX):
     """The number of labelled tokens (labels != ignore_index) summed over ``group`` (all-reduced; default
     the whole world, every DP and CP rank), as float64: the denominator that makes ``loss`` over the
     shards the mean over all of them."""
     n = torch.tensor([float((torch.as_tensor(labels) != ignore_index).sum())], dtype=torch.float64)
-    if dist.is_available() and dist.is_initialized():
-        dist.all_reduce(n, group=group)
+    comm = _comm(group)
+    if comm is not None:
+        comm.all_reduce(n, group)
     return n[0]
 
 
@@ -199,9 +206,10 @@ def all_reduce_gradients(model, group=None):
     """Sums every parameter's gradient over ``group`` (default the world: all DP x CP ranks). With
     ``loss``'s normalisation the sum is the gradient of the global mean loss; an average (DDP's
     default) would divide it by the world size once more."""
+    comm = comms.current() if group is None else comms.of(group)
     for p in model.parameters():
         if p.grad is not None:
-            dist.all_reduce(p.grad, group=group)
+            comm.all_reduce(p.grad, group)
 
 
 # ---------------------------------------------------------------- the transformers hooks
@@ -243,16 +251,13 @@ def _problem(rt, query, key, value, attention_mask, dropout, sliding_window, is_
 
 
 def _agree(rt, problem):
-    """Raises the first rank's problem on every rank of the pool (one small all-reduce when the runtime
-    checks calls, as libra.torch.attention does), so no rank is left waiting in an exchange."""
+    """Raises the first rank's problem on every rank of the pool when the runtime checks calls (the
+    runtime's agreement, as libra.torch.attention's, bounded by its timeout), so no rank is left
+    waiting in an exchange."""
     if rt.check_calls:
-        flag = torch.tensor([0 if problem is None else 1], dtype=torch.int64)
-        dist.all_reduce(flag, group=rt.group)
-        if int(flag[0]):
-            msgs = [None] * dist.get_world_size(rt.group)
-            dist.all_gather_object(msgs, problem, group=rt.group)
-            first = next(i for i, m in enumerate(msgs) if m is not None)
-            raise ValueError(f"libra.hf: group rank {first}: {msgs[first]}")
+        first = rt._agree(problem, "libra.hf")
+        if first is not None:
+            raise ValueError(f"libra.hf: group rank {first[0]}: {first[1]}")
     elif problem is not None:
         raise ValueError(f"libra.hf: {problem}")
 
