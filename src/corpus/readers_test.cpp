@@ -8,6 +8,7 @@
 #include <limits>
 #include <string>
 
+#include "corpus/gzip_test_util.hpp"
 #include "corpus/text_util.hpp"
 #include "libra/corpus.hpp"
 #include "libra/packing.hpp"
@@ -157,20 +158,7 @@ RC_GTEST_PROP(MegatronIdx, ReadsWhatAnIndependentByteWriterWrites, ()) {
 // header declares: every truncation and an excess give the message (and
 // byte offset) that the whole file gives.
 TEST(MegatronIdx, AGzipStreamGivesTheMessagesOfTheWholeFile) {
-  auto gz = [](const Bytes& b) {
-    uLongf n = compressBound(static_cast<uLong>(b.size())) + 32;
-    Bytes out(n);
-    z_stream z{};
-    EXPECT_EQ(deflateInit2(&z, 6, Z_DEFLATED, 16 + MAX_WBITS, 8, Z_DEFAULT_STRATEGY), Z_OK);
-    z.next_in = const_cast<Bytef*>(b.data());
-    z.avail_in = static_cast<uInt>(b.size());
-    z.next_out = out.data();
-    z.avail_out = static_cast<uInt>(out.size());
-    EXPECT_EQ(deflate(&z, Z_FINISH), Z_STREAM_END);
-    out.resize(z.total_out);
-    deflateEnd(&z);
-    return out;
-  };
+  auto gz = [](const Bytes& b) { return test_util::gzip_member(b, 6); };
   Bytes good = write_idx({5, 6, 7}, {0, 2, 3});
   for (std::size_t n : {std::size_t{7}, std::size_t{20}, std::size_t{40}, good.size()}) {
     const Bytes cut(good.begin(), good.begin() + static_cast<std::ptrdiff_t>(n));

@@ -1,4 +1,5 @@
 #include "corpus/stream.hpp"
+#include "corpus/gzip_test_util.hpp"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -13,20 +14,7 @@ namespace {
 
 using Bytes = std::vector<unsigned char>;
 
-// One gzip member made by zlib's deflate, the independent encoder.
-Bytes gzip_member(const std::string& text) {
-  z_stream z{};
-  EXPECT_EQ(deflateInit2(&z, Z_BEST_SPEED, Z_DEFLATED, 16 + MAX_WBITS, 8, Z_DEFAULT_STRATEGY), Z_OK);
-  Bytes out(deflateBound(&z, text.size()) + 32);
-  z.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(text.data()));
-  z.avail_in = static_cast<uInt>(text.size());
-  z.next_out = out.data();
-  z.avail_out = static_cast<uInt>(out.size());
-  EXPECT_EQ(deflate(&z, Z_FINISH), Z_STREAM_END);
-  out.resize(z.total_out);
-  deflateEnd(&z);
-  return out;
-}
+using test_util::gzip_member;
 
 Bytes concat(Bytes a, const Bytes& b) {
   a.insert(a.end(), b.begin(), b.end());
