@@ -75,6 +75,11 @@ def all_reduce(t, group=None):
     (comms.current() if group is None else comms.of(group)).all_reduce(t, group)
 
 
+def all_gather(outs, t, group=None):
+    """Every rank's `t` into `outs` (over the body's world when `group` is None), on either communicator."""
+    (comms.current() if group is None else comms.of(group)).all_gather(outs, t, group).wait()
+
+
 def reference_attention(q, k, v, samples, window=None, scale=None):
     """Plain attention of one packed sequence: q [L, h_q, d], k/v [L, h_kv, d] (float64);
     causal within each sample (bottom-right), optional sliding window; padding rows 0."""

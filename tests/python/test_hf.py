@@ -15,6 +15,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -25,7 +26,7 @@ transformers = pytest.importorskip("transformers")
 import libra  # noqa: E402
 import libra.hf as lh  # noqa: E402
 import libra.torch as lt  # noqa: E402
-from dist_util import reference_attention, spawn  # noqa: E402
+from dist_util import COMMUNICATORS, all_gather, all_reduce, reference_attention, run  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 L, CP, P = 64, 2, 2
@@ -44,10 +45,14 @@ def configs():
             "qwen3": transformers.Qwen3Config(head_dim=16, **kw)}
 
 
+_SEEDED = threading.Lock()  # the seed is the process's: in-process workers build their models in turn
+
+
 def make_model(cfg, impl):
-    torch.manual_seed(0)
-    # from_config writes the implementation into the config it is given: one copy per model.
-    return transformers.AutoModelForCausalLM.from_config(copy.deepcopy(cfg), attn_implementation=impl)
+    with _SEEDED:
+        torch.manual_seed(0)
+        # from_config writes the implementation into the config it is given: one copy per model.
+        return transformers.AutoModelForCausalLM.from_config(copy.deepcopy(cfg), attn_implementation=impl)
 
 
 def tokens(step, slot):
@@ -80,7 +85,11 @@ def rel(a, b):
     return float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
 
 
-rt_last = [None]  # run_model's last runtime
+class _Last(threading.local):
+    runtime = None  # run_model's last runtime, per worker
+
+
+rt_last = _Last()
 
 
 def run_model(rank, cfg, context, checkpointing=False, home_layout="contiguous"):
@@ -107,10 +116,10 @@ def run_model(rank, cfg, context, checkpointing=False, home_layout="contiguous")
         loss = lh.loss(logits, shard["labels"], lh.count_items(shard["labels"]), dtype=torch.float64)
         loss.backward()
         s = loss.detach().clone()
-        torch.distributed.all_reduce(s)
+        all_reduce(s)
         total += float(s)
     lh.all_reduce_gradients(model)
-    rt_last[0] = rt
+    rt_last.runtime = rt
     model.attention_calls = len(calls)
     return total, model, group
 
@@ -142,21 +151,21 @@ def dist_cases(rank, world):
                      "grad": max(rel(grads[k], ref_grads[k]) for k in ref_grads),
                      "grad_names": sorted(grads) == sorted(ref_grads), "calls": model.attention_calls}
     # transformers' scaling argument reaches libra (the models above use the default d^-0.5).
-    sched = rt_last[0].schedule
+    sched = rt_last.runtime.schedule
     g = torch.Generator().manual_seed(7 + rank)
     q = torch.randn(1, 4, sched["home_rows"], 16, generator=g, dtype=torch.float64)
     k, v = (torch.randn(1, 2, sched["home_rows"], 16, generator=g, dtype=torch.float64) for _ in range(2))
-    o, _ = lh.attention_forward(None, q.float(), k.float(), v.float(), None, scaling=0.3, libra_runtime=rt_last[0],
-                                position_ids=lh.shard_batch(rt_last[0], tokens(0, 0))["position_ids"])
+    o, _ = lh.attention_forward(None, q.float(), k.float(), v.float(), None, scaling=0.3, libra_runtime=rt_last.runtime,
+                                position_ids=lh.shard_batch(rt_last.runtime, tokens(0, 0))["position_ids"])
     whole = [torch.zeros(L, h, 16, dtype=torch.float64) for h in (4, 2, 2)]
     gathered = [[torch.zeros_like(x[0].transpose(0, 1)) for _ in range(world)] for x in (q, k, v)]
     for x, gl in zip((q, k, v), gathered):
-        torch.distributed.all_gather(gl, x[0].transpose(0, 1).contiguous())
+        all_gather(gl, x[0].transpose(0, 1).contiguous())
     slot = rank // CP
     for w, gl in zip(whole, gathered):
         w.copy_(torch.cat(gl[slot * CP:(slot + 1) * CP]))
     ref = reference_attention(*[x.float().double() for x in whole], STEPS[-1][slot], scale=0.3)
-    rows = lh.home_rows(rt_last[0])
+    rows = lh.home_rows(rt_last.runtime)
     out["scaling 0.3"] = rel(o[0].double(), ref[rows])
     # Bad calls: each must raise the same one line on every rank (and leave the group usable).
     cfg = configs()["llama"]
@@ -201,9 +210,9 @@ def dist_cases(rank, world):
     return out
 
 
-@pytest.fixture(scope="module")
-def results():
-    return spawn(dist_cases, P * CP)
+@pytest.fixture(scope="module", params=COMMUNICATORS)
+def results(request):
+    return run(request.param, dist_cases, P * CP)
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen3", "llama checkpointed", "llama zigzag"])

@@ -65,7 +65,7 @@ class Communicator:
         raise NotImplementedError
 
     def all_gather(self, outs, inp, group):
-        """Async: every group rank's ``inp`` into ``outs[rank]``."""
+        """Async: every group rank's ``inp`` into ``outs[rank]`` (group None: the world)."""
         raise NotImplementedError
 
     def set_timeout(self, group, seconds):

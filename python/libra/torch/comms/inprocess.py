@@ -185,7 +185,7 @@ class InProcess(Communicator):
             for o, src in zip(outs, payloads):
                 o.copy_(src)
 
-        return _post(group, inp, take)
+        return _post(group or _ctx().world, inp, take)
 
     def set_timeout(self, group, seconds):
         group.timeout = float(seconds)
