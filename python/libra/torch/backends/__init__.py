@@ -25,7 +25,7 @@ users who know better.
 A new backend is a new file in this folder defining a ``Backend`` and one
 line in ``ORDER`` below.
 """
-import importlib
+from .._registry import Registry
 import os
 
 # Preference order; each name is a module of this package (dashes as underscores) whose BACKEND it
@@ -66,25 +66,18 @@ class Backend:
         raise NotImplementedError
 
 
-_REGISTRY = {}
+_REGISTRY = Registry(__name__, ORDER, "BACKEND", "libra.torch backend")
 _forced = None
 
 
 def registry():
     """Every backend of ORDER by name (imported on first use)."""
-    if not _REGISTRY:
-        for name in ORDER:
-            module = importlib.import_module(f".{name.replace('-', '_')}", __name__)
-            _REGISTRY[name] = module.BACKEND
-    return _REGISTRY
+    return _REGISTRY.table()
 
 
 def get(name):
     name = _ALIASES.get(name, name)
-    reg = registry()
-    if name not in reg:
-        raise ValueError(f"libra.torch backend {name!r}: must be one of {', '.join(ORDER)}")
-    return reg[name]
+    return _REGISTRY.get(name)
 
 
 def force(name):

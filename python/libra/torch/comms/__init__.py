@@ -17,7 +17,7 @@ body runs on either.
 A new communicator is a new file in this folder defining a ``Communicator`` (``COMMUNICATOR``) and
 its name in ``ORDER`` below.
 """
-import importlib
+from .._registry import Registry
 
 # Each name is a module of this package (dashes as underscores) whose COMMUNICATOR it registers. The
 # in-process one comes first: its threads may run inside a process that also has torch.distributed.
@@ -88,23 +88,16 @@ class Communicator:
         raise NotImplementedError
 
 
-_REGISTRY = {}
+_REGISTRY = Registry(__name__, ORDER, "COMMUNICATOR", "libra.torch communicator")
 
 
 def registry():
     """Every communicator of ORDER by name (imported on first use)."""
-    if not _REGISTRY:
-        for name in ORDER:
-            module = importlib.import_module(f".{name.replace('-', '_')}", __name__)
-            _REGISTRY[name] = module.COMMUNICATOR
-    return _REGISTRY
+    return _REGISTRY.table()
 
 
 def get(name):
-    reg = registry()
-    if name not in reg:
-        raise ValueError(f"libra.torch communicator {name!r}: must be one of {', '.join(ORDER)}")
-    return reg[name]
+    return _REGISTRY.get(name)
 
 
 def of(group):
