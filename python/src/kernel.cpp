@@ -53,39 +53,36 @@ void bind_kernel(py::module_& m) {
   // Views are (data_ptr, dtype, rows, heads, head_dim, row_stride); fragments
   // an int64 [n, 5] array of (q_row, kv_row, sample_len, a, e). The caller
   // keeps the memory alive; libra.torch does.
+  // Both passes take the same mask, scale and threads, and run without the GIL.
+  auto run = [](auto& args, I64 window, std::optional<float> scale, int threads, auto pass) {
+    args.window = window;
+    args.softmax_scale = kernel_scale(scale);
+    args.threads = threads;
+    libra::Status s = [&] {
+      py::gil_scoped_release release;
+      return pass(args);
+    }();
+    check(s);
+  };
   m.def(
       "kernel_forward",
-      [](const View& q, const View& k, const View& v, const View& o, const View& lse,
+      [run](const View& q, const View& k, const View& v, const View& o, const View& lse,
          const py::array_t<I64, py::array::c_style>& fragments, I64 window, std::optional<float> scale, int threads) {
         std::vector<libra::kernel::Fragment> frags = kernel_fragments(fragments);
         libra::kernel::ForwardArgs a{view(q), view(k), view(v), view(o), view(lse), frags};
-        a.window = window;
-        a.softmax_scale = kernel_scale(scale);
-        a.threads = threads;
-        libra::Status s = [&] {
-          py::gil_scoped_release release;
-          return libra::kernel::attention_forward(a);
-        }();
-        check(s);
+        run(a, window, scale, threads, [](const libra::kernel::ForwardArgs& x) { return libra::kernel::attention_forward(x); });
       },
       py::arg("q"), py::arg("k"), py::arg("v"), py::arg("o"), py::arg("lse"), py::arg("fragments"),
       py::arg("window") = libra::kFullCausal, py::arg("softmax_scale") = py::none(), py::arg("threads") = 1);
   m.def(
       "kernel_backward",
-      [](const View& q, const View& k, const View& v, const View& o, const View& d_o, const View& lse,
+      [run](const View& q, const View& k, const View& v, const View& o, const View& d_o, const View& lse,
          const View& dq, const View& dk, const View& dv, const py::array_t<I64, py::array::c_style>& fragments,
          I64 window, std::optional<float> scale, int threads) {
         std::vector<libra::kernel::Fragment> frags = kernel_fragments(fragments);
         libra::kernel::BackwardArgs a{view(q), view(k), view(v), view(o), view(d_o), view(lse),
                                       view(dq), view(dk), view(dv), frags};
-        a.window = window;
-        a.softmax_scale = kernel_scale(scale);
-        a.threads = threads;
-        libra::Status s = [&] {
-          py::gil_scoped_release release;
-          return libra::kernel::attention_backward(a);
-        }();
-        check(s);
+        run(a, window, scale, threads, [](const libra::kernel::BackwardArgs& x) { return libra::kernel::attention_backward(x); });
       },
       py::arg("q"), py::arg("k"), py::arg("v"), py::arg("o"), py::arg("d_o"), py::arg("lse"), py::arg("dq"),
       py::arg("dk"), py::arg("dv"), py::arg("fragments"), py::arg("window") = libra::kFullCausal,
