@@ -71,6 +71,9 @@ struct SimConfig {
   std::vector<std::int64_t> head_shards = {4, 8};
   std::vector<std::int64_t> block_sizes = {8192, 16384, 32768};
   std::int64_t chunks = 4;        // M, pipeliner chunks (paper: 4)
+  // libra-topo's tap-topo plans send each worker only the causal prefix of
+  // a sample's K/V (PlanConfig::kv_prefix); false: whole samples.
+  bool kv_prefix = true;
   double tau = 0.03;              // TAP slack (paper: 0.03)
   std::int64_t max_windows = 20;  // 0 = every full window of the corpus
   std::int64_t threads = 0;       // 0 = hardware concurrency
