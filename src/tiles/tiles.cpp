@@ -296,9 +296,11 @@ class Placer {
         committed_(static_cast<std::size_t>(geo.sample_base.back()) * geo.keys_per_sample * words_, 0),
         saved_(static_cast<std::size_t>(geo.workers), 0),
         leaves_(std::bit_ceil(static_cast<std::size_t>(geo.workers))),
-        least_(2 * leaves_, -1),
+        least_(2 * leaves_, Least{std::numeric_limits<std::int64_t>::max(), std::numeric_limits<std::int32_t>::max()}),
         limit_(largest_at_most(capacity)) {
-    for (std::size_t i = 0; i < static_cast<std::size_t>(geo.workers); ++i) least_[leaves_ + i] = static_cast<std::int32_t>(i);
+    for (std::size_t i = 0; i < static_cast<std::size_t>(geo.workers); ++i) {
+      least_[leaves_ + i] = {0, static_cast<std::int32_t>(i)};
+    }
     for (std::size_t i = leaves_ - 1; i >= 1; --i) least_[i] = lesser(least_[2 * i], least_[2 * i + 1]);
     touched_.reserve(static_cast<std::size_t>(geo.workers));
   }
@@ -366,7 +368,7 @@ class Placer {
       }
     }
     if (c.worker < 0) {
-      const std::int32_t least = least_[1];
+      const std::int32_t least = least_[1].id;
       if (loads[least] <= room) {
         c.worker = least;
       } else {
@@ -388,8 +390,14 @@ class Placer {
   // Commits the fragments loaded by the last evaluate() (or commit_rows) to r.
   void commit(int r, std::int64_t flops) {
     loads_[static_cast<std::size_t>(r)] += flops;
-    for (std::size_t i = (leaves_ + static_cast<std::size_t>(r)) / 2; i >= 1; i /= 2) {
-      least_[i] = lesser(least_[2 * i], least_[2 * i + 1]);
+    // Up the tree with the new entry in hand: each level reads only the
+    // sibling, not both children and their loads.
+    std::size_t i = leaves_ + static_cast<std::size_t>(r);
+    Least cur{loads_[static_cast<std::size_t>(r)], static_cast<std::int32_t>(r)};
+    least_[i] = cur;
+    for (; i > 1; i /= 2) {
+      cur = lesser(cur, least_[i ^ 1]);
+      least_[i / 2] = cur;
     }
     for (const PlaceFrag& f : frags_) {
       committed_[static_cast<std::size_t>(f.group) * words_ + static_cast<std::size_t>(r) / 64] |=
@@ -415,11 +423,14 @@ class Placer {
     if (saved_[static_cast<std::size_t>(r)] == 0) touched_.push_back(r);
     saved_[static_cast<std::size_t>(r)] += bytes;
   }
-  // The lower (load, id) of two tree entries; -1 (padding) loses.
-  std::int32_t lesser(std::int32_t a, std::int32_t b) const {
-    if (a < 0) return b;
-    if (b < 0) return a;
-    return loads_[static_cast<std::size_t>(b)] < loads_[static_cast<std::size_t>(a)] ? b : a;
+  // A tree entry: a worker and its load (padding: the largest load and id).
+  struct Least {
+    std::int64_t load;
+    std::int32_t id;
+  };
+  // The lower (load, id) of two tree entries.
+  static Least lesser(Least a, Least b) {
+    return (b.load < a.load || (b.load == a.load && b.id < a.id)) ? b : a;
   }
 
   const Geometry& geo_;
@@ -430,7 +441,7 @@ class Placer {
   std::vector<std::int64_t> saved_;     // per worker, zero outside evaluate()
   std::vector<std::int32_t> touched_;   // workers with saved_ > 0
   std::size_t leaves_;
-  std::vector<std::int32_t> least_;     // tournament tree: least_[1] = argmin (load, r)
+  std::vector<Least> least_;           // tournament tree: least_[1] = min (load, r)
   // The largest integer x with double(x) <= C: the contract's headroom test
   // double(load + f) <= C is then exactly load + f <= limit_, because the
   // int64 -> double conversion is monotone.
@@ -499,6 +510,11 @@ void place_split(const Geometry& geo, Placer& placer, const BaseTile& t, std::ve
 
 Result<std::vector<PlacedRows>> place_tiles(const Geometry& geo, const PlanConfig& config) {
   std::vector<BaseTile> tiles;
+  {
+    std::size_t n = 0;
+    for (int p = 0; p < geo.pool_size; ++p) n += static_cast<std::size_t>(geo.blocks(p));
+    tiles.reserve(n * static_cast<std::size_t>(geo.shards));
+  }
   std::int64_t total = 0;
   for (int p = 0; p < geo.pool_size; ++p) {
     const std::int32_t nb = geo.blocks(p);
