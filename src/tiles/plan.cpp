@@ -26,9 +26,92 @@ std::int64_t kv_bytes(const Geometry& g, std::int64_t tokens, std::int32_t heads
   return 2 * tokens * heads * g.head_dim * g.elem_bytes;
 }
 
+// std::popcount, inline: the portable build (no -mpopcnt) turns
+// std::popcount into a call into libgcc, once per fragment here.
+int bit_count(std::uint64_t x) {
+  x -= (x >> 1) & 0x5555555555555555ULL;
+  x = (x & 0x3333333333333333ULL) + ((x >> 2) & 0x3333333333333333ULL);
+  x = (x + (x >> 4)) & 0x0f0f0f0f0f0f0f0fULL;
+  return static_cast<int>((x * 0x0101010101010101ULL) >> 56);
+}
+
 std::string tile_name(const PlacedRows& r) {
   return "tile (slot " + str(r.slot) + ", block " + str(r.block) + ", shard " + str(r.shard) + ")";
 }
+
+}  // namespace
+
+namespace {
+
+// The canonical words in order, each handed to `put`: the binary file
+// stores them and the fingerprint hashes them as they come.
+template <class Put>
+void for_each_canonical_word(const PlanConfig& c, std::span<const PackedSequence> pool,
+                             std::span<const Tile> tiles, Put&& put) {
+  auto u = [](std::int64_t v) { return static_cast<std::uint64_t>(v); };
+  put(kMagicWord);
+  put(plan_format_version(c));
+  put(u(c.seq_len));
+  put(u(c.cp));
+  put(u(c.block_size));
+  put(u(c.head_shards));
+  put(u(c.shape.heads_q));
+  put(u(c.shape.heads_kv));
+  put(u(c.shape.head_dim));
+  put(dtype_code(c.shape.dtype));
+  put(u(c.shape.window));
+  put(std::bit_cast<std::uint64_t>(c.tau));
+  put(u(c.chunks));
+  put(static_cast<std::uint64_t>(c.mode));
+  put(c.dedup_per_kv_head ? 1U : 0U);
+  if (plan_format_version(c) >= 2) put(static_cast<std::uint64_t>(c.home_layout));
+  if (plan_format_version(c) >= 3) put(c.kv_prefix ? 1U : 0U);
+  if (c.mode == PlanMode::kTapTopo) {
+    // Only tap-topo places by the topology, so only its plans hash it; the
+    // other modes keep the fingerprints (and files) they always had.
+    put(u(c.topology.gpus_per_node));
+    put(u(c.topology.nodes_per_supernode));
+    put(std::bit_cast<std::uint64_t>(c.topology.intra_node_gbps));
+    put(std::bit_cast<std::uint64_t>(c.topology.inter_node_gbps));
+    put(std::bit_cast<std::uint64_t>(c.topology.inter_supernode_gbps));
+    put(std::bit_cast<std::uint64_t>(c.topology.congestion_per_node));
+  }
+  put(pool.size());
+  for (const PackedSequence& s : pool) {
+    put(s.size());
+    for (std::int64_t l : s) put(u(l));
+  }
+  put(tiles.size());
+  for (const Tile& t : tiles) {
+    put(u(t.slot) << 32 | u(t.block));
+    put(u(t.shard) << 32 | u(t.worker));
+    put(u(t.begin));
+    put(u(t.end));
+  }
+}
+
+// FNV-1a over 64-bit words with a shift after each multiply so that high
+// input bits reach the low output bits; splitmix64's finaliser at the end.
+class WordHash {
+ public:
+  void operator()(std::uint64_t x) {
+    h_ ^= x;
+    h_ *= 0x100000001b3ULL;
+    h_ ^= h_ >> 29;
+  }
+  std::uint64_t value() const {
+    std::uint64_t h = h_;
+    h ^= h >> 30;
+    h *= 0xbf58476d1ce4e5b9ULL;
+    h ^= h >> 27;
+    h *= 0x94d049bb133111ebULL;
+    h ^= h >> 31;
+    return h;
+  }
+
+ private:
+  std::uint64_t h_ = 0xcbf29ce484222325ULL;
+};
 
 }  // namespace
 
@@ -37,65 +120,15 @@ std::vector<std::uint64_t> canonical_words(const PlanConfig& c, std::span<const 
   std::vector<std::uint64_t> w;
   std::size_t samples = 0;
   for (const PackedSequence& s : pool) samples += s.size();
-  w.reserve(18 + pool.size() + samples + 4 * tiles.size());
-  auto u = [](std::int64_t v) { return static_cast<std::uint64_t>(v); };
-  w.push_back(kMagicWord);
-  w.push_back(plan_format_version(c));
-  w.push_back(u(c.seq_len));
-  w.push_back(u(c.cp));
-  w.push_back(u(c.block_size));
-  w.push_back(u(c.head_shards));
-  w.push_back(u(c.shape.heads_q));
-  w.push_back(u(c.shape.heads_kv));
-  w.push_back(u(c.shape.head_dim));
-  w.push_back(dtype_code(c.shape.dtype));
-  w.push_back(u(c.shape.window));
-  w.push_back(std::bit_cast<std::uint64_t>(c.tau));
-  w.push_back(u(c.chunks));
-  w.push_back(static_cast<std::uint64_t>(c.mode));
-  w.push_back(c.dedup_per_kv_head ? 1U : 0U);
-  if (plan_format_version(c) >= 2) w.push_back(static_cast<std::uint64_t>(c.home_layout));
-  if (plan_format_version(c) >= 3) w.push_back(c.kv_prefix ? 1U : 0U);
-  if (c.mode == PlanMode::kTapTopo) {
-    // Only tap-topo places by the topology, so only its plans hash it; the
-    // other modes keep the fingerprints (and files) they always had.
-    w.push_back(u(c.topology.gpus_per_node));
-    w.push_back(u(c.topology.nodes_per_supernode));
-    w.push_back(std::bit_cast<std::uint64_t>(c.topology.intra_node_gbps));
-    w.push_back(std::bit_cast<std::uint64_t>(c.topology.inter_node_gbps));
-    w.push_back(std::bit_cast<std::uint64_t>(c.topology.inter_supernode_gbps));
-    w.push_back(std::bit_cast<std::uint64_t>(c.topology.congestion_per_node));
-  }
-  w.push_back(pool.size());
-  for (const PackedSequence& s : pool) {
-    w.push_back(s.size());
-    for (std::int64_t l : s) w.push_back(u(l));
-  }
-  w.push_back(tiles.size());
-  for (const Tile& t : tiles) {
-    w.push_back(u(t.slot) << 32 | u(t.block));
-    w.push_back(u(t.shard) << 32 | u(t.worker));
-    w.push_back(u(t.begin));
-    w.push_back(u(t.end));
-  }
+  w.reserve(24 + pool.size() + samples + 4 * tiles.size());
+  for_each_canonical_word(c, pool, tiles, [&](std::uint64_t x) { w.push_back(x); });
   return w;
 }
 
 std::uint64_t hash_words(std::span<const std::uint64_t> words) {
-  // FNV-1a over 64-bit words with a shift after each multiply so that high
-  // input bits reach the low output bits; splitmix64's finaliser at the end.
-  std::uint64_t h = 0xcbf29ce484222325ULL;
-  for (std::uint64_t x : words) {
-    h ^= x;
-    h *= 0x100000001b3ULL;
-    h ^= h >> 29;
-  }
-  h ^= h >> 30;
-  h *= 0xbf58476d1ce4e5b9ULL;
-  h ^= h >> 27;
-  h *= 0x94d049bb133111ebULL;
-  h ^= h >> 31;
-  return h;
+  WordHash h;
+  for (std::uint64_t x : words) h(x);
+  return h.value();
 }
 
 Result<Plan> build_plan(std::span<const PackedSequence> pool, const PlanConfig& config, const Geometry& g,
@@ -163,15 +196,40 @@ Result<Plan> build_plan(std::span<const PackedSequence> pool, const PlanConfig& 
   d->num_workers = W;
   d->head_width = g.head_width;
 
-  // 2. Tiles and fragments.
+  // 2. Tiles and fragments. Consecutive tiles with the same rows (the
+  //    shards of a tap block) share their samples, FLOPs and home: the rows
+  //    are looked up once, and the fragments are counted first so that they
+  //    are written once, straight into storage of the exact size.
   d->tiles.resize(rows.size());
-  d->fragments.reserve(rows.size() * 4);
   std::vector<HeadRange> shard_heads(static_cast<std::size_t>(g.shards)), shard_kv_heads(shard_heads.size());
   std::vector<std::int32_t> shard_key(shard_heads.size());
   for (int s = 0; s < g.shards; ++s) {
     shard_heads[static_cast<std::size_t>(s)] = g.shard_heads(s);
     shard_kv_heads[static_cast<std::size_t>(s)] = g.shard_kv_heads(s);
     shard_key[static_cast<std::size_t>(s)] = g.key_index(s);
+  }
+  auto same_rows = [&](std::size_t i) {
+    return i > 0 && rows[i - 1].slot == rows[i].slot && rows[i - 1].begin == rows[i].begin &&
+           rows[i - 1].end == rows[i].end;
+  };
+  std::vector<std::int32_t> first_sample(rows.size());
+  {
+    std::size_t count = 0;
+    std::int32_t first = 0, n = 0;  // samples of the current rows
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+      const PlacedRows& r = rows[i];
+      if (!same_rows(i)) {
+        first = g.sample_at(r.slot, r.begin);
+        n = 0;
+        while (first + n < g.sample_base[r.slot + 1] && g.starts[first + n] < r.end) ++n;
+      }
+      Tile& t = d->tiles[i];
+      t.fragment_begin = static_cast<std::int32_t>(count);
+      t.fragment_end = static_cast<std::int32_t>(count) + n;
+      first_sample[i] = first;
+      count += static_cast<std::size_t>(n);
+    }
+    d->fragments = RawArray<Fragment>(count);
   }
   for (std::size_t i = 0; i < rows.size(); ++i) {
     const PlacedRows& r = rows[i];
@@ -188,10 +246,10 @@ Result<Plan> build_plan(std::span<const PackedSequence> pool, const PlanConfig& 
     t.heads = shard_heads[static_cast<std::size_t>(r.shard)];
     t.kv_heads = shard_kv_heads[static_cast<std::size_t>(r.shard)];
     t.worker = r.worker;
-    t.fragment_begin = static_cast<std::int32_t>(d->fragments.size());
-    if (i > 0 && rows[i - 1].slot == r.slot && rows[i - 1].begin == r.begin && rows[i - 1].end == r.end) {
-      // Another shard of the same rows (every shard of a tap block): the
-      // same fragments, FLOPs and home, with this shard's groups.
+    std::size_t at = static_cast<std::size_t>(t.fragment_begin);
+    if (same_rows(i)) {
+      // Another shard of the same rows: the same fragments, FLOPs and home,
+      // with this shard's groups.
       const Tile& prev = d->tiles[i - 1];
       t.home = prev.home;
       t.flops = prev.flops;
@@ -200,14 +258,14 @@ Result<Plan> build_plan(std::span<const PackedSequence> pool, const PlanConfig& 
         Fragment f = d->fragments[static_cast<std::size_t>(fi)];
         f.tile = t.id;
         f.group = (g.sample_base[r.slot] + f.sample) * g.keys_per_sample + key;
-        d->fragments.push_back(f);
+        d->fragments.put(at++, f);
       }
-      t.fragment_end = static_cast<std::int32_t>(d->fragments.size());
       continue;
     }
+    const std::int32_t first = first_sample[i];
     t.home = g.home(r.slot, r.begin);
     std::int64_t pairs = 0;
-    for (std::int32_t j = g.sample_at(r.slot, r.begin); j < g.sample_base[r.slot + 1] && g.starts[j] < r.end; ++j) {
+    for (std::int32_t j = first; j < first + (t.fragment_end - t.fragment_begin); ++j) {
       Fragment f;
       f.tile = t.id;
       f.slot = r.slot;
@@ -219,10 +277,9 @@ Result<Plan> build_plan(std::span<const PackedSequence> pool, const PlanConfig& 
       f.e = std::min(r.end, f.sample_start + f.sample_length) - f.sample_start;
       f.key_begin = g.window == kFullCausal ? 0 : std::max<std::int64_t>(0, f.a - g.window + 1);
       pairs += causal_pairs(f.a, f.e, g.window).value();
-      d->fragments.push_back(f);
+      d->fragments.put(at++, f);
     }
     t.flops = pairs * g.head_width;
-    t.fragment_end = static_cast<std::int32_t>(d->fragments.size());
   }
 
   // 3. KV groups, densely numbered (global sample, key); rep_shard is a
@@ -284,7 +341,7 @@ Result<Plan> build_plan(std::span<const PackedSequence> pool, const PlanConfig& 
   const std::size_t words = (d->groups.size() + 63) / 64;
   std::vector<std::uint64_t> held(words * static_cast<std::size_t>(W), 0);
   std::vector<std::size_t> rank(held.size());
-  for (const Fragment& f : d->fragments) {
+  for (const Fragment& f : std::span<const Fragment>(d->fragments)) {
     const std::size_t r = static_cast<std::size_t>(d->tiles[static_cast<std::size_t>(f.tile)].worker);
     held[r * words + static_cast<std::size_t>(f.group) / 64] |= std::uint64_t{1} << (f.group % 64);
   }
@@ -312,7 +369,7 @@ Result<Plan> build_plan(std::span<const PackedSequence> pool, const PlanConfig& 
   auto entry = [&](int r, std::int32_t gid) {
     const std::size_t at = static_cast<std::size_t>(r) * words + static_cast<std::size_t>(gid) / 64;
     const std::uint64_t below = held[at] & ((std::uint64_t{1} << (gid % 64)) - 1);
-    return rank[at] + static_cast<std::size_t>(std::popcount(below));
+    return rank[at] + static_cast<std::size_t>(bit_count(below));
   };
 
   // 5b. First and last chunk of every (worker, group, KV head): chunk m of a
@@ -559,7 +616,9 @@ Result<Plan> build_plan(std::span<const PackedSequence> pool, const PlanConfig& 
   }
 
   // 8. Fingerprint of the defining content.
-  d->fingerprint = hash_words(canonical_words(config, pool, d->tiles));
+  WordHash hash;
+  for_each_canonical_word(config, pool, d->tiles, [&](std::uint64_t x) { hash(x); });
+  d->fingerprint = hash.value();
   return Plan(std::move(d));
 }
 
@@ -571,6 +630,19 @@ Result<Plan> make_plan(std::span<const PackedSequence> pool, const PlanConfig& c
   return detail::build_plan(pool, config, geo, std::move(rows), "plan");
 }
 
+Result<Plan> rechunk_plan(const Plan& plan, int chunks) {
+  PlanConfig config = plan.config();
+  config.chunks = chunks;
+  LIBRA_ASSIGN_OR_RETURN(detail::Geometry geo, detail::make_geometry(plan.pool(), config));
+  std::vector<detail::PlacedRows> rows;
+  rows.reserve(plan.tiles().size());
+  for (const Tile& t : plan.tiles()) {
+    rows.push_back({.slot = t.slot, .block = t.block, .shard = t.shard, .begin = t.begin, .end = t.end,
+                    .worker = t.worker});
+  }
+  return detail::build_plan(plan.pool(), config, geo, std::move(rows), "plan");
+}
+
 // ---- accessors -------------------------------------------------------------
 
 const PlanConfig& Plan::config() const { return d_->config; }
@@ -579,7 +651,7 @@ int Plan::num_workers() const { return d_->num_workers; }
 int Plan::head_width() const { return d_->head_width; }
 std::span<const PackedSequence> Plan::pool() const { return d_->pool; }
 std::span<const Tile> Plan::tiles() const { return d_->tiles; }
-std::span<const Fragment> Plan::fragments() const { return d_->fragments; }
+std::span<const Fragment> Plan::fragments() const { return {d_->fragments.data(), d_->fragments.size()}; }
 std::span<const KvGroup> Plan::groups() const { return d_->groups; }
 
 std::span<const std::int32_t> Plan::worker_tiles(int r) const {

@@ -18,28 +18,34 @@
 namespace libra {
 
 namespace detail {
-// Transfers written once each, in any order, right after allocation: unlike
-// a vector, nothing value-initialises the megabytes about to be overwritten.
-class TransferArray {
+// Items written once each, in any order, right after allocation: unlike a
+// vector, nothing value-initialises the megabytes about to be overwritten.
+template <class T>
+class RawArray {
  public:
-  TransferArray() = default;
-  explicit TransferArray(std::size_t n)
-      : items_(static_cast<Transfer*>(std::malloc((n > 0 ? n : 1) * sizeof(Transfer)))), size_(n) {
+  RawArray() = default;
+  explicit RawArray(std::size_t n)
+      : items_(static_cast<T*>(std::malloc((n > 0 ? n : 1) * sizeof(T)))), size_(n) {
     if (!items_) throw std::bad_alloc();
   }
   // Every index in [0, size) exactly once before the items are read.
-  void put(std::size_t i, const Transfer& x) { ::new (static_cast<void*>(items_.get() + i)) Transfer(x); }
-  const Transfer* data() const { return items_.get(); }
+  void put(std::size_t i, const T& x) { ::new (static_cast<void*>(items_.get() + i)) T(x); }
+  T& operator[](std::size_t i) { return items_.get()[i]; }
+  const T& operator[](std::size_t i) const { return items_.get()[i]; }
+  T* data() { return items_.get(); }
+  const T* data() const { return items_.get(); }
   std::size_t size() const { return size_; }
+  operator std::span<const T>() const { return {items_.get(), size_}; }
 
  private:
-  static_assert(std::is_trivially_destructible_v<Transfer> && std::is_trivially_copyable_v<Transfer>);
+  static_assert(std::is_trivially_destructible_v<T> && std::is_trivially_copyable_v<T>);
   struct Free {
-    void operator()(Transfer* p) const noexcept { std::free(p); }
+    void operator()(T* p) const noexcept { std::free(p); }
   };
-  std::unique_ptr<Transfer, Free> items_;
+  std::unique_ptr<T, Free> items_;
   std::size_t size_ = 0;
 };
+using TransferArray = RawArray<Transfer>;
 }  // namespace detail
 
 struct Plan::Data {
@@ -49,7 +55,7 @@ struct Plan::Data {
   int num_workers = 0;
   int head_width = 0;
   std::vector<Tile> tiles;
-  std::vector<Fragment> fragments;
+  detail::RawArray<Fragment> fragments;
   std::vector<KvGroup> groups;
   std::vector<std::size_t> worker_tile_offsets;  // W + 1
   std::vector<std::int32_t> worker_tile_ids;

@@ -276,14 +276,6 @@ std::int64_t largest_at_most(double c) {
   return x;
 }
 
-struct PlaceFrag {
-  std::int32_t group;
-  std::int32_t sample;  // global index
-  std::int64_t start;
-  std::int64_t length;
-  std::int64_t kv_bytes_per_token;
-};
-
 // TAP's running state: loads and the committed KV groups C_r as a bitset
 // (group-major, so a tile's groups are tested for all workers close together).
 class Placer {
@@ -296,11 +288,18 @@ class Placer {
         committed_(static_cast<std::size_t>(geo.sample_base.back()) * geo.keys_per_sample * words_, 0),
         saved_(static_cast<std::size_t>(geo.workers), 0),
         leaves_(std::bit_ceil(static_cast<std::size_t>(geo.workers))),
-        least_(2 * leaves_, -1),
+        least_(2 * leaves_, Least{std::numeric_limits<std::int64_t>::max(), std::numeric_limits<std::int32_t>::max()}),
         limit_(largest_at_most(capacity)) {
-    for (std::size_t i = 0; i < static_cast<std::size_t>(geo.workers); ++i) least_[leaves_ + i] = static_cast<std::int32_t>(i);
+    // Per shard (they cost divisions): the dedup key and the KV bytes per token.
+    for (int s = 0; s < geo.shards; ++s) {
+      shard_key_.push_back(geo.key_index(s));
+      shard_vkv_.push_back(geo.kv_bytes_per_token(s));
+    }
+    for (std::size_t i = 0; i < static_cast<std::size_t>(geo.workers); ++i) {
+      least_[leaves_ + i] = {0, static_cast<std::int32_t>(i)};
+    }
     for (std::size_t i = leaves_ - 1; i >= 1; --i) least_[i] = lesser(least_[2 * i], least_[2 * i + 1]);
-    touched_.reserve(static_cast<std::size_t>(geo.workers));
+    touched_.resize(static_cast<std::size_t>(geo.workers));
   }
 
   struct Choice {
@@ -318,7 +317,6 @@ class Placer {
   // least-loaded worker (lowest id on ties), which a tournament tree over
   // the loads keeps. Same choice, same tie-breaks as scanning all W workers.
   Choice evaluate(int p, int s, std::int64_t begin, std::int64_t end, std::int64_t flops) {
-    frags_.clear();
     // The shards of a block come one after another with the same rows: the
     // samples they touch are found once.
     if (p != rows_slot_ || begin != rows_begin_ || end != rows_end_) {
@@ -331,26 +329,27 @@ class Placer {
       while (rows_last_ < geo_.sample_base[p + 1] && geo_.starts[rows_last_] < end) rows_tokens_ += geo_.lengths[rows_last_++];
       rows_home_ = geo_.home(p, begin);
     }
-    const std::int64_t vkv = geo_.kv_bytes_per_token(s);
-    for (std::int32_t j = rows_first_; j < rows_last_; ++j) {
-      frags_.push_back({geo_.group_id(j, s), j, geo_.starts[j], geo_.lengths[j], vkv});
-    }
+    first_ = rows_first_;
+    last_ = rows_last_;
+    key_ = shard_key_[static_cast<std::size_t>(s)];
+    const std::int64_t vkv = shard_vkv_[static_cast<std::size_t>(s)];
     const std::int64_t all_groups = vkv * rows_tokens_;
     const int home = rows_home_;
     const std::int64_t vqo = 2 * (end - begin) * geo_.qo_bytes_per_row();
     const std::int64_t base = vqo + all_groups;
     save(home, vqo);
-    for (const PlaceFrag& f : frags_) {
-      const std::uint64_t* bits = &committed_[static_cast<std::size_t>(f.group) * words_];
-      const std::int64_t full = f.kv_bytes_per_token * f.length;
+    for (std::int32_t j = first_; j < last_; ++j) {
+      const std::int32_t group = j * geo_.keys_per_sample + key_;
+      const std::uint64_t* bits = &committed_[static_cast<std::size_t>(group) * words_];
+      const std::int64_t full = vkv * geo_.lengths[static_cast<std::size_t>(j)];
       for (std::size_t w = 0; w < words_; ++w) {
         for (std::uint64_t word = bits[w]; word != 0; word &= word - 1) {
           save(static_cast<int>(w * 64 + static_cast<std::size_t>(std::countr_zero(word))), full);
         }
       }
-      for (const Geometry::Run& run : geo_.sample_runs(f.sample)) {
+      for (const Geometry::Run& run : geo_.sample_runs(j)) {
         const int r = p * geo_.cp + run.rank;
-        if (!is_committed(f.group, r)) save(r, f.kv_bytes_per_token * (run.end - run.begin));
+        if (!is_committed(group, r)) save(r, vkv * (run.end - run.begin));
       }
     }
     Choice c;
@@ -358,7 +357,8 @@ class Placer {
     const std::int64_t* loads = loads_.data();
     // Among the savers with headroom: the largest saving (least dcomm),
     // then the lowest (load, r).
-    for (const std::int32_t r : touched_) {
+    const std::span<const std::int32_t> touched(touched_.data(), touched_count_);
+    for (const std::int32_t r : touched) {
       if (loads[r] > room) continue;
       if (c.worker < 0 || saved_[r] > saved_[c.worker] ||
           (saved_[r] == saved_[c.worker] && (loads[r] < loads[c.worker] || (loads[r] == loads[c.worker] && r < c.worker)))) {
@@ -366,7 +366,7 @@ class Placer {
       }
     }
     if (c.worker < 0) {
-      const std::int32_t least = least_[1];
+      const std::int32_t least = least_[1].id;
       if (loads[least] <= room) {
         c.worker = least;
       } else {
@@ -380,27 +380,35 @@ class Placer {
         }
       }
     }
-    for (const std::int32_t r : touched_) saved_[r] = 0;
-    touched_.clear();
+    for (const std::int32_t r : touched) saved_[r] = 0;
+    touched_count_ = 0;
     return c;
   }
 
   // Commits the fragments loaded by the last evaluate() (or commit_rows) to r.
   void commit(int r, std::int64_t flops) {
     loads_[static_cast<std::size_t>(r)] += flops;
-    for (std::size_t i = (leaves_ + static_cast<std::size_t>(r)) / 2; i >= 1; i /= 2) {
-      least_[i] = lesser(least_[2 * i], least_[2 * i + 1]);
+    // Up the tree with the new entry in hand: each level reads only the
+    // sibling, not both children and their loads.
+    std::size_t i = leaves_ + static_cast<std::size_t>(r);
+    Least cur{loads_[static_cast<std::size_t>(r)], static_cast<std::int32_t>(r)};
+    least_[i] = cur;
+    for (; i > 1; i /= 2) {
+      // A left sibling (i odd) holds the lower ids and wins ties: one
+      // comparison instead of (load, id).
+      const Least sib = least_[i ^ 1];
+      if (sib.load - static_cast<std::int64_t>(i & 1) < cur.load) cur = sib;
+      least_[i / 2] = cur;
     }
-    for (const PlaceFrag& f : frags_) {
-      committed_[static_cast<std::size_t>(f.group) * words_ + static_cast<std::size_t>(r) / 64] |=
-          std::uint64_t{1} << (r % 64);
+    for (std::int32_t j = first_; j < last_; ++j) {
+      const std::size_t group = static_cast<std::size_t>(j * geo_.keys_per_sample + key_);
+      committed_[group * words_ + static_cast<std::size_t>(r) / 64] |= std::uint64_t{1} << (r % 64);
     }
   }
   void commit_rows(int r, int p, int s, std::int64_t begin, std::int64_t end, std::int64_t flops) {
-    frags_.clear();
-    for (std::int32_t j = geo_.sample_at(p, begin); j < geo_.sample_base[p + 1] && geo_.starts[j] < end; ++j) {
-      frags_.push_back({geo_.group_id(j, s), j, geo_.starts[j], geo_.lengths[j], 0});
-    }
+    first_ = last_ = geo_.sample_at(p, begin);
+    while (last_ < geo_.sample_base[p + 1] && geo_.starts[last_] < end) ++last_;
+    key_ = shard_key_[static_cast<std::size_t>(s)];
     commit(r, flops);
   }
 
@@ -412,14 +420,17 @@ class Placer {
     return (committed_[static_cast<std::size_t>(group) * words_ + static_cast<std::size_t>(r) / 64] >> (r % 64)) & 1U;
   }
   void save(int r, std::int64_t bytes) {
-    if (saved_[static_cast<std::size_t>(r)] == 0) touched_.push_back(r);
+    if (saved_[static_cast<std::size_t>(r)] == 0) touched_[touched_count_++] = r;
     saved_[static_cast<std::size_t>(r)] += bytes;
   }
-  // The lower (load, id) of two tree entries; -1 (padding) loses.
-  std::int32_t lesser(std::int32_t a, std::int32_t b) const {
-    if (a < 0) return b;
-    if (b < 0) return a;
-    return loads_[static_cast<std::size_t>(b)] < loads_[static_cast<std::size_t>(a)] ? b : a;
+  // A tree entry: a worker and its load (padding: the largest load and id).
+  struct Least {
+    std::int64_t load;
+    std::int32_t id;
+  };
+  // The lower (load, id) of two tree entries.
+  static Least lesser(Least a, Least b) {
+    return (b.load < a.load || (b.load == a.load && b.id < a.id)) ? b : a;
   }
 
   const Geometry& geo_;
@@ -428,14 +439,20 @@ class Placer {
   std::vector<std::int64_t> loads_;
   std::vector<std::uint64_t> committed_;
   std::vector<std::int64_t> saved_;     // per worker, zero outside evaluate()
-  std::vector<std::int32_t> touched_;   // workers with saved_ > 0
+  std::vector<std::int32_t> touched_;   // [0, touched_count_): workers with saved_ > 0
+  std::size_t touched_count_ = 0;
   std::size_t leaves_;
-  std::vector<std::int32_t> least_;     // tournament tree: least_[1] = argmin (load, r)
+  std::vector<Least> least_;           // tournament tree: least_[1] = min (load, r)
   // The largest integer x with double(x) <= C: the contract's headroom test
   // double(load + f) <= C is then exactly load + f <= limit_, because the
   // int64 -> double conversion is monotone.
   std::int64_t limit_;
-  std::vector<PlaceFrag> frags_;
+  std::vector<std::int32_t> shard_key_;
+  std::vector<std::int64_t> shard_vkv_;
+  // The tile loaded by the last evaluate() or commit_rows(): its samples
+  // (global) [first_, last_), whose groups are j * keys_per_sample + key_.
+  std::int32_t first_ = 0, last_ = 0;
+  std::int32_t key_ = 0;
   int rows_slot_ = -1;  // the rows evaluated last and what they touch
   std::int64_t rows_begin_ = 0, rows_end_ = 0, rows_tokens_ = 0;
   std::int32_t rows_first_ = 0, rows_last_ = 0;
@@ -499,6 +516,11 @@ void place_split(const Geometry& geo, Placer& placer, const BaseTile& t, std::ve
 
 Result<std::vector<PlacedRows>> place_tiles(const Geometry& geo, const PlanConfig& config) {
   std::vector<BaseTile> tiles;
+  {
+    std::size_t n = 0;
+    for (int p = 0; p < geo.pool_size; ++p) n += static_cast<std::size_t>(geo.blocks(p));
+    tiles.reserve(n * static_cast<std::size_t>(geo.shards));
+  }
   std::int64_t total = 0;
   for (int p = 0; p < geo.pool_size; ++p) {
     const std::int32_t nb = geo.blocks(p);

@@ -55,10 +55,49 @@ struct Source {
   std::int64_t bytes;
 };
 
+// What every candidate reads about a tile, found once per plan: per block
+// (the S shards of a block are consecutive tiles with the same rows) its
+// home and its samples' home runs; per shard the dedup key and KV bytes per
+// token.
+struct Blocks {
+  struct Run {
+    std::int32_t sample;  // global
+    std::int32_t rank;
+    std::int64_t tokens;
+  };
+  std::vector<std::int32_t> home;
+  std::vector<std::int32_t> run_begin;  // blocks + 1, into runs
+  std::vector<Run> runs;
+  std::vector<std::int32_t> key;
+  std::vector<std::int64_t> vkv;
+
+  Blocks(const Geometry& geo, std::span<const PlacedRows> base) {
+    const std::size_t S = static_cast<std::size_t>(geo.shards);
+    const std::size_t n = base.size() / S;
+    home.resize(n);
+    run_begin.reserve(n + 1);
+    run_begin.push_back(0);
+    for (std::size_t b = 0; b < n; ++b) {
+      const PlacedRows& t = base[b * S];
+      home[b] = geo.home(t.slot, t.begin);
+      for (std::int32_t j = geo.sample_at(t.slot, t.begin);
+           j < geo.sample_base[static_cast<std::size_t>(t.slot) + 1] && geo.starts[static_cast<std::size_t>(j)] < t.end; ++j) {
+        for (const Geometry::Run& run : geo.sample_runs(j)) runs.push_back({j, run.rank, run.end - run.begin});
+      }
+      run_begin.push_back(static_cast<std::int32_t>(runs.size()));
+    }
+    for (int s = 0; s < geo.shards; ++s) {
+      key.push_back(geo.key_index(s));
+      vkv.push_back(geo.kv_bytes_per_token(s));
+    }
+  }
+};
+
 class TopoPlacer {
  public:
-  TopoPlacer(const Geometry& geo, const PlanTopology& topo, double capacity)
+  TopoPlacer(const Geometry& geo, const Blocks& blocks, const PlanTopology& topo, double capacity)
       : geo_(geo),
+        blocks_(blocks),
         W_(geo.workers),
         words_((static_cast<std::size_t>(geo.workers) + 63) / 64),
         limit_(capacity_limit(capacity)),
@@ -83,24 +122,20 @@ class TopoPlacer {
     touched_.assign(words_, 0);
   }
 
-  // Loads the tile's sources (KV by CP rank, Q/O from the home); with
+  // Loads tile i's sources (KV by CP rank, Q/O from the home); with
   // `scoring`, also what evaluate() needs.
-  void load(const PlacedRows& t, bool scoring = true) {
-    // The shards of a block often come one after another: their rows touch
-    // the same samples and have the same home.
-    if (t.slot != p_ || t.begin != begin_ || t.end != end_) {
-      p_ = t.slot;
-      begin_ = t.begin;
-      end_ = t.end;
-      home_ = geo_.home(t.slot, t.begin);
-      first_ = geo_.sample_at(t.slot, t.begin);
-    }
+  void load(std::span<const PlacedRows> tiles, std::size_t i, bool scoring = true) {
+    const PlacedRows& t = tiles[i];
+    const std::size_t block = i / static_cast<std::size_t>(geo_.shards);
+    p_ = t.slot;
+    home_ = blocks_.home[block];
     vqo_ = (t.end - t.begin) * geo_.qo_bytes_per_row();
     srcs_.clear();
-    const std::int64_t vkv = geo_.kv_bytes_per_token(t.shard);
-    for (std::int32_t j = first_; j < geo_.sample_base[t.slot + 1] && geo_.starts[j] < t.end; ++j) {
-      const std::int32_t gid = geo_.group_id(j, t.shard);
-      for (const Geometry::Run& run : geo_.sample_runs(j)) srcs_.push_back({gid, run.rank, vkv * (run.end - run.begin)});
+    const std::int64_t vkv = blocks_.vkv[static_cast<std::size_t>(t.shard)];
+    const std::int32_t key = blocks_.key[static_cast<std::size_t>(t.shard)];
+    for (std::int32_t k = blocks_.run_begin[block]; k < blocks_.run_begin[block + 1]; ++k) {
+      const Blocks::Run& run = blocks_.runs[static_cast<std::size_t>(k)];
+      srcs_.push_back({run.sample * geo_.keys_per_sample + key, run.rank, vkv * run.tokens});
     }
     if (!scoring) return;
     // Most candidates hold none of the tile's groups and sit outside its
@@ -246,6 +281,7 @@ class TopoPlacer {
   }
 
   const Geometry& geo_;
+  const Blocks& blocks_;
   int W_;
   std::size_t words_;
   std::int64_t limit_;
@@ -258,8 +294,6 @@ class TopoPlacer {
   std::array<double, 3> per_byte_{};
   // The loaded tile.
   int p_ = -1, home_ = 0;
-  std::int64_t begin_ = 0, end_ = 0;
-  std::int32_t first_ = 0;  // its first sample
   std::int64_t vqo_ = 0;
   std::vector<Source> srcs_;
   std::vector<int> node_, super_;
@@ -279,7 +313,7 @@ void place_rest(TopoPlacer& placer, int W, std::span<const PlacedRows> base, std
                 std::span<const std::int32_t> order, std::vector<PlacedRows>& out) {
   for (std::int32_t i : order) {
     const std::int64_t f = flops[static_cast<std::size_t>(i)];
-    placer.load(base[static_cast<std::size_t>(i)]);
+    placer.load(base, static_cast<std::size_t>(i));
     int best = -1;
     TopoPlacer::Score bs;
     for (int r = 0; r < W; ++r) {
@@ -314,14 +348,9 @@ std::vector<PlacedRows> place_topo(const Geometry& geo, const PlanConfig& config
     std::vector<PlacedRows> rows;
     std::unique_ptr<TopoPlacer> placer;
   };
-  // Sorting compares homes n log n times: find each once.
-  std::vector<std::int32_t> homes(n);
-  for (std::size_t i = 0; i < n; ++i) {
-    homes[i] = i > 0 && base[i].slot == base[i - 1].slot && base[i].begin == base[i - 1].begin
-                   ? homes[i - 1]
-                   : geo.home(base[i].slot, base[i].begin);
-  }
-  auto home_of = [&](std::int32_t i) { return homes[static_cast<std::size_t>(i)]; };
+  const Blocks blocks(geo, base);
+  const std::size_t S = static_cast<std::size_t>(geo.shards);
+  auto home_of = [&](std::int32_t i) { return blocks.home[static_cast<std::size_t>(i) / S]; };
   // Home first: each home keeps a prefix of its tiles in `before` order
   // while they fit under C; the rest go heaviest first where the links
   // suffer least.
@@ -338,27 +367,55 @@ std::vector<PlacedRows> place_topo(const Geometry& geo, const PlanConfig& config
     return order;
   };
   // Each home's tiles, lightest first (ties: higher id first), optionally
-  // whole head shards first.
-  auto home_first = [&](bool whole_shards, std::int64_t keep_cap) {
-    Candidate c{std::vector<PlacedRows>(base.begin(), base.end()),
-                std::make_unique<TopoPlacer>(geo, config.topology, capacity)};
+  // whole head shards first. The shards of a block share home and FLOPs and
+  // have consecutive ids, so only blocks are sorted, by (home, FLOPs, block
+  // id descending), once; expanding each home's blocks into their shards
+  // (descending) gives (home, FLOPs, id descending), and taking shard by
+  // shard over the same blocks gives (home, shard, FLOPs, id descending).
+  std::vector<std::int32_t> block_order(n / S);
+  {
     struct Key {
-      std::int32_t home, shard;
+      std::int32_t home;
       std::int64_t flops;
-      std::int32_t id;
+      std::int32_t block;
     };
-    std::vector<Key> keys(n);
-    for (std::size_t i = 0; i < n; ++i) {
-      keys[i] = {homes[i], whole_shards ? base[i].shard : 0, flops[i], static_cast<std::int32_t>(i)};
+    std::vector<Key> keys(n / S);
+    for (std::size_t b = 0; b < keys.size(); ++b) {
+      keys[b] = {blocks.home[b], flops[b * S], static_cast<std::int32_t>(b)};
     }
     std::sort(keys.begin(), keys.end(), [](const Key& x, const Key& y) {
       if (x.home != y.home) return x.home < y.home;
-      if (x.shard != y.shard) return x.shard < y.shard;
       if (x.flops != y.flops) return x.flops < y.flops;
-      return x.id > y.id;
+      return x.block > y.block;
     });
-    std::vector<std::int32_t> order(n);
-    for (std::size_t k = 0; k < n; ++k) order[k] = keys[k].id;
+    for (std::size_t b = 0; b < keys.size(); ++b) block_order[b] = keys[b].block;
+  }
+  auto home_order = [&](bool whole_shards) {
+    std::vector<std::int32_t> order;
+    order.reserve(n);
+    for (std::size_t k = 0; k < block_order.size();) {
+      std::size_t e = k;
+      while (e < block_order.size() && blocks.home[static_cast<std::size_t>(block_order[e])] ==
+                                           blocks.home[static_cast<std::size_t>(block_order[k])]) {
+        ++e;
+      }
+      if (whole_shards) {
+        for (std::size_t s = 0; s < S; ++s) {
+          for (std::size_t x = k; x < e; ++x) order.push_back(static_cast<std::int32_t>(static_cast<std::size_t>(block_order[x]) * S + s));
+        }
+      } else {
+        for (std::size_t x = k; x < e; ++x) {
+          for (std::size_t s = S; s-- > 0;) order.push_back(static_cast<std::int32_t>(static_cast<std::size_t>(block_order[x]) * S + s));
+        }
+      }
+      k = e;
+    }
+    return order;
+  };
+  auto home_first = [&](bool whole_shards, std::int64_t keep_cap) {
+    Candidate c{std::vector<PlacedRows>(base.begin(), base.end()),
+                std::make_unique<TopoPlacer>(geo, blocks, config.topology, capacity)};
+    const std::vector<std::int32_t> order = home_order(whole_shards);
     std::vector<std::int32_t> moved;
     for (std::size_t k = 0; k < n;) {
       const int h = home_of(order[k]);
@@ -367,7 +424,7 @@ std::vector<PlacedRows> place_topo(const Geometry& geo, const PlanConfig& config
         const std::int32_t i = order[k];
         const std::int64_t f = flops[static_cast<std::size_t>(i)];
         if (!full && c.placer->fits_under(h, f, keep_cap)) {
-          c.placer->load(base[static_cast<std::size_t>(i)], /*scoring=*/false);
+          c.placer->load(base, static_cast<std::size_t>(i), /*scoring=*/false);
           c.placer->commit(h, f);
           c.rows[static_cast<std::size_t>(i)].worker = h;
         } else {
@@ -405,7 +462,7 @@ std::vector<PlacedRows> place_topo(const Geometry& geo, const PlanConfig& config
   //    tiles under C, this one usually can. Only then is it worth its time.
   if (none_within()) {
     Candidate c{std::vector<PlacedRows>(base.begin(), base.end()),
-                std::make_unique<TopoPlacer>(geo, config.topology, capacity)};
+                std::make_unique<TopoPlacer>(geo, blocks, config.topology, capacity)};
     std::vector<std::int32_t> all(n);
     std::iota(all.begin(), all.end(), 0);
     place_rest(*c.placer, W, base, flops, heaviest_first(all), c.rows);
@@ -415,9 +472,9 @@ std::vector<PlacedRows> place_topo(const Geometry& geo, const PlanConfig& config
   //    depend on the order of the commits), so tap-topo's links are never
   //    slower than tap's where both fit under C.
   {
-    Candidate c{std::move(tap), std::make_unique<TopoPlacer>(geo, config.topology, capacity)};
+    Candidate c{std::move(tap), std::make_unique<TopoPlacer>(geo, blocks, config.topology, capacity)};
     for (std::size_t i = 0; i < n; ++i) {
-      c.placer->load(base[i], /*scoring=*/false);
+      c.placer->load(base, i, /*scoring=*/false);
       c.placer->commit(c.rows[i].worker, flops[i]);
     }
     cands.push_back(std::move(c));
