@@ -353,6 +353,12 @@ class Plan {
 // Plans one pool: pool.size() = P slots, each a packed sequence of at most
 // seq_len tokens. Pure and deterministic.
 [[nodiscard]] Result<Plan> make_plan(std::span<const PackedSequence> pool, const PlanConfig& config);
+// The same tiles on the same workers with `chunks` pipeline chunks (M only
+// splits each tile's heads into chunks; no mode's placement reads it), so
+// rechunk_plan(make_plan(pool, c), m) equals make_plan(pool, c with chunks m),
+// fingerprint and all, without placing again. Errors: as make_plan's for the
+// new config (m must divide the heads of a tile).
+[[nodiscard]] Result<Plan> rechunk_plan(const Plan& plan, int chunks);
 
 // Plan files. JSON (for people) holds the config, the pool, every tile with
 // its placement and the summaries (worker_flops, imbalance, comm_bytes,

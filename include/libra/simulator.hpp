@@ -51,6 +51,9 @@ std::string_view variant_name(Variant v);  // "ulysses", "wlb", "distca", "libra
 std::span<const Variant> all_variants();
 // The variants timed per candidate (P, H, B), in output order.
 std::span<const Variant> candidate_variants();
+// Whether a variant runs the pipeliner (libra-full, libra-plus, libra-topo,
+// distca): those are priced at every listed M (SimConfig::chunks).
+bool variant_pipelined(Variant v);
 
 struct SimCandidate {
   std::int64_t pool_size = 0;    // P
@@ -70,7 +73,10 @@ struct SimConfig {
   std::vector<std::int64_t> pool_sizes = {2, 4, 8, 16};
   std::vector<std::int64_t> head_shards = {4, 8};
   std::vector<std::int64_t> block_sizes = {8192, 16384, 32768};
-  std::int64_t chunks = 4;        // M, pipeliner chunks (paper: 4)
+  // M, pipeliner chunks (paper: 4). With several values, every candidate's
+  // pipelined variants are priced at each M that divides its heads per tile
+  // (h_q / H) and keep the one with the least mean + worst_weight x worst.
+  std::vector<std::int64_t> chunks = {4};
   double tau = 0.03;              // TAP slack (paper: 0.03)
   std::int64_t max_windows = 20;  // 0 = every full window of the corpus
   std::int64_t threads = 0;       // 0 = hardware concurrency
@@ -137,6 +143,11 @@ struct Stat {
 struct VariantLatency {
   Variant variant;
   Stat seconds;
+  // The M `seconds` come from: the best of the listed M for a pipelined
+  // variant (ties: the earlier in the list), 1 for the others.
+  std::int64_t chunks = 1;
+  // Every M priced, in SimConfig::chunks order ((1, seconds) when not pipelined).
+  std::vector<std::pair<std::int64_t, Stat>> by_chunks;
 };
 
 struct CandidateResult {
@@ -177,6 +188,9 @@ struct StepDecomposition {
 struct SkippedCandidate {
   SimCandidate candidate;
   std::string reason;
+  // 0: the whole candidate; else only this M (the candidate runs with the
+  // other listed M).
+  std::int64_t chunks = 0;
 };
 
 struct DpScalingPoint {
@@ -248,6 +262,9 @@ struct SimResult {
   // The libra variant the end-to-end model ran (recommended_variant unless
   // that is ulysses: then the fastest libra variant, to show the gap).
   Variant end_to_end_variant = Variant::kLibraFull;
+  // The M end_to_end_variant runs at on the recommended candidate (its
+  // VariantLatency::chunks): the end-to-end model and the decomposition use it.
+  std::int64_t end_to_end_chunks = 1;
   // For the recommended candidate and end_to_end_variant: the mean over
   // every pool-step and the pool that set the worst step.
   StepDecomposition mean_step, worst_step;

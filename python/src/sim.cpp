@@ -16,10 +16,12 @@ libra::SimConfig pricing_config(const std::string& config_json) {
   libra::SimConfig cfg;
   cfg.head_shards = {8};
   cfg.block_sizes = {16384};
+  cfg.chunks = {4};
   check(libra::apply_sim_config_json(config_json, "elastic pricing", cfg));
   if (cfg.seq_len < 1) bad("elastic pricing: seq_len: required (the packed length L of the sequences)");
   if (cfg.head_shards.size() != 1) bad("elastic pricing: head_shards: one value, not a list");
   if (cfg.block_sizes.size() != 1) bad("elastic pricing: block_sizes: one value, not a list");
+  if (cfg.chunks.size() != 1) bad("elastic pricing: chunks: one value, not a list");
   return cfg;
 }
 

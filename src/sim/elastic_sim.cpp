@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <thread>
@@ -178,6 +179,12 @@ Result<ElasticPricer> ElasticPricer::create(const SimConfig& cfg, const SimCandi
     return invalid_input(fmt::format("--elastic-plan-mode {}: must be tap or tap-topo", plan_mode_name(plan_mode)));
   }
   if (seq_len < 1) return invalid_input(fmt::format("--seq-len {}: must be at least 1", seq_len));
+  // One plan configuration prices every window: one M.
+  if (cfg.chunks.size() != 1) return invalid_input("--chunks: elastic pricing takes one value, not a list");
+  if (cfg.chunks[0] < 1 || cfg.chunks[0] > std::numeric_limits<std::int32_t>::max()) {
+    return invalid_input(fmt::format("--chunks {}: must be in [1, {}]", cfg.chunks[0],
+                                     std::numeric_limits<std::int32_t>::max()));
+  }
   auto impl = std::make_shared<Impl>();
   impl->cfg = cfg;
   impl->cand = cand;
@@ -188,8 +195,8 @@ Result<ElasticPricer> ElasticPricer::create(const SimConfig& cfg, const SimCandi
                             .nodes_per_supernode = cfg.cost.net.nodes_per_supernode};
   impl->priced = priced;
   impl->ctx = std::make_unique<detail::Ctx>(
-      detail::Ctx{impl->cfg, seq_len, ThroughputTable(impl->cfg.cost.kernel), {cand}});
-  impl->pc = detail::plan_config(*impl->ctx, cand.head_shards, cand.block_size, cfg.chunks, plan_mode, false);
+      detail::Ctx{impl->cfg, seq_len, ThroughputTable(impl->cfg.cost.kernel), {cand}, {cfg.chunks}});
+  impl->pc = detail::plan_config(*impl->ctx, cand.head_shards, cand.block_size, cfg.chunks[0], plan_mode, false);
   if (Status s = validate_plan_config(impl->pc); !s.ok()) {
     return invalid_input(
         fmt::format("--head-shards {} --block-size {}: {}", cand.head_shards, cand.block_size, s.message()));

@@ -23,7 +23,7 @@ SimConfig small_config() {
   c.model.heads_q = 4;
   c.model.heads_kv = 2;
   c.model.head_dim = 16;
-  c.chunks = 2;
+  c.chunks = {2};
   c.max_windows = 6;
   c.threads = 1;
   return c;

@@ -26,7 +26,13 @@ struct Ctx {
   std::int64_t seq_len;
   ThroughputTable table;
   std::vector<SimCandidate> candidates;
+  // Per candidate: the listed M its tiles can take (M divides h_q / H), in
+  // SimConfig::chunks order; the first also plans its unpipelined variants.
+  std::vector<std::vector<std::int64_t>> chunks;
 };
+
+// What the recommendation minimises, and what picks a variant's M.
+inline double score(const SimConfig& cfg, const Stat& s) { return s.mean + cfg.worst_weight * s.worst; }
 
 // Thread CPU time (CLOCK_THREAD_CPUTIME_ID), seconds: what --timing's
 // per-phase figures sum, so that waiting on a loaded machine is not counted.
@@ -59,7 +65,7 @@ struct PlanCost {
 
 PlanConfig plan_config(const Ctx& ctx, std::int64_t h, std::int64_t b, std::int64_t chunks, PlanMode mode,
                        bool dedup_kv);
-PlanConfig tap_config(const Ctx& ctx, std::int64_t h, std::int64_t b);
+PlanConfig tap_config(const Ctx& ctx, std::int64_t h, std::int64_t b, std::int64_t chunks);
 // libra-topo's pools: VRSP with the slots interleaved over the cost model's
 // nodes (node_interleaved_slots), so a pool's heaviest sequences do not
 // share a node's NICs. Pools are node-aligned here (pool_gpus).
@@ -87,6 +93,14 @@ PlanCost cost_plan(const Ctx& ctx, const Plan& plan, std::span<const std::int64_
 // make_plan over `sequences` (one per slot) and the cost of the plan on `gpus`.
 Result<PlanCost> price_pool(const Ctx& ctx, std::span<const PackedSequence> sequences, const PlanConfig& pc,
                             std::span<const std::int64_t> gpus, Timing& tm, const std::string& kind);
+// The same, keeping the plan (to price it at other M with rechunk_plan).
+Result<std::pair<Plan, PlanCost>> plan_and_price(const Ctx& ctx, std::span<const PackedSequence> sequences,
+                                                 const PlanConfig& pc, std::span<const std::int64_t> gpus, Timing& tm,
+                                                 const std::string& kind);
+// `plan`'s tiles at `chunks` pipeline chunks (rechunk_plan: no placement),
+// priced on `gpus`.
+Result<PlanCost> price_rechunked(const Ctx& ctx, const Plan& plan, std::int64_t chunks,
+                                 std::span<const std::int64_t> gpus, Timing& tm, const std::string& kind);
 
 struct NoiseKey {
   std::uint64_t window = 0, step = 0;
@@ -129,9 +143,10 @@ struct CandWindow {
   double lower_bound = 0;
   std::vector<double> intra, intra_plus, bytes, bytes_plus, send, recv, comm;  // per pool
   std::vector<double> intra_topo, recv_cross, recv_cross_topo;                  // per pool
-  std::map<Variant, std::vector<double>> steps;  // per GA step latency
+  // Per (variant, M): per GA step latency (M = 1 for unpipelined variants).
+  std::map<std::pair<Variant, std::int64_t>, std::vector<double>> steps;
   // Per pool of the libra variants: (its noisy latency, its decomposition).
-  std::map<Variant, std::vector<std::pair<double, StepDecomposition>>> pools;
+  std::map<std::pair<Variant, std::int64_t>, std::vector<std::pair<double, StepDecomposition>>> pools;
 };
 struct WindowResult {
   Status status;
@@ -144,7 +159,8 @@ WindowResult simulate_window(const Ctx& ctx, std::span<const PackedSequence> win
 // Mean R-1 of `seeds` random groupings (seeds first .. first + seeds - 1).
 Result<double> mean_random_imbalance(std::span<const std::int64_t> f, std::int64_t pool_size, std::uint64_t first,
                                      std::int64_t seeds);
-Status check_candidate(const Ctx& ctx, const SimCandidate& c);
+// Whether candidate c can run with `chunks` pipeline chunks.
+Status check_candidate(const Ctx& ctx, const SimCandidate& c, std::int64_t chunks);
 
 // --- End-to-end model (end_to_end.cpp).
 struct E2eWindow {
@@ -156,9 +172,10 @@ struct E2eWindow {
   Timing timing;
 };
 // `libra` names the libra variant timed (libra-full, libra-topo or
-// libra-tap-vrsp).
+// libra-tap-vrsp), at `chunks` pipeline chunks.
 E2eWindow e2e_window(const Ctx& ctx, std::span<const PackedSequence> window, std::uint64_t w,
-                     const SimCandidate& rec, const std::vector<std::int64_t>& dps, Variant libra);
+                     const SimCandidate& rec, const std::vector<std::int64_t>& dps, Variant libra,
+                     std::int64_t chunks);
 // Folds the windows into res.dp_scaling and the microbatch statistics.
 Status fold_end_to_end(const std::vector<E2eWindow>& er, const std::vector<std::int64_t>& dps,
                        const SimCandidate& rec, SimResult& res);

@@ -81,8 +81,8 @@ NodeInterleave topo_interleave(const Ctx& ctx) {
   return {.cp = ctx.cfg.cp, .gpus_per_node = ctx.cfg.cost.net.gpus_per_node};
 }
 
-PlanConfig tap_config(const Ctx& ctx, std::int64_t h, std::int64_t b) {
-  return plan_config(ctx, h, b, ctx.cfg.chunks, PlanMode::kTap, false);
+PlanConfig tap_config(const Ctx& ctx, std::int64_t h, std::int64_t b, std::int64_t chunks) {
+  return plan_config(ctx, h, b, chunks, PlanMode::kTap, false);
 }
 
 // Ulysses: one slot, the sequence's own CP group, heads split over CP.
@@ -315,21 +315,52 @@ std::vector<std::int64_t> pool_gpus(std::int64_t first, std::int64_t slots, std:
   return g;
 }
 
-Result<PlanCost> price_pool(const Ctx& ctx, std::span<const PackedSequence> sequences, const PlanConfig& pc,
-                            std::span<const std::int64_t> gpus, Timing& tm, const std::string& kind) {
-  double t0 = thread_cpu_seconds();
-  auto plan = make_plan(sequences, pc);
+namespace {
+
+// Runs a planner call, counting its thread CPU time under `kind`.
+template <class F>
+Result<Plan> timed_plan(Timing& tm, const std::string& kind, F&& f) {
+  const double t0 = thread_cpu_seconds();
+  Result<Plan> plan = f();
   const double dt = thread_cpu_seconds() - t0;
   tm.plan += dt;
   ++tm.plans;
   auto& k = tm.by_kind[kind];
   k.first += dt;
   ++k.second;
-  if (!plan.ok()) return plan.error();
-  t0 = thread_cpu_seconds();
-  PlanCost c = cost_plan(ctx, *plan, gpus);
+  return plan;
+}
+
+PlanCost timed_cost(const Ctx& ctx, const Plan& plan, std::span<const std::int64_t> gpus, Timing& tm) {
+  const double t0 = thread_cpu_seconds();
+  PlanCost c = cost_plan(ctx, plan, gpus);
   tm.cost += thread_cpu_seconds() - t0;
   return c;
+}
+
+}  // namespace
+
+Result<std::pair<Plan, PlanCost>> plan_and_price(const Ctx& ctx, std::span<const PackedSequence> sequences,
+                                                 const PlanConfig& pc, std::span<const std::int64_t> gpus, Timing& tm,
+                                                 const std::string& kind) {
+  LIBRA_ASSIGN_OR_RETURN(Plan plan, timed_plan(tm, kind, [&] { return make_plan(sequences, pc); }));
+  PlanCost c = timed_cost(ctx, plan, gpus, tm);
+  return std::make_pair(std::move(plan), std::move(c));
+}
+
+Result<PlanCost> price_pool(const Ctx& ctx, std::span<const PackedSequence> sequences, const PlanConfig& pc,
+                            std::span<const std::int64_t> gpus, Timing& tm, const std::string& kind) {
+  LIBRA_ASSIGN_OR_RETURN(auto pc_cost, plan_and_price(ctx, sequences, pc, gpus, tm, kind));
+  return std::move(pc_cost.second);
+}
+
+Result<PlanCost> price_rechunked(const Ctx& ctx, const Plan& plan, std::int64_t chunks,
+                                 std::span<const std::int64_t> gpus, Timing& tm, const std::string& kind) {
+  // simulate() has checked every M against INT32_MAX.
+  LIBRA_ASSIGN_OR_RETURN(Plan re, timed_plan(tm, kind + " (M " + std::to_string(chunks) + ")", [&] {
+                           return rechunk_plan(plan, static_cast<int>(chunks));
+                         }));
+  return timed_cost(ctx, re, gpus, tm);
 }
 
 Stat stat_of(const std::vector<double>& v) {

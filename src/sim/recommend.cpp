@@ -22,7 +22,14 @@ constexpr std::array<Variant, 3> kChoices = {Variant::kLibraFull, Variant::kLibr
 
 void recommend(SimResult& res) {
   const double ww = res.config.worst_weight;
-  auto score_of = [&](const Stat& s) { return s.mean + ww * s.worst; };
+  auto score_of = [&](const Stat& s) { return score(res.config, s); };
+  // With several M listed, a pipelined variant is named with the M it ran at.
+  auto label = [&](std::size_t i, Variant v) {
+    const VariantLatency* l = res.candidates[i].find(v);
+    std::string s(variant_name(v));
+    if (res.config.chunks.size() > 1) s += fmt::format(" at M = {}", l->chunks);
+    return s;
+  };
   std::vector<Variant> best_v(res.candidates.size(), Variant::kLibraFull);
   std::vector<double> score(res.candidates.size(), 0);
   for (std::size_t i = 0; i < res.candidates.size(); ++i) {
@@ -51,7 +58,7 @@ void recommend(SimResult& res) {
   std::string reason;
   if (order.size() == 1) {
     reason = fmt::format("{} is the only valid candidate ({:.3f} ms mean per layer-step, {})",
-                         cand_name(best.candidate), lat(order[0]).mean * 1e3, variant_name(best_v[order[0]]));
+                         cand_name(best.candidate), lat(order[0]).mean * 1e3, label(order[0], best_v[order[0]]));
   } else {
     res.runner_up = static_cast<std::int64_t>(order[1]);
     const CandidateResult& second = res.candidates[order[1]];
@@ -60,9 +67,9 @@ void recommend(SimResult& res) {
         "({:.3f} / {:.3f} ms, {}); inter-pool R-1 {:.4f} vs {:.4f}, intra-pool R-1 {:.4f} vs {:.4f}, bytes per pool "
         "{:.1f} vs {:.1f} MB",
         cand_name(best.candidate), lat(order[0]).mean * 1e3, lat(order[0]).worst * 1e3,
-        variant_name(best_v[order[0]]), criterion, 100.0 * (1.0 - score[order[0]] / score[order[1]]),
+        label(order[0], best_v[order[0]]), criterion, 100.0 * (1.0 - score[order[0]] / score[order[1]]),
         cand_name(second.candidate), lat(order[1]).mean * 1e3, lat(order[1]).worst * 1e3,
-        variant_name(best_v[order[1]]), best.inter(PlacementMode::kVrsp).mean, second.inter(PlacementMode::kVrsp).mean,
+        label(order[1], best_v[order[1]]), best.inter(PlacementMode::kVrsp).mean, second.inter(PlacementMode::kVrsp).mean,
         best.intra_imbalance.mean, second.intra_imbalance.mean, best.comm_bytes.mean / 1e6,
         second.comm_bytes.mean / 1e6);
   }

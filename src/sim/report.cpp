@@ -1,6 +1,7 @@
 // Outputs of the simulator: terminal table, JSON, CSV and the report folder
 // (data files, gnuplot PNGs, index.md).
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <cerrno>
 #include <cstdio>
@@ -21,6 +22,20 @@ namespace {
 
 std::string cand(const SimCandidate& c) { return fmt::format("P={} H={} B={}", c.pool_size, c.head_shards, c.block_size); }
 double ms(double s) { return s * 1e3; }
+// Several M listed: each pipelined variant ran at its best (VariantLatency::chunks).
+bool chooses_m(const SimResult& r) { return r.config.chunks.size() > 1; }
+std::string m_list(const SimConfig& c) {
+  return fmt::format("{}", fmt::join(c.chunks, ","));
+}
+// The chosen M of the pipelined variants, in candidate_variants() order.
+std::vector<std::pair<Variant, std::int64_t>> chosen_m(const CandidateResult& k) {
+  std::vector<std::pair<Variant, std::int64_t>> out;
+  for (Variant v : candidate_variants()) {
+    const VariantLatency* l = k.find(v);
+    if (variant_pipelined(v) && l != nullptr) out.emplace_back(v, l->chunks);
+  }
+  return out;
+}
 std::string vname(Variant v) { return std::string(variant_name(v)); }
 std::string mname(PlacementMode m) { return std::string(placement_mode_name(m)); }
 // A candidate's latency of `v`, or NaN when it was not timed (distca at scale).
@@ -37,14 +52,17 @@ std::string sim_table(const SimResult& r) {
   o += fmt::format("libra simulate: {}  L={}  GBS={}  DP={}  CP={}  model {} (h_q={} h_kv={} d={} e={})\n", c.source,
                    r.seq_len, c.gbs, c.dp, c.cp, c.model.name, c.model.heads_q, c.model.heads_kv, c.model.head_dim,
                    c.model.elem_bytes);
-  o += fmt::format("{} windows, {} GA steps, {} candidates, M={} chunks, tau={}, hardware {} (kernel '{}'), noise sigma {}\n",
-                   r.windows, r.steps, r.candidates.size(), c.chunks, c.tau, c.hardware, c.cost.kernel.device,
+  o += fmt::format("{} windows, {} GA steps, {} candidates, M={} chunks{}, tau={}, hardware {} (kernel '{}'), noise sigma {}\n",
+                   r.windows, r.steps, r.candidates.size(), m_list(c),
+                   chooses_m(r) ? " (each pipelined variant at its best M)" : "", c.tau, c.hardware, c.cost.kernel.device,
                    c.cost.noise.sigma);
   o += fmt::format("topology: {} GPUs/node at {} GB/s, {} nodes/supernode at {} GB/s, {} GB/s across supernodes\n",
                    c.cost.net.gpus_per_node, c.cost.net.intra_node_gbps, c.cost.net.nodes_per_supernode,
                    c.cost.net.inter_node_gbps, c.cost.net.inter_supernode_gbps);
   if (!r.distca_skipped.empty()) o += fmt::format("{}\n", r.distca_skipped);
-  for (const auto& s : r.skipped) o += fmt::format("skipped {}: {}\n", cand(s.candidate), s.reason);
+  for (const auto& s : r.skipped) {
+    o += fmt::format("skipped {}{}: {}\n", cand(s.candidate), s.chunks ? fmt::format(" M={}", s.chunks) : "", s.reason);
+  }
   o += "\nCore-attention forward latency per layer per GA step (slowest GPU), ms, mean / worst over steps\n";
   o += fmt::format("  baselines: ulysses {:.3f} / {:.3f}   wlb {:.3f} / {:.3f}{}   wlb-loader {:.3f} / {:.3f}\n",
                    ms(r.ulysses.mean), ms(r.ulysses.worst), ms(r.wlb.mean), ms(r.wlb.worst),
@@ -53,9 +71,9 @@ std::string sim_table(const SimResult& r) {
   o += "  (wlb: the window repacked and sorted, its heaviest sequences in GA step 0; wlb-loader: each GA step's own "
        "samples repacked in that step)\n";
   o += "\n";
-  o += fmt::format("{:<24} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10} {:>17} {:>17} {:>17} {:>17} {:>17} {:>17}\n",
+  o += fmt::format("{:<24} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10} {:>17} {:>17} {:>17} {:>17} {:>17} {:>17}{}\n",
                    "candidate", "R-1 vrsp", "R-1 samp", "R-1 rand", "R-1 refn", "intra", "intra+", "MB/pool",
-                   "tap", "tap-vrsp", "full", "plus", "distca", "topo");
+                   "tap", "tap-vrsp", "full", "plus", "distca", "topo", chooses_m(r) ? "  M full/plus/distca/topo" : "");
   for (std::size_t i = 0; i < r.candidates.size(); ++i) {
     const auto& k = r.candidates[i];
     std::string name = cand(k.candidate);
@@ -69,6 +87,11 @@ std::string sim_table(const SimResult& r) {
       const Stat l = lat_of(k, v);
       o += fmt::format(" {:>8.3f}/{:<8.3f}", ms(l.mean), ms(l.worst));
     }
+    if (chooses_m(r)) {
+      std::vector<std::int64_t> m;
+      for (const auto& [v, n] : chosen_m(k)) m.push_back(n);
+      o += fmt::format("  {}", fmt::join(m, "/"));
+    }
     o += "\n";
   }
   o += "(R-1: inter-pool imbalance, mean over windows (rand: mean of --random-seeds groupings); intra: TAP on VRSP pools; intra+: tap-split + per-KV-head dedup on\n"
@@ -80,8 +103,9 @@ std::string sim_table(const SimResult& r) {
                          ms(d.total), ms(d.compute), ms(d.chunk_loss), ms(d.comm), ms(d.first_dispatch),
                          ms(d.exposed_chunks), ms(d.last_return), ms(d.workload_bound), d.recv_cross_node / 1e9);
     };
-    o += fmt::format("\nPer-step decomposition of the recommended candidate, {} (forward, ms; noise-free):\n",
-                     variant_name(r.end_to_end_variant));
+    o += fmt::format("\nPer-step decomposition of the recommended candidate, {}{} (forward, ms; noise-free):\n",
+                     variant_name(r.end_to_end_variant),
+                     chooses_m(r) ? fmt::format(" at M = {}", r.end_to_end_chunks) : "");
     o += fmt::format("  {:<12} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9}\n", "", "total", "compute",
                      "chunk-", "comm", "exposed:", "exposed:", "exposed:", "workload", "X-node");
     o += fmt::format("  {:<12} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9}\n", "", "", "", "loss", "total",
@@ -135,7 +159,7 @@ std::string sim_json(const SimResult& r) {
   J j;
   j["source"] = c.source;
   j["config"] = {{"seq_len", r.seq_len}, {"gbs", c.gbs},   {"dp", c.dp},         {"cp", c.cp},
-                 {"chunks", c.chunks},   {"tau", c.tau},   {"model", c.model.name}, {"heads_q", c.model.heads_q},
+                 {"chunks", c.chunks.size() == 1 ? J(c.chunks[0]) : J(c.chunks)},   {"tau", c.tau},   {"model", c.model.name}, {"heads_q", c.model.heads_q},
                  {"heads_kv", c.model.heads_kv}, {"head_dim", c.model.head_dim}, {"elem_bytes", c.model.elem_bytes},
                  {"layers", c.model.layers}, {"gpus_per_node", c.cost.net.gpus_per_node},
                  {"intra_node_gbps", c.cost.net.intra_node_gbps}, {"inter_node_gbps", c.cost.net.inter_node_gbps},
@@ -175,12 +199,26 @@ std::string sim_json(const SimResult& r) {
     J lat;
     for (const auto& v : k.latency) lat[vname(v.variant)] = stat(v.seconds);
     e["latency"] = lat;
+    if (chooses_m(r)) {
+      // The M each pipelined variant's latency comes from, and every M priced.
+      J chosen = J::object(), by = J::object();
+      for (const auto& [v, m] : chosen_m(k)) {
+        chosen[vname(v)] = m;
+        J per = J::object();
+        for (const auto& [mm, st] : k.find(v)->by_chunks) per[std::to_string(mm)] = stat(st);
+        by[vname(v)] = per;
+      }
+      e["chunks"] = chosen;
+      e["latency_by_chunks"] = by;
+    }
     j["candidates"].push_back(e);
   }
   j["skipped"] = J::array();
   for (const auto& s : r.skipped) {
-    j["skipped"].push_back({{"pool_size", s.candidate.pool_size}, {"head_shards", s.candidate.head_shards},
-                            {"block_size", s.candidate.block_size}, {"reason", s.reason}});
+    J e = {{"pool_size", s.candidate.pool_size}, {"head_shards", s.candidate.head_shards},
+           {"block_size", s.candidate.block_size}, {"reason", s.reason}};
+    if (s.chunks != 0) e["chunks"] = s.chunks;  // only this M of the candidate
+    j["skipped"].push_back(e);
   }
   j["recommended"] = r.recommended;
   j["recommended_variant"] = std::string(variant_name(r.recommended_variant));
@@ -199,6 +237,7 @@ std::string sim_json(const SimResult& r) {
                         {"mean_step", decomposition(r.mean_step)},
                         {"worst_step", decomposition(r.worst_step)}};
   j["end_to_end_variant"] = std::string(variant_name(r.end_to_end_variant));
+  if (chooses_m(r)) j["end_to_end_chunks"] = r.end_to_end_chunks;
   j["runner_up"] = r.runner_up;
   j["recommendation"] = r.recommendation_reason;
   j["distca_skipped"] = r.distca_skipped;
@@ -238,7 +277,13 @@ std::string sim_csv(const SimResult& r) {
   }
   o += ",lower_bound,intra,intra_plus,comm_bytes,comm_bytes_plus,max_send_bytes,max_recv_bytes";
   for (Variant v : candidate_variants()) o += fmt::format(",{}_mean_s,{}_worst_s", vname(v), vname(v));
-  o += ",ulysses_mean_s,ulysses_worst_s,wlb_mean_s,wlb_worst_s,recommended\n";
+  o += ",ulysses_mean_s,ulysses_worst_s,wlb_mean_s,wlb_worst_s,recommended";
+  if (chooses_m(r)) {
+    for (Variant v : candidate_variants()) {
+      if (variant_pipelined(v)) o += fmt::format(",{}_chunks", vname(v));
+    }
+  }
+  o += "\n";
   for (std::size_t i = 0; i < r.candidates.size(); ++i) {
     const auto& k = r.candidates[i];
     o += fmt::format("{},{},{}", k.candidate.pool_size, k.candidate.head_shards, k.candidate.block_size);
@@ -250,8 +295,16 @@ std::string sim_csv(const SimResult& r) {
       const Stat l = lat_of(k, v);
       o += fmt::format(",{:.6g},{:.6g}", l.mean, l.worst);
     }
-    o += fmt::format(",{:.6g},{:.6g},{:.6g},{:.6g},{}\n", r.ulysses.mean, r.ulysses.worst, r.wlb.mean, r.wlb.worst,
+    o += fmt::format(",{:.6g},{:.6g},{:.6g},{:.6g},{}", r.ulysses.mean, r.ulysses.worst, r.wlb.mean, r.wlb.worst,
                      static_cast<std::int64_t>(i) == r.recommended ? 1 : 0);
+    if (chooses_m(r)) {
+      for (Variant v : candidate_variants()) {
+        if (!variant_pipelined(v)) continue;
+        const VariantLatency* l = k.find(v);
+        o += l == nullptr ? std::string(",") : fmt::format(",{}", l->chunks);
+      }
+    }
+    o += "\n";
   }
   return o;
 }

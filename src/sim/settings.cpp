@@ -52,6 +52,10 @@ Result<Variant> parse_variant(std::string_view name) {
 std::span<const Variant> all_variants() { return kAllVariants; }
 std::span<const Variant> candidate_variants() { return kCandidateVariants; }
 
+bool variant_pipelined(Variant v) {
+  return v == Variant::kLibraFull || v == Variant::kLibraPlus || v == Variant::kLibraTopo || v == Variant::kDistca;
+}
+
 const VariantLatency* CandidateResult::find(Variant v) const {
   for (const auto& l : latency) {
     if (l.variant == v) return &l;
@@ -193,7 +197,16 @@ const std::vector<Entry>& entries() {
       {{"head_shards", "--head-shards", T::kIntList, "candidate head shards H (default 4,8)"}, LIBRA_LIST(head_shards)},
       {{"block_size", "--block-size", T::kIntList, "candidate block sizes B (default 8192,16384,32768)"},
        LIBRA_LIST(block_sizes)},
-      {{"chunks", "--chunks", T::kInt, "pipeliner chunks M (default 4)"}, LIBRA_INT(chunks)},
+      {{"chunks", "--chunks", T::kIntList,
+        "pipeliner chunks M; a list: each candidate's pipelined variants take the best (default 4)"},
+       [](SimConfig& c, const Value& v, const std::string&) -> Status {
+         c.chunks = as<std::vector<std::int64_t>>(v);
+         return {};
+       },
+       // One M is written as a number, as before lists were accepted.
+       [](const SimConfig& c) {
+         return c.chunks.size() == 1 ? nlohmann::ordered_json(c.chunks[0]) : nlohmann::ordered_json(c.chunks);
+       }},
       {{"tau", "--tau", T::kNumber, "TAP load slack (default 0.03)"}, LIBRA_NUM(tau)},
       {{"windows", "--windows", T::kInt, "windows to simulate, 0 = all (default 20)"}, LIBRA_INT(max_windows)},
       {{"threads", "--threads", T::kInt, "worker threads, 0 = all cores (default)"}, LIBRA_INT(threads)},

@@ -90,14 +90,25 @@ Result<SimResult> simulate(std::span<const PackedSequence> seqs, std::int64_t se
   }
   if (cfg.cp < 1) return invalid_input(fmt::format("--cp {}: must be at least 1", cfg.cp));
   // Values the planners take as int: checked before anything narrows them.
-  for (auto [flag, v] : {std::pair{"--cp", cfg.cp}, {"--chunks", cfg.chunks}, {"--heads-q", cfg.model.heads_q},
-                         {"--heads-kv", cfg.model.heads_kv}, {"--head-dim", cfg.model.head_dim},
-                         {"--elem-bytes", cfg.model.elem_bytes}}) {
+  std::vector<std::pair<const char*, std::int64_t>> narrowed = {{"--cp", cfg.cp},
+                                                                 {"--heads-q", cfg.model.heads_q},
+                                                                 {"--heads-kv", cfg.model.heads_kv},
+                                                                 {"--head-dim", cfg.model.head_dim},
+                                                                 {"--elem-bytes", cfg.model.elem_bytes}};
+  for (std::int64_t m : cfg.chunks) narrowed.insert(narrowed.begin() + 1, {"--chunks", m});
+  for (auto [flag, v] : narrowed) {
     if (v > std::numeric_limits<std::int32_t>::max()) {
       return invalid_input(fmt::format("{} {}: must be at most {}", flag, v, std::numeric_limits<std::int32_t>::max()));
     }
   }
-  if (cfg.chunks < 1) return invalid_input(fmt::format("--chunks {}: must be at least 1", cfg.chunks));
+  if (cfg.chunks.empty()) return invalid_input("--chunks: give at least one value");
+  // The listed M without repeats, in the order given (ties go to the earlier).
+  std::vector<std::int64_t> chunk_list;
+  for (std::int64_t m : cfg.chunks) {
+    if (m < 1) return invalid_input(fmt::format("--chunks {}: must be at least 1", m));
+    if (std::find(chunk_list.begin(), chunk_list.end(), m) == chunk_list.end()) chunk_list.push_back(m);
+  }
+  res.config.chunks = chunk_list;
   // 0 layers would price an empty model: 100% scaling efficiency, silently.
   if (cfg.end_to_end && cfg.model.layers < 1) {
     return invalid_input(fmt::format("--layers {}: must be at least 1 (or --no-end-to-end)", cfg.model.layers));
@@ -148,20 +159,34 @@ Result<SimResult> simulate(std::span<const PackedSequence> seqs, std::int64_t se
   res.windows = windows;
   res.steps = windows * (cfg.gbs / cfg.dp);
 
-  Ctx ctx{cfg, seq_len, ThroughputTable(cfg.cost.kernel), {}};
-  // Candidates: cross product; invalid ones are skipped unless all are.
+  Ctx ctx{res.config, seq_len, ThroughputTable(cfg.cost.kernel), {}, {}};
+  // Candidates: cross product; invalid ones are skipped unless all are, and
+  // so is an M a candidate's tiles cannot take while another M can.
   Status first_error;
   for (std::int64_t p : cfg.pool_sizes) {
     for (std::int64_t h : cfg.head_shards) {
       for (std::int64_t b : cfg.block_sizes) {
         SimCandidate c{p, h, b};
         if (std::find(ctx.candidates.begin(), ctx.candidates.end(), c) != ctx.candidates.end()) continue;
-        Status s = check_candidate(ctx, c);
-        if (s.ok()) {
+        std::vector<std::int64_t> ok;
+        std::vector<SkippedCandidate> without;
+        Status first_m_error;
+        for (std::int64_t m : chunk_list) {
+          Status s = check_candidate(ctx, c, m);
+          if (s.ok()) {
+            ok.push_back(m);
+          } else {
+            if (first_m_error.ok()) first_m_error = s;
+            without.push_back({c, s.message(), m});
+          }
+        }
+        if (!ok.empty()) {
           ctx.candidates.push_back(c);
+          ctx.chunks.push_back(std::move(ok));
+          res.skipped.insert(res.skipped.end(), without.begin(), without.end());
         } else {
-          if (first_error.ok()) first_error = s;
-          res.skipped.push_back({c, s.message()});
+          if (first_error.ok()) first_error = first_m_error;
+          res.skipped.push_back({c, first_m_error.message()});
         }
       }
     }
@@ -235,7 +260,7 @@ Result<SimResult> simulate(std::span<const PackedSequence> seqs, std::int64_t se
     std::vector<std::vector<double>> inter(modes.size());
     std::vector<double> lb, intra, intra_plus, bytes, bytes_plus, send, recv, comm;
     std::vector<double> intra_topo, recv_cross, recv_cross_topo;
-    std::map<Variant, std::vector<double>> steps;
+    std::map<std::pair<Variant, std::int64_t>, std::vector<double>> steps;
     auto app = [](std::vector<double>& a, const std::vector<double>& b) { a.insert(a.end(), b.begin(), b.end()); };
     for (const auto& r : wr) {
       const CandWindow& cw = r.cand[ci];
@@ -251,7 +276,7 @@ Result<SimResult> simulate(std::span<const PackedSequence> seqs, std::int64_t se
       app(intra_topo, cw.intra_topo);
       app(recv_cross, cw.recv_cross);
       app(recv_cross_topo, cw.recv_cross_topo);
-      for (const auto& [v, s] : cw.steps) app(steps[v], s);
+      for (const auto& [key, s] : cw.steps) app(steps[key], s);
     }
     for (std::size_t m = 0; m < modes.size(); ++m) cr.inter_imbalance.emplace_back(modes[m], stat_of(inter[m]));
     cr.lower_bound = stat_of(lb);
@@ -265,9 +290,22 @@ Result<SimResult> simulate(std::span<const PackedSequence> seqs, std::int64_t se
     cr.intra_imbalance_topo = stat_of(intra_topo);
     cr.max_recv_cross_node = stat_of(recv_cross);
     cr.max_recv_cross_node_topo = stat_of(recv_cross_topo);
+    // Each variant at its best M by the recommendation's score (ties: the
+    // earlier M in the list); unpipelined variants have only M = 1.
     for (Variant v : candidate_variants()) {
-      auto it = steps.find(v);
-      if (it != steps.end()) cr.latency.push_back({v, stat_of(it->second)});
+      VariantLatency vl{v, {}, 0, {}};
+      const std::vector<std::int64_t> one{1};
+      for (std::int64_t m : variant_pipelined(v) ? ctx.chunks[ci] : one) {
+        auto it = steps.find({v, m});
+        if (it == steps.end()) continue;
+        const Stat st = stat_of(it->second);
+        vl.by_chunks.emplace_back(m, st);
+        if (vl.chunks == 0 || score(cfg, st) < score(cfg, vl.seconds)) {
+          vl.seconds = st;
+          vl.chunks = m;
+        }
+      }
+      if (vl.chunks != 0) cr.latency.push_back(std::move(vl));
     }
     res.candidates.push_back(std::move(cr));
   }
@@ -287,13 +325,15 @@ Result<SimResult> simulate(std::span<const PackedSequence> seqs, std::int64_t se
 
   recommend(res);
   const CandidateResult& best = res.candidates[static_cast<std::size_t>(res.recommended)];
+  res.end_to_end_chunks = best.find(res.end_to_end_variant)->chunks;
   {
     // The decomposition of the recommended candidate's libra variant.
     std::size_t pools = 0;
     double worst = -1;
     StepDecomposition& m = res.mean_step;
     for (const auto& r : wr) {
-      auto it = r.cand[static_cast<std::size_t>(res.recommended)].pools.find(res.end_to_end_variant);
+      auto it = r.cand[static_cast<std::size_t>(res.recommended)].pools.find(
+          {res.end_to_end_variant, res.end_to_end_chunks});
       if (it == r.cand[static_cast<std::size_t>(res.recommended)].pools.end()) continue;
       for (const auto& [t, d] : it->second) {
         ++pools;
@@ -332,7 +372,8 @@ Result<SimResult> simulate(std::span<const PackedSequence> seqs, std::int64_t se
     std::vector<E2eWindow> er(static_cast<std::size_t>(windows));
     parallel("end-to-end", [&](std::int64_t i) {
       er[static_cast<std::size_t>(i)] =
-          e2e_window(ctx, window_span(i), static_cast<std::uint64_t>(i), best.candidate, dps, res.end_to_end_variant);
+          e2e_window(ctx, window_span(i), static_cast<std::uint64_t>(i), best.candidate, dps, res.end_to_end_variant,
+                     res.end_to_end_chunks);
     });
     res.timing.end_to_end_s = wall_seconds() - t1;
     LIBRA_TRY(fold_end_to_end(er, dps, best.candidate, res));

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <nlohmann/json.hpp>
+#include <map>
 #include <set>
 #include <thread>
 #include <filesystem>
@@ -85,7 +86,7 @@ SimConfig tiny_config() {
   c.pool_sizes = {2};
   c.head_shards = {2};
   c.block_sizes = {16};
-  c.chunks = 2;
+  c.chunks = {2};
   c.max_windows = 1;
   c.threads = 1;
   c.scaling_dp = {1, 2, 4};
@@ -366,6 +367,151 @@ TEST(Recommend, WorstWeightTradesMeanForTheWorstStep) {
   EXPECT_FALSE(simulate(cfg).ok());
 }
 
+// The independent path: one run per M. A list of M must report, per
+// candidate and pipelined variant, exactly the single-M runs' latencies and
+// keep the M with the least mean + W x worst (ties: the earlier listed).
+TEST(Recommend, ChosenMIsTheArgminOfSeparateSingleMRuns) {
+  SimConfig cfg = tiny_config();
+  cfg.max_windows = 0;
+  cfg.pool_sizes = {1, 2, 4};
+  cfg.head_shards = {1, 2};  // h_q 4: H = 1 takes M 1, 2, 4; H = 2 only 1, 2
+  cfg.cost.noise.sigma = 0.05;
+  cfg.scaling_dp = {2, 4};
+  const std::vector<std::int64_t> list = {4, 1, 2};
+  for (double w : {0.0, 1.0}) {
+    cfg.worst_weight = w;
+    std::map<std::int64_t, SimResult> single;
+    for (std::int64_t m : list) {
+      cfg.chunks = {m};
+      auto r = simulate(cfg);
+      ASSERT_TRUE(r.ok()) << r.error().message();
+      single.emplace(m, std::move(*r));
+    }
+    cfg.chunks = list;
+    auto r = simulate(cfg);
+    ASSERT_TRUE(r.ok()) << r.error().message();
+    ASSERT_EQ(r->candidates.size(), 6u);
+    ASSERT_EQ(single.at(1).candidates.size(), 6u);
+    ASSERT_EQ(single.at(4).candidates.size(), 3u);  // H = 2 cannot take M = 4
+    // M = 4 is skipped for the three H = 2 candidates only.
+    ASSERT_EQ(r->skipped.size(), 3u);
+    for (const auto& sk : r->skipped) {
+      EXPECT_EQ(sk.candidate.head_shards, 2);
+      EXPECT_EQ(sk.chunks, 4);
+      EXPECT_NE(sk.reason.find("chunks 4 must divide heads_q / head_shards = 2"), std::string::npos) << sk.reason;
+    }
+    auto single_lat = [&](std::int64_t m, const SimCandidate& c, Variant v) -> const Stat* {
+      for (const auto& k : single.at(m).candidates) {
+        if (k.candidate == c) return &k.find(v)->seconds;
+      }
+      return nullptr;
+    };
+    int differ = 0;
+    for (const auto& k : r->candidates) {
+      for (Variant v : candidate_variants()) {
+        const VariantLatency* l = k.find(v);
+        ASSERT_NE(l, nullptr);
+        if (!variant_pipelined(v)) {
+          EXPECT_EQ(l->chunks, 1);
+          EXPECT_EQ(l->seconds.mean, single_lat(1, k.candidate, v)->mean);
+          EXPECT_EQ(l->seconds.worst, single_lat(1, k.candidate, v)->worst);
+          continue;
+        }
+        std::int64_t best = 0;
+        double best_score = 0;
+        std::size_t priced = 0;
+        for (std::int64_t m : list) {
+          const Stat* s = single_lat(m, k.candidate, v);
+          if (s == nullptr) continue;  // this M does not divide h_q / H
+          const double sc = s->mean + w * s->worst;
+          if (best == 0 || sc < best_score) {
+            best = m;
+            best_score = sc;
+          }
+          ASSERT_LT(priced, l->by_chunks.size());
+          EXPECT_EQ(l->by_chunks[priced].first, m);
+          EXPECT_EQ(l->by_chunks[priced].second.mean, s->mean) << variant_name(v) << " M=" << m;
+          EXPECT_EQ(l->by_chunks[priced].second.worst, s->worst) << variant_name(v) << " M=" << m;
+          ++priced;
+        }
+        EXPECT_EQ(priced, l->by_chunks.size());
+        EXPECT_EQ(l->chunks, best) << detail::cand_name(k.candidate) << " " << variant_name(v);
+        EXPECT_EQ(l->seconds.mean, single_lat(best, k.candidate, v)->mean);
+        if (best != list.front()) ++differ;
+      }
+    }
+    EXPECT_GT(differ, 0) << "every variant kept the first M: the choice is not exercised";
+    // The recommendation and the end-to-end model run the chosen M.
+    const CandidateResult& rec = r->candidates[static_cast<std::size_t>(r->recommended)];
+    EXPECT_EQ(r->end_to_end_chunks, rec.find(r->end_to_end_variant)->chunks);
+    const SimResult& at = single.at(r->end_to_end_chunks);
+    ASSERT_EQ(r->dp_scaling.size(), at.dp_scaling.size());
+    if (at.recommended >= 0 && at.candidates[static_cast<std::size_t>(at.recommended)].candidate == rec.candidate &&
+        at.end_to_end_variant == r->end_to_end_variant) {
+      for (std::size_t i = 0; i < at.dp_scaling.size(); ++i) {
+        EXPECT_EQ(r->dp_scaling[i].libra_tokens_per_s, at.dp_scaling[i].libra_tokens_per_s);
+      }
+    }
+    if (variant_pipelined(r->end_to_end_variant) && r->recommended_variant != Variant::kUlysses) {
+      EXPECT_NE(r->recommendation_reason.find("at M = " + std::to_string(r->end_to_end_chunks)), std::string::npos)
+          << r->recommendation_reason;
+    }
+    // JSON: the chosen and every priced M per candidate; one M keeps the old form.
+    const auto j = nlohmann::json::parse(sim_json(*r));
+    EXPECT_EQ(j["config"]["chunks"], nlohmann::json(list));
+    EXPECT_EQ(j["end_to_end_chunks"], r->end_to_end_chunks);
+    for (std::size_t i = 0; i < r->candidates.size(); ++i) {
+      const auto& e = j["candidates"][i];
+      for (Variant v : candidate_variants()) {
+        const VariantLatency* l = r->candidates[i].find(v);
+        const std::string name(variant_name(v));
+        if (!variant_pipelined(v)) {
+          EXPECT_FALSE(e["chunks"].contains(name));
+          continue;
+        }
+        EXPECT_EQ(e["chunks"][name], l->chunks);
+        EXPECT_EQ(e["latency_by_chunks"][name].size(), l->by_chunks.size());
+        EXPECT_EQ(e["latency_by_chunks"][name][std::to_string(l->chunks)]["mean"].get<double>(), l->seconds.mean);
+      }
+    }
+    EXPECT_EQ(j["skipped"][0]["chunks"], 4);
+    const auto one = nlohmann::json::parse(sim_json(single.at(2)));
+    EXPECT_EQ(one["config"]["chunks"], 2);
+    EXPECT_FALSE(one.contains("end_to_end_chunks"));
+    EXPECT_FALSE(one["candidates"][0].contains("chunks"));
+    EXPECT_FALSE(one["candidates"][0].contains("latency_by_chunks"));
+  }
+}
+
+TEST(SimSettings, ChunksTakeAListAndRejectBadValues) {
+  SimConfig c = tiny_config();
+  ASSERT_TRUE(apply_sim_config_json(R"({"chunks": [1, 2]})", "c.json", c).ok());
+  EXPECT_EQ(c.chunks, (std::vector<std::int64_t>{1, 2}));
+  ASSERT_TRUE(apply_sim_config_json(R"({"chunks": 2})", "c.json", c).ok());
+  EXPECT_EQ(c.chunks, (std::vector<std::int64_t>{2}));
+  // One M is written back as a number, as before lists were accepted.
+  EXPECT_NE(sim_config_json(c).find("\"chunks\": 2,"), std::string::npos);
+  Status empty = apply_sim_config_json(R"({"chunks": []})", "c.json", c);
+  ASSERT_FALSE(empty.ok());
+  EXPECT_NE(empty.message().find("\"chunks\": must be an integer or a non-empty array"), std::string::npos);
+  auto expect_error = [](SimConfig cfg, const std::string& needle) {
+    auto r = simulate(cfg);
+    ASSERT_FALSE(r.ok()) << needle;
+    EXPECT_NE(r.error().message().find(needle), std::string::npos) << r.error().message();
+  };
+  c = tiny_config();
+  c.chunks = {2, 0};
+  expect_error(c, "--chunks 0: must be at least 1");
+  c.chunks = {2, 4294967298};
+  expect_error(c, "--chunks 4294967298: must be at most 2147483647");
+  c.chunks = {3, 4};  // neither divides h_q / H = 2: nothing runs
+  expect_error(c, "--head-shards 2 --block-size 16: plan config: chunks 3 must divide heads_q / head_shards = 2");
+  c.chunks = {2, 2};  // repeats count once
+  auto r = simulate(c);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->config.chunks, (std::vector<std::int64_t>{2}));
+}
+
 TEST(Variants, NameTableRoundTrips) {
   std::set<std::string_view> names;
   for (Variant v : all_variants()) {
@@ -453,7 +599,7 @@ TEST(Simulate, ValuesTheShapeNarrowsToIntAreCheckedFirst) {
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.error().message().find("--head-shards 4294967298"), std::string::npos) << r.error().message();
   c = tiny_config();
-  c.chunks = 4294967298;
+  c.chunks = {4294967298};
   r = simulate(c);
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.error().message().find("--chunks 4294967298: must be at most 2147483647"), std::string::npos);

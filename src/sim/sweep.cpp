@@ -22,7 +22,7 @@ Result<double> mean_random_imbalance(std::span<const std::int64_t> f, std::int64
   return sum / static_cast<double>(std::max<std::int64_t>(seeds, 1));
 }
 
-Status check_candidate(const Ctx& ctx, const SimCandidate& c) {
+Status check_candidate(const Ctx& ctx, const SimCandidate& c, std::int64_t chunks) {
   if (c.pool_size < 1 || ctx.cfg.dp % c.pool_size != 0) {
     return invalid_input(fmt::format("--pool-size {}: must divide --dp {}", c.pool_size, ctx.cfg.dp));
   }
@@ -31,7 +31,7 @@ Status check_candidate(const Ctx& ctx, const SimCandidate& c) {
     return invalid_input(fmt::format("--head-shards {}: must be in [1, --heads-q {}]", c.head_shards,
                                      ctx.cfg.model.heads_q));
   }
-  Status s = validate_plan_config(tap_config(ctx, c.head_shards, c.block_size));
+  Status s = validate_plan_config(tap_config(ctx, c.head_shards, c.block_size, chunks));
   if (!s.ok()) {
     return invalid_input(fmt::format("--head-shards {} --block-size {}: {}", c.head_shards, c.block_size,
                                      s.message()));
@@ -42,11 +42,6 @@ Status check_candidate(const Ctx& ctx, const SimCandidate& c) {
 namespace {
 
 using Placed = std::pair<WindowPlacement, StepLayout>;
-
-struct Timed {
-  Variant variant;
-  bool pipelined;
-};
 
 // What run_pools records per pool besides step latencies.
 enum class Record { kNothing, kTap, kPlus, kTopo };
@@ -101,24 +96,41 @@ WindowResult simulate_window(const Ctx& ctx, std::span<const PackedSequence> win
     tm.placement += thread_cpu_seconds() - t1;
     return std::make_pair(std::move(pl), std::move(lay));
   };
-  // Every pool of a placement through make_plan; step latencies of the given
-  // variants into cw.steps.
-  auto run_pools = [&](const Placed& pl, const PlanConfig& pc, const std::vector<Timed>& variants, CandWindow& cw,
-                       Record rec) -> Status {
+  // Every pool of a placement through make_plan (pc, at the first of
+  // `chunks`); step latencies of the given variants into cw.steps, the
+  // pipelined ones at every M of `chunks`: the same tiles re-chunked (no
+  // placement reads M), and M = 1 is the unpipelined timing of any of them.
+  auto run_pools = [&](const Placed& pl, const PlanConfig& pc, const std::vector<Variant>& variants, CandWindow& cw,
+                       Record rec, const std::vector<std::int64_t>& chunks) -> Status {
     const auto& [placement, layout] = pl;
-    std::vector<StepMax> sms(variants.size(), StepMax{std::vector<double>(static_cast<std::size_t>(ga), 0.0)});
+    const bool any_pipelined = std::any_of(variants.begin(), variants.end(), variant_pipelined);
+    std::map<std::pair<Variant, std::int64_t>, StepMax> sms;
+    const std::string kind(variant_name(variants[0]));
     for (std::size_t k = 0; k < placement.pools.size(); ++k) {
       const auto pool = pool_of(window, placement.pools[k]);
       const auto gpus = pool_gpus(layout.pool_first_replica[k], static_cast<std::int64_t>(pool.size()), cfg.cp);
-      LIBRA_ASSIGN_OR_RETURN(PlanCost c,
-                             price_pool(ctx, pool, pc, gpus, tm, std::string(variant_name(variants[0].variant))));
+      LIBRA_ASSIGN_OR_RETURN(auto planned, plan_and_price(ctx, pool, pc, gpus, tm, kind));
+      const PlanCost& c = planned.second;
       const std::int64_t g = layout.pool_ga[k];
-      for (std::size_t v = 0; v < variants.size(); ++v) {
-        const double t = time_plan(ctx, c, gpus, {w, static_cast<std::uint64_t>(g)}, variants[v].pipelined, false);
-        sms[v].put(g, t);
-        const Variant var = variants[v].variant;
+      auto put = [&](const PlanCost& cost, Variant var, std::int64_t m, bool pipelined) {
+        const double t = time_plan(ctx, cost, gpus, {w, static_cast<std::uint64_t>(g)}, pipelined, false);
+        auto it = sms.try_emplace({var, m}, StepMax{std::vector<double>(static_cast<std::size_t>(ga), 0.0)}).first;
+        it->second.put(g, t);
         if (var == Variant::kLibraFull || var == Variant::kLibraTopo || var == Variant::kLibraTapVrsp) {
-          cw.pools[var].emplace_back(t, decompose(c, variants[v].pipelined));
+          cw.pools[{var, m}].emplace_back(t, decompose(cost, pipelined));
+        }
+      };
+      for (Variant var : variants) {
+        if (!variant_pipelined(var)) put(c, var, 1, false);
+      }
+      for (std::size_t i = 0; any_pipelined && i < chunks.size(); ++i) {
+        const std::int64_t m = chunks[i];
+        PlanCost re;
+        if (m != 1 && m != pc.chunks) {
+          LIBRA_ASSIGN_OR_RETURN(re, price_rechunked(ctx, planned.first, m, gpus, tm, kind));
+        }
+        for (Variant var : variants) {
+          if (variant_pipelined(var)) put(m == pc.chunks || m == 1 ? c : re, var, m, m != 1);
         }
       }
       if (rec == Record::kTap) {
@@ -136,12 +148,14 @@ WindowResult simulate_window(const Ctx& ctx, std::span<const PackedSequence> win
       }
       if (rec == Record::kTap) cw.recv_cross.push_back(static_cast<double>(c.max_recv_cross_node));
     }
-    for (std::size_t v = 0; v < variants.size(); ++v) cw.steps[variants[v].variant] = std::move(sms[v].step);
+    for (auto& [key, sm] : sms) cw.steps[key] = std::move(sm.step);
     return {};
   };
 
   const bool time_distca = distca_skip_reason(cfg).empty();
-  std::map<std::pair<std::int64_t, std::int64_t>, std::vector<double>> distca;  // per (H, B)
+  // Per (H, B): distca's steps at each M (the valid M depend on H only).
+  std::map<std::pair<std::int64_t, std::int64_t>, std::map<std::pair<Variant, std::int64_t>, std::vector<double>>>
+      distca;
   std::map<std::int64_t, std::map<PlacementMode, Placed>> by_p;
   std::map<std::int64_t, Placed> topo_by_p;  // libra-topo's interleaved VRSP pools
   const auto modes = all_placement_modes();
@@ -173,27 +187,26 @@ WindowResult simulate_window(const Ctx& ctx, std::span<const PackedSequence> win
     }
     cw.lower_bound = imbalance_lower_bound(*f, cand.pool_size) - 1.0;
 
-    const PlanConfig tap = tap_config(ctx, cand.head_shards, cand.block_size);
-    const PlanConfig plus =
-        plan_config(ctx, cand.head_shards, cand.block_size, cfg.chunks, PlanMode::kTapSplit, true);
-    Status s = run_pools(placed.at(PlacementMode::kSampler), tap, {{Variant::kLibraTap, false}}, cw, Record::kNothing);
+    const std::vector<std::int64_t>& ms = ctx.chunks[ci];
+    const PlanConfig tap = tap_config(ctx, cand.head_shards, cand.block_size, ms[0]);
+    const PlanConfig plus = plan_config(ctx, cand.head_shards, cand.block_size, ms[0], PlanMode::kTapSplit, true);
+    Status s = run_pools(placed.at(PlacementMode::kSampler), tap, {Variant::kLibraTap}, cw, Record::kNothing, ms);
     if (s.ok()) {
-      s = run_pools(placed.at(PlacementMode::kVrsp), tap,
-                    {{Variant::kLibraTapVrsp, false}, {Variant::kLibraFull, true}}, cw, Record::kTap);
+      s = run_pools(placed.at(PlacementMode::kVrsp), tap, {Variant::kLibraTapVrsp, Variant::kLibraFull}, cw,
+                    Record::kTap, ms);
     }
     if (s.ok()) {
-      s = run_pools(placed.at(PlacementMode::kVrspRefine), plus, {{Variant::kLibraPlus, true}}, cw, Record::kPlus);
+      s = run_pools(placed.at(PlacementMode::kVrspRefine), plus, {Variant::kLibraPlus}, cw, Record::kPlus, ms);
     }
     if (s.ok()) {
-      const PlanConfig topo =
-          plan_config(ctx, cand.head_shards, cand.block_size, cfg.chunks, PlanMode::kTapTopo, false);
+      const PlanConfig topo = plan_config(ctx, cand.head_shards, cand.block_size, ms[0], PlanMode::kTapTopo, false);
       auto tp = topo_by_p.find(cand.pool_size);
       if (tp == topo_by_p.end()) {
         auto pl = placement_for(cand.pool_size, PlacementMode::kVrsp, topo_interleave(ctx));
         if (!pl.ok()) return fail(pl.error());
         tp = topo_by_p.emplace(cand.pool_size, std::move(*pl)).first;
       }
-      s = run_pools(tp->second, topo, {{Variant::kLibraTopo, true}}, cw, Record::kTopo);
+      s = run_pools(tp->second, topo, {Variant::kLibraTopo}, cw, Record::kTopo, ms);
     }
     if (s.ok() && time_distca) {
       // One pool of P = DP per GA step in loader order; once per (H, B).
@@ -203,10 +216,10 @@ WindowResult simulate_window(const Ctx& ctx, std::span<const PackedSequence> win
         auto pl = placement_for(cfg.dp, PlacementMode::kSampler);
         if (!pl.ok()) return fail(pl.error());
         CandWindow tmp;
-        s = run_pools(*pl, tap, {{Variant::kDistca, true}}, tmp, Record::kNothing);
-        if (s.ok()) d = distca.emplace(key, tmp.steps[Variant::kDistca]).first;
+        s = run_pools(*pl, tap, {Variant::kDistca}, tmp, Record::kNothing, ms);
+        if (s.ok()) d = distca.emplace(key, std::move(tmp.steps)).first;
       }
-      if (s.ok()) cw.steps[Variant::kDistca] = d->second;
+      if (s.ok()) cw.steps.insert(d->second.begin(), d->second.end());
     }
     if (!s.ok()) return fail(s.error());
   }

@@ -617,6 +617,19 @@ Result<Plan> make_plan(std::span<const PackedSequence> pool, const PlanConfig& c
   return detail::build_plan(pool, config, geo, std::move(rows), "plan");
 }
 
+Result<Plan> rechunk_plan(const Plan& plan, int chunks) {
+  PlanConfig config = plan.config();
+  config.chunks = chunks;
+  LIBRA_ASSIGN_OR_RETURN(detail::Geometry geo, detail::make_geometry(plan.pool(), config));
+  std::vector<detail::PlacedRows> rows;
+  rows.reserve(plan.tiles().size());
+  for (const Tile& t : plan.tiles()) {
+    rows.push_back({.slot = t.slot, .block = t.block, .shard = t.shard, .begin = t.begin, .end = t.end,
+                    .worker = t.worker});
+  }
+  return detail::build_plan(plan.pool(), config, geo, std::move(rows), "plan");
+}
+
 // ---- accessors -------------------------------------------------------------
 
 const PlanConfig& Plan::config() const { return d_->config; }

@@ -815,3 +815,41 @@ TEST(PlanMode, ParsesAndNamesEveryMode) {
 }
 
 }  // namespace
+
+// No placement reads M, so re-chunking a plan's tiles is make_plan at the new
+// M: the simulator prices every M of a candidate from one placement.
+TEST(PlanChunks, RechunkEqualsPlanningAgainAtThatM) {
+  const std::vector<PackedSequence> pool = {{9, 3, 4}, {16}, {2, 12, 2}, {5, 5}};
+  for (PlanMode mode : {PlanMode::kTap, PlanMode::kTapSplit, PlanMode::kTapTopo}) {
+    for (bool dedup : {false, true}) {
+      PlanConfig c = config(16, 2, 4, 2, 8, 2, 4, 2, 0.03);
+      c.mode = mode;
+      c.dedup_per_kv_head = dedup;
+      // Two workers per node: a pool of four slots spans four nodes, so
+      // tap-topo's placement differs from tap's.
+      c.topology.gpus_per_node = 2;
+      c.topology.nodes_per_supernode = 2;
+      c.chunks = 4;
+      const Plan four = plan_or_die(pool, c);
+      for (int m : {1, 2, 4}) {
+        c.chunks = m;
+        const Plan direct = plan_or_die(pool, c);
+        auto re = libra::rechunk_plan(four, m);
+        ASSERT_TRUE(re.ok()) << re.error().message();
+        EXPECT_EQ(re->fingerprint(), direct.fingerprint()) << libra::plan_mode_name(mode) << " M=" << m;
+        EXPECT_EQ(re->config().chunks, m);
+        EXPECT_EQ(workers_of(*re), workers_of(direct));
+        for (int k = 0; k < m; ++k) {
+          for (int s = 0; s < direct.num_workers(); ++s) {
+            for (int d = 0; d < direct.num_workers(); ++d) {
+              EXPECT_EQ(re->chunk_bytes(k, s, d), direct.chunk_bytes(k, s, d));
+            }
+          }
+        }
+      }
+      auto bad = libra::rechunk_plan(four, 3);
+      ASSERT_FALSE(bad.ok());
+      EXPECT_NE(bad.error().message().find("chunks 3 must divide"), std::string::npos) << bad.error().message();
+    }
+  }
+}

@@ -11,6 +11,7 @@ import math
 import os
 import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -83,6 +84,26 @@ def test_simulate_names_a_value_json_cannot_hold():
     e = one_line_value_error(lambda: libra.simulate({"pool_sizes": [4, float("-inf")]}))
     assert str(e) == "simulate config: pool_sizes[1] -inf: must be a finite number"
     assert "set is not a JSON value" in str(one_line_value_error(lambda: libra.simulate({"pool_sizes": {4}})))
+
+
+def test_simulate_takes_a_list_of_chunks_and_reports_the_chosen_m():
+    tiny = str(Path(__file__).resolve().parents[1] / "cli" / "data" / "simulate" / "tiny.jsonl")
+    cfg = {"source": tiny, "seq_len": 64, "gbs": 4, "dp": 4, "cp": 2, "heads_q": 4, "heads_kv": 2, "head_dim": 8,
+           "pool_sizes": [2], "head_shards": [2], "block_sizes": [16], "windows": 1, "threads": 1,
+           "scaling_dp": [2, 4]}
+    single = {m: libra.simulate({**cfg, "chunks": m}) for m in (1, 2)}
+    both = libra.simulate({**cfg, "chunks": [1, 2]})
+    assert both["config"]["chunks"] == [1, 2] and single[2]["config"]["chunks"] == 2
+    assert "chunks" not in single[2]["candidates"][0]
+    c = both["candidates"][0]
+    for v, m in c["chunks"].items():
+        lat = {k: single[k]["candidates"][0]["latency"][v] for k in (1, 2)}
+        assert c["latency_by_chunks"][v] == {str(k): lat[k] for k in (1, 2)}
+        assert m == min((1, 2), key=lambda k: lat[k]["mean"])
+        assert c["latency"][v] == lat[m]
+    assert both["end_to_end_chunks"] == c["chunks"].get(both["end_to_end_variant"], 1)
+    e = one_line_value_error(lambda: libra.simulate({**cfg, "chunks": [2, 0]}))
+    assert str(e) == "chunks 0: must be at least 1"
 
 
 def test_the_kernel_binding_refuses_a_zero_scale_it_would_read_as_the_default():

@@ -110,6 +110,7 @@ def test_priced_sampler_fuses_what_the_simulator_reports(libra_cli, network):
 def test_priced_sampler_bad_input():
     for pricing, match in (({}, r"seq_len: required"), ({"seq_len": 65536, "gbs": 8}, r"gbs: set by the sampler"),
                            ({"seq_len": 65536, "head_shards": [2, 4]}, r"head_shards: one value"),
+                           ({"seq_len": 65536, "chunks": [2, 4]}, r"chunks: one value"),
                            ({"seq_len": 65536, "bogus": 1}, r"bogus"), ([1], r"must be a dict"),
                            ({"seq_len": 65536, "plan_mode": "ulysses"}, r"plan_mode 'ulysses': must be")):
         with pytest.raises(ValueError, match=match):

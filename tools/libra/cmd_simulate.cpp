@@ -26,7 +26,7 @@ extern char** environ;
 namespace libra::cli {
 
 // cmd_simulate_elastic.cpp
-int run_simulate_elastic(SimConfig cfg, bool pool_given, bool shards_given, bool blocks_given,
+int run_simulate_elastic(SimConfig cfg, bool pool_given, bool shards_given, bool blocks_given, bool chunks_given,
                          ElasticOptions elastic, const std::string& rule, bool priced, const std::string& plan_mode,
                          bool json,
                          const std::string& output);
@@ -171,7 +171,7 @@ int run_simulate(const SimulateOptions& o) {
       return it != o.values.end() && !it->second.empty();
     };
     if (!given("windows")) cfg.max_windows = 0;  // every window unless --windows says otherwise
-    return run_simulate_elastic(cfg, given("pool_size"), given("head_shards"), given("block_size"),
+    return run_simulate_elastic(cfg, given("pool_size"), given("head_shards"), given("block_size"), given("chunks"),
                                 o.elastic_options, o.elastic_rule, !o.elastic_unpriced, o.elastic_plan_mode,
                                 o.json, o.output);
   }

@@ -12,7 +12,7 @@
 
 namespace libra::cli {
 
-int run_simulate_elastic(SimConfig cfg, bool pool_given, bool shards_given, bool blocks_given,
+int run_simulate_elastic(SimConfig cfg, bool pool_given, bool shards_given, bool blocks_given, bool chunks_given,
                          ElasticOptions elastic, const std::string& rule, bool priced, const std::string& plan_mode,
                          bool json, const std::string& output) {
   // One candidate: the paper's choice unless given (a list is an error here).
@@ -27,6 +27,11 @@ int run_simulate_elastic(SimConfig cfg, bool pool_given, bool shards_given, bool
     }
     value[i] = given[i] ? lists[i].second->front() : defaults[i];
   }
+  // M likewise: one value; a list from a config file gives way to the paper's M = 4.
+  if (chunks_given && cfg.chunks.size() != 1) {
+    return fail(invalid_input("--chunks: --elastic takes one value, not a list"));
+  }
+  if (cfg.chunks.size() != 1) cfg.chunks = {4};
   auto r = parse_elastic_rule(rule);
   if (!r.ok()) return fail(invalid_input("--elastic-rule " + rule + ": expected buddy or lightest"));
   elastic.rule = *r;
