@@ -57,9 +57,11 @@ libra::PlanConfig paper_config(std::int64_t seq_len, std::int64_t block, libra::
   return c;
 }
 
-void run_plan(benchmark::State& state, std::int64_t seq_len, std::int64_t block, libra::PlanMode mode) {
+void run_plan(benchmark::State& state, std::int64_t seq_len, std::int64_t block, libra::PlanMode mode,
+              bool kv_prefix = false) {
   const auto p = pool(seq_len, 0);
-  const libra::PlanConfig c = paper_config(seq_len, block, mode);
+  libra::PlanConfig c = paper_config(seq_len, block, mode);
+  c.kv_prefix = kv_prefix;
   double tiles = 0, transfers = 0, imbalance = 0, bytes = 0;
   for (auto _ : state) {
     auto plan = libra::make_plan(p, c);
@@ -86,6 +88,10 @@ void BM_PlanUlysses1M(benchmark::State& state) { run_plan(state, 1'048'576, 8192
 // tap-topo on the default h200 topology (target: at most 5 ms).
 void BM_PlanTapTopo1M(benchmark::State& state) { run_plan(state, 1'048'576, 8192, libra::PlanMode::kTapTopo); }
 void BM_PlanTapTopo256K(benchmark::State& state) { run_plan(state, 262'144, 8192, libra::PlanMode::kTapTopo); }
+// tap-topo with the KV causal prefix (what the simulator's libra-topo plans).
+void BM_PlanTapTopoPrefix1M(benchmark::State& state) {
+  run_plan(state, 1'048'576, 8192, libra::PlanMode::kTapTopo, true);
+}
 // Scaling with tile count: smaller blocks, more tiles (tiles = 8 * T / B per slot).
 void BM_PlanTapScaling(benchmark::State& state) {
   run_plan(state, 1'048'576, state.range(0), libra::PlanMode::kTap);
@@ -97,6 +103,7 @@ BENCHMARK(BM_PlanTapSplit1M)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_PlanUlysses1M)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_PlanTapTopo1M)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_PlanTapTopo256K)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_PlanTapTopoPrefix1M)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_PlanTapScaling)->Arg(32768)->Arg(16384)->Arg(8192)->Arg(4096)->Arg(2048)->Unit(benchmark::kMillisecond);
 
 // Quality over 100 pools (one iteration): mean and max intra-pool imbalance,
