@@ -62,13 +62,19 @@ libra::PlanConfig paper_config(std::int64_t seq_len, std::int64_t block, libra::
   return c;
 }
 
-// `exchange`: the timed region includes the first access to the plan's
-// exchange (which derives all of it); without, only make_plan. The counters
-// come from a plan made after the timed loop.
+struct RunOptions {
+  bool kv_prefix = false;  // PlanConfig::kv_prefix
+  // The timed region includes the first access to the plan's exchange
+  // (which derives all of it); without, only make_plan.
+  bool exchange = false;
+};
+
+// The counters come from a plan made after the timed loop.
 void run_plan(benchmark::State& state, std::int64_t seq_len, std::int64_t block, libra::PlanMode mode,
-              bool exchange = false) {
+              RunOptions options = {}) {
   const auto p = pool(seq_len, 0);
-  const libra::PlanConfig c = paper_config(seq_len, block, mode);
+  libra::PlanConfig c = paper_config(seq_len, block, mode);
+  c.kv_prefix = options.kv_prefix;
   for (auto _ : state) {
     auto plan = libra::make_plan(p, c);
     if (!plan.ok()) {
@@ -76,7 +82,7 @@ void run_plan(benchmark::State& state, std::int64_t seq_len, std::int64_t block,
       return;
     }
     benchmark::DoNotOptimize(plan->fingerprint());
-    if (exchange) benchmark::DoNotOptimize(plan->all_transfers().size());
+    if (options.exchange) benchmark::DoNotOptimize(plan->all_transfers().size());
   }
   auto plan = libra::make_plan(p, c);
   if (!plan.ok()) return;
@@ -93,14 +99,21 @@ void BM_PlanUlysses1M(benchmark::State& state) { run_plan(state, 1'048'576, 8192
 // tap-topo on the default h200 topology (target: at most 5 ms).
 void BM_PlanTapTopo1M(benchmark::State& state) { run_plan(state, 1'048'576, 8192, libra::PlanMode::kTapTopo); }
 void BM_PlanTapTopo256K(benchmark::State& state) { run_plan(state, 262'144, 8192, libra::PlanMode::kTapTopo); }
+// tap-topo with the KV causal prefix (what the simulator's libra-topo plans).
+void BM_PlanTapTopoPrefix1M(benchmark::State& state) {
+  run_plan(state, 1'048'576, 8192, libra::PlanMode::kTapTopo, {.kv_prefix = true});
+}
 void BM_PlanTap1MWithExchange(benchmark::State& state) {
-  run_plan(state, 1'048'576, 8192, libra::PlanMode::kTap, true);
+  run_plan(state, 1'048'576, 8192, libra::PlanMode::kTap, {.exchange = true});
 }
 void BM_PlanUlysses1MWithExchange(benchmark::State& state) {
-  run_plan(state, 1'048'576, 8192, libra::PlanMode::kUlysses, true);
+  run_plan(state, 1'048'576, 8192, libra::PlanMode::kUlysses, {.exchange = true});
 }
 void BM_PlanTapTopo1MWithExchange(benchmark::State& state) {
-  run_plan(state, 1'048'576, 8192, libra::PlanMode::kTapTopo, true);
+  run_plan(state, 1'048'576, 8192, libra::PlanMode::kTapTopo, {.exchange = true});
+}
+void BM_PlanTapTopoPrefix1MWithExchange(benchmark::State& state) {
+  run_plan(state, 1'048'576, 8192, libra::PlanMode::kTapTopo, {.kv_prefix = true, .exchange = true});
 }
 // Scaling with tile count: smaller blocks, more tiles (tiles = 8 * T / B per slot).
 void BM_PlanTapScaling(benchmark::State& state) {
@@ -113,9 +126,11 @@ BENCHMARK(BM_PlanTapSplit1M)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_PlanUlysses1M)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_PlanTapTopo1M)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_PlanTapTopo256K)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_PlanTapTopoPrefix1M)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_PlanTap1MWithExchange)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_PlanUlysses1MWithExchange)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_PlanTapTopo1MWithExchange)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_PlanTapTopoPrefix1MWithExchange)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_PlanTapScaling)->Arg(32768)->Arg(16384)->Arg(8192)->Arg(4096)->Arg(2048)->Unit(benchmark::kMillisecond);
 
 // Quality over 100 pools (one iteration): mean and max intra-pool imbalance,
