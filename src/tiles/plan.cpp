@@ -263,7 +263,9 @@ Result<Plan> build_plan(std::span<const PackedSequence> pool, const PlanConfig& 
     for (std::size_t i = 0; i < rows.size(); ++i) {
       const PlacedRows& r = rows[i];
       if (!same_rows(i)) {
-        first = g.sample_at(r.slot, r.begin);
+        // A block's first piece starts at the block (every tile but a
+        // tap-split piece): its first sample is in a table.
+        first = r.begin == r.block * g.block_size ? g.block_sample(r.slot, r.block) : g.sample_at(r.slot, r.begin);
         n = 0;
         while (first + n < g.sample_base[r.slot + 1] && g.starts[first + n] < r.end) ++n;
       }

@@ -132,6 +132,13 @@ struct Geometry {
   };
   std::vector<Run> runs;
   std::vector<std::int32_t> run_base;  // per global sample + 1: its first run
+  // The sample holding the first row of every block (global index), found
+  // once: block b of slot p is entry block_base[p] + b.
+  std::vector<std::int32_t> block_base;  // P + 1
+  std::vector<std::int32_t> block_first;
+  std::int32_t block_sample(int p, std::int32_t b) const {
+    return block_first[static_cast<std::size_t>(block_base[static_cast<std::size_t>(p)] + b)];
+  }
   std::span<const Run> sample_runs(std::int32_t j) const {
     return std::span<const Run>(runs).subspan(static_cast<std::size_t>(run_base[static_cast<std::size_t>(j)]),
                                               static_cast<std::size_t>(run_base[static_cast<std::size_t>(j) + 1] -
@@ -176,8 +183,12 @@ struct Geometry {
   }
   // Global index of the sample holding row x of slot p (x < T_p).
   std::int32_t sample_at(int p, std::int64_t x) const;
-  // Integer FLOPs (heads x causal pairs) of rows [begin, end) of slot p.
-  std::int64_t rows_flops(int p, std::int64_t begin, std::int64_t end) const;
+  // Integer FLOPs (heads x causal pairs) of rows [begin, end) of slot p;
+  // `first` is sample_at(p, begin).
+  std::int64_t rows_flops(int p, std::int64_t begin, std::int64_t end) const {
+    return rows_flops(p, begin, end, sample_at(p, begin));
+  }
+  std::int64_t rows_flops(int p, std::int64_t begin, std::int64_t end, std::int32_t first) const;
 };
 
 // Validates the configuration and the pool and derives the geometry.

@@ -154,10 +154,10 @@ std::int32_t Geometry::sample_at(int p, std::int64_t x) const {
   return static_cast<std::int32_t>(std::upper_bound(first, last, x) - starts.begin() - 1);
 }
 
-std::int64_t Geometry::rows_flops(int p, std::int64_t begin, std::int64_t end) const {
+std::int64_t Geometry::rows_flops(int p, std::int64_t begin, std::int64_t end, std::int32_t first) const {
   // make_geometry bounded the whole pool's FLOPs, so no partial sum overflows.
   std::int64_t pairs = 0;
-  for (std::int32_t j = sample_at(p, begin); j < sample_base[p + 1] && starts[j] < end; ++j) {
+  for (std::int32_t j = first; j < sample_base[p + 1] && starts[j] < end; ++j) {
     const std::int64_t o = starts[j];
     const std::int64_t lo = std::max(begin, o) - o;
     const std::int64_t hi = std::min(end, o + lengths[j]) - o;
@@ -233,6 +233,19 @@ Result<Geometry> make_geometry(std::span<const PackedSequence> pool, const PlanC
     g.tokens.push_back(t);
     total_tokens += t;
     g.sample_base.push_back(static_cast<std::int32_t>(total_samples));
+  }
+  g.block_base.reserve(pool.size() + 1);
+  g.block_base.push_back(0);
+  g.block_first.reserve(static_cast<std::size_t>(total_tokens / g.block_size) + pool.size());
+  for (int p = 0; p < g.pool_size; ++p) {
+    std::int32_t j = g.sample_base[static_cast<std::size_t>(p)];
+    const std::int32_t stop = g.sample_base[static_cast<std::size_t>(p) + 1];
+    const std::int64_t tokens = g.tokens[static_cast<std::size_t>(p)];
+    for (std::int64_t x = 0; x < tokens; x += g.block_size) {
+      while (j + 1 < stop && g.starts[static_cast<std::size_t>(j) + 1] <= x) ++j;
+      g.block_first.push_back(j);
+    }
+    g.block_base.push_back(static_cast<std::int32_t>(g.block_first.size()));
   }
   g.run_base.reserve(g.starts.size() + 1);
   g.run_base.push_back(0);
@@ -316,14 +329,14 @@ class Placer {
   // headroom, every worker with headroom is at `base` and the choice is the
   // least-loaded worker (lowest id on ties), which a tournament tree over
   // the loads keeps. Same choice, same tie-breaks as scanning all W workers.
-  Choice evaluate(int p, int s, std::int64_t begin, std::int64_t end, std::int64_t flops) {
+  Choice evaluate(int p, std::int32_t block, int s, std::int64_t begin, std::int64_t end, std::int64_t flops) {
     // The shards of a block come one after another with the same rows: the
     // samples they touch are found once.
     if (p != rows_slot_ || begin != rows_begin_ || end != rows_end_) {
       rows_slot_ = p;
       rows_begin_ = begin;
       rows_end_ = end;
-      rows_first_ = geo_.sample_at(p, begin);
+      rows_first_ = geo_.block_sample(p, block);
       rows_last_ = rows_first_;
       rows_tokens_ = 0;
       while (rows_last_ < geo_.sample_base[p + 1] && geo_.starts[rows_last_] < end) rows_tokens_ += geo_.lengths[rows_last_++];
@@ -486,7 +499,7 @@ void place_split(const Geometry& geo, Placer& placer, const BaseTile& t, std::ve
   std::int64_t end = t.rows.end;
   std::int64_t flops = t.flops;
   for (;;) {
-    const Placer::Choice c = placer.evaluate(p, s, begin, end, flops);
+    const Placer::Choice c = placer.evaluate(p, t.rows.block, s, begin, end, flops);
     if (c.worker >= 0) {
       placer.commit(c.worker, flops);
       out.push_back({t.rows.slot, t.rows.block, t.rows.shard, begin, end, c.worker});
@@ -536,7 +549,7 @@ Result<std::vector<PlacedRows>> place_tiles(const Geometry& geo, const PlanConfi
     for (std::int32_t b = 0; b < nb; ++b) {
       const std::int64_t begin = b * geo.block_size;
       const std::int64_t end = std::min(begin + geo.block_size, geo.tokens[static_cast<std::size_t>(p)]);
-      const std::int64_t f = geo.rows_flops(p, begin, end);
+      const std::int64_t f = geo.rows_flops(p, begin, end, geo.block_sample(p, b));
       for (int s = 0; s < geo.shards; ++s) {
         const std::int32_t worker = config.mode == PlanMode::kUlysses ? p * geo.cp + s : -1;
         tiles.push_back({{p, b, s, begin, end, worker}, f});
@@ -584,7 +597,8 @@ Result<std::vector<PlacedRows>> place_tiles(const Geometry& geo, const PlanConfi
         place_split(geo, placer, t, out);
         continue;
       }
-      const Placer::Choice c = placer.evaluate(t.rows.slot, t.rows.shard, t.rows.begin, t.rows.end, t.flops);
+      const Placer::Choice c =
+          placer.evaluate(t.rows.slot, t.rows.block, t.rows.shard, t.rows.begin, t.rows.end, t.flops);
       const int r = c.worker >= 0 ? c.worker : c.fallback;
       placer.commit(r, t.flops);
       out[static_cast<std::size_t>(i)] = t.rows;

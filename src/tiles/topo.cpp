@@ -80,7 +80,7 @@ struct Blocks {
     for (std::size_t b = 0; b < n; ++b) {
       const PlacedRows& t = base[b * S];
       home[b] = geo.home(t.slot, t.begin);
-      for (std::int32_t j = geo.sample_at(t.slot, t.begin);
+      for (std::int32_t j = geo.block_sample(t.slot, t.block);
            j < geo.sample_base[static_cast<std::size_t>(t.slot) + 1] && geo.starts[static_cast<std::size_t>(j)] < t.end; ++j) {
         for (const Geometry::Run& run : geo.sample_runs(j)) runs.push_back({j, run.rank, run.end - run.begin});
       }
