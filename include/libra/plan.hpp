@@ -293,7 +293,10 @@ struct TokenSpan {
 
 // The immutable result of planning one pool. Copies share the same data.
 // Every list is in a fixed, documented order so that all ranks that build or
-// load the same plan see the same bytes (check with fingerprint()).
+// load the same plan see the same bytes (check with fingerprint()). The
+// exchange (transfers, chunk lists, byte matrices, bytes by tier, comm_bytes)
+// is derived by the first call to any of its accessors, once per plan and
+// safely from concurrent threads; make_plan itself does not build it.
 class Plan {
  public:
   struct Data;  // defined in src/tiles; opaque to users
