@@ -199,7 +199,7 @@ Result<Plan> build_plan(std::span<const PackedSequence> pool, const PlanConfig& 
   //    shards of a tap block) share their samples, FLOPs and home: the rows
   //    are looked up once, and the fragments are counted first so that they
   //    are written once, straight into storage of the exact size.
-  d->tiles.resize(rows.size());
+  d->tiles = RawArray<Tile>(rows.size());
   std::vector<HeadRange> shard_heads(static_cast<std::size_t>(g.shards)), shard_kv_heads(shard_heads.size());
   std::vector<std::int32_t> shard_key(shard_heads.size());
   for (int s = 0; s < g.shards; ++s) {

@@ -20,6 +20,8 @@ namespace libra {
 namespace detail {
 // Items written once each, in any order, right after allocation: unlike a
 // vector, nothing value-initialises the megabytes about to be overwritten.
+// T is an implicit-lifetime type (an aggregate of scalars), so its fields may
+// also be assigned one by one; every field of every item before it is read.
 template <class T>
 class RawArray {
  public:
@@ -35,6 +37,8 @@ class RawArray {
   T* data() { return items_.get(); }
   const T* data() const { return items_.get(); }
   std::size_t size() const { return size_; }
+  const T* begin() const { return items_.get(); }
+  const T* end() const { return items_.get() + size_; }
   operator std::span<const T>() const { return {items_.get(), size_}; }
 
  private:
@@ -54,7 +58,7 @@ struct Plan::Data {
   int pool_size = 0;
   int num_workers = 0;
   int head_width = 0;
-  std::vector<Tile> tiles;
+  detail::RawArray<Tile> tiles;
   detail::RawArray<Fragment> fragments;
   std::vector<KvGroup> groups;
   std::vector<std::size_t> worker_tile_offsets;  // W + 1

@@ -299,7 +299,7 @@ class Placer {
       least_[leaves_ + i] = {0, static_cast<std::int32_t>(i)};
     }
     for (std::size_t i = leaves_ - 1; i >= 1; --i) least_[i] = lesser(least_[2 * i], least_[2 * i + 1]);
-    touched_.resize(static_cast<std::size_t>(geo.workers));
+    touched_.resize(static_cast<std::size_t>(geo.workers) + 1);
   }
 
   struct Choice {
@@ -338,18 +338,24 @@ class Placer {
     const std::int64_t vqo = 2 * (end - begin) * geo_.qo_bytes_per_row();
     const std::int64_t base = vqo + all_groups;
     save(home, vqo);
-    for (std::int32_t j = first_; j < last_; ++j) {
-      const std::int32_t group = j * geo_.keys_per_sample + key_;
-      const std::uint64_t* bits = &committed_[static_cast<std::size_t>(group) * words_];
-      const std::int64_t full = vkv * geo_.lengths[static_cast<std::size_t>(j)];
-      for (std::size_t w = 0; w < words_; ++w) {
+    // Locals, not members: the stores into touched_ could alias them.
+    const std::int32_t first = first_, last = last_, keys = geo_.keys_per_sample, key = key_;
+    const int slot_base = p * geo_.cp;
+    const std::size_t words = words_;
+    const std::int64_t* lengths = geo_.lengths.data();
+    const std::uint64_t* committed = committed_.data();
+    for (std::int32_t j = first; j < last; ++j) {
+      const std::int32_t group = j * keys + key;
+      const std::uint64_t* bits = &committed[static_cast<std::size_t>(group) * words];
+      const std::int64_t full = vkv * lengths[j];
+      for (std::size_t w = 0; w < words; ++w) {
         for (std::uint64_t word = bits[w]; word != 0; word &= word - 1) {
           save(static_cast<int>(w * 64 + static_cast<std::size_t>(std::countr_zero(word))), full);
         }
       }
       for (const Geometry::Run& run : geo_.sample_runs(j)) {
-        const int r = p * geo_.cp + run.rank;
-        if (!is_committed(group, r)) save(r, vkv * (run.end - run.begin));
+        const int r = slot_base + run.rank;
+        if (!((bits[static_cast<std::size_t>(r) / 64] >> (r % 64)) & 1U)) save(r, vkv * (run.end - run.begin));
       }
     }
     Choice c;
@@ -420,8 +426,11 @@ class Placer {
     return (committed_[static_cast<std::size_t>(group) * words_ + static_cast<std::size_t>(r) / 64] >> (r % 64)) & 1U;
   }
   void save(int r, std::int64_t bytes) {
-    if (saved_[static_cast<std::size_t>(r)] == 0) touched_[touched_count_++] = r;
-    saved_[static_cast<std::size_t>(r)] += bytes;
+    // Branch-free: the slot past the end is overwritten by the next saver.
+    std::int64_t& saved = saved_[static_cast<std::size_t>(r)];
+    touched_[touched_count_] = r;
+    touched_count_ += saved == 0 ? 1 : 0;
+    saved += bytes;
   }
   // A tree entry: a worker and its load (padding: the largest load and id).
   struct Least {
