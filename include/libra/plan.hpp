@@ -155,6 +155,13 @@ struct PlanConfig {
   // L and B | L/(2 CP), so that no tile's rows cross a chunk.
   HomeLayout home_layout = HomeLayout::kContiguous;
   HomeMap home_map() const { return {seq_len, cp, home_layout}; }
+  // Send each worker only the causal prefix of a sample's K/V that its tiles
+  // read: keys [sample start, last query row it computes], instead of the
+  // whole sample the contract's group names (section 6.1). Same tiles, same
+  // fragments, fewer KV bytes (and dK/dV returns); Plan::kv_span gives the
+  // rows. Off by default: the contract's exchange accounting is the
+  // whole-sample one. Plans with it are file format version 3.
+  bool kv_prefix = false;
   // tap-topo places by it (and it is part of such a plan's fingerprint and
   // files); other modes only report bytes by tier with it.
   PlanTopology topology;
@@ -266,13 +273,23 @@ struct ChunkUse {
 };
 
 // The newest plan file format this libra reads and writes. Version 2 is
-// version 1 plus the home layout; a plan with the default contiguous layout
-// is written as version 1, byte for byte what earlier libra wrote (same
-// fingerprint, readable by older readers). docs/plan-format.md.
-inline constexpr std::uint32_t kPlanFormatVersion = 2;
+// version 1 plus the home layout; version 3 is version 2 plus kv_prefix. A
+// plan is written in the oldest version that holds it, so a plan with the
+// default contiguous layout and no KV prefix is version 1, byte for byte
+// what earlier libra wrote (same fingerprint, readable by older readers).
+// docs/plan-format.md.
+inline constexpr std::uint32_t kPlanFormatVersion = 3;
 [[nodiscard]] constexpr std::uint32_t plan_format_version(const PlanConfig& c) {
+  if (c.kv_prefix) return 3U;
   return c.home_layout == HomeLayout::kContiguous ? 1U : 2U;
 }
+
+// A half-open range of packed token positions of one slot.
+struct TokenSpan {
+  std::int64_t begin = 0, end = 0;
+  std::int64_t size() const { return end - begin; }
+  friend bool operator==(const TokenSpan&, const TokenSpan&) = default;
+};
 
 // The immutable result of planning one pool. Copies share the same data.
 // Every list is in a fixed, documented order so that all ranks that build or
@@ -304,6 +321,11 @@ class Plan {
   // first use, and its dK/dV may go home after its last. Never used (for a
   // group r does not hold, or a head outside the group): !used().
   ChunkUse kv_use(int r, std::int32_t group, std::int32_t kv_head) const;
+  // The tokens of group g's sample whose K/V worker r holds: the whole
+  // sample [g.begin, g.end), or with PlanConfig::kv_prefix the causal prefix
+  // [g.begin, sample start + the largest e of r's fragments of g). Every KV
+  // transfer item to r lies inside it. Empty when r does not hold g.
+  TokenSpan kv_span(int r, std::int32_t group) const;
 
   std::span<const std::int64_t> worker_flops() const;  // load_r
   double imbalance() const;                            // max_r load_r / mean_r load_r - 1

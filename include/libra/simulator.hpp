@@ -79,6 +79,9 @@ struct SimConfig {
   // runs M = 4; measured, M = 2 is faster at 256K and M = 1 on a flat
   // network (docs/simulator.md), so the default chooses among 1, 2 and 4.
   std::vector<std::int64_t> chunks = {1, 2, 4};
+  // libra-topo's tap-topo plans send each worker only the causal prefix of
+  // a sample's K/V (PlanConfig::kv_prefix); false: whole samples.
+  bool kv_prefix = true;
   double tau = 0.03;              // TAP slack (paper: 0.03)
   std::int64_t max_windows = 20;  // 0 = every full window of the corpus
   std::int64_t threads = 0;       // 0 = hardware concurrency

@@ -75,6 +75,7 @@ py::dict config_dict(const libra::Plan& plan) {
   o["mode"] = std::string(libra::plan_mode_name(c.mode));
   o["dedup_per_kv_head"] = c.dedup_per_kv_head;
   o["home_layout"] = std::string(libra::home_layout_name(c.home_layout));
+  o["kv_prefix"] = c.kv_prefix;
   return o;
 }
 
@@ -265,7 +266,7 @@ void bind_plan(py::module_& m) {
       "make_plan",
       [](const py::object& pool, I64 seq_len, int cp, I64 block_size, int head_shards, int heads_q, int heads_kv,
          int head_dim, const std::string& dtype, std::optional<I64> window, double tau, int chunks,
-         const std::string& mode, bool dedup_per_kv_head, const std::string& home_layout) {
+         const std::string& mode, bool dedup_per_kv_head, const std::string& home_layout, bool kv_prefix) {
         std::vector<libra::PackedSequence> seqs = to_sequences(pool, "pool");
         libra::PlanConfig c;
         c.seq_len = seq_len;
@@ -287,6 +288,7 @@ void bind_plan(py::module_& m) {
         c.dedup_per_kv_head = dedup_per_kv_head;
         if (auto l = libra::parse_home_layout(home_layout); l.ok()) c.home_layout = *l;
         else bad("home_layout " + home_layout + ": must be contiguous or zigzag");
+        c.kv_prefix = kv_prefix;
         libra::Result<libra::Plan> r = [&] {
           py::gil_scoped_release release;
           return libra::make_plan(seqs, c);
@@ -296,7 +298,8 @@ void bind_plan(py::module_& m) {
       py::arg("pool"), py::kw_only(), py::arg("seq_len"), py::arg("cp"), py::arg("block_size"),
       py::arg("head_shards"), py::arg("heads_q"), py::arg("heads_kv"), py::arg("head_dim"),
       py::arg("dtype") = "bf16", py::arg("window") = py::none(), py::arg("tau") = 0.03, py::arg("chunks") = 1,
-      py::arg("mode") = "tap", py::arg("dedup_per_kv_head") = false, py::arg("home_layout") = "contiguous");
+      py::arg("mode") = "tap", py::arg("dedup_per_kv_head") = false, py::arg("home_layout") = "contiguous",
+      py::arg("kv_prefix") = false);
   m.def(
       "home_layout",
       [](const libra::Plan& plan, int worker) {

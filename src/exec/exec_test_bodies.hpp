@@ -115,11 +115,12 @@ struct ExecCase {
   std::string mode = "tap";  // tap | tap-split | tap-topo | ulysses (plan) | ulysses-direct
   bool dedup_per_kv_head = false;
   HomeLayout home_layout = HomeLayout::kContiguous;
+  bool kv_prefix = false;
   std::string name() const {
-    return fmt::format("{} P={} CP={} L={} B={} H={} hq={} hkv={} d={} {} w={} M={} seed={}{}", mode, pool_size, cp,
+    return fmt::format("{} P={} CP={} L={} B={} H={} hq={} hkv={} d={} {} w={} M={} seed={}{}{}", mode, pool_size, cp,
                        seq_len, block, head_shards, heads_q, heads_kv, head_dim, dtype_name(dtype),
                        window == kFullCausal ? std::string("full") : std::to_string(window), chunks, pool_seed,
-                       home_layout == HomeLayout::kContiguous ? "" : " zigzag");
+                       home_layout == HomeLayout::kContiguous ? "" : " zigzag", kv_prefix ? " kv-prefix" : "");
   }
 };
 
@@ -164,6 +165,7 @@ inline PlanConfig case_config(const ExecCase& c) {
   cfg.chunks = c.chunks;
   cfg.dedup_per_kv_head = c.dedup_per_kv_head;
   cfg.home_layout = c.home_layout;
+  cfg.kv_prefix = c.kv_prefix;
   // Nodes of two GPUs, so tap-topo's cases have tiers to choose between.
   cfg.topology.gpus_per_node = 2;
   cfg.topology.nodes_per_supernode = 2;
@@ -299,6 +301,46 @@ inline std::vector<ExecCase> case_matrix(int world) {
   dedup.chunks = 2;
   dedup.dedup_per_kv_head = true;
   cases.push_back(dedup);
+  // The KV causal prefix: each worker receives (and returns dK/dV for) only
+  // the keys its tiles read; M up to 4 so that heads arrive in later chunks,
+  // a window, and H > h_kv with dedup per KV head.
+  for (const char* mode : {"tap", "tap-topo"}) {
+    for (int chunks : {1, 4}) {
+      ExecCase c;
+      c.mode = mode;
+      c.pool_size = P;
+      c.pool_seed = seed++;
+      c.chunks = chunks;
+      c.heads_q = 8;
+      c.heads_kv = 2;
+      c.kv_prefix = true;
+      cases.push_back(c);
+    }
+    ExecCase w;
+    w.mode = mode;
+    w.pool_size = P;
+    w.pool_seed = seed++;
+    w.heads_q = w.heads_kv = 4;
+    w.window = 24;
+    w.chunks = 2;
+    w.kv_prefix = true;
+    cases.push_back(w);
+  }
+  ExecCase both = dedup;
+  both.pool_seed = seed++;
+  both.dtype = DType::kBF16;
+  both.kv_prefix = true;
+  cases.push_back(both);
+  // Without the dedup, shards sharing a KV head hold prefixes of different
+  // lengths of the same rows in one buffer place: their dK/dV go home once.
+  for (const char* mode : {"tap", "tap-topo"}) {
+    ExecCase shared = dedup;
+    shared.mode = mode;
+    shared.pool_seed = seed++;
+    shared.dedup_per_kv_head = false;
+    shared.kv_prefix = true;
+    cases.push_back(shared);
+  }
   return cases;
 }
 
@@ -344,6 +386,11 @@ inline std::vector<ExecCase> zigzag_cases(int world) {
   dedup.chunks = 2;
   dedup.dedup_per_kv_head = true;
   cases.push_back(dedup);
+  // A sample's causal prefix can span both of a rank's zigzag chunks.
+  ExecCase prefix = base("tap");
+  prefix.chunks = 4;
+  prefix.kv_prefix = true;
+  cases.push_back(prefix);
   return cases;
 }
 

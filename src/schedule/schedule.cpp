@@ -278,10 +278,13 @@ Result<RankSchedule> make_rank_schedule(const Plan& plan, int worker, const Sche
   // contiguous at home too).
   const bool in_place = options.read_home_in_place;
   auto q_at_home = [&](const Tile& t) { return in_place && t.home == worker; };
-  auto kv_at_home = [&](const KvGroup& g) {
+  // The K/V this worker reads of group g: the whole sample, or its causal
+  // prefix (PlanConfig::kv_prefix); it always starts at the sample's start.
+  auto span_of = [&](std::int32_t gid) { return plan.kv_span(worker, gid); };
+  auto kv_at_home = [&](const KvGroup& g, TokenSpan span) {
     if (!in_place || g.slot != s.slot) return false;
-    const HomeSpot h = s.home_map.locate(g.begin);
-    return h.rank == worker % cfg.cp && g.end <= h.run_end;
+    const HomeSpot h = s.home_map.locate(span.begin);
+    return h.rank == worker % cfg.cp && span.end <= h.run_end;
   };
 
   // Regions: every slot this worker computes on, with the rows and heads of
@@ -305,11 +308,13 @@ Result<RankSchedule> make_rank_schedule(const Plan& plan, int worker, const Sche
       x.q.emplace_back(t.begin, t.end);
     }
     for (std::int32_t f = t.fragment_begin; f < t.fragment_end; ++f) {
-      const KvGroup& g = groups[static_cast<std::size_t>(frags[static_cast<std::size_t>(f)].group)];
-      if (kv_at_home(g)) continue;
+      const std::int32_t gid = frags[static_cast<std::size_t>(f)].group;
+      const KvGroup& g = groups[static_cast<std::size_t>(gid)];
+      const TokenSpan span = span_of(gid);
+      if (kv_at_home(g, span)) continue;
       grow(x.r.kv_heads, t.kv_heads);
       grow(x.r.kv_heads, g.kv_heads);
-      x.kv.emplace_back(g.begin, g.end);
+      x.kv.emplace_back(span.begin, span.end);
     }
   }
   std::map<std::int32_t, std::int32_t> region_of;
@@ -382,11 +387,12 @@ Result<RankSchedule> make_rank_schedule(const Plan& plan, int worker, const Sche
   // home with the last.
   for (std::int32_t gid : plan.worker_groups(worker)) {
     const KvGroup& g = groups[static_cast<std::size_t>(gid)];
-    if (g.slot != s.slot || kv_at_home(g)) continue;
-    // Each home run of the sample's tokens on this worker is one rectangle.
-    for (std::int64_t t0 = g.begin; t0 < g.end;) {
+    const TokenSpan span = span_of(gid);
+    if (g.slot != s.slot || kv_at_home(g, span)) continue;
+    // Each home run of the tokens read on this worker is one rectangle.
+    for (std::int64_t t0 = span.begin; t0 < span.end;) {
       const HomeSpot h = s.home_map.locate(t0);
-      const std::int64_t t1 = std::min(g.end, h.run_end);
+      const std::int64_t t1 = std::min(span.end, h.run_end);
       if (h.rank == worker % cfg.cp) {
         for (std::int32_t k = g.kv_heads.begin; k < g.kv_heads.end; ++k) {
           const ChunkUse u = plan.kv_use(worker, gid, k);
@@ -401,6 +407,29 @@ Result<RankSchedule> make_rank_schedule(const Plan& plan, int worker, const Sche
       t0 = t1;
     }
   }
+  // With kv_prefix two groups of one KV head (head shards sharing it, H >
+  // h_kv) may hold different prefixes of the same run: [t0, t1) and [t0,
+  // t1'). Both land in one place of the compute buffer, so the rows go in
+  // and their dK/dV home once, as the longer range: [t0, max t1), at the
+  // earliest first and the latest last use.
+  auto merge_prefixes = [](std::map<Cell, int>& cells, bool earliest) {
+    std::map<std::tuple<int, int, std::int32_t, std::int64_t, std::int32_t>, std::pair<std::int64_t, int>> by_start;
+    for (const auto& [c, chunk] : cells) {
+      auto [from, to, slot, t0, t1, k] = c;
+      auto [it, fresh] = by_start.try_emplace({from, to, slot, t0, k}, t1, chunk);
+      if (fresh) continue;
+      it->second.first = std::max(it->second.first, t1);
+      it->second.second = earliest ? std::min(it->second.second, chunk) : std::max(it->second.second, chunk);
+    }
+    if (by_start.size() == cells.size()) return;
+    cells.clear();
+    for (const auto& [key, v] : by_start) {
+      auto [from, to, slot, t0, k] = key;
+      cells.emplace(Cell{from, to, slot, t0, v.first, k}, v.second);
+    }
+  };
+  merge_prefixes(first_use, true);
+  merge_prefixes(last_use, false);
   // Consecutive heads of one (from, to, slot, rows) with the same chunk
   // become one rectangle.
   auto for_runs = [](const std::map<Cell, int>& cells, auto&& emit) {
@@ -439,7 +468,7 @@ Result<RankSchedule> make_rank_schedule(const Plan& plan, int worker, const Sche
       std::vector<CallFragment> split[2];  // by whether the sample's K/V is read in place
       for (std::int32_t f = t.fragment_begin; f < t.fragment_end; ++f) {
         const Fragment& x = frags[static_cast<std::size_t>(f)];
-        const bool kv_home = kv_at_home(groups[static_cast<std::size_t>(x.group)]);
+        const bool kv_home = kv_at_home(groups[static_cast<std::size_t>(x.group)], span_of(x.group));
         const std::int64_t q_row = q_home ? s.home_row(x.sample_start + x.a) : r.q_row(x.sample_start + x.a);
         const std::int64_t kv_row = kv_home ? s.home_row(x.sample_start) : r.kv_row(x.sample_start);
         split[kv_home].push_back({q_row, kv_row, x.sample_length, x.a, x.e});

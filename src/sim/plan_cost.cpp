@@ -65,6 +65,7 @@ PlanConfig plan_config(const Ctx& ctx, std::int64_t h, std::int64_t b, std::int6
   pc.chunks = static_cast<int>(chunks);
   pc.mode = mode;
   pc.dedup_per_kv_head = dedup_kv;
+  pc.kv_prefix = mode == PlanMode::kTapTopo && ctx.cfg.kv_prefix;
   // tap-topo places by the cost model's own network; the other modes only
   // report bytes by tier with it.
   const Interconnect& net = ctx.cfg.cost.net;
@@ -151,21 +152,27 @@ PhaseBytes phase_bytes(const Plan& plan) {
       }
     }
   }
+  // Cells of one (worker, source, first row, head) are one place of the
+  // compute buffer: with kv_prefix, shards sharing a KV head may hold
+  // prefixes of different lengths there, and the longest goes home (as
+  // src/schedule/schedule.cpp returns it).
   std::sort(cells.begin(), cells.end(), [](const Cell& a, const Cell& b) {
-    return std::tie(a.dst, a.src, a.begin, a.end, a.head, a.last) <
-           std::tie(b.dst, b.src, b.begin, b.end, b.head, b.last);
+    return std::tie(a.dst, a.src, a.begin, a.head, a.end, a.last) <
+           std::tie(b.dst, b.src, b.begin, b.head, b.end, b.last);
   });
   for (std::size_t i = 0; i < cells.size();) {
     std::size_t j = i;
     std::int32_t last = cells[i].last;
+    std::int64_t bytes = 0;
     while (j < cells.size() && cells[j].dst == cells[i].dst && cells[j].src == cells[i].src &&
-           cells[j].begin == cells[i].begin && cells[j].end == cells[i].end && cells[j].head == cells[i].head) {
+           cells[j].begin == cells[i].begin && cells[j].head == cells[i].head) {
       last = std::max(last, cells[j].last);
+      bytes = std::max(bytes, cells[j].bytes);
       ++j;
     }
     const Cell& x = cells[i];
-    rb[static_cast<std::size_t>(last)][at(x.dst, x.src)] += x.bytes;
-    if (slices > 1) rb[static_cast<std::size_t>(whole)][at(x.dst, x.src)] += x.bytes;
+    rb[static_cast<std::size_t>(last)][at(x.dst, x.src)] += bytes;
+    if (slices > 1) rb[static_cast<std::size_t>(whole)][at(x.dst, x.src)] += bytes;
     i = j;
   }
   return {std::move(df), std::move(rf), std::move(db), std::move(rb)};

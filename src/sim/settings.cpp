@@ -207,6 +207,10 @@ const std::vector<Entry>& entries() {
        [](const SimConfig& c) {
          return c.chunks.size() == 1 ? nlohmann::ordered_json(c.chunks[0]) : nlohmann::ordered_json(c.chunks);
        }},
+      {{"kv_prefix", "--kv-prefix", T::kBool,
+        "libra-topo sends only the causal prefix of a sample's K/V a worker reads (default true)"},
+       [](SimConfig& c, const Value& v, const std::string&) -> Status { c.kv_prefix = as<bool>(v); return {}; },
+       [](const SimConfig& c) { return nlohmann::ordered_json(c.kv_prefix); }},
       {{"tau", "--tau", T::kNumber, "TAP load slack (default 0.03)"}, LIBRA_NUM(tau)},
       {{"windows", "--windows", T::kInt, "windows to simulate, 0 = all (default 20)"}, LIBRA_INT(max_windows)},
       {{"threads", "--threads", T::kInt, "worker threads, 0 = all cores (default)"}, LIBRA_INT(threads)},

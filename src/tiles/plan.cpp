@@ -65,6 +65,7 @@ void for_each_canonical_word(const PlanConfig& c, std::span<const PackedSequence
   put(static_cast<std::uint64_t>(c.mode));
   put(c.dedup_per_kv_head ? 1U : 0U);
   if (plan_format_version(c) >= 2) put(static_cast<std::uint64_t>(c.home_layout));
+  if (plan_format_version(c) >= 3) put(c.kv_prefix ? 1U : 0U);
   if (c.mode == PlanMode::kTapTopo) {
     // Only tap-topo places by the topology, so only its plans hash it; the
     // other modes keep the fingerprints (and files) they always had.
@@ -395,10 +396,17 @@ Result<Plan> build_plan(std::span<const PackedSequence> pool, const PlanConfig& 
     }
   }
   d->kv_uses.assign(d->kv_use_offsets.back(), ChunkUse{});
+  // 5c. The tokens each worker holds of each of its groups: with kv_prefix
+  //     the causal prefix up to its last query row (a query reads no later
+  //     key), else the whole sample.
+  d->kv_span_end.assign(d->worker_group_ids.size(), 0);
   for (const Tile& t : d->tiles) {
     const ChunkUse* su = &shard_use[static_cast<std::size_t>(t.shard) * max_heads];
     for (std::int32_t fi = t.fragment_begin; fi < t.fragment_end; ++fi) {
-      const std::size_t at = entry(t.worker, d->fragments[static_cast<std::size_t>(fi)].group);
+      const Fragment& frag = d->fragments[static_cast<std::size_t>(fi)];
+      const std::size_t at = entry(t.worker, frag.group);
+      std::int64_t& span_end = d->kv_span_end[at];
+      span_end = std::max(span_end, frag.sample_start + (config.kv_prefix ? frag.e : frag.sample_length));
       const std::size_t first = d->kv_use_offsets[at], n = d->kv_use_offsets[at + 1] - first;
       for (std::size_t i = 0; i < n; ++i) {
         if (!su[i].used()) continue;
@@ -449,12 +457,15 @@ Result<Plan> build_plan(std::span<const PackedSequence> pool, const PlanConfig& 
   for (int r = 0; r < W; ++r) {
     for (std::size_t k = d->worker_group_offsets[r]; k < d->worker_group_offsets[r + 1]; ++k) {
       const KvGroup& grp = d->groups[static_cast<std::size_t>(d->worker_group_ids[k])];
+      const std::int64_t span_end = d->kv_span_end[k];
       for (const Geometry::Run& run : g.sample_runs(g.sample_base[grp.slot] + grp.sample)) {
+        if (run.begin >= span_end) break;
         const int src = grp.slot * g.cp + run.rank;
         if (src != r) {
           ++kv_at[static_cast<std::size_t>(src) * W + r + 1];
         } else {
-          d->tier_bytes[static_cast<std::size_t>(r)].kept += kv_bytes(g, run.end - run.begin, grp.kv_heads.size());
+          d->tier_bytes[static_cast<std::size_t>(r)].kept +=
+              kv_bytes(g, std::min(run.end, span_end) - run.begin, grp.kv_heads.size());
         }
       }
     }
@@ -481,6 +492,7 @@ Result<Plan> build_plan(std::span<const PackedSequence> pool, const PlanConfig& 
         const std::int32_t j = g.sample_base[grp.slot] + grp.sample;
         const std::int32_t key = gid - j * g.keys_per_sample;
         for (std::int32_t u = g.run_base[static_cast<std::size_t>(j)]; u < g.run_base[static_cast<std::size_t>(j) + 1]; ++u) {
+          if (g.runs[static_cast<std::size_t>(u)].begin >= d->kv_span_end[k]) break;
           const int src = grp.slot * g.cp + g.runs[static_cast<std::size_t>(u)].rank;
           if (src == r) continue;
           kv_items[ki[static_cast<std::size_t>(src) * W + r]++] = {static_cast<std::int32_t>(k), key, u};
@@ -534,9 +546,10 @@ Result<Plan> build_plan(std::span<const PackedSequence> pool, const PlanConfig& 
       const std::int32_t gid = d->worker_group_ids[static_cast<std::size_t>(item.entry)];
       const HeadRange kv = key_group[static_cast<std::size_t>(item.key)].kv_heads;
       const std::int32_t slot = d->groups[static_cast<std::size_t>(gid)].slot;
+      const std::int64_t end = std::min(run.end, d->kv_span_end[static_cast<std::size_t>(item.entry)]);
       const Transfer x{TransferKind::kKv, slot * g.cp + run.rank, static_cast<std::int32_t>(b % static_cast<std::size_t>(W)),
-                       slot, run.begin, run.end, kv, -1, gid,
-                       kv_bytes(g, run.end - run.begin, kv.size()), 0, M - 1};
+                       slot, run.begin, end, kv, -1, gid,
+                       kv_bytes(g, end - run.begin, kv.size()), 0, M - 1};
       d->transfers.push_back(x);
       d->byte_matrix[b] += x.bytes;
       const ChunkUse* uses = &d->kv_uses[d->kv_use_offsets[static_cast<std::size_t>(item.entry)]];
@@ -685,6 +698,15 @@ ChunkUse Plan::kv_use(int r, std::int32_t group, std::int32_t kv_head) const {
   if (kv_head < g.kv_heads.begin || kv_head >= g.kv_heads.end) return {};
   const std::size_t k = d_->worker_group_offsets[static_cast<std::size_t>(r)] + static_cast<std::size_t>(it - ids.begin());
   return d_->kv_uses[d_->kv_use_offsets[k] + static_cast<std::size_t>(kv_head - g.kv_heads.begin)];
+}
+
+TokenSpan Plan::kv_span(int r, std::int32_t group) const {
+  if (r < 0 || r >= d_->num_workers) return {};
+  const auto ids = worker_groups(r);
+  const auto it = std::lower_bound(ids.begin(), ids.end(), group);
+  if (it == ids.end() || *it != group) return {};
+  const std::size_t k = d_->worker_group_offsets[static_cast<std::size_t>(r)] + static_cast<std::size_t>(it - ids.begin());
+  return {d_->groups[static_cast<std::size_t>(group)].begin, d_->kv_span_end[k]};
 }
 
 HeadRange Plan::chunk_heads(const Tile& tile, int m) const {

@@ -69,6 +69,9 @@ struct Plan::Data {
   // kv_uses (one per KV head of the group, in head order).
   std::vector<std::size_t> kv_use_offsets;
   std::vector<ChunkUse> kv_uses;
+  // Per entry of worker_group_ids: the end of the tokens the worker holds
+  // (the sample's end, or with kv_prefix its causal prefix's; Plan::kv_span).
+  std::vector<std::int64_t> kv_span_end;
   std::vector<std::int64_t> worker_flops;
   double imbalance = 0;
   std::int64_t comm_bytes = 0;

@@ -54,6 +54,7 @@ std::string plan_to_json(const Plan& plan, int indent) {
   cfg["dedup_per_kv_head"] = c.dedup_per_kv_head;
   // Version 1 (contiguous) files stay as they were.
   if (plan_format_version(c) >= 2) cfg["home_layout"] = std::string(home_layout_name(c.home_layout));
+  if (plan_format_version(c) >= 3) cfg["kv_prefix"] = c.kv_prefix;
   if (c.mode == PlanMode::kTapTopo) {
     const PlanTopology& t = c.topology;
     cfg["topology"] = {{"gpus_per_node", t.gpus_per_node},
@@ -242,6 +243,11 @@ Result<Plan> plan_from_binary(std::string_view bytes, const std::string& source)
     if (!next_int(layout, 0, 1)) return bad("home layout");
     c.home_layout = static_cast<HomeLayout>(layout);
   }
+  if (version >= 3) {
+    int prefix = 0;
+    if (!next_int(prefix, 0, 1)) return bad("kv_prefix");
+    c.kv_prefix = prefix != 0;
+  }
   if (static_cast<PlanMode>(mode) == PlanMode::kTapTopo) {
     std::uint64_t bits[4] = {};
     if (!next_int(c.topology.gpus_per_node, 1, kI32) || !next_int(c.topology.nodes_per_supernode, 1, kI32) ||
@@ -261,7 +267,9 @@ Result<Plan> plan_from_binary(std::string_view bytes, const std::string& source)
   c.tau = std::bit_cast<double>(tau_bits);
   c.mode = static_cast<PlanMode>(mode);
   c.dedup_per_kv_head = dedup != 0;
-  if (plan_format_version(c) != version) return bad("a contiguous home layout is stored as format version 1");
+  if (plan_format_version(c) != version) {
+    return bad("this configuration is stored as format version " + std::to_string(plan_format_version(c)));
+  }
   std::int64_t slots = 0;
   if (!next_int(slots, 1, static_cast<std::int64_t>(w.size() - at))) return bad("pool size");
   std::vector<PackedSequence> pool(static_cast<std::size_t>(slots));
@@ -413,12 +421,18 @@ Result<Plan> plan_from_json(std::string_view text, const std::string& source) {
                                : Result<HomeLayout>(invalid_input("field 'home_layout' must be a string"));
       if (!l.ok()) return invalid_input(source + ": config: " + l.error().message());
       c.home_layout = *l;
-      if (plan_format_version(c) != static_cast<std::uint32_t>(version)) {
-        return invalid_input(source + ": config: home_layout " + std::string(home_layout_name(c.home_layout)) +
-                             " is format version " + std::to_string(plan_format_version(c)) + ", the file says " +
-                             std::to_string(version));
-        }
-      }
+    }
+    // Version 3 adds kv_prefix (a plan without it is written as version 1 or 2).
+    if (version >= 3 || cfg->contains("kv_prefix")) {
+      LIBRA_ASSIGN_OR_RETURN(const OJson* kp, rd.field(*cfg, "kv_prefix", w));
+      if (!kp->is_boolean()) return invalid_input(source + ": config: field 'kv_prefix' must be true or false");
+      c.kv_prefix = kp->get<bool>();
+    }
+    if (plan_format_version(c) != static_cast<std::uint32_t>(version)) {
+      return invalid_input(source + ": config: home_layout " + std::string(home_layout_name(c.home_layout)) +
+                           (c.kv_prefix ? " with kv_prefix" : "") + " is format version " +
+                           std::to_string(plan_format_version(c)) + ", the file says " + std::to_string(version));
+    }
     if (c.mode == PlanMode::kTapTopo) {
       LIBRA_ASSIGN_OR_RETURN(const OJson* tj, rd.field(*cfg, "topology", w));
       if (!tj->is_object()) return invalid_input(source + ": config: field 'topology' must be an object");

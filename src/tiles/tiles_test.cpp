@@ -536,13 +536,27 @@ void check_plan_invariants(const std::vector<PackedSequence>& pool, const PlanCo
       RC_ASSERT(resides(t.slot, t.begin) == t.home && resides(t.slot, t.end - 1) == t.home);
     }
   }
+  // What a worker holds of a group: the whole sample, or with kv_prefix the
+  // keys up to its last query row of the sample, recounted here from the
+  // fragments.
+  std::map<std::pair<int, std::int32_t>, std::int64_t> held_end;
+  for (const libra::Fragment& f : plan.fragments()) {
+    const int r = plan.tiles()[static_cast<std::size_t>(f.tile)].worker;
+    std::int64_t& end = held_end[{r, f.group}];
+    end = std::max(end, f.sample_start + (c.kv_prefix ? f.e : f.sample_length));
+  }
+  for (const auto& [key, end] : held_end) {
+    const libra::KvGroup& g = plan.groups()[static_cast<std::size_t>(key.second)];
+    RC_ASSERT(plan.kv_span(key.first, key.second) == (libra::TokenSpan{g.begin, end}));
+  }
   // Each fetched group arrives exactly once: the tokens received equal the
-  // sample's tokens that do not reside on the destination.
+  // held tokens that do not reside on the destination.
   for (const auto& [key, n] : kv_group_tokens) {
     const auto& [dst, gid] = key;
     const libra::KvGroup& g = plan.groups()[static_cast<std::size_t>(gid)];
     std::int64_t remote = 0;
-    for (std::int64_t x = g.begin; x < g.end; ++x) remote += resides(g.slot, x) != dst ? 1 : 0;
+    const std::int64_t end = held_end.at({dst, gid});
+    for (std::int64_t x = g.begin; x < end; ++x) remote += resides(g.slot, x) != dst ? 1 : 0;
     RC_ASSERT(n == remote);
     const auto wg = plan.worker_groups(dst);
     RC_ASSERT(std::binary_search(wg.begin(), wg.end(), gid));
@@ -610,6 +624,57 @@ RC_GTEST_PROP(PlanInvariants, HoldForTapSplitOnRandomPools, ()) {
   Case k = *gen_case(PlanMode::kTapSplit);
   k.config.dedup_per_kv_head = *rc::gen::arbitrary<bool>();
   check_plan_invariants(k.pool, k.config, plan_or_die(k.pool, k.config));
+}
+
+RC_GTEST_PROP(PlanInvariants, HoldWithKvPrefixOnRandomPools, ()) {
+  Case k = *gen_case(*rc::gen::element(PlanMode::kTap, PlanMode::kTapSplit, PlanMode::kTapTopo));
+  k.config.dedup_per_kv_head = *rc::gen::arbitrary<bool>();
+  k.config.kv_prefix = true;
+  check_plan_invariants(k.pool, k.config, plan_or_die(k.pool, k.config));
+}
+
+// The prefix changes no tile and no Q/O item; it only cuts KV items (never
+// adds one), and it cuts something whenever a worker holds a sample whose
+// last rows it does not compute.
+RC_GTEST_PROP(KvPrefix, SameTilesNeverMoreBytes, ()) {
+  Case k = *gen_case(*rc::gen::element(PlanMode::kTap, PlanMode::kTapTopo));
+  const Plan whole = plan_or_die(k.pool, k.config);
+  k.config.kv_prefix = true;
+  const Plan prefix = plan_or_die(k.pool, k.config);
+  RC_ASSERT(workers_of(whole) == workers_of(prefix));
+  RC_ASSERT(whole.fingerprint() != prefix.fingerprint());
+  const int W = whole.num_workers();
+  for (int s = 0; s < W; ++s) {
+    for (int d = 0; d < W; ++d) {
+      std::int64_t qo_a = 0, qo_b = 0, kv_a = 0, kv_b = 0;
+      for (const Transfer& x : whole.transfers(s, d)) (x.kind == TransferKind::kKv ? kv_a : qo_a) += x.bytes;
+      for (const Transfer& x : prefix.transfers(s, d)) (x.kind == TransferKind::kKv ? kv_b : qo_b) += x.bytes;
+      RC_ASSERT(qo_a == qo_b);
+      RC_ASSERT(kv_b <= kv_a);
+    }
+  }
+}
+
+TEST(KvPrefix, HandComputedTwoRankSample) {
+  // One slot, CP 2, L 8: sample 0 is rows [0, 8) over both ranks. With B 2,
+  // H 1 and tau 0 TAP moves tiles between the two ranks; every worker
+  // holding the sample needs keys [0, e) for its last row e only.
+  PlanConfig c = config(8, 2, 2, 1, 1, 1, 1, 4, 0.0);
+  c.kv_prefix = true;
+  const Plan plan = plan_or_die({{8}}, c);
+  for (int r = 0; r < 2; ++r) {
+    std::int64_t last = 0;
+    for (std::int32_t id : plan.worker_tiles(r)) last = std::max(last, plan.tiles()[static_cast<std::size_t>(id)].end);
+    EXPECT_EQ(plan.kv_span(r, 0), (libra::TokenSpan{0, last})) << "worker " << r;
+    // Rank 0 holds rows [0, 4): it receives exactly the rows [4, last).
+    std::int64_t got = 0;
+    for (const Transfer& x : plan.transfers(1 - r, r)) {
+      if (x.kind == TransferKind::kKv) got += x.end - x.begin;
+    }
+    const std::int64_t own_begin = 4 * r, own_end = 4 * r + 4;
+    const std::int64_t want = last - std::min(last, own_end) + std::max<std::int64_t>(0, std::min(last, own_begin));
+    EXPECT_EQ(got, want) << "worker " << r;
+  }
 }
 
 RC_GTEST_PROP(PlanInvariants, HoldForUlyssesOnRandomPools, ()) {
@@ -821,10 +886,11 @@ TEST(PlanMode, ParsesAndNamesEveryMode) {
 TEST(PlanChunks, RechunkEqualsPlanningAgainAtThatM) {
   const std::vector<PackedSequence> pool = {{9, 3, 4}, {16}, {2, 12, 2}, {5, 5}};
   for (PlanMode mode : {PlanMode::kTap, PlanMode::kTapSplit, PlanMode::kTapTopo}) {
-    for (bool dedup : {false, true}) {
+    for (int option = 0; option < 3; ++option) {
       PlanConfig c = config(16, 2, 4, 2, 8, 2, 4, 2, 0.03);
       c.mode = mode;
-      c.dedup_per_kv_head = dedup;
+      c.dedup_per_kv_head = option == 1;
+      c.kv_prefix = option == 2;
       // Two workers per node: a pool of four slots spans four nodes, so
       // tap-topo's placement differs from tap's.
       c.topology.gpus_per_node = 2;

@@ -48,7 +48,8 @@ WORKER = _PerWorker()
 
 
 def run_attention(rank, P, cp, pools, *, mode="tap", chunks=1, hq=4, hkv=2, d=16, block=8, shards=2,
-                  window=None, dtype="float32", dedup=False, checkpoint=False, tau=0.03, exchange="auto"):
+                  window=None, dtype="float32", dedup=False, checkpoint=False, tau=0.03, exchange="auto",
+                  kv_prefix=False):
     """One case on this rank: returns errors of o, dq, dk, dv and the raw results."""
     dt = getattr(torch, dtype)
     group, worker = lt.pool_group(P, cp)
@@ -56,7 +57,8 @@ def run_attention(rank, P, cp, pools, *, mode="tap", chunks=1, hq=4, hkv=2, d=16
     pool = pools[pool_index * P:(pool_index + 1) * P]
     plan = libra.make_plan(pool, seq_len=L, cp=cp, block_size=block, head_shards=shards, heads_q=hq,
                            heads_kv=hkv, head_dim=d, chunks=chunks, mode=mode, window=window, tau=tau,
-                           dtype="fp32" if dtype == "float32" else "bf16", dedup_per_kv_head=dedup)
+                           dtype="fp32" if dtype == "float32" else "bf16", dedup_per_kv_head=dedup,
+                           kv_prefix=kv_prefix)
     rt = lt.PlanRuntime(plan, group, exchange=exchange)
     WORKER.runtime = rt
     slot, cpr = worker // cp, worker % cp
@@ -90,6 +92,8 @@ CASES_4 = [
     dict(name="window 5 tap-split bf16", mode="tap-split", chunks=1, window=5, dtype="bfloat16"),
     dict(name="dedup per kv head H>h_kv", mode="tap", chunks=1, hq=8, hkv=2, shards=4, dedup=True),
     dict(name="checkpoint tap M2 fp32", mode="tap", chunks=2, checkpoint=True),
+    dict(name="kv prefix tap-topo M4 fp32", mode="tap-topo", chunks=4, hq=8, hkv=2, shards=2, kv_prefix=True),
+    dict(name="kv prefix window 7 tap bf16", mode="tap", chunks=2, window=7, dtype="bfloat16", kv_prefix=True),
 ]
 
 
@@ -163,6 +167,7 @@ CASES_FLASH = [
     dict(name="flash ulysses fp32", mode="ulysses", chunks=1, hq=4, hkv=4),
     dict(name="flash window 7 tap M2 fp32", mode="tap", chunks=2, window=7),
     dict(name="flash dedup per kv head", mode="tap", chunks=1, hq=8, hkv=2, shards=4, dedup=True),
+    dict(name="flash kv prefix tap-topo M2 fp32", mode="tap-topo", chunks=2, hq=8, hkv=2, shards=4, kv_prefix=True),
 ]
 
 

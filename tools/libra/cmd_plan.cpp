@@ -44,7 +44,8 @@ std::string summary(const Plan& plan) {
       "# plan mode {}{}  slots {}  cp {}  workers {}  tiles {}  block {}  head-shards {}  chunks {}  tau {}\n",
       plan_mode_name(c.mode),
       std::string(c.dedup_per_kv_head ? " (dedup per KV head)" : "") +
-          (c.home_layout == HomeLayout::kContiguous ? "" : " (home layout " + std::string(home_layout_name(c.home_layout)) + ")"),
+          (c.home_layout == HomeLayout::kContiguous ? "" : " (home layout " + std::string(home_layout_name(c.home_layout)) + ")") +
+          (c.kv_prefix ? " (KV prefix)" : ""),
       plan.pool_size(), c.cp, W,
       plan.tiles().size(), c.block_size, c.head_shards, c.chunks, c.tau);
   out += fmt::format("# fingerprint 0x{:016x}\n", plan.fingerprint());

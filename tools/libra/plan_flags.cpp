@@ -82,6 +82,9 @@ void add_plan_flags(CLI::App* sub, PlanFlags& f, std::string_view required) {
   keep(sub->add_option("--chunks", f.chunks, "Pipeline chunks M; divides h_q/H"));
   keep(sub->add_option("--home-layout", f.home_layout,
                        "Rows each CP rank holds: contiguous, or zigzag (chunks r and 2CP-1-r of 2CP, as Megatron CP)"));
+  keep(sub->add_flag("--kv-prefix", f.kv_prefix,
+                     "Send each worker only the causal prefix of a sample's K/V its tiles read (not the contract's "
+                     "whole sample; plan format 3)"));
 }
 
 std::string first_plan_flag_given(const PlanFlags& f) {
@@ -130,6 +133,7 @@ Result<PlanConfig> plan_config_from(const PlanFlags& f) {
   auto layout = parse_home_layout(f.home_layout);
   if (!layout.ok()) return invalid_input("--home-layout " + f.home_layout + ": must be contiguous or zigzag");
   c.home_layout = *layout;
+  c.kv_prefix = f.kv_prefix;
   return c;
 }
 

@@ -39,6 +39,7 @@ struct PlanFlags {
   double tau = 0.03;
   int chunks = 1;
   std::string home_layout = "contiguous";
+  bool kv_prefix = false;
   std::vector<const CLI::Option*> options;  // every flag added, to tell which were given
   std::string instead;  // what replaces the flags, for messages: "--load PLAN", "--plan FILE"
 };
