@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <bit>
 #include <limits>
+#include <mutex>
 #include <string>
 #include <utility>
 
@@ -33,6 +34,50 @@ int bit_count(std::uint64_t x) {
   x = (x & 0x3333333333333333ULL) + ((x >> 2) & 0x3333333333333333ULL);
   x = (x + (x >> 4)) & 0x0f0f0f0f0f0f0f0fULL;
   return static_cast<int>((x * 0x0101010101010101ULL) >> 56);
+}
+
+// Per dedup key k (the same for every sample): the key and KV heads of its
+// groups, and the query heads of a shard that uses them (for the chunk rule).
+struct KeyHeads {
+  std::vector<KvGroup> group;
+  std::vector<HeadRange> rep_shard_heads;
+};
+KeyHeads key_heads(const Geometry& g) {
+  KeyHeads h{std::vector<KvGroup>(static_cast<std::size_t>(g.keys_per_sample)),
+             std::vector<HeadRange>(static_cast<std::size_t>(g.keys_per_sample))};
+  for (int k = 0; k < g.keys_per_sample; ++k) {
+    KvGroup& grp = h.group[static_cast<std::size_t>(k)];
+    if (g.dedup_per_kv_head && g.shards > g.heads_kv) {
+      grp.key = k;
+      grp.kv_heads = {k, k + 1};
+      h.rep_shard_heads[static_cast<std::size_t>(k)] = g.shard_heads(k * g.group_size / g.head_width);
+    } else {
+      grp.key = g.dedup_per_kv_head ? g.shard_kv_heads(k).begin : k;
+      grp.kv_heads = g.shard_kv_heads(k);
+      h.rep_shard_heads[static_cast<std::size_t>(k)] = g.shard_heads(k);
+    }
+  }
+  return h;
+}
+
+// Plan::chunk_kv_heads of a plan with this configuration.
+HeadRange chunk_kv_heads_of(const PlanConfig& config, HeadRange shard_heads, HeadRange kv_heads, int m) {
+  const std::int32_t per_chunk = shard_heads.size() / config.chunks;
+  const std::int32_t group = config.shape.heads_q / config.shape.heads_kv;
+  // A KV head travels with the chunk holding the first of its query heads
+  // that lies in this shard.
+  auto chunk_of = [&](std::int32_t k) { return (std::max(k * group, shard_heads.begin) - shard_heads.begin) / per_chunk; };
+  std::int32_t begin = kv_heads.end, end = kv_heads.end;
+  for (std::int32_t k = kv_heads.begin; k < kv_heads.end; ++k) {
+    const std::int32_t c = chunk_of(k);
+    if (c == m && begin == kv_heads.end) begin = k;
+    if (c > m) {
+      end = k;
+      break;
+    }
+  }
+  if (begin == kv_heads.end) return {kv_heads.end, kv_heads.end};
+  return {begin, end};
 }
 
 std::string tile_name(const PlacedRows& r) {
@@ -135,7 +180,6 @@ Result<Plan> build_plan(std::span<const PackedSequence> pool, const PlanConfig& 
                         std::vector<PlacedRows> rows, const std::string& source) {
   const int W = g.workers;
   const int M = config.chunks;
-  const std::size_t W2 = static_cast<std::size_t>(W) * static_cast<std::size_t>(W);
 
   // 1. The tile set must cut every (slot, block, shard) into consecutive
   //    pieces that cover the block's rows exactly.
@@ -286,20 +330,7 @@ Result<Plan> build_plan(std::span<const PackedSequence> pool, const PlanConfig& 
   //    shard whose query heads use the group, for the chunk rule.
   const std::int32_t total_samples = g.sample_base.back();
   d->groups.resize(static_cast<std::size_t>(total_samples) * g.keys_per_sample);
-  std::vector<HeadRange> rep_shard_heads(static_cast<std::size_t>(g.keys_per_sample));
-  std::vector<KvGroup> key_group(static_cast<std::size_t>(g.keys_per_sample));  // key and KV heads per key
-  for (int k = 0; k < g.keys_per_sample; ++k) {
-    KvGroup& grp = key_group[static_cast<std::size_t>(k)];
-    if (g.dedup_per_kv_head && g.shards > g.heads_kv) {
-      grp.key = k;
-      grp.kv_heads = {k, k + 1};
-      rep_shard_heads[static_cast<std::size_t>(k)] = g.shard_heads(k * g.group_size / g.head_width);
-    } else {
-      grp.key = g.dedup_per_kv_head ? g.shard_kv_heads(k).begin : k;
-      grp.kv_heads = g.shard_kv_heads(k);
-      rep_shard_heads[static_cast<std::size_t>(k)] = g.shard_heads(k);
-    }
-  }
+  const std::vector<KvGroup> key_group = key_heads(g).group;  // key and KV heads per key
   for (int p = 0; p < g.pool_size; ++p) {
     for (std::int32_t j = g.sample_base[p]; j < g.sample_base[p + 1]; ++j) {
       for (int k = 0; k < g.keys_per_sample; ++k) {
@@ -345,10 +376,16 @@ Result<Plan> build_plan(std::span<const PackedSequence> pool, const PlanConfig& 
     const std::size_t r = static_cast<std::size_t>(d->tiles[static_cast<std::size_t>(f.tile)].worker);
     held[r * words + static_cast<std::size_t>(f.group) / 64] |= std::uint64_t{1} << (f.group % 64);
   }
-  // KV heads per group, by dedup key (the same for every sample).
+  // KV heads per group, by dedup key (the same for every sample), and the
+  // dedup key of every group (gid = global sample * keys + key; a table, not
+  // a division per entry).
   std::vector<std::int32_t> key_heads(static_cast<std::size_t>(g.keys_per_sample));
   for (int k = 0; k < g.keys_per_sample; ++k) {
     key_heads[static_cast<std::size_t>(k)] = d->groups[static_cast<std::size_t>(k)].kv_heads.size();
+  }
+  std::vector<std::int32_t> group_key(d->groups.size());
+  for (std::size_t gi = 0; gi < group_key.size(); ++gi) {
+    group_key[gi] = gi == 0 || group_key[gi - 1] + 1 == g.keys_per_sample ? 0 : group_key[gi - 1] + 1;
   }
   d->worker_group_offsets.assign(static_cast<std::size_t>(W) + 1, 0);
   d->worker_group_ids.reserve(d->fragments.size());
@@ -361,7 +398,7 @@ Result<Plan> build_plan(std::span<const PackedSequence> pool, const PlanConfig& 
         const auto gid = static_cast<std::int32_t>(k * 64 + static_cast<std::size_t>(std::countr_zero(w)));
         d->worker_group_ids.push_back(gid);
         d->kv_use_offsets.push_back(d->kv_use_offsets.back() +
-                                    static_cast<std::size_t>(key_heads[static_cast<std::size_t>(gid % g.keys_per_sample)]));
+                                    static_cast<std::size_t>(key_heads[static_cast<std::size_t>(group_key[static_cast<std::size_t>(gid)])]));
       }
     }
     d->worker_group_offsets[r + 1] = d->worker_group_ids.size();
@@ -396,30 +433,84 @@ Result<Plan> build_plan(std::span<const PackedSequence> pool, const PlanConfig& 
     }
   }
   d->kv_uses.assign(d->kv_use_offsets.back(), ChunkUse{});
+  // Key k is shard k's alone unless dedup_per_kv_head merges shards: then
+  // every fragment of a group is of its key's shard, and a worker's uses of
+  // the group are that shard's table.
+  const bool key_is_shard = !(g.dedup_per_kv_head && g.shards > g.heads_kv);
+  if (key_is_shard) {
+    for (std::size_t at = 0; at < d->worker_group_ids.size(); ++at) {
+      const std::int32_t key = group_key[static_cast<std::size_t>(d->worker_group_ids[at])];
+      std::copy_n(&shard_use[static_cast<std::size_t>(key) * max_heads], d->kv_use_offsets[at + 1] - d->kv_use_offsets[at],
+                  &d->kv_uses[d->kv_use_offsets[at]]);
+    }
+  }
   // 5c. The tokens each worker holds of each of its groups: with kv_prefix
   //     the causal prefix up to its last query row (a query reads no later
   //     key), else the whole sample.
-  d->kv_span_end.assign(d->worker_group_ids.size(), 0);
-  for (const Tile& t : d->tiles) {
-    const ChunkUse* su = &shard_use[static_cast<std::size_t>(t.shard) * max_heads];
-    for (std::int32_t fi = t.fragment_begin; fi < t.fragment_end; ++fi) {
-      const Fragment& frag = d->fragments[static_cast<std::size_t>(fi)];
-      const std::size_t at = entry(t.worker, frag.group);
-      std::int64_t& span_end = d->kv_span_end[at];
-      span_end = std::max(span_end, frag.sample_start + (config.kv_prefix ? frag.e : frag.sample_length));
-      const std::size_t first = d->kv_use_offsets[at], n = d->kv_use_offsets[at + 1] - first;
-      for (std::size_t i = 0; i < n; ++i) {
-        if (!su[i].used()) continue;
-        ChunkUse& u = d->kv_uses[first + i];
-        if (!u.used()) {
-          u = su[i];
-        } else {
-          u.first = std::min(u.first, su[i].first);
-          u.last = std::max(u.last, su[i].last);
+  if (config.kv_prefix) {
+    d->kv_span_end.assign(d->worker_group_ids.size(), 0);
+  } else {
+    d->kv_span_end.resize(d->worker_group_ids.size());
+    for (std::size_t at = 0; at < d->worker_group_ids.size(); ++at) {
+      d->kv_span_end[at] = d->groups[static_cast<std::size_t>(d->worker_group_ids[at])].end;
+    }
+  }
+  if (!key_is_shard || config.kv_prefix) {
+    for (const Tile& t : d->tiles) {
+      const ChunkUse* su = &shard_use[static_cast<std::size_t>(t.shard) * max_heads];
+      for (std::int32_t fi = t.fragment_begin; fi < t.fragment_end; ++fi) {
+        const Fragment& frag = d->fragments[static_cast<std::size_t>(fi)];
+        const std::size_t at = entry(t.worker, frag.group);
+        if (config.kv_prefix) {
+          std::int64_t& span_end = d->kv_span_end[at];
+          span_end = std::max(span_end, frag.sample_start + frag.e);
+        }
+        if (key_is_shard) continue;
+        const std::size_t first = d->kv_use_offsets[at], n = d->kv_use_offsets[at + 1] - first;
+        for (std::size_t i = 0; i < n; ++i) {
+          if (!su[i].used()) continue;
+          ChunkUse& u = d->kv_uses[first + i];
+          if (!u.used()) {
+            u = su[i];
+          } else {
+            u.first = std::min(u.first, su[i].first);
+            u.last = std::max(u.last, su[i].last);
+          }
         }
       }
     }
   }
+
+  // 8. Fingerprint of the defining content.
+  WordHash hash;
+  for_each_canonical_word(config, pool, d->tiles, [&](std::uint64_t x) { hash(x); });
+  d->fingerprint = hash.value();
+  // The exchange is derived from the plan on first use (derive_exchange).
+  d->geometry = std::make_shared<const Geometry>(g);
+  return Plan(std::move(d));
+}
+
+namespace {
+
+// Sections 6 and 7b of the builder: the transfers, chunk lists, byte
+// matrices and bytes by tier of a built plan (Plan::Data's exchange).
+void derive_exchange_impl(const Plan::Data& data) {
+  // Writes only the exchange's fields (mutable), once, before any reader
+  // sees exchange_ready; everything else it reads was fixed by build_plan.
+  const Plan::Data* d = &data;
+  const Geometry& g = *d->geometry;
+  const PlanConfig& config = d->config;
+  const int W = g.workers;
+  const int M = config.chunks;
+  const std::size_t W2 = static_cast<std::size_t>(W) * static_cast<std::size_t>(W);
+  const std::int32_t per_chunk = g.head_width / M;
+  const KeyHeads keys = key_heads(g);
+  const std::vector<KvGroup>& key_group = keys.group;
+  const std::vector<HeadRange>& rep_shard_heads = keys.rep_shard_heads;
+  // A derivation that threw (out of memory) may have left partial sums.
+  d->comm_bytes = 0;
+  d->max_recv_cross_node = 0;
+  d->transfers.clear();
 
   // 6. Transfers and their chunks. A bucket (src, dst) lists Q items (by
   //    tile), then KV items (by group of dst, then begin), then O items (by
@@ -431,12 +522,11 @@ Result<Plan> build_plan(std::span<const PackedSequence> pool, const PlanConfig& 
   //    sorted into their buckets as small indices (a counting sort keeps
   //    the generation order), so that both lists are written front to back.
   // KV heads of chunk m for each dedup key (they depend on nothing else).
-  const Plan view(d);
   std::vector<HeadRange> chunk_kv(static_cast<std::size_t>(g.keys_per_sample) * static_cast<std::size_t>(M));
   for (int k = 0; k < g.keys_per_sample; ++k) {
     for (int m = 0; m < M; ++m) {
       chunk_kv[static_cast<std::size_t>(k) * M + m] =
-          view.chunk_kv_heads(rep_shard_heads[static_cast<std::size_t>(k)], key_group[static_cast<std::size_t>(k)].kv_heads, m);
+          chunk_kv_heads_of(config, rep_shard_heads[static_cast<std::size_t>(k)], key_group[static_cast<std::size_t>(k)].kv_heads, m);
     }
   }
   d->tier_bytes.assign(static_cast<std::size_t>(W), TierBytes{});
@@ -615,12 +705,11 @@ Result<Plan> build_plan(std::span<const PackedSequence> pool, const PlanConfig& 
     }
   }
 
-  // 8. Fingerprint of the defining content.
-  WordHash hash;
-  for_each_canonical_word(config, pool, d->tiles, [&](std::uint64_t x) { hash(x); });
-  d->fingerprint = hash.value();
-  return Plan(std::move(d));
 }
+
+}  // namespace
+
+void derive_exchange(const Plan::Data& data) { derive_exchange_impl(data); }
 
 }  // namespace detail
 
@@ -645,6 +734,22 @@ Result<Plan> rechunk_plan(const Plan& plan, int chunks) {
 
 // ---- accessors -------------------------------------------------------------
 
+namespace {
+
+// The plan's data with its exchange derived: the first caller derives it,
+// concurrent callers wait for it, later ones pay one acquire load.
+const Plan::Data& with_exchange(const Plan::Data& d) {
+  if (!d.exchange_ready.load(std::memory_order_acquire)) {
+    std::call_once(d.exchange_once, [&d] {
+      detail::derive_exchange(d);
+      d.exchange_ready.store(true, std::memory_order_release);
+    });
+  }
+  return d;
+}
+
+}  // namespace
+
 const PlanConfig& Plan::config() const { return d_->config; }
 int Plan::pool_size() const { return d_->pool_size; }
 int Plan::num_workers() const { return d_->num_workers; }
@@ -664,30 +769,35 @@ std::span<const std::int32_t> Plan::worker_groups(int r) const {
 }
 std::span<const std::int64_t> Plan::worker_flops() const { return d_->worker_flops; }
 double Plan::imbalance() const { return d_->imbalance; }
-std::int64_t Plan::comm_bytes() const { return d_->comm_bytes; }
-std::span<const std::int64_t> Plan::byte_matrix() const { return d_->byte_matrix; }
+std::int64_t Plan::comm_bytes() const { return with_exchange(*d_).comm_bytes; }
+std::span<const std::int64_t> Plan::byte_matrix() const { return with_exchange(*d_).byte_matrix; }
 std::int64_t Plan::bytes(int src, int dst) const {
-  return d_->byte_matrix[static_cast<std::size_t>(src) * d_->num_workers + dst];
+  return with_exchange(*d_).byte_matrix[static_cast<std::size_t>(src) * d_->num_workers + dst];
 }
 std::int64_t Plan::send_bytes(int r) const {
+  const auto& m = with_exchange(*d_).byte_matrix;
+  const std::size_t W = static_cast<std::size_t>(d_->num_workers);
   std::int64_t s = 0;
-  for (int dst = 0; dst < d_->num_workers; ++dst) s += bytes(r, dst);
+  for (std::size_t dst = 0; dst < W; ++dst) s += m[static_cast<std::size_t>(r) * W + dst];
   return s;
 }
 std::int64_t Plan::recv_bytes(int r) const {
+  const auto& m = with_exchange(*d_).byte_matrix;
+  const std::size_t W = static_cast<std::size_t>(d_->num_workers);
   std::int64_t s = 0;
-  for (int src = 0; src < d_->num_workers; ++src) s += bytes(src, r);
+  for (std::size_t src = 0; src < W; ++src) s += m[src * W + static_cast<std::size_t>(r)];
   return s;
 }
 std::span<const Transfer> Plan::transfers(int src, int dst) const {
-  const std::size_t b = static_cast<std::size_t>(src) * d_->num_workers + dst;
-  const auto& o = d_->transfer_offsets;
-  return std::span<const Transfer>(d_->transfers).subspan(o[b], o[b + 1] - o[b]);
+  const Data& d = with_exchange(*d_);
+  const std::size_t b = static_cast<std::size_t>(src) * d.num_workers + dst;
+  const auto& o = d.transfer_offsets;
+  return std::span<const Transfer>(d.transfers).subspan(o[b], o[b + 1] - o[b]);
 }
-std::span<const Transfer> Plan::all_transfers() const { return d_->transfers; }
-std::span<const TierBytes> Plan::tier_bytes() const { return d_->tier_bytes; }
-int Plan::busiest_receiver() const { return d_->busiest_receiver; }
-std::int64_t Plan::max_recv_cross_node() const { return d_->max_recv_cross_node; }
+std::span<const Transfer> Plan::all_transfers() const { return with_exchange(*d_).transfers; }
+std::span<const TierBytes> Plan::tier_bytes() const { return with_exchange(*d_).tier_bytes; }
+int Plan::busiest_receiver() const { return with_exchange(*d_).busiest_receiver; }
+std::int64_t Plan::max_recv_cross_node() const { return with_exchange(*d_).max_recv_cross_node; }
 
 ChunkUse Plan::kv_use(int r, std::int32_t group, std::int32_t kv_head) const {
   if (r < 0 || r >= d_->num_workers) return {};
@@ -715,33 +825,20 @@ HeadRange Plan::chunk_heads(const Tile& tile, int m) const {
 }
 
 HeadRange Plan::chunk_kv_heads(HeadRange shard_heads, HeadRange kv_heads, int m) const {
-  const std::int32_t per_chunk = shard_heads.size() / d_->config.chunks;
-  const std::int32_t group = d_->config.shape.heads_q / d_->config.shape.heads_kv;
-  // A KV head travels with the chunk holding the first of its query heads
-  // that lies in this shard.
-  auto chunk_of = [&](std::int32_t k) { return (std::max(k * group, shard_heads.begin) - shard_heads.begin) / per_chunk; };
-  std::int32_t begin = kv_heads.end, end = kv_heads.end;
-  for (std::int32_t k = kv_heads.begin; k < kv_heads.end; ++k) {
-    const std::int32_t c = chunk_of(k);
-    if (c == m && begin == kv_heads.end) begin = k;
-    if (c > m) {
-      end = k;
-      break;
-    }
-  }
-  if (begin == kv_heads.end) return {kv_heads.end, kv_heads.end};
-  return {begin, end};
+  return detail::chunk_kv_heads_of(d_->config, shard_heads, kv_heads, m);
 }
 
 std::span<const Transfer> Plan::chunk_transfers(int m, int src, int dst) const {
-  const std::size_t W = static_cast<std::size_t>(d_->num_workers);
+  const Data& d = with_exchange(*d_);
+  const std::size_t W = static_cast<std::size_t>(d.num_workers);
   const std::size_t b = (static_cast<std::size_t>(m) * W + static_cast<std::size_t>(src)) * W + dst;
-  const auto& o = d_->chunk_offsets;
-  return std::span<const Transfer>(d_->chunk_transfers.data() + o[b], o[b + 1] - o[b]);
+  const auto& o = d.chunk_offsets;
+  return std::span<const Transfer>(d.chunk_transfers.data() + o[b], o[b + 1] - o[b]);
 }
 std::int64_t Plan::chunk_bytes(int m, int src, int dst) const {
-  const std::size_t W = static_cast<std::size_t>(d_->num_workers);
-  return d_->chunk_byte_matrix[(static_cast<std::size_t>(m) * W + static_cast<std::size_t>(src)) * W + dst];
+  const Data& d = with_exchange(*d_);
+  const std::size_t W = static_cast<std::size_t>(d.num_workers);
+  return d.chunk_byte_matrix[(static_cast<std::size_t>(m) * W + static_cast<std::size_t>(src)) * W + dst];
 }
 std::uint64_t Plan::fingerprint() const { return d_->fingerprint; }
 

@@ -3,10 +3,12 @@
 // fingerprint and the binary file.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <memory>
+#include <mutex>
 #include <new>
 #include <type_traits>
 #include <span>
@@ -50,6 +52,7 @@ class RawArray {
   std::size_t size_ = 0;
 };
 using TransferArray = RawArray<Transfer>;
+struct Geometry;
 }  // namespace detail
 
 struct Plan::Data {
@@ -74,16 +77,25 @@ struct Plan::Data {
   std::vector<std::int64_t> kv_span_end;
   std::vector<std::int64_t> worker_flops;
   double imbalance = 0;
-  std::int64_t comm_bytes = 0;
-  std::vector<std::int64_t> byte_matrix;          // W * W
-  std::vector<Transfer> transfers;
-  std::vector<std::size_t> transfer_offsets;      // W * W + 1, bucket src * W + dst
-  detail::TransferArray chunk_transfers;
-  std::vector<std::size_t> chunk_offsets;         // M * W * W + 1, bucket (m * W + src) * W + dst
-  std::vector<std::int64_t> chunk_byte_matrix;    // M * W * W
-  std::vector<TierBytes> tier_bytes;              // W
-  int busiest_receiver = 0;
-  std::int64_t max_recv_cross_node = 0;
+  // The exchange (builder sections 6 and 7b) is derived from the fields
+  // above and `geometry` on first use: Plan's exchange accessors call
+  // detail::derive_exchange once, under exchange_once, so make_plan does not
+  // pay for megabytes of transfer lists a caller may never read, and plans
+  // shared across threads derive it once. Mutable: written once, before
+  // exchange_ready is set, and only read after.
+  std::shared_ptr<const detail::Geometry> geometry;
+  mutable std::once_flag exchange_once;
+  mutable std::atomic<bool> exchange_ready{false};
+  mutable std::int64_t comm_bytes = 0;
+  mutable std::vector<std::int64_t> byte_matrix;          // W * W
+  mutable std::vector<Transfer> transfers;
+  mutable std::vector<std::size_t> transfer_offsets;      // W * W + 1, bucket src * W + dst
+  mutable detail::TransferArray chunk_transfers;
+  mutable std::vector<std::size_t> chunk_offsets;         // M * W * W + 1, bucket (m * W + src) * W + dst
+  mutable std::vector<std::int64_t> chunk_byte_matrix;    // M * W * W
+  mutable std::vector<TierBytes> tier_bytes;              // W
+  mutable int busiest_receiver = 0;
+  mutable std::int64_t max_recv_cross_node = 0;
   std::uint64_t fingerprint = 0;
 };
 
@@ -201,7 +213,8 @@ inline int topo_tier(const PlanTopology& t, int a, int b) {
 }
 
 // Checks that `rows` cut every (slot, block, shard) into consecutive pieces
-// covering the block exactly, then derives the whole plan. `source` names the
+// covering the block exactly, then derives the plan (the exchange on first
+// use: derive_exchange). `source` names the
 // input in error messages.
 [[nodiscard]] Result<Plan> build_plan(std::span<const PackedSequence> pool, const PlanConfig& config,
                                       const Geometry& geo, std::vector<PlacedRows> rows,
@@ -210,6 +223,9 @@ inline int topo_tier(const PlanTopology& t, int a, int b) {
 // The canonical little-endian 64-bit word encoding of a plan's defining
 // content (config, pool, tiles with placement). The fingerprint hashes it and
 // the binary file stores it.
+// Fills the exchange of a plan build_plan made (call it once).
+void derive_exchange(const Plan::Data& data);
+
 [[nodiscard]] std::vector<std::uint64_t> canonical_words(const PlanConfig& config,
                                                          std::span<const PackedSequence> pool,
                                                          std::span<const Tile> tiles);

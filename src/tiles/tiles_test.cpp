@@ -6,9 +6,11 @@
 #include <rapidcheck/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <set>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -886,10 +888,11 @@ TEST(PlanMode, ParsesAndNamesEveryMode) {
 TEST(PlanChunks, RechunkEqualsPlanningAgainAtThatM) {
   const std::vector<PackedSequence> pool = {{9, 3, 4}, {16}, {2, 12, 2}, {5, 5}};
   for (PlanMode mode : {PlanMode::kTap, PlanMode::kTapSplit, PlanMode::kTapTopo}) {
-    for (bool dedup : {false, true}) {
+    for (int option = 0; option < 3; ++option) {
       PlanConfig c = config(16, 2, 4, 2, 8, 2, 4, 2, 0.03);
       c.mode = mode;
-      c.dedup_per_kv_head = dedup;
+      c.dedup_per_kv_head = option == 1;
+      c.kv_prefix = option == 2;
       // Two workers per node: a pool of four slots spans four nodes, so
       // tap-topo's placement differs from tap's.
       c.topology.gpus_per_node = 2;
@@ -915,6 +918,99 @@ TEST(PlanChunks, RechunkEqualsPlanningAgainAtThatM) {
       auto bad = libra::rechunk_plan(four, 3);
       ASSERT_FALSE(bad.ok());
       EXPECT_NE(bad.error().message().find("chunks 3 must divide"), std::string::npos) << bad.error().message();
+    }
+  }
+}
+
+namespace {
+
+// Threads start with different accessors: whichever comes first derives the
+// exchange.
+std::int64_t first_access(const Plan& p, int which) {
+  const int W = p.num_workers(), M = p.config().chunks;
+  switch (which % 4) {
+    case 0: return p.comm_bytes();
+    case 1: return static_cast<std::int64_t>(p.all_transfers().size());
+    case 2: return p.chunk_bytes(M - 1, W - 1, 0);
+    default: return p.tier_bytes()[0].kept;
+  }
+}
+
+// Everything a consumer reads of a plan's exchange, in a fixed order.
+std::vector<std::int64_t> exchange_signature(const Plan& p, int first_accessor) {
+  std::vector<std::int64_t> v;
+  const int W = p.num_workers(), M = p.config().chunks;
+  auto put = [&](const Transfer& x) {
+    v.insert(v.end(), {static_cast<std::int64_t>(x.kind), x.src, x.dst, x.slot, x.begin, x.end, x.heads.begin, x.heads.end,
+                       x.tile, x.group, x.bytes, x.first_use, x.last_use});
+  };
+  first_access(p, first_accessor);
+  v.push_back(p.comm_bytes());
+  v.push_back(p.busiest_receiver());
+  v.push_back(p.max_recv_cross_node());
+  for (const libra::TierBytes& t : p.tier_bytes()) {
+    v.insert(v.end(), {t.kept, t.send_intra_node, t.send_cross_node, t.send_cross_supernode, t.recv_intra_node,
+                       t.recv_cross_node, t.recv_cross_supernode});
+  }
+  for (int s = 0; s < W; ++s) {
+    v.push_back(p.send_bytes(s));
+    v.push_back(p.recv_bytes(s));
+    for (int d = 0; d < W; ++d) {
+      v.push_back(p.bytes(s, d));
+      for (const Transfer& x : p.transfers(s, d)) put(x);
+      for (int m = 0; m < M; ++m) {
+        v.push_back(p.chunk_bytes(m, s, d));
+        for (const Transfer& x : p.chunk_transfers(m, s, d)) put(x);
+      }
+    }
+  }
+  for (const Transfer& x : p.all_transfers()) put(x);
+  return v;
+}
+
+}  // namespace
+
+// A plan derives its exchange on first use. Threads sharing a fresh plan
+// (the simulator and Python do) must all see the one exchange, identical to
+// what a single thread sees, stored once.
+TEST(PlanExchange, DerivedOnceAndIdenticalAcrossThreads) {
+  auto seqs = libra::load_packed_sequences("builtin:paper-256k", 262'144);
+  ASSERT_TRUE(seqs.ok()) << seqs.error().message();
+  const std::vector<PackedSequence> pool(seqs->begin(), seqs->begin() + 8);
+  PlanConfig c = config(262'144, 8, 8192, 8, 32, 4, 128, 2, 0.03);
+  c.chunks = 4;
+  for (PlanMode mode : {PlanMode::kTap, PlanMode::kTapTopo}) {
+    c.mode = mode;
+    const std::vector<std::int64_t> want = exchange_signature(plan_or_die(pool, c), 0);
+    ASSERT_GT(want.size(), 1000U);
+    // Fresh plans, so that the threads race for the first access.
+    for (int round = 0; round < 10; ++round) {
+      const Plan shared = plan_or_die(pool, c);
+      constexpr int kThreads = 8;
+      std::vector<std::vector<std::int64_t>> got(kThreads);
+      std::vector<const Transfer*> storage(kThreads);
+      std::atomic<int> ready{0};
+      std::vector<std::thread> threads;
+      for (int t = 0; t < kThreads; ++t) {
+        threads.emplace_back([&, t] {
+          ready.fetch_add(1);
+          while (ready.load() < kThreads) std::this_thread::yield();
+          if (round == 0) {
+            got[static_cast<std::size_t>(t)] = exchange_signature(shared, t);
+          } else {
+            first_access(shared, t);
+          }
+          storage[static_cast<std::size_t>(t)] = shared.all_transfers().data();
+        });
+      }
+      for (std::thread& th : threads) th.join();
+      for (int t = 0; t < kThreads; ++t) {
+        if (round == 0) {
+          EXPECT_EQ(got[static_cast<std::size_t>(t)], want) << libra::plan_mode_name(mode) << " thread " << t;
+        }
+        EXPECT_EQ(storage[static_cast<std::size_t>(t)], storage[0]) << "thread " << t;
+      }
+      EXPECT_EQ(exchange_signature(shared, 0), want) << libra::plan_mode_name(mode) << " round " << round;
     }
   }
 }
