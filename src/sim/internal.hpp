@@ -27,7 +27,7 @@ struct Ctx {
   ThroughputTable table;
   std::vector<SimCandidate> candidates;
   // Per candidate: the listed M its tiles can take (M divides h_q / H), in
-  // SimConfig::chunks order; the first also plans its unpipelined variants.
+  // SimConfig::chunks order.
   std::vector<std::vector<std::int64_t>> chunks;
 };
 

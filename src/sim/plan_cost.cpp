@@ -122,8 +122,10 @@ PhaseBytes phase_bytes(const Plan& plan) {
         for (const Transfer& x : plan.chunk_transfers(k, s, t)) {
           const std::int64_t rows = x.end - x.begin;
           const std::int64_t heads = x.heads.size();
-          std::vector<std::size_t> targets{static_cast<std::size_t>(k)};
-          if (slices > 1) targets.push_back(static_cast<std::size_t>(whole));
+          // The chunk's slice and, when pipelined, the whole step's (no
+          // allocation per transfer: this loop is the simulator's hottest).
+          const std::array<std::size_t, 2> both{static_cast<std::size_t>(k), static_cast<std::size_t>(whole)};
+          const std::span<const std::size_t> targets(both.data(), slices > 1 ? 2 : 1);
           if (x.kind == TransferKind::kQ) {
             const std::int64_t lse = rows * heads * 4;
             for (std::size_t i : targets) {

@@ -198,7 +198,7 @@ const std::vector<Entry>& entries() {
       {{"block_size", "--block-size", T::kIntList, "candidate block sizes B (default 8192,16384,32768)"},
        LIBRA_LIST(block_sizes)},
       {{"chunks", "--chunks", T::kIntList,
-        "pipeliner chunks M; a list: each candidate's pipelined variants take the best (default 4)"},
+        "pipeliner chunks M; a list: each candidate's pipelined variants take the best (default 1,2,4)"},
        [](SimConfig& c, const Value& v, const std::string&) -> Status {
          c.chunks = as<std::vector<std::int64_t>>(v);
          return {};

@@ -671,7 +671,7 @@ TEST(TopologyCalibration, CommunicationGrowsWithPAsInFigure14) {
   SimConfig cfg;
   ASSERT_TRUE(apply_sim_config_json(R"({"source": "builtin:paper-256k", "seq_len": 262144, "heads_kv": 16, "cp": 4,
       "dp": 32, "pool_size": [4, 8, 16, 32], "head_shards": 8, "block_size": 16384, "windows": 2,
-      "end_to_end": false, "distca_max_gpus": 1})", "fig14.json", cfg).ok());
+      "end_to_end": false, "distca_max_gpus": 1, "chunks": 4})", "fig14.json", cfg).ok());
   auto r = simulate(cfg);
   ASSERT_TRUE(r.ok()) << r.error().message();
   ASSERT_EQ(r->candidates.size(), 4u);

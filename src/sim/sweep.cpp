@@ -96,8 +96,8 @@ WindowResult simulate_window(const Ctx& ctx, std::span<const PackedSequence> win
     tm.placement += thread_cpu_seconds() - t1;
     return std::make_pair(std::move(pl), std::move(lay));
   };
-  // Every pool of a placement through make_plan (pc, at the first of
-  // `chunks`); step latencies of the given variants into cw.steps, the
+  // Every pool of a placement through make_plan (pc, at one of `chunks`);
+  // step latencies of the given variants into cw.steps, the
   // pipelined ones at every M of `chunks`: the same tiles re-chunked (no
   // placement reads M), and M = 1 is the unpipelined timing of any of them.
   auto run_pools = [&](const Placed& pl, const PlanConfig& pc, const std::vector<Variant>& variants, CandWindow& cw,
@@ -188,8 +188,12 @@ WindowResult simulate_window(const Ctx& ctx, std::span<const PackedSequence> win
     cw.lower_bound = imbalance_lower_bound(*f, cand.pool_size) - 1.0;
 
     const std::vector<std::int64_t>& ms = ctx.chunks[ci];
-    const PlanConfig tap = tap_config(ctx, cand.head_shards, cand.block_size, ms[0]);
-    const PlanConfig plus = plan_config(ctx, cand.head_shards, cand.block_size, ms[0], PlanMode::kTapSplit, true);
+    // Plans are made at the first listed M above 1 (M = 1 is any plan's
+    // unpipelined timing) and re-chunked for the others.
+    const auto above_one = std::find_if(ms.begin(), ms.end(), [](std::int64_t m) { return m > 1; });
+    const std::int64_t base = above_one == ms.end() ? ms[0] : *above_one;
+    const PlanConfig tap = tap_config(ctx, cand.head_shards, cand.block_size, base);
+    const PlanConfig plus = plan_config(ctx, cand.head_shards, cand.block_size, base, PlanMode::kTapSplit, true);
     Status s = run_pools(placed.at(PlacementMode::kSampler), tap, {Variant::kLibraTap}, cw, Record::kNothing, ms);
     if (s.ok()) {
       s = run_pools(placed.at(PlacementMode::kVrsp), tap, {Variant::kLibraTapVrsp, Variant::kLibraFull}, cw,
@@ -199,7 +203,7 @@ WindowResult simulate_window(const Ctx& ctx, std::span<const PackedSequence> win
       s = run_pools(placed.at(PlacementMode::kVrspRefine), plus, {Variant::kLibraPlus}, cw, Record::kPlus, ms);
     }
     if (s.ok()) {
-      const PlanConfig topo = plan_config(ctx, cand.head_shards, cand.block_size, ms[0], PlanMode::kTapTopo, false);
+      const PlanConfig topo = plan_config(ctx, cand.head_shards, cand.block_size, base, PlanMode::kTapTopo, false);
       auto tp = topo_by_p.find(cand.pool_size);
       if (tp == topo_by_p.end()) {
         auto pl = placement_for(cand.pool_size, PlacementMode::kVrsp, topo_interleave(ctx));

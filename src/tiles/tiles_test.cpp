@@ -888,10 +888,11 @@ TEST(PlanMode, ParsesAndNamesEveryMode) {
 TEST(PlanChunks, RechunkEqualsPlanningAgainAtThatM) {
   const std::vector<PackedSequence> pool = {{9, 3, 4}, {16}, {2, 12, 2}, {5, 5}};
   for (PlanMode mode : {PlanMode::kTap, PlanMode::kTapSplit, PlanMode::kTapTopo}) {
-    for (bool dedup : {false, true}) {
+    for (int option = 0; option < 3; ++option) {
       PlanConfig c = config(16, 2, 4, 2, 8, 2, 4, 2, 0.03);
       c.mode = mode;
-      c.dedup_per_kv_head = dedup;
+      c.dedup_per_kv_head = option == 1;
+      c.kv_prefix = option == 2;
       // Two workers per node: a pool of four slots spans four nodes, so
       // tap-topo's placement differs from tap's.
       c.topology.gpus_per_node = 2;
