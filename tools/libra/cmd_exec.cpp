@@ -205,7 +205,9 @@ int print_report(Communicator& world, const ExecOptionsCli& opt, const PlanConfi
   const bool windowed = cfg.shape.window != kFullCausal;
   const int threads = opt.pool.threads;
   if (root) {
-    const std::string mode_text = opt.plan.empty() ? opt.mode : fmt::format("{} (plan {})", plan_mode_name(cfg.mode), opt.plan);
+    const std::string mode_text =
+        (opt.plan.empty() ? opt.mode : fmt::format("{} (plan {})", plan_mode_name(cfg.mode), opt.plan)) +
+        (cfg.kv_prefix ? " with KV prefix" : "");
     if (opt.json) {
       report["ranks"] = r.ranks;
       report["pool_ranks"] = r.pool_ranks;
