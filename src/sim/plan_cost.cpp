@@ -115,10 +115,13 @@ PhaseBytes phase_bytes(const Plan& plan) {
   };
   std::vector<Cell> cells;
   const int whole = slices - 1;
-  for (int k = 0; k < M; ++k) {
-    for (int s = 0; s < w; ++s) {
-      for (int t = 0; t < w; ++t) {
-        if (s == t) continue;
+  // Pair by pair (a cell's worker and source are the pair's), every chunk of
+  // the pair, then its cells: small sorts instead of one over the plan.
+  for (int s = 0; s < w; ++s) {
+    for (int t = 0; t < w; ++t) {
+      if (s == t) continue;
+      cells.clear();
+      for (int k = 0; k < M; ++k) {
         for (const Transfer& x : plan.chunk_transfers(k, s, t)) {
           const std::int64_t rows = x.end - x.begin;
           const std::int64_t heads = x.heads.size();
@@ -150,30 +153,27 @@ PhaseBytes phase_bytes(const Plan& plan) {
           }
         }
       }
+      // Cells of one (worker, source, first row, head) are one place of the
+      // compute buffer: with kv_prefix, shards sharing a KV head may hold
+      // prefixes of different lengths there, and the longest goes home (as
+      // src/schedule/schedule.cpp returns it).
+      std::sort(cells.begin(), cells.end(), [](const Cell& x, const Cell& y) {
+        return std::tie(x.begin, x.head, x.end, x.last) < std::tie(y.begin, y.head, y.end, y.last);
+      });
+      for (std::size_t i = 0; i < cells.size();) {
+        std::size_t j = i;
+        std::int32_t last = cells[i].last;
+        std::int64_t bytes = 0;
+        while (j < cells.size() && cells[j].begin == cells[i].begin && cells[j].head == cells[i].head) {
+          last = std::max(last, cells[j].last);
+          bytes = std::max(bytes, cells[j].bytes);
+          ++j;
+        }
+        rb[static_cast<std::size_t>(last)][at(t, s)] += bytes;
+        if (slices > 1) rb[static_cast<std::size_t>(whole)][at(t, s)] += bytes;
+        i = j;
+      }
     }
-  }
-  // Cells of one (worker, source, first row, head) are one place of the
-  // compute buffer: with kv_prefix, shards sharing a KV head may hold
-  // prefixes of different lengths there, and the longest goes home (as
-  // src/schedule/schedule.cpp returns it).
-  std::sort(cells.begin(), cells.end(), [](const Cell& a, const Cell& b) {
-    return std::tie(a.dst, a.src, a.begin, a.head, a.end, a.last) <
-           std::tie(b.dst, b.src, b.begin, b.head, b.end, b.last);
-  });
-  for (std::size_t i = 0; i < cells.size();) {
-    std::size_t j = i;
-    std::int32_t last = cells[i].last;
-    std::int64_t bytes = 0;
-    while (j < cells.size() && cells[j].dst == cells[i].dst && cells[j].src == cells[i].src &&
-           cells[j].begin == cells[i].begin && cells[j].head == cells[i].head) {
-      last = std::max(last, cells[j].last);
-      bytes = std::max(bytes, cells[j].bytes);
-      ++j;
-    }
-    const Cell& x = cells[i];
-    rb[static_cast<std::size_t>(last)][at(x.dst, x.src)] += bytes;
-    if (slices > 1) rb[static_cast<std::size_t>(whole)][at(x.dst, x.src)] += bytes;
-    i = j;
   }
   return {std::move(df), std::move(rf), std::move(db), std::move(rb)};
 }
