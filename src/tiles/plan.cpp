@@ -492,11 +492,9 @@ Result<Plan> build_plan(std::span<const PackedSequence> pool, const PlanConfig& 
   return Plan(std::move(d));
 }
 
-namespace {
-
 // Sections 6 and 7b of the builder: the transfers, chunk lists, byte
 // matrices and bytes by tier of a built plan (Plan::Data's exchange).
-void derive_exchange_impl(const Plan::Data& data) {
+void derive_exchange(const Plan::Data& data) {
   // Writes only the exchange's fields (mutable), once, before any reader
   // sees exchange_ready; everything else it reads was fixed by build_plan.
   const Plan::Data* d = &data;
@@ -706,12 +704,7 @@ void derive_exchange_impl(const Plan::Data& data) {
       d->max_recv_cross_node = std::max(d->max_recv_cross_node, x.recv_cross_node);
     }
   }
-
 }
-
-}  // namespace
-
-void derive_exchange(const Plan::Data& data) { derive_exchange_impl(data); }
 
 }  // namespace detail
 

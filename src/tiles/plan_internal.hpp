@@ -225,18 +225,18 @@ inline int topo_tier(const PlanTopology& t, int a, int b) {
 
 // Checks that `rows` cut every (slot, block, shard) into consecutive pieces
 // covering the block exactly, then derives the plan (the exchange on first
-// use: derive_exchange). `source` names the
-// input in error messages.
+// use: derive_exchange). `source` names the input in error messages.
 [[nodiscard]] Result<Plan> build_plan(std::span<const PackedSequence> pool, const PlanConfig& config,
                                       const Geometry& geo, std::vector<PlacedRows> rows,
                                       const std::string& source);
 
+// Fills the exchange of a plan build_plan made; Plan's exchange accessors
+// call it once (Plan::Data::exchange_once).
+void derive_exchange(const Plan::Data& data);
+
 // The canonical little-endian 64-bit word encoding of a plan's defining
 // content (config, pool, tiles with placement). The fingerprint hashes it and
 // the binary file stores it.
-// Fills the exchange of a plan build_plan made (call it once).
-void derive_exchange(const Plan::Data& data);
-
 [[nodiscard]] std::vector<std::uint64_t> canonical_words(const PlanConfig& config,
                                                          std::span<const PackedSequence> pool,
                                                          std::span<const Tile> tiles);
