@@ -369,7 +369,9 @@ class Plan {
   // deterministic function of it. Identical across runs and machines.
   std::uint64_t fingerprint() const;
 
-  const Data& data() const { return *d_; }
+  // Everything the plan holds, its exchange derived (as by the first
+  // exchange accessor).
+  const Data& data() const;
 
  private:
   std::shared_ptr<const Data> d_;

@@ -745,6 +745,7 @@ const Plan::Data& with_exchange(const Plan::Data& d) {
 
 }  // namespace
 
+const Plan::Data& Plan::data() const { return with_exchange(*d_); }
 const PlanConfig& Plan::config() const { return d_->config; }
 int Plan::pool_size() const { return d_->pool_size; }
 int Plan::num_workers() const { return d_->num_workers; }
