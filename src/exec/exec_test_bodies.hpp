@@ -246,34 +246,32 @@ inline std::vector<ExecCase> case_matrix(int world) {
   std::vector<ExecCase> cases;
   const int P = world / 2;
   std::uint64_t seed = 1;
+  // A case of `mode` on P slots with the next pool seed; the rest as ExecCase's defaults.
+  auto base = [&](const char* mode) {
+    ExecCase c;
+    c.mode = mode;
+    c.pool_size = P;
+    c.pool_seed = seed++;
+    return c;
+  };
   for (const char* mode : {"tap", "tap-split", "tap-topo", "ulysses", "ulysses-direct"}) {
     for (int chunks : {1, 2, 4}) {
-      ExecCase c;
-      c.mode = mode;
-      c.pool_size = P;
-      c.pool_seed = seed++;
+      ExecCase c = base(mode);
       c.chunks = chunks;
       c.heads_q = 8;
       c.heads_kv = 2;
       c.head_shards = 2;  // 4 query heads per tile -> M up to 4
-      if (std::string(mode).starts_with("ulysses")) c.head_shards = 2;
       cases.push_back(c);
     }
     // Sliding window with MHA.
-    ExecCase w;
-    w.mode = mode;
-    w.pool_size = P;
-    w.pool_seed = seed++;
+    ExecCase w = base(mode);
     w.heads_q = 4;
     w.heads_kv = 4;
     w.window = 24;
     w.chunks = 2;
     cases.push_back(w);
     // H > h_kv (shards share a KV head), bf16.
-    ExecCase b;
-    b.mode = mode;
-    b.pool_size = P;
-    b.pool_seed = seed++;
+    ExecCase b = base(mode);
     b.heads_q = 8;
     b.heads_kv = 1;
     b.head_shards = 4;
@@ -281,20 +279,14 @@ inline std::vector<ExecCase> case_matrix(int world) {
     b.dtype = DType::kBF16;
     cases.push_back(b);
     // fp16 storage, GQA, two chunks.
-    ExecCase h;
-    h.mode = mode;
-    h.pool_size = P;
-    h.pool_seed = seed++;
+    ExecCase h = base(mode);
     h.heads_q = 8;
     h.heads_kv = 2;
     h.chunks = mode == std::string("ulysses-direct") ? 1 : 2;
     h.dtype = DType::kF16;
     cases.push_back(h);
   }
-  ExecCase dedup;
-  dedup.mode = "tap";
-  dedup.pool_size = P;
-  dedup.pool_seed = seed++;
+  ExecCase dedup = base("tap");
   dedup.heads_q = 8;
   dedup.heads_kv = 2;
   dedup.head_shards = 4;
@@ -306,20 +298,14 @@ inline std::vector<ExecCase> case_matrix(int world) {
   // a window, and H > h_kv with dedup per KV head.
   for (const char* mode : {"tap", "tap-topo"}) {
     for (int chunks : {1, 4}) {
-      ExecCase c;
-      c.mode = mode;
-      c.pool_size = P;
-      c.pool_seed = seed++;
+      ExecCase c = base(mode);
       c.chunks = chunks;
       c.heads_q = 8;
       c.heads_kv = 2;
       c.kv_prefix = true;
       cases.push_back(c);
     }
-    ExecCase w;
-    w.mode = mode;
-    w.pool_size = P;
-    w.pool_seed = seed++;
+    ExecCase w = base(mode);
     w.heads_q = w.heads_kv = 4;
     w.window = 24;
     w.chunks = 2;
