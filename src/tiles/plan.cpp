@@ -277,55 +277,74 @@ Result<Plan> build_plan(std::span<const PackedSequence> pool, const PlanConfig& 
     }
     d->fragments = RawArray<Fragment>(count);
   }
-  for (std::size_t i = 0; i < rows.size(); ++i) {
-    const PlacedRows& r = rows[i];
-    Tile& t = d->tiles[i];
-    t.id = static_cast<std::int32_t>(i);
-    t.slot = r.slot;
-    t.block = r.block;
-    t.shard = r.shard;
-    t.piece = (i > 0 && rows[i - 1].slot == r.slot && rows[i - 1].block == r.block && rows[i - 1].shard == r.shard)
-                  ? d->tiles[i - 1].piece + 1
+  {
+    // Through locals only: a store into a tile or fragment could otherwise
+    // alias every field this loop reads (one reload per field per fragment).
+    Tile* const tiles = d->tiles.data();
+    Fragment* const frags = d->fragments.data();
+    const std::int32_t keys = g.keys_per_sample;
+    const std::int32_t* const sample_base = g.sample_base.data();
+    const std::int64_t* const starts = g.starts.data();
+    const std::int64_t* const lengths = g.lengths.data();
+    const std::int64_t window = g.window;
+    std::int32_t piece = 0, home = 0;
+    std::int64_t flops = 0;
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+      const PlacedRows r = rows[i];
+      Tile t;
+      t.id = static_cast<std::int32_t>(i);
+      t.slot = r.slot;
+      t.block = r.block;
+      t.shard = r.shard;
+      piece = (i > 0 && rows[i - 1].slot == r.slot && rows[i - 1].block == r.block && rows[i - 1].shard == r.shard)
+                  ? piece + 1
                   : 0;
-    t.begin = r.begin;
-    t.end = r.end;
-    t.heads = shard_heads[static_cast<std::size_t>(r.shard)];
-    t.kv_heads = shard_kv_heads[static_cast<std::size_t>(r.shard)];
-    t.worker = r.worker;
-    std::size_t at = static_cast<std::size_t>(t.fragment_begin);
-    if (same_rows(i)) {
-      // Another shard of the same rows: the same fragments, FLOPs and home,
-      // with this shard's groups.
-      const Tile& prev = d->tiles[i - 1];
-      t.home = prev.home;
-      t.flops = prev.flops;
-      const std::int32_t key = shard_key[static_cast<std::size_t>(r.shard)];
-      for (std::int32_t fi = prev.fragment_begin; fi < prev.fragment_end; ++fi) {
-        Fragment f = d->fragments[static_cast<std::size_t>(fi)];
-        f.tile = t.id;
-        f.group = (g.sample_base[r.slot] + f.sample) * g.keys_per_sample + key;
-        d->fragments.put(at++, f);
+      t.piece = piece;
+      t.begin = r.begin;
+      t.end = r.end;
+      t.heads = shard_heads[static_cast<std::size_t>(r.shard)];
+      t.kv_heads = shard_kv_heads[static_cast<std::size_t>(r.shard)];
+      t.worker = r.worker;
+      t.fragment_begin = tiles[i].fragment_begin;
+      t.fragment_end = tiles[i].fragment_end;
+      Fragment* out = frags + t.fragment_begin;
+      const std::int32_t n = t.fragment_end - t.fragment_begin;
+      if (same_rows(i)) {
+        // Another shard of the same rows: the same fragments, FLOPs and
+        // home, with this shard's groups.
+        const Fragment* prev = frags + tiles[i - 1].fragment_begin;
+        const std::int32_t key = shard_key[static_cast<std::size_t>(r.shard)];
+        const std::int32_t base = sample_base[r.slot];
+        for (std::int32_t k = 0; k < n; ++k) {
+          Fragment f = prev[k];
+          f.tile = t.id;
+          f.group = (base + f.sample) * keys + key;
+          ::new (static_cast<void*>(out + k)) Fragment(f);
+        }
+      } else {
+        const std::int32_t first = first_sample[i];
+        home = g.home(r.slot, r.begin);
+        std::int64_t pairs = 0;
+        for (std::int32_t j = first; j < first + n; ++j) {
+          Fragment f;
+          f.tile = t.id;
+          f.slot = r.slot;
+          f.sample = j - sample_base[r.slot];
+          f.group = g.group_id(j, r.shard);
+          f.sample_start = starts[j];
+          f.sample_length = lengths[j];
+          f.a = std::max(r.begin, f.sample_start) - f.sample_start;
+          f.e = std::min(r.end, f.sample_start + f.sample_length) - f.sample_start;
+          f.key_begin = window == kFullCausal ? 0 : std::max<std::int64_t>(0, f.a - window + 1);
+          pairs += causal_pairs(f.a, f.e, window).value();
+          ::new (static_cast<void*>(out++)) Fragment(f);
+        }
+        flops = pairs * g.head_width;
       }
-      continue;
+      t.home = home;
+      t.flops = flops;
+      tiles[i] = t;
     }
-    const std::int32_t first = first_sample[i];
-    t.home = g.home(r.slot, r.begin);
-    std::int64_t pairs = 0;
-    for (std::int32_t j = first; j < first + (t.fragment_end - t.fragment_begin); ++j) {
-      Fragment f;
-      f.tile = t.id;
-      f.slot = r.slot;
-      f.sample = j - g.sample_base[r.slot];
-      f.group = g.group_id(j, r.shard);
-      f.sample_start = g.starts[j];
-      f.sample_length = g.lengths[j];
-      f.a = std::max(r.begin, f.sample_start) - f.sample_start;
-      f.e = std::min(r.end, f.sample_start + f.sample_length) - f.sample_start;
-      f.key_begin = g.window == kFullCausal ? 0 : std::max<std::int64_t>(0, f.a - g.window + 1);
-      pairs += causal_pairs(f.a, f.e, g.window).value();
-      d->fragments.put(at++, f);
-    }
-    t.flops = pairs * g.head_width;
   }
 
   // 3. KV groups, densely numbered (global sample, key); rep_shard is a
@@ -374,9 +393,15 @@ Result<Plan> build_plan(std::span<const PackedSequence> pool, const PlanConfig& 
   const std::size_t words = (d->groups.size() + 63) / 64;
   std::vector<std::uint64_t> held(words * static_cast<std::size_t>(W), 0);
   std::vector<std::size_t> rank(held.size());
-  for (const Fragment& f : std::span<const Fragment>(d->fragments)) {
-    const std::size_t r = static_cast<std::size_t>(d->tiles[static_cast<std::size_t>(f.tile)].worker);
-    held[r * words + static_cast<std::size_t>(f.group) / 64] |= std::uint64_t{1} << (f.group % 64);
+  {
+    const Fragment* const frags = d->fragments.data();
+    for (const Tile& t : d->tiles) {
+      std::uint64_t* const row = held.data() + static_cast<std::size_t>(t.worker) * words;
+      for (std::int32_t fi = t.fragment_begin; fi < t.fragment_end; ++fi) {
+        const std::int32_t gid = frags[fi].group;
+        row[gid / 64] |= std::uint64_t{1} << (gid % 64);
+      }
+    }
   }
   // KV heads per group, by dedup key (the same for every sample), and the
   // dedup key of every group (gid = global sample * keys + key; a table, not
