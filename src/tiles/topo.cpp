@@ -129,14 +129,13 @@ class TopoPlacer {
   // Loads tile i's sources (KV by CP rank, Q/O from the home); with
   // `scoring`, also what evaluate() needs.
   void load(std::span<const PlacedRows> tiles, std::size_t i, bool scoring = true) {
-    load_rows(tiles[i], i / static_cast<std::size_t>(geo_.shards), scoring);
+    load_rows(tiles[i], i / static_cast<std::size_t>(geo_.shards), /*piece=*/false, scoring);
   }
-  // The same for rows [t.begin, t.end) of block `block` (a piece when they
-  // are not the whole block).
-  void load_rows(const PlacedRows& t, std::size_t block, bool scoring = true) {
-    const bool at_block_start = t.begin == static_cast<std::int64_t>(t.block) * geo_.block_size;
+  // The same for rows [t.begin, t.end) of block `block`; a piece (not the
+  // whole block's rows) touches only the samples its rows overlap.
+  void load_rows(const PlacedRows& t, std::size_t block, bool piece, bool scoring = true) {
     p_ = t.slot;
-    home_ = at_block_start ? blocks_.home[block] : geo_.home(t.slot, t.begin);
+    home_ = piece ? geo_.home(t.slot, t.begin) : blocks_.home[block];
     vqo_ = (t.end - t.begin) * geo_.qo_bytes_per_row();
     srcs_.clear();
     const std::int64_t vkv = blocks_.vkv[static_cast<std::size_t>(t.shard)];
@@ -144,7 +143,7 @@ class TopoPlacer {
     for (std::int32_t k = blocks_.run_begin[block]; k < blocks_.run_begin[block + 1]; ++k) {
       const Blocks::Run& run = blocks_.runs[static_cast<std::size_t>(k)];
       const auto j = static_cast<std::size_t>(run.sample);
-      if (geo_.starts[j] >= t.end || geo_.starts[j] + geo_.lengths[j] <= t.begin) continue;
+      if (piece && (geo_.starts[j] >= t.end || geo_.starts[j] + geo_.lengths[j] <= t.begin)) continue;
       srcs_.push_back({run.sample * geo_.keys_per_sample + key, run.rank, vkv * run.tokens});
     }
     if (!scoring) return;
@@ -346,7 +345,7 @@ void place_rest(const Geometry& geo, TopoPlacer& placer, std::span<const PlacedR
     PlacedRows rows = base[static_cast<std::size_t>(i)];
     std::int64_t f = flops[static_cast<std::size_t>(i)];
     for (;;) {
-      placer.load_rows(rows, block);
+      placer.load_rows(rows, block, /*piece=*/rows.end != base[static_cast<std::size_t>(i)].end);
       int r = least_score([&](int w) { return placer.fits(w, f); });
       if (r < 0 && rows.end - rows.begin >= 2) {
         // No worker has room for the rows. With few, heavy tiles per
@@ -385,7 +384,7 @@ void place_rest(const Geometry& geo, TopoPlacer& placer, std::span<const PlacedR
           piece.begin = lo;
           piece.worker = to;
           const std::int64_t pf = geo.rows_flops(rows.slot, lo, rows.end);
-          placer.load_rows(piece, block, /*scoring=*/false);
+          placer.load_rows(piece, block, /*piece=*/true, /*scoring=*/false);
           placer.commit(to, pf);
           pieces.push_back(piece);
           rows.end = lo;
