@@ -2,6 +2,7 @@
 #include "binding.hpp"
 
 #include <algorithm>
+#include <limits>
 #include <optional>
 #include <span>
 
@@ -76,7 +77,56 @@ py::dict config_dict(const libra::Plan& plan) {
   o["dedup_per_kv_head"] = c.dedup_per_kv_head;
   o["home_layout"] = std::string(libra::home_layout_name(c.home_layout));
   o["kv_prefix"] = c.kv_prefix;
+  // tap-topo places by it; every mode's tier_bytes splits by it.
+  const libra::PlanTopology& t = c.topology;
+  py::dict topo;
+  topo["gpus_per_node"] = t.gpus_per_node;
+  topo["nodes_per_supernode"] = t.nodes_per_supernode;
+  topo["intra_node_gbps"] = t.intra_node_gbps;
+  topo["inter_node_gbps"] = t.inter_node_gbps;
+  topo["inter_supernode_gbps"] = t.inter_supernode_gbps;
+  topo["congestion_per_node"] = t.congestion_per_node;
+  o["topology"] = topo;
   return o;
+}
+
+// make_plan's topology= : a mapping of any of PlanTopology's fields (the
+// rest keep the h200 defaults); the planner's own checks judge the values.
+libra::PlanTopology topology_from(const py::object& obj) {
+  libra::PlanTopology t;
+  if (obj.is_none()) return t;
+  if (!py::isinstance<py::dict>(obj)) {
+    bad("topology: must be a dict of gpus_per_node, nodes_per_supernode, intra_node_gbps, inter_node_gbps, "
+        "inter_supernode_gbps, congestion_per_node; got a " +
+        std::string(py::str(obj.get_type().attr("__name__"))));
+  }
+  for (const auto& [key_obj, value] : obj.cast<py::dict>()) {
+    const std::string key = py::str(key_obj);
+    const std::string where = "topology['" + key + "']";
+    auto integer = [&](int& out) {
+      if (!py::isinstance<py::int_>(value) || py::isinstance<py::bool_>(value)) bad(where + ": must be an integer");
+      const long long v = value.cast<long long>();
+      if (v < 1 || v > std::numeric_limits<int>::max()) bad(where + " " + std::to_string(v) + ": must be in [1, 2^31)");
+      out = static_cast<int>(v);
+    };
+    auto number = [&](double& out) {
+      if (!(py::isinstance<py::int_>(value) || py::isinstance<py::float_>(value)) || py::isinstance<py::bool_>(value)) {
+        bad(where + ": must be a number");
+      }
+      out = value.cast<double>();
+    };
+    if (key == "gpus_per_node") integer(t.gpus_per_node);
+    else if (key == "nodes_per_supernode") integer(t.nodes_per_supernode);
+    else if (key == "intra_node_gbps") number(t.intra_node_gbps);
+    else if (key == "inter_node_gbps") number(t.inter_node_gbps);
+    else if (key == "inter_supernode_gbps") number(t.inter_supernode_gbps);
+    else if (key == "congestion_per_node") number(t.congestion_per_node);
+    else {
+      bad(where + ": unknown key; keys: gpus_per_node, nodes_per_supernode, intra_node_gbps, inter_node_gbps, "
+          "inter_supernode_gbps, congestion_per_node");
+    }
+  }
+  return t;
 }
 
 // Worker r's home rows as a data pipeline sees them (HomeMap): the packed
@@ -266,7 +316,8 @@ void bind_plan(py::module_& m) {
       "make_plan",
       [](const py::object& pool, I64 seq_len, int cp, I64 block_size, int head_shards, int heads_q, int heads_kv,
          int head_dim, const std::string& dtype, std::optional<I64> window, double tau, int chunks,
-         const std::string& mode, bool dedup_per_kv_head, const std::string& home_layout, bool kv_prefix) {
+         const std::string& mode, bool dedup_per_kv_head, const std::string& home_layout, bool kv_prefix,
+         const py::object& topology) {
         std::vector<libra::PackedSequence> seqs = to_sequences(pool, "pool");
         libra::PlanConfig c;
         c.seq_len = seq_len;
@@ -289,6 +340,7 @@ void bind_plan(py::module_& m) {
         if (auto l = libra::parse_home_layout(home_layout); l.ok()) c.home_layout = *l;
         else bad("home_layout " + home_layout + ": must be contiguous or zigzag");
         c.kv_prefix = kv_prefix;
+        c.topology = topology_from(topology);
         libra::Result<libra::Plan> r = [&] {
           py::gil_scoped_release release;
           return libra::make_plan(seqs, c);
@@ -299,7 +351,7 @@ void bind_plan(py::module_& m) {
       py::arg("head_shards"), py::arg("heads_q"), py::arg("heads_kv"), py::arg("head_dim"),
       py::arg("dtype") = "bf16", py::arg("window") = py::none(), py::arg("tau") = 0.03, py::arg("chunks") = 1,
       py::arg("mode") = "tap", py::arg("dedup_per_kv_head") = false, py::arg("home_layout") = "contiguous",
-      py::arg("kv_prefix") = false);
+      py::arg("kv_prefix") = false, py::arg("topology") = py::none());
   m.def(
       "home_layout",
       [](const libra::Plan& plan, int worker) {

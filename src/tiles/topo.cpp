@@ -15,13 +15,17 @@
 //      time (and its sources' link time) after the move is least, priced
 //      per tier (NVLink, NIC, spine) as the simulator prices an all-to-all;
 //      ties: fewer added link-seconds, lower load, lower worker id;
-//   3. a tile that fits nowhere goes to the least-loaded worker, as in TAP.
+//   3. a tile that fits nowhere is split along its query rows, as tap-split
+//      does: its largest suffix that fits a worker goes there, the rest is
+//      placed again (only when not one row fits anywhere does it go to the
+//      least-loaded worker, as in TAP).
 // Candidates: home first keeping the lightest tiles, and keeping whole head
-// shards; where neither fits under C, the same keeping at most the mean
-// load at home, and every tile in TAP's order by the same score (it packs
-// tighter); last, TAP's own placement. The result is the candidate within C
-// (all: the lower slowest link time, then the lower sum; none: the lower
-// peak load), so it is never slower on the links than tap where tap fits.
+// shards; where neither fits under C without splitting a tile, the same
+// keeping at most the mean load at home, and every tile in TAP's order by
+// the same score (it packs tighter); last, TAP's own placement. The result
+// is the candidate within C (all: the lower slowest link time, then the
+// lower sum; none: the lower peak load), so it is never slower on the links
+// than tap where tap fits.
 // Everything is integer bytes and doubles evaluated in a fixed order, so the
 // result is deterministic tile for tile.
 #include <algorithm>
@@ -125,16 +129,21 @@ class TopoPlacer {
   // Loads tile i's sources (KV by CP rank, Q/O from the home); with
   // `scoring`, also what evaluate() needs.
   void load(std::span<const PlacedRows> tiles, std::size_t i, bool scoring = true) {
-    const PlacedRows& t = tiles[i];
-    const std::size_t block = i / static_cast<std::size_t>(geo_.shards);
+    load_rows(tiles[i], i / static_cast<std::size_t>(geo_.shards), /*piece=*/false, scoring);
+  }
+  // The same for rows [t.begin, t.end) of block `block`; a piece (not the
+  // whole block's rows) touches only the samples its rows overlap.
+  void load_rows(const PlacedRows& t, std::size_t block, bool piece, bool scoring = true) {
     p_ = t.slot;
-    home_ = blocks_.home[block];
+    home_ = piece ? geo_.home(t.slot, t.begin) : blocks_.home[block];
     vqo_ = (t.end - t.begin) * geo_.qo_bytes_per_row();
     srcs_.clear();
     const std::int64_t vkv = blocks_.vkv[static_cast<std::size_t>(t.shard)];
     const std::int32_t key = blocks_.key[static_cast<std::size_t>(t.shard)];
     for (std::int32_t k = blocks_.run_begin[block]; k < blocks_.run_begin[block + 1]; ++k) {
       const Blocks::Run& run = blocks_.runs[static_cast<std::size_t>(k)];
+      const auto j = static_cast<std::size_t>(run.sample);
+      if (piece && (geo_.starts[j] >= t.end || geo_.starts[j] + geo_.lengths[j] <= t.begin)) continue;
       srcs_.push_back({run.sample * geo_.keys_per_sample + key, run.rank, vkv * run.tokens});
     }
     if (!scoring) return;
@@ -308,16 +317,20 @@ class TopoPlacer {
 
 namespace {
 
-// Steps 2 and 3 for the tiles `order` (heaviest first).
-void place_rest(TopoPlacer& placer, int W, std::span<const PlacedRows> base, std::span<const std::int64_t> flops,
-                std::span<const std::int32_t> order, std::vector<PlacedRows>& out) {
-  for (std::int32_t i : order) {
-    const std::int64_t f = flops[static_cast<std::size_t>(i)];
-    placer.load(base, static_cast<std::size_t>(i));
+// Steps 2 and 3 for the tiles `order` (heaviest first). Whole tiles go to
+// `out` (indexed by tile), the pieces split off them to `pieces`.
+void place_rest(const Geometry& geo, TopoPlacer& placer, std::span<const PlacedRows> base,
+                std::span<const std::int64_t> flops, std::span<const std::int32_t> order, std::vector<PlacedRows>& out,
+                std::vector<PlacedRows>& pieces) {
+  const int W = geo.workers;
+  const std::size_t S = static_cast<std::size_t>(geo.shards);
+  // The worker of least link score among those that `room` admits; ties:
+  // fewer added link-seconds, lower load, lower id. -1 if none.
+  auto least_score = [&](auto room) {
     int best = -1;
     TopoPlacer::Score bs;
     for (int r = 0; r < W; ++r) {
-      if (!placer.fits(r, f)) continue;
+      if (!room(r)) continue;
       const TopoPlacer::Score s = placer.evaluate(r);
       if (best < 0 || s.worst < bs.worst ||
           (s.worst == bs.worst && (s.cost < bs.cost || (s.cost == bs.cost && placer.load_of(r) < placer.load_of(best))))) {
@@ -325,15 +338,72 @@ void place_rest(TopoPlacer& placer, int W, std::span<const PlacedRows> base, std
         bs = s;
       }
     }
-    if (best < 0) {
-      // No headroom anywhere: the least-loaded worker, as TAP does.
-      best = 0;
-      for (int r = 1; r < W; ++r) {
-        if (placer.load_of(r) < placer.load_of(best)) best = r;
+    return best;
+  };
+  for (std::int32_t i : order) {
+    const std::size_t block = static_cast<std::size_t>(i) / S;
+    PlacedRows rows = base[static_cast<std::size_t>(i)];
+    std::int64_t f = flops[static_cast<std::size_t>(i)];
+    for (;;) {
+      placer.load_rows(rows, block, /*piece=*/rows.end != base[static_cast<std::size_t>(i)].end);
+      int r = least_score([&](int w) { return placer.fits(w, f); });
+      if (r < 0 && rows.end - rows.begin >= 2) {
+        // No worker has room for the rows. With few, heavy tiles per
+        // worker (large blocks, few head shards) the greedy above leaves
+        // the headroom in gaps just short of the last tiles; falling back
+        // to TAP's overflow, or to TAP's placement, would give up the home
+        // and node locality won so far. So split, as tap-split does: the
+        // largest suffix of the rows that fits a worker goes there (the
+        // suffix holds the most FLOPs per row), and the rest is placed
+        // again. The worker: the least link score among those with room
+        // for half the rows' FLOPs (few pieces, each of which brings its
+        // own K/V), else the one with the most room.
+        const std::int64_t last = geo.rows_flops(rows.slot, rows.end - 1, rows.end);
+        const std::int64_t half = std::max(f / 2, last);
+        int to = least_score([&](int w) { return placer.fits(w, half); });
+        if (to < 0) {
+          to = 0;
+          for (int w = 1; w < W; ++w) {
+            if (placer.load_of(w) < placer.load_of(to)) to = w;
+          }
+          if (!placer.fits(to, last)) to = -1;
+        }
+        if (to >= 0) {
+          // The least y in (begin, end) whose suffix [y, end) fits `to`:
+          // the suffix FLOPs only grow as y falls.
+          std::int64_t lo = rows.begin + 1, hi = rows.end - 1;
+          while (lo < hi) {
+            const std::int64_t mid = lo + (hi - lo) / 2;
+            if (placer.fits(to, geo.rows_flops(rows.slot, mid, rows.end))) {
+              hi = mid;
+            } else {
+              lo = mid + 1;
+            }
+          }
+          PlacedRows piece = rows;
+          piece.begin = lo;
+          piece.worker = to;
+          const std::int64_t pf = geo.rows_flops(rows.slot, lo, rows.end);
+          placer.load_rows(piece, block, /*piece=*/true, /*scoring=*/false);
+          placer.commit(to, pf);
+          pieces.push_back(piece);
+          rows.end = lo;
+          f -= pf;
+          continue;
+        }
       }
+      if (r < 0) {
+        // Not one row fits anywhere: the least-loaded worker, as TAP does.
+        r = 0;
+        for (int w = 1; w < W; ++w) {
+          if (placer.load_of(w) < placer.load_of(r)) r = w;
+        }
+      }
+      placer.commit(r, f);
+      rows.worker = r;
+      out[static_cast<std::size_t>(i)] = rows;
+      break;
     }
-    placer.commit(best, f);
-    out[static_cast<std::size_t>(i)].worker = best;
   }
 }
 
@@ -346,6 +416,7 @@ std::vector<PlacedRows> place_topo(const Geometry& geo, const PlanConfig& config
   const std::size_t n = base.size();
   struct Candidate {
     std::vector<PlacedRows> rows;
+    std::vector<PlacedRows> pieces;
     std::unique_ptr<TopoPlacer> placer;
   };
   const Blocks blocks(geo, base);
@@ -413,7 +484,7 @@ std::vector<PlacedRows> place_topo(const Geometry& geo, const PlanConfig& config
     return order;
   };
   auto home_first = [&](bool whole_shards, std::int64_t keep_cap) {
-    Candidate c{std::vector<PlacedRows>(base.begin(), base.end()),
+    Candidate c{std::vector<PlacedRows>(base.begin(), base.end()), {},
                 std::make_unique<TopoPlacer>(geo, blocks, config.topology, capacity)};
     const std::vector<std::int32_t> order = home_order(whole_shards);
     std::vector<std::int32_t> moved;
@@ -433,15 +504,19 @@ std::vector<PlacedRows> place_topo(const Geometry& geo, const PlanConfig& config
         }
       }
     }
-    place_rest(*c.placer, W, base, flops, heaviest_first(moved), c.rows);
+    place_rest(geo, *c.placer, base, flops, heaviest_first(moved), c.rows, c.pieces);
     return c;
   };
   std::vector<Candidate> cands;
+  auto result = [](Candidate& c) {
+    c.rows.insert(c.rows.end(), c.pieces.begin(), c.pieces.end());
+    return std::move(c.rows);
+  };
   // A. Lightest first: a light tile moves the most bytes per FLOP.
   constexpr bool lightest = false, by_shard = true;
   constexpr std::int64_t kNoCap = std::numeric_limits<std::int64_t>::max();
   cands.push_back(home_first(lightest, kNoCap));
-  if (cands[0].placer->within_capacity() && cands[0].placer->link_times().first == 0) return std::move(cands[0].rows);
+  if (cands[0].placer->within_capacity() && cands[0].placer->link_times().first == 0) return result(cands[0]);
   // B. Whole head shards first, lightest first within a shard: the tiles
   //    that leave then share fewer KV groups (a long sample's KV goes out
   //    once per moved shard and destination, not once per shard).
@@ -449,8 +524,11 @@ std::vector<PlacedRows> place_topo(const Geometry& geo, const PlanConfig& config
   // When neither fits its moved tiles under C, the homes kept too much: the
   //    same with each home keeping at most the mean load leaves the room the
   //    moved tiles need, and still keeps most of the FLOPs home.
+  // (A candidate that had to split a tile does not count: a tighter
+  //  packing of whole tiles may still do better.)
   auto none_within = [&] {
-    return std::none_of(cands.begin(), cands.end(), [](const Candidate& c) { return c.placer->within_capacity(); });
+    return std::none_of(cands.begin(), cands.end(),
+                        [](const Candidate& c) { return c.pieces.empty() && c.placer->within_capacity(); });
   };
   if (none_within()) {
     const std::int64_t mean = total / W;
@@ -461,18 +539,18 @@ std::vector<PlacedRows> place_topo(const Geometry& geo, const PlanConfig& config
   //    same link score: where the home-first passes cannot fit their moved
   //    tiles under C, this one usually can. Only then is it worth its time.
   if (none_within()) {
-    Candidate c{std::vector<PlacedRows>(base.begin(), base.end()),
+    Candidate c{std::vector<PlacedRows>(base.begin(), base.end()), {},
                 std::make_unique<TopoPlacer>(geo, blocks, config.topology, capacity)};
     std::vector<std::int32_t> all(n);
     std::iota(all.begin(), all.end(), 0);
-    place_rest(*c.placer, W, base, flops, heaviest_first(all), c.rows);
+    place_rest(geo, *c.placer, base, flops, heaviest_first(all), c.rows, c.pieces);
     cands.push_back(std::move(c));
   }
   // D. TAP itself, priced the same way (the links' final state does not
   //    depend on the order of the commits), so tap-topo's links are never
   //    slower than tap's where both fit under C.
   {
-    Candidate c{std::move(tap), std::make_unique<TopoPlacer>(geo, blocks, config.topology, capacity)};
+    Candidate c{std::move(tap), {}, std::make_unique<TopoPlacer>(geo, blocks, config.topology, capacity)};
     for (std::size_t i = 0; i < n; ++i) {
       c.placer->load(base, i, /*scoring=*/false);
       c.placer->commit(c.rows[i].worker, flops[i]);
@@ -491,7 +569,7 @@ std::vector<PlacedRows> place_topo(const Geometry& geo, const PlanConfig& config
     }
     if (!x.within_capacity() ? x.max_load() < b.max_load() : x.link_times() < b.link_times()) best = k;
   }
-  return std::move(cands[best].rows);
+  return result(cands[best]);
 }
 
 }  // namespace libra::detail

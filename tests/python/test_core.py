@@ -172,6 +172,62 @@ def test_plan_fingerprint_matches_the_cli(tmp_path, libra_cli):
     assert libra.load_plan(str(out)).fingerprint == plan.fingerprint
 
 
+TOPO_SHAPE = dict(seq_len=64, cp=2, block_size=8, head_shards=4, heads_q=8, heads_kv=2, head_dim=16)
+
+
+def test_make_plan_topology_reaches_the_planner_and_the_tiers(tmp_path, libra_cli):
+    """topology= is the CLI's --gpus-per-node etc.: same tap-topo plan (fingerprint), and every
+    mode's bytes by tier recounted here from the transfers on that topology."""
+    topo = {"gpus_per_node": 2, "nodes_per_supernode": 2, "inter_node_gbps": 20}
+    pool = tmp_path / "pool.jsonl"
+    pool.write_text("".join(json.dumps(s) + "\n" for s in POOL))
+    out = tmp_path / "cli.bin"
+    subprocess.run([libra_cli, "plan", str(pool), "--seq-len", "64", "--cp", "2", "--block", "8",
+                    "--head-shards", "4", "--heads-q", "8", "--heads-kv", "2", "--head-dim", "16",
+                    "--mode", "tap-topo", "--gpus-per-node", "2", "--nodes-per-supernode", "2",
+                    "--inter-node-gbps", "20", "-o", str(out)], check=True)
+    plan = libra.make_plan(POOL, mode="tap-topo", topology=topo, **TOPO_SHAPE)
+    assert libra.load_plan(str(out)).fingerprint == plan.fingerprint
+    assert plan.fingerprint != libra.make_plan(POOL, mode="tap-topo", **TOPO_SHAPE).fingerprint
+    want = {"gpus_per_node": 2, "nodes_per_supernode": 2, "intra_node_gbps": 360.0, "inter_node_gbps": 20.0,
+            "inter_supernode_gbps": 7.5, "congestion_per_node": 0.5}
+    assert plan.config["topology"] == want
+    assert libra.plan_from_bytes(plan.to_bytes()).config["topology"] == want
+
+    for mode in ("tap", "tap-topo"):
+        p = libra.make_plan(POOL, mode=mode, topology=topo, **TOPO_SHAPE)
+        x = p.all_transfers()
+        W = p.num_workers
+        cross, spine = np.zeros(W, dtype=np.int64), np.zeros(W, dtype=np.int64)
+        for src, dst, b in zip(x["src"], x["dst"], x["bytes"]):
+            if src // 2 != dst // 2:
+                cross[dst] += b
+            if src // 4 != dst // 4:
+                spine[dst] += b
+        t = p.tier_bytes
+        assert list(t["recv_cross_node"]) == list(cross) and list(t["recv_cross_supernode"]) == list(spine)
+        assert cross.sum() > 0 and p.max_recv_cross_node == cross.max()
+
+
+def test_make_plan_topology_errors_are_one_line_value_errors(tmp_path, libra_cli):
+    pool = tmp_path / "pool.jsonl"
+    pool.write_text("".join(json.dumps(s) + "\n" for s in POOL))
+    with pytest.raises(ValueError) as e:
+        libra.make_plan(POOL, mode="tap-topo", topology={"intra_node_gbps": 0}, **TOPO_SHAPE)
+    line = cli_error(libra_cli, "plan", str(pool), "--seq-len", "64", "--cp", "2", "--block", "8",
+                     "--head-shards", "4", "--heads-q", "8", "--heads-kv", "2", "--head-dim", "16",
+                     "--mode", "tap-topo", "--intra-node-gbps", "0")
+    assert str(e.value) in line and "intra_node_gbps" in str(e.value)
+    for topo, part in [({"gpus": 8}, "topology['gpus']: unknown key"),
+                       ({"gpus_per_node": 2.5}, "topology['gpus_per_node']: must be an integer"),
+                       ({"gpus_per_node": 0}, "topology['gpus_per_node'] 0: must be in [1, 2^31)"),
+                       ({"inter_node_gbps": "fast"}, "topology['inter_node_gbps']: must be a number"),
+                       ([("gpus_per_node", 8)], "topology: must be a dict")]:
+        with pytest.raises(ValueError) as e:
+            libra.make_plan(POOL, mode="tap-topo", topology=topo, **TOPO_SHAPE)
+        assert part in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
 def cli_error(cli, *args):
     r = subprocess.run([cli, *args], capture_output=True, text=True)
     assert r.returncode == 2

@@ -596,6 +596,14 @@ def test_the_tap_split_case_really_splits_tiles():
     assert plan.tiles["piece"].max() > 0
 
 
+def test_the_kv_prefix_tap_topo_case_really_splits_tiles():
+    # So does "kv prefix tap-topo M4 fp32": tap-topo splits a tile that fits no worker whole.
+    plan = libra.make_plan(POOLS[:2], seq_len=L, cp=2, block_size=8, head_shards=2, heads_q=8, heads_kv=2,
+                           head_dim=16, chunks=4, mode="tap-topo", kv_prefix=True, dtype="fp32")
+    assert plan.tiles["piece"].max() > 0
+    assert plan.imbalance <= 0.03
+
+
 # ---------------------------------------------------------------- elastic pools (vrsp-elastic)
 
 # One GA step of 4 sequences (DP 4, P 2: two pools): the [64] outlier alone costs 4096 of the
