@@ -411,8 +411,9 @@ Result<Plan> build_plan(std::span<const PackedSequence> pool, const PlanConfig& 
     key_heads[static_cast<std::size_t>(k)] = d->groups[static_cast<std::size_t>(k)].kv_heads.size();
   }
   std::vector<std::int32_t> group_key(d->groups.size());
-  for (std::size_t gi = 0; gi < group_key.size(); ++gi) {
-    group_key[gi] = gi == 0 || group_key[gi - 1] + 1 == g.keys_per_sample ? 0 : group_key[gi - 1] + 1;
+  for (std::int32_t gi = 0, k = 0; gi < static_cast<std::int32_t>(group_key.size()); ++gi) {
+    group_key[static_cast<std::size_t>(gi)] = k;  // the key in a register, not re-read from the last entry
+    k = k + 1 == g.keys_per_sample ? 0 : k + 1;
   }
   d->worker_group_offsets.assign(static_cast<std::size_t>(W) + 1, 0);
   d->worker_group_ids.reserve(d->fragments.size());
