@@ -336,7 +336,7 @@ Result<Plan> build_plan(std::span<const PackedSequence> pool, const PlanConfig& 
           f.a = std::max(r.begin, f.sample_start) - f.sample_start;
           f.e = std::min(r.end, f.sample_start + f.sample_length) - f.sample_start;
           f.key_begin = window == kFullCausal ? 0 : std::max<std::int64_t>(0, f.a - window + 1);
-          pairs += causal_pairs(f.a, f.e, window).value();
+          pairs += g.pairs(j, f.a, f.e);
           ::new (static_cast<void*>(out++)) Fragment(f);
         }
         flops = pairs * g.head_width;

@@ -123,6 +123,7 @@ struct Geometry {
   std::vector<std::int32_t> sample_base;  // P + 1: global index of slot p's first sample
   std::vector<std::int64_t> starts;       // per global sample: o_j in its slot
   std::vector<std::int64_t> lengths;      // per global sample: l_j
+  std::vector<std::int64_t> whole_pairs;  // per global sample: causal pairs of all its rows
   // Every sample's tokens by home run (one run per CP rank in the
   // contiguous layout; zigzag may give a rank two): the placers and the
   // builder read them instead of locating rows one by one.
@@ -189,6 +190,12 @@ struct Geometry {
     return rows_flops(p, begin, end, sample_at(p, begin));
   }
   std::int64_t rows_flops(int p, std::int64_t begin, std::int64_t end, std::int32_t first) const;
+  // Causal pairs of the sample-local rows [a, e) of global sample j: most
+  // pieces are whole samples, whose count make_geometry kept.
+  std::int64_t pairs(std::int32_t j, std::int64_t a, std::int64_t e) const {
+    if (a == 0 && e == lengths[static_cast<std::size_t>(j)]) return whole_pairs[static_cast<std::size_t>(j)];
+    return causal_pairs(a, e, window).value();
+  }
 };
 
 // Validates the configuration and the pool and derives the geometry.

@@ -161,7 +161,7 @@ std::int64_t Geometry::rows_flops(int p, std::int64_t begin, std::int64_t end, s
     const std::int64_t o = starts[j];
     const std::int64_t lo = std::max(begin, o) - o;
     const std::int64_t hi = std::min(end, o + lengths[j]) - o;
-    pairs += causal_pairs(lo, hi, window).value();
+    pairs += this->pairs(j, lo, hi);
   }
   return pairs * head_width;
 }
@@ -224,6 +224,7 @@ Result<Geometry> make_geometry(std::span<const PackedSequence> pool, const PlanC
       auto sum = checked_add(total_pairs, *pairs);
       if (!sum) return invalid_input(where + ": causal pair count of the pool exceeds the 64-bit range");
       total_pairs = *sum;
+      g.whole_pairs.push_back(*pairs);
       t += l;
     }
     total_samples += static_cast<std::int64_t>(seq.size());
