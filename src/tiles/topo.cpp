@@ -340,6 +340,13 @@ void place_rest(const Geometry& geo, TopoPlacer& placer, std::span<const PlacedR
     }
     return best;
   };
+  auto least_loaded = [&] {
+    int r = 0;
+    for (int w = 1; w < W; ++w) {
+      if (placer.load_of(w) < placer.load_of(r)) r = w;
+    }
+    return r;
+  };
   for (std::int32_t i : order) {
     const std::size_t block = static_cast<std::size_t>(i) / S;
     PlacedRows rows = base[static_cast<std::size_t>(i)];
@@ -362,10 +369,7 @@ void place_rest(const Geometry& geo, TopoPlacer& placer, std::span<const PlacedR
         const std::int64_t half = std::max(f / 2, last);
         int to = least_score([&](int w) { return placer.fits(w, half); });
         if (to < 0) {
-          to = 0;
-          for (int w = 1; w < W; ++w) {
-            if (placer.load_of(w) < placer.load_of(to)) to = w;
-          }
+          to = least_loaded();
           if (!placer.fits(to, last)) to = -1;
         }
         if (to >= 0) {
@@ -392,13 +396,8 @@ void place_rest(const Geometry& geo, TopoPlacer& placer, std::span<const PlacedR
           continue;
         }
       }
-      if (r < 0) {
-        // Not one row fits anywhere: the least-loaded worker, as TAP does.
-        r = 0;
-        for (int w = 1; w < W; ++w) {
-          if (placer.load_of(w) < placer.load_of(r)) r = w;
-        }
-      }
+      // Not one row fits anywhere: the least-loaded worker, as TAP does.
+      if (r < 0) r = least_loaded();
       placer.commit(r, f);
       rows.worker = r;
       out[static_cast<std::size_t>(i)] = rows;
