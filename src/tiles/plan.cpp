@@ -460,17 +460,22 @@ Result<Plan> build_plan(std::span<const PackedSequence> pool, const PlanConfig& 
       }
     }
   }
-  d->kv_uses.assign(d->kv_use_offsets.back(), ChunkUse{});
   // Key k is shard k's alone unless dedup_per_kv_head merges shards: then
   // every fragment of a group is of its key's shard, and a worker's uses of
   // the group are that shard's table.
   const bool key_is_shard = !(g.dedup_per_kv_head && g.shards > g.heads_kv);
   if (key_is_shard) {
+    // Appended, not zero-filled and then overwritten: every entry is a
+    // table entry, and the runs are a few heads long, too short for memcpy.
+    d->kv_uses.clear();
+    d->kv_uses.reserve(static_cast<std::size_t>(d->kv_use_offsets.back()));
     for (std::size_t at = 0; at < d->worker_group_ids.size(); ++at) {
       const std::int32_t key = group_key[static_cast<std::size_t>(d->worker_group_ids[at])];
-      std::copy_n(&shard_use[static_cast<std::size_t>(key) * max_heads], d->kv_use_offsets[at + 1] - d->kv_use_offsets[at],
-                  &d->kv_uses[d->kv_use_offsets[at]]);
+      const ChunkUse* from = &shard_use[static_cast<std::size_t>(key) * max_heads];
+      for (auto n = d->kv_use_offsets[at + 1] - d->kv_use_offsets[at]; n > 0; --n) d->kv_uses.push_back(*from++);
     }
+  } else {
+    d->kv_uses.assign(d->kv_use_offsets.back(), ChunkUse{});
   }
   // 5c. The tokens each worker holds of each of its groups: with kv_prefix
   //     the causal prefix up to its last query row (a query reads no later
