@@ -30,6 +30,7 @@
 #include "libra/cost_model.hpp"
 #include "libra/corpus.hpp"
 #include "libra/placement.hpp"
+#include "libra/plan.hpp"
 #include "libra/status.hpp"
 
 namespace libra {
@@ -82,6 +83,12 @@ struct SimConfig {
   // libra-topo's tap-topo plans send each worker only the causal prefix of
   // a sample's K/V (PlanConfig::kv_prefix); false: whole samples.
   bool kv_prefix = true;
+  // Rows each CP rank holds in libra-topo's plans (PlanConfig::home_layout).
+  // Unset ("auto"): zigzag wherever the candidate's B divides L / (2 CP),
+  // else contiguous; zigzag gives every rank an early and a late chunk, so
+  // home-first placement keeps more of the work at home (docs/simulator.md,
+  // "Home layout"). The other variants keep the contract's contiguous homes.
+  std::optional<HomeLayout> home_layout;
   double tau = 0.03;              // TAP slack (paper: 0.03)
   std::int64_t max_windows = 20;  // 0 = every full window of the corpus
   std::int64_t threads = 0;       // 0 = hardware concurrency
@@ -170,6 +177,7 @@ struct CandidateResult {
   Stat intra_imbalance_topo;    // tap-topo on VRSP pools, over pools
   Stat max_recv_cross_node;     // the busiest cross-node receiver of a pool (tap, VRSP pools)
   Stat max_recv_cross_node_topo;  // the same with tap-topo
+  HomeLayout home_layout_topo = HomeLayout::kContiguous;  // libra-topo's homes (SimConfig::home_layout)
   std::vector<VariantLatency> latency;  // candidate_variants(); distca absent when skipped
   const VariantLatency* find(Variant v) const;
   const Stat& inter(PlacementMode mode) const;

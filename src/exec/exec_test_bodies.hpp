@@ -348,7 +348,7 @@ inline std::vector<ExecCase> zigzag_cases(int world) {
     c.home_layout = HomeLayout::kZigzag;
     return c;
   };
-  for (const char* mode : {"tap", "tap-split", "ulysses"}) {
+  for (const char* mode : {"tap", "tap-split", "tap-topo", "ulysses"}) {
     for (int chunks : {1, 4}) {
       ExecCase c = base(mode);
       c.chunks = chunks;
@@ -377,6 +377,12 @@ inline std::vector<ExecCase> zigzag_cases(int world) {
   prefix.chunks = 4;
   prefix.kv_prefix = true;
   cases.push_back(prefix);
+  // The simulator's libra-topo default: tap-topo on zigzag homes, KV prefix.
+  ExecCase topo_prefix = base("tap-topo");
+  topo_prefix.chunks = 2;
+  topo_prefix.head_shards = 4;
+  topo_prefix.kv_prefix = true;
+  cases.push_back(topo_prefix);
   return cases;
 }
 

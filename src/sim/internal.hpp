@@ -66,6 +66,9 @@ struct PlanCost {
 PlanConfig plan_config(const Ctx& ctx, std::int64_t h, std::int64_t b, std::int64_t chunks, PlanMode mode,
                        bool dedup_kv);
 PlanConfig tap_config(const Ctx& ctx, std::int64_t h, std::int64_t b, std::int64_t chunks);
+// libra-topo's home layout at block size b: SimConfig::home_layout, or when
+// unset zigzag where b divides L / (2 CP), else contiguous.
+HomeLayout topo_home_layout(const Ctx& ctx, std::int64_t b);
 // libra-topo's pools: VRSP with the slots interleaved over the cost model's
 // nodes (node_interleaved_slots), so a pool's heaviest sequences do not
 // share a node's NICs. Pools are node-aligned here (pool_gpus).

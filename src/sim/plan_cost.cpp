@@ -66,6 +66,7 @@ PlanConfig plan_config(const Ctx& ctx, std::int64_t h, std::int64_t b, std::int6
   pc.mode = mode;
   pc.dedup_per_kv_head = dedup_kv;
   pc.kv_prefix = mode == PlanMode::kTapTopo && ctx.cfg.kv_prefix;
+  if (mode == PlanMode::kTapTopo) pc.home_layout = topo_home_layout(ctx, b);
   // tap-topo places by the cost model's own network; the other modes only
   // report bytes by tier with it.
   const Interconnect& net = ctx.cfg.cost.net;
@@ -80,6 +81,13 @@ PlanConfig plan_config(const Ctx& ctx, std::int64_t h, std::int64_t b, std::int6
 
 NodeInterleave topo_interleave(const Ctx& ctx) {
   return {.cp = ctx.cfg.cp, .gpus_per_node = ctx.cfg.cost.net.gpus_per_node};
+}
+
+HomeLayout topo_home_layout(const Ctx& ctx, std::int64_t b) {
+  if (ctx.cfg.home_layout) return *ctx.cfg.home_layout;
+  const std::int64_t two_cp = 2 * ctx.cfg.cp;
+  const bool fits = b > 0 && ctx.seq_len % two_cp == 0 && (ctx.seq_len / two_cp) % b == 0;
+  return fits ? HomeLayout::kZigzag : HomeLayout::kContiguous;
 }
 
 PlanConfig tap_config(const Ctx& ctx, std::int64_t h, std::int64_t b, std::int64_t chunks) {

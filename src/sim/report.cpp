@@ -193,6 +193,7 @@ std::string sim_json(const SimResult& r) {
     e["intra_imbalance_topo"] = stat(k.intra_imbalance_topo);
     e["max_recv_cross_node_bytes"] = stat(k.max_recv_cross_node);
     e["max_recv_cross_node_bytes_topo"] = stat(k.max_recv_cross_node_topo);
+    e["home_layout_topo"] = std::string(home_layout_name(k.home_layout_topo));
     e["max_send_bytes"] = stat(k.max_send_bytes);
     e["max_recv_bytes"] = stat(k.max_recv_bytes);
     e["comm_seconds"] = stat(k.comm_seconds);

@@ -211,6 +211,22 @@ const std::vector<Entry>& entries() {
         "libra-topo sends only the causal prefix of a sample's K/V a worker reads (default true)"},
        [](SimConfig& c, const Value& v, const std::string&) -> Status { c.kv_prefix = as<bool>(v); return {}; },
        [](const SimConfig& c) { return nlohmann::ordered_json(c.kv_prefix); }},
+      {{"home_layout", "--home-layout", T::kString,
+        "libra-topo's home rows per CP rank: auto (default: zigzag where B divides L / 2CP), zigzag or contiguous"},
+       [](SimConfig& c, const Value& v, const std::string& where) -> Status {
+         const std::string name = as<std::string>(v);
+         if (name == "auto") {
+           c.home_layout.reset();
+           return {};
+         }
+         Result<HomeLayout> l = parse_home_layout(name);
+         if (!l.ok()) return invalid_input(where + " '" + name + "': must be auto, zigzag or contiguous");
+         c.home_layout = *l;
+         return {};
+       },
+       [](const SimConfig& c) {
+         return nlohmann::ordered_json(c.home_layout ? std::string(home_layout_name(*c.home_layout)) : "auto");
+       }},
       {{"tau", "--tau", T::kNumber, "TAP load slack (default 0.03)"}, LIBRA_NUM(tau)},
       {{"windows", "--windows", T::kInt, "windows to simulate, 0 = all (default 20)"}, LIBRA_INT(max_windows)},
       {{"threads", "--threads", T::kInt, "worker threads, 0 = all cores (default)"}, LIBRA_INT(threads)},

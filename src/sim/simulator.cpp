@@ -290,6 +290,7 @@ Result<SimResult> simulate(std::span<const PackedSequence> seqs, std::int64_t se
     cr.intra_imbalance_topo = stat_of(intra_topo);
     cr.max_recv_cross_node = stat_of(recv_cross);
     cr.max_recv_cross_node_topo = stat_of(recv_cross_topo);
+    cr.home_layout_topo = topo_home_layout(ctx, cr.candidate.block_size);
     // Each variant at its best M by the recommendation's score (ties: the
     // earlier M in the list); unpipelined variants have only M = 1.
     for (Variant v : candidate_variants()) {

@@ -512,6 +512,53 @@ TEST(SimSettings, ChunksTakeAListAndRejectBadValues) {
   EXPECT_EQ(r->config.chunks, (std::vector<std::int64_t>{2}));
 }
 
+TEST(SimSettings, HomeLayoutIsAutoZigzagOrContiguousForLibraTopoOnly) {
+  // auto: zigzag where B divides L / 2CP (64 / 4 = 16), else contiguous.
+  SimConfig c = tiny_config();
+  c.block_sizes = {16, 32};
+  auto aut = simulate(c);
+  ASSERT_TRUE(aut.ok()) << aut.error().message();
+  ASSERT_EQ(aut->candidates.size(), 2u);
+  EXPECT_EQ(aut->candidates[0].home_layout_topo, HomeLayout::kZigzag);
+  EXPECT_EQ(aut->candidates[1].home_layout_topo, HomeLayout::kContiguous);
+  // The layout is libra-topo's alone: every other variant prices the same.
+  c.home_layout = HomeLayout::kContiguous;
+  auto contiguous = simulate(c);
+  ASSERT_TRUE(contiguous.ok());
+  EXPECT_EQ(contiguous->candidates[0].home_layout_topo, HomeLayout::kContiguous);
+  for (Variant v : candidate_variants()) {
+    if (v == Variant::kLibraTopo) continue;
+    const VariantLatency* a = aut->candidates[0].find(v);
+    const VariantLatency* b = contiguous->candidates[0].find(v);
+    ASSERT_TRUE(a && b) << variant_name(v);
+    EXPECT_EQ(a->seconds.mean, b->seconds.mean) << variant_name(v);
+  }
+  // An explicit zigzag skips the candidate it does not fit, and says why.
+  c.home_layout = HomeLayout::kZigzag;
+  auto zigzag = simulate(c);
+  ASSERT_TRUE(zigzag.ok()) << zigzag.error().message();
+  ASSERT_EQ(zigzag->candidates.size(), 1u);
+  ASSERT_EQ(zigzag->skipped.size(), 1u);
+  EXPECT_EQ(zigzag->skipped[0].reason,
+            "--head-shards 2 --block-size 32: plan config: home_layout zigzag: seq_len / (2 cp) = 16 must be "
+            "divisible by block_size 32");
+  // Settings: auto, zigzag, contiguous; anything else names the value.
+  const SimSetting* st = nullptr;
+  for (const SimSetting& s : sim_settings()) {
+    if (s.key == "home_layout") st = &s;
+  }
+  ASSERT_NE(st, nullptr);
+  SimConfig d;
+  EXPECT_NE(sim_config_json(d).find("\"home_layout\": \"auto\""), std::string::npos);
+  ASSERT_TRUE(apply_sim_setting(*st, "zigzag", "--home-layout", d).ok());
+  EXPECT_EQ(d.home_layout, HomeLayout::kZigzag);
+  ASSERT_TRUE(apply_sim_config_json(R"({"home_layout": "auto"})", "c.json", d).ok());
+  EXPECT_FALSE(d.home_layout.has_value());
+  Status bad = apply_sim_setting(*st, "striped", "--home-layout", d);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.message(), "--home-layout 'striped': must be auto, zigzag or contiguous");
+}
+
 TEST(Variants, NameTableRoundTrips) {
   std::set<std::string_view> names;
   for (Variant v : all_variants()) {
@@ -719,9 +766,20 @@ TEST(PlanCost, PricesTheBytesTheExecutorSends) {
   // GQA with H > h_kv (shards share a KV head: dK/dV go home once), bf16
   // (LSE, dQ, dK/dV travel in fp32), M = 2 and 4, tap and tap-topo.
   const std::vector<libra::PackedSequence> pool = {{200, 40, 16}, {60, 60, 60, 76}, {256}, {30, 100, 90}};
-  for (libra::PlanMode mode : {libra::PlanMode::kTap, libra::PlanMode::kTapTopo}) {
+  // tap-topo also as libra-topo runs it: zigzag homes, KV causal prefix.
+  struct Priced {
+    libra::PlanMode mode;
+    libra::HomeLayout layout;
+    bool kv_prefix;
+  };
+  for (const auto& [mode, layout, kv_prefix] :
+       {Priced{libra::PlanMode::kTap, libra::HomeLayout::kContiguous, false},
+        Priced{libra::PlanMode::kTapTopo, libra::HomeLayout::kContiguous, false},
+        Priced{libra::PlanMode::kTapTopo, libra::HomeLayout::kZigzag, true}}) {
     for (int chunks : {1, 2, 4}) {
       libra::PlanConfig c;
+      c.home_layout = layout;
+      c.kv_prefix = kv_prefix;
       c.seq_len = 256;
       c.cp = 2;
       c.block_size = 32;
@@ -742,7 +800,8 @@ TEST(PlanCost, PricesTheBytesTheExecutorSends) {
         const auto sent = schedule_bytes(*plan, phase);
         for (int m = 0; m < chunks; ++m) {
           EXPECT_EQ((*priced)[static_cast<std::size_t>(m)], sent[static_cast<std::size_t>(m)])
-              << libra::plan_mode_name(mode) << " M=" << chunks << " phase " << static_cast<int>(phase) << " chunk " << m;
+              << libra::plan_mode_name(mode) << " " << libra::home_layout_name(layout) << " prefix " << kv_prefix
+              << " M=" << chunks << " phase " << static_cast<int>(phase) << " chunk " << m;
         }
         if (chunks > 1) {
           std::vector<std::int64_t> sum(sent[0].size(), 0);

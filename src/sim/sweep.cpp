@@ -32,6 +32,11 @@ Status check_candidate(const Ctx& ctx, const SimCandidate& c, std::int64_t chunk
                                      ctx.cfg.model.heads_q));
   }
   Status s = validate_plan_config(tap_config(ctx, c.head_shards, c.block_size, chunks));
+  // An explicit --home-layout zigzag must fit every candidate (auto falls
+  // back to contiguous where it does not).
+  if (s.ok() && ctx.cfg.home_layout) {
+    s = validate_plan_config(plan_config(ctx, c.head_shards, c.block_size, chunks, PlanMode::kTapTopo, false));
+  }
   if (!s.ok()) {
     return invalid_input(fmt::format("--head-shards {} --block-size {}: {}", c.head_shards, c.block_size,
                                      s.message()));

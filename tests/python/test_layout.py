@@ -70,7 +70,7 @@ def rel_err(got, want):
 
 
 def run_case(rank, P, cp, *, layout, mode="tap", chunks=1, hq=4, hkv=2, d=16, block=8, shards=2, window=None,
-             dtype="float32", pass_window_size=False):
+             dtype="float32", pass_window_size=False, kv_prefix=False):
     """Forward, backward and LSE of one case with the caller's tensors in the plan's home layout and
     its boundaries passed; returns the errors and what the runtime reported about its home."""
     dt = getattr(torch, dtype)
@@ -79,7 +79,8 @@ def run_case(rank, P, cp, *, layout, mode="tap", chunks=1, hq=4, hkv=2, d=16, bl
     pool = POOLS[pool_index * P:(pool_index + 1) * P]
     plan = libra.make_plan(pool, seq_len=L, cp=cp, block_size=block, head_shards=shards, heads_q=hq,
                            heads_kv=hkv, head_dim=d, chunks=chunks, mode=mode, window=window,
-                           dtype="fp32" if dtype == "float32" else "bf16", home_layout=layout)
+                           dtype="fp32" if dtype == "float32" else "bf16", home_layout=layout,
+                           kv_prefix=kv_prefix)
     rt = lt.PlanRuntime(plan, group)
     slot, c = worker // cp, worker % cp
     rows = home_rows(layout, cp, c)
@@ -118,6 +119,11 @@ CASES = [
     dict(name="zigzag window 7 from the plan", P=2, cp=2, layout="zigzag", chunks=2, window=7),
     dict(name="zigzag window 7 as window_size", P=2, cp=2, layout="zigzag", window=7, pass_window_size=True),
     dict(name="zigzag P1 CP4 tap M2 fp32", P=1, cp=4, layout="zigzag", chunks=2, block=4),
+    # What the simulator's libra-topo runs by default: tap-topo on zigzag homes with the KV causal prefix.
+    dict(name="zigzag tap-topo kv prefix M2 fp32", P=2, cp=2, layout="zigzag", mode="tap-topo", chunks=2,
+         hq=8, shards=4, kv_prefix=True),
+    dict(name="zigzag P1 CP4 tap-topo kv prefix bf16", P=1, cp=4, layout="zigzag", mode="tap-topo", block=4,
+         kv_prefix=True, dtype="bfloat16"),
     dict(name="contiguous tap M2 fp32", P=2, cp=2, layout="contiguous", chunks=2),
     dict(name="contiguous P1 CP4 window 5 bf16", P=1, cp=4, layout="contiguous", block=4, window=5,
          dtype="bfloat16"),
