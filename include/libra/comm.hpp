@@ -88,6 +88,9 @@ class Communicator {
 // Helpers built on the interface.
 // post + wait.
 [[nodiscard]] Status exchange(Communicator& comm, const AllToAllV& x);
+// An allgather through post/wait, for transports whose own collective
+// cannot time out (a silent peer is then named by wait, not waited on).
+[[nodiscard]] Result<std::vector<std::uint64_t>> allgather_by_exchange(Communicator& comm, std::uint64_t value);
 // The agreement before work, whatever moves its bytes: every rank gathers
 // every rank's `words` with the length of its problem (empty: none), and
 // only when some rank has one, every rank's problem; all ranks then hold the

@@ -18,6 +18,16 @@ Status exchange(Communicator& comm, const AllToAllV& x) {
   return comm.wait(p);
 }
 
+Result<std::vector<std::uint64_t>> allgather_by_exchange(Communicator& comm, std::uint64_t value) {
+  const auto W = static_cast<std::size_t>(comm.size());
+  std::vector<std::uint64_t> send(W, value), out(W, 0);
+  std::vector<std::int64_t> counts(W, 8), displs(W);
+  for (std::size_t p = 0; p < W; ++p) displs[p] = static_cast<std::int64_t>(8 * p);
+  LIBRA_TRY(exchange(comm, {std::as_bytes(std::span<const std::uint64_t>(send)), counts, displs,
+                            std::as_writable_bytes(std::span<std::uint64_t>(out)), counts, displs}));
+  return out;
+}
+
 namespace {
 
 // Every rank's string to `root`, or to every rank when there is no root:

@@ -148,13 +148,7 @@ class MpiCommunicator final : public Communicator {
   // Through the same point-to-point exchange, so that a silent peer is named
   // here too (MPI_Allgather would block forever).
   Result<std::vector<std::uint64_t>> allgather(std::uint64_t value) override {
-    const auto W = static_cast<std::size_t>(size_);
-    std::vector<std::uint64_t> send(W, value), out(W, 0);
-    std::vector<std::int64_t> counts(W, 8), displs(W);
-    for (std::size_t p = 0; p < W; ++p) displs[p] = static_cast<std::int64_t>(8 * p);
-    LIBRA_TRY(exchange(*this, {std::as_bytes(std::span<const std::uint64_t>(send)), counts, displs,
-                               std::as_writable_bytes(std::span<std::uint64_t>(out)), counts, displs}));
-    return out;
+    return allgather_by_exchange(*this, value);
   }
 
   Result<std::unique_ptr<Communicator>> split(int color, int key) override {
