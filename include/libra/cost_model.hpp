@@ -126,6 +126,15 @@ struct Interconnect {
   double inter_supernode_gbps = 7.5;
   double congestion_per_node = 0.5;
   double latency_us = 10;
+  // Which NIC carries a cross-node send. false: the sender's own (the
+  // fitted model). true: NCCL's PXN on a rail-optimised fabric, where a send
+  // to GPU j of another node first crosses NVLink to the sender's node-mate
+  // on j's rail (the same local index as j) and leaves through that GPU's
+  // NIC, so one GPU's off-node sends spread over its node's NICs by
+  // destination. Only node-mates among the all-to-all's own workers relay
+  // (NCCL relays through ranks of the communicator); a send whose rail has
+  // none leaves through the sender's NIC.
+  bool pxn = false;
 };
 
 // Each GPU's time to complete an all-to-all-v: bytes[src * W + dst] between
@@ -141,7 +150,10 @@ struct Interconnect {
 // with intra = bytes to GPUs on the same node, inter = other nodes of the
 // same supernode, cross = other supernodes. So a pool's all-to-all costs more
 // as it spans more nodes (more bytes leave NVLink) and more supernodes (more
-// bytes share the spine). The diagonal (bytes that stay) is ignored.
+// bytes share the spine). The diagonal (bytes that stay) is ignored. With
+// net.pxn, a relayed send's inter/cross bytes are the relay's sends and the
+// sender's NVLink hop to the relay adds to both sides' intra bytes; messages
+// are counted at the sender as without it.
 std::vector<double> alltoall_seconds(const Interconnect& net, std::span<const std::int64_t> bytes,
                                      std::span<const std::int64_t> gpu_of_worker);
 

@@ -6,6 +6,8 @@
 #include <array>
 #include <cmath>
 #include <map>
+#include <utility>
+#include <vector>
 #include <nlohmann/json.hpp>
 
 #include "libra/io.hpp"
@@ -150,13 +152,29 @@ std::vector<double> alltoall_seconds(const Interconnect& net, std::span<const st
   std::vector<std::array<double, 3>> sent_b(w, {0, 0, 0}), recv_b(w, {0, 0, 0});
   std::vector<std::int64_t> sent(w, 0), received(w, 0);
   const std::int64_t per_sn = net.gpus_per_node * net.nodes_per_supernode;
+  // PXN relays: the worker on each GPU, by GPU id.
+  std::vector<std::pair<std::int64_t, std::size_t>> worker_at;
+  if (net.pxn) {
+    for (std::size_t r = 0; r < w; ++r) worker_at.emplace_back(gpu_of_worker[r], r);
+    std::sort(worker_at.begin(), worker_at.end());
+  }
+  auto relay_of = [&](std::size_t s, std::int64_t gs, std::int64_t gd) {
+    const std::int64_t gpu = gs - gs % net.gpus_per_node + gd % net.gpus_per_node;
+    auto it = std::lower_bound(worker_at.begin(), worker_at.end(), std::pair<std::int64_t, std::size_t>{gpu, 0});
+    return it != worker_at.end() && it->first == gpu ? it->second : s;
+  };
   for (std::size_t s = 0; s < w; ++s) {
     for (std::size_t d = 0; d < w; ++d) {
       const std::int64_t b = bytes[s * w + d];
       if (s == d || b == 0) continue;
       const std::int64_t gs = gpu_of_worker[s], gd = gpu_of_worker[d];
       const int tier = gs / net.gpus_per_node == gd / net.gpus_per_node ? 0 : gs / per_sn == gd / per_sn ? 1 : 2;
-      sent_b[s][static_cast<std::size_t>(tier)] += static_cast<double>(b);
+      const std::size_t via = tier > 0 && net.pxn ? relay_of(s, gs, gd) : s;
+      if (via != s) {
+        sent_b[s][0] += static_cast<double>(b);
+        recv_b[via][0] += static_cast<double>(b);
+      }
+      sent_b[via][static_cast<std::size_t>(tier)] += static_cast<double>(b);
       recv_b[d][static_cast<std::size_t>(tier)] += static_cast<double>(b);
       ++sent[s];
       ++received[d];

@@ -162,6 +162,48 @@ TEST(AlltoallSeconds, TopologyTiersHandComputed) {
   for (double x : alltoall_seconds(net, uniform(2), one_node)) EXPECT_NEAR(x, 0.01, 1e-12);
 }
 
+// PXN by hand: 2 GPUs per node, workers on GPUs 0, 1 (node 0) and 2, 3
+// (node 1); NVLink 100, NIC 10 GB/s.
+TEST(AlltoallSeconds, PxnRelaysThroughTheNodeMateOnTheReceiversRail) {
+  Interconnect net{.gpus_per_node = 2, .intra_node_gbps = 100, .inter_node_gbps = 10, .congestion_per_node = 0,
+                   .latency_us = 0};
+  const std::vector<std::int64_t> gpus = {0, 1, 2, 3};
+  std::vector<std::int64_t> bytes(16, 0);
+  bytes[0 * 4 + 2] = 1'000'000'000;  // GPU 0 -> GPU 2: the same rail (local 0)
+  bytes[0 * 4 + 3] = 1'000'000'000;  // GPU 0 -> GPU 3: rail 1, relayed by GPU 1
+  // Own NIC: GPU 0 sends 2 GB through its NIC (0.2 s); GPU 1 idles.
+  auto own = alltoall_seconds(net, bytes, gpus);
+  EXPECT_NEAR(own[0], 0.2, 1e-12);
+  EXPECT_NEAR(own[1], 0.0, 1e-12);
+  EXPECT_NEAR(own[2], 0.1, 1e-12);
+  EXPECT_NEAR(own[3], 0.1, 1e-12);
+  // PXN: GPU 0's NIC sends 1 GB (0.1 s) and its NVLink 1 GB to GPU 1
+  // (0.01 s); GPU 1 receives that over NVLink and sends it on (0.1 s).
+  net.pxn = true;
+  auto pxn = alltoall_seconds(net, bytes, gpus);
+  EXPECT_NEAR(pxn[0], 0.1, 1e-12);
+  EXPECT_NEAR(pxn[1], 0.1, 1e-12);
+  EXPECT_NEAR(pxn[2], 0.1, 1e-12);
+  EXPECT_NEAR(pxn[3], 0.1, 1e-12);
+  // A rail with no worker of this all-to-all on the sender's node: the
+  // sender's own NIC (GPU 1 is not in {0, 2, 3}).
+  const std::vector<std::int64_t> three = {0, 2, 3};
+  std::vector<std::int64_t> b3(9, 0);
+  b3[0 * 3 + 1] = 1'000'000'000;
+  b3[0 * 3 + 2] = 1'000'000'000;
+  EXPECT_NEAR(alltoall_seconds(net, b3, three)[0], 0.2, 1e-12);
+  // A uniform all-to-all: every NIC carries the same bytes either way, and
+  // NVLink is faster than the NIC, so the times are the same.
+  const std::vector<std::int64_t> eight = {0, 1, 2, 3, 4, 5, 6, 7};
+  std::vector<std::int64_t> u(64, 1'000'000'000);
+  for (std::size_t i = 0; i < 8; ++i) u[i * 8 + i] = 0;
+  net.pxn = false;
+  const auto a = alltoall_seconds(net, u, eight);
+  net.pxn = true;
+  const auto b = alltoall_seconds(net, u, eight);
+  for (std::size_t i = 0; i < 8; ++i) EXPECT_NEAR(a[i], b[i], 1e-12) << i;
+}
+
 TEST(HardwareProfile, Fa2HasTheSameNetworkAndASlowerKernel) {
   auto fa3 = hardware_profile("h200-fa3");
   auto fa2 = hardware_profile("h200-fa2");

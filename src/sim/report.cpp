@@ -56,9 +56,10 @@ std::string sim_table(const SimResult& r) {
                    r.windows, r.steps, r.candidates.size(), m_list(c),
                    chooses_m(r) ? " (each pipelined variant at its best M)" : "", c.tau, c.hardware, c.cost.kernel.device,
                    c.cost.noise.sigma);
-  o += fmt::format("topology: {} GPUs/node at {} GB/s, {} nodes/supernode at {} GB/s, {} GB/s across supernodes\n",
+  o += fmt::format("topology: {} GPUs/node at {} GB/s, {} nodes/supernode at {} GB/s, {} GB/s across supernodes{}\n",
                    c.cost.net.gpus_per_node, c.cost.net.intra_node_gbps, c.cost.net.nodes_per_supernode,
-                   c.cost.net.inter_node_gbps, c.cost.net.inter_supernode_gbps);
+                   c.cost.net.inter_node_gbps, c.cost.net.inter_supernode_gbps,
+                   c.cost.net.pxn ? ", cross-node sends routed as NCCL's PXN (--pxn)" : "");
   if (!r.distca_skipped.empty()) o += fmt::format("{}\n", r.distca_skipped);
   for (const auto& s : r.skipped) {
     o += fmt::format("skipped {}{}: {}\n", cand(s.candidate), s.chunks ? fmt::format(" M={}", s.chunks) : "", s.reason);

@@ -258,6 +258,11 @@ const std::vector<Entry>& entries() {
        LIBRA_NUM(cost.net.congestion_per_node)},
       {{"latency_us", "--latency-us", T::kNumber, "per-message latency, microseconds (default 10)"},
        LIBRA_NUM(cost.net.latency_us)},
+      {{"pxn", "--pxn", T::kBool,
+        "price cross-node sends as NCCL's PXN routes them: over NVLink to the node-mate on the receiver's rail, "
+        "then its NIC (default false: the sender's own NIC)"},
+       [](SimConfig& c, const Value& v, const std::string&) -> Status { c.cost.net.pxn = as<bool>(v); return {}; },
+       [](const SimConfig& c) { return nlohmann::ordered_json(c.cost.net.pxn); }},
       {{"noise_sigma", "--noise-sigma", T::kNumber, "per-GPU runtime noise sigma, 0 = off (default 0.0132)"},
        LIBRA_NUM(cost.noise.sigma)},
       {{"noise_seed", "--noise-seed", T::kUint, "seed of the device noise (default 1)"}, LIBRA_UINT(cost.noise.seed)},

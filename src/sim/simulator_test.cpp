@@ -617,7 +617,9 @@ TEST(SimSettings, FlagTextAndJsonGiveTheSameConfig) {
       case SettingType::kUint: text = json = "5"; break;
       case SettingType::kNumber: text = json = "2.5"; break;
       case SettingType::kIntList: text = "2,4"; json = "[2,4]"; break;
-      case SettingType::kBool: text = json = "false"; break;
+      case SettingType::kBool:  // the opposite of the default
+        text = json = nlohmann::json::parse(default_json)[std::string(st.key)].get<bool>() ? "false" : "true";
+        break;
       case SettingType::kString: continue;  // presets and paths: covered by the CLI tests
     }
     SimConfig a, b;
