@@ -28,6 +28,11 @@ void recommend(SimResult& res) {
     const VariantLatency* l = res.candidates[i].find(v);
     std::string s(variant_name(v));
     if (res.config.chunks.size() > 1) s += fmt::format(" at M = {}", l->chunks);
+    // What a training loop must plan to run what was priced.
+    if (v == Variant::kLibraTopo) {
+      s += fmt::format(", {} homes{}", home_layout_name(res.candidates[i].home_layout_topo),
+                       res.config.kv_prefix ? ", KV prefix" : "");
+    }
     return s;
   };
   std::vector<Variant> best_v(res.candidates.size(), Variant::kLibraFull);
