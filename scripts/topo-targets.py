@@ -17,7 +17,7 @@ def main(path):
     print(f"{r['source']}  L={r['config']['seq_len']}  ulysses {u['mean'] * 1e3:.1f} / {u['worst'] * 1e3:.1f} ms "
           f"(mean / worst per layer-step); recommended: {r['recommended_variant']}")
     print(f"{'candidate':<20} {'topo mean':>9} {'topo worst':>10} {'full mean':>9} {'X-node':>7} "
-          f"{'intra topo':>10} {'full vs distca':>14}")
+          f"{'intra topo':>10} {'full vs distca':>14} {'topo M':>6} {'homes':>10}")
     for c in r["candidates"]:
         lat = c["latency"]
         topo, full = lat["libra-topo"], lat["libra-full"]
@@ -26,10 +26,11 @@ def main(path):
         vs = f"{100 * (1 - full['mean'] / distca['mean']):.1f}% below" if distca else "n/a"
         name = f"P={c['pool_size']} H={c['head_shards']} B={c['block_size']}"
         print(f"{name:<20} {u['mean'] / topo['mean']:>8.2f}x {u['worst'] / topo['worst']:>9.2f}x "
-              f"{u['mean'] / full['mean']:>8.2f}x {cross:>7.2f} {c['intra_imbalance_topo']['worst']:>10.4f} {vs:>14}")
+              f"{u['mean'] / full['mean']:>8.2f}x {cross:>7.2f} {c['intra_imbalance_topo']['worst']:>10.4f} {vs:>14} "
+              f"{c.get('chunks', {}).get('libra-topo', '-'):>6} {c.get('home_layout_topo', 'contiguous'):>10}")
     print("topo/full mean, worst: speedup over ulysses (ulysses mean / libra mean; ulysses worst step / libra worst "
           "step); X-node: tap-topo's busiest cross-node receiver / tap's (mean over pools); intra topo: the worst "
-          "pool's intra-pool imbalance")
+          "pool's intra-pool imbalance; topo M: the pipeliner chunks libra-topo ran at; homes: its home layout")
 
 
 if __name__ == "__main__":
