@@ -182,6 +182,10 @@ struct TierBytes {
 // (contract sections 4, 5, 8). make_plan calls it; the CLI may call it
 // before reading a pool.
 [[nodiscard]] Status validate_plan_config(const PlanConfig& config);
+// The zigzag layout's own rule, the part of validate_plan_config that the
+// layout adds: 2 cp divides seq_len and block_size divides seq_len / (2 cp)
+// (positive values; errors as validate_plan_config words them).
+[[nodiscard]] Status check_zigzag_homes(std::int64_t seq_len, int cp, std::int64_t block_size);
 
 // A half-open range of heads or tokens.
 struct HeadRange {

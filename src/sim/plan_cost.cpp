@@ -85,8 +85,8 @@ NodeInterleave topo_interleave(const Ctx& ctx) {
 
 HomeLayout topo_home_layout(const Ctx& ctx, std::int64_t b) {
   if (ctx.cfg.home_layout) return *ctx.cfg.home_layout;
-  const std::int64_t two_cp = 2 * ctx.cfg.cp;
-  const bool fits = b > 0 && ctx.seq_len % two_cp == 0 && (ctx.seq_len / two_cp) % b == 0;
+  // simulate() has checked cp against INT32_MAX.
+  const bool fits = check_zigzag_homes(ctx.seq_len, static_cast<int>(ctx.cfg.cp), b).ok();
   return fits ? HomeLayout::kZigzag : HomeLayout::kContiguous;
 }
 

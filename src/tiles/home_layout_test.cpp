@@ -239,6 +239,16 @@ TEST(ZigzagPlan, RejectsLengthsTheChunksCannotCut) {
   EXPECT_EQ(p.error().message(), "plan config: unknown home layout 7");
 }
 
+TEST(HomeLayout, TheZigzagRuleAloneIsTheValidatorsRule) {
+  // What the simulator asks to choose zigzag homes: the same rule and words.
+  EXPECT_TRUE(libra::check_zigzag_homes(36, 2, 3).ok());
+  EXPECT_EQ(libra::check_zigzag_homes(36, 2, 6).message(),
+            "plan config: home_layout zigzag: seq_len / (2 cp) = 9 must be divisible by block_size 6");
+  EXPECT_EQ(libra::check_zigzag_homes(34, 2, 1).message(),
+            "plan config: home_layout zigzag: seq_len 34 must be divisible by 2 cp = 4");
+  EXPECT_FALSE(libra::check_zigzag_homes(36, 2, 0).ok());  // no division by zero
+}
+
 TEST(ZigzagPlanFile, RoundTripsAsVersionTwoAndContiguousStaysVersionOne) {
   const std::vector<PackedSequence> pool = {{40, 3, 9}, {7, 7, 30}};
   PlanConfig z = zigzag_config(2, PlanMode::kTap);

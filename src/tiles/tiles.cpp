@@ -63,6 +63,22 @@ constexpr std::int64_t kMaxChunkBuckets = std::int64_t{1} << 23;
 
 }  // namespace
 
+Status check_zigzag_homes(std::int64_t seq_len, int cp, std::int64_t block_size) {
+  const std::int64_t two_cp = 2 * static_cast<std::int64_t>(cp);
+  if (seq_len < 1 || cp < 1 || block_size < 1) {
+    return config_error("home_layout zigzag: seq_len " + str(seq_len) + ", cp " + str(cp) + " and block_size " +
+                        str(block_size) + " must be positive");
+  }
+  if (seq_len % two_cp != 0) {
+    return config_error("home_layout zigzag: seq_len " + str(seq_len) + " must be divisible by 2 cp = " + str(two_cp));
+  }
+  if ((seq_len / two_cp) % block_size != 0) {
+    return config_error("home_layout zigzag: seq_len / (2 cp) = " + str(seq_len / two_cp) +
+                        " must be divisible by block_size " + str(block_size));
+  }
+  return {};
+}
+
 Status validate_plan_config(const PlanConfig& c) {
   const AttentionShape& s = c.shape;
   if (c.seq_len < 1) return config_error("seq_len " + str(c.seq_len) + " must be positive");
@@ -100,14 +116,7 @@ Status validate_plan_config(const PlanConfig& c) {
                         str(s.heads_q / c.head_shards));
   }
   if (c.home_layout == HomeLayout::kZigzag) {
-    if (c.seq_len % (2 * static_cast<std::int64_t>(c.cp)) != 0) {
-      return config_error("home_layout zigzag: seq_len " + str(c.seq_len) + " must be divisible by 2 cp = " +
-                          str(2 * static_cast<std::int64_t>(c.cp)));
-    }
-    if ((c.seq_len / (2 * c.cp)) % c.block_size != 0) {
-      return config_error("home_layout zigzag: seq_len / (2 cp) = " + str(c.seq_len / (2 * c.cp)) +
-                          " must be divisible by block_size " + str(c.block_size));
-    }
+    LIBRA_TRY(check_zigzag_homes(c.seq_len, c.cp, c.block_size));
   } else if (c.home_layout != HomeLayout::kContiguous) {
     return config_error("unknown home layout " + str(static_cast<int>(c.home_layout)));
   }
