@@ -466,13 +466,13 @@ Result<Plan> build_plan(std::span<const PackedSequence> pool, const PlanConfig& 
   const bool key_is_shard = !(g.dedup_per_kv_head && g.shards > g.heads_kv);
   if (key_is_shard) {
     // Appended, not zero-filled and then overwritten: every entry is a
-    // table entry, and the runs are a few heads long, too short for memcpy.
+    // table entry.
     d->kv_uses.clear();
     d->kv_uses.reserve(static_cast<std::size_t>(d->kv_use_offsets.back()));
     for (std::size_t at = 0; at < d->worker_group_ids.size(); ++at) {
       const std::int32_t key = group_key[static_cast<std::size_t>(d->worker_group_ids[at])];
       const ChunkUse* from = &shard_use[static_cast<std::size_t>(key) * max_heads];
-      for (auto n = d->kv_use_offsets[at + 1] - d->kv_use_offsets[at]; n > 0; --n) d->kv_uses.push_back(*from++);
+      d->kv_uses.insert(d->kv_uses.end(), from, from + (d->kv_use_offsets[at + 1] - d->kv_use_offsets[at]));
     }
   } else {
     d->kv_uses.assign(d->kv_use_offsets.back(), ChunkUse{});
