@@ -103,6 +103,10 @@ struct ExecOptions {
   TraceRecorder* trace = nullptr;  // optional; must outlive the executor
   // The kernel; null: make_cpu_backend(). Must outlive the executor.
   AttentionBackend* backend = nullptr;
+  // make_plan_executor: send cross-node inputs through node-mates
+  // (ScheduleOptions::relay, libra/relay.hpp). All ranks must agree (the
+  // schedule fingerprint checks it).
+  bool relay = false;
 };
 
 // A home tensor the executor reads: fp32, or 16-bit bit patterns of type

@@ -27,6 +27,7 @@
 #include "libra/backend.hpp"
 #include "libra/comm.hpp"
 #include "libra/executor.hpp"
+#include "libra/relay.hpp"
 #include "libra/schedule.hpp"
 #include "libra/kernel.hpp"
 // simulation

@@ -55,7 +55,8 @@ inline constexpr int kNumWireClasses = 3;
 
 // Where a move reads or writes: the home or compute buffer of its field, or
 // the message of its (phase, chunk).
-enum class Loc : std::uint8_t { kHome = 0, kCompute = 1, kWire = 2 };
+// kStage: the staging buffer of relayed inputs (RankSchedule::relayed).
+enum class Loc : std::uint8_t { kHome = 0, kCompute = 1, kWire = 2, kStage = 3 };
 
 // rows x run head vectors of `field`: row i reads run vectors at
 // src_offset + i * src_stride and writes them at dst_offset + i * dst_stride
@@ -88,6 +89,9 @@ struct ExchangeProgram {
 struct PassProgram {
   Phase in_phase = Phase::kFwdIn, out_phase = Phase::kFwdOut;
   std::vector<ExchangeProgram> in, out;  // [chunk]
+  // Relayed schedules only (else empty): stage(m), home -> staging buffer,
+  // must have landed before in(m) is posted (libra/schedule.hpp, Pipeline).
+  std::vector<ExchangeProgram> stage;  // [chunk]
   // The Out phase's receipts of every chunk (src kWire, `chunk` naming the
   // message) and the outputs kept (src kCompute), in the schedule's
   // apply_order: fp32 sums do not depend on arrival order.

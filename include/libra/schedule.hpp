@@ -74,6 +74,10 @@
 // peer, then chunk), so fp32 sums of dK/dV do not depend on arrival order.
 // A KV head arrives with the chunk of its first use and its dK/dV goes home
 // with the chunk of its last (Plan::kv_use, recorded by the tiles stage).
+// Relayed (`relayed`): stage(m) must land before in(m) is posted, so the
+// loop runs it a chunk ahead: post stage(0) and stage(1), wait stage(0),
+// post in(0); for m: wait stage(m+1), post in(m+1), post stage(m+2), then
+// as above. The staging buffer holds every chunk's relayed inputs apart.
 #pragma once
 
 #include <array>
@@ -127,6 +131,9 @@ struct Segment {
   std::int64_t t0 = 0, t1 = 0;
   std::int32_t h0 = 0, h1 = 0;
   Strided at;
+  // `at` addresses the staging buffer: the relay's side of a relayed input
+  // (receipt of the stage exchange, send of the main one; libra/relay.hpp).
+  bool stage = false;
 };
 
 // One all-to-all-v of one worker: lists indexed by peer.
@@ -196,6 +203,14 @@ struct RankSchedule {
   std::int64_t compute_q_vectors = 0, compute_kv_vectors = 0;
   // [phase][chunk]
   std::array<std::vector<Exchange>, 4> exchanges;
+  // ScheduleOptions::relay with a plan that relays: per pass and chunk the
+  // stage exchange, which moves relayed inputs over NVLink from their
+  // sender's home into the relay's staging buffer (sizes stage_q_vectors,
+  // stage_kv_vectors) before the chunk's main In exchange sends them on.
+  // Empty otherwise, and then no stage exchange is posted at all.
+  bool relayed = false;
+  std::array<std::vector<Exchange>, 2> stage_exchanges;  // [pass][chunk]
+  std::int64_t stage_q_vectors = 0, stage_kv_vectors = 0;
   // [pass][chunk]
   std::array<std::vector<std::vector<KernelCall>>, 2> kernel_calls;
   std::vector<CallFragment> fragments;
@@ -207,6 +222,10 @@ struct RankSchedule {
   std::string what;  // "plan" or "ulysses pool and configuration", for messages
 
   const Exchange& exchange(Phase p, int m) const { return exchanges[static_cast<std::size_t>(p)][static_cast<std::size_t>(m)]; }
+  // The stage exchange of (pass, chunk); only when `relayed`.
+  const Exchange& stage_exchange(Pass p, int m) const {
+    return stage_exchanges[static_cast<std::size_t>(p)][static_cast<std::size_t>(m)];
+  }
   std::span<const KernelCall> calls(Pass p, int m) const {
     return kernel_calls[static_cast<std::size_t>(p)][static_cast<std::size_t>(m)];
   }
@@ -218,6 +237,7 @@ struct RankSchedule {
   // Head vectors of a field's home buffer.
   std::int64_t home_vectors(Field f) const { return home_rows * (is_kv_field(f) ? heads_kv : heads_q); }
   std::int64_t compute_vectors(Field f) const { return is_kv_field(f) ? compute_kv_vectors : compute_q_vectors; }
+  std::int64_t stage_vectors(Field f) const { return is_kv_field(f) ? stage_kv_vectors : stage_q_vectors; }
   // Bytes of one head vector of a field as stored and sent.
   std::int64_t vector_bytes(Field f) const { return width(f) * dtype_bytes(field_dtype(f, dtype)); }
 };
@@ -231,6 +251,10 @@ struct ScheduleOptions {
   // "Data read in place"); false routes everything through compute buffers,
   // for a backend that can only address buffers it owns.
   bool read_home_in_place = true;
+  // Send cross-node inputs through node-mates chosen by libra::plan_relays
+  // (libra/relay.hpp). Every rank must agree: it is part of the schedule's
+  // fingerprint. Off by default; a plan without relays runs as without it.
+  bool relay = false;
 };
 
 // Worker `worker`'s schedule of `plan`. Pure and deterministic.

@@ -16,6 +16,7 @@
 #include "exec/harness.hpp"
 #include "libra/executor.hpp"
 #include "libra/plan.hpp"
+#include "libra/relay.hpp"
 #include "libra/splitmix64.hpp"
 
 namespace libra::exec_test {
@@ -116,11 +117,13 @@ struct ExecCase {
   bool dedup_per_kv_head = false;
   HomeLayout home_layout = HomeLayout::kContiguous;
   bool kv_prefix = false;
+  bool relay = false;  // ExecOptions::relay
   std::string name() const {
     return fmt::format("{} P={} CP={} L={} B={} H={} hq={} hkv={} d={} {} w={} M={} seed={}{}{}", mode, pool_size, cp,
                        seq_len, block, head_shards, heads_q, heads_kv, head_dim, dtype_name(dtype),
                        window == kFullCausal ? std::string("full") : std::to_string(window), chunks, pool_seed,
-                       home_layout == HomeLayout::kContiguous ? "" : " zigzag", kv_prefix ? " kv-prefix" : "");
+                       home_layout == HomeLayout::kContiguous ? "" : " zigzag", kv_prefix ? " kv-prefix" : "") +
+           (relay ? " relay" : "");
   }
 };
 
@@ -188,6 +191,7 @@ inline Status exec_case(Communicator& comm, const ExecCase& c, TraceRecorder* tr
   job.sequences = sequences;
   job.pool_size = c.pool_size;
   job.seed = c.data_seed;
+  job.relay = c.relay;
   job.reference = ReferenceKind::kNaive;
   job.trace = trace;
   LIBRA_ASSIGN_OR_RETURN(CheckReport report, run_check(comm, job));
@@ -383,6 +387,67 @@ inline std::vector<ExecCase> zigzag_cases(int world) {
   topo_prefix.head_shards = 4;
   topo_prefix.kv_prefix = true;
   cases.push_back(topo_prefix);
+  return cases;
+}
+
+// Relayed inputs (ExecOptions::relay) on `world` ranks, nodes of two GPUs:
+// the contract's TAP (most cross-node traffic), tap-split and tap-topo, M 1,
+// 2 and 4 (stages run a chunk ahead), zigzag homes with the KV prefix, GQA
+// with H > h_kv in bf16, and a window.
+inline std::vector<ExecCase> relay_cases(int world) {
+  std::vector<ExecCase> cases;
+  std::uint64_t seed = 201;
+  auto base = [&](const char* mode) {
+    ExecCase c;
+    c.mode = mode;
+    c.pool_size = world / 2;
+    c.pool_seed = seed++;
+    c.heads_q = 8;
+    c.heads_kv = 2;
+    c.relay = true;
+    return c;
+  };
+  // Each case takes the next pool seed whose plan relays something, so that
+  // no case passes by running no relay at all.
+  auto relaying = [&](ExecCase c) {
+    for (int tries = 0; tries < 64; ++tries, c.pool_seed = seed++) {
+      PlanConfig cfg = case_config(c);
+      Result<PlanMode> mode = parse_plan_mode(c.mode);
+      if (!mode.ok()) break;
+      cfg.mode = *mode;
+      Result<Plan> plan = make_plan(random_pool(c.pool_seed, c.pool_size, c.seq_len), cfg);
+      if (plan.ok() && plan_relays(*plan).any()) break;
+    }
+    return c;
+  };
+  for (const char* mode : {"tap", "tap-split", "tap-topo"}) {
+    for (int chunks : {1, 2, 4}) {
+      ExecCase c = base(mode);
+      c.chunks = chunks;
+      cases.push_back(c);
+    }
+  }
+  ExecCase zig = base("tap-topo");
+  zig.pool_size = 2;
+  zig.cp = world / 2;
+  zig.block = zig.seq_len / (2 * zig.cp) / 2;
+  zig.home_layout = HomeLayout::kZigzag;
+  zig.kv_prefix = true;
+  zig.chunks = 2;
+  cases.push_back(zig);
+  ExecCase b = base("tap");
+  b.heads_kv = 1;
+  b.head_shards = 4;
+  b.chunks = 2;
+  b.dtype = DType::kBF16;
+  b.kv_prefix = true;
+  cases.push_back(b);
+  ExecCase w = base("tap");
+  w.heads_q = w.heads_kv = 4;
+  w.window = 24;
+  w.chunks = 2;
+  cases.push_back(w);
+  for (ExecCase& c : cases) c = relaying(c);
   return cases;
 }
 

@@ -129,7 +129,8 @@ class ScheduleExecutor final : public Executor {
  private:
   RawBuffer& buf(Field f) { return compute_[static_cast<std::size_t>(f)]; }
   std::byte* at(Field f, Loc where, std::int64_t vector) {
-    std::byte* base = where == Loc::kHome ? home_[static_cast<std::size_t>(f)] : buf(f).data();
+    const auto fi = static_cast<std::size_t>(f);
+    std::byte* base = where == Loc::kHome ? home_[fi] : where == Loc::kStage ? stage_[fi].data() : buf(f).data();
     return base + vector * s_.vector_bytes(f);
   }
   struct Sizes {
@@ -145,7 +146,7 @@ class ScheduleExecutor final : public Executor {
   void prepare(bool backward);
   void run_moves(std::span<const Move> moves, const std::byte* recv, std::byte* send);
   Status post(Phase p, const ExchangeProgram& x, Wire& w);
-  Status wait(Phase p, int m, Wire& w);
+  Status wait(Phase p, int m, Wire& w, bool stage = false);
   Status compute(Pass pass, int m);
   Status grow_workspace(std::size_t bytes);
   Status of_this_rank(Status s) const;
@@ -162,9 +163,10 @@ class ScheduleExecutor final : public Executor {
   // are only read; outputs are written straight into the result vectors);
   // other types live converted in home_store_.
   std::array<std::byte*, kNumFields> home_{};
-  std::array<RawBuffer, kNumFields> home_store_, compute_;
-  // [pass][chunk]: each pass keeps its own message buffers across calls.
-  std::array<std::vector<Wire>, 2> in_, out_;
+  std::array<RawBuffer, kNumFields> home_store_, compute_, stage_;
+  // [pass][chunk]: each pass keeps its own message buffers across calls
+  // (stages_: relayed schedules only).
+  std::array<std::vector<Wire>, 2> in_, out_, stages_;
   std::vector<std::byte> workspace_;
   PassStats stats_;
 };
@@ -186,6 +188,8 @@ Status ScheduleExecutor::init() {
   LIBRA_TRY(agree_on_status(comm_, local, "executor setup"));
   for (auto* w : {&in_, &out_})
     for (auto& per_pass : *w) per_pass.resize(static_cast<std::size_t>(s_.chunks));
+  if (s_.relayed)
+    for (auto& per_pass : stages_) per_pass.resize(static_cast<std::size_t>(s_.chunks));
   return Status();
 }
 
@@ -251,6 +255,7 @@ void ScheduleExecutor::prepare(bool backward) {
     if (!needed) continue;
     RawBuffer& b = buf(f);
     b.ensure(static_cast<std::size_t>(s_.compute_vectors(f) * s_.vector_bytes(f)));
+    if (s_.relayed) stage_[static_cast<std::size_t>(fi)].ensure(static_cast<std::size_t>(s_.stage_vectors(f) * s_.vector_bytes(f)));
     // The kernel adds into dK and dV.
     if (f == Field::kDk || f == Field::kDv) b.zero();
   }
@@ -289,7 +294,7 @@ Status ScheduleExecutor::post(Phase p, const ExchangeProgram& x, Wire& w) {
   return Status();
 }
 
-Status ScheduleExecutor::wait(Phase p, int m, Wire& w) {
+Status ScheduleExecutor::wait(Phase p, int m, Wire& w, bool stage) {
   TraceRecorder* tr = opts_.trace;
   const double w0 = tr ? tr->now_us() : 0;
   const auto t0 = std::chrono::steady_clock::now();
@@ -297,7 +302,7 @@ Status ScheduleExecutor::wait(Phase p, int m, Wire& w) {
   stats_.wait += since(t0);
   if (tr) {
     const std::string pass = (p == Phase::kFwdIn || p == Phase::kFwdOut) ? "fwd" : "bwd";
-    const std::string name = fmt::format("{} {} chunk {}", pass, is_in(p) ? "input" : "output", m);
+    const std::string name = fmt::format("{} {} chunk {}", pass, stage ? "stage" : is_in(p) ? "input" : "output", m);
     const double w1 = tr->now_us();
     tr->record("wait " + name, TraceRecorder::kWait, w0, w1);
     tr->record(name, TraceRecorder::kTransfer, w.posted_us, w1);
@@ -382,7 +387,8 @@ Status ScheduleExecutor::run_pass(Pass pass) {
     // owns them until the request completes): wait out every exchange this
     // rank posted before its caller can free them. A peer that failed too
     // has posted the same exchanges up to the same point, or withdraws.
-    for (auto* wires : {&in_[static_cast<std::size_t>(pass)], &out_[static_cast<std::size_t>(pass)]}) {
+    for (auto* wires : {&stages_[static_cast<std::size_t>(pass)], &in_[static_cast<std::size_t>(pass)],
+                        &out_[static_cast<std::size_t>(pass)]}) {
       for (Wire& w : *wires) {
         if (w.pending.valid()) (void)comm_.wait(w.pending);
         w.pending = {};
@@ -397,12 +403,34 @@ Status ScheduleExecutor::run_pass_steps(Pass pass) {
   const int M = s_.chunks;
   std::vector<Wire>& ins = in_[static_cast<std::size_t>(pass)];
   std::vector<Wire>& outs = out_[static_cast<std::size_t>(pass)];
+  std::vector<Wire>& stages = stages_[static_cast<std::size_t>(pass)];
+  // Relayed: stage(m) lands in the staging buffer before in(m), which sends
+  // from it, is posted; stages run a chunk ahead (libra/schedule.hpp).
+  const bool relayed = !pp.stage.empty();
+  auto post_stage = [&](int m) -> Status {
+    if (!relayed || m >= M) return Status();
+    return post(pp.in_phase, pp.stage[static_cast<std::size_t>(m)], stages[static_cast<std::size_t>(m)]);
+  };
+  auto land_stage = [&](int m) -> Status {
+    if (!relayed) return Status();
+    Wire& w = stages[static_cast<std::size_t>(m)];
+    LIBRA_TRY(wait(pp.in_phase, m, w, /*stage=*/true));
+    run_moves(pp.stage[static_cast<std::size_t>(m)].scatter, w.recv.data(), nullptr);
+    return Status();
+  };
   LIBRA_TRY(detail::fault_point(detail::FaultPoint::kBeforePost));
+  LIBRA_TRY(post_stage(0));
+  LIBRA_TRY(post_stage(1));
+  LIBRA_TRY(land_stage(0));
   LIBRA_TRY(post(pp.in_phase, pp.in[0], ins[0]));
   LIBRA_TRY(detail::fault_point(detail::FaultPoint::kMidPass));
   for (int m = 0; m < M; ++m) {
     const auto mu = static_cast<std::size_t>(m);
-    if (m + 1 < M) LIBRA_TRY(post(pp.in_phase, pp.in[mu + 1], ins[mu + 1]));
+    if (m + 1 < M) {
+      LIBRA_TRY(land_stage(m + 1));
+      LIBRA_TRY(post(pp.in_phase, pp.in[mu + 1], ins[mu + 1]));
+      LIBRA_TRY(post_stage(m + 2));
+    }
     LIBRA_TRY(wait(pp.in_phase, m, ins[mu]));
     run_moves(pp.in[mu].scatter, ins[mu].recv.data(), nullptr);
     LIBRA_TRY(compute(pass, m));
@@ -515,7 +543,7 @@ Result<std::unique_ptr<Executor>> make_plan_executor(Communicator& pool, const P
   // Agree before building: the schedule of a plan another rank does not
   // hold would not match its messages.
   LIBRA_TRY(agree_on_fingerprint(pool, plan.fingerprint(), "plan"));
-  LIBRA_ASSIGN_OR_RETURN(RankSchedule s, make_rank_schedule(plan, pool.rank()));
+  LIBRA_ASSIGN_OR_RETURN(RankSchedule s, make_rank_schedule(plan, pool.rank(), {.relay = options.relay}));
   return make_schedule_executor(pool, std::move(s), options);
 }
 

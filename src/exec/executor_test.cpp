@@ -41,6 +41,33 @@ TEST(PlanExecutor, ZigzagHomesMatchTheReferenceOnFourAndEightRanks) {
   }
 }
 
+TEST(PlanExecutor, RelayedInputsMatchTheReferenceOnFourAndEightRanks) {
+  for (int world : {4, 8}) {
+    for (const ExecCase& c : exec_test::relay_cases(world)) {
+      expect_all_ok(run_in_process(world, [&](Communicator& comm) { return exec_test::exec_case(comm, c); }), c.name());
+    }
+  }
+}
+
+// One rank asked to relay and the others not would run different exchanges:
+// the schedule fingerprint stops every rank with one mismatch error instead.
+TEST(PlanExecutor, RanksThatDisagreeOnRelayingStopWithAMismatch) {
+  ExecCase c = exec_test::relay_cases(4).front();
+  auto pool = exec_test::random_pool(c.pool_seed, c.pool_size, c.seq_len);
+  PlanConfig cfg = exec_test::case_config(c);
+  Result<Plan> plan = make_plan(pool, cfg);
+  ASSERT_TRUE(plan.ok()) << plan.error().message();
+  auto st = run_in_process(4, [&](Communicator& comm) {
+    ExecOptions o;
+    o.relay = comm.rank() != 3;
+    return make_plan_executor(comm, *plan, o).status();
+  });
+  for (const Status& s : st) {
+    ASSERT_FALSE(s.ok());
+    EXPECT_EQ(s.error().code(), ErrorCode::kMismatch) << s.message();
+  }
+}
+
 TEST(UlyssesExecutor, RefusesZigzagHomesOnEveryRank) {
   ExecCase c = exec_test::zigzag_cases(4).front();
   c.mode = "ulysses-direct";

@@ -95,6 +95,7 @@ struct CheckJob {
   int pool_size = 0;              // P; 0: world size / cp
   std::uint64_t seed = 1;         // pool k's data seed: seed * 1000003 + first_pool + k
   int threads = 1;                // kernel threads per rank
+  bool relay = false;             // ExecOptions::relay
   std::string backend = "cpu";    // a registered attention backend (make_backend)
   int repeat = 1;                 // forward + backward runs on one executor; the last is timed and checked
   bool check = true;

@@ -192,6 +192,7 @@ Result<CheckReport> run_check(Communicator& world, const CheckJob& job) {
   LIBRA_TRY(agree_on_status(world, backend.status(), "libra exec"));
   ExecOptions eo;
   eo.threads = job.threads;
+  eo.relay = job.relay;
   eo.trace = job.trace;
   eo.backend = backend->get();
   std::optional<Plan> made;

@@ -75,14 +75,14 @@ void wire_moves(const RankSchedule& s, const RankProgram& p, const Layout& l, co
     mv.wire_byte = byte[c];
     if (receipt) {
       mv.src = Loc::kWire;
-      mv.dst = buffer;
+      mv.dst = seg.stage ? Loc::kStage : buffer;
       mv.add = seg.add;
       mv.src_offset = vec[c];
       mv.src_stride = seg.at.run;
       mv.dst_offset = seg.at.offset;
       mv.dst_stride = seg.at.stride;
     } else {
-      mv.src = buffer;
+      mv.src = seg.stage ? Loc::kStage : buffer;
       mv.dst = Loc::kWire;
       mv.src_offset = seg.at.offset;
       mv.src_stride = seg.at.stride;
@@ -169,6 +169,21 @@ Result<RankProgram> make_rank_program(const RankSchedule& s, std::span<const int
           local_moves(x, s.worker, m, Loc::kHome, Loc::kCompute, p.rank, e.local);
         } else {
           out_recv[static_cast<std::size_t>(m)] = recv;
+        }
+      }
+    }
+    if (s.relayed) {
+      pp.stage.resize(static_cast<std::size_t>(s.chunks));
+      for (int m = 0; m < s.chunks; ++m) {
+        const Exchange& x = s.stage_exchange(static_cast<Pass>(pass), m);
+        ExchangeProgram& e = pp.stage[static_cast<std::size_t>(m)];
+        const Layout send = lay_out(s, p, x.send, e.send_vectors, e.send_bytes, e.send_displs, e.total_send_bytes);
+        const Layout recv = lay_out(s, p, x.recv, e.recv_vectors, e.recv_bytes, e.recv_displs, e.total_recv_bytes);
+        for (int g = 0; g < s.workers; ++g) {
+          if (g == p.rank) continue;  // a worker never relays for itself
+          const auto w = static_cast<std::size_t>(p.order[static_cast<std::size_t>(g)]);
+          wire_moves(s, p, send, x.send[w], g, m, false, Loc::kHome, e.gather);
+          wire_moves(s, p, recv, x.recv[w], g, m, true, Loc::kStage, e.scatter);
         }
       }
     }

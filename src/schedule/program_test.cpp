@@ -21,10 +21,11 @@ namespace {
 
 using exec_test::ExecCase;
 using Buf = std::vector<std::uint64_t>;
-using Bufs = std::vector<std::array<std::array<Buf, kNumFields>, 2>>;  // [worker][home 0 / compute 1][field]
+using Bufs = std::vector<std::array<std::array<Buf, kNumFields>, 3>>;  // [worker][home 0 / compute 1 / stage 2][field]
 
 Buf& at(Bufs& b, int w, Loc l, Field f) {
-  return b[static_cast<std::size_t>(w)][l == Loc::kHome ? 0 : 1][static_cast<std::size_t>(f)];
+  const std::size_t i = l == Loc::kHome ? 0 : l == Loc::kStage ? 2 : 1;
+  return b[static_cast<std::size_t>(w)][i][static_cast<std::size_t>(f)];
 }
 
 std::size_t idx(std::int64_t offset, std::int64_t stride, std::int64_t i, std::int64_t j, const Buf& b) {
@@ -42,21 +43,27 @@ Bufs fresh(const std::vector<RankSchedule>& s) {
       h.resize(static_cast<std::size_t>(s[w].home_vectors(fl)));
       for (std::size_t i = 0; i < h.size(); ++i) h[i] = splitmix64_mix((w << 40) ^ (static_cast<std::uint64_t>(f) << 32) ^ i);
       b[w][1][static_cast<std::size_t>(f)].assign(static_cast<std::size_t>(s[w].compute_vectors(fl)), 0);
+      b[w][2][static_cast<std::size_t>(f)].assign(static_cast<std::size_t>(s[w].stage_vectors(fl)), 0);
     }
   }
   return b;
 }
 
 // The reference: the schedule's segments, paired by position.
+// `staging`: the pass's stage exchange of chunk m instead of (p, m).
 void run_segments(const std::vector<RankSchedule>& s, Phase p, int m, Bufs& b,
-                  std::map<std::pair<int, int>, Buf>* later) {
+                  std::map<std::pair<int, int>, Buf>* later, bool staging = false) {
   const bool in = p == Phase::kFwdIn || p == Phase::kBwdIn;
   const int W = static_cast<int>(s.size());
+  auto of = [&](int w) -> const Exchange& {
+    const RankSchedule& x = s[static_cast<std::size_t>(w)];
+    return staging ? x.stage_exchange(p == Phase::kFwdIn ? Pass::kForward : Pass::kBackward, m) : x.exchange(p, m);
+  };
   for (int a = 0; a < W; ++a) {
     for (int d = 0; d < W; ++d) {
       Buf wire;
-      for (const Segment& x : s[static_cast<std::size_t>(a)].exchange(p, m).send[static_cast<std::size_t>(d)]) {
-        Buf& src = at(b, a, in ? Loc::kHome : Loc::kCompute, x.field);
+      for (const Segment& x : of(a).send[static_cast<std::size_t>(d)]) {
+        Buf& src = at(b, a, x.stage ? Loc::kStage : in ? Loc::kHome : Loc::kCompute, x.field);
         for (std::int64_t i = 0; i < x.at.rows; ++i)
           for (std::int64_t j = 0; j < x.at.run; ++j) wire.push_back(src[idx(x.at.offset, x.at.stride, i, j, src)]);
       }
@@ -65,8 +72,8 @@ void run_segments(const std::vector<RankSchedule>& s, Phase p, int m, Bufs& b,
         continue;
       }
       std::size_t k = 0;
-      for (const Segment& y : s[static_cast<std::size_t>(d)].exchange(p, m).recv[static_cast<std::size_t>(a)]) {
-        Buf& dst = at(b, d, Loc::kCompute, y.field);
+      for (const Segment& y : of(d).recv[static_cast<std::size_t>(a)]) {
+        Buf& dst = at(b, d, y.stage ? Loc::kStage : Loc::kCompute, y.field);
         for (std::int64_t i = 0; i < y.at.rows; ++i)
           for (std::int64_t j = 0; j < y.at.run; ++j) dst[idx(y.at.offset, y.at.stride, i, j, dst)] = wire.at(k++);
       }
@@ -169,7 +176,7 @@ std::vector<Msg> exchange(const std::vector<RankProgram>& prog, const std::vecto
   return got;
 }
 
-void check_case(const ExecCase& c, int W, std::uint64_t seed) {
+void check_case(const ExecCase& c, int W, std::uint64_t seed, ScheduleOptions options = {}) {
   SCOPED_TRACE(c.name());
   const std::vector<PackedSequence> pool = exec_test::random_pool(c.pool_seed, c.pool_size, c.seq_len);
   PlanConfig cfg = exec_test::case_config(c);
@@ -188,7 +195,7 @@ void check_case(const ExecCase& c, int W, std::uint64_t seed) {
   std::iota(order.begin(), order.end(), 0);
   std::mt19937_64 rng(seed);
   for (int r = 0; r < W; ++r) {
-    auto x = plan ? make_rank_schedule(*plan, r) : make_ulysses_schedule(pool, cfg, r);
+    auto x = plan ? make_rank_schedule(*plan, r, options) : make_ulysses_schedule(pool, cfg, r, options);
     ASSERT_TRUE(x.ok()) << x.error().message();
     s.push_back(std::move(*x));
   }
@@ -208,8 +215,22 @@ void check_case(const ExecCase& c, int W, std::uint64_t seed) {
       std::map<std::pair<int, int>, Buf> later;
       std::vector<std::vector<Msg>> outs;
       for (int m = 0; m < M; ++m) {
-        run_segments(s, p0.in_phase, m, want, nullptr);
         std::vector<const ExchangeProgram*> x;
+        if (s[0].relayed) {
+          // The stage lands in the staging buffers before the main exchange.
+          run_segments(s, p0.in_phase, m, want, nullptr, /*staging=*/true);
+          for (const RankProgram& p : prog) x.push_back(&p.pass(pass).stage.at(static_cast<std::size_t>(m)));
+          std::vector<Msg> staged = exchange(prog, x, got, byte_view);
+          for (int w = 0; w < W; ++w) {
+            EXPECT_TRUE(x[static_cast<std::size_t>(w)]->local.empty());
+            for (const Move& mv : x[static_cast<std::size_t>(w)]->scatter) {
+              EXPECT_EQ(mv.dst, Loc::kStage);
+              move(mv, got, w, prog[static_cast<std::size_t>(w)], &staged[static_cast<std::size_t>(w)], nullptr, byte_view);
+            }
+          }
+          x.clear();
+        }
+        run_segments(s, p0.in_phase, m, want, nullptr);
         for (const RankProgram& p : prog) x.push_back(&p.pass(pass).in[static_cast<std::size_t>(m)]);
         std::vector<Msg> in = exchange(prog, x, got, byte_view);
         for (int w = 0; w < W; ++w) {
@@ -242,11 +263,11 @@ void check_case(const ExecCase& c, int W, std::uint64_t seed) {
         }
       }
       for (int w = 0; w < W; ++w)
-        for (int l = 0; l < 2; ++l)
+        for (int l = 0; l < 3; ++l)
           for (int f = 0; f < kNumFields; ++f)
             EXPECT_EQ(got[static_cast<std::size_t>(w)][static_cast<std::size_t>(l)][static_cast<std::size_t>(f)],
                       want[static_cast<std::size_t>(w)][static_cast<std::size_t>(l)][static_cast<std::size_t>(f)])
-                << "worker " << w << (l ? " compute " : " home ") << field_name(static_cast<Field>(f));
+                << "worker " << w << (l == 2 ? " stage " : l ? " compute " : " home ") << field_name(static_cast<Field>(f));
     }
   }
 }
@@ -255,6 +276,13 @@ TEST(RankProgram, CarriesOutTheScheduleInBothMessageViewsUnderAShuffledRankOrder
   std::uint64_t seed = 1;
   for (int W : {4, 8}) {
     for (const ExecCase& c : exec_test::case_matrix(W)) check_case(c, W, seed++);
+  }
+}
+
+TEST(RankProgram, CarriesOutRelayedSchedulesInBothMessageViews) {
+  std::uint64_t seed = 100;
+  for (int W : {4, 8}) {
+    for (const ExecCase& c : exec_test::relay_cases(W)) check_case(c, W, seed++, {.relay = true});
   }
 }
 

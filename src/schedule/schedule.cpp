@@ -6,6 +6,8 @@
 
 #include <fmt/format.h>
 
+#include "libra/relay.hpp"
+
 #include <algorithm>
 #include <map>
 #include <tuple>
@@ -43,6 +45,15 @@ class Builder {
       }
     }
     for (auto& per_pass : s_.kernel_calls) per_pass.assign(static_cast<std::size_t>(s_.chunks), {});
+    if (s_.relayed) {
+      for (auto& per_pass : s_.stage_exchanges) {
+        per_pass.assign(static_cast<std::size_t>(s_.chunks), Exchange{});
+        for (Exchange& x : per_pass) {
+          x.send.assign(static_cast<std::size_t>(s_.workers), {});
+          x.recv.assign(static_cast<std::size_t>(s_.workers), {});
+        }
+      }
+    }
   }
 
   Strided home(bool kv, std::int64_t t0, std::int64_t t1, std::int32_t h0, std::int32_t h1) const {
@@ -76,9 +87,41 @@ class Builder {
     }
   }
 
+  // An In item relayed src -> via -> dst: src's home rows go to via's
+  // staging buffer at `stage_offset` (contiguous rows x heads) in the
+  // pass's stage exchange of chunk m, and from there to dst's compute buffer
+  // in the chunk's main exchange. This worker is src, via or dst.
+  void relayed_item(Phase p, int m, int src, int via, int dst, bool kv, std::int32_t slot, std::int64_t t0,
+                    std::int64_t t1, std::int32_t h0, std::int32_t h1, const Region* dst_region,
+                    std::int64_t stage_offset) {
+    const auto pass = static_cast<std::size_t>(p == Phase::kFwdIn ? Pass::kForward : Pass::kBackward);
+    Exchange& stage = s_.stage_exchanges[pass][static_cast<std::size_t>(m)];
+    Exchange& x = s_.exchanges[static_cast<std::size_t>(p)][static_cast<std::size_t>(m)];
+    const Strided staged{stage_offset, t1 - t0, h1 - h0, h1 - h0};
+    for (Field f : phase_fields(p, kv)) {
+      if (src == s_.worker) {
+        stage.send[static_cast<std::size_t>(via)].push_back(Segment{f, false, slot, t0, t1, h0, h1, home(kv, t0, t1, h0, h1)});
+      }
+      if (via == s_.worker) {
+        stage.recv[static_cast<std::size_t>(src)].push_back(Segment{f, false, slot, t0, t1, h0, h1, staged, true});
+        x.send[static_cast<std::size_t>(dst)].push_back(Segment{f, false, slot, t0, t1, h0, h1, staged, true});
+      }
+      if (dst == s_.worker) {
+        x.recv[static_cast<std::size_t>(via)].push_back(
+            Segment{f, false, slot, t0, t1, h0, h1, compute(*dst_region, kv, t0, t1, h0, h1)});
+      }
+    }
+  }
+
   void finish() {
-    for (auto& per_phase : s_.exchanges) {
-      for (Exchange& x : per_phase) {
+    std::vector<Exchange*> all;
+    for (auto& per_phase : s_.exchanges)
+      for (Exchange& x : per_phase) all.push_back(&x);
+    for (auto& per_pass : s_.stage_exchanges)
+      for (Exchange& x : per_pass) all.push_back(&x);
+    {
+      for (Exchange* xp : all) {
+        Exchange& x = *xp;
         auto sizes = [&](const std::vector<std::vector<Segment>>& lists, std::vector<std::int64_t>& bytes,
                          std::vector<std::int64_t>& displs, std::int64_t& total) {
           bytes.assign(lists.size(), 0);
@@ -330,6 +373,15 @@ Result<RankSchedule> make_rank_schedule(const Plan& plan, int worker, const Sche
     return it == region_of.end() ? nullptr : &s.regions[static_cast<std::size_t>(it->second)];
   };
 
+  // Relays exist only when asked for and the plan has some, so every rank
+  // decides alike from the plan; the fingerprint carries the choice, so a
+  // rank that was not asked does not run a different exchange silently.
+  RelayTable relays;
+  if (options.relay) {
+    relays = plan_relays(plan);
+    s.relayed = relays.any();
+  }
+  if (s.relayed) s.fingerprint = mix64(s.fingerprint, 0x72656c6179ULL);  // "relay"
   Builder b(s);
   // dK/dV returns, one per (from worker, to home, slot, rows, KV head): a
   // head fetched once per head shard (contract dedup, H > h_kv) lands in one
@@ -343,17 +395,34 @@ Result<RankSchedule> make_rank_schedule(const Plan& plan, int worker, const Sche
   for (int m = 0; m < s.chunks; ++m) {
     for (int src = 0; src < W; ++src) {
       for (int dst = 0; dst < W; ++dst) {
-        if (src != worker && dst != worker) continue;
+        const int via = s.relayed ? relays.via(m, src, dst) : src;
+        if (src != worker && dst != worker && via != worker) continue;
         for (const Transfer& x : plan.chunk_transfers(m, src, dst)) {
           const std::int32_t h0 = x.heads.begin, h1 = x.heads.end;
+          // Both passes' inputs of a relayed item share one staging place.
+          auto input = [&](bool kv) {
+            if (via == src) {
+              b.item(Phase::kFwdIn, m, src, dst, kv, x.slot, x.begin, x.end, h0, h1, nullptr, region(x.slot));
+              b.item(Phase::kBwdIn, m, src, dst, kv, x.slot, x.begin, x.end, h0, h1, nullptr, region(x.slot));
+              return;
+            }
+            std::int64_t at = 0;
+            if (via == worker) {
+              std::int64_t& cursor = kv ? s.stage_kv_vectors : s.stage_q_vectors;
+              at = cursor;
+              cursor += (x.end - x.begin) * (h1 - h0);
+            }
+            for (Phase p : {Phase::kFwdIn, Phase::kBwdIn}) {
+              b.relayed_item(p, m, src, via, dst, kv, x.slot, x.begin, x.end, h0, h1, region(x.slot), at);
+            }
+          };
           switch (x.kind) {
             case TransferKind::kQ:
-              b.item(Phase::kFwdIn, m, src, dst, false, x.slot, x.begin, x.end, h0, h1, nullptr, region(x.slot));
-              b.item(Phase::kBwdIn, m, src, dst, false, x.slot, x.begin, x.end, h0, h1, nullptr, region(x.slot));
+              input(false);
               break;
             case TransferKind::kKv:
-              b.item(Phase::kFwdIn, m, src, dst, true, x.slot, x.begin, x.end, h0, h1, nullptr, region(x.slot));
-              b.item(Phase::kBwdIn, m, src, dst, true, x.slot, x.begin, x.end, h0, h1, nullptr, region(x.slot));
+              input(true);
+              if (src != worker && dst != worker) break;
               for (std::int32_t k = h0; k < h1; ++k) {
                 const int last = plan.kv_use(dst, x.group, k).last;
                 auto [it, fresh] = last_use.try_emplace(Cell{dst, src, x.slot, x.begin, x.end, k}, last);
@@ -361,6 +430,7 @@ Result<RankSchedule> make_rank_schedule(const Plan& plan, int worker, const Sche
               }
               break;
             case TransferKind::kO:
+              if (src != worker && dst != worker) break;
               b.item(Phase::kFwdOut, m, src, dst, false, x.slot, x.begin, x.end, h0, h1, region(x.slot), nullptr);
               b.item(Phase::kBwdOut, m, src, dst, false, x.slot, x.begin, x.end, h0, h1, region(x.slot), nullptr);
               break;

@@ -14,6 +14,7 @@
 #include <optional>
 
 #include "exec/exec_test_bodies.hpp"
+#include "libra/relay.hpp"
 #include "libra/splitmix64.hpp"
 
 namespace libra {
@@ -37,11 +38,15 @@ std::uint64_t contrib(std::int64_t slot, std::int64_t row, std::int64_t head, st
 
 struct Sim {
   std::vector<RankSchedule> s;
-  std::vector<std::array<Buf, kNumFields>> home, compute;
+  std::vector<std::array<Buf, kNumFields>> home, compute, stage;
   std::string error;
 
   Buf& buf(int r, Field f, bool at_home) {
     return (at_home ? home : compute)[static_cast<std::size_t>(r)][static_cast<std::size_t>(f)];
+  }
+  // A segment's side of the buffers: staging where it says so.
+  Buf& seg_buf(int r, const Segment& seg, bool at_home) {
+    return seg.stage ? stage[static_cast<std::size_t>(r)][static_cast<std::size_t>(seg.field)] : buf(r, seg.field, at_home);
   }
   bool fail(const std::string& e) {
     if (error.empty()) error = e;
@@ -60,16 +65,21 @@ struct Sim {
   // messages land at once, out-phase messages are packed now and applied
   // later in the receiver's apply order.
   using Packed = std::map<std::tuple<int, int, int>, std::vector<std::uint64_t>>;  // (dst, src, m)
-  bool exchange(Phase p, int m, Packed* later) {
+  bool exchange(Phase p, int m, Packed* later, bool staging = false) {
     const bool in = p == Phase::kFwdIn || p == Phase::kBwdIn;
     const int W = static_cast<int>(s.size());
+    const Pass pass = p == Phase::kFwdIn || p == Phase::kFwdOut ? Pass::kForward : Pass::kBackward;
+    auto of = [&](int w) -> const Exchange& {
+      const RankSchedule& x = s[static_cast<std::size_t>(w)];
+      return staging ? x.stage_exchange(pass, m) : x.exchange(p, m);
+    };
     for (int a = 0; a < W; ++a) {
       for (int d = 0; d < W; ++d) {
-        const Exchange& xs = s[static_cast<std::size_t>(a)].exchange(p, m);
-        const Exchange& xr = s[static_cast<std::size_t>(d)].exchange(p, m);
+        const Exchange& xs = of(a);
+        const Exchange& xr = of(d);
         const auto& send = xs.send[static_cast<std::size_t>(d)];
         const auto& recv = xr.recv[static_cast<std::size_t>(a)];
-        const std::string where = fmt::format("{} chunk {} {} -> {}", phase_name(p), m, a, d);
+        const std::string where = fmt::format("{}{} chunk {} {} -> {}", phase_name(p), staging ? " stage" : "", m, a, d);
         if (send.size() != recv.size()) return fail(where + ": segment counts differ");
         if (xs.send_bytes[static_cast<std::size_t>(d)] != xr.recv_bytes[static_cast<std::size_t>(a)]) {
           return fail(where + ": byte counts differ");
@@ -82,7 +92,7 @@ struct Sim {
             return fail(where + fmt::format(": segment {} shapes differ", k));
           }
           if (y.add != (y.field == Field::kDk || y.field == Field::kDv)) return fail(where + ": only dK/dV add");
-          Buf& src = buf(a, x.field, in);
+          Buf& src = seg_buf(a, x, in);
           for (std::int64_t i = 0; i < x.at.rows; ++i)
             for (std::int64_t j = 0; j < x.at.run; ++j) {
               std::size_t at = 0;
@@ -102,7 +112,7 @@ struct Sim {
   bool apply(int d, const std::vector<Segment>& recv, const std::vector<std::uint64_t>& wire, bool in) {
     std::size_t w = 0;
     for (const Segment& y : recv) {
-      Buf& dst = buf(d, y.field, !in);
+      Buf& dst = seg_buf(d, y, !in);
       for (std::int64_t i = 0; i < y.at.rows; ++i)
         for (std::int64_t j = 0; j < y.at.run; ++j) {
           std::size_t at = 0;
@@ -153,8 +163,34 @@ void check_case(const ExecCase& c, int W, ScheduleOptions options = {}) {
   const std::int64_t lc = c.seq_len / c.cp;
 
   // Per-pair traffic equals the plan's byte matrix (LSE, which the plan's
-  // contract does not count, aside).
-  if (plan) {
+  // contract does not count, aside). Relayed, a pair's inputs travel via a
+  // node-mate: then each worker's sends (its own, and the stage of what it
+  // has relayed, but not what it relays for others) and receipts equal the
+  // plan's row and column sums.
+  const bool relayed = sim.s[0].relayed;
+  for (const RankSchedule& s : sim.s) ASSERT_EQ(s.relayed, relayed);
+  if (plan && relayed) {
+    for (int a = 0; a < W; ++a) {
+      const RankSchedule& s = sim.s[static_cast<std::size_t>(a)];
+      std::int64_t sent = 0, received = 0;
+      for (int m = 0; m < M; ++m) {
+        for (Phase p : {Phase::kFwdIn, Phase::kFwdOut}) {
+          const Exchange& x = s.exchange(p, m);
+          for (int d = 0; d < W; ++d) {
+            if (d == a) continue;
+            for (const Segment& seg : x.send[static_cast<std::size_t>(d)])
+              if (seg.field != Field::kLse && !seg.stage) sent += seg.at.count() * s.vector_bytes(seg.field);
+            for (const Segment& seg : x.recv[static_cast<std::size_t>(d)])
+              if (seg.field != Field::kLse) received += seg.at.count() * s.vector_bytes(seg.field);
+          }
+        }
+        for (const auto& list : s.stage_exchange(Pass::kForward, m).send)
+          for (const Segment& seg : list) sent += seg.at.count() * s.vector_bytes(seg.field);
+      }
+      EXPECT_EQ(sent, plan->send_bytes(a)) << "worker " << a;
+      EXPECT_EQ(received, plan->recv_bytes(a)) << "worker " << a;
+    }
+  } else if (plan) {
     for (int a = 0; a < W; ++a) {
       for (int d = 0; d < W; ++d) {
         if (a == d) continue;
@@ -173,6 +209,7 @@ void check_case(const ExecCase& c, int W, ScheduleOptions options = {}) {
     // Home buffers hold labels of their own tokens; compute buffers start empty.
     sim.home.assign(static_cast<std::size_t>(W), {});
     sim.compute.assign(static_cast<std::size_t>(W), {});
+    sim.stage.assign(static_cast<std::size_t>(W), {});
     for (int r = 0; r < W; ++r) {
       const RankSchedule& s = sim.s[static_cast<std::size_t>(r)];
       for (int fi = 0; fi < kNumFields; ++fi) {
@@ -186,6 +223,7 @@ void check_case(const ExecCase& c, int W, ScheduleOptions options = {}) {
             h[static_cast<std::size_t>(t * heads + hd)] =
                 (f == Field::kDk || f == Field::kDv) ? 0 : output ? kEmpty : label(f, s.slot, s.packed_row(t), hd);
         sim.buf(r, f, false).assign(static_cast<std::size_t>(s.compute_vectors(f)), (f == Field::kDk || f == Field::kDv) ? 0 : kEmpty);
+        sim.stage[static_cast<std::size_t>(r)][static_cast<std::size_t>(f)].assign(static_cast<std::size_t>(s.stage_vectors(f)), kEmpty);
       }
     }
     // Computed (slot, row, head) counts.
@@ -193,6 +231,9 @@ void check_case(const ExecCase& c, int W, ScheduleOptions options = {}) {
     Sim::Packed later;
     const Phase in = bwd ? Phase::kBwdIn : Phase::kFwdIn, out = bwd ? Phase::kBwdOut : Phase::kFwdOut;
     for (int m = 0; m < M; ++m) {
+      if (relayed) {
+        ASSERT_TRUE(sim.exchange(in, m, nullptr, /*staging=*/true)) << sim.error;
+      }
       ASSERT_TRUE(sim.exchange(in, m, nullptr)) << sim.error;
       for (int r = 0; r < W; ++r) {
         const RankSchedule& s = sim.s[static_cast<std::size_t>(r)];
@@ -433,6 +474,71 @@ TEST(RankSchedule, ZigzagHomeRowsAreChunksRAnd2CPMinus1MinusR) {
       }
     }
     EXPECT_EQ(s->home_tokens, want_tokens) << "worker " << r;
+  }
+}
+
+// Relayed inputs run symbolically like direct ones: every case relays
+// something (else the test would prove nothing), the stage lands before
+// the main exchange reads it, and every label ends where plain attention
+// puts it.
+TEST(RankSchedule, RelayedInputsRunSymbolically) {
+  for (int world : {4, 8}) {
+    for (const ExecCase& c : exec_test::relay_cases(world)) {
+      const std::vector<PackedSequence> pool = exec_test::random_pool(c.pool_seed, c.pool_size, c.seq_len);
+      PlanConfig cfg = exec_test::case_config(c);
+      auto mode = parse_plan_mode(c.mode);
+      ASSERT_TRUE(mode.ok());
+      cfg.mode = *mode;
+      auto plan = make_plan(pool, cfg);
+      ASSERT_TRUE(plan.ok()) << plan.error().message();
+      EXPECT_TRUE(plan_relays(*plan).any()) << c.name() << ": nothing relayed";
+      check_case(c, world, {.relay = true});
+      check_case(c, world, {.read_home_in_place = false, .relay = true});
+    }
+  }
+}
+
+// The relay rule against brute force on its own terms: per chunk and node,
+// no NIC ends above the node's unrelayed maximum, the maximum never rises,
+// pairs inside a node and pairs without inputs stay direct, relays stay on
+// the sender's node, and the table is the same on every call.
+TEST(RelayTable, BalancesEachNodesNicsWithoutRaisingItsMaximum) {
+  for (int world : {4, 8}) {
+    for (const ExecCase& c : exec_test::relay_cases(world)) {
+      SCOPED_TRACE(c.name());
+      const std::vector<PackedSequence> pool = exec_test::random_pool(c.pool_seed, c.pool_size, c.seq_len);
+      PlanConfig cfg = exec_test::case_config(c);
+      cfg.mode = *parse_plan_mode(c.mode);
+      auto plan = make_plan(pool, cfg);
+      ASSERT_TRUE(plan.ok());
+      const RelayTable r = plan_relays(*plan), again = plan_relays(*plan);
+      const int W = plan->num_workers(), G = cfg.topology.gpus_per_node;
+      for (int m = 0; m < cfg.chunks; ++m) {
+        std::vector<std::int64_t> before(static_cast<std::size_t>(W), 0), after(before);
+        for (int s = 0; s < W; ++s) {
+          for (int t = 0; t < W; ++t) {
+            ASSERT_EQ(r.via(m, s, t), again.via(m, s, t));
+            std::int64_t bytes = 0;
+            for (const Transfer& x : plan->chunk_transfers(m, s, t))
+              if (x.kind != TransferKind::kO) bytes += x.bytes;
+            const int v = r.via(m, s, t);
+            EXPECT_EQ(v / G, s / G) << "a relay off the sender's node";
+            if (s / G == t / G || bytes == 0) {
+              EXPECT_EQ(v, s) << "relayed inside a node, or nothing to relay";
+              continue;
+            }
+            before[static_cast<std::size_t>(s)] += bytes;
+            after[static_cast<std::size_t>(v)] += bytes;
+          }
+        }
+        for (int n = 0; n < W; n += G) {
+          const auto b = before.begin() + n, e = before.begin() + std::min(W, n + G);
+          const std::int64_t old_max = *std::max_element(b, e);
+          const std::int64_t new_max = *std::max_element(after.begin() + n, after.begin() + std::min(W, n + G));
+          EXPECT_LE(new_max, old_max) << "chunk " << m << " node " << n / G;
+        }
+      }
+    }
   }
 }
 

@@ -31,39 +31,67 @@ Status validate_schedule(const RankSchedule& s) {
     return invalid_input(fmt::format("schedule: worker {} of {}, {} chunks, heads {}/{}, head_dim {} is not a schedule",
                                      s.worker, s.workers, s.chunks, s.heads_q, s.heads_kv, s.head_dim));
   }
+  // Segments lie inside their buffers (home for an In send or an Out
+  // receipt, the staging buffer where a segment says so, compute otherwise)
+  // and the byte counts are their sums.
+  auto check_exchange = [&](const Exchange& x, bool in, const std::string& name) -> Status {
+    for (int side = 0; side < 2; ++side) {
+      const auto& lists = side == 0 ? x.send : x.recv;
+      const auto& bytes = side == 0 ? x.send_bytes : x.recv_bytes;
+      const auto& displs = side == 0 ? x.send_displs : x.recv_displs;
+      if (lists.size() != static_cast<std::size_t>(s.workers) || bytes.size() != lists.size() || displs.size() != lists.size()) {
+        return invalid_input("schedule: an exchange does not list every peer");
+      }
+      std::int64_t total = 0;
+      for (std::size_t peer = 0; peer < lists.size(); ++peer) {
+        std::int64_t n = 0;
+        for (const Segment& seg : lists[peer]) {
+          const bool home = !seg.stage && (side == 0 ? in : !in);
+          const std::int64_t buffer = seg.stage ? s.stage_vectors(seg.field)
+                                      : home    ? s.home_vectors(seg.field)
+                                                : s.compute_vectors(seg.field);
+          LIBRA_TRY(check_program(s, seg.at, buffer,
+                                  fmt::format("{} {} {} of peer {}", name, side == 0 ? "send" : "receive",
+                                              field_name(seg.field), peer)));
+          if (seg.add && (side == 0 || !home || field_dtype(seg.field, s.dtype) != DType::kF32)) {
+            return invalid_input("schedule: only fp32 home buffers are added into");
+          }
+          n += seg.at.count() * s.vector_bytes(seg.field);
+        }
+        if (n != bytes[peer] || displs[peer] != total) return invalid_input("schedule: byte counts disagree with the segments");
+        total += n;
+      }
+      if (total != (side == 0 ? x.total_send_bytes : x.total_recv_bytes)) {
+        return invalid_input("schedule: total bytes disagree with the segments");
+      }
+    }
+    return Status();
+  };
   for (int p = 0; p < 4; ++p) {
     if (s.exchanges[static_cast<std::size_t>(p)].size() != static_cast<std::size_t>(s.chunks)) {
       return invalid_input("schedule: exchanges of a phase do not cover its chunks");
     }
     for (int m = 0; m < s.chunks; ++m) {
-      const Exchange& x = s.exchange(static_cast<Phase>(p), m);
-      const bool in = is_in(static_cast<Phase>(p));
-      for (int side = 0; side < 2; ++side) {
-        const auto& lists = side == 0 ? x.send : x.recv;
-        const auto& bytes = side == 0 ? x.send_bytes : x.recv_bytes;
-        const auto& displs = side == 0 ? x.send_displs : x.recv_displs;
-        if (lists.size() != static_cast<std::size_t>(s.workers) || bytes.size() != lists.size() || displs.size() != lists.size()) {
-          return invalid_input("schedule: an exchange does not list every peer");
-        }
-        std::int64_t total = 0;
-        for (std::size_t peer = 0; peer < lists.size(); ++peer) {
-          std::int64_t n = 0;
-          for (const Segment& seg : lists[peer]) {
-            const bool home = side == 0 ? in : !in;
-            const std::int64_t buffer = home ? s.home_vectors(seg.field) : s.compute_vectors(seg.field);
-            LIBRA_TRY(check_program(s, seg.at, buffer,
-                                    fmt::format("{} chunk {} {} {} of peer {}", phase_name(static_cast<Phase>(p)), m,
-                                                side == 0 ? "send" : "receive", field_name(seg.field), peer)));
-            if (seg.add && (side == 0 || !home || field_dtype(seg.field, s.dtype) != DType::kF32)) {
-              return invalid_input("schedule: only fp32 home buffers are added into");
-            }
-            n += seg.at.count() * s.vector_bytes(seg.field);
-          }
-          if (n != bytes[peer] || displs[peer] != total) return invalid_input("schedule: byte counts disagree with the segments");
-          total += n;
-        }
-        if (total != (side == 0 ? x.total_send_bytes : x.total_recv_bytes)) {
-          return invalid_input("schedule: total bytes disagree with the segments");
+      const auto ph = static_cast<Phase>(p);
+      LIBRA_TRY(check_exchange(s.exchange(ph, m), is_in(ph), fmt::format("{} chunk {}", phase_name(ph), m)));
+    }
+  }
+  if (s.stage_q_vectors < 0 || s.stage_kv_vectors < 0) return invalid_input("schedule: negative staging buffer size");
+  for (int pass = 0; pass < 2; ++pass) {
+    const auto& stages = s.stage_exchanges[static_cast<std::size_t>(pass)];
+    if (stages.size() != (s.relayed ? static_cast<std::size_t>(s.chunks) : 0U)) {
+      return invalid_input("schedule: stage exchanges must cover the chunks of a relayed schedule, and only of one");
+    }
+    for (int m = 0; m < static_cast<int>(stages.size()); ++m) {
+      const Exchange& x = stages[static_cast<std::size_t>(m)];
+      const std::string name = fmt::format("{} stage chunk {}", pass == 0 ? "fwd" : "bwd", m);
+      LIBRA_TRY(check_exchange(x, true, name));
+      if (!x.send[static_cast<std::size_t>(s.worker)].empty() || !x.recv[static_cast<std::size_t>(s.worker)].empty()) {
+        return invalid_input(fmt::format("schedule of worker {}: {}: a worker relays for itself", s.worker, name));
+      }
+      for (const auto& list : x.recv) {
+        for (const Segment& seg : list) {
+          if (!seg.stage) return invalid_input(fmt::format("schedule of worker {}: {}: a receipt outside the staging buffer", s.worker, name));
         }
       }
     }

@@ -1,0 +1,60 @@
+// libra/relay.hpp: which node-mate carries each cross-node input message.
+//
+// Defines `libra::RelayTable` and `libra::plan_relays`, a pure function of a
+// Plan (its exchange and PlanConfig::topology). A worker whose inputs for
+// other nodes outweigh its node-mates' leaves its NIC the bound of the first
+// dispatch while theirs idle (docs/simulator.md, "where a relay would pay").
+// A relay moves a (chunk, src, dst) input message over NVLink to a
+// node-mate v of src first (the stage exchange), and v sends it across
+// nodes in the chunk's main exchange. Only In phases are relayed (forward:
+// Q, K, V; backward: Q, dO, O, LSE, K, V); the returns go straight home.
+//
+//   libra::RelayTable r = libra::plan_relays(plan);
+//   int via = r.via(/*chunk=*/0, /*src=*/3, /*dst=*/17);   // 3: sent directly
+//   libra::ScheduleOptions o; o.relay = true;               // schedules carry it out
+//
+// The rule, per chunk and per node, deterministic tile for tile: every
+// cross-node (src, dst) pair starts on src's own NIC, loaded with the pair's
+// forward bytes (Q + K/V of the chunk). While some pair on the most loaded
+// NIC of the node (lowest worker on ties) can move to the least loaded one
+// (lowest worker on ties) and leave both below the old maximum, the largest
+// such pair moves (ties: lower src, then lower dst). Pairs inside a node are
+// never relayed.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "libra/plan.hpp"
+
+namespace libra {
+
+class RelayTable {
+ public:
+  RelayTable() = default;
+  RelayTable(int workers, int chunks);
+  int workers() const { return workers_; }
+  int chunks() const { return chunks_; }
+  // The worker that sends src's chunk-m inputs for dst in the main exchange:
+  // src itself unless relayed.
+  int via(int m, int src, int dst) const {
+    return via_[(static_cast<std::size_t>(m) * static_cast<std::size_t>(workers_) + static_cast<std::size_t>(src)) *
+                    static_cast<std::size_t>(workers_) +
+                static_cast<std::size_t>(dst)];
+  }
+  bool relayed(int m, int src, int dst) const { return via(m, src, dst) != src; }
+  // Whether any pair of any chunk is relayed; a table without relays runs
+  // exactly like no table (no stage exchange is posted).
+  bool any() const { return relayed_pairs_ > 0; }
+  std::int64_t relayed_pairs() const { return relayed_pairs_; }
+  void set(int m, int src, int dst, int via);
+
+ private:
+  int workers_ = 0, chunks_ = 0;
+  std::int64_t relayed_pairs_ = 0;
+  std::vector<std::int32_t> via_;  // [chunk][src][dst]
+};
+
+[[nodiscard]] RelayTable plan_relays(const Plan& plan);
+
+}  // namespace libra

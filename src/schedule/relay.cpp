@@ -1,0 +1,85 @@
+// plan_relays: the relay rule of libra/relay.hpp. Per chunk and node, moves
+// cross-node input pairs off the node's busiest NIC onto its idlest while
+// that lowers the busiest; it never raises a NIC above the old maximum, so
+// the node's bound only falls.
+#include "libra/relay.hpp"
+
+#include <algorithm>
+#include <tuple>
+
+namespace libra {
+
+RelayTable::RelayTable(int workers, int chunks)
+    : workers_(workers), chunks_(chunks),
+      via_(static_cast<std::size_t>(chunks) * static_cast<std::size_t>(workers) * static_cast<std::size_t>(workers)) {
+  for (int m = 0; m < chunks; ++m)
+    for (int s = 0; s < workers; ++s)
+      for (int t = 0; t < workers; ++t) set(m, s, t, s);
+  relayed_pairs_ = 0;
+}
+
+void RelayTable::set(int m, int src, int dst, int v) {
+  auto& slot = via_[(static_cast<std::size_t>(m) * static_cast<std::size_t>(workers_) + static_cast<std::size_t>(src)) *
+                        static_cast<std::size_t>(workers_) +
+                    static_cast<std::size_t>(dst)];
+  relayed_pairs_ += (v != src) - (slot != src);
+  slot = v;
+}
+
+RelayTable plan_relays(const Plan& plan) {
+  const int W = plan.num_workers();
+  const int M = plan.config().chunks;
+  const int G = std::max(1, plan.config().topology.gpus_per_node);
+  RelayTable table(W, M);
+  struct Pair {
+    std::int64_t bytes;
+    int src, dst, via;
+  };
+  for (int m = 0; m < M; ++m) {
+    for (int node0 = 0; node0 < W; node0 += G) {
+      const int node1 = std::min(W, node0 + G);
+      std::vector<Pair> pairs;
+      std::vector<std::int64_t> load(static_cast<std::size_t>(node1 - node0), 0);
+      for (int s = node0; s < node1; ++s) {
+        for (int t = 0; t < W; ++t) {
+          if (t / G == s / G) continue;
+          std::int64_t bytes = 0;
+          for (const Transfer& x : plan.chunk_transfers(m, s, t)) {
+            if (x.kind != TransferKind::kO) bytes += x.bytes;
+          }
+          if (bytes == 0) continue;
+          pairs.push_back({bytes, s, t, s});
+          load[static_cast<std::size_t>(s - node0)] += bytes;
+        }
+      }
+      // Largest first; ties by (src, dst): the order moves are tried in.
+      std::sort(pairs.begin(), pairs.end(), [](const Pair& a, const Pair& b) {
+        return std::tie(b.bytes, a.src, a.dst) < std::tie(a.bytes, b.src, b.dst);
+      });
+      // Each move lowers the sum of squared loads, so this ends; the bound
+      // on moves is a guard, never reached in practice.
+      for (std::size_t guard = 0; guard < 4 * pairs.size() + 16; ++guard) {
+        const auto hi = static_cast<std::size_t>(std::max_element(load.begin(), load.end()) - load.begin());
+        const auto lo = static_cast<std::size_t>(std::min_element(load.begin(), load.end()) - load.begin());
+        const int busy = node0 + static_cast<int>(hi), idle = node0 + static_cast<int>(lo);
+        Pair* pick = nullptr;
+        for (Pair& p : pairs) {
+          if (p.via == busy && load[lo] + p.bytes < load[hi]) {
+            pick = &p;
+            break;
+          }
+        }
+        if (pick == nullptr) break;
+        load[hi] -= pick->bytes;
+        load[lo] += pick->bytes;
+        pick->via = idle;
+      }
+      for (const Pair& p : pairs) {
+        if (p.via != p.src) table.set(m, p.src, p.dst, p.via);
+      }
+    }
+  }
+  return table;
+}
+
+}  // namespace libra
