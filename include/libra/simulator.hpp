@@ -89,6 +89,10 @@ struct SimConfig {
   // home-first placement keeps more of the work at home (docs/simulator.md,
   // "Home layout"). The other variants keep the contract's contiguous homes.
   std::optional<HomeLayout> home_layout;
+  // libra-topo's cross-node inputs through node-mates (libra/relay.hpp,
+  // ScheduleOptions::relay). Unset ("auto"): each candidate is priced both
+  // ways at every M and runs relayed where that scores better.
+  std::optional<bool> relay;
   double tau = 0.03;              // TAP slack (paper: 0.03)
   std::int64_t max_windows = 20;  // 0 = every full window of the corpus
   std::int64_t threads = 0;       // 0 = hardware concurrency
@@ -158,8 +162,11 @@ struct VariantLatency {
   // The M `seconds` come from: the best of the listed M for a pipelined
   // variant (ties: the earlier in the list), 1 for the others.
   std::int64_t chunks = 1;
-  // Every M priced, in SimConfig::chunks order ((1, seconds) when not pipelined).
+  // Every M priced, in SimConfig::chunks order ((1, seconds) when not pipelined),
+  // with or without relays as `relayed` says.
   std::vector<std::pair<std::int64_t, Stat>> by_chunks;
+  // libra-topo only: `seconds` are of relayed inputs (SimConfig::relay).
+  bool relayed = false;
 };
 
 struct CandidateResult {

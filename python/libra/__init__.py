@@ -175,6 +175,7 @@ pack = _one_line_type_errors(_libra.pack)
 place_window = _one_line_type_errors(_libra.place_window)
 plan_from_bytes = _one_line_type_errors(_libra.plan_from_bytes)
 plan_from_json = _one_line_type_errors(_libra.plan_from_json)
+plan_relays = _one_line_type_errors(_libra.plan_relays)
 sequence_workloads = _one_line_type_errors(_libra.sequence_workloads)
 
 # Transfer kinds in Plan.transfers()["kind"].
@@ -265,5 +266,5 @@ def _json_problem(value, where):
 __all__ = [
     "ArgumentError", "FULL_CAUSAL", "Plan", "PlacementSampler", "builtin_corpora", "corpus_stats", "load_lengths",
     "load_packed_sequences", "load_plan", "make_plan", "pack", "place_window", "plan_from_bytes",
-    "plan_from_json", "priced_placement_sampler", "sequence_workloads", "simulate", "TRANSFER_Q", "TRANSFER_KV", "TRANSFER_O",
+    "plan_from_json", "plan_relays", "priced_placement_sampler", "sequence_workloads", "simulate", "TRANSFER_Q", "TRANSFER_KV", "TRANSFER_O",
 ]

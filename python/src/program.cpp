@@ -9,6 +9,7 @@
 #include <tuple>
 
 #include "libra/program.hpp"
+#include "libra/relay.hpp"
 #include "libra/schedule.hpp"
 
 namespace libra_py {
@@ -16,7 +17,8 @@ namespace libra_py {
 namespace {
 
 // A schedule's sizes and kernel calls (what libra.torch's compute step reads).
-py::dict schedule_dict(const libra::RankSchedule& s, const std::vector<int>& order) {
+py::dict schedule_dict(const libra::RankSchedule& s, const std::vector<int>& order, std::uint64_t plan_fingerprint,
+                       bool relay) {
   py::dict o;
   o["order"] = py::cast(order);
   o["worker"] = s.worker;
@@ -32,7 +34,12 @@ py::dict schedule_dict(const libra::RankSchedule& s, const std::vector<int>& ord
   o["home_tokens"] = s.home_tokens;
   o["compute_q_vectors"] = s.compute_q_vectors;
   o["compute_kv_vectors"] = s.compute_kv_vectors;
-  o["fingerprint"] = s.fingerprint;
+  o["fingerprint"] = s.fingerprint;  // the schedule's: the plan's, mixed with the relay when it relays
+  o["plan_fingerprint"] = plan_fingerprint;
+  o["relay"] = relay;             // what was asked (rank_program's relay=)
+  o["relayed"] = s.relayed;       // whether stage exchanges run: asked, and the plan relays something
+  o["stage_q_vectors"] = s.stage_q_vectors;
+  o["stage_kv_vectors"] = s.stage_kv_vectors;
   py::list passes;
   for (int p = 0; p < 2; ++p) {
     py::list chunks;
@@ -57,6 +64,8 @@ py::dict schedule_dict(const libra::RankSchedule& s, const std::vector<int>& ord
 struct ProgramHandle {
   libra::RankSchedule schedule;
   libra::RankProgram program;
+  std::uint64_t plan_fingerprint = 0;
+  bool relay = false;
 };
 
 // Moves as an int64 [n, 13] array: field, src, dst, add, peer, chunk, rows,
@@ -77,9 +86,12 @@ py::array_t<I64> moves_array(const std::vector<libra::Move>& moves) {
 // into one row keep the program's order). Wire positions are class-message
 // vectors; for an apply list (`apply`), every chunk's class messages are
 // concatenated in chunk order and followed by the field's compute buffer, so
-// the receipts and the outputs kept form one source (src 3) and one
+// the receipts and the outputs kept form one source (src kJoined) and one
 // index_add_ per field keeps the program's order. Returns [(field name, src,
 // dst, add, class, src index, dst index)].
+// An apply group's joined source: past every Loc, so it never reads as one (kStage is 3).
+constexpr int kJoined = 4;
+
 struct Group {
   int field = 0, src = 0, dst = 0, cls = 0;
   bool add = false;
@@ -102,7 +114,7 @@ std::vector<Group> expand_moves(const ProgramHandle& h, const libra::PassProgram
   std::map<std::tuple<int, int, int, bool>, std::size_t> at;
   for (const libra::Move& m : moves) {
     const int cls = libra::wire_class(m.field);
-    const int src = pass ? 3 : static_cast<int>(m.src);
+    const int src = pass ? kJoined : static_cast<int>(m.src);
     auto key = std::make_tuple(static_cast<int>(m.field), src, static_cast<int>(m.dst), m.add);
     auto it = at.find(key);
     if (it == at.end()) {
@@ -159,11 +171,14 @@ const libra::PassProgram& pass_of(const ProgramHandle& h, int pass) {
 
 const libra::ExchangeProgram& exchange_of(const ProgramHandle& h, const libra::PassProgram& pp, const std::string& kind,
                                           int chunk) {
-  if (kind != "in" && kind != "out") bad("rank program: exchange " + kind + ": must be in or out");
+  if (kind != "in" && kind != "out" && kind != "stage") bad("rank program: exchange " + kind + ": must be in, out or stage");
+  if (kind == "stage" && pp.stage.empty()) {
+    bad("rank program: exchange stage: the schedule is not relayed (rank_program relay=False, or the plan relays nothing)");
+  }
   if (chunk < 0 || chunk >= h.program.chunks) {
     bad("rank program: chunk " + std::to_string(chunk) + ": must be in [0, " + std::to_string(h.program.chunks) + ")");
   }
-  return (kind == "in" ? pp.in : pp.out)[static_cast<std::size_t>(chunk)];
+  return (kind == "in" ? pp.in : kind == "out" ? pp.out : pp.stage)[static_cast<std::size_t>(chunk)];
 }
 
 std::vector<int> check_order(const libra::Plan& plan, std::optional<std::vector<int>> order) {
@@ -187,8 +202,10 @@ void bind_program(py::module_& m) {
   // libra/program.hpp: this worker's flat exchange program, on a group whose rank g holds worker order[g].
   py::class_<ProgramHandle>(m, "RankProgram")
       .def_property_readonly("info",
-                             [](const ProgramHandle& h) { return schedule_dict(h.schedule, h.program.order); })
-      // The raw moves of one list: kind "apply", or "<in|out> <gather|local|scatter>" of a chunk.
+                             [](const ProgramHandle& h) {
+                               return schedule_dict(h.schedule, h.program.order, h.plan_fingerprint, h.relay);
+                             })
+      // The raw moves of one list: kind "apply", or "<in|out|stage> <gather|local|scatter>" of a chunk.
       .def("moves",
            [](const ProgramHandle& h, int pass, const std::string& kind, int chunk) {
              const libra::PassProgram& pp = pass_of(h, pass);
@@ -199,7 +216,7 @@ void bind_program(py::module_& m) {
              if (list == "gather") return moves_array(x.gather);
              if (list == "local") return moves_array(x.local);
              if (list == "scatter") return moves_array(x.scatter);
-             bad("rank program: moves " + kind + ": must be apply or in/out gather, local or scatter");
+             bad("rank program: moves " + kind + ": must be apply or in/out/stage gather, local or scatter");
            },
            py::arg("pass"), py::arg("kind"), py::arg("chunk") = 0)
       .def("exchange",
@@ -218,13 +235,15 @@ void bind_program(py::module_& m) {
       }, py::arg("pass"));
   m.def(
       "rank_program",
-      [](const libra::Plan& plan, int worker, std::optional<std::vector<int>> order) {
+      [](const libra::Plan& plan, int worker, std::optional<std::vector<int>> order, bool relay) {
         check_worker(plan, worker, "worker");
         std::vector<int> peers = check_order(plan, order);
         ProgramHandle h;
+        h.plan_fingerprint = plan.fingerprint();
+        h.relay = relay;
         libra::Status st = [&] {
           py::gil_scoped_release release;
-          libra::Result<libra::RankSchedule> sched = libra::make_rank_schedule(plan, worker);
+          libra::Result<libra::RankSchedule> sched = libra::make_rank_schedule(plan, worker, {.relay = relay});
           if (!sched.ok()) return sched.status();
           libra::Result<libra::RankProgram> prog = libra::make_rank_program(*sched, peers);
           if (!prog.ok()) return prog.status();
@@ -235,7 +254,29 @@ void bind_program(py::module_& m) {
         check(st);
         return h;
       },
-      py::arg("plan"), py::arg("worker"), py::arg("order") = py::none());
+      py::arg("plan"), py::arg("worker"), py::arg("order") = py::none(), py::arg("relay") = false);
+  // libra/relay.hpp: via[m, src, dst], the worker that sends src's chunk-m inputs for dst (src: sent directly).
+  m.def(
+      "plan_relays",
+      [](const libra::Plan& plan) {
+        libra::RelayTable r;
+        {
+          py::gil_scoped_release release;
+          r = libra::plan_relays(plan);
+        }
+        std::vector<I64> via;
+        via.reserve(static_cast<std::size_t>(r.chunks()) * static_cast<std::size_t>(r.workers()) *
+                    static_cast<std::size_t>(r.workers()));
+        for (int c = 0; c < r.chunks(); ++c)
+          for (int s = 0; s < r.workers(); ++s)
+            for (int d = 0; d < r.workers(); ++d) via.push_back(r.via(c, s, d));
+        py::array_t<I64> a = int_array(std::move(via), r.workers());
+        return a.reshape({static_cast<py::ssize_t>(r.chunks()), static_cast<py::ssize_t>(r.workers()),
+                          static_cast<py::ssize_t>(r.workers())});
+      },
+      py::arg("plan"),
+      "libra::plan_relays: int64 [chunks, workers, workers], via[m, src, dst] the worker that sends src's chunk-m "
+      "inputs for dst in the main exchange (src itself unless relayed).");
 }
 
 }  // namespace libra_py

@@ -10,7 +10,7 @@ namespace libra::detail {
 
 E2eWindow e2e_window(const Ctx& ctx, std::span<const PackedSequence> window, std::uint64_t w,
                      const SimCandidate& rec, const std::vector<std::int64_t>& dps, Variant libra,
-                     std::int64_t chunks) {
+                     std::int64_t chunks, bool relayed) {
   E2eWindow out;
   const SimConfig& cfg = ctx.cfg;
   const ModelShape& model = cfg.model;
@@ -92,7 +92,7 @@ E2eWindow e2e_window(const Ctx& ctx, std::span<const PackedSequence> window, std
       std::vector<PlanCost> costs;
       for (std::size_t k = 0; k < pl->pools.size(); ++k) {
         const auto gpus = pool_gpus(lay->pool_first_replica[k], p, cfg.cp);
-        auto c = price_pool(ctx, pool_of(window, pl->pools[k]), lpc, gpus, tm, "end-to-end libra");
+        auto c = price_pool(ctx, pool_of(window, pl->pools[k]), lpc, gpus, tm, "end-to-end libra", relayed);
         if (!c.ok()) {
           out.status = c.error();
           return out;

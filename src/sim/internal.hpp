@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "libra/plan.hpp"
+#include "libra/relay.hpp"
 #include "libra/simulator.hpp"
 
 namespace libra::detail {
@@ -58,6 +59,11 @@ struct PlanCost {
   std::vector<double> disp_fwd, ret_fwd, disp_bwd, ret_bwd;  // whole-step all-to-all, per worker
   // [m][worker]: chunk m's all-to-all times.
   std::vector<std::vector<double>> cdisp_fwd, cret_fwd, cdisp_bwd, cret_bwd;
+  // Relayed (libra/relay.hpp): every dispatch above already includes its
+  // stage exchange, priced in series before it; the stage alone, for the
+  // decomposition.
+  bool relayed = false;
+  std::vector<double> stage_fwd;  // [m]: the slowest worker's stage of chunk m (M = 1: the whole step)
   std::int64_t comm_bytes = 0, max_send = 0, max_recv = 0;
   std::int64_t max_recv_cross_node = 0;  // the busiest cross-node receiver's bytes
   double imbalance = 0;
@@ -85,17 +91,24 @@ std::vector<std::int64_t> pool_gpus(std::int64_t first, std::int64_t slots, std:
 // whole step (every chunk's bytes in one exchange). Forward in: Q + K/V;
 // forward out: O + LSE; backward in: Q, dO, O, LSE + K/V; backward out: dQ
 // and dK/dV (fp32), each dK/dV cell once with the chunk of its last use.
+// With `relays`, a relayed pair's inputs are in the relay's row of fwd_in /
+// bwd_in and, sender to relay, in fwd_stage / bwd_stage (empty otherwise).
 struct PhaseBytes {
   std::vector<std::vector<std::int64_t>> fwd_in, fwd_out, bwd_in, bwd_out;
+  std::vector<std::vector<std::int64_t>> fwd_stage, bwd_stage;
 };
-PhaseBytes phase_bytes(const Plan& plan);
+PhaseBytes phase_bytes(const Plan& plan, const RelayTable* relays = nullptr);
 
 // A plan's per-worker times on `gpus` (the plan's workers in order).
-PlanCost cost_plan(const Ctx& ctx, const Plan& plan, std::span<const std::int64_t> gpus);
+// With `relays`, as a relayed schedule sends (ScheduleOptions::relay).
+PlanCost cost_plan(const Ctx& ctx, const Plan& plan, std::span<const std::int64_t> gpus,
+                   const RelayTable* relays = nullptr);
 
 // make_plan over `sequences` (one per slot) and the cost of the plan on `gpus`.
+// relay: with plan_relays' relays.
 Result<PlanCost> price_pool(const Ctx& ctx, std::span<const PackedSequence> sequences, const PlanConfig& pc,
-                            std::span<const std::int64_t> gpus, Timing& tm, const std::string& kind);
+                            std::span<const std::int64_t> gpus, Timing& tm, const std::string& kind,
+                            bool relay = false);
 // The same, keeping the plan (to price it at other M with rechunk_plan).
 Result<std::pair<Plan, PlanCost>> plan_and_price(const Ctx& ctx, std::span<const PackedSequence> sequences,
                                                  const PlanConfig& pc, std::span<const std::int64_t> gpus, Timing& tm,
@@ -104,6 +117,10 @@ Result<std::pair<Plan, PlanCost>> plan_and_price(const Ctx& ctx, std::span<const
 // priced on `gpus`.
 Result<PlanCost> price_rechunked(const Ctx& ctx, const Plan& plan, std::int64_t chunks,
                                  std::span<const std::int64_t> gpus, Timing& tm, const std::string& kind);
+// `plan`'s tiles at `chunks` chunks with relayed inputs (plan_relays of the
+// re-chunked plan), priced as a relayed schedule sends them.
+Result<PlanCost> price_relayed(const Ctx& ctx, const Plan& plan, std::int64_t chunks,
+                               std::span<const std::int64_t> gpus, Timing& tm, const std::string& kind);
 
 struct NoiseKey {
   std::uint64_t window = 0, step = 0;
@@ -150,6 +167,9 @@ struct CandWindow {
   std::map<std::pair<Variant, std::int64_t>, std::vector<double>> steps;
   // Per pool of the libra variants: (its noisy latency, its decomposition).
   std::map<std::pair<Variant, std::int64_t>, std::vector<std::pair<double, StepDecomposition>>> pools;
+  // The same for libra-topo with relayed inputs (SimConfig::relay not off).
+  std::map<std::pair<Variant, std::int64_t>, std::vector<double>> steps_relayed;
+  std::map<std::pair<Variant, std::int64_t>, std::vector<std::pair<double, StepDecomposition>>> pools_relayed;
 };
 struct WindowResult {
   Status status;
@@ -178,7 +198,7 @@ struct E2eWindow {
 // libra-tap-vrsp), at `chunks` pipeline chunks.
 E2eWindow e2e_window(const Ctx& ctx, std::span<const PackedSequence> window, std::uint64_t w,
                      const SimCandidate& rec, const std::vector<std::int64_t>& dps, Variant libra,
-                     std::int64_t chunks);
+                     std::int64_t chunks, bool relayed);
 // Folds the windows into res.dp_scaling and the microbatch statistics.
 Status fold_end_to_end(const std::vector<E2eWindow>& er, const std::vector<std::int64_t>& dps,
                        const SimCandidate& rec, SimResult& res);

@@ -99,7 +99,7 @@ PlanConfig ulysses_config(const Ctx& ctx) {
   return plan_config(ctx, 1, ctx.seq_len / ctx.cfg.cp, 1, PlanMode::kUlysses, false);
 }
 
-PhaseBytes phase_bytes(const Plan& plan) {
+PhaseBytes phase_bytes(const Plan& plan, const RelayTable* relays) {
   const int w = plan.num_workers();
   const std::size_t ws = static_cast<std::size_t>(w);
   const PlanConfig& pc = plan.config();
@@ -110,6 +110,9 @@ PhaseBytes phase_bytes(const Plan& plan) {
   const int slices = M > 1 ? M + 1 : 1;
   std::vector<std::vector<std::int64_t>> df(static_cast<std::size_t>(slices), std::vector<std::int64_t>(ws * ws, 0));
   auto rf = df, db = df, rb = df;
+  const bool relayed = relays != nullptr && relays->any();
+  std::vector<std::vector<std::int64_t>> sf, sb;
+  if (relayed) sf = sb = df;
   auto at = [&](int s, int t) { return static_cast<std::size_t>(s) * ws + static_cast<std::size_t>(t); };
   // dK/dV cells (worker, source, begin, end, KV head) -> last chunk; the
   // executor adds every head shard's partial of one head into one buffer
@@ -130,6 +133,10 @@ PhaseBytes phase_bytes(const Plan& plan) {
       if (s == t) continue;
       cells.clear();
       for (int k = 0; k < M; ++k) {
+        // Inputs of a relayed pair: sender to relay in the stage, relay to
+        // receiver in the chunk's exchange.
+        const int via = relayed ? relays->via(k, s, t) : s;
+        const std::size_t in_at = at(via, t);
         for (const Transfer& x : plan.chunk_transfers(k, s, t)) {
           const std::int64_t rows = x.end - x.begin;
           const std::int64_t heads = x.heads.size();
@@ -140,8 +147,12 @@ PhaseBytes phase_bytes(const Plan& plan) {
           if (x.kind == TransferKind::kQ) {
             const std::int64_t lse = rows * heads * 4;
             for (std::size_t i : targets) {
-              df[i][at(s, t)] += x.bytes;
-              db[i][at(s, t)] += 3 * x.bytes + lse;  // Q, dO, O + LSE
+              df[i][in_at] += x.bytes;
+              db[i][in_at] += 3 * x.bytes + lse;  // Q, dO, O + LSE
+              if (via != s) {
+                sf[i][at(s, via)] += x.bytes;
+                sb[i][at(s, via)] += 3 * x.bytes + lse;
+              }
             }
           } else if (x.kind == TransferKind::kO) {
             const std::int64_t lse = rows * heads * 4;
@@ -151,8 +162,12 @@ PhaseBytes phase_bytes(const Plan& plan) {
             }
           } else {
             for (std::size_t i : targets) {
-              df[i][at(s, t)] += x.bytes;
-              db[i][at(s, t)] += x.bytes;
+              df[i][in_at] += x.bytes;
+              db[i][in_at] += x.bytes;
+              if (via != s) {
+                sf[i][at(s, via)] += x.bytes;
+                sb[i][at(s, via)] += x.bytes;
+              }
             }
             for (std::int32_t kh = x.heads.begin; kh < x.heads.end; ++kh) {
               const ChunkUse u = plan.kv_use(t, x.group, kh);
@@ -183,7 +198,7 @@ PhaseBytes phase_bytes(const Plan& plan) {
       }
     }
   }
-  return {std::move(df), std::move(rf), std::move(db), std::move(rb)};
+  return {std::move(df), std::move(rf), std::move(db), std::move(rb), std::move(sf), std::move(sb)};
 }
 
 // Turns a plan into per-worker compute and communication times, priced as
@@ -192,7 +207,7 @@ PhaseBytes phase_bytes(const Plan& plan) {
 // dK/dV partial sums. LSE, dQ, dK and dV travel in fp32 whatever the data
 // type, and a KV head's dK/dV goes home once per (worker, source, rows, head)
 // with the chunk of its last use, not of its first.
-PlanCost cost_plan(const Ctx& ctx, const Plan& plan, std::span<const std::int64_t> gpus) {
+PlanCost cost_plan(const Ctx& ctx, const Plan& plan, std::span<const std::int64_t> gpus, const RelayTable* relays) {
   PlanCost c;
   const int w = plan.num_workers();
   const std::size_t ws = static_cast<std::size_t>(w);
@@ -227,23 +242,39 @@ PlanCost cost_plan(const Ctx& ctx, const Plan& plan, std::span<const std::int64_
     c.chunk_comp_fwd[r] += fwd / m / part.first;
     c.chunk_comp_bwd[r] += bwd / m / part.second;
   }
-  const PhaseBytes pb = phase_bytes(plan);
+  const PhaseBytes pb = phase_bytes(plan, relays);
   const auto& df = pb.fwd_in;
   const auto& rf = pb.fwd_out;
   const auto& db = pb.bwd_in;
   const auto& rb = pb.bwd_out;
   const std::size_t whole = df.size() - 1;
   auto seconds = [&](const std::vector<std::int64_t>& mtx) { return alltoall_seconds(ctx.cfg.cost.net, mtx, gpus); };
-  c.disp_fwd = seconds(df[whole]);
+  c.relayed = !pb.fwd_stage.empty();
+  // A relayed dispatch waits for its stage (the executor posts in(m) once
+  // stage(m) landed); priced in series, though the stages of later chunks
+  // run a chunk ahead, under compute, on NVLink.
+  auto dispatch = [&](const std::vector<std::vector<std::int64_t>>& in,
+                      const std::vector<std::vector<std::int64_t>>& stage, std::size_t i, double* staged) {
+    std::vector<double> t = seconds(in[i]);
+    if (!c.relayed) return t;
+    const double s = max_of(seconds(stage[i]));
+    if (staged != nullptr) *staged = s;
+    for (double& x : t) x += s;
+    return t;
+  };
+  double staged = 0;
+  c.disp_fwd = dispatch(df, pb.fwd_stage, whole, &staged);
   c.ret_fwd = seconds(rf[whole]);
-  c.disp_bwd = seconds(db[whole]);
+  c.disp_bwd = dispatch(db, pb.bwd_stage, whole, nullptr);
   c.ret_bwd = seconds(rb[whole]);
+  if (c.relayed && c.chunks <= 1) c.stage_fwd.push_back(staged);
   if (c.chunks > 1) {
     for (int k = 0; k < c.chunks; ++k) {
       const auto i = static_cast<std::size_t>(k);
-      c.cdisp_fwd.push_back(seconds(df[i]));
+      c.cdisp_fwd.push_back(dispatch(df, pb.fwd_stage, i, &staged));
+      if (c.relayed) c.stage_fwd.push_back(staged);
       c.cret_fwd.push_back(seconds(rf[i]));
-      c.cdisp_bwd.push_back(seconds(db[i]));
+      c.cdisp_bwd.push_back(dispatch(db, pb.bwd_stage, i, nullptr));
       c.cret_bwd.push_back(seconds(rb[i]));
     }
   }
@@ -348,9 +379,12 @@ Result<Plan> timed_plan(Timing& tm, const std::string& kind, F&& f) {
   return plan;
 }
 
-PlanCost timed_cost(const Ctx& ctx, const Plan& plan, std::span<const std::int64_t> gpus, Timing& tm) {
+PlanCost timed_cost(const Ctx& ctx, const Plan& plan, std::span<const std::int64_t> gpus, Timing& tm,
+                    bool relay = false) {
   const double t0 = thread_cpu_seconds();
-  PlanCost c = cost_plan(ctx, plan, gpus);
+  RelayTable relays;
+  if (relay) relays = plan_relays(plan);
+  PlanCost c = cost_plan(ctx, plan, gpus, relay ? &relays : nullptr);
   tm.cost += thread_cpu_seconds() - t0;
   return c;
 }
@@ -366,9 +400,23 @@ Result<std::pair<Plan, PlanCost>> plan_and_price(const Ctx& ctx, std::span<const
 }
 
 Result<PlanCost> price_pool(const Ctx& ctx, std::span<const PackedSequence> sequences, const PlanConfig& pc,
-                            std::span<const std::int64_t> gpus, Timing& tm, const std::string& kind) {
+                            std::span<const std::int64_t> gpus, Timing& tm, const std::string& kind, bool relay) {
+  if (relay) {
+    LIBRA_ASSIGN_OR_RETURN(Plan plan, timed_plan(tm, kind, [&] { return make_plan(sequences, pc); }));
+    return timed_cost(ctx, plan, gpus, tm, true);
+  }
   LIBRA_ASSIGN_OR_RETURN(auto pc_cost, plan_and_price(ctx, sequences, pc, gpus, tm, kind));
   return std::move(pc_cost.second);
+}
+
+Result<PlanCost> price_relayed(const Ctx& ctx, const Plan& plan, std::int64_t chunks,
+                               std::span<const std::int64_t> gpus, Timing& tm, const std::string& kind) {
+  if (chunks == plan.config().chunks) return timed_cost(ctx, plan, gpus, tm, true);
+  // simulate() has checked every M against INT32_MAX.
+  LIBRA_ASSIGN_OR_RETURN(Plan re, timed_plan(tm, kind + " (M " + std::to_string(chunks) + ")", [&] {
+                           return rechunk_plan(plan, static_cast<int>(chunks));
+                         }));
+  return timed_cost(ctx, re, gpus, tm, true);
 }
 
 Result<PlanCost> price_rechunked(const Ctx& ctx, const Plan& plan, std::int64_t chunks,

@@ -227,6 +227,21 @@ const std::vector<Entry>& entries() {
        [](const SimConfig& c) {
          return nlohmann::ordered_json(c.home_layout ? std::string(home_layout_name(*c.home_layout)) : "auto");
        }},
+      {{"relay", "--relay", T::kString,
+        "libra-topo sends cross-node inputs through node-mates: auto (default: priced both ways, relayed where faster), "
+        "on or off"},
+       [](SimConfig& c, const Value& v, const std::string& where) -> Status {
+         const std::string name = as<std::string>(v);
+         if (name == "auto") {
+           c.relay.reset();
+         } else if (name == "on" || name == "off") {
+           c.relay = name == "on";
+         } else {
+           return invalid_input(where + " '" + name + "': must be auto, on or off");
+         }
+         return {};
+       },
+       [](const SimConfig& c) { return nlohmann::ordered_json(c.relay ? (*c.relay ? "on" : "off") : "auto"); }},
       {{"tau", "--tau", T::kNumber, "TAP load slack (default 0.03)"}, LIBRA_NUM(tau)},
       {{"windows", "--windows", T::kInt, "windows to simulate, 0 = all (default 20)"}, LIBRA_INT(max_windows)},
       {{"threads", "--threads", T::kInt, "worker threads, 0 = all cores (default)"}, LIBRA_INT(threads)},

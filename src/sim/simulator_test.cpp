@@ -744,16 +744,20 @@ namespace {
 
 // The executor's own byte counts (libra::make_rank_schedule, independent of
 // the simulator): per phase and chunk, what every worker sends every peer.
-std::vector<std::vector<std::int64_t>> schedule_bytes(const libra::Plan& plan, libra::Phase phase) {
+// relay: of relayed schedules; stage: their stage exchange of the pass of
+// `phase` instead of the phase's own.
+std::vector<std::vector<std::int64_t>> schedule_bytes(const libra::Plan& plan, libra::Phase phase, bool relay = false,
+                                                      bool stage = false) {
   const int W = plan.num_workers();
   const int M = plan.config().chunks;
   std::vector<std::vector<std::int64_t>> out(static_cast<std::size_t>(M),
                                              std::vector<std::int64_t>(static_cast<std::size_t>(W * W), 0));
   for (int r = 0; r < W; ++r) {
-    auto s = libra::make_rank_schedule(plan, r);
+    auto s = libra::make_rank_schedule(plan, r, {.relay = relay});
     EXPECT_TRUE(s.ok()) << s.error().message();
     for (int m = 0; m < M; ++m) {
-      const libra::Exchange& x = s->exchange(phase, m);
+      const libra::Pass pass = phase == libra::Phase::kFwdIn ? libra::Pass::kForward : libra::Pass::kBackward;
+      const libra::Exchange& x = stage ? s->stage_exchange(pass, m) : s->exchange(phase, m);
       for (int peer = 0; peer < W; ++peer) {
         if (peer != r) out[static_cast<std::size_t>(m)][static_cast<std::size_t>(r * W + peer)] = x.send_bytes[static_cast<std::size_t>(peer)];
       }
@@ -816,3 +820,94 @@ TEST(PlanCost, PricesTheBytesTheExecutorSends) {
     }
   }
 }
+
+// Relayed: the relay's row carries the pair's inputs, the stage matrices the
+// sender-to-relay bytes, each exactly what relayed schedules send; outputs
+// as without relays. A relayed dispatch is its stage's slowest worker plus
+// the main exchange.
+TEST(PlanCost, PricesTheBytesARelayedExecutorSends) {
+  const std::vector<libra::PackedSequence> pool = {{200, 40, 16}, {60, 60, 60, 76}, {256}, {30, 100, 90}};
+  for (libra::PlanMode mode : {libra::PlanMode::kTap, libra::PlanMode::kTapTopo}) {
+    for (int chunks : {1, 2, 4}) {
+      libra::PlanConfig c;
+      c.home_layout = mode == libra::PlanMode::kTapTopo ? libra::HomeLayout::kZigzag : libra::HomeLayout::kContiguous;
+      c.kv_prefix = mode == libra::PlanMode::kTapTopo;
+      c.seq_len = 256;
+      c.cp = 2;
+      c.block_size = 32;
+      c.head_shards = 4;
+      c.shape = {.heads_q = 16, .heads_kv = 2, .head_dim = 8, .dtype = libra::DType::kBF16};
+      c.chunks = chunks;
+      c.mode = mode;
+      c.topology.gpus_per_node = 2;
+      auto plan = libra::make_plan(pool, c);
+      ASSERT_TRUE(plan.ok()) << plan.error().message();
+      const libra::RelayTable relays = libra::plan_relays(*plan);
+      ASSERT_TRUE(relays.any()) << "nothing relayed: the test would prove nothing";
+      const libra::detail::PhaseBytes pb = libra::detail::phase_bytes(*plan, &relays);
+      struct Check {
+        libra::Phase phase;
+        bool stage;
+        const std::vector<std::vector<std::int64_t>>* priced;
+      };
+      for (const Check& k : {Check{libra::Phase::kFwdIn, false, &pb.fwd_in}, Check{libra::Phase::kFwdOut, false, &pb.fwd_out},
+                             Check{libra::Phase::kBwdIn, false, &pb.bwd_in}, Check{libra::Phase::kBwdOut, false, &pb.bwd_out},
+                             Check{libra::Phase::kFwdIn, true, &pb.fwd_stage}, Check{libra::Phase::kBwdIn, true, &pb.bwd_stage}}) {
+        const auto sent = schedule_bytes(*plan, k.phase, true, k.stage);
+        for (int m = 0; m < chunks; ++m) {
+          EXPECT_EQ((*k.priced)[static_cast<std::size_t>(m)], sent[static_cast<std::size_t>(m)])
+              << libra::plan_mode_name(mode) << " M=" << chunks << " phase " << static_cast<int>(k.phase)
+              << (k.stage ? " stage" : "") << " chunk " << m;
+        }
+      }
+    }
+  }
+}
+
+namespace libra {
+
+TEST(SimSettings, RelayIsAutoOnOrOffAndOnlyLibraTopoRelays) {
+  SimConfig c = tiny_config();
+  c.cost.net.gpus_per_node = 2;  // pools of 2 slots x CP 2 span two nodes
+  auto aut = simulate(c);
+  ASSERT_TRUE(aut.ok()) << aut.error().message();
+  c.relay = false;
+  auto off = simulate(c);
+  c.relay = true;
+  auto on = simulate(c);
+  ASSERT_TRUE(off.ok() && on.ok());
+  const VariantLatency* t_off = off->candidates[0].find(Variant::kLibraTopo);
+  const VariantLatency* t_on = on->candidates[0].find(Variant::kLibraTopo);
+  const VariantLatency* t_auto = aut->candidates[0].find(Variant::kLibraTopo);
+  ASSERT_TRUE(t_off && t_on && t_auto);
+  EXPECT_FALSE(t_off->relayed);
+  EXPECT_TRUE(t_on->relayed);
+  // auto takes the better of the two (ties: direct).
+  const bool relayed_wins = t_on->seconds.mean < t_off->seconds.mean;
+  EXPECT_EQ(t_auto->relayed, relayed_wins);
+  EXPECT_EQ(t_auto->seconds.mean, relayed_wins ? t_on->seconds.mean : t_off->seconds.mean);
+  for (Variant v : candidate_variants()) {
+    if (v == Variant::kLibraTopo) continue;
+    const VariantLatency* a = off->candidates[0].find(v);
+    const VariantLatency* b = on->candidates[0].find(v);
+    if (a == nullptr || b == nullptr) continue;
+    EXPECT_FALSE(b->relayed);
+    EXPECT_EQ(a->seconds.mean, b->seconds.mean) << variant_name(v);
+  }
+  const SimSetting* st = nullptr;
+  for (const SimSetting& s : sim_settings()) {
+    if (s.key == "relay") st = &s;
+  }
+  ASSERT_NE(st, nullptr);
+  SimConfig d;
+  EXPECT_NE(sim_config_json(d).find("\"relay\": \"auto\""), std::string::npos);
+  ASSERT_TRUE(apply_sim_setting(*st, "off", "--relay", d).ok());
+  EXPECT_EQ(d.relay, std::optional<bool>(false));
+  ASSERT_TRUE(apply_sim_config_json(R"({"relay": "auto"})", "c.json", d).ok());
+  EXPECT_FALSE(d.relay.has_value());
+  Status bad = apply_sim_setting(*st, "yes", "--relay", d);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.message(), "--relay 'yes': must be auto, on or off");
+}
+
+}  // namespace libra

@@ -109,7 +109,9 @@ WindowResult simulate_window(const Ctx& ctx, std::span<const PackedSequence> win
                        Record rec, const std::vector<std::int64_t>& chunks) -> Status {
     const auto& [placement, layout] = pl;
     const bool any_pipelined = std::any_of(variants.begin(), variants.end(), variant_pipelined);
-    std::map<std::pair<Variant, std::int64_t>, StepMax> sms;
+    std::map<std::pair<Variant, std::int64_t>, StepMax> sms, sms_relayed;
+    // libra-topo also with relayed inputs, unless switched off.
+    const bool relay_too = rec == Record::kTopo && ctx.cfg.relay.value_or(true);
     const std::string kind(variant_name(variants[0]));
     for (std::size_t k = 0; k < placement.pools.size(); ++k) {
       const auto pool = pool_of(window, placement.pools[k]);
@@ -117,12 +119,15 @@ WindowResult simulate_window(const Ctx& ctx, std::span<const PackedSequence> win
       LIBRA_ASSIGN_OR_RETURN(auto planned, plan_and_price(ctx, pool, pc, gpus, tm, kind));
       const PlanCost& c = planned.second;
       const std::int64_t g = layout.pool_ga[k];
-      auto put = [&](const PlanCost& cost, Variant var, std::int64_t m, bool pipelined) {
+      // relayed: priced as a relayed schedule runs (a pool with nothing to
+      // relay too, so that every pool counts in the relayed steps).
+      auto put = [&](const PlanCost& cost, Variant var, std::int64_t m, bool pipelined, bool relayed = false) {
         const double t = time_plan(ctx, cost, gpus, {w, static_cast<std::uint64_t>(g)}, pipelined, false);
-        auto it = sms.try_emplace({var, m}, StepMax{std::vector<double>(static_cast<std::size_t>(ga), 0.0)}).first;
+        auto& into = relayed ? sms_relayed : sms;
+        auto it = into.try_emplace({var, m}, StepMax{std::vector<double>(static_cast<std::size_t>(ga), 0.0)}).first;
         it->second.put(g, t);
         if (var == Variant::kLibraFull || var == Variant::kLibraTopo || var == Variant::kLibraTapVrsp) {
-          cw.pools[{var, m}].emplace_back(t, decompose(cost, pipelined));
+          (relayed ? cw.pools_relayed : cw.pools)[{var, m}].emplace_back(t, decompose(cost, pipelined));
         }
       };
       for (Variant var : variants) {
@@ -136,6 +141,13 @@ WindowResult simulate_window(const Ctx& ctx, std::span<const PackedSequence> win
         }
         for (Variant var : variants) {
           if (variant_pipelined(var)) put(m == pc.chunks || m == 1 ? c : re, var, m, m != 1);
+        }
+        if (relay_too) {
+          // Relays are chosen per chunk, so each M (1 too) is relayed afresh.
+          LIBRA_ASSIGN_OR_RETURN(PlanCost rc, price_relayed(ctx, planned.first, m, gpus, tm, kind + " relayed"));
+          for (Variant var : variants) {
+            if (variant_pipelined(var)) put(rc, var, m, m != 1, true);
+          }
         }
       }
       if (rec == Record::kTap) {
@@ -154,6 +166,7 @@ WindowResult simulate_window(const Ctx& ctx, std::span<const PackedSequence> win
       if (rec == Record::kTap) cw.recv_cross.push_back(static_cast<double>(c.max_recv_cross_node));
     }
     for (auto& [key, sm] : sms) cw.steps[key] = std::move(sm.step);
+    for (auto& [key, sm] : sms_relayed) cw.steps_relayed[key] = std::move(sm.step);
     return {};
   };
 

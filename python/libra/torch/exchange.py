@@ -1,8 +1,9 @@
 """The exchanges of the worker's flat program (libra/program.hpp) carried out with torch ops on any
 device: gather (index_select into the message), post (an async all-to-all on the runtime's
 communicator, one per element class), the data kept (buffer to buffer), scatter, and the Out
-phases' apply list (index_copy_ / index_add_ in the program's fixed order). Nothing here derives
-positions: the binding gives them."""
+phases' apply list (index_copy_ / index_add_ in the program's fixed order). A relayed program
+also has stage exchanges (home -> the relay's staging buffer), which carry an In phase's classes.
+Nothing here derives positions: the binding gives them."""
 import numpy as np
 import torch
 
@@ -11,9 +12,12 @@ from .trace import _watch
 # Element classes a pass's exchanges carry (the program's wire_class): 0 the data type, 1 LSE (fp32,
 # 1 wide), 2 gradients (fp32). Fixed per (pass, direction), so every rank posts the same collectives
 # even when its own part is empty.
-_CLASSES = {(0, "in"): (0,), (0, "out"): (0, 1), (1, "in"): (0, 1), (1, "out"): (2,)}
-_NAMES = {(0, "in"): "fwd in", (0, "out"): "fwd out", (1, "in"): "bwd in", (1, "out"): "bwd out"}
-_HOME, _COMPUTE, _WIRE, _CAT = range(4)  # the program's Loc, and the apply lists' joined source
+_CLASSES = {(0, "in"): (0,), (0, "out"): (0, 1), (1, "in"): (0, 1), (1, "out"): (2,),
+            (0, "stage"): (0,), (1, "stage"): (0, 1)}
+_NAMES = {(0, "in"): "fwd in", (0, "out"): "fwd out", (1, "in"): "bwd in", (1, "out"): "bwd out",
+          (0, "stage"): "fwd stage", (1, "stage"): "bwd stage"}
+_TRACE = {"in": "input", "out": "output", "stage": "stage"}  # the C++ engine's trace words
+_HOME, _COMPUTE, _WIRE, _STAGE = range(4)  # the program's Loc (bufs is indexed by it)
 
 
 def _tensors(groups, device):
@@ -23,12 +27,16 @@ def _tensors(groups, device):
 
 
 def program_tensors(program, chunks, device):
-    """The program as index tensors on ``device``: [pass] = {"in": [chunk], "out": [chunk], "apply"}."""
+    """The program as index tensors on ``device``: [pass] = {"in": [chunk], "out": [chunk], "stage": [chunk]
+    (empty unless the schedule is relayed), "apply"}."""
     out = []
+    relayed = program.info["relayed"]
     for p in (0, 1):
         per = {"apply": _tensors(program.apply(p), device)}
-        for kind in ("in", "out"):
+        for kind in ("in", "out", "stage"):
             per[kind] = []
+            if kind == "stage" and not relayed:
+                continue
             for m in range(chunks):
                 x = program.exchange(p, kind, m)
                 per[kind].append({"send": [list(v) for v in x["send_vectors"]],
@@ -43,8 +51,8 @@ def _class_layout(c, dtype, d):
 
 
 def post(rt, pass_index, kind, m, x, bufs, dtype, d, device):
-    """Gathers and posts (async) one (pass, direction, chunk)'s class messages; an In exchange also
-    copies the data this worker keeps. Returns [(class, work, recv)]."""
+    """Gathers and posts (async) one (pass, kind, chunk)'s class messages (kind "in", "out" or
+    "stage"); an In exchange also copies the data this worker keeps. Returns [(class, work, recv)]."""
     sends = {}
     for c in _CLASSES[(pass_index, kind)]:
         dt, width = _class_layout(c, dtype, d)
@@ -55,7 +63,7 @@ def post(rt, pass_index, kind, m, x, bufs, dtype, d, device):
     for c, send in sends.items():
         recv = torch.empty((sum(x["recv"][c]), send.shape[1]), dtype=send.dtype, device=device)
         work = rt.comm.all_to_all(recv, send, x["recv"][c], x["send"][c], rt.group)
-        trace = f"{'fwd' if pass_index == 0 else 'bwd'} {'input' if kind == 'in' else 'output'} chunk {m} class {c}"
+        trace = f"{'fwd' if pass_index == 0 else 'bwd'} {_TRACE[kind]} chunk {m} class {c}"
         posted.append((c, _watch(rt, work, f"{_NAMES[(pass_index, kind)]} chunk {m} class {c}", trace), recv))
     for field, src, dst, _add, _c, sidx, didx in x["local"]:
         bufs[dst][field].index_copy_(0, didx, bufs[src][field].index_select(0, sidx))
@@ -63,7 +71,7 @@ def post(rt, pass_index, kind, m, x, bufs, dtype, d, device):
 
 
 def scatter(x, posted, bufs):
-    """Waits for an In exchange and scatters its receipts into the compute buffers."""
+    """Waits for an In or stage exchange and scatters its receipts into the compute (staging) buffers."""
     recvs = {}
     for c, work, recv in posted:
         work.wait()

@@ -21,7 +21,8 @@ class _Attention(torch.autograd.Function):
     Each pass: post in(0); per chunk m: post in(m+1), wait in(m), scatter,
     compute the chunk's kernel calls while chunk m+1 arrives and chunk m-1
     returns, gather and post out(m); then wait every out and apply them in the
-    program's fixed order. Forward: Q, K, V
+    program's fixed order. A relayed runtime also runs each chunk's stage
+    exchange a chunk ahead of its In exchange (``_run_pass``). Forward: Q, K, V
     in; O, LSE out. Backward: Q, dO, O, LSE, K, V in; dQ assigned and fp32
     dK/dV partial sums added at home. Calls flagged q_home / kv_home read and
     write the home tensors in place instead of compute buffers. Only the home
@@ -71,22 +72,54 @@ class _Attention(torch.autograd.Function):
                 None, None, None)
 
 
+def _staging(rt, pass_index, home, dev):
+    """The staging buffers of a relayed pass (Loc kStage), one per In field, sized by the schedule;
+    every vector a main exchange sends from them is landed by its stage exchange first."""
+    sd = rt.schedule
+    fields = ("Q", "K", "V") if pass_index == 0 else ("Q", "dO", "O", "LSE", "K", "V")
+    return {f: home[f].new_empty((sd["stage_kv_vectors"] if f in ("K", "V") else sd["stage_q_vectors"],
+                                  home[f].shape[1]), device=dev) for f in fields}
+
+
 def _run_pass(rt, pass_index, home, comp, dt, d, dev, scale):
     """One pass of the pipelined program, the C++ engine's loop (src/exec/executor.cpp): post chunk
     0's input; per chunk m, post chunk m+1's input, wait for chunk m's only, compute it on the
     selected backend while chunk m+1 arrives and chunk m-1 returns, post chunk m's output; finally
-    apply every output in the program's fixed order. The same index ops on every device."""
+    apply every output in the program's fixed order. The same index ops on every device.
+
+    Relayed (``PlanRuntime(relay=True)`` on a plan that relays): chunk m's In exchange sends from
+    the relays' staging buffers, so its stage exchange must have landed before it is posted; stages
+    run a chunk ahead (post stage 0 and 1, land stage 0, post in 0; per m, land stage m+1 before
+    posting in m+1, then post stage m+2). Every rank posts the same collectives in the same order,
+    the C++ engine's among them."""
     backend = backends.select(dev, dt)
     prog = rt.on(dev)[pass_index]
-    bufs = (home, comp)  # by the program's Loc: home 0, compute 1
     M = rt.num_chunks
+    relayed = bool(prog["stage"])
+    # By the program's Loc: home 0, compute 1, (2 is the wire), stage 3.
+    bufs = (home, comp, None, _staging(rt, pass_index, home, dev)) if relayed else (home, comp)
+    staged = {}
+
+    def post_stage(j):
+        if relayed and j < M:
+            staged[j] = _post(rt, pass_index, "stage", j, prog["stage"][j], bufs, dt, d, dev)
+
+    def land_stage(j):
+        if relayed:
+            _scatter(prog["stage"][j], staged.pop(j), bufs)
+
     _fault.point("before-post", rt)
+    post_stage(0)
+    post_stage(1)
+    land_stage(0)
     posted_in = [_post(rt, pass_index, "in", 0, prog["in"][0], bufs, dt, d, dev)]
     _fault.point("mid-pass", rt)
     posted_out = []
     for m in range(M):
         if m + 1 < M:
+            land_stage(m + 1)
             posted_in.append(_post(rt, pass_index, "in", m + 1, prog["in"][m + 1], bufs, dt, d, dev))
+            post_stage(m + 2)
         _scatter(prog["in"][m], posted_in[m], bufs)
         with _compute(rt, f"{'fwd' if pass_index == 0 else 'bwd'} compute chunk {m}"):
             _fault.point("kernel", rt)

@@ -34,6 +34,13 @@ class PlanRuntime:
     (within about twice the timeout: they wait that long again for each
     other's marks in the group's store). The group is unusable after that.
 
+    ``relay`` (default False) sends cross-node inputs through node-mates
+    chosen by ``libra.plan_relays`` (libra/relay.hpp): a stage exchange moves
+    them over NVLink into the relay's staging buffer a chunk ahead, and the
+    main exchange sends them on from there. Every rank must pass the same
+    value (the agreement checks it); ``relayed`` says whether stage exchanges
+    run (relay=True and the plan relays something).
+
     This rank's home layout (what its q, k, v rows are, in order), from the
     plan's home layout (``make_plan(..., home_layout=)``: "contiguous" or
     "zigzag"):
@@ -54,7 +61,7 @@ class PlanRuntime:
     """
 
     def __init__(self, plan, group, worker=None, threads=1, trace=False, check_calls=True, schedule=None,
-                 exchange="auto", timeout=300):
+                 exchange="auto", timeout=300, relay=False):
         comm = comms.of(group)
         if comm is None:
             raise ValueError(f"PlanRuntime: group must be a torch.distributed ProcessGroup or an in-process group, "
@@ -63,13 +70,16 @@ class PlanRuntime:
         # Every option is checked here, before anything is posted; a rank's own problem travels with
         # the agreement below, so every rank raises the same line instead of leaving the others waiting.
         problem, me, timeout = _check_options(comm, plan, group, size, worker, threads, trace, check_calls,
-                                              schedule, exchange, timeout)
+                                              schedule, exchange, timeout, relay)
         self.comm = comm
         self._native_timeout = comm.set_timeout(group, timeout)
         fp = plan.fingerprint if isinstance(plan, _libra.Plan) else 0
         nw = plan.num_workers if isinstance(plan, _libra.Plan) else 0
-        everyone, first = _agree(comm, group, _fingerprint_words(fp) + [me, nw], problem, timeout, "PlanRuntime",
-                                 self._native_timeout)
+        # relay changes every rank's exchanges (the C++ schedule fingerprint mixes it in), so it is
+        # agreed on with the plan: a rank alone with it would post collectives no peer joins.
+        relay_word = int(relay) if isinstance(relay, bool) else -1
+        everyone, first = _agree(comm, group, _fingerprint_words(fp) + [me, nw, relay_word], problem, timeout,
+                                 "PlanRuntime", self._native_timeout)
         if first is not None:
             raise ValueError(f"PlanRuntime: group rank {first[0]}: {first[1]}")
         # Every check below runs on what all ranks gathered, so they all raise the same line.
@@ -83,6 +93,12 @@ class PlanRuntime:
                 counts.setdefault(f, []).append(i)
             parts = "; ".join(f"group ranks {r} hold {f:016x}" for f, r in sorted(counts.items()))
             raise ValueError(f"plan fingerprint mismatch across the pool group: {parts}")
+        relays = [int(t[4]) for t in everyone]
+        if len(set(relays)) != 1:
+            parts = "; ".join(f"group ranks {[i for i, x in enumerate(relays) if x == v]} pass relay={bool(v)}"
+                              for v in sorted(set(relays)))
+            raise ValueError(f"PlanRuntime: relay differs across the pool group ({parts}): every rank must pass "
+                             f"the same value")
         if sorted(peers) != list(range(size)):
             raise ValueError(f"PlanRuntime: the group's worker indices {peers} are not a permutation of 0..{size - 1}")
         self.timeout = timeout
@@ -102,11 +118,15 @@ class PlanRuntime:
         progs = schedule
         if progs is not None:
             info = progs.info
-            if info["order"] != peers or info["worker"] != me or info["fingerprint"] != plan.fingerprint:
+            if (info["order"] != peers or info["worker"] != me or info["plan_fingerprint"] != plan.fingerprint
+                    or info["relay"] != relay):
                 progs = None
         if progs is None:
-            progs = _libra.rank_program(plan, me, peers)
+            progs = _libra.rank_program(plan, me, peers, relay=relay)
             info = progs.info
+        self.relay = relay
+        # Whether stage exchanges run: the same on every rank (plan_relays is a function of the plan).
+        self.relayed = bool(info["relayed"])
         self.program, self.schedule = progs, info
         self.home_rows, self.heads_q, self.heads_kv = info["home_rows"], info["heads_q"], info["heads_kv"]
         self.head_dim, self.num_chunks = info["head_dim"], info["chunks"]
@@ -186,7 +206,8 @@ def _index(value):
         return None
 
 
-def _check_options(comm, plan, group, size, worker, threads, trace, check_calls, schedule, exchange, timeout):
+def _check_options(comm, plan, group, size, worker, threads, trace, check_calls, schedule, exchange, timeout,
+                   relay=False):
     """(this rank's first problem or None, its worker or -1, the timeout to use) for PlanRuntime's
     arguments; nothing here communicates."""
     if not _number(timeout) or not math.isfinite(float(timeout)) or float(timeout) <= 0:
@@ -209,7 +230,7 @@ def _check_options(comm, plan, group, size, worker, threads, trace, check_calls,
             return f"worker {me}: must be in [0, {plan.num_workers}) (the plan's workers)", -1, timeout
     if _index(threads) is None or not 1 <= _index(threads) <= 1024:
         return f"threads {threads!r}: must be an integer in [1, 1024]", me, timeout
-    for name, v in (("trace", trace), ("check_calls", check_calls)):
+    for name, v in (("trace", trace), ("check_calls", check_calls), ("relay", relay)):
         if not isinstance(v, bool):
             return f"{name} {v!r}: must be True or False", me, timeout
     if exchange not in ("auto", "programs", "index"):
