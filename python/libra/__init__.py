@@ -266,5 +266,6 @@ def _json_problem(value, where):
 __all__ = [
     "ArgumentError", "FULL_CAUSAL", "Plan", "PlacementSampler", "builtin_corpora", "corpus_stats", "load_lengths",
     "load_packed_sequences", "load_plan", "make_plan", "pack", "place_window", "plan_from_bytes",
-    "plan_from_json", "plan_relays", "priced_placement_sampler", "sequence_workloads", "simulate", "TRANSFER_Q", "TRANSFER_KV", "TRANSFER_O",
+    "plan_from_json", "plan_relays", "priced_placement_sampler", "sequence_workloads", "simulate", "TRANSFER_Q",
+    "TRANSFER_KV", "TRANSFER_O",
 ]

@@ -116,6 +116,7 @@ struct PoolResult {
   std::vector<std::int64_t> tokens_per_slot;
   bool planned = false;   // the plan figures below are set
   std::int64_t tiles = 0, comm_bytes = 0;
+  std::int64_t relayed_pairs = 0;  // CheckJob::relay: (chunk, sender, receiver) pairs relayed
   double imbalance = 0;
   std::array<ErrorStats, kCheckedTensors> errors{};  // over the pool's homes (check)
   ReferenceKind reference = ReferenceKind::kNaive;   // the weaker one when a pool mixes them

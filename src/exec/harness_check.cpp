@@ -13,6 +13,7 @@
 
 #include "core/fault.hpp"
 #include "exec/harness.hpp"
+#include "libra/relay.hpp"
 
 namespace libra {
 namespace {
@@ -40,6 +41,7 @@ std::string pack_result(const PoolResult& p) {
   put(s, static_cast<std::uint8_t>(p.planned));
   put(s, p.tiles);
   put(s, p.comm_bytes);
+  put(s, p.relayed_pairs);
   put(s, p.imbalance);
   for (const ErrorStats& e : p.errors) {
     put(s, e.max_abs);
@@ -59,6 +61,7 @@ PoolResult unpack_result(const std::string& s) {
   p.planned = take<std::uint8_t>(s, at) != 0;
   p.tiles = take<std::int64_t>(s, at);
   p.comm_bytes = take<std::int64_t>(s, at);
+  p.relayed_pairs = take<std::int64_t>(s, at);
   p.imbalance = take<double>(s, at);
   for (ErrorStats& e : p.errors) {
     e.max_abs = take<double>(s, at);
@@ -289,6 +292,7 @@ Result<CheckReport> run_check(Communicator& world, const CheckJob& job) {
     mine.tiles = static_cast<std::int64_t>(plan->tiles().size());
     mine.imbalance = plan->imbalance();
     mine.comm_bytes = plan->comm_bytes();
+    if (job.relay) mine.relayed_pairs = plan_relays(*plan).relayed_pairs();
   }
   if (job.check) {
     if (dt != DType::kF32) load_all_as_f32(o16.data(), static_cast<std::int64_t>(o16.size()), dt, f.o.data());

@@ -41,6 +41,7 @@ struct PoolFlags {
   int pool_size = 0;     // 0: ranks / cp (exec), 4 (bench)
   std::int64_t pool_index = 0;
   int threads = 1;
+  bool relay = false;  // ExecOptions::relay
 };
 
 struct ExecOptionsCli {
@@ -85,6 +86,9 @@ std::vector<const CLI::Option*> add_pool_flags(CLI::App* sub, PoolFlags& o, bool
   pool_flags.push_back(
       sub->add_option("--pool-index", o.pool_index, "first pool drawn from the source: sequences [index*P, ...)"));
   sub->add_option("--threads", o.threads, "kernel threads per rank");
+  sub->add_flag("--relay", o.relay,
+                "send cross-node inputs through node-mates chosen by libra::plan_relays (nodes of the plan's "
+                "topology: save the plan with `libra plan --gpus-per-node N` and pass --plan)");
   return pool_flags;
 }
 
@@ -198,6 +202,7 @@ int print_report(Communicator& world, const ExecOptionsCli& opt, const PlanConfi
       d["tiles"] = p.tiles;
       d["imbalance"] = p.imbalance;
       d["comm_bytes"] = p.comm_bytes;
+      if (opt.pool.relay) d["relayed_pairs"] = p.relayed_pairs;
     }
     pool_info.push_back(d);
   }
@@ -207,7 +212,7 @@ int print_report(Communicator& world, const ExecOptionsCli& opt, const PlanConfi
   if (root) {
     const std::string mode_text =
         (opt.plan.empty() ? opt.mode : fmt::format("{} (plan {})", plan_mode_name(cfg.mode), opt.plan)) +
-        (cfg.kv_prefix ? " with KV prefix" : "");
+        (cfg.kv_prefix ? " with KV prefix" : "") + (opt.pool.relay ? ", relayed inputs" : "");
     if (opt.json) {
       report["ranks"] = r.ranks;
       report["pool_ranks"] = r.pool_ranks;
@@ -240,8 +245,9 @@ int print_report(Communicator& world, const ExecOptionsCli& opt, const PlanConfi
       for (const PoolResult& p : r.pool_results) {
         fmt::print("pool {}: {} samples, tokens per slot: {}\n", p.pool, p.samples, fmt::join(p.tokens_per_slot, " "));
         if (p.planned) {
-          fmt::print("pool {} plan: {} tiles, intra-pool imbalance {:.4f}, exchanged {} per pass\n", p.pool, p.tiles,
-                     p.imbalance, bytes_text(p.comm_bytes));
+          fmt::print("pool {} plan: {} tiles, intra-pool imbalance {:.4f}, exchanged {} per pass{}\n", p.pool, p.tiles,
+                     p.imbalance, bytes_text(p.comm_bytes),
+                     opt.pool.relay ? fmt::format(", {} (chunk, sender, receiver) pairs relayed", p.relayed_pairs) : "");
         }
       }
       fmt::print("forward:  wall {:.4f} s (slowest rank), kernel compute {:.4f} s slowest / {:.4f} s mean rank\n",
@@ -387,6 +393,7 @@ int exec_rank(Communicator& world, const ExecOptionsCli& opt) {
   job.pool_size = saved ? saved->pool_size() : opt.pool.pool_size;
   job.seed = opt.seed;
   job.threads = opt.pool.threads;
+  job.relay = opt.pool.relay;
   job.backend = opt.backend;
   job.repeat = opt.repeat;
   job.check = opt.check;
@@ -548,6 +555,7 @@ Result<double> worker_seconds(const std::vector<PackedSequence>& pool, const Pla
   auto comm = make_loopback_communicator(w, W);
   ExecOptions eo;
   eo.threads = opt.pool.threads;
+  eo.relay = opt.pool.relay;
   std::unique_ptr<Executor> ex;
   if (plan) {
     LIBRA_ASSIGN_OR_RETURN(ex, make_plan_executor(*comm, *plan, eo));
