@@ -75,9 +75,9 @@
 // A KV head arrives with the chunk of its first use and its dK/dV goes home
 // with the chunk of its last (Plan::kv_use, recorded by the tiles stage).
 // Relayed (`relayed`): stage(m) must land before in(m) is posted, so the
-// loop runs it a chunk ahead: post stage(0) and stage(1), wait stage(0),
-// post in(0); for m: wait stage(m+1), post in(m+1), post stage(m+2), then
-// as above. The staging buffer holds every chunk's relayed inputs apart.
+// loop runs it a chunk ahead: post and wait stage(0), post in(0), post
+// stage(1); for m: wait stage(m+1), post in(m+1), post stage(m+2), then as
+// above. The staging buffer holds every chunk's relayed inputs apart.
 #pragma once
 
 #include <array>

@@ -89,7 +89,7 @@ def _run_pass(rt, pass_index, home, comp, dt, d, dev, scale):
 
     Relayed (``PlanRuntime(relay=True)`` on a plan that relays): chunk m's In exchange sends from
     the relays' staging buffers, so its stage exchange must have landed before it is posted; stages
-    run a chunk ahead (post stage 0 and 1, land stage 0, post in 0; per m, land stage m+1 before
+    run a chunk ahead (post and land stage 0, post in 0, post stage 1; per m, land stage m+1 before
     posting in m+1, then post stage m+2). Every rank posts the same collectives in the same order,
     the C++ engine's among them."""
     backend = backends.select(dev, dt)
@@ -110,9 +110,10 @@ def _run_pass(rt, pass_index, home, comp, dt, d, dev, scale):
 
     _fault.point("before-post", rt)
     post_stage(0)
-    post_stage(1)
     land_stage(0)
     posted_in = [_post(rt, pass_index, "in", 0, prog["in"][0], bufs, dt, d, dev)]
+    # Stage 1 after in 0: on NVLink beside in 0's cross-node bytes, not ahead of stage 0.
+    post_stage(1)
     _fault.point("mid-pass", rt)
     posted_out = []
     for m in range(M):
