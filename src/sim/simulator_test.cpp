@@ -766,6 +766,22 @@ std::vector<std::vector<std::int64_t>> schedule_bytes(const libra::Plan& plan, l
   return out;
 }
 
+// The pricing tests' pool shape: GQA with H > h_kv, bf16, nodes of two GPUs.
+libra::PlanConfig priced_config(libra::PlanMode mode, libra::HomeLayout layout, bool kv_prefix, int chunks) {
+  libra::PlanConfig c;
+  c.home_layout = layout;
+  c.kv_prefix = kv_prefix;
+  c.seq_len = 256;
+  c.cp = 2;
+  c.block_size = 32;
+  c.head_shards = 4;
+  c.shape = {.heads_q = 16, .heads_kv = 2, .head_dim = 8, .dtype = libra::DType::kBF16};
+  c.chunks = chunks;
+  c.mode = mode;
+  c.topology.gpus_per_node = 2;
+  return c;
+}
+
 }  // namespace
 
 TEST(PlanCost, PricesTheBytesTheExecutorSends) {
@@ -783,18 +799,7 @@ TEST(PlanCost, PricesTheBytesTheExecutorSends) {
         Priced{libra::PlanMode::kTapTopo, libra::HomeLayout::kContiguous, false},
         Priced{libra::PlanMode::kTapTopo, libra::HomeLayout::kZigzag, true}}) {
     for (int chunks : {1, 2, 4}) {
-      libra::PlanConfig c;
-      c.home_layout = layout;
-      c.kv_prefix = kv_prefix;
-      c.seq_len = 256;
-      c.cp = 2;
-      c.block_size = 32;
-      c.head_shards = 4;
-      c.shape = {.heads_q = 16, .heads_kv = 2, .head_dim = 8, .dtype = libra::DType::kBF16};
-      c.chunks = chunks;
-      c.mode = mode;
-      c.topology.gpus_per_node = 2;
-      auto plan = libra::make_plan(pool, c);
+      auto plan = libra::make_plan(pool, priced_config(mode, layout, kv_prefix, chunks));
       ASSERT_TRUE(plan.ok()) << plan.error().message();
       const libra::detail::PhaseBytes pb = libra::detail::phase_bytes(*plan);
       const std::pair<libra::Phase, const std::vector<std::vector<std::int64_t>>*> phases[] = {
@@ -829,18 +834,9 @@ TEST(PlanCost, PricesTheBytesARelayedExecutorSends) {
   const std::vector<libra::PackedSequence> pool = {{200, 40, 16}, {60, 60, 60, 76}, {256}, {30, 100, 90}};
   for (libra::PlanMode mode : {libra::PlanMode::kTap, libra::PlanMode::kTapTopo}) {
     for (int chunks : {1, 2, 4}) {
-      libra::PlanConfig c;
-      c.home_layout = mode == libra::PlanMode::kTapTopo ? libra::HomeLayout::kZigzag : libra::HomeLayout::kContiguous;
-      c.kv_prefix = mode == libra::PlanMode::kTapTopo;
-      c.seq_len = 256;
-      c.cp = 2;
-      c.block_size = 32;
-      c.head_shards = 4;
-      c.shape = {.heads_q = 16, .heads_kv = 2, .head_dim = 8, .dtype = libra::DType::kBF16};
-      c.chunks = chunks;
-      c.mode = mode;
-      c.topology.gpus_per_node = 2;
-      auto plan = libra::make_plan(pool, c);
+      const bool topo = mode == libra::PlanMode::kTapTopo;
+      auto plan = libra::make_plan(
+          pool, priced_config(mode, topo ? libra::HomeLayout::kZigzag : libra::HomeLayout::kContiguous, topo, chunks));
       ASSERT_TRUE(plan.ok()) << plan.error().message();
       const libra::RelayTable relays = libra::plan_relays(*plan);
       ASSERT_TRUE(relays.any()) << "nothing relayed: the test would prove nothing";
