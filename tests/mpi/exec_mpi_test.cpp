@@ -43,6 +43,8 @@ int run(const std::string& what) {
   if (what == "all" || what == "exec") {
     for (const exec_test::ExecCase& c : exec_test::case_matrix(w)) report(c.name(), exec_test::exec_case(world, c));
     for (const exec_test::ExecCase& c : exec_test::zigzag_cases(w)) report(c.name(), exec_test::exec_case(world, c));
+    // Relayed: a stage exchange in flight beside the main one, over MPI.
+    for (const exec_test::ExecCase& c : exec_test::relay_cases(w)) report(c.name(), exec_test::exec_case(world, c));
   }
   if (what == "all" || what == "mismatch") {
     exec_test::ExecCase c;
