@@ -48,6 +48,9 @@ class RelayTable {
   bool any() const { return relayed_pairs_ > 0; }
   std::int64_t relayed_pairs() const { return relayed_pairs_; }
   void set(int m, int src, int dst, int via);
+  // Per chunk: the busiest NIC's cross-node input bytes (forward) over all
+  // nodes, sent directly and relayed (plan_relays fills them).
+  std::vector<std::int64_t> busiest_nic_direct, busiest_nic_relayed;
 
  private:
   int workers_ = 0, chunks_ = 0;

@@ -537,6 +537,9 @@ TEST(RelayTable, BalancesEachNodesNicsWithoutRaisingItsMaximum) {
           const std::int64_t new_max = *std::max_element(after.begin() + n, after.begin() + std::min(W, n + G));
           EXPECT_LE(new_max, old_max) << "chunk " << m << " node " << n / G;
         }
+        // The table's own account of the busiest NIC, before and after.
+        EXPECT_EQ(r.busiest_nic_direct[static_cast<std::size_t>(m)], *std::max_element(before.begin(), before.end()));
+        EXPECT_EQ(r.busiest_nic_relayed[static_cast<std::size_t>(m)], *std::max_element(after.begin(), after.end()));
       }
     }
   }

@@ -31,6 +31,8 @@ RelayTable plan_relays(const Plan& plan) {
   const int M = plan.config().chunks;
   const int G = std::max(1, plan.config().topology.gpus_per_node);
   RelayTable table(W, M);
+  table.busiest_nic_direct.assign(static_cast<std::size_t>(M), 0);
+  table.busiest_nic_relayed.assign(static_cast<std::size_t>(M), 0);
   struct Pair {
     std::int64_t bytes;
     int src, dst, via;
@@ -56,6 +58,8 @@ RelayTable plan_relays(const Plan& plan) {
       std::sort(pairs.begin(), pairs.end(), [](const Pair& a, const Pair& b) {
         return std::tie(b.bytes, a.src, a.dst) < std::tie(a.bytes, b.src, b.dst);
       });
+      auto& direct = table.busiest_nic_direct[static_cast<std::size_t>(m)];
+      direct = std::max(direct, *std::max_element(load.begin(), load.end()));
       // Each move lowers the sum of squared loads, so this ends; the bound
       // on moves is a guard, never reached in practice.
       for (std::size_t guard = 0; guard < 4 * pairs.size() + 16; ++guard) {
@@ -77,6 +81,8 @@ RelayTable plan_relays(const Plan& plan) {
       for (const Pair& p : pairs) {
         if (p.via != p.src) table.set(m, p.src, p.dst, p.via);
       }
+      auto& relayed = table.busiest_nic_relayed[static_cast<std::size_t>(m)];
+      relayed = std::max(relayed, *std::max_element(load.begin(), load.end()));
     }
   }
   return table;

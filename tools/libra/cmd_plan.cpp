@@ -13,6 +13,7 @@
 #include "libra/corpus.hpp"
 #include "libra/io.hpp"
 #include "libra/plan.hpp"
+#include "libra/relay.hpp"
 
 namespace libra::cli {
 namespace {
@@ -30,7 +31,25 @@ struct PlanOptions {
   std::string format;
   std::vector<const CLI::Option*> pool_flags;  // --mode, --dedup-per-kv-head, --pool-size, --pool-index
   PlanTopology topology;                       // tap-topo's placement and every mode's bytes by tier
+  bool relay = false;                          // append plan_relays' summary
 };
+
+// What libra::plan_relays would relay (libra exec --relay): per chunk, the
+// pairs moved and the busiest NIC's cross-node input bytes before and after.
+std::string relay_summary(const Plan& plan) {
+  const RelayTable r = plan_relays(plan);
+  std::string out = fmt::format("# relays (nodes of {} GPUs): {} (chunk, sender, receiver) pairs relayed\n",
+                                plan.config().topology.gpus_per_node, r.relayed_pairs());
+  for (int m = 0; m < r.chunks(); ++m) {
+    std::int64_t pairs = 0;
+    for (int s = 0; s < r.workers(); ++s)
+      for (int t = 0; t < r.workers(); ++t) pairs += r.relayed(m, s, t);
+    out += fmt::format("#   chunk {}: {} pairs; busiest NIC's cross-node input bytes {} direct, {} relayed\n", m,
+                       pairs, r.busiest_nic_direct[static_cast<std::size_t>(m)],
+                       r.busiest_nic_relayed[static_cast<std::size_t>(m)]);
+  }
+  return out;
+}
 
 std::string summary(const Plan& plan) {
   const PlanConfig& c = plan.config();
@@ -128,7 +147,8 @@ int run_plan(const PlanOptions& o) {
     }
     if (Status s = save_plan(*plan, o.output, format); !s.ok()) return fail(s);
   }
-  return fail(write_file_atomic("-", o.json ? plan_to_json(*plan) : summary(*plan)));
+  if (o.relay && o.json) return fail(invalid_input("--relay: adds to the text summary; not with --json (the plan file's JSON)"));
+  return fail(write_file_atomic("-", o.json ? plan_to_json(*plan) : summary(*plan) + (o.relay ? relay_summary(*plan) : "")));
 }
 
 const bool registered = register_command(40, [](CLI::App& app) {
@@ -161,6 +181,9 @@ const bool registered = register_command(40, [](CLI::App& app) {
           ->capture_default_str(),
   };
   sub->add_flag("--json", o->json, "Print the plan as JSON instead of the per-worker summary");
+  sub->add_flag("--relay", o->relay,
+                "Add what libra::plan_relays relays per chunk (libra exec --relay) to the summary, by the "
+                "--gpus-per-node topology");
   sub->add_option("--output,-o", o->output, "Write the plan file (.json: JSON, otherwise binary)");
   sub->add_option("--format", o->format, "Plan file format: json or binary (default: by extension)");
   return std::vector<Handler>{{sub, [o] { return run_plan(*o); }}};
