@@ -23,6 +23,7 @@
 
 #include "libra/corpus.hpp"
 #include "libra/plan.hpp"
+#include "libra/relay.hpp"
 
 namespace {
 
@@ -115,6 +116,26 @@ void BM_PlanTapTopo1MWithExchange(benchmark::State& state) {
 void BM_PlanTapTopoPrefix1MWithExchange(benchmark::State& state) {
   run_plan(state, 1'048'576, 8192, libra::PlanMode::kTapTopo, {.kv_prefix = true, .exchange = true});
 }
+// plan_relays alone (what a relayed schedule adds on every rank) on the
+// tap-topo + KV prefix plan, its exchange derived before the timed loop.
+void BM_PlanRelaysTapTopoPrefix1M(benchmark::State& state) {
+  const auto p = pool(1'048'576, 0);
+  libra::PlanConfig c = paper_config(1'048'576, 8192, libra::PlanMode::kTapTopo);
+  c.kv_prefix = true;
+  auto plan = libra::make_plan(p, c);
+  if (!plan.ok()) {
+    state.SkipWithError(plan.error().message().c_str());
+    return;
+  }
+  benchmark::DoNotOptimize(plan->all_transfers().size());
+  std::int64_t pairs = 0;
+  for (auto _ : state) {
+    const libra::RelayTable r = libra::plan_relays(*plan);
+    pairs = r.relayed_pairs();
+    benchmark::DoNotOptimize(pairs);
+  }
+  state.counters["relayed_pairs"] = static_cast<double>(pairs);
+}
 // Scaling with tile count: smaller blocks, more tiles (tiles = 8 * T / B per slot).
 void BM_PlanTapScaling(benchmark::State& state) {
   run_plan(state, 1'048'576, state.range(0), libra::PlanMode::kTap);
@@ -131,6 +152,7 @@ BENCHMARK(BM_PlanTap1MWithExchange)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_PlanUlysses1MWithExchange)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_PlanTapTopo1MWithExchange)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_PlanTapTopoPrefix1MWithExchange)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_PlanRelaysTapTopoPrefix1M)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_PlanTapScaling)->Arg(32768)->Arg(16384)->Arg(8192)->Arg(4096)->Arg(2048)->Unit(benchmark::kMillisecond);
 
 // Quality over 100 pools (one iteration): mean and max intra-pool imbalance,
