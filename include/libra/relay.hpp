@@ -15,11 +15,12 @@
 //
 // The rule, per chunk and per node, deterministic tile for tile: every
 // cross-node (src, dst) pair starts on src's own NIC, loaded with the pair's
-// forward bytes (Q + K/V of the chunk). While some pair on the most loaded
-// NIC of the node (lowest worker on ties) can move to the least loaded one
-// (lowest worker on ties) and leave both below the old maximum, the largest
-// such pair moves (ties: lower src, then lower dst). Pairs inside a node are
-// never relayed.
+// forward bytes (Q + K/V of the chunk). While the most loaded NIC of the
+// node (lowest worker on ties) carries more than the chunk's busiest
+// cross-node receiver takes (below that the receiver sets the chunk's time)
+// and some pair on it can move to the least loaded one (lowest worker on
+// ties) leaving both below the old maximum, the largest such pair moves
+// (ties: lower src, then lower dst). Pairs inside a node are never relayed.
 #pragma once
 
 #include <cstdint>

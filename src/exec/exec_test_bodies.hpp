@@ -410,7 +410,7 @@ inline std::vector<ExecCase> relay_cases(int world) {
   // Each case takes the next pool seed whose plan relays something, so that
   // no case passes by running no relay at all.
   auto relaying = [&](ExecCase c) {
-    for (int tries = 0; tries < 64; ++tries, c.pool_seed = seed++) {
+    for (int tries = 0; tries < 512; ++tries, c.pool_seed = seed++) {
       PlanConfig cfg = case_config(c);
       Result<PlanMode> mode = parse_plan_mode(c.mode);
       if (!mode.ok()) break;

@@ -514,7 +514,8 @@ TEST(RelayTable, BalancesEachNodesNicsWithoutRaisingItsMaximum) {
       const RelayTable r = plan_relays(*plan), again = plan_relays(*plan);
       const int W = plan->num_workers(), G = cfg.topology.gpus_per_node;
       for (int m = 0; m < cfg.chunks; ++m) {
-        std::vector<std::int64_t> before(static_cast<std::size_t>(W), 0), after(before);
+        std::vector<std::int64_t> before(static_cast<std::size_t>(W), 0), after(before), received(before);
+        std::vector<bool> node_relays(static_cast<std::size_t>(W), false);
         for (int s = 0; s < W; ++s) {
           for (int t = 0; t < W; ++t) {
             ASSERT_EQ(r.via(m, s, t), again.via(m, s, t));
@@ -529,6 +530,8 @@ TEST(RelayTable, BalancesEachNodesNicsWithoutRaisingItsMaximum) {
             }
             before[static_cast<std::size_t>(s)] += bytes;
             after[static_cast<std::size_t>(v)] += bytes;
+            received[static_cast<std::size_t>(t)] += bytes;
+            if (v != s) node_relays[static_cast<std::size_t>(s / G)] = true;
           }
         }
         for (int n = 0; n < W; n += G) {
@@ -536,6 +539,11 @@ TEST(RelayTable, BalancesEachNodesNicsWithoutRaisingItsMaximum) {
           const std::int64_t old_max = *std::max_element(b, e);
           const std::int64_t new_max = *std::max_element(after.begin() + n, after.begin() + std::min(W, n + G));
           EXPECT_LE(new_max, old_max) << "chunk " << m << " node " << n / G;
+          // A node relays only while its busiest NIC outweighs the chunk's
+          // busiest receiver.
+          if (node_relays[static_cast<std::size_t>(n / G)]) {
+            EXPECT_GT(old_max, *std::max_element(received.begin(), received.end())) << "chunk " << m << " node " << n / G;
+          }
         }
         // The table's own account of the busiest NIC, before and after.
         EXPECT_EQ(r.busiest_nic_direct[static_cast<std::size_t>(m)], *std::max_element(before.begin(), before.end()));

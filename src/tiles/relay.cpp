@@ -38,6 +38,19 @@ RelayTable plan_relays(const Plan& plan) {
     int src, dst, via;
   };
   for (int m = 0; m < M; ++m) {
+    // The busiest receiver's cross-node input bytes: a sender's NIC below
+    // it no longer sets the chunk's time, so relaying further only adds
+    // stage traffic.
+    std::vector<std::int64_t> received(static_cast<std::size_t>(W), 0);
+    for (int s = 0; s < W; ++s) {
+      for (int t = 0; t < W; ++t) {
+        if (t / G == s / G) continue;
+        for (const Transfer& x : plan.chunk_transfers(m, s, t)) {
+          if (x.kind != TransferKind::kO) received[static_cast<std::size_t>(t)] += x.bytes;
+        }
+      }
+    }
+    const std::int64_t floor = *std::max_element(received.begin(), received.end());
     for (int node0 = 0; node0 < W; node0 += G) {
       const int node1 = std::min(W, node0 + G);
       std::vector<Pair> pairs;
@@ -73,7 +86,7 @@ RelayTable plan_relays(const Plan& plan) {
             break;
           }
         }
-        if (pick == nullptr) break;
+        if (pick == nullptr || load[hi] <= floor) break;
         load[hi] -= pick->bytes;
         load[lo] += pick->bytes;
         pick->via = idle;
