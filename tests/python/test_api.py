@@ -211,6 +211,15 @@ def test_planner_checks_its_plan_arguments_at_construction_and_follows_the_epoch
     assert isinstance(e, libra.ArgumentError) and "head_dim=str" in str(e)
     e = one_line_value_error(lambda: lt.Planner(s, **{**kw, "chunks": True}))
     assert str(e) == "Planner: make_plan(): chunks True: must be an integer, not a bool"
+    e = one_line_value_error(lambda: lt.Planner(s, relay="yes", **kw))
+    assert str(e) == "Planner: relay 'yes': must be True or False"
+    # relay=True: the schedules the thread derives are relayed ones (the plan's own topology decides
+    # whether anything is relayed; the option itself is what travels).
+    relayed = lt.Planner(s, worker=0, relay=True, **kw)
+    try:
+        assert relayed._result(0)[1].info["relay"] is True
+    finally:
+        relayed.close()
     planner = lt.Planner(s, **kw)
     try:
         assert planner.get(0) == libra.make_plan(s.pool(0), **kw)

@@ -23,9 +23,14 @@ class Planner:
     ``groups=`` (what domain_groups returned) instead of ``worker=``: the
     thread then derives the schedule of this rank's worker in the batch's
     domain or pool, and ``runtime(n)`` runs it on that group.
+
+    ``relay=True`` derives relayed schedules (PlanRuntime's ``relay``) on
+    the thread too, and ``runtime`` passes it on; every rank must agree.
     """
 
-    def __init__(self, sampler, worker=None, groups=None, **plan_kwargs):
+    def __init__(self, sampler, worker=None, groups=None, relay=False, **plan_kwargs):
+        if not isinstance(relay, bool):
+            _refuse(f"Planner: relay {relay!r}: must be True or False")
         if worker is not None and groups is not None:
             _refuse("Planner: worker and groups: pass one (groups gives the worker of each batch's pool or domain)")
         if groups is not None and not hasattr(groups, "of"):
@@ -37,6 +42,7 @@ class Planner:
         self._sampler = sampler
         self._worker = worker
         self._groups = groups
+        self._relay = relay
         self._kw = plan_kwargs
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="libra-planner")
         self._futures = {}  # batch -> future, of the sampler's epoch self._planned_epoch
@@ -66,7 +72,7 @@ class Planner:
     def _work(self, pool, where):
         plan = make_plan(pool, **self._kw)
         worker = where[1]
-        sched = None if worker is None else _libra.rank_program(plan, worker)
+        sched = None if worker is None else _libra.rank_program(plan, worker, relay=self._relay)
         return plan, sched, where[0]
 
     def _submit(self, n):
@@ -106,6 +112,7 @@ class Planner:
             if where is None:
                 _refuse("Planner.runtime(): group: required when the Planner has no groups=")
             group = where
+        kwargs.setdefault("relay", self._relay)
         return PlanRuntime(plan, group, schedule=sched, **kwargs)
 
     def close(self):
