@@ -77,6 +77,15 @@ void recommend(SimResult& res) {
         label(order[1], best_v[order[1]]), best.inter(PlacementMode::kVrsp).mean, second.inter(PlacementMode::kVrsp).mean,
         best.intra_imbalance.mean, second.intra_imbalance.mean, best.comm_bytes.mean / 1e6,
         second.comm_bytes.mean / 1e6);
+    // Chosen by the mean alone, a candidate can win by a hair with a much
+    // worse worst step (256K: 0.9% on the mean, 32% on the worst step):
+    // say so, and how to weigh it in.
+    const double worse = lat(order[0]).worst / lat(order[1]).worst - 1.0;
+    if (ww == 0 && worse > 0.1) {
+      reason += fmt::format("; its worst step is {:.0f}% above the runner-up's (--worst-weight W recommends by mean + "
+                            "W x worst)",
+                            100.0 * worse);
+    }
   }
   if (score_of(res.ulysses) < score[order[0]]) {
     res.recommended_variant = Variant::kUlysses;

@@ -367,6 +367,34 @@ TEST(Recommend, WorstWeightTradesMeanForTheWorstStep) {
   EXPECT_FALSE(simulate(cfg).ok());
 }
 
+// By the mean alone, a winner whose worst step is over 10% above the
+// runner-up's is flagged, with the flag that weighs the worst step in; within
+// 10%, or with a worst weight, nothing is added.
+TEST(Recommend, FlagsAMeanWinnerWithAMuchWorseWorstStep) {
+  auto result = [](double worst0, double worst1, double ww) {
+    SimResult r;
+    r.config.worst_weight = ww;
+    r.config.chunks = {2};
+    r.ulysses = {1.0, 1.0};
+    for (double worst : {worst0, worst1}) {
+      CandidateResult c;
+      c.candidate = {.pool_size = 8, .head_shards = 8, .block_size = 8192};
+      for (PlacementMode m : all_placement_modes()) c.inter_imbalance.emplace_back(m, Stat{});
+      c.latency.push_back({Variant::kLibraFull, {0.100 + 0.001 * static_cast<double>(r.candidates.size()), worst}, 2, {}});
+      r.candidates.push_back(c);
+    }
+    detail::recommend(r);
+    return r;
+  };
+  const SimResult flagged = result(0.150, 0.120, 0);
+  EXPECT_EQ(flagged.recommended, 0);
+  EXPECT_NE(flagged.recommendation_reason.find("; its worst step is 25% above the runner-up's (--worst-weight W"),
+            std::string::npos)
+      << flagged.recommendation_reason;
+  EXPECT_EQ(result(0.130, 0.120, 0).recommendation_reason.find("worst step is"), std::string::npos);
+  EXPECT_EQ(result(0.150, 0.120, 1e-9).recommendation_reason.find("worst step is"), std::string::npos);
+}
+
 // The independent path: one run per M. A list of M must report, per
 // candidate and pipelined variant, exactly the single-M runs' latencies and
 // keep the M with the least mean + W x worst (ties: the earlier listed).
