@@ -1,7 +1,8 @@
 // plan_relays: the relay rule of libra/relay.hpp. Per chunk and node, moves
 // cross-node input pairs off the node's busiest NIC onto its idlest while
-// that lowers the busiest; it never raises a NIC above the old maximum, so
-// the node's bound only falls.
+// that lowers the busiest and the busiest still outweighs the chunk's
+// busiest receiver; it never raises a NIC above the old maximum, so the
+// node's bound only falls.
 #include "libra/relay.hpp"
 
 #include <algorithm>
@@ -37,17 +38,22 @@ RelayTable plan_relays(const Plan& plan) {
     std::int64_t bytes;
     int src, dst, via;
   };
+  const auto ws = static_cast<std::size_t>(W);
+  std::vector<std::int64_t> pair_bytes(ws * ws);
   for (int m = 0; m < M; ++m) {
-    // The busiest receiver's cross-node input bytes: a sender's NIC below
-    // it no longer sets the chunk's time, so relaying further only adds
-    // stage traffic.
-    std::vector<std::int64_t> received(static_cast<std::size_t>(W), 0);
+    // Each cross-node pair's input bytes of the chunk (forward: Q + K/V),
+    // and the busiest receiver's sum: a sender's NIC below it no longer
+    // sets the chunk's time, so relaying further only adds stage traffic.
+    std::fill(pair_bytes.begin(), pair_bytes.end(), 0);
+    std::vector<std::int64_t> received(ws, 0);
     for (int s = 0; s < W; ++s) {
       for (int t = 0; t < W; ++t) {
         if (t / G == s / G) continue;
+        std::int64_t& bytes = pair_bytes[static_cast<std::size_t>(s) * ws + static_cast<std::size_t>(t)];
         for (const Transfer& x : plan.chunk_transfers(m, s, t)) {
-          if (x.kind != TransferKind::kO) received[static_cast<std::size_t>(t)] += x.bytes;
+          if (x.kind != TransferKind::kO) bytes += x.bytes;
         }
+        received[static_cast<std::size_t>(t)] += bytes;
       }
     }
     const std::int64_t floor = *std::max_element(received.begin(), received.end());
@@ -57,12 +63,8 @@ RelayTable plan_relays(const Plan& plan) {
       std::vector<std::int64_t> load(static_cast<std::size_t>(node1 - node0), 0);
       for (int s = node0; s < node1; ++s) {
         for (int t = 0; t < W; ++t) {
-          if (t / G == s / G) continue;
-          std::int64_t bytes = 0;
-          for (const Transfer& x : plan.chunk_transfers(m, s, t)) {
-            if (x.kind != TransferKind::kO) bytes += x.bytes;
-          }
-          if (bytes == 0) continue;
+          const std::int64_t bytes = pair_bytes[static_cast<std::size_t>(s) * ws + static_cast<std::size_t>(t)];
+          if (bytes == 0) continue;  // inside the node, or nothing to send
           pairs.push_back({bytes, s, t, s});
           load[static_cast<std::size_t>(s - node0)] += bytes;
         }
@@ -74,7 +76,8 @@ RelayTable plan_relays(const Plan& plan) {
       auto& direct = table.busiest_nic_direct[static_cast<std::size_t>(m)];
       direct = std::max(direct, *std::max_element(load.begin(), load.end()));
       // Each move lowers the sum of squared loads, so this ends; the bound
-      // on moves is a guard, never reached in practice.
+      // on moves only caps the time (stopping early leaves a valid, less
+      // even table).
       for (std::size_t guard = 0; guard < 4 * pairs.size() + 16; ++guard) {
         const auto hi = static_cast<std::size_t>(std::max_element(load.begin(), load.end()) - load.begin());
         const auto lo = static_cast<std::size_t>(std::min_element(load.begin(), load.end()) - load.begin());
