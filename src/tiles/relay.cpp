@@ -13,10 +13,10 @@ namespace libra {
 RelayTable::RelayTable(int workers, int chunks)
     : workers_(workers), chunks_(chunks),
       via_(static_cast<std::size_t>(chunks) * static_cast<std::size_t>(workers) * static_cast<std::size_t>(workers)) {
-  for (int m = 0; m < chunks; ++m)
-    for (int s = 0; s < workers; ++s)
-      for (int t = 0; t < workers; ++t) set(m, s, t, s);
-  relayed_pairs_ = 0;
+  // Every pair direct: entry (m, s, t) holds s.
+  for (std::size_t i = 0; i < via_.size(); ++i) {
+    via_[i] = static_cast<std::int32_t>(i / static_cast<std::size_t>(workers) % static_cast<std::size_t>(workers));
+  }
 }
 
 void RelayTable::set(int m, int src, int dst, int v) {
@@ -81,6 +81,7 @@ RelayTable plan_relays(const Plan& plan) {
       for (std::size_t guard = 0; guard < 4 * pairs.size() + 16; ++guard) {
         const auto hi = static_cast<std::size_t>(std::max_element(load.begin(), load.end()) - load.begin());
         const auto lo = static_cast<std::size_t>(std::min_element(load.begin(), load.end()) - load.begin());
+        if (load[hi] <= floor) break;
         const int busy = node0 + static_cast<int>(hi), idle = node0 + static_cast<int>(lo);
         Pair* pick = nullptr;
         for (Pair& p : pairs) {
@@ -89,7 +90,7 @@ RelayTable plan_relays(const Plan& plan) {
             break;
           }
         }
-        if (pick == nullptr || load[hi] <= floor) break;
+        if (pick == nullptr) break;
         load[hi] -= pick->bytes;
         load[lo] += pick->bytes;
         pick->via = idle;
