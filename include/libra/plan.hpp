@@ -33,6 +33,7 @@
 //     2 * head_dim * elem_bytes() (K and V).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -122,6 +123,38 @@ class HomeMap {
   HomeLayout layout_;
 };
 
+// How the M pipeline chunks cut a tile's w query heads (contract section 8
+// fixes the equal cut; the tapered one is libra's own).
+enum class ChunkSplit : std::uint8_t {
+  kEqual = 0,    // w / M heads each; M divides w
+  kTapered = 1,  // the first and the last chunk about half as wide as the
+                 // others; 3 <= M <= w. Chunk 0's dispatch and chunk M-1's
+                 // return are the transfers no compute hides, so they carry
+                 // less; the middle chunks' transfers hide under more compute.
+};
+
+// "equal", "tapered".
+[[nodiscard]] std::string_view chunk_split_name(ChunkSplit split);
+[[nodiscard]] Result<ChunkSplit> parse_chunk_split(std::string_view name);
+
+// The first head, counted from the tile's first, of pipeline chunk m in
+// [0, chunks] of a tile `width` heads wide (m = chunks gives width). Equal:
+// m * width / chunks. Tapered: the two end chunks are e = max(1,
+// round(width / (2 (chunks - 1)))) wide and the middle ones share the rest,
+// the earlier ones one head wider where it does not divide: width 8 in 4
+// chunks is 1, 3, 3, 1; 8 in 3 is 2, 4, 2; 16 in 4 is 3, 5, 5, 3. The caller
+// has validated (validate_plan_config).
+[[nodiscard]] constexpr std::int32_t chunk_head_offset(std::int32_t width, int chunks, ChunkSplit split, int m) {
+  if (m <= 0) return 0;
+  if (m >= chunks) return width;
+  if (split == ChunkSplit::kEqual) return m * (width / chunks);
+  const std::int32_t ends = std::max(1, (width + chunks - 1) / (2 * (chunks - 1)));
+  const std::int32_t middles = chunks - 2;
+  const std::int32_t rest = width - 2 * ends;
+  const std::int32_t base = rest / middles, wider = rest % middles;
+  return ends + (m - 1) * base + std::min(m - 1, wider);
+}
+
 // Where the pool's workers sit and how fast the tiers between them are:
 // worker r runs on GPU r of a pool aligned to node boundaries, GPUs numbered
 // node-major (node = r / gpus_per_node) and nodes supernode-major. Bandwidths
@@ -145,7 +178,10 @@ struct PlanConfig {
   int head_shards = 0;          // H, query-head shards per block
   AttentionShape shape;
   double tau = 0.03;            // load slack of the soft target C
-  int chunks = 1;               // M, pipeline chunks; divides the heads of a tile
+  int chunks = 1;               // M, pipeline chunks; divides the heads of a tile (equal split)
+  // How the chunks cut a tile's heads (chunk_head_offset). Tapered plans are
+  // file format version 4.
+  ChunkSplit chunk_split = ChunkSplit::kEqual;
   PlanMode mode = PlanMode::kTap;
   // Deduplicate KV fetches per (slot, sample, KV head range) instead of the
   // contract's (slot, sample, head shard). Identical traffic when H <= h_kv;
@@ -277,13 +313,15 @@ struct ChunkUse {
 };
 
 // The newest plan file format this libra reads and writes. Version 2 is
-// version 1 plus the home layout; version 3 is version 2 plus kv_prefix. A
+// version 1 plus the home layout; version 3 is version 2 plus kv_prefix;
+// version 4 is version 3 plus chunk_split (written only when tapered). A
 // plan is written in the oldest version that holds it, so a plan with the
 // default contiguous layout and no KV prefix is version 1, byte for byte
 // what earlier libra wrote (same fingerprint, readable by older readers).
 // docs/plan-format.md.
-inline constexpr std::uint32_t kPlanFormatVersion = 3;
+inline constexpr std::uint32_t kPlanFormatVersion = 4;
 [[nodiscard]] constexpr std::uint32_t plan_format_version(const PlanConfig& c) {
+  if (c.chunk_split != ChunkSplit::kEqual) return 4U;
   if (c.kv_prefix) return 3U;
   return c.home_layout == HomeLayout::kContiguous ? 1U : 2U;
 }
@@ -356,7 +394,8 @@ class Plan {
   std::span<const Transfer> all_transfers() const;  // ordered by (src, dst), then as above
 
   // Pipeline chunks (contract section 8), m in [0, chunks).
-  // Query heads of chunk m of a tile: heads.begin + [m*w/M, (m+1)*w/M), w = head_width().
+  // Query heads of chunk m of a tile: heads.begin + [chunk_head_offset(m),
+  // chunk_head_offset(m + 1)) for w = head_width() (equal: [m*w/M, (m+1)*w/M)).
   HeadRange chunk_heads(const Tile& tile, int m) const;
   // KV heads that arrive with chunk m of a group fetched for a tile of this
   // head shard: those whose first using query head lies in chunk m.
@@ -390,6 +429,8 @@ class Plan {
 // fingerprint and all, without placing again. Errors: as make_plan's for the
 // new config (m must divide the heads of a tile).
 [[nodiscard]] Result<Plan> rechunk_plan(const Plan& plan, int chunks);
+// The same with the chunks cut by `split` (the plan's own cut above).
+[[nodiscard]] Result<Plan> rechunk_plan(const Plan& plan, int chunks, ChunkSplit split);
 
 // Plan files. JSON (for people) holds the config, the pool, every tile with
 // its placement and the summaries (worker_flops, imbalance, comm_bytes,

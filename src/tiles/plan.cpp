@@ -62,11 +62,18 @@ KeyHeads key_heads(const Geometry& g) {
 
 // Plan::chunk_kv_heads of a plan with this configuration.
 HeadRange chunk_kv_heads_of(const PlanConfig& config, HeadRange shard_heads, HeadRange kv_heads, int m) {
-  const std::int32_t per_chunk = shard_heads.size() / config.chunks;
   const std::int32_t group = config.shape.heads_q / config.shape.heads_kv;
   // A KV head travels with the chunk holding the first of its query heads
   // that lies in this shard.
-  auto chunk_of = [&](std::int32_t k) { return (std::max(k * group, shard_heads.begin) - shard_heads.begin) / per_chunk; };
+  auto chunk_of = [&](std::int32_t k) {
+    const std::int32_t at = std::max(k * group, shard_heads.begin) - shard_heads.begin;
+    int c = 0;
+    while (c + 1 < config.chunks &&
+           chunk_head_offset(shard_heads.size(), config.chunks, config.chunk_split, c + 1) <= at) {
+      ++c;
+    }
+    return c;
+  };
   std::int32_t begin = kv_heads.end, end = kv_heads.end;
   for (std::int32_t k = kv_heads.begin; k < kv_heads.end; ++k) {
     const std::int32_t c = chunk_of(k);
@@ -111,6 +118,7 @@ void for_each_canonical_word(const PlanConfig& c, std::span<const PackedSequence
   put(c.dedup_per_kv_head ? 1U : 0U);
   if (plan_format_version(c) >= 2) put(static_cast<std::uint64_t>(c.home_layout));
   if (plan_format_version(c) >= 3) put(c.kv_prefix ? 1U : 0U);
+  if (plan_format_version(c) >= 4) put(static_cast<std::uint64_t>(c.chunk_split));
   if (c.mode == PlanMode::kTapTopo) {
     // Only tap-topo places by the topology, so only its plans hash it; the
     // other modes keep the fingerprints (and files) they always had.
@@ -438,10 +446,11 @@ Result<Plan> build_plan(std::span<const PackedSequence> pool, const PlanConfig& 
   };
 
   // 5b. First and last chunk of every (worker, group, KV head): chunk m of a
-  //     tile reads the KV heads of its query heads heads.begin + [m*w/M,
-  //     (m+1)*w/M) in every group of its fragments. Which chunks read which
-  //     KV head of the group depends only on the shard: one table per shard.
-  const std::int32_t per_chunk = g.head_width / M;
+  //     tile reads the KV heads of its query heads heads.begin +
+  //     [chunk_head_offset(m), chunk_head_offset(m + 1)) in every group of its
+  //     fragments. Which chunks read which KV head of the group depends only
+  //     on the shard: one table per shard.
+  auto offset = [&](int m) { return chunk_head_offset(g.head_width, M, config.chunk_split, m); };
   std::int32_t max_heads = 0;
   for (std::int32_t n : key_heads) max_heads = std::max(max_heads, n);
   std::vector<ChunkUse> shard_use(static_cast<std::size_t>(g.shards) * static_cast<std::size_t>(max_heads));
@@ -449,7 +458,7 @@ Result<Plan> build_plan(std::span<const PackedSequence> pool, const PlanConfig& 
     const HeadRange heads = shard_heads[static_cast<std::size_t>(s)];
     const HeadRange kv = d->groups[static_cast<std::size_t>(shard_key[static_cast<std::size_t>(s)])].kv_heads;
     for (int m = 0; m < M; ++m) {
-      const std::int32_t q0 = heads.begin + m * per_chunk, q1 = q0 + per_chunk;
+      const std::int32_t q0 = heads.begin + offset(m), q1 = heads.begin + offset(m + 1);
       const std::int32_t k0 = std::max(kv.begin, q0 / g.group_size);
       const std::int32_t k1 = std::min(kv.end, (q1 - 1) / g.group_size + 1);
       for (std::int32_t kh = k0; kh < k1; ++kh) {
@@ -534,7 +543,8 @@ void derive_exchange(const Plan::Data& data) {
   const int W = g.workers;
   const int M = config.chunks;
   const std::size_t W2 = static_cast<std::size_t>(W) * static_cast<std::size_t>(W);
-  const std::int32_t per_chunk = g.head_width / M;
+  std::vector<std::int32_t> chunk_at_head(static_cast<std::size_t>(M) + 1);
+  for (int m = 0; m <= M; ++m) chunk_at_head[static_cast<std::size_t>(m)] = chunk_head_offset(g.head_width, M, config.chunk_split, m);
   const KeyHeads keys = key_heads(g);
   const std::vector<KvGroup>& key_group = keys.group;
   const std::vector<HeadRange>& rep_shard_heads = keys.rep_shard_heads;
@@ -649,7 +659,8 @@ void derive_exchange(const Plan::Data& data) {
       d->byte_matrix[b] += x.bytes;
       for (int m = 0; m < M; ++m) {
         Transfer c = x;
-        c.heads = {x.heads.begin + m * per_chunk, x.heads.begin + (m + 1) * per_chunk};
+        c.heads = {x.heads.begin + chunk_at_head[static_cast<std::size_t>(m)],
+                   x.heads.begin + chunk_at_head[static_cast<std::size_t>(m) + 1]};
         c.bytes = qo_bytes(g, x.end - x.begin, c.heads.size());
         c.first_use = c.last_use = m;
         chunk_bytes[static_cast<std::size_t>(m) * W2] += c.bytes;
@@ -745,9 +756,12 @@ Result<Plan> make_plan(std::span<const PackedSequence> pool, const PlanConfig& c
   return detail::build_plan(pool, config, geo, std::move(rows), "plan");
 }
 
-Result<Plan> rechunk_plan(const Plan& plan, int chunks) {
+Result<Plan> rechunk_plan(const Plan& plan, int chunks) { return rechunk_plan(plan, chunks, plan.config().chunk_split); }
+
+Result<Plan> rechunk_plan(const Plan& plan, int chunks, ChunkSplit split) {
   PlanConfig config = plan.config();
   config.chunks = chunks;
+  config.chunk_split = split;
   LIBRA_ASSIGN_OR_RETURN(detail::Geometry geo, detail::make_geometry(plan.pool(), config));
   std::vector<detail::PlacedRows> rows;
   rows.reserve(plan.tiles().size());
@@ -847,8 +861,10 @@ TokenSpan Plan::kv_span(int r, std::int32_t group) const {
 }
 
 HeadRange Plan::chunk_heads(const Tile& tile, int m) const {
-  const std::int32_t w = tile.heads.size() / d_->config.chunks;
-  return {tile.heads.begin + m * w, tile.heads.begin + (m + 1) * w};
+  const PlanConfig& c = d_->config;
+  const std::int32_t w = tile.heads.size();
+  return {tile.heads.begin + chunk_head_offset(w, c.chunks, c.chunk_split, m),
+          tile.heads.begin + chunk_head_offset(w, c.chunks, c.chunk_split, m + 1)};
 }
 
 HeadRange Plan::chunk_kv_heads(HeadRange shard_heads, HeadRange kv_heads, int m) const {

@@ -55,6 +55,7 @@ std::string plan_to_json(const Plan& plan, int indent) {
   // Version 1 (contiguous) files stay as they were.
   if (plan_format_version(c) >= 2) cfg["home_layout"] = std::string(home_layout_name(c.home_layout));
   if (plan_format_version(c) >= 3) cfg["kv_prefix"] = c.kv_prefix;
+  if (plan_format_version(c) >= 4) cfg["chunk_split"] = std::string(chunk_split_name(c.chunk_split));
   if (c.mode == PlanMode::kTapTopo) {
     const PlanTopology& t = c.topology;
     cfg["topology"] = {{"gpus_per_node", t.gpus_per_node},
@@ -248,6 +249,11 @@ Result<Plan> plan_from_binary(std::string_view bytes, const std::string& source)
     if (!next_int(prefix, 0, 1)) return bad("kv_prefix");
     c.kv_prefix = prefix != 0;
   }
+  if (version >= 4) {
+    int split = 0;
+    if (!next_int(split, 0, 1)) return bad("chunk split");
+    c.chunk_split = static_cast<ChunkSplit>(split);
+  }
   if (static_cast<PlanMode>(mode) == PlanMode::kTapTopo) {
     std::uint64_t bits[4] = {};
     if (!next_int(c.topology.gpus_per_node, 1, kI32) || !next_int(c.topology.nodes_per_supernode, 1, kI32) ||
@@ -428,9 +434,18 @@ Result<Plan> plan_from_json(std::string_view text, const std::string& source) {
       if (!kp->is_boolean()) return invalid_input(source + ": config: field 'kv_prefix' must be true or false");
       c.kv_prefix = kp->get<bool>();
     }
+    // Version 4 adds chunk_split (written only when tapered).
+    if (version >= 4 || cfg->contains("chunk_split")) {
+      LIBRA_ASSIGN_OR_RETURN(const OJson* cs, rd.field(*cfg, "chunk_split", w));
+      auto split = cs->is_string() ? parse_chunk_split(cs->get<std::string>())
+                                   : Result<ChunkSplit>(invalid_input("field 'chunk_split' must be a string"));
+      if (!split.ok()) return invalid_input(source + ": config: " + split.error().message());
+      c.chunk_split = *split;
+    }
     if (plan_format_version(c) != static_cast<std::uint32_t>(version)) {
       return invalid_input(source + ": config: home_layout " + std::string(home_layout_name(c.home_layout)) +
-                           (c.kv_prefix ? " with kv_prefix" : "") + " is format version " +
+                           (c.kv_prefix ? " with kv_prefix" : "") +
+                           (c.chunk_split != ChunkSplit::kEqual ? " with tapered chunks" : "") + " is format version " +
                            std::to_string(plan_format_version(c)) + ", the file says " + std::to_string(version));
     }
     if (c.mode == PlanMode::kTapTopo) {

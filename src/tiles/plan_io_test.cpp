@@ -149,8 +149,8 @@ TEST(PlanFile, RejectsOtherVersionsAndTamperedContent) {
   };
   {
     auto k = j;
-    k["version"] = 4;
-    expect_error(libra::plan_from_json(k.dump(), "p.json"), "p.json: plan format version 4; this libra reads versions 1 to 3");
+    k["version"] = 5;
+    expect_error(libra::plan_from_json(k.dump(), "p.json"), "p.json: plan format version 5; this libra reads versions 1 to 4");
   }
   {
     auto k = j;

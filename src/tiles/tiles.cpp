@@ -50,9 +50,43 @@ Result<HomeLayout> parse_home_layout(std::string_view name) {
   return invalid_input("home layout '" + std::string(name) + "': must be contiguous or zigzag");
 }
 
+std::string_view chunk_split_name(ChunkSplit split) {
+  switch (split) {
+    case ChunkSplit::kEqual: return "equal";
+    case ChunkSplit::kTapered: return "tapered";
+  }
+  return "unknown";
+}
+
+Result<ChunkSplit> parse_chunk_split(std::string_view name) {
+  for (ChunkSplit c : {ChunkSplit::kEqual, ChunkSplit::kTapered}) {
+    if (name == chunk_split_name(c)) return c;
+  }
+  return invalid_input("chunk split '" + std::string(name) + "': must be equal or tapered");
+}
+
 namespace {
 
 std::string str(std::int64_t v) { return std::to_string(v); }
+
+// Contract section 8's rule for the equal cut, the tapered cut's own
+// otherwise; `width` is the heads of one tile (`what` names it).
+Status check_chunk_cut(const PlanConfig& c, std::int32_t width, const std::string& what, const std::string& mode) {
+  if (c.chunk_split == ChunkSplit::kEqual) {
+    if (width % c.chunks != 0) {
+      return invalid_input("plan config: " + mode + "chunks " + str(c.chunks) + " must divide " + what + " = " + str(width));
+    }
+    return Status{};
+  }
+  if (c.chunk_split != ChunkSplit::kTapered) {
+    return invalid_input("plan config: unknown chunk split " + str(static_cast<int>(c.chunk_split)));
+  }
+  if (c.chunks < 3 || c.chunks > width) {
+    return invalid_input("plan config: " + mode + "tapered chunks need 3 <= chunks <= " + what + " = " + str(width) +
+                         " (chunks is " + str(c.chunks) + ")");
+  }
+  return Status{};
+}
 
 Error config_error(const std::string& rule) { return invalid_input("plan config: " + rule); }
 
@@ -111,10 +145,7 @@ Status validate_plan_config(const PlanConfig& c) {
     return config_error("head_shards " + str(c.head_shards) + " and heads_kv " + str(s.heads_kv) +
                         ": one must divide the other");
   }
-  if ((s.heads_q / c.head_shards) % c.chunks != 0) {
-    return config_error("chunks " + str(c.chunks) + " must divide heads_q / head_shards = " +
-                        str(s.heads_q / c.head_shards));
-  }
+  LIBRA_TRY(check_chunk_cut(c, s.heads_q / c.head_shards, "heads_q / head_shards", ""));
   if (c.home_layout == HomeLayout::kZigzag) {
     LIBRA_TRY(check_zigzag_homes(c.seq_len, c.cp, c.block_size));
   } else if (c.home_layout != HomeLayout::kContiguous) {
@@ -128,10 +159,7 @@ Status validate_plan_config(const PlanConfig& c) {
       return config_error("mode ulysses: cp " + str(c.cp) + " and heads_kv " + str(s.heads_kv) +
                           ": one must divide the other");
     }
-    if ((s.heads_q / c.cp) % c.chunks != 0) {
-      return config_error("mode ulysses: chunks " + str(c.chunks) + " must divide heads_q / cp = " +
-                          str(s.heads_q / c.cp));
-    }
+    LIBRA_TRY(check_chunk_cut(c, s.heads_q / c.cp, "heads_q / cp", "mode ulysses: "));
   }
   if (c.mode != PlanMode::kTap && c.mode != PlanMode::kUlysses && c.mode != PlanMode::kTapSplit &&
       c.mode != PlanMode::kTapTopo) {
