@@ -18,7 +18,7 @@ def main(path):
     print(f"{r['source']}  L={r['config']['seq_len']}  ulysses {u['mean'] * 1e3:.1f} / {u['worst'] * 1e3:.1f} ms "
           f"(mean / worst per layer-step); recommended: {r['recommended_variant']}")
     print(f"{'candidate':<20} {'topo mean':>9} {'topo worst':>10} {'full mean':>9} {'X-node':>7} "
-          f"{'intra topo':>10} {'full vs distca':>14} {'topo M':>6} {'homes':>10} {'relay':>5}")
+          f"{'intra topo':>10} {'full vs distca':>14} {'topo M':>6} {'homes':>10} {'relay':>5} {'chunks':>7}")
     for c in r["candidates"]:
         lat = c["latency"]
         topo, full = lat["libra-topo"], lat["libra-full"]
@@ -29,11 +29,12 @@ def main(path):
         print(f"{name:<20} {u['mean'] / topo['mean']:>8.2f}x {u['worst'] / topo['worst']:>9.2f}x "
               f"{u['mean'] / full['mean']:>8.2f}x {cross:>7.2f} {c['intra_imbalance_topo']['worst']:>10.4f} {vs:>14} "
               f"{c.get('chunks', {}).get('libra-topo', '-'):>6} {c.get('home_layout_topo', 'contiguous'):>10} "
-              f"{'yes' if c.get('relay_topo') else 'no':>5}")
+              f"{'yes' if c.get('relay_topo') else 'no':>5} {c.get('chunk_split_topo', 'equal'):>7}")
     print("topo/full mean, worst: speedup over ulysses (ulysses mean / libra mean; ulysses worst step / libra worst "
           "step); X-node: tap-topo's busiest cross-node receiver / tap's (mean over pools); intra topo: the worst "
           "pool's intra-pool imbalance; topo M: the pipeliner chunks libra-topo ran at; homes: its home layout; relay: "
-          "whether it ran with relayed inputs (--relay)")
+          "whether it ran with relayed inputs (--relay); chunks: how its pipeline chunks cut a tile's heads, equal "
+          "or tapered (--chunk-split)")
 
 
 if __name__ == "__main__":

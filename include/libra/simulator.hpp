@@ -93,6 +93,12 @@ struct SimConfig {
   // ScheduleOptions::relay). Unset ("auto"): each candidate is priced both
   // ways at every M and runs relayed where that scores better.
   std::optional<bool> relay;
+  // How libra-topo's pipeline chunks cut a tile's heads (PlanConfig::
+  // chunk_split). Unset ("auto"): tapered is priced beside equal at every M
+  // it admits (3 <= M <= heads per tile) and runs where it scores better;
+  // kTapered: tapered wherever M admits it, equal elsewhere; kEqual: never
+  // tapered. The other variants keep the contract's equal chunks.
+  std::optional<ChunkSplit> chunk_split;
   double tau = 0.03;              // TAP slack (paper: 0.03)
   std::int64_t max_windows = 20;  // 0 = every full window of the corpus
   std::int64_t threads = 0;       // 0 = hardware concurrency
@@ -162,11 +168,14 @@ struct VariantLatency {
   // The M `seconds` come from: the best of the listed M for a pipelined
   // variant (ties: the earlier in the list), 1 for the others.
   std::int64_t chunks = 1;
-  // Every M priced, in SimConfig::chunks order ((1, seconds) when not pipelined),
-  // with or without relays as `relayed` says.
+  // Every M priced, in SimConfig::chunks order ((1, seconds) when not pipelined);
+  // for libra-topo at each M its best admitted shape (relayed or not, equal or
+  // tapered chunks).
   std::vector<std::pair<std::int64_t, Stat>> by_chunks;
-  // libra-topo only: `seconds` are of relayed inputs (SimConfig::relay).
+  // libra-topo only: `seconds` are of relayed inputs (SimConfig::relay)
+  // and of chunks cut this way (SimConfig::chunk_split).
   bool relayed = false;
+  ChunkSplit chunk_split = ChunkSplit::kEqual;
 };
 
 struct CandidateResult {
@@ -195,7 +204,7 @@ struct CandidateResult {
 // dispatch + compute + exposed chunk transfers + last return.
 struct StepDecomposition {
   double total = 0;
-  double compute = 0;          // M x the slowest chunk's compute (the pipeliner's kernels)
+  double compute = 0;          // the slowest worker's compute summed over chunks (the pipeliner's kernels)
   double chunk_loss = 0;       // compute minus the same tiles in whole-shard kernel calls
   double comm = 0;             // every dispatch and return, exposed or hidden
   double first_dispatch = 0;   // exposed: nothing computes before it

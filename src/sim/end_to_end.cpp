@@ -10,7 +10,7 @@ namespace libra::detail {
 
 E2eWindow e2e_window(const Ctx& ctx, std::span<const PackedSequence> window, std::uint64_t w,
                      const SimCandidate& rec, const std::vector<std::int64_t>& dps, Variant libra,
-                     std::int64_t chunks, bool relayed) {
+                     std::int64_t chunks, bool relayed, ChunkSplit split) {
   E2eWindow out;
   const SimConfig& cfg = ctx.cfg;
   const ModelShape& model = cfg.model;
@@ -35,8 +35,9 @@ E2eWindow e2e_window(const Ctx& ctx, std::span<const PackedSequence> window, std
     }
     uly.push_back(std::move(*c));
   }
-  const PlanConfig lpc = plan_config(ctx, rec.head_shards, rec.block_size, chunks,
-                                     libra == Variant::kLibraTopo ? PlanMode::kTapTopo : PlanMode::kTap, false);
+  PlanConfig lpc = plan_config(ctx, rec.head_shards, rec.block_size, chunks,
+                               libra == Variant::kLibraTopo ? PlanMode::kTapTopo : PlanMode::kTap, false);
+  lpc.chunk_split = split;
   const bool pipelined = variant_pipelined(libra);
   // VRSP pools depend on P only, not on DP: plan each P once. (Their
   // communication times keep the node locality of the first layout that used

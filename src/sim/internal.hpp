@@ -10,8 +10,10 @@
 //   double s = detail::time_plan(ctx, *cost, gpus, {window, step}, /*pipelined=*/true, /*backward=*/false);
 #pragma once
 
+#include <compare>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -55,7 +57,9 @@ struct PlanCost {
   int workers = 0;
   std::int64_t chunks = 1;
   std::vector<double> comp_fwd, comp_bwd;              // whole tiles, full head width per call
-  std::vector<double> chunk_comp_fwd, chunk_comp_bwd;  // one chunk (heads / M per call)
+  // [m][worker]: chunk m's compute (its heads per call; chunks differ in
+  // width when tapered, PlanConfig::chunk_split).
+  std::vector<std::vector<double>> chunk_comp_fwd, chunk_comp_bwd;
   std::vector<double> disp_fwd, ret_fwd, disp_bwd, ret_bwd;  // whole-step all-to-all, per worker
   // [m][worker]: chunk m's all-to-all times.
   std::vector<std::vector<double>> cdisp_fwd, cret_fwd, cdisp_bwd, cret_bwd;
@@ -113,14 +117,12 @@ Result<PlanCost> price_pool(const Ctx& ctx, std::span<const PackedSequence> sequ
 Result<std::pair<Plan, PlanCost>> plan_and_price(const Ctx& ctx, std::span<const PackedSequence> sequences,
                                                  const PlanConfig& pc, std::span<const std::int64_t> gpus, Timing& tm,
                                                  const std::string& kind);
-// `plan`'s tiles at `chunks` pipeline chunks (rechunk_plan: no placement),
-// priced on `gpus`.
-Result<PlanCost> price_rechunked(const Ctx& ctx, const Plan& plan, std::int64_t chunks,
-                                 std::span<const std::int64_t> gpus, Timing& tm, const std::string& kind);
-// `plan`'s tiles at `chunks` chunks with relayed inputs (plan_relays of the
-// re-chunked plan), priced as a relayed schedule sends them.
-Result<PlanCost> price_relayed(const Ctx& ctx, const Plan& plan, std::int64_t chunks,
-                               std::span<const std::int64_t> gpus, Timing& tm, const std::string& kind);
+// `plan`'s tiles at `chunks` pipeline chunks cut by `split` (rechunk_plan:
+// no placement), priced on `gpus`; with relayed inputs
+// (plan_relays of the re-chunked plan) when `relayed`, priced as such a
+// schedule sends them.
+Result<PlanCost> price_shaped(const Ctx& ctx, const Plan& plan, std::int64_t chunks, ChunkSplit split, bool relayed,
+                              std::span<const std::int64_t> gpus, Timing& tm, const std::string& kind);
 
 struct NoiseKey {
   std::uint64_t window = 0, step = 0;
@@ -158,6 +160,15 @@ Result<std::vector<double>> ulysses_steps(const Ctx& ctx, std::span<const Packed
 std::string distca_skip_reason(const SimConfig& cfg);
 
 // --- Candidate sweep of one window (sweep.cpp).
+// How libra-topo's pipeliner runs beyond M.
+struct TopoShape {
+  bool relayed = false;
+  ChunkSplit split = ChunkSplit::kEqual;
+  auto operator<=>(const TopoShape&) const = default;
+};
+// libra-topo's shapes SimConfig::relay and chunk_split admit (unset: both
+// ways), in tie order: direct before relayed, equal before tapered.
+std::vector<TopoShape> admitted_shapes(std::optional<bool> relay, std::optional<ChunkSplit> split);
 struct CandWindow {
   std::vector<double> inter;  // per placement mode, all_placement_modes() order
   double lower_bound = 0;
@@ -167,9 +178,12 @@ struct CandWindow {
   std::map<std::pair<Variant, std::int64_t>, std::vector<double>> steps;
   // Per pool of the libra variants: (its noisy latency, its decomposition).
   std::map<std::pair<Variant, std::int64_t>, std::vector<std::pair<double, StepDecomposition>>> pools;
-  // The same for libra-topo with relayed inputs (SimConfig::relay not off).
-  std::map<std::pair<Variant, std::int64_t>, std::vector<double>> steps_relayed;
-  std::map<std::pair<Variant, std::int64_t>, std::vector<std::pair<double, StepDecomposition>>> pools_relayed;
+  // The same for libra-topo's other pipeliner shapes (relayed inputs,
+  // tapered chunks; SimConfig::relay and chunk_split), by shape; the
+  // plain shape (direct, equal) is in steps and pools.
+  std::map<TopoShape, std::map<std::pair<Variant, std::int64_t>, std::vector<double>>> shaped_steps;
+  std::map<TopoShape, std::map<std::pair<Variant, std::int64_t>, std::vector<std::pair<double, StepDecomposition>>>>
+      shaped_pools;
 };
 struct WindowResult {
   Status status;
@@ -195,10 +209,10 @@ struct E2eWindow {
   Timing timing;
 };
 // `libra` names the libra variant timed (libra-full, libra-topo or
-// libra-tap-vrsp), at `chunks` pipeline chunks.
+// libra-tap-vrsp), at `chunks` pipeline chunks cut by `split`, relayed or not.
 E2eWindow e2e_window(const Ctx& ctx, std::span<const PackedSequence> window, std::uint64_t w,
                      const SimCandidate& rec, const std::vector<std::int64_t>& dps, Variant libra,
-                     std::int64_t chunks, bool relayed);
+                     std::int64_t chunks, bool relayed, ChunkSplit split);
 // Folds the windows into res.dp_scaling and the microbatch statistics.
 Status fold_end_to_end(const std::vector<E2eWindow>& er, const std::vector<std::int64_t>& dps,
                        const SimCandidate& rec, SimResult& res);

@@ -215,9 +215,8 @@ PlanCost cost_plan(const Ctx& ctx, const Plan& plan, std::span<const std::int64_
   c.chunks = plan.config().chunks;
   c.comp_fwd.assign(ws, 0);
   c.comp_bwd.assign(ws, 0);
-  c.chunk_comp_fwd.assign(ws, 0);
-  c.chunk_comp_bwd.assign(ws, 0);
-  const double m = static_cast<double>(c.chunks);
+  c.chunk_comp_fwd.assign(static_cast<std::size_t>(c.chunks), std::vector<double>(ws, 0));
+  c.chunk_comp_bwd = c.chunk_comp_fwd;
   // Calls of the same shape repeat (every full block); cache their rates.
   std::map<std::pair<std::int64_t, std::int32_t>, std::pair<double, double>> rate;
   auto rates = [&](std::int64_t rows, double heads) {
@@ -238,9 +237,13 @@ PlanCost cost_plan(const Ctx& ctx, const Plan& plan, std::span<const std::int64_
     auto full = rates(rows, heads);
     c.comp_fwd[r] += fwd / full.first;
     c.comp_bwd[r] += bwd / full.second;
-    auto part = rates(rows, heads / m);
-    c.chunk_comp_fwd[r] += fwd / m / part.first;
-    c.chunk_comp_bwd[r] += bwd / m / part.second;
+    for (int k = 0; k < c.chunks; ++k) {
+      const double width = static_cast<double>(plan.chunk_heads(t, k).size());
+      auto part = rates(rows, width);
+      const double share = width / heads;
+      c.chunk_comp_fwd[static_cast<std::size_t>(k)][r] += fwd * share / part.first;
+      c.chunk_comp_bwd[static_cast<std::size_t>(k)][r] += bwd * share / part.second;
+    }
   }
   const PhaseBytes pb = phase_bytes(plan, relays);
   const auto& df = pb.fwd_in;
@@ -308,9 +311,9 @@ double time_plan(const Ctx& ctx, const PlanCost& c, std::span<const std::int64_t
                          max_of(backward ? c.ret_bwd : c.ret_fwd)};
     return serial_seconds(s);
   }
-  const double comp = noisy_max(backward ? c.chunk_comp_bwd : c.chunk_comp_fwd);
   std::vector<PhaseSeconds> chunks;
   for (std::size_t k = 0; k < c.cdisp_fwd.size(); ++k) {
+    const double comp = noisy_max(backward ? c.chunk_comp_bwd[k] : c.chunk_comp_fwd[k]);
     chunks.push_back({max_of(backward ? c.cdisp_bwd[k] : c.cdisp_fwd[k]), comp,
                       max_of(backward ? c.cret_bwd[k] : c.cret_fwd[k])});
   }
@@ -333,20 +336,20 @@ StepDecomposition decompose(const PlanCost& c, bool pipelined) {
     return d;
   }
   const std::size_t m = c.cdisp_fwd.size();
-  const double comp = max_of(c.chunk_comp_fwd);
-  d.compute = comp * static_cast<double>(m);
-  d.chunk_loss = d.compute - whole;
   std::vector<PhaseSeconds> chunks;
   for (std::size_t k = 0; k < m; ++k) {
     const double disp = max_of(c.cdisp_fwd[k]), ret = max_of(c.cret_fwd[k]);
+    const double comp = max_of(c.chunk_comp_fwd[k]);
+    d.compute += comp;
     d.comm += disp + ret;
     chunks.push_back({disp, comp, ret});
   }
+  d.chunk_loss = d.compute - whole;
   d.first_dispatch = chunks.front().dispatch;
   d.last_return = chunks.back().ret;
   for (std::size_t k = 0; k < m; ++k) {
     const double overlap = (k + 1 < m ? chunks[k + 1].dispatch : 0.0) + (k > 0 ? chunks[k - 1].ret : 0.0);
-    d.exposed_chunks += std::max(0.0, overlap - comp);
+    d.exposed_chunks += std::max(0.0, overlap - chunks[k].compute);
   }
   d.total = pipelined_seconds(chunks);
   return d;
@@ -409,24 +412,18 @@ Result<PlanCost> price_pool(const Ctx& ctx, std::span<const PackedSequence> sequ
   return std::move(pc_cost.second);
 }
 
-Result<PlanCost> price_relayed(const Ctx& ctx, const Plan& plan, std::int64_t chunks,
-                               std::span<const std::int64_t> gpus, Timing& tm, const std::string& kind) {
-  if (chunks == plan.config().chunks) return timed_cost(ctx, plan, gpus, tm, true);
+Result<PlanCost> price_shaped(const Ctx& ctx, const Plan& plan, std::int64_t chunks, ChunkSplit split, bool relayed,
+                              std::span<const std::int64_t> gpus, Timing& tm, const std::string& kind) {
+  if (chunks == plan.config().chunks && split == plan.config().chunk_split) {
+    return timed_cost(ctx, plan, gpus, tm, relayed);
+  }
   // simulate() has checked every M against INT32_MAX.
-  LIBRA_ASSIGN_OR_RETURN(Plan re, timed_plan(tm, kind + " (M " + std::to_string(chunks) + ")", [&] {
-                           return rechunk_plan(plan, static_cast<int>(chunks));
-                         }));
-  return timed_cost(ctx, re, gpus, tm, true);
+  const std::string label = kind + " (M " + std::to_string(chunks) +
+                            (split == ChunkSplit::kEqual ? "" : ", " + std::string(chunk_split_name(split))) + ")";
+  LIBRA_ASSIGN_OR_RETURN(Plan re, timed_plan(tm, label, [&] { return rechunk_plan(plan, static_cast<int>(chunks), split); }));
+  return timed_cost(ctx, re, gpus, tm, relayed);
 }
 
-Result<PlanCost> price_rechunked(const Ctx& ctx, const Plan& plan, std::int64_t chunks,
-                                 std::span<const std::int64_t> gpus, Timing& tm, const std::string& kind) {
-  // simulate() has checked every M against INT32_MAX.
-  LIBRA_ASSIGN_OR_RETURN(Plan re, timed_plan(tm, kind + " (M " + std::to_string(chunks) + ")", [&] {
-                           return rechunk_plan(plan, static_cast<int>(chunks));
-                         }));
-  return timed_cost(ctx, re, gpus, tm);
-}
 
 Stat stat_of(const std::vector<double>& v) {
   Stat s;

@@ -30,8 +30,9 @@ void recommend(SimResult& res) {
     if (res.config.chunks.size() > 1) s += fmt::format(" at M = {}", l->chunks);
     // What a training loop must plan to run what was priced.
     if (v == Variant::kLibraTopo) {
-      s += fmt::format(", {} homes{}{}", home_layout_name(res.candidates[i].home_layout_topo),
-                       res.config.kv_prefix ? ", KV prefix" : "", l->relayed ? ", relayed inputs" : "");
+      s += fmt::format(", {} homes{}{}{}", home_layout_name(res.candidates[i].home_layout_topo),
+                       res.config.kv_prefix ? ", KV prefix" : "", l->relayed ? ", relayed inputs" : "",
+                       l->chunk_split == ChunkSplit::kTapered ? ", tapered chunks" : "");
     }
     return s;
   };

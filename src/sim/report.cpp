@@ -195,7 +195,10 @@ std::string sim_json(const SimResult& r) {
     e["max_recv_cross_node_bytes"] = stat(k.max_recv_cross_node);
     e["max_recv_cross_node_bytes_topo"] = stat(k.max_recv_cross_node_topo);
     e["home_layout_topo"] = std::string(home_layout_name(k.home_layout_topo));
-    if (const VariantLatency* t = k.find(Variant::kLibraTopo)) e["relay_topo"] = t->relayed;
+    if (const VariantLatency* t = k.find(Variant::kLibraTopo)) {
+      e["relay_topo"] = t->relayed;
+      e["chunk_split_topo"] = std::string(chunk_split_name(t->chunk_split));
+    }
     e["max_send_bytes"] = stat(k.max_send_bytes);
     e["max_recv_bytes"] = stat(k.max_recv_bytes);
     e["comm_seconds"] = stat(k.comm_seconds);

@@ -242,6 +242,23 @@ const std::vector<Entry>& entries() {
          return {};
        },
        [](const SimConfig& c) { return nlohmann::ordered_json(c.relay ? (*c.relay ? "on" : "off") : "auto"); }},
+      {{"chunk_split", "--chunk-split", T::kString,
+        "how libra-topo's pipeline chunks cut a tile's heads: auto (default: equal and tapered priced, the faster "
+        "runs), equal, or tapered (where 3 <= M <= heads per tile)"},
+       [](SimConfig& c, const Value& v, const std::string& where) -> Status {
+         const std::string name = as<std::string>(v);
+         if (name == "auto") {
+           c.chunk_split.reset();
+           return {};
+         }
+         auto split = parse_chunk_split(name);
+         if (!split.ok()) return invalid_input(where + " '" + name + "': must be auto, equal or tapered");
+         c.chunk_split = *split;
+         return {};
+       },
+       [](const SimConfig& c) {
+         return nlohmann::ordered_json(c.chunk_split ? std::string(chunk_split_name(*c.chunk_split)) : "auto");
+       }},
       {{"tau", "--tau", T::kNumber, "TAP load slack (default 0.03)"}, LIBRA_NUM(tau)},
       {{"windows", "--windows", T::kInt, "windows to simulate, 0 = all (default 20)"}, LIBRA_INT(max_windows)},
       {{"threads", "--threads", T::kInt, "worker threads, 0 = all cores (default)"}, LIBRA_INT(threads)},

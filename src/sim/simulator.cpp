@@ -260,7 +260,8 @@ Result<SimResult> simulate(std::span<const PackedSequence> seqs, std::int64_t se
     std::vector<std::vector<double>> inter(modes.size());
     std::vector<double> lb, intra, intra_plus, bytes, bytes_plus, send, recv, comm;
     std::vector<double> intra_topo, recv_cross, recv_cross_topo;
-    std::map<std::pair<Variant, std::int64_t>, std::vector<double>> steps, steps_relayed;
+    std::map<std::pair<Variant, std::int64_t>, std::vector<double>> steps;
+    std::map<TopoShape, std::map<std::pair<Variant, std::int64_t>, std::vector<double>>> shaped_steps;
     auto app = [](std::vector<double>& a, const std::vector<double>& b) { a.insert(a.end(), b.begin(), b.end()); };
     for (const auto& r : wr) {
       const CandWindow& cw = r.cand[ci];
@@ -277,7 +278,9 @@ Result<SimResult> simulate(std::span<const PackedSequence> seqs, std::int64_t se
       app(recv_cross, cw.recv_cross);
       app(recv_cross_topo, cw.recv_cross_topo);
       for (const auto& [key, s] : cw.steps) app(steps[key], s);
-      for (const auto& [key, s] : cw.steps_relayed) app(steps_relayed[key], s);
+      for (const auto& [sh, by] : cw.shaped_steps) {
+        for (const auto& [key, s] : by) app(shaped_steps[sh][key], s);
+      }
     }
     for (std::size_t m = 0; m < modes.size(); ++m) cr.inter_imbalance.emplace_back(modes[m], stat_of(inter[m]));
     cr.lower_bound = stat_of(lb);
@@ -294,30 +297,36 @@ Result<SimResult> simulate(std::span<const PackedSequence> seqs, std::int64_t se
     cr.home_layout_topo = topo_home_layout(ctx, cr.candidate.block_size);
     // Each variant at its best M by the recommendation's score (ties: the
     // earlier M in the list); unpipelined variants have only M = 1.
-    // libra-topo: with relayed inputs too where SimConfig::relay allows,
-    // and relayed where that scores better (ties: direct).
+    // libra-topo: at each M the best shape SimConfig admits (ties: the
+    // earlier in admitted_shapes' order); forced tapered chunks fall back
+    // to equal ones where M does not admit them.
     for (Variant v : candidate_variants()) {
       const std::vector<std::int64_t> one{1};
-      auto best_of = [&](const std::map<std::pair<Variant, std::int64_t>, std::vector<double>>& from, bool relayed) {
-        VariantLatency vl{v, {}, 0, {}, relayed};
-        for (std::int64_t m : variant_pipelined(v) ? ctx.chunks[ci] : one) {
-          auto it = from.find({v, m});
-          if (it == from.end()) continue;
-          const Stat st = stat_of(it->second);
-          vl.by_chunks.emplace_back(m, st);
-          if (vl.chunks == 0 || score(cfg, st) < score(cfg, vl.seconds)) {
-            vl.seconds = st;
-            vl.chunks = m;
+      const bool topo = v == Variant::kLibraTopo;
+      VariantLatency vl{v, {}, 0, {}};
+      for (std::int64_t m : variant_pipelined(v) ? ctx.chunks[ci] : one) {
+        std::optional<std::pair<Stat, TopoShape>> best;
+        auto consider = [&](const std::vector<TopoShape>& shapes) {
+          for (const TopoShape& sh : shapes) {
+            const auto& from = sh == TopoShape{} ? steps : shaped_steps[sh];
+            auto it = from.find({v, m});
+            if (it == from.end()) continue;
+            const Stat st = stat_of(it->second);
+            if (!best || score(cfg, st) < score(cfg, best->first)) best = std::make_pair(st, sh);
           }
+        };
+        consider(topo ? admitted_shapes(cfg.relay, cfg.chunk_split) : std::vector<TopoShape>{TopoShape{}});
+        if (!best && topo && cfg.chunk_split == ChunkSplit::kTapered) {
+          consider(admitted_shapes(cfg.relay, ChunkSplit::kEqual));
         }
-        return vl;
-      };
-      VariantLatency vl = best_of(steps, false);
-      if (v == Variant::kLibraTopo && cfg.relay.value_or(true)) {
-        VariantLatency rl = best_of(steps_relayed, true);
-        const bool take = rl.chunks != 0 && (cfg.relay.value_or(false) || vl.chunks == 0 ||
-                                             score(cfg, rl.seconds) < score(cfg, vl.seconds));
-        if (take) vl = std::move(rl);
+        if (!best) continue;
+        vl.by_chunks.emplace_back(m, best->first);
+        if (vl.chunks == 0 || score(cfg, best->first) < score(cfg, vl.seconds)) {
+          vl.seconds = best->first;
+          vl.chunks = m;
+          vl.relayed = best->second.relayed;
+          vl.chunk_split = best->second.split;
+        }
       }
       if (vl.chunks != 0) cr.latency.push_back(std::move(vl));
     }
@@ -341,6 +350,8 @@ Result<SimResult> simulate(std::span<const PackedSequence> seqs, std::int64_t se
   const CandidateResult& best = res.candidates[static_cast<std::size_t>(res.recommended)];
   res.end_to_end_chunks = best.find(res.end_to_end_variant)->chunks;
   const bool e2e_relayed = best.find(res.end_to_end_variant)->relayed;
+  const ChunkSplit e2e_split = best.find(res.end_to_end_variant)->chunk_split;
+  const TopoShape e2e_shape{.relayed = e2e_relayed, .split = e2e_split};
   {
     // The decomposition of the recommended candidate's libra variant.
     std::size_t pools = 0;
@@ -348,7 +359,9 @@ Result<SimResult> simulate(std::span<const PackedSequence> seqs, std::int64_t se
     StepDecomposition& m = res.mean_step;
     for (const auto& r : wr) {
       const CandWindow& cw = r.cand[static_cast<std::size_t>(res.recommended)];
-      const auto& priced = e2e_relayed ? cw.pools_relayed : cw.pools;
+      auto shaped = cw.shaped_pools.find(e2e_shape);
+      if (e2e_shape != TopoShape{} && shaped == cw.shaped_pools.end()) continue;
+      const auto& priced = e2e_shape == TopoShape{} ? cw.pools : shaped->second;
       auto it = priced.find({res.end_to_end_variant, res.end_to_end_chunks});
       if (it == priced.end()) continue;
       for (const auto& [t, d] : it->second) {
@@ -389,7 +402,7 @@ Result<SimResult> simulate(std::span<const PackedSequence> seqs, std::int64_t se
     parallel("end-to-end", [&](std::int64_t i) {
       er[static_cast<std::size_t>(i)] =
           e2e_window(ctx, window_span(i), static_cast<std::uint64_t>(i), best.candidate, dps, res.end_to_end_variant,
-                     res.end_to_end_chunks, e2e_relayed);
+                     res.end_to_end_chunks, e2e_relayed, e2e_split);
     });
     res.timing.end_to_end_s = wall_seconds() - t1;
     LIBRA_TRY(fold_end_to_end(er, dps, best.candidate, res));

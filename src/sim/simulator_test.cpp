@@ -937,3 +937,108 @@ TEST(SimSettings, RelayIsAutoOnOrOffAndOnlyLibraTopoRelays) {
 }
 
 }  // namespace libra
+
+// Tapered chunks (1, 2, 1 of a tile's 4 heads at M = 3): every chunk's
+// priced bytes are what tapered schedules send, direct and relayed.
+TEST(PlanCost, PricesTaperedChunksAsTheExecutorRunsThem) {
+  const std::vector<libra::PackedSequence> pool = {
+      {256}, {128, 128}, std::vector<std::int64_t>(8, 32), std::vector<std::int64_t>(16, 16)};
+  for (libra::PlanMode mode : {libra::PlanMode::kTap, libra::PlanMode::kTapTopo}) {
+    const bool topo = mode == libra::PlanMode::kTapTopo;
+    libra::PlanConfig pc =
+        priced_config(mode, topo ? libra::HomeLayout::kZigzag : libra::HomeLayout::kContiguous, topo, 3);
+    pc.chunk_split = libra::ChunkSplit::kTapered;
+    auto plan = libra::make_plan(pool, pc);
+    ASSERT_TRUE(plan.ok()) << plan.error().message();
+    const libra::Tile& t0 = plan->tiles()[0];
+    ASSERT_EQ(plan->chunk_heads(t0, 0).size(), 1);
+    ASSERT_EQ(plan->chunk_heads(t0, 1).size(), 2);
+    ASSERT_EQ(plan->chunk_heads(t0, 2).size(), 1);
+    for (bool relay : {false, true}) {
+      const libra::RelayTable relays = libra::plan_relays(*plan);
+      if (relay) {
+        ASSERT_TRUE(relays.any()) << "nothing relayed: the test would prove nothing";
+      }
+      const libra::detail::PhaseBytes pb = libra::detail::phase_bytes(*plan, relay ? &relays : nullptr);
+      const std::pair<libra::Phase, const std::vector<std::vector<std::int64_t>>*> phases[] = {
+          {libra::Phase::kFwdIn, &pb.fwd_in},
+          {libra::Phase::kFwdOut, &pb.fwd_out},
+          {libra::Phase::kBwdIn, &pb.bwd_in},
+          {libra::Phase::kBwdOut, &pb.bwd_out}};
+      for (const auto& [phase, priced] : phases) {
+        const auto sent = schedule_bytes(*plan, phase, relay);
+        for (int m = 0; m < 3; ++m) {
+          EXPECT_EQ((*priced)[static_cast<std::size_t>(m)], sent[static_cast<std::size_t>(m)])
+              << libra::plan_mode_name(mode) << " relay " << relay << " phase " << static_cast<int>(phase)
+              << " chunk " << m;
+        }
+      }
+    }
+  }
+}
+
+namespace libra {
+
+// The tiny corpus with tiles of 8 query heads (H = 1): at M = 4 tapered
+// chunks are 1, 3, 3, 1 heads wide.
+SimConfig tapered_config() {
+  SimConfig c = tiny_config();
+  c.model.heads_q = 8;
+  c.head_shards = {1};
+  c.chunks = {1, 2, 4};
+  c.cost.net.gpus_per_node = 2;
+  return c;
+}
+
+TEST(SimSettings, ChunkSplitIsAutoEqualOrTaperedAndOnlyLibraTopoTapers) {
+  SimConfig c = tapered_config();
+  auto aut = simulate(c);
+  ASSERT_TRUE(aut.ok()) << aut.error().message();
+  c.chunk_split = ChunkSplit::kEqual;
+  auto equal = simulate(c);
+  c.chunk_split = ChunkSplit::kTapered;
+  c.chunks = {4};  // M = 4 alone: the forced split has nothing to fall back to
+  auto tapered = simulate(c);
+  c.chunks = {1, 2};  // no M admits tapered chunks: equal ones run
+  auto fallback = simulate(c);
+  ASSERT_TRUE(equal.ok() && tapered.ok() && fallback.ok());
+  const VariantLatency* t_fb = fallback->candidates[0].find(Variant::kLibraTopo);
+  ASSERT_TRUE(t_fb);
+  EXPECT_EQ(t_fb->chunk_split, ChunkSplit::kEqual);
+  const VariantLatency* t_eq = equal->candidates[0].find(Variant::kLibraTopo);
+  const VariantLatency* t_tp = tapered->candidates[0].find(Variant::kLibraTopo);
+  const VariantLatency* t_auto = aut->candidates[0].find(Variant::kLibraTopo);
+  ASSERT_TRUE(t_eq && t_tp && t_auto);
+  EXPECT_EQ(t_eq->chunk_split, ChunkSplit::kEqual);
+  EXPECT_EQ(t_tp->chunk_split, ChunkSplit::kTapered);
+  EXPECT_EQ(t_tp->chunks, 4);
+  // auto: the best of every (M, shape) priced, which is the better of the
+  // equal-only run and the tapered M = 4 shapes.
+  const double best = std::min(t_eq->seconds.mean, t_tp->seconds.mean);
+  EXPECT_EQ(t_auto->seconds.mean, best);
+  EXPECT_EQ(t_auto->chunk_split == ChunkSplit::kTapered, t_tp->seconds.mean < t_eq->seconds.mean);
+  for (Variant v : candidate_variants()) {
+    if (v == Variant::kLibraTopo) continue;
+    const VariantLatency* a = equal->candidates[0].find(v);
+    const VariantLatency* b = aut->candidates[0].find(v);
+    if (a == nullptr || b == nullptr) continue;
+    EXPECT_EQ(b->chunk_split, ChunkSplit::kEqual) << variant_name(v);
+    EXPECT_EQ(a->seconds.mean, b->seconds.mean) << variant_name(v);
+  }
+  const SimSetting* st = nullptr;
+  for (const SimSetting& s : sim_settings()) {
+    if (s.key == "chunk_split") st = &s;
+  }
+  ASSERT_NE(st, nullptr);
+  SimConfig d;
+  EXPECT_NE(sim_config_json(d).find("\"chunk_split\": \"auto\""), std::string::npos);
+  ASSERT_TRUE(apply_sim_setting(*st, "tapered", "--chunk-split", d).ok());
+  EXPECT_EQ(d.chunk_split, std::optional<ChunkSplit>(ChunkSplit::kTapered));
+  ASSERT_TRUE(apply_sim_config_json(R"({"chunk_split": "auto"})", "c.json", d).ok());
+  EXPECT_FALSE(d.chunk_split.has_value());
+  Status bad = apply_sim_setting(*st, "uneven", "--chunk-split", d);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.message(), "--chunk-split 'uneven': must be auto, equal or tapered");
+}
+
+}  // namespace libra

@@ -22,6 +22,18 @@ Result<double> mean_random_imbalance(std::span<const std::int64_t> f, std::int64
   return sum / static_cast<double>(std::max<std::int64_t>(seeds, 1));
 }
 
+std::vector<TopoShape> admitted_shapes(std::optional<bool> relay, std::optional<ChunkSplit> split) {
+  std::vector<TopoShape> out;
+  for (ChunkSplit sp : {ChunkSplit::kEqual, ChunkSplit::kTapered}) {
+    if (split && *split != sp) continue;
+    for (bool r : {false, true}) {
+      if (relay && *relay != r) continue;
+      out.push_back({.relayed = r, .split = sp});
+    }
+  }
+  return out;
+}
+
 Status check_candidate(const Ctx& ctx, const SimCandidate& c, std::int64_t chunks) {
   if (c.pool_size < 1 || ctx.cfg.dp % c.pool_size != 0) {
     return invalid_input(fmt::format("--pool-size {}: must divide --dp {}", c.pool_size, ctx.cfg.dp));
@@ -109,9 +121,26 @@ WindowResult simulate_window(const Ctx& ctx, std::span<const PackedSequence> win
                        Record rec, const std::vector<std::int64_t>& chunks) -> Status {
     const auto& [placement, layout] = pl;
     const bool any_pipelined = std::any_of(variants.begin(), variants.end(), variant_pipelined);
-    std::map<std::pair<Variant, std::int64_t>, StepMax> sms, sms_relayed;
-    // libra-topo also with relayed inputs, unless switched off.
-    const bool relay_too = rec == Record::kTopo && ctx.cfg.relay.value_or(true);
+    std::map<std::pair<Variant, std::int64_t>, StepMax> sms;
+    std::map<TopoShape, std::map<std::pair<Variant, std::int64_t>, StepMax>> shaped;
+    // libra-topo also with relayed inputs and tapered chunks, unless
+    // switched off (the choice among them is simulate()'s).
+    std::vector<TopoShape> shapes;
+    if (rec == Record::kTopo) {
+      const bool relay = ctx.cfg.relay.value_or(true);
+      const bool taper = ctx.cfg.chunk_split.value_or(ChunkSplit::kTapered) == ChunkSplit::kTapered;
+      if (relay) shapes.push_back({.relayed = true});
+      if (taper) shapes.push_back({.split = ChunkSplit::kTapered});
+      if (relay && taper) shapes.push_back({.relayed = true, .split = ChunkSplit::kTapered});
+    }
+    // Tapered chunks need 3 <= M <= the heads of a tile (validate_plan_config).
+    auto shape_fits = [&](const TopoShape& sh, std::int64_t m) {
+      if (sh.split == ChunkSplit::kEqual) return true;
+      PlanConfig c = pc;
+      c.chunks = static_cast<int>(m);
+      c.chunk_split = sh.split;
+      return validate_plan_config(c).ok();
+    };
     const std::string kind(variant_name(variants[0]));
     for (std::size_t k = 0; k < placement.pools.size(); ++k) {
       const auto pool = pool_of(window, placement.pools[k]);
@@ -119,15 +148,16 @@ WindowResult simulate_window(const Ctx& ctx, std::span<const PackedSequence> win
       LIBRA_ASSIGN_OR_RETURN(auto planned, plan_and_price(ctx, pool, pc, gpus, tm, kind));
       const PlanCost& c = planned.second;
       const std::int64_t g = layout.pool_ga[k];
-      // relayed: priced as a relayed schedule runs (a pool with nothing to
-      // relay too, so that every pool counts in the relayed steps).
-      auto put = [&](const PlanCost& cost, Variant var, std::int64_t m, bool pipelined, bool relayed = false) {
+      // shape: priced as such a schedule runs (a relayed pool with nothing
+      // to relay too, so that every pool counts in the shape's steps).
+      auto put = [&](const PlanCost& cost, Variant var, std::int64_t m, bool pipelined,
+                     const TopoShape* shape = nullptr) {
         const double t = time_plan(ctx, cost, gpus, {w, static_cast<std::uint64_t>(g)}, pipelined, false);
-        auto& into = relayed ? sms_relayed : sms;
+        auto& into = shape != nullptr ? shaped[*shape] : sms;
         auto it = into.try_emplace({var, m}, StepMax{std::vector<double>(static_cast<std::size_t>(ga), 0.0)}).first;
         it->second.put(g, t);
         if (var == Variant::kLibraFull || var == Variant::kLibraTopo || var == Variant::kLibraTapVrsp) {
-          (relayed ? cw.pools_relayed : cw.pools)[{var, m}].emplace_back(t, decompose(cost, pipelined));
+          (shape != nullptr ? cw.shaped_pools[*shape] : cw.pools)[{var, m}].emplace_back(t, decompose(cost, pipelined));
         }
       };
       for (Variant var : variants) {
@@ -137,16 +167,19 @@ WindowResult simulate_window(const Ctx& ctx, std::span<const PackedSequence> win
         const std::int64_t m = chunks[i];
         PlanCost re;
         if (m != 1 && m != pc.chunks) {
-          LIBRA_ASSIGN_OR_RETURN(re, price_rechunked(ctx, planned.first, m, gpus, tm, kind));
+          LIBRA_ASSIGN_OR_RETURN(re, price_shaped(ctx, planned.first, m, pc.chunk_split, false, gpus, tm, kind));
         }
         for (Variant var : variants) {
           if (variant_pipelined(var)) put(m == pc.chunks || m == 1 ? c : re, var, m, m != 1);
         }
-        if (relay_too) {
+        for (const TopoShape& sh : shapes) {
+          if (!shape_fits(sh, m)) continue;
           // Relays are chosen per chunk, so each M (1 too) is relayed afresh.
-          LIBRA_ASSIGN_OR_RETURN(PlanCost rc, price_relayed(ctx, planned.first, m, gpus, tm, kind + " relayed"));
+          const std::string label = kind + (sh.relayed ? " relayed" : "") +
+                                    (sh.split == ChunkSplit::kTapered ? " tapered" : "");
+          LIBRA_ASSIGN_OR_RETURN(PlanCost sc, price_shaped(ctx, planned.first, m, sh.split, sh.relayed, gpus, tm, label));
           for (Variant var : variants) {
-            if (variant_pipelined(var)) put(rc, var, m, m != 1, true);
+            if (variant_pipelined(var)) put(sc, var, m, m != 1, &sh);
           }
         }
       }
@@ -166,7 +199,9 @@ WindowResult simulate_window(const Ctx& ctx, std::span<const PackedSequence> win
       if (rec == Record::kTap) cw.recv_cross.push_back(static_cast<double>(c.max_recv_cross_node));
     }
     for (auto& [key, sm] : sms) cw.steps[key] = std::move(sm.step);
-    for (auto& [key, sm] : sms_relayed) cw.steps_relayed[key] = std::move(sm.step);
+    for (auto& [sh, by] : shaped) {
+      for (auto& [key, sm] : by) cw.shaped_steps[sh][key] = std::move(sm.step);
+    }
     return {};
   };
 
