@@ -73,6 +73,7 @@ py::dict config_dict(const libra::Plan& plan) {
   o["window"] = c.shape.window == libra::kFullCausal ? py::object(py::none()) : py::object(py::int_(c.shape.window));
   o["tau"] = c.tau;
   o["chunks"] = c.chunks;
+  o["chunk_split"] = std::string(libra::chunk_split_name(c.chunk_split));
   o["mode"] = std::string(libra::plan_mode_name(c.mode));
   o["dedup_per_kv_head"] = c.dedup_per_kv_head;
   o["home_layout"] = std::string(libra::home_layout_name(c.home_layout));
@@ -316,7 +317,7 @@ void bind_plan(py::module_& m) {
       "make_plan",
       [](const py::object& pool, I64 seq_len, int cp, I64 block_size, int head_shards, int heads_q, int heads_kv,
          int head_dim, const std::string& dtype, std::optional<I64> window, double tau, int chunks,
-         const std::string& mode, bool dedup_per_kv_head, const std::string& home_layout, bool kv_prefix,
+         const std::string& chunk_split, const std::string& mode, bool dedup_per_kv_head, const std::string& home_layout, bool kv_prefix,
          const py::object& topology) {
         std::vector<libra::PackedSequence> seqs = to_sequences(pool, "pool");
         libra::PlanConfig c;
@@ -335,6 +336,8 @@ void bind_plan(py::module_& m) {
         }
         c.tau = tau;
         c.chunks = chunks;
+        if (auto t = libra::parse_chunk_split(chunk_split); t.ok()) c.chunk_split = *t;
+        else bad("chunk_split " + chunk_split + ": must be equal or tapered");
         c.mode = unwrap(libra::parse_plan_mode(mode));
         c.dedup_per_kv_head = dedup_per_kv_head;
         if (auto l = libra::parse_home_layout(home_layout); l.ok()) c.home_layout = *l;
@@ -350,7 +353,7 @@ void bind_plan(py::module_& m) {
       py::arg("pool"), py::kw_only(), py::arg("seq_len"), py::arg("cp"), py::arg("block_size"),
       py::arg("head_shards"), py::arg("heads_q"), py::arg("heads_kv"), py::arg("head_dim"),
       py::arg("dtype") = "bf16", py::arg("window") = py::none(), py::arg("tau") = 0.03, py::arg("chunks") = 1,
-      py::arg("mode") = "tap", py::arg("dedup_per_kv_head") = false, py::arg("home_layout") = "contiguous",
+      py::arg("chunk_split") = "equal", py::arg("mode") = "tap", py::arg("dedup_per_kv_head") = false, py::arg("home_layout") = "contiguous",
       py::arg("kv_prefix") = false, py::arg("topology") = py::none());
   m.def(
       "home_layout",
