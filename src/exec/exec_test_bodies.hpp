@@ -113,6 +113,7 @@ struct ExecCase {
   DType dtype = DType::kF32;
   std::int64_t window = kFullCausal;
   int chunks = 1;
+  ChunkSplit chunk_split = ChunkSplit::kEqual;  // kTapered: narrow first and last chunks
   std::string mode = "tap";  // tap | tap-split | tap-topo | ulysses (plan) | ulysses-direct
   bool dedup_per_kv_head = false;
   HomeLayout home_layout = HomeLayout::kContiguous;
@@ -123,7 +124,7 @@ struct ExecCase {
                        seq_len, block, head_shards, heads_q, heads_kv, head_dim, dtype_name(dtype),
                        window == kFullCausal ? std::string("full") : std::to_string(window), chunks, pool_seed,
                        home_layout == HomeLayout::kContiguous ? "" : " zigzag", kv_prefix ? " kv-prefix" : "") +
-           (relay ? " relay" : "");
+           (chunk_split == ChunkSplit::kEqual ? "" : " tapered") + (relay ? " relay" : "");
   }
 };
 
@@ -166,6 +167,7 @@ inline PlanConfig case_config(const ExecCase& c) {
   cfg.shape.dtype = c.dtype;
   cfg.shape.window = c.window;
   cfg.chunks = c.chunks;
+  cfg.chunk_split = c.chunk_split;
   cfg.dedup_per_kv_head = c.dedup_per_kv_head;
   cfg.home_layout = c.home_layout;
   cfg.kv_prefix = c.kv_prefix;
@@ -245,7 +247,8 @@ inline Status mismatch_case(Communicator& comm, const ExecCase& c) {
 
 // The case matrix shared by both test programs: W = 4 (P = 2, CP = 2) and
 // W = 8 (P = 4, CP = 2); GQA, MHA, H > h_kv, a sliding window, bf16, and
-// M in {1, 2, 4}; tap, tap-split, tap-topo, ulysses as a plan and direct Ulysses.
+// M in {1, 2, 4}; tap, tap-split, tap-topo, ulysses as a plan and direct Ulysses;
+// tapered chunks (M 3 and 4) in every plan mode.
 inline std::vector<ExecCase> case_matrix(int world) {
   std::vector<ExecCase> cases;
   const int P = world / 2;
@@ -331,12 +334,47 @@ inline std::vector<ExecCase> case_matrix(int world) {
     shared.kv_prefix = true;
     cases.push_back(shared);
   }
+  // Tapered chunks (first and last chunk narrower): 8 query heads a tile in
+  // 4 chunks (1, 3, 3, 1) and in 3 (2, 4, 2), 4 in 3 (1, 2, 1); KV heads
+  // whose query heads span chunks (h_kv 4), H > h_kv in bf16, the KV
+  // prefix, and ulysses as a plan (h_q / CP = 8 heads a tile).
+  for (const char* mode : {"tap", "tap-split", "tap-topo", "ulysses"}) {
+    ExecCase c = base(mode);
+    c.heads_q = 8;
+    c.heads_kv = mode == std::string("tap-split") ? 4 : 2;
+    c.head_shards = 1;
+    c.chunks = 4;
+    c.chunk_split = ChunkSplit::kTapered;
+    if (mode == std::string("ulysses")) {
+      c.heads_q = 16;  // 16 / CP 2 = 8 heads a tile
+      c.heads_kv = 2;
+    }
+    cases.push_back(c);
+  }
+  for (const char* mode : {"tap", "tap-topo"}) {
+    ExecCase c = base(mode);
+    c.heads_q = 8;
+    c.heads_kv = 2;
+    c.head_shards = mode == std::string("tap") ? 1 : 2;
+    c.chunks = 3;
+    c.chunk_split = ChunkSplit::kTapered;
+    c.kv_prefix = mode == std::string("tap-topo");
+    cases.push_back(c);
+  }
+  ExecCase tapered_shared = base("tap");
+  tapered_shared.heads_q = 16;
+  tapered_shared.heads_kv = 1;
+  tapered_shared.head_shards = 2;  // H > h_kv, 8 query heads a tile
+  tapered_shared.chunks = 4;
+  tapered_shared.chunk_split = ChunkSplit::kTapered;
+  tapered_shared.dtype = DType::kBF16;
+  cases.push_back(tapered_shared);
   return cases;
 }
 
 // Zigzag homes (Megatron's load-balanced CP layout) on `world` ranks: P = 2
 // with CP = world / 2; every plan mode, GQA, H > h_kv, a window, bf16, M up
-// to 4, dedup per KV head.
+// to 4, dedup per KV head, tapered chunks.
 inline std::vector<ExecCase> zigzag_cases(int world) {
   std::vector<ExecCase> cases;
   std::uint64_t seed = 101;
@@ -387,13 +425,20 @@ inline std::vector<ExecCase> zigzag_cases(int world) {
   topo_prefix.head_shards = 4;
   topo_prefix.kv_prefix = true;
   cases.push_back(topo_prefix);
+  // Tapered chunks on zigzag homes: 8 query heads a tile in 3 chunks
+  // (2, 4, 2), so KV head 1 (query heads 4-7) arrives with chunk 1.
+  ExecCase tapered = base("tap");
+  tapered.head_shards = 1;
+  tapered.chunks = 3;
+  tapered.chunk_split = ChunkSplit::kTapered;
+  cases.push_back(tapered);
   return cases;
 }
 
 // Relayed inputs (ExecOptions::relay) on `world` ranks, nodes of two GPUs:
 // the contract's TAP (most cross-node traffic), tap-split and tap-topo, M 1,
 // 2 and 4 (stages run a chunk ahead), zigzag homes with the KV prefix, GQA
-// with H > h_kv in bf16, and a window.
+// with H > h_kv in bf16, a window, and tapered chunks (M 3 and 4).
 inline std::vector<ExecCase> relay_cases(int world) {
   std::vector<ExecCase> cases;
   std::uint64_t seed = 201;
@@ -448,6 +493,19 @@ inline std::vector<ExecCase> relay_cases(int world) {
   w.chunks = 2;
   cases.push_back(w);
   for (ExecCase& c : cases) c = relaying(c);
+  // Tapered chunks, relayed (seeds after the cases above, which keep theirs):
+  // tap-topo with 8 query heads a tile in 1, 3, 3, 1, and tap in 2, 4, 2
+  // (KV head 1 arrives with chunk 1).
+  ExecCase tt = base("tap-topo");
+  tt.head_shards = 1;
+  tt.chunks = 4;
+  tt.chunk_split = ChunkSplit::kTapered;
+  cases.push_back(relaying(tt));
+  ExecCase t3 = base("tap");
+  t3.head_shards = 1;
+  t3.chunks = 3;
+  t3.chunk_split = ChunkSplit::kTapered;
+  cases.push_back(relaying(t3));
   return cases;
 }
 

@@ -382,6 +382,72 @@ TEST(PlanExecutor, APlanSavedToAFileGivesTheSameNumbersAsPlanningInProcess) {
   }
 }
 
+// A tapered plan (format version 4) saved and loaded runs bit for bit as
+// the plan it was saved from.
+TEST(PlanExecutor, ATaperedPlanSavedToAFileGivesTheSameNumbers) {
+  ExecCase c;
+  c.chunks = 4;
+  c.chunk_split = ChunkSplit::kTapered;
+  c.heads_q = 8;
+  c.head_shards = 1;
+  c.mode = "tap-topo";
+  auto pool = exec_test::random_pool(10, 2, c.seq_len);
+  PlanConfig cfg = exec_test::case_config(c);
+  cfg.mode = PlanMode::kTapTopo;
+  Result<Plan> plan = make_plan(pool, cfg);
+  ASSERT_TRUE(plan.ok()) << plan.error().message();
+  ASSERT_EQ(plan_format_version(plan->config()), 4U);
+  const auto direct = run_plan(*plan, cfg);
+  for (const char* name : {"/libra_exec_tapered.bin", "/libra_exec_tapered.json"}) {
+    const std::string path = testing::TempDir() + name;
+    ASSERT_TRUE(save_plan(*plan, path).ok());
+    Result<Plan> loaded = load_plan(path);
+    ASSERT_TRUE(loaded.ok()) << loaded.error().message();
+    EXPECT_EQ(loaded->config().chunk_split, ChunkSplit::kTapered);
+    EXPECT_EQ(loaded->fingerprint(), plan->fingerprint());
+    EXPECT_EQ(run_plan(*loaded, loaded->config()), direct) << name;
+  }
+}
+
+// The tapered cases of the shared lists (run against the reference above,
+// in process and under MPI) are tapered plans whose chunks really differ
+// in width, and they cover M 3 and 4, tap-topo, ulysses, zigzag homes and
+// relayed inputs: a case list that lost its cut would fail here.
+TEST(PlanExecutor, TaperedCasesCutTheirChunksUnevenly) {
+  for (int world : {4, 8}) {
+    std::vector<ExecCase> cases = exec_test::case_matrix(world);
+    for (const auto& more : {exec_test::zigzag_cases(world), exec_test::relay_cases(world)}) {
+      cases.insert(cases.end(), more.begin(), more.end());
+    }
+    std::set<std::string> covered;
+    for (const ExecCase& c : cases) {
+      if (c.chunk_split != ChunkSplit::kTapered) continue;
+      SCOPED_TRACE(c.name());
+      PlanConfig cfg = exec_test::case_config(c);
+      Result<PlanMode> mode = parse_plan_mode(c.mode);
+      ASSERT_TRUE(mode.ok());
+      cfg.mode = *mode;
+      Result<Plan> plan = make_plan(exec_test::random_pool(c.pool_seed, c.pool_size, c.seq_len), cfg);
+      ASSERT_TRUE(plan.ok()) << plan.error().message();
+      ASSERT_EQ(plan->config().chunk_split, ChunkSplit::kTapered);
+      const Tile& t = plan->tiles().front();
+      const int w = t.heads.size();
+      ASSERT_GE(w, 4);
+      // Chunk 0 and chunk M-1 narrower than chunk 1.
+      EXPECT_LT(plan->chunk_heads(t, 0).size(), plan->chunk_heads(t, 1).size());
+      EXPECT_LT(plan->chunk_heads(t, c.chunks - 1).size(), plan->chunk_heads(t, 1).size());
+      covered.insert("M" + std::to_string(c.chunks));
+      covered.insert(c.mode);
+      if (c.relay) covered.insert("relay");
+      if (c.home_layout == HomeLayout::kZigzag) covered.insert("zigzag");
+      if (w >= 8 && c.chunks == 4) covered.insert("8 heads in 4");
+    }
+    for (const char* want : {"M3", "M4", "tap", "tap-split", "tap-topo", "ulysses", "relay", "zigzag", "8 heads in 4"}) {
+      EXPECT_EQ(covered.count(want), 1U) << "no tapered case with " << want << " at W = " << world;
+    }
+  }
+}
+
 // fp16 storage end to end (the case matrix has fp16 cases too): the
 // kernel accepts it and the results are within the fp16 tolerance.
 TEST(PlanExecutor, Fp16EndToEnd) {

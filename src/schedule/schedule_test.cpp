@@ -10,8 +10,12 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <map>
 #include <optional>
+#include <set>
+#include <tuple>
 
 #include "exec/exec_test_bodies.hpp"
 #include "libra/relay.hpp"
@@ -419,7 +423,98 @@ TEST(RankSchedule, LargerPoolsWithManyBlocksAndChunks) {
       c.mode = mode;
       check_case(c, 12);
     }
+    // Tapered chunks: 8 query heads a tile in 1, 3, 3, 1 and 4 in 1, 2, 1.
+    ExecCase t = c;
+    t.chunk_split = ChunkSplit::kTapered;
+    for (const char* mode : {"tap", "tap-split", "tap-topo"}) {
+      t.mode = mode;
+      t.head_shards = 1;
+      t.chunks = 4;
+      check_case(t, 12);
+      t.head_shards = 2;
+      t.chunks = 3;
+      check_case(t, 12);
+    }
   }
+}
+
+// The (slot, row, query head) cells worker r's kernel calls compute in each
+// chunk of `pass`, read off the calls alone.
+std::set<std::tuple<int, int, std::int64_t, int>> computed_by_chunk(const RankSchedule& s, Pass pass) {
+  std::set<std::tuple<int, int, std::int64_t, int>> out;  // (chunk, slot, row, head)
+  for (int m = 0; m < s.chunks; ++m) {
+    for (const KernelCall& call : s.calls(pass, m)) {
+      const Region& reg = s.regions[static_cast<std::size_t>(call.region)];
+      for (const CallFragment& fr : s.call_fragments(call)) {
+        for (std::int64_t q = fr.a; q < fr.e; ++q) {
+          const std::int64_t row = fr.q_row + (q - fr.a);
+          std::int64_t srow = -1;
+          if (call.q_home) {
+            srow = s.packed_row(row);
+          } else {
+            for (const RowRun& run : reg.q_rows)
+              if (row >= run.at && row < run.at + (run.end - run.begin)) srow = run.begin + (row - run.at);
+          }
+          for (int h = call.h0; h < call.h1; ++h) out.insert({m, reg.slot, srow, h});
+        }
+      }
+    }
+  }
+  return out;
+}
+
+// Tapered chunks: chunk m of every worker computes exactly the m-th slice of
+// its tiles' heads as the rule cuts it (the ends narrower than the middles),
+// in both passes, relayed or not. The symbolic runs above check the labels
+// and sums; this checks that each head is computed in its own chunk.
+TEST(RankSchedule, TaperedChunksComputeTheirOwnHeadsInEachChunk) {
+  int checked = 0;
+  for (int world : {4, 8}) {
+    std::vector<std::pair<ExecCase, ScheduleOptions>> cases;
+    for (const ExecCase& c : exec_test::case_matrix(world)) cases.push_back({c, {}});
+    for (const ExecCase& c : exec_test::zigzag_cases(world)) cases.push_back({c, {}});
+    for (const ExecCase& c : exec_test::relay_cases(world)) cases.push_back({c, {.relay = true}});
+    for (const auto& [c, options] : cases) {
+      if (c.chunk_split != ChunkSplit::kTapered) continue;
+      SCOPED_TRACE(c.name());
+      const std::vector<PackedSequence> pool = exec_test::random_pool(c.pool_seed, c.pool_size, c.seq_len);
+      PlanConfig cfg = exec_test::case_config(c);
+      auto mode = parse_plan_mode(c.mode);
+      ASSERT_TRUE(mode.ok());
+      cfg.mode = *mode;
+      auto plan = make_plan(pool, cfg);
+      ASSERT_TRUE(plan.ok()) << plan.error().message();
+      ASSERT_EQ(plan->config().chunk_split, ChunkSplit::kTapered);
+      const int M = c.chunks;
+      // The rule's widths, spelled out: ends e = max(1, round(w / (2 (M - 1)))),
+      // the rest dealt to the middle chunks, earlier ones first.
+      const int w = plan->tiles().front().heads.size();
+      std::vector<int> width(static_cast<std::size_t>(M), 0);
+      width.front() = width.back() = std::max(1, static_cast<int>(std::lround(w / (2.0 * (M - 1)))));
+      for (int left = w - 2 * width.front(), i = 0; left > 0; --left, i = (i + 1) % (M - 2)) ++width[static_cast<std::size_t>(1 + i)];
+      ASSERT_LT(width.front(), *std::max_element(width.begin(), width.end())) << "widths all equal: not a tapered test";
+      for (int r = 0; r < world; ++r) {
+        auto s = make_rank_schedule(*plan, r, options);
+        ASSERT_TRUE(s.ok()) << s.error().message();
+        ASSERT_EQ(s->chunks, M);
+        std::set<std::tuple<int, int, std::int64_t, int>> want;
+        for (const Tile& t : plan->tiles()) {
+          if (t.worker != r) continue;
+          int h = t.heads.begin;
+          for (int m = 0; m < M; ++m) {
+            for (int k = 0; k < width[static_cast<std::size_t>(m)]; ++k, ++h) {
+              for (std::int64_t x = t.begin; x < t.end; ++x) want.insert({m, t.slot, x, h});
+            }
+          }
+        }
+        for (Pass pass : {Pass::kForward, Pass::kBackward}) {
+          EXPECT_EQ(computed_by_chunk(*s, pass), want) << "worker " << r << (pass == Pass::kForward ? " forward" : " backward");
+        }
+        ++checked;
+      }
+    }
+  }
+  EXPECT_GE(checked, 10 * 4 + 10 * 8);  // ten tapered cases at each size, every worker
 }
 
 TEST(RankSchedule, ZigzagHomesRunSymbolicallyWithAndWithoutReadingInPlace) {

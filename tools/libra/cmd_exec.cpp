@@ -130,8 +130,12 @@ Result<PlanConfig> make_config(const PoolFlags& o, const std::string& mode) {
   LIBRA_ASSIGN_OR_RETURN(PlanConfig cfg, plan_config_from(o.flags));
   LIBRA_TRY(check_threads(o.threads));
   LIBRA_ASSIGN_OR_RETURN(cfg.mode, parse_plan_mode(mode == "ulysses-plan" ? "ulysses" : mode));
-  if (mode == "ulysses") cfg.chunks = 1;
-  LIBRA_TRY(name_preset_fields(o.flags, validate_plan_config(cfg)));
+  if (mode == "ulysses") {
+    // The baseline executor runs one chunk; it takes no cut.
+    cfg.chunks = 1;
+    cfg.chunk_split = ChunkSplit::kEqual;
+  }
+  LIBRA_TRY(name_preset_fields(o.flags, name_chunk_flags(o.flags, cfg, validate_plan_config(cfg))));
   return cfg;
 }
 
@@ -220,6 +224,10 @@ int print_report(Communicator& world, const ExecOptionsCli& opt, const PlanConfi
       report["cp"] = cfg.cp;
       report["mode"] = mode_text;
       report["chunks"] = cfg.chunks;
+      if (cfg.chunk_split != ChunkSplit::kEqual) {
+        report["chunk_split"] = std::string(chunk_split_name(cfg.chunk_split));
+        report["chunk_widths"] = chunk_widths(cfg);
+      }
       report["seq_len"] = cfg.seq_len;
       report["heads_q"] = cfg.shape.heads_q;
       report["heads_kv"] = cfg.shape.heads_kv;
@@ -236,9 +244,10 @@ int print_report(Communicator& world, const ExecOptionsCli& opt, const PlanConfi
                             {"compute_mean_s", r.backward_compute.mean}};
       report["executor_cpu_over_kernel_cpu"] = {{"forward", r.forward_own.max}, {"backward", r.backward_own.max}};
     } else {
-      fmt::print("libra exec: {} ranks = {} pool(s) x W {} (P {} x CP {}); mode {}, M {}, L {}, h_q {}, h_kv {}, d {}, "
+      fmt::print("libra exec: {} ranks = {} pool(s) x W {} (P {} x CP {}); mode {}, M {}{}, L {}, h_q {}, h_kv {}, d {}, "
                  "{}, window {}, {} kernel thread(s) per rank\n",
-                 r.ranks, r.pools, r.pool_ranks, r.pool_size, cfg.cp, mode_text, cfg.chunks, cfg.seq_len,
+                 r.ranks, r.pools, r.pool_ranks, r.pool_size, cfg.cp, mode_text, cfg.chunks,
+                 cfg.chunk_split == ChunkSplit::kEqual ? std::string() : " (" + tapered_chunks_text(cfg) + ")", cfg.seq_len,
                  cfg.shape.heads_q, cfg.shape.heads_kv, cfg.shape.head_dim, dtype,
                  windowed ? std::to_string(cfg.shape.window) : std::string("full"), threads);
       if (scale != 1.0) fmt::print("pool source: {} with sample lengths scaled by {:.6g}\n", source, scale);
@@ -625,9 +634,12 @@ int run_bench(BenchOptionsCli opt) {
              "worker\n",
              opt.backward ? "forward + backward" : "forward", so.threads);
   fmt::print("pools: {} from {} (sample lengths x {:.6g}), L {}, P {}, CP {}, W {}, B {}, H {}, h_q {}, h_kv {}, d {}, {}, "
-             "median of {} run(s)\n",
+             "median of {} run(s){}\n",
              opt.pools, so.source, scale, c0.seq_len, P, c0.cp, W, c0.block_size, c0.head_shards, c0.shape.heads_q,
-             c0.shape.heads_kv, c0.shape.head_dim, dtype_name(c0.shape.dtype), opt.repeat);
+             c0.shape.heads_kv, c0.shape.head_dim, dtype_name(c0.shape.dtype), opt.repeat,
+             cfgs[1].chunk_split == ChunkSplit::kEqual
+                 ? std::string()
+                 : fmt::format("; tap and tap-split M {} ({})", cfgs[1].chunks, tapered_chunks_text(cfgs[1])));
   {
     // One untimed run first, so that no measured worker pays for first-touch
     // page faults and the kernel's one-time set-up.

@@ -60,13 +60,14 @@ std::string summary(const Plan& plan) {
   for (std::int64_t f : plan.worker_flops()) total += f;
   const double mean = static_cast<double>(total) / W;
   std::string out = fmt::format(
-      "# plan mode {}{}  slots {}  cp {}  workers {}  tiles {}  block {}  head-shards {}  chunks {}  tau {}\n",
+      "# plan mode {}{}  slots {}  cp {}  workers {}  tiles {}  block {}  head-shards {}  chunks {}{}  tau {}\n",
       plan_mode_name(c.mode),
       std::string(c.dedup_per_kv_head ? " (dedup per KV head)" : "") +
           (c.home_layout == HomeLayout::kContiguous ? "" : " (home layout " + std::string(home_layout_name(c.home_layout)) + ")") +
           (c.kv_prefix ? " (KV prefix)" : ""),
       plan.pool_size(), c.cp, W,
-      plan.tiles().size(), c.block_size, c.head_shards, c.chunks, c.tau);
+      plan.tiles().size(), c.block_size, c.head_shards, c.chunks,
+      c.chunk_split == ChunkSplit::kEqual ? std::string() : " (" + tapered_chunks_text(c) + ")", c.tau);
   out += fmt::format("# fingerprint 0x{:016x}\n", plan.fingerprint());
   out += fmt::format("{:>6} {:>6} {:>9} {:>20} {:>9} {:>16} {:>16}\n", "worker", "tiles", "kv_groups", "flops",
                      "load/mean", "send_bytes", "recv_bytes");
@@ -88,7 +89,7 @@ Result<PlanConfig> config_from(const PlanOptions& o) {
   c.mode = *m;
   c.dedup_per_kv_head = o.dedup_per_kv_head;
   c.topology = o.topology;
-  LIBRA_TRY(name_preset_fields(o.plan, validate_plan_config(c)));
+  LIBRA_TRY(name_preset_fields(o.plan, name_chunk_flags(o.plan, c, validate_plan_config(c))));
   return c;
 }
 

@@ -51,6 +51,43 @@ Status name_preset_fields(const PlanFlags& f, Status s) {
   return Error(s.error().code(), s.error().message() + " (" + from + " from --model " + f.model + ")");
 }
 
+Status name_chunk_flags(const PlanFlags& f, const PlanConfig& c, Status s) {
+  if (s.ok() || c.chunk_split == ChunkSplit::kEqual) return s;
+  // Another rule failed when one equal chunk fails too.
+  PlanConfig one = c;
+  one.chunks = 1;
+  one.chunk_split = ChunkSplit::kEqual;
+  if (!validate_plan_config(one).ok()) return s;
+  std::string rule = s.error().message();
+  constexpr std::string_view kPrefix = "plan config: ";
+  if (rule.rfind(kPrefix, 0) == 0) rule.erase(0, kPrefix.size());
+  return Error(s.error().code(),
+               "--chunks " + std::to_string(c.chunks) + " --chunk-split " + f.chunk_split + ": " + rule);
+}
+
+std::vector<std::int32_t> chunk_widths(const PlanConfig& c) {
+  const int shards = c.mode == PlanMode::kUlysses ? c.cp : c.head_shards;
+  std::vector<std::int32_t> out;
+  if (shards <= 0) return out;
+  const std::int32_t width = c.shape.heads_q / shards;
+  for (int m = 0; m < c.chunks; ++m) {
+    out.push_back(chunk_head_offset(width, c.chunks, c.chunk_split, m + 1) -
+                  chunk_head_offset(width, c.chunks, c.chunk_split, m));
+  }
+  return out;
+}
+
+std::string tapered_chunks_text(const PlanConfig& c) {
+  if (c.chunk_split == ChunkSplit::kEqual) return {};
+  std::string out = std::string(chunk_split_name(c.chunk_split)) + " chunks ";
+  bool first = true;
+  for (std::int32_t w : chunk_widths(c)) {
+    out += (first ? "" : ",") + std::to_string(w);
+    first = false;
+  }
+  return out;
+}
+
 Status check_plan_path(const std::string& path, std::string_view flag) {
   const std::string f(flag);
   if (path == "-") {
@@ -79,7 +116,10 @@ void add_plan_flags(CLI::App* sub, PlanFlags& f, std::string_view required) {
   keep(sub->add_option("--dtype", f.dtype, "Element type: bf16, fp16 or fp32"));
   keep(sub->add_option("--window", f.window, "Sliding-window width (default: full causal)"));
   keep(sub->add_option("--tau", f.tau, "TAP load slack of the soft target C"));
-  keep(sub->add_option("--chunks", f.chunks, "Pipeline chunks M; divides h_q/H"));
+  keep(sub->add_option("--chunks", f.chunks, "Pipeline chunks M; divides h_q/H (equal cut)"));
+  keep(sub->add_option("--chunk-split", f.chunk_split,
+                       "How the chunks cut a tile's query heads: equal (w/M each), or tapered (first and last chunk "
+                       "about half as wide as the middle ones; 3 <= M <= w; plan format 4)"));
   keep(sub->add_option("--home-layout", f.home_layout,
                        "Rows each CP rank holds: contiguous, or zigzag (chunks r and 2CP-1-r of 2CP, as Megatron CP)"));
   keep(sub->add_flag("--kv-prefix", f.kv_prefix,
@@ -130,6 +170,9 @@ Result<PlanConfig> plan_config_from(const PlanFlags& f) {
   }
   c.tau = f.tau;
   c.chunks = f.chunks;
+  auto split = parse_chunk_split(f.chunk_split);
+  if (!split.ok()) return invalid_input("--chunk-split " + f.chunk_split + ": must be equal or tapered");
+  c.chunk_split = *split;
   auto layout = parse_home_layout(f.home_layout);
   if (!layout.ok()) return invalid_input("--home-layout " + f.home_layout + ": must be contiguous or zigzag");
   c.home_layout = *layout;

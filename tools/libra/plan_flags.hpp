@@ -38,6 +38,7 @@ struct PlanFlags {
   std::string dtype = "bf16";
   double tau = 0.03;
   int chunks = 1;
+  std::string chunk_split = "equal";  // equal | tapered (ChunkSplit)
   std::string home_layout = "contiguous";
   bool kv_prefix = false;
   std::vector<const CLI::Option*> options;  // every flag added, to tell which were given
@@ -46,7 +47,7 @@ struct PlanFlags {
 
 // Adds --seq-len, --cp, --block-size (alias --block), --head-shards, --model,
 // --heads-q, --heads-kv, --head-dim, --dtype, --window, --tau, --chunks,
-// --home-layout.
+// --chunk-split, --home-layout, --kv-prefix.
 // `required` is how --help describes the flags a plan needs ("required",
 // "required unless --load").
 void add_plan_flags(CLI::App* sub, PlanFlags& flags, std::string_view required);
@@ -65,6 +66,19 @@ std::string first_plan_flag_given(const PlanFlags& flags);
 // --model preset named, so that "heads_q 32 must ..." is not read as a
 // flag the user typed; `s` unchanged when no preset filled a field.
 [[nodiscard]] Status name_preset_fields(const PlanFlags& flags, Status s);
+
+// `s` (validate_plan_config's verdict on `c`, built from `flags`) with
+// --chunks and --chunk-split named when the tapered cut is what it refuses
+// ("--chunks 2 --chunk-split tapered: tapered chunks need 3 <= chunks <= ...");
+// `s` unchanged otherwise.
+[[nodiscard]] Status name_chunk_flags(const PlanFlags& flags, const PlanConfig& c, Status s);
+
+// The query heads of a tile in each chunk of a valid configuration (a
+// tile is h_q / H heads wide, h_q / cp in mode ulysses): 1,3,3,1 for 8 heads
+// in 4 tapered chunks.
+std::vector<std::int32_t> chunk_widths(const PlanConfig& c);
+// "tapered chunks 1,3,3,1" (chunk_widths); empty for the equal cut.
+std::string tapered_chunks_text(const PlanConfig& c);
 
 // Refuses plan paths load_plan would misreport: "-" (a plan is read from a
 // file, not stdin) and a gzip file (read as JSON, "not valid JSON"). `flag`

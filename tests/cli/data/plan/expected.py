@@ -3,7 +3,7 @@
 plans (see the comments there), independently of libra: the fingerprint is
 computed here from the format described in docs/plan-format.md.
 
-    python3 expected.py   # rewrites gqa.json, ties.txt, ties_split.txt
+    python3 expected.py   # rewrites gqa.json, ties.txt, ties_split.txt, gqa_tapered.txt
 
 gqa_format1.json is gqa.json as format-1 writers wrote it (elem_bytes, no
 dtype): it must load to the same plan.
@@ -16,11 +16,18 @@ INT64_MAX = (1 << 63) - 1
 
 
 def fingerprint(cfg, pool, tiles):
-    words = [0x4E4C50415242494C, 1, cfg["seq_len"], cfg["cp"], cfg["block_size"], cfg["head_shards"],
+    # Version 1 (contiguous homes, no KV prefix, equal chunks), or version 4
+    # for tapered chunks: then the home layout (contiguous 0), kv_prefix (0)
+    # and chunk split (tapered 1) words follow dedup_per_kv_head.
+    tapered = cfg.get("chunk_split") == "tapered"
+    words = [0x4E4C50415242494C, 4 if tapered else 1, cfg["seq_len"], cfg["cp"], cfg["block_size"], cfg["head_shards"],
              cfg["heads_q"], cfg["heads_kv"], cfg["head_dim"], {"fp32": 4, "bf16": 2, "fp16": 2 | 1 << 8}[cfg["dtype"]],
              INT64_MAX if cfg["window"] is None else cfg["window"],
              struct.unpack("<Q", struct.pack("<d", cfg["tau"]))[0], cfg["chunks"],
-             {"tap": 0, "ulysses": 1, "tap-split": 2}[cfg["mode"]], int(cfg["dedup_per_kv_head"]), len(pool)]
+             {"tap": 0, "ulysses": 1, "tap-split": 2}[cfg["mode"]], int(cfg["dedup_per_kv_head"])]
+    if tapered:
+        words += [0, 0, 1]
+    words.append(len(pool))
     for seq in pool:
         words += [len(seq)] + seq
     words.append(len(tiles))
@@ -71,9 +78,11 @@ with open("gqa.json", "w") as f:
     f.write(json.dumps(doc, indent=1) + "\n")
 
 
-def summary(mode, cfg, pool, tiles, rows, imbalance, comm, kv):
-    out = "# plan mode %s  slots %d  cp %d  workers %d  tiles %d  block %d  head-shards %d  chunks %d  tau %s\n" % (
-        mode, len(pool), cfg["cp"], len(rows), len(tiles), cfg["block_size"], cfg["head_shards"], cfg["chunks"],
+def summary(mode, cfg, pool, tiles, rows, imbalance, comm, kv, widths=None):
+    # widths: the query heads of a tile in each tapered chunk.
+    chunks = "%d" % cfg["chunks"] + (" (tapered chunks %s)" % ",".join(map(str, widths)) if widths else "")
+    out = "# plan mode %s  slots %d  cp %d  workers %d  tiles %d  block %d  head-shards %d  chunks %s  tau %s\n" % (
+        mode, len(pool), cfg["cp"], len(rows), len(tiles), cfg["block_size"], cfg["head_shards"], chunks,
         "%g" % cfg["tau"])
     out += "# fingerprint %s\n" % fingerprint(cfg, pool, tiles)
     out += "%6s %6s %9s %20s %9s %16s %16s\n" % ("worker", "tiles", "kv_groups", "flops", "load/mean", "send_bytes",
@@ -101,3 +110,14 @@ tiles = [dict(slot=0, block=0, shard=0, begin=0, end=3, worker=1), dict(slot=0, 
          dict(slot=1, block=0, shard=0, begin=0, end=1, worker=0)]
 with open("ties_split.txt", "w") as f:
     f.write(summary("tap-split", cfg, pool, tiles, [(2, 2, 5, 24, 12), (1, 1, 6, 12, 24)], 6 / 5.5 - 1, 36, 20))
+
+# GQA pool with one head shard in 3 tapered chunks (see plan.cmake.in): the
+# 4 query heads of a tile cut 1, 2, 1 (ends max(1, round(4 / 4)) = 1). Tiles
+# (block 0, f 12) and (block 1, f 12) stay home (C = 12.36): worker 0 fetches
+# token 2's K/V (8 bytes), worker 1 tokens 0 and 1 (16 bytes).
+cfg = config("tap", 4, 2, 2, 1, 4, 1, 2, 2, 0.03, chunks=3)
+cfg["chunk_split"] = "tapered"
+pool = [[3]]
+tiles = [dict(slot=0, block=0, shard=0, begin=0, end=2, worker=0), dict(slot=0, block=1, shard=0, begin=2, end=3, worker=1)]
+with open("gqa_tapered.txt", "w") as f:
+    f.write(summary("tap", cfg, pool, tiles, [(1, 1, 12, 16, 8), (1, 1, 12, 8, 16)], 0.0, 24, 24, widths=[1, 2, 1]))
