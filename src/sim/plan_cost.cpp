@@ -418,8 +418,8 @@ Result<PlanCost> price_shaped(const Ctx& ctx, const Plan& plan, std::int64_t chu
     return timed_cost(ctx, plan, gpus, tm, relayed);
   }
   // simulate() has checked every M against INT32_MAX.
-  const std::string label = kind + " (M " + std::to_string(chunks) +
-                            (split == ChunkSplit::kEqual ? "" : ", " + std::string(chunk_split_name(split))) + ")";
+  // `kind` names the shape (sweep.cpp: "libra-topo relayed tapered").
+  const std::string label = kind + " (M " + std::to_string(chunks) + ")";
   LIBRA_ASSIGN_OR_RETURN(Plan re, timed_plan(tm, label, [&] { return rechunk_plan(plan, static_cast<int>(chunks), split); }));
   return timed_cost(ctx, re, gpus, tm, relayed);
 }
