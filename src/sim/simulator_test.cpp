@@ -94,6 +94,14 @@ SimConfig tiny_config() {
   return c;
 }
 
+// The settings table's entry for JSON key `key`, or nullptr.
+const SimSetting* setting_named(std::string_view key) {
+  for (const SimSetting& s : sim_settings()) {
+    if (s.key == key) return &s;
+  }
+  return nullptr;
+}
+
 PlanConfig tiny_plan_config(PlanMode mode, int h, std::int64_t b, int chunks) {
   PlanConfig pc;
   pc.seq_len = 64;
@@ -571,10 +579,7 @@ TEST(SimSettings, HomeLayoutIsAutoZigzagOrContiguousForLibraTopoOnly) {
             "--head-shards 2 --block-size 32: plan config: home_layout zigzag: seq_len / (2 cp) = 16 must be "
             "divisible by block_size 32");
   // Settings: auto, zigzag, contiguous; anything else names the value.
-  const SimSetting* st = nullptr;
-  for (const SimSetting& s : sim_settings()) {
-    if (s.key == "home_layout") st = &s;
-  }
+  const SimSetting* st = setting_named("home_layout");
   ASSERT_NE(st, nullptr);
   SimConfig d;
   EXPECT_NE(sim_config_json(d).find("\"home_layout\": \"auto\""), std::string::npos);
@@ -920,10 +925,7 @@ TEST(SimSettings, RelayIsAutoOnOrOffAndOnlyLibraTopoRelays) {
     EXPECT_FALSE(b->relayed);
     EXPECT_EQ(a->seconds.mean, b->seconds.mean) << variant_name(v);
   }
-  const SimSetting* st = nullptr;
-  for (const SimSetting& s : sim_settings()) {
-    if (s.key == "relay") st = &s;
-  }
+  const SimSetting* st = setting_named("relay");
   ASSERT_NE(st, nullptr);
   SimConfig d;
   EXPECT_NE(sim_config_json(d).find("\"relay\": \"auto\""), std::string::npos);
@@ -1025,10 +1027,7 @@ TEST(SimSettings, ChunkSplitIsAutoEqualOrTaperedAndOnlyLibraTopoTapers) {
     EXPECT_EQ(b->chunk_split, ChunkSplit::kEqual) << variant_name(v);
     EXPECT_EQ(a->seconds.mean, b->seconds.mean) << variant_name(v);
   }
-  const SimSetting* st = nullptr;
-  for (const SimSetting& s : sim_settings()) {
-    if (s.key == "chunk_split") st = &s;
-  }
+  const SimSetting* st = setting_named("chunk_split");
   ASSERT_NE(st, nullptr);
   SimConfig d;
   EXPECT_NE(sim_config_json(d).find("\"chunk_split\": \"auto\""), std::string::npos);
