@@ -427,7 +427,7 @@ class Plan {
 // splits each tile's heads into chunks; no mode's placement reads it), so
 // rechunk_plan(make_plan(pool, c), m) equals make_plan(pool, c with chunks m),
 // fingerprint and all, without placing again. Errors: as make_plan's for the
-// new config (m must divide the heads of a tile).
+// new config (m must divide the heads of a tile; tapered: 3 <= m <= them).
 [[nodiscard]] Result<Plan> rechunk_plan(const Plan& plan, int chunks);
 // The same with the chunks cut by `split` (the plan's own cut above).
 [[nodiscard]] Result<Plan> rechunk_plan(const Plan& plan, int chunks, ChunkSplit split);

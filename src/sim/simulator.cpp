@@ -308,7 +308,9 @@ Result<SimResult> simulate(std::span<const PackedSequence> seqs, std::int64_t se
         std::optional<std::pair<Stat, TopoShape>> best;
         auto consider = [&](const std::vector<TopoShape>& shapes) {
           for (const TopoShape& sh : shapes) {
-            const auto& from = sh == TopoShape{} ? steps : shaped_steps[sh];
+            auto by = shaped_steps.find(sh);
+            if (sh != TopoShape{} && by == shaped_steps.end()) continue;
+            const auto& from = sh == TopoShape{} ? steps : by->second;
             auto it = from.find({v, m});
             if (it == from.end()) continue;
             const Stat st = stat_of(it->second);

@@ -125,22 +125,24 @@ WindowResult simulate_window(const Ctx& ctx, std::span<const PackedSequence> win
     std::map<TopoShape, std::map<std::pair<Variant, std::int64_t>, StepMax>> shaped;
     // libra-topo also with relayed inputs and tapered chunks, unless
     // switched off (the choice among them is simulate()'s).
+    // Forced shapes are priced beside the plain one too (simulate() falls
+    // back to equal chunks where M does not admit tapered ones).
     std::vector<TopoShape> shapes;
     if (rec == Record::kTopo) {
-      const bool relay = ctx.cfg.relay.value_or(true);
-      const bool taper = ctx.cfg.chunk_split.value_or(ChunkSplit::kTapered) == ChunkSplit::kTapered;
-      if (relay) shapes.push_back({.relayed = true});
-      if (taper) shapes.push_back({.split = ChunkSplit::kTapered});
-      if (relay && taper) shapes.push_back({.relayed = true, .split = ChunkSplit::kTapered});
+      const auto relay = ctx.cfg.relay == false ? std::optional<bool>(false) : std::nullopt;
+      const auto split = ctx.cfg.chunk_split == ChunkSplit::kEqual ? std::optional(ChunkSplit::kEqual) : std::nullopt;
+      for (const TopoShape& sh : admitted_shapes(relay, split)) {
+        if (sh != TopoShape{}) shapes.push_back(sh);
+      }
     }
     // Tapered chunks need 3 <= M <= the heads of a tile (validate_plan_config).
-    auto shape_fits = [&](const TopoShape& sh, std::int64_t m) {
-      if (sh.split == ChunkSplit::kEqual) return true;
+    std::vector<bool> tapered_fits;
+    for (std::int64_t m : chunks) {
       PlanConfig c = pc;
       c.chunks = static_cast<int>(m);
-      c.chunk_split = sh.split;
-      return validate_plan_config(c).ok();
-    };
+      c.chunk_split = ChunkSplit::kTapered;
+      tapered_fits.push_back(validate_plan_config(c).ok());
+    }
     const std::string kind(variant_name(variants[0]));
     for (std::size_t k = 0; k < placement.pools.size(); ++k) {
       const auto pool = pool_of(window, placement.pools[k]);
@@ -173,7 +175,7 @@ WindowResult simulate_window(const Ctx& ctx, std::span<const PackedSequence> win
           if (variant_pipelined(var)) put(m == pc.chunks || m == 1 ? c : re, var, m, m != 1);
         }
         for (const TopoShape& sh : shapes) {
-          if (!shape_fits(sh, m)) continue;
+          if (sh.split == ChunkSplit::kTapered && !tapered_fits[i]) continue;
           // Relays are chosen per chunk, so each M (1 too) is relayed afresh.
           const std::string label = kind + (sh.relayed ? " relayed" : "") +
                                     (sh.split == ChunkSplit::kTapered ? " tapered" : "");

@@ -69,26 +69,24 @@ namespace {
 
 std::string str(std::int64_t v) { return std::to_string(v); }
 
+Error config_error(const std::string& rule) { return invalid_input("plan config: " + rule); }
+
 // Contract section 8's rule for the equal cut, the tapered cut's own
 // otherwise; `width` is the heads of one tile (`what` names it).
 Status check_chunk_cut(const PlanConfig& c, std::int32_t width, const std::string& what, const std::string& mode) {
   if (c.chunk_split == ChunkSplit::kEqual) {
-    if (width % c.chunks != 0) {
-      return invalid_input("plan config: " + mode + "chunks " + str(c.chunks) + " must divide " + what + " = " + str(width));
-    }
+    if (width % c.chunks != 0) return config_error(mode + "chunks " + str(c.chunks) + " must divide " + what + " = " + str(width));
     return Status{};
   }
   if (c.chunk_split != ChunkSplit::kTapered) {
-    return invalid_input("plan config: unknown chunk split " + str(static_cast<int>(c.chunk_split)));
+    return config_error("unknown chunk split " + str(static_cast<int>(c.chunk_split)));
   }
   if (c.chunks < 3 || c.chunks > width) {
-    return invalid_input("plan config: " + mode + "tapered chunks need 3 <= chunks <= " + what + " = " + str(width) +
-                         " (chunks is " + str(c.chunks) + ")");
+    return config_error(mode + "tapered chunks need 3 <= chunks <= " + what + " = " + str(width) + " (chunks is " +
+                        str(c.chunks) + ")");
   }
   return Status{};
 }
-
-Error config_error(const std::string& rule) { return invalid_input("plan config: " + rule); }
 
 // Upper bounds on the pool: the byte matrix is W x W and the per-chunk
 // transfer index M x W x W.
