@@ -1,5 +1,8 @@
 #include "plan_flags.hpp"
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
 #include <array>
 #include <fstream>
 
@@ -79,13 +82,7 @@ std::vector<std::int32_t> chunk_widths(const PlanConfig& c) {
 
 std::string tapered_chunks_text(const PlanConfig& c) {
   if (c.chunk_split == ChunkSplit::kEqual) return {};
-  std::string out = std::string(chunk_split_name(c.chunk_split)) + " chunks ";
-  bool first = true;
-  for (std::int32_t w : chunk_widths(c)) {
-    out += (first ? "" : ",") + std::to_string(w);
-    first = false;
-  }
-  return out;
+  return fmt::format("{} chunks {}", chunk_split_name(c.chunk_split), fmt::join(chunk_widths(c), ","));
 }
 
 Status check_plan_path(const std::string& path, std::string_view flag) {
