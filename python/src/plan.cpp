@@ -336,8 +336,7 @@ void bind_plan(py::module_& m) {
         }
         c.tau = tau;
         c.chunks = chunks;
-        if (auto t = libra::parse_chunk_split(chunk_split); t.ok()) c.chunk_split = *t;
-        else bad("chunk_split " + chunk_split + ": must be equal or tapered");
+        c.chunk_split = unwrap(libra::parse_chunk_split(chunk_split));
         c.mode = unwrap(libra::parse_plan_mode(mode));
         c.dedup_per_kv_head = dedup_per_kv_head;
         if (auto l = libra::parse_home_layout(home_layout); l.ok()) c.home_layout = *l;

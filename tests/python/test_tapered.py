@@ -145,9 +145,9 @@ def test_bad_values_raise_one_line():
     kw = dict(seq_len=L, cp=2, block_size=8, head_shards=1, heads_q=8, heads_kv=2, head_dim=16)
     make = libra.make_plan
     e = one_line_value_error(lambda: make(POOLS[:2], chunks=4, chunk_split="taper", **kw))
-    assert str(e) == "chunk_split taper: must be equal or tapered"
+    assert str(e) == "chunk split 'taper': must be equal or tapered"
     e = one_line_value_error(lambda: make(POOLS[:2], chunks=4, chunk_split="Tapered", **kw))
-    assert str(e) == "chunk_split Tapered: must be equal or tapered"
+    assert str(e) == "chunk split 'Tapered': must be equal or tapered"
     e = one_line_value_error(lambda: make(POOLS[:2], chunks=2, chunk_split="tapered", **kw))
     assert str(e) == "plan config: tapered chunks need 3 <= chunks <= heads_q / head_shards = 8 (chunks is 2)"
     e = one_line_value_error(lambda: make(POOLS[:2], chunks=9, chunk_split="tapered", **kw))
@@ -177,7 +177,7 @@ def test_planner_forwards_chunk_split():
     finally:
         planner.close()
     e = one_line_value_error(lambda: lt.Planner(sampler, chunk_split="wide", **kw))
-    assert str(e) == "Planner: chunk_split wide: must be equal or tapered"
+    assert str(e) == "Planner: chunk split 'wide': must be equal or tapered"
     e = one_line_value_error(lambda: lt.Planner(sampler, chunk_split="tapered", **dict(kw, chunks=2)))
     assert str(e) == ("Planner: plan config: tapered chunks need 3 <= chunks <= heads_q / head_shards = 8 "
                       "(chunks is 2)")
