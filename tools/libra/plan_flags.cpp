@@ -61,11 +61,13 @@ Status name_chunk_flags(const PlanFlags& f, const PlanConfig& c, Status s) {
   one.chunks = 1;
   one.chunk_split = ChunkSplit::kEqual;
   if (!validate_plan_config(one).ok()) return s;
-  std::string rule = s.error().message();
-  constexpr std::string_view kPrefix = "plan config: ";
-  if (rule.rfind(kPrefix, 0) == 0) rule.erase(0, kPrefix.size());
-  return Error(s.error().code(),
-               "--chunks " + std::to_string(c.chunks) + " --chunk-split " + f.chunk_split + ": " + rule);
+  // The flags replace validate_plan_config's lead ("plan config: tapered chunks need ..."). A message
+  // without that lead is passed on whole rather than cut at a guess (plan_flags_test pins both).
+  constexpr std::string_view kLead = "plan config: ";
+  const std::string& message = s.error().message();
+  if (!message.starts_with(kLead)) return s;
+  return Error(s.error().code(), "--chunks " + std::to_string(c.chunks) + " --chunk-split " + f.chunk_split + ": " +
+                                     message.substr(kLead.size()));
 }
 
 std::vector<std::int32_t> chunk_widths(const PlanConfig& c) {

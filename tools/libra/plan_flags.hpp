@@ -69,8 +69,9 @@ std::string first_plan_flag_given(const PlanFlags& flags);
 
 // `s` (validate_plan_config's verdict on `c`, built from `flags`) with
 // --chunks and --chunk-split named when the tapered cut is what it refuses
-// ("--chunks 2 --chunk-split tapered: tapered chunks need 3 <= chunks <= ...");
-// `s` unchanged otherwise.
+// ("--chunks 2 --chunk-split tapered: tapered chunks need 3 <= chunks <= ...",
+// the flags in place of the message's "plan config: " lead); `s` unchanged
+// otherwise, and unchanged when its message lacks that lead.
 [[nodiscard]] Status name_chunk_flags(const PlanFlags& flags, const PlanConfig& c, Status s);
 
 // The query heads of a tile in each chunk of a valid configuration (a
