@@ -232,9 +232,10 @@ inline int topo_tier(const PlanTopology& t, int a, int b) {
 
 // Checks that `rows` cut every (slot, block, shard) into consecutive pieces
 // covering the block exactly, then derives the plan (the exchange on first
-// use: derive_exchange). `source` names the input in error messages.
+// use: derive_exchange). The plan keeps `geo` (so callers move it in).
+// `source` names the input in error messages.
 [[nodiscard]] Result<Plan> build_plan(std::span<const PackedSequence> pool, const PlanConfig& config,
-                                      const Geometry& geo, std::vector<PlacedRows> rows,
+                                      Geometry geo, std::vector<PlacedRows> rows,
                                       const std::string& source);
 
 // Fills the exchange of a plan build_plan made; Plan's exchange accessors

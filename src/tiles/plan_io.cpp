@@ -159,7 +159,7 @@ Result<Plan> finish(std::span<const PackedSequence> pool, const PlanConfig& conf
                     const std::string& source) {
   auto geo = detail::make_geometry(pool, config);
   if (!geo.ok()) return Error(geo.error().code(), source + ": " + geo.error().message());
-  return detail::build_plan(pool, config, *geo, std::move(rows), source);
+  return detail::build_plan(pool, config, std::move(*geo), std::move(rows), source);
 }
 
 }  // namespace
