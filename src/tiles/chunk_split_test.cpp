@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "libra/plan.hpp"
+#include "tiles/plan_test_util.hpp"
 
 namespace {
 
@@ -31,6 +32,9 @@ using libra::PlanMode;
 using libra::Tile;
 using libra::Transfer;
 using libra::TransferKind;
+using libra::test_util::draw_packed_sequence;
+using libra::test_util::plan_config;
+using libra::test_util::workers_of;
 
 // The widths the rule gives, read from its statement and nothing else: the
 // two ends are e = max(1, round(w / (2 (M - 1)))) wide (halves round up),
@@ -122,17 +126,10 @@ TEST(ChunkSplit, NamesParseAndAnUnknownNameIsOneLine) {
   EXPECT_EQ(bad.error().message(), "chunk split 'uneven': must be equal or tapered");
 }
 
+// L 16, d 4, bf16, tau 0.03 (plan_config) with M chunks cut by `split`, on
+// nodes of 2 GPUs in supernodes of 2 nodes.
 PlanConfig config(int cp, std::int64_t B, int H, int hq, int hkv, int M, ChunkSplit split, PlanMode mode = PlanMode::kTap) {
-  PlanConfig c;
-  c.seq_len = 16;
-  c.cp = cp;
-  c.block_size = B;
-  c.head_shards = H;
-  c.shape.heads_q = hq;
-  c.shape.heads_kv = hkv;
-  c.shape.head_dim = 4;
-  c.shape.dtype = libra::DType::kBF16;
-  c.tau = 0.03;
+  PlanConfig c = plan_config(16, cp, B, H, hq, hkv, 4, 2, 0.03);
   c.chunks = M;
   c.chunk_split = split;
   c.mode = mode;
@@ -356,12 +353,6 @@ std::string shape_name(const Shape& sh) {
          (sh.dedup ? " dedup" : "") + (sh.prefix ? " kv-prefix" : "");
 }
 
-std::vector<int> workers_of(const Plan& p) {
-  std::vector<int> w;
-  for (const Tile& t : p.tiles()) w.push_back(t.worker);
-  return w;
-}
-
 TEST(TaperedPlan, ChunkCutsMatchBruteForceInEveryMode) {
   int later = 0;
   for (const Shape& sh : tapered_shapes()) {
@@ -405,16 +396,7 @@ TEST(TaperedPlan, EqualPlansPassTheSameBruteForce) {
 rc::Gen<std::vector<PackedSequence>> gen_pool(int slots, std::int64_t L) {
   return rc::gen::exec([slots, L] {
     std::vector<PackedSequence> pool;
-    for (int p = 0; p < slots; ++p) {
-      const std::int64_t T = *rc::gen::inRange<std::int64_t>(1, L + 1);
-      PackedSequence seq;
-      for (std::int64_t left = T; left > 0;) {
-        const std::int64_t l = *rc::gen::inRange<std::int64_t>(1, left + 1);
-        seq.push_back(l);
-        left -= l;
-      }
-      pool.push_back(seq);
-    }
+    for (int p = 0; p < slots; ++p) pool.push_back(draw_packed_sequence(L));
     return pool;
   });
 }
@@ -436,13 +418,7 @@ RC_GTEST_PROP(TaperedPlan, ChunkCutsMatchBruteForceOnRandomPools, ()) {
   // Every mode cuts h_q / H heads; ulysses' tiles are h_q / cp wide.
   const int width = mode == PlanMode::kUlysses ? std::min(hq / cp, hq / H) : hq / H;
   RC_PRE(width >= 3);
-  PlanConfig c;
-  c.seq_len = L;
-  c.cp = cp;
-  c.block_size = B;
-  c.head_shards = H;
-  c.shape.heads_q = hq;
-  c.shape.heads_kv = hkv;
+  PlanConfig c = plan_config(L, cp, B, H, hq, hkv, 1, 2, 0.0);  // head_dim, dtype and tau drawn here:
   c.shape.head_dim = *rc::gen::inRange(1, 4);
   c.shape.dtype = *rc::gen::element(libra::DType::kBF16, libra::DType::kF32);
   if (*rc::gen::inRange(0, 4) == 0) c.shape.window = *rc::gen::inRange<std::int64_t>(1, 6);

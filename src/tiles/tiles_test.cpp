@@ -16,6 +16,7 @@
 
 #include "libra/corpus.hpp"
 #include "libra/plan.hpp"
+#include "tiles/plan_test_util.hpp"
 
 namespace {
 
@@ -26,20 +27,9 @@ using libra::PlanMode;
 using libra::Tile;
 using libra::Transfer;
 using libra::TransferKind;
-
-PlanConfig config(std::int64_t L, int cp, std::int64_t B, int H, int hq, int hkv, int d, int e, double tau) {
-  PlanConfig c;
-  c.seq_len = L;
-  c.cp = cp;
-  c.block_size = B;
-  c.head_shards = H;
-  c.shape.heads_q = hq;
-  c.shape.heads_kv = hkv;
-  c.shape.head_dim = d;
-  c.shape.dtype = e == 4 ? libra::DType::kF32 : libra::DType::kBF16;
-  c.tau = tau;
-  return c;
-}
+using libra::test_util::draw_packed_sequence;
+using libra::test_util::plan_config;
+using libra::test_util::workers_of;
 
 Plan plan_or_die(const std::vector<PackedSequence>& pool, const PlanConfig& c) {
   auto p = libra::make_plan(pool, c);
@@ -48,12 +38,6 @@ Plan plan_or_die(const std::vector<PackedSequence>& pool, const PlanConfig& c) {
     std::abort();
   }
   return *p;
-}
-
-std::vector<int> workers_of(const Plan& p) {
-  std::vector<int> w;
-  for (const Tile& t : p.tiles()) w.push_back(t.worker);
-  return w;
 }
 
 // ---------------------------------------------------------------------------
@@ -236,7 +220,7 @@ TEST(TapPlacement, MatchesHandComputedPoolWithTies) {
   // Loads 7, 4, 1 -> imbalance 7/4 - 1. Exchange: r1 fetches slot 0's
   // sample (8 B from r0), t0's Q (2 B, 0->1) and O (2 B, 1->0): total 12.
   const std::vector<PackedSequence> pool = {{4}, {1}, {1}};
-  const PlanConfig c = config(4, 1, 2, 1, 1, 1, 1, 2, 0.0);
+  const PlanConfig c = plan_config(4, 1, 2, 1, 1, 1, 1, 2, 0.0);
   const Plan p = plan_or_die(pool, c);
   EXPECT_EQ(workers_of(p), (std::vector<int>{1, 0, 1, 2}));
   EXPECT_EQ(std::vector<std::int64_t>(p.worker_flops().begin(), p.worker_flops().end()),
@@ -258,7 +242,7 @@ TEST(TapPlacement, MatchesHandComputedTwoSamplePool) {
   // b1 tiles -> 0 (14), b3 tiles: 0 would reach 21 > 20 -> 1 (14); b0 -> 0
   // (17, then exactly 20 <= C), b2 -> 1. Nothing moves.
   const std::vector<PackedSequence> pool = {{4, 4}};
-  const PlanConfig c = config(8, 2, 2, 2, 2, 2, 1, 2, 0.0);
+  const PlanConfig c = plan_config(8, 2, 2, 2, 2, 2, 1, 2, 0.0);
   const Plan p = plan_or_die(pool, c);
   EXPECT_EQ(workers_of(p), (std::vector<int>{0, 0, 0, 0, 1, 1, 1, 1}));
   EXPECT_EQ(p.comm_bytes(), 0);
@@ -279,7 +263,7 @@ TEST(TapPlacement, MatchesHandComputedGroupedQueryAttention) {
   // Traffic: r0 fetches token 2 for both shards (2 * 8 B from r1), r1 fetches tokens 0,1
   // for both shards (2 * 16 B from r0): total 48; the shared KV head travels twice.
   const std::vector<PackedSequence> pool = {{3}};
-  PlanConfig c = config(4, 2, 2, 2, 4, 1, 2, 2, 0.03);
+  PlanConfig c = plan_config(4, 2, 2, 2, 4, 1, 2, 2, 0.03);
   const Plan p = plan_or_die(pool, c);
   EXPECT_EQ(workers_of(p), (std::vector<int>{0, 0, 1, 1}));
   EXPECT_EQ(p.tiles()[1].heads, (libra::HeadRange{2, 4}));
@@ -302,7 +286,7 @@ TEST(TapPlacement, MatchesHandComputedGroupedQueryAttention) {
 TEST(TapPlacement, SlidingWindowCountsBandPairs) {
   // Window 2: query q sees min(q+1, 2) keys. Slot 0 = [4], B = 4: 1+2+2+2 = 7.
   const std::vector<PackedSequence> pool = {{4}};
-  PlanConfig c = config(4, 1, 4, 1, 1, 1, 1, 2, 0.03);
+  PlanConfig c = plan_config(4, 1, 4, 1, 1, 1, 1, 2, 0.03);
   c.shape.window = 2;
   const Plan p = plan_or_die(pool, c);
   ASSERT_EQ(p.tiles().size(), 1U);
@@ -318,7 +302,7 @@ TEST(UlyssesPlacement, MatchesHandComputedHeadSplit) {
   // b1's Q for head 0 and returns O; each fetches the other half of the
   // sample's K/V for its head: 2 tokens * 2 B. Each direction: 2 + 2 + 4 = 8.
   const std::vector<PackedSequence> pool = {{4}};
-  PlanConfig c = config(4, 2, 2, 2, 2, 2, 1, 2, 0.03);
+  PlanConfig c = plan_config(4, 2, 2, 2, 2, 2, 1, 2, 0.03);
   c.mode = PlanMode::kUlysses;
   const Plan p = plan_or_die(pool, c);
   EXPECT_EQ(workers_of(p), (std::vector<int>{0, 1, 0, 1}));
@@ -343,7 +327,7 @@ TEST(TapSplitPlacement, MatchesHandComputedSplit) {
   // slot 1's O (1 B) = 12; 1->0: O rows 0-2 (3 B), slot 1's token (2 B),
   // slot 1's Q (1 B) = 6.
   const std::vector<PackedSequence> pool = {{4}, {1}};
-  PlanConfig c = config(4, 1, 4, 1, 1, 1, 1, 2, 0.2);
+  PlanConfig c = plan_config(4, 1, 4, 1, 1, 1, 1, 2, 0.2);
   const Plan tap = plan_or_die(pool, c);
   EXPECT_EQ(workers_of(tap), (std::vector<int>{0, 1}));
   EXPECT_DOUBLE_EQ(tap.imbalance(), 10.0 / 5.5 - 1);
@@ -367,7 +351,7 @@ TEST(TapSplitPlacement, MeetsTauOnPaperPoolsWhereTapOvershoots) {
   // the per-worker target and TAP's fallback overshoots on many pools.
   auto seqs = libra::load_packed_sequences("builtin:paper-256k", 262'144);
   ASSERT_TRUE(seqs.ok()) << seqs.error().message();
-  PlanConfig c = config(262'144, 8, 32'768, 8, 32, 4, 128, 2, 0.03);
+  PlanConfig c = plan_config(262'144, 8, 32'768, 8, 32, 4, 128, 2, 0.03);
   c.chunks = 4;
   int tap_over = 0;
   for (std::size_t k = 0; k < 20; ++k) {
@@ -411,21 +395,12 @@ rc::Gen<Case> gen_case(PlanMode mode) {
     for (int M = 1; M <= std::max(width, 1); ++M) {
       if (width > 0 && width % M == 0 && (hq / H) % M == 0) chunks.push_back(M);
     }
-    k.config = config(L, cp, B, H, hq, hkv, *rc::gen::inRange(1, 4), *rc::gen::element(2, 4),
+    k.config = plan_config(L, cp, B, H, hq, hkv, *rc::gen::inRange(1, 4), *rc::gen::element(2, 4),
                       *rc::gen::element(0.0, 0.03, 0.2));
     k.config.mode = mode;
     k.config.chunks = chunks.empty() ? 1 : *rc::gen::elementOf(chunks);
     if (*rc::gen::inRange(0, 4) == 0) k.config.shape.window = *rc::gen::inRange<std::int64_t>(1, 6);
-    for (int p = 0; p < P; ++p) {
-      const std::int64_t T = *rc::gen::inRange<std::int64_t>(1, L + 1);
-      PackedSequence seq;
-      for (std::int64_t left = T; left > 0;) {
-        const std::int64_t l = *rc::gen::inRange<std::int64_t>(1, left + 1);
-        seq.push_back(l);
-        left -= l;
-      }
-      k.pool.push_back(seq);
-    }
+    for (int p = 0; p < P; ++p) k.pool.push_back(draw_packed_sequence(L));
     return k;
   });
 }
@@ -661,7 +636,7 @@ TEST(KvPrefix, HandComputedTwoRankSample) {
   // One slot, CP 2, L 8: sample 0 is rows [0, 8) over both ranks. With B 2,
   // H 1 and tau 0 TAP moves tiles between the two ranks; every worker
   // holding the sample needs keys [0, e) for its last row e only.
-  PlanConfig c = config(8, 2, 2, 1, 1, 1, 1, 4, 0.0);
+  PlanConfig c = plan_config(8, 2, 2, 1, 1, 1, 1, 4, 0.0);
   c.kv_prefix = true;
   const Plan plan = plan_or_die({{8}}, c);
   for (int r = 0; r < 2; ++r) {
@@ -731,7 +706,7 @@ TEST(PlanChunks, KvUseRecordsFirstAndLastChunkOfEveryKvHead) {
   for (const Shape sh : {Shape{1, 8, 2, 4, false, PlanMode::kTap}, Shape{2, 8, 2, 2, false, PlanMode::kTap},
                          Shape{4, 8, 1, 2, false, PlanMode::kTap}, Shape{4, 8, 2, 2, true, PlanMode::kTap},
                          Shape{2, 8, 2, 4, false, PlanMode::kTapSplit}, Shape{2, 8, 4, 4, false, PlanMode::kUlysses}}) {
-    PlanConfig c = config(16, 2, 4, sh.H, sh.hq, sh.hkv, 4, 2, 0.0);
+    PlanConfig c = plan_config(16, 2, 4, sh.H, sh.hq, sh.hkv, 4, 2, 0.0);
     c.chunks = sh.M;
     c.dedup_per_kv_head = sh.dedup;
     c.mode = sh.mode;
@@ -797,7 +772,7 @@ TEST(PlanChunks, GroupedQueryKvHeadTravelsWithFirstChunk) {
   // (query heads 0-3 -> KV 0, 4-7 -> KV 1). M = 4 chunks of 2 query heads:
   // KV head 0 first used by chunk 0, KV head 1 by chunk 2.
   const std::vector<PackedSequence> pool = {{4}, {4}};
-  PlanConfig c = config(4, 1, 4, 1, 8, 2, 1, 2, 0.0);
+  PlanConfig c = plan_config(4, 1, 4, 1, 8, 2, 1, 2, 0.0);
   c.chunks = 4;
   const Plan p = plan_or_die(pool, c);
   const libra::HeadRange shard{0, 8}, kv{0, 2};
@@ -824,7 +799,7 @@ struct BadCase {
 };
 
 TEST(PlanErrors, RejectsImpossibleConfigurationsAndPools) {
-  const PlanConfig good = config(16, 2, 4, 2, 4, 2, 8, 2, 0.03);
+  const PlanConfig good = plan_config(16, 2, 4, 2, 4, 2, 8, 2, 0.03);
   std::vector<BadCase> cases;
   auto with = [&](auto f) {
     PlanConfig c = good;
@@ -889,7 +864,7 @@ TEST(PlanChunks, RechunkEqualsPlanningAgainAtThatM) {
   const std::vector<PackedSequence> pool = {{9, 3, 4}, {16}, {2, 12, 2}, {5, 5}};
   for (PlanMode mode : {PlanMode::kTap, PlanMode::kTapSplit, PlanMode::kTapTopo}) {
     for (int option = 0; option < 3; ++option) {
-      PlanConfig c = config(16, 2, 4, 2, 8, 2, 4, 2, 0.03);
+      PlanConfig c = plan_config(16, 2, 4, 2, 8, 2, 4, 2, 0.03);
       c.mode = mode;
       c.dedup_per_kv_head = option == 1;
       c.kv_prefix = option == 2;
@@ -977,7 +952,7 @@ TEST(PlanExchange, DerivedOnceAndIdenticalAcrossThreads) {
   auto seqs = libra::load_packed_sequences("builtin:paper-256k", 262'144);
   ASSERT_TRUE(seqs.ok()) << seqs.error().message();
   const std::vector<PackedSequence> pool(seqs->begin(), seqs->begin() + 8);
-  PlanConfig c = config(262'144, 8, 8192, 8, 32, 4, 128, 2, 0.03);
+  PlanConfig c = plan_config(262'144, 8, 8192, 8, 32, 4, 128, 2, 0.03);
   c.chunks = 4;
   for (PlanMode mode : {PlanMode::kTap, PlanMode::kTapTopo}) {
     c.mode = mode;

@@ -1,6 +1,7 @@
 """Helpers for the libra.torch tests: a test body run over each communicator (gloo process groups via
-torch.multiprocessing.spawn, or libra.torch's in-process pool on threads) and a plain-attention
-reference in float64 (block-diagonal causal per sample)."""
+torch.multiprocessing.spawn, or libra.torch's in-process pool on threads), a plain-attention
+reference in float64 (block-diagonal causal per sample), and what several test files compare with
+it (rel_err, attend, reference_grads, planner_runs_make_plan)."""
 import json
 import os
 import tempfile
@@ -10,7 +11,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-
+import libra
+import libra.torch as lt
 from libra.torch import comms
 from libra.torch.comms import inprocess
 
@@ -104,3 +106,51 @@ def reference_attention(q, k, v, samples, window=None, scale=None):
         o[s] = (torch.softmax(scores, dim=-1) @ vs).transpose(0, 1)
         start += n
     return o
+
+
+# ---------------------------------------------------------------- helpers the libra.torch test files share
+
+def rel_err(got, want):
+    """The largest |got - want| over the largest |want|, in float64 (either may carry autograd)."""
+    want = want.detach().to(torch.float64)
+    return float((got.detach().to(torch.float64) - want).abs().max() / want.abs().max().clamp_min(1e-30))
+
+
+def attend(rt, q, k, v, grad):
+    """lt.attention of this worker's rows on runtime `rt`, forward and backward against `grad` (dL/do,
+    float64): [o, dq, dk, dv], on fresh leaves (q, k, v are not changed)."""
+    q, k, v = (x.detach().clone().requires_grad_() for x in (q, k, v))
+    o = lt.attention(q, k, v, rt)
+    (o.to(torch.float64) * grad).sum().backward()
+    return [o.detach(), q.grad, k.grad, v.grad]
+
+
+def reference_grads(Q, K, V, G, samples, rows):
+    """The float64 reference (reference_attention) of one packed sequence forward and backward against
+    `G` (dL/do): [o, dQ, dK, dV] at `rows`."""
+    Qr, Kr, Vr = (x.clone().requires_grad_() for x in (Q, K, V))
+    ref = reference_attention(Qr, Kr, Vr, samples)
+    (ref * G).sum().backward()
+    return [ref.detach()[rows], Qr.grad[rows], Kr.grad[rows], Vr.grad[rows]]
+
+
+def planner_runs_make_plan(rank, pools, kw, check=lambda rt: True):
+    """On 4 workers (P 2, CP 2): Planner(worker=..., **kw).runtime(n, group) (plan and schedule from its
+    background thread) runs exactly what a PlanRuntime of make_plan(sampler.pool(n), **kw) runs, for
+    every batch n of a sampler over `pools` (gbs 4, dp 2), and passes check(runtime)."""
+    group, worker = lt.pool_group(2, 2)
+    L, hq, hkv, d = kw["seq_len"], kw["heads_q"], kw["heads_kv"], kw["head_dim"]
+    sampler = lt.PlacementBatchSampler(pools, gbs=4, dp=2, pool_size=2, dp_rank=rank // 2)
+    planner = lt.Planner(sampler, worker=worker, **kw)
+    same = True
+    try:
+        for n in range(len(sampler)):
+            a = planner.runtime(n, group)
+            b = lt.PlanRuntime(libra.make_plan(sampler.pool(n), **kw), group)
+            x = torch.randn(L // 2, hq, d, generator=torch.Generator().manual_seed(n))
+            y = torch.randn(L // 2, hkv, d, generator=torch.Generator().manual_seed(n + 1))
+            same &= (check(a) and a.fingerprint == b.fingerprint
+                     and torch.equal(lt.attention(x, y, y, a), lt.attention(x, y, y, b)))
+    finally:
+        planner.close()
+    return bool(same)

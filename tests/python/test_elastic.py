@@ -8,7 +8,7 @@ torch = pytest.importorskip("torch")
 import libra  # noqa: E402
 import libra.torch as lt  # noqa: E402
 from libra.torch import groups as lt_groups  # noqa: E402
-from dist_util import COMMUNICATORS, reference_attention, run  # noqa: E402
+from dist_util import COMMUNICATORS, reference_attention, rel_err, run  # noqa: E402
 
 L = 64
 P, CP, DP, GBS = 2, 2, 4, 8
@@ -21,10 +21,6 @@ TOL = 2e-5
 def data(index):
     g = torch.Generator().manual_seed(7000 + index)
     return [torch.randn(L, h, 16, generator=g, dtype=torch.float64) for h in (4, 2, 2, 4)]
-
-
-def rel_err(got, want):
-    return float((got.detach().to(torch.float64) - want).abs().max() / want.abs().max().clamp_min(1e-30))
 
 
 def test_sampler_domain_is_the_placements():

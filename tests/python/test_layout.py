@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")
 
 import libra  # noqa: E402
 import libra.torch as lt  # noqa: E402
-from dist_util import COMMUNICATORS, reference_attention, run  # noqa: E402
+from dist_util import COMMUNICATORS, reference_attention, rel_err, run  # noqa: E402
 
 L = 64
 POOLS = [[10, 30, 20], [64], [5, 5, 40, 3], [33, 17]]
@@ -63,10 +63,6 @@ def reference_lse(q, k, samples, window=None):
         out[:, s] = torch.logsumexp(scores.masked_fill(~mask, float("-inf")), dim=-1)
         start += n
     return out
-
-
-def rel_err(got, want):
-    return float((got.detach().to(torch.float64) - want).abs().max() / want.abs().max().clamp_min(1e-30))
 
 
 def run_case(rank, P, cp, *, layout, mode="tap", chunks=1, hq=4, hkv=2, d=16, block=8, shards=2, window=None,

@@ -17,7 +17,7 @@ torch = pytest.importorskip("torch")
 
 import libra  # noqa: E402
 import libra.torch as lt  # noqa: E402
-from dist_util import COMMUNICATORS, all_gather, reference_attention, run  # noqa: E402
+from dist_util import COMMUNICATORS, all_gather, attend, reference_grads, rel_err, run  # noqa: E402
 
 L = 64
 TOL = {"float32": 2e-5, "bfloat16": 2e-2}
@@ -67,17 +67,6 @@ def relaying_pool(kw):
     raise AssertionError(f"no pool of the series relays under {kw}")
 
 
-def attend(rt, q, k, v, grad):
-    q, k, v = (x.detach().clone().requires_grad_() for x in (q, k, v))
-    o = lt.attention(q, k, v, rt)
-    (o.to(torch.float64) * grad).sum().backward()
-    return [o.detach(), q.grad, k.grad, v.grad]
-
-
-def rel_err(got, want):
-    return float((got.to(torch.float64) - want).abs().max() / want.abs().max().clamp_min(1e-30))
-
-
 def run_case(rank, pool, kw, trace=False):
     cp = kw["cp"]
     group, worker = lt.pool_group(4 // cp, cp)
@@ -94,10 +83,7 @@ def run_case(rank, pool, kw, trace=False):
     q, k, v = (x[rows].to(dt) for x in (Q, K, V))
     got = attend(relayed, q, k, v, G[rows])
     plain = attend(direct, q, k, v, G[rows])
-    Qr, Kr, Vr = (x.clone().requires_grad_() for x in (Q, K, V))
-    ref = reference_attention(Qr, Kr, Vr, pool[slot])
-    (ref * G).sum().backward()
-    want = [ref.detach()[rows], Qr.grad[rows], Kr.grad[rows], Vr.grad[rows]]
+    want = reference_grads(Q, K, V, G, pool[slot], rows)
     staged = torch.tensor([relayed.schedule["stage_q_vectors"] + relayed.schedule["stage_kv_vectors"]])
     every = [torch.zeros_like(staged) for _ in range(4)]
     all_gather(every, staged, group)

@@ -24,7 +24,7 @@ torch = pytest.importorskip("torch")
 
 import libra  # noqa: E402
 import libra.torch as lt  # noqa: E402
-from dist_util import COMMUNICATORS, reference_attention, run  # noqa: E402
+from dist_util import COMMUNICATORS, attend, planner_runs_make_plan, reference_grads, rel_err, run  # noqa: E402
 
 L = 64
 TOL = {"float32": 2e-5, "bfloat16": 2e-2}
@@ -191,18 +191,6 @@ def slot_data(slot, hq, hkv, dt, seed):
     return [x.to(dt).to(torch.float64) for x in (Q, K, V)] + [G]  # the reference sees libra's rounded inputs
 
 
-def attend(rt, q, k, v, grad):
-    q, k, v = (x.detach().clone().requires_grad_() for x in (q, k, v))
-    o = lt.attention(q, k, v, rt)
-    (o.to(torch.float64) * grad).sum().backward()
-    return [o.detach(), q.grad, k.grad, v.grad]
-
-
-def rel_err(got, want):
-    return float((got.to(torch.float64) - want.to(torch.float64)).abs().max()
-                 / want.to(torch.float64).abs().max().clamp_min(1e-30))
-
-
 def run_case(rank, seed, kw, equal_chunks):
     group, worker = lt.pool_group(2, 2)
     pool = POOLS[:2]
@@ -217,10 +205,7 @@ def run_case(rank, seed, kw, equal_chunks):
     q, k, v = (x[rows].to(dt) for x in (Q, K, V))
     got = attend(tapered, q, k, v, G[rows])
     same_tiles = attend(equal, q, k, v, G[rows])
-    Qr, Kr, Vr = (x.clone().requires_grad_() for x in (Q, K, V))
-    ref = reference_attention(Qr, Kr, Vr, pool[slot])
-    (ref * G).sum().backward()
-    want = [ref.detach()[rows], Qr.grad[rows], Kr.grad[rows], Vr.grad[rows]]
+    want = reference_grads(Q, K, V, G, pool[slot], rows)
     return {"errors": [rel_err(a, b) for a, b in zip(got, want)],
             "bitwise_vs_equal": [bool(torch.equal(a, b)) for a, b in zip(got, same_tiles)],
             "err_vs_equal": [rel_err(a, b) for a, b in zip(got, same_tiles)],
@@ -230,23 +215,9 @@ def run_case(rank, seed, kw, equal_chunks):
 
 def planner_body(rank):
     """Planner(worker=..., chunk_split="tapered").runtime(n) runs what PlanRuntime of make_plan does."""
-    group, worker = lt.pool_group(2, 2)
     kw = dict(seq_len=L, cp=2, block_size=8, head_shards=1, heads_q=8, heads_kv=2, head_dim=16, chunks=4,
               dtype="fp32", chunk_split="tapered")
-    sampler = lt.PlacementBatchSampler(POOLS, gbs=4, dp=2, pool_size=2, dp_rank=rank // 2)
-    planner = lt.Planner(sampler, worker=worker, **kw)
-    same = True
-    try:
-        for n in range(len(sampler)):
-            a = planner.runtime(n, group)
-            b = lt.PlanRuntime(libra.make_plan(sampler.pool(n), **kw), group)
-            x = torch.randn(L // 2, 8, 16, generator=torch.Generator().manual_seed(n))
-            y = torch.randn(L // 2, 2, 16, generator=torch.Generator().manual_seed(n + 1))
-            same &= (a.plan.config["chunk_split"] == "tapered" and a.fingerprint == b.fingerprint
-                     and torch.equal(lt.attention(x, y, y, a), lt.attention(x, y, y, b)))
-    finally:
-        planner.close()
-    return bool(same)
+    return planner_runs_make_plan(rank, POOLS, kw, check=lambda rt: rt.plan.config["chunk_split"] == "tapered")
 
 
 def body(rank, world, seeds):

@@ -17,7 +17,7 @@ import torch.utils.checkpoint  # noqa: E402
 import libra  # noqa: E402
 import libra.torch as lt  # noqa: E402
 from libra.torch import backends  # noqa: E402
-from dist_util import COMMUNICATORS, all_reduce, barrier, reference_attention, run  # noqa: E402
+from dist_util import COMMUNICATORS, all_reduce, barrier, planner_runs_make_plan, reference_attention, rel_err, run  # noqa: E402
 
 L = 64
 POOLS = [[10, 30, 20], [64], [5, 5, 40, 3], [33, 17], [64], [1, 2, 3, 50], [8] * 8, [60]]
@@ -32,10 +32,6 @@ def slot_data(pool_index, slot, hq, hkv, d, dtype, seed=0):
     grad = torch.randn(L, hq, d, generator=g, dtype=torch.float64)
     # The reference sees the same rounded inputs as libra.
     return [x.to(dtype).to(torch.float64) for x in (q, k, v)] + [grad]
-
-
-def rel_err(got, want):
-    return float((got.detach().to(torch.float64) - want).abs().max() / want.abs().max().clamp_min(1e-30))
 
 
 class _PerWorker(threading.local):
@@ -241,22 +237,9 @@ def sdpa_path(rank):
 def planner_runtime(rank):
     """Planner(worker=...).runtime(n, group) (plan and schedule from the background thread) runs
     exactly what a PlanRuntime of make_plan(sampler.pool(n)) runs."""
-    group, worker = lt.pool_group(2, 2)
     kw = dict(seq_len=L, cp=2, block_size=8, head_shards=2, heads_q=4, heads_kv=2, head_dim=16, chunks=2,
               dtype="fp32")
-    sampler = lt.PlacementBatchSampler(POOLS, gbs=4, dp=2, pool_size=2, dp_rank=rank // 2)
-    planner = lt.Planner(sampler, worker=worker, **kw)
-    same = True
-    try:
-        for n in range(len(sampler)):
-            a = planner.runtime(n, group)
-            b = lt.PlanRuntime(libra.make_plan(sampler.pool(n), **kw), group)
-            x = torch.randn(L // 2, 4, 16, generator=torch.Generator().manual_seed(n))
-            y = torch.randn(L // 2, 2, 16, generator=torch.Generator().manual_seed(n + 1))
-            same &= a.fingerprint == b.fingerprint and torch.equal(lt.attention(x, y, y, a), lt.attention(x, y, y, b))
-    finally:
-        planner.close()
-    return same
+    return planner_runs_make_plan(rank, POOLS, kw)
 
 
 def fingerprint_mismatch(rank):
