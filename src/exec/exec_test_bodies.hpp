@@ -432,6 +432,17 @@ inline std::vector<ExecCase> zigzag_cases(int world) {
   tapered.chunks = 3;
   tapered.chunk_split = ChunkSplit::kTapered;
   cases.push_back(tapered);
+  // KV heads of two query heads, 8 a tile in 1, 3, 3, 1 (libra-topo's
+  // default with the KV prefix): KV heads 0 and 3 are read by two chunks
+  // each, where the equal cut reads each in one (executor_test.cpp,
+  // tapered_cut_moves_a_kv_last_use).
+  ExecCase groups = base("tap-topo");
+  groups.heads_kv = 4;
+  groups.head_shards = 1;
+  groups.chunks = 4;
+  groups.chunk_split = ChunkSplit::kTapered;
+  groups.kv_prefix = true;
+  cases.push_back(groups);
   return cases;
 }
 
@@ -506,6 +517,14 @@ inline std::vector<ExecCase> relay_cases(int world) {
   t3.chunks = 3;
   t3.chunk_split = ChunkSplit::kTapered;
   cases.push_back(relaying(t3));
+  // KV heads of two query heads in 1, 3, 3, 1: read by two chunks where the
+  // equal cut reads each in one (tapered_cut_moves_a_kv_last_use).
+  ExecCase groups = base("tap-split");
+  groups.heads_kv = 4;
+  groups.head_shards = 1;
+  groups.chunks = 4;
+  groups.chunk_split = ChunkSplit::kTapered;
+  cases.push_back(relaying(groups));
   return cases;
 }
 

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <limits>
+#include <map>
 #include <set>
 #include <thread>
 
@@ -409,17 +410,54 @@ TEST(PlanExecutor, ATaperedPlanSavedToAFileGivesTheSameNumbers) {
   }
 }
 
+// Whether the chunks of tile `t` end some KV head's reads in another chunk
+// than the equal cut's offsets would. Only such a case notices, against the
+// reference, KV uses (Plan::kv_use) worked out from the wrong cut: a KV
+// head's dK/dV then goes home before the last chunk that adds to it. A
+// first use late by one chunk no case here can notice: the executor copies
+// the inputs a rank keeps when it posts the next chunk, a chunk ahead of
+// their use (schedule_test's symbolic runs check arrival chunk by chunk).
+bool tapered_cut_moves_a_kv_last_use(const Plan& plan, const Tile& t, const ExecCase& c) {
+  const int w = t.heads.size(), group = c.heads_q / c.heads_kv;
+  std::map<int, int> tapered, equal;  // KV head -> the last chunk reading it
+  for (int m = 0; m < c.chunks; ++m) {
+    const HeadRange h = plan.chunk_heads(t, m);
+    for (int q = h.begin; q < h.end; ++q) tapered[q / group] = m;
+    const int e0 = chunk_head_offset(w, c.chunks, ChunkSplit::kEqual, m);
+    const int e1 = chunk_head_offset(w, c.chunks, ChunkSplit::kEqual, m + 1);
+    for (int q = t.heads.begin + e0; q < t.heads.begin + e1; ++q) equal[q / group] = m;
+  }
+  return tapered != equal;
+}
+
 // The tapered cases of the shared lists (run against the reference above,
 // in process and under MPI) are tapered plans whose chunks really differ
 // in width, and they cover M 3 and 4, tap-topo, ulysses, zigzag homes and
-// relayed inputs: a case list that lost its cut would fail here.
+// relayed inputs: a case list that lost its cut would fail here. Each list
+// has a case whose cut moves a KV head's last use away from the equal
+// cut's (tapered_cut_moves_a_kv_last_use).
 TEST(PlanExecutor, TaperedCasesCutTheirChunksUnevenly) {
   for (int world : {4, 8}) {
-    std::vector<ExecCase> cases = exec_test::case_matrix(world);
-    for (const auto& more : {exec_test::zigzag_cases(world), exec_test::relay_cases(world)}) {
-      cases.insert(cases.end(), more.begin(), more.end());
-    }
+    std::vector<ExecCase> cases;
+    const std::pair<const char*, std::vector<ExecCase>> lists[] = {{"case_matrix", exec_test::case_matrix(world)},
+                                                                   {"zigzag_cases", exec_test::zigzag_cases(world)},
+                                                                   {"relay_cases", exec_test::relay_cases(world)}};
     std::set<std::string> covered;
+    for (const auto& [list, more] : lists) {
+      cases.insert(cases.end(), more.begin(), more.end());
+      bool moved = false;
+      for (const ExecCase& c : more) {
+        if (c.chunk_split != ChunkSplit::kTapered) continue;
+        PlanConfig cfg = exec_test::case_config(c);
+        Result<PlanMode> mode = parse_plan_mode(c.mode);
+        ASSERT_TRUE(mode.ok());
+        cfg.mode = *mode;
+        Result<Plan> plan = make_plan(exec_test::random_pool(c.pool_seed, c.pool_size, c.seq_len), cfg);
+        ASSERT_TRUE(plan.ok()) << c.name() << ": " << plan.error().message();
+        for (const Tile& t : plan->tiles()) moved = moved || tapered_cut_moves_a_kv_last_use(*plan, t, c);
+      }
+      EXPECT_TRUE(moved) << list << " at W = " << world << ": no tapered case moves a KV head's last use";
+    }
     for (const ExecCase& c : cases) {
       if (c.chunk_split != ChunkSplit::kTapered) continue;
       SCOPED_TRACE(c.name());

@@ -514,7 +514,7 @@ TEST(RankSchedule, TaperedChunksComputeTheirOwnHeadsInEachChunk) {
       }
     }
   }
-  EXPECT_GE(checked, 10 * 4 + 10 * 8);  // ten tapered cases at each size, every worker
+  EXPECT_GE(checked, 12 * 4 + 12 * 8);  // twelve tapered cases at each size, every worker
 }
 
 TEST(RankSchedule, ZigzagHomesRunSymbolicallyWithAndWithoutReadingInPlace) {
