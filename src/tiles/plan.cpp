@@ -96,11 +96,10 @@ std::string tile_name(const PlacedRows& r) {
 namespace {
 
 // The canonical words in order, each handed to `put`: the binary file
-// stores them and the fingerprint hashes them as they come. The words before
-// the tiles' (which end with the tile count), then each tile's four words,
-// so that build_plan can hash a tile as it writes it.
+// stores them and the fingerprint hashes them as they come.
 template <class Put>
-void for_each_header_word(const PlanConfig& c, std::span<const PackedSequence> pool, std::size_t tiles, Put&& put) {
+void for_each_canonical_word(const PlanConfig& c, std::span<const PackedSequence> pool,
+                             std::span<const Tile> tiles, Put&& put) {
   auto u = [](std::int64_t v) { return static_cast<std::uint64_t>(v); };
   put(kMagicWord);
   put(plan_format_version(c));
@@ -135,21 +134,13 @@ void for_each_header_word(const PlanConfig& c, std::span<const PackedSequence> p
     put(s.size());
     for (std::int64_t l : s) put(u(l));
   }
-  put(tiles);
-}
-template <class Put>
-void put_tile_words(const Tile& t, Put&& put) {
-  auto u = [](std::int64_t v) { return static_cast<std::uint64_t>(v); };
-  put(u(t.slot) << 32 | u(t.block));
-  put(u(t.shard) << 32 | u(t.worker));
-  put(u(t.begin));
-  put(u(t.end));
-}
-template <class Put>
-void for_each_canonical_word(const PlanConfig& c, std::span<const PackedSequence> pool,
-                             std::span<const Tile> tiles, Put&& put) {
-  for_each_header_word(c, pool, tiles.size(), put);
-  for (const Tile& t : tiles) put_tile_words(t, put);
+  put(tiles.size());
+  for (const Tile& t : tiles) {
+    put(u(t.slot) << 32 | u(t.block));
+    put(u(t.shard) << 32 | u(t.worker));
+    put(u(t.begin));
+    put(u(t.end));
+  }
 }
 
 // FNV-1a over 64-bit words with a shift after each multiply so that high
@@ -295,20 +286,6 @@ Result<Plan> build_plan(std::span<const PackedSequence> pool, const PlanConfig& 
     }
     d->fragments = RawArray<Fragment>(count);
   }
-  // The pass that writes the tiles also does what needs each tile once, so
-  // that the ~2 MB of tiles and fragments at paper scale are not read back:
-  // the fingerprint (WordHash over the canonical words, tile by tile), the
-  // compute lists' counts and loads (section 4) and the groups C_r of every
-  // worker (section 5: a worker-major bitset over the groups, read back in
-  // bit order).
-  const std::int32_t total_samples = g.sample_base.back();
-  const std::size_t group_count = static_cast<std::size_t>(total_samples) * g.keys_per_sample;
-  const std::size_t words = (group_count + 63) / 64;
-  std::vector<std::uint64_t> held(words * static_cast<std::size_t>(W), 0);
-  d->worker_tile_offsets.assign(static_cast<std::size_t>(W) + 1, 0);
-  d->worker_flops.assign(static_cast<std::size_t>(W), 0);
-  WordHash hash;
-  for_each_header_word(config, pool, rows.size(), hash);
   {
     // Through locals only: a store into a tile or fragment could otherwise
     // alias every field this loop reads (one reload per field per fragment).
@@ -341,7 +318,6 @@ Result<Plan> build_plan(std::span<const PackedSequence> pool, const PlanConfig& 
       t.fragment_end = tiles[i].fragment_end;
       Fragment* out = frags + t.fragment_begin;
       const std::int32_t n = t.fragment_end - t.fragment_begin;
-      std::uint64_t* const held_row = held.data() + static_cast<std::size_t>(r.worker) * words;
       if (same_rows(i)) {
         // Another shard of the same rows: the same fragments, FLOPs and
         // home, with this shard's groups.
@@ -352,7 +328,6 @@ Result<Plan> build_plan(std::span<const PackedSequence> pool, const PlanConfig& 
           Fragment f = prev[k];
           f.tile = t.id;
           f.group = (base + f.sample) * keys + key;
-          held_row[f.group / 64] |= std::uint64_t{1} << (f.group % 64);
           ::new (static_cast<void*>(out + k)) Fragment(f);
         }
       } else {
@@ -371,7 +346,6 @@ Result<Plan> build_plan(std::span<const PackedSequence> pool, const PlanConfig& 
           f.e = std::min(r.end, f.sample_start + f.sample_length) - f.sample_start;
           f.key_begin = window == kFullCausal ? 0 : std::max<std::int64_t>(0, f.a - window + 1);
           pairs += g.pairs(j, f.a, f.e);
-          held_row[f.group / 64] |= std::uint64_t{1} << (f.group % 64);
           ::new (static_cast<void*>(out++)) Fragment(f);
         }
         flops = pairs * g.head_width;
@@ -379,16 +353,13 @@ Result<Plan> build_plan(std::span<const PackedSequence> pool, const PlanConfig& 
       t.home = home;
       t.flops = flops;
       tiles[i] = t;
-      put_tile_words(t, hash);
-      ++d->worker_tile_offsets[static_cast<std::size_t>(t.worker) + 1];
-      d->worker_flops[static_cast<std::size_t>(t.worker)] += t.flops;
     }
   }
-  d->fingerprint = hash.value();
 
   // 3. KV groups, densely numbered (global sample, key); rep_shard is a
   //    shard whose query heads use the group, for the chunk rule.
-  d->groups.reserve(group_count);
+  const std::int32_t total_samples = g.sample_base.back();
+  d->groups.reserve(static_cast<std::size_t>(total_samples) * g.keys_per_sample);
   const std::vector<KvGroup> key_group = key_heads(g).group;  // key and KV heads per key
   for (int p = 0; p < g.pool_size; ++p) {
     for (std::int32_t j = g.sample_base[p]; j < g.sample_base[p + 1]; ++j) {
@@ -403,7 +374,13 @@ Result<Plan> build_plan(std::span<const PackedSequence> pool, const PlanConfig& 
     }
   }
 
-  // 4. Compute lists and loads (counted in section 2).
+  // 4. Compute lists and loads.
+  d->worker_tile_offsets.assign(static_cast<std::size_t>(W) + 1, 0);
+  d->worker_flops.assign(static_cast<std::size_t>(W), 0);
+  for (const Tile& t : d->tiles) {
+    ++d->worker_tile_offsets[static_cast<std::size_t>(t.worker) + 1];
+    d->worker_flops[static_cast<std::size_t>(t.worker)] += t.flops;
+  }
   for (int r = 0; r < W; ++r) d->worker_tile_offsets[r + 1] += d->worker_tile_offsets[r];
   d->worker_tile_ids.resize(d->tiles.size());
   {
@@ -419,10 +396,22 @@ Result<Plan> build_plan(std::span<const PackedSequence> pool, const PlanConfig& 
   d->imbalance = mean > 0 ? static_cast<double>(max_flops) / mean - 1.0 : 0.0;
 
   // 5. C_r: the groups of each worker's fragments, each once, increasing:
-  //    the bitset `held` of section 2, read back in bit order. `rank` (per
-  //    worker and word: the index in worker_group_ids of the word's first
-  //    set bit) turns (worker, group) into its entry without a search.
+  //    a worker-major bitset, read back in bit order. `rank` (per worker
+  //    and word: the index in worker_group_ids of the word's first set bit)
+  //    turns (worker, group) into its entry without a search.
+  const std::size_t words = (d->groups.size() + 63) / 64;
+  std::vector<std::uint64_t> held(words * static_cast<std::size_t>(W), 0);
   RawArray<std::size_t> rank(held.size());  // every entry written below
+  {
+    const Fragment* const frags = d->fragments.data();
+    for (const Tile& t : d->tiles) {
+      std::uint64_t* const row = held.data() + static_cast<std::size_t>(t.worker) * words;
+      for (std::int32_t fi = t.fragment_begin; fi < t.fragment_end; ++fi) {
+        const std::int32_t gid = frags[fi].group;
+        row[gid / 64] |= std::uint64_t{1} << (gid % 64);
+      }
+    }
+  }
   // KV heads per group, by dedup key (the same for every sample), and the
   // dedup key of every group (gid = global sample * keys + key; a table, not
   // a division per entry).
@@ -534,7 +523,10 @@ Result<Plan> build_plan(std::span<const PackedSequence> pool, const PlanConfig& 
     }
   }
 
-  // 8. The fingerprint of the defining content was hashed in section 2.
+  // 8. Fingerprint of the defining content.
+  WordHash hash;
+  for_each_canonical_word(config, pool, d->tiles, [&](std::uint64_t x) { hash(x); });
+  d->fingerprint = hash.value();
   // The exchange is derived from the plan on first use (derive_exchange).
   d->geometry = std::make_shared<const Geometry>(std::move(geo));
   return Plan(std::move(d));

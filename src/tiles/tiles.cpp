@@ -473,39 +473,12 @@ class Placer {
   static constexpr int kScanWorkers = 256;
   // The lowest-id worker of least load.
   std::int32_t scan_least() const {
-    // Four independent (load, first id) chains, one per id mod 4, instead of
-    // one chain through every worker; each keeps the first id of its least
-    // load, so the least of the four by (load, id) is the answer.
     const std::int64_t* loads = loads_.data();
-    const int W = geo_.workers;
-    constexpr int kChains = 4;
-    std::int64_t least[kChains];
-    std::int32_t at[kChains];
-    const int lanes = std::min(W, kChains);
-    for (int c = 0; c < kChains; ++c) {
-      least[c] = loads[c < lanes ? c : 0];
-      at[c] = c < lanes ? c : 0;
+    std::int32_t least = 0;
+    for (int r = 1; r < geo_.workers; ++r) {
+      if (loads[r] < loads[least]) least = r;
     }
-    int r = kChains;
-    for (; r + kChains <= W; r += kChains) {
-      for (int c = 0; c < kChains; ++c) {
-        if (loads[r + c] < least[c]) {
-          least[c] = loads[r + c];
-          at[c] = r + c;
-        }
-      }
-    }
-    for (; r < W; ++r) {
-      if (loads[r] < least[0]) {  // every id before r in chain 0 is lower
-        least[0] = loads[r];
-        at[0] = r;
-      }
-    }
-    int best = 0;
-    for (int c = 1; c < kChains; ++c) {
-      if (least[c] < least[best] || (least[c] == least[best] && at[c] < at[best])) best = c;
-    }
-    return at[best];
+    return least;
   }
   void update_tree(int r) {
     // Up the tree with the new entry in hand: each level reads only the
