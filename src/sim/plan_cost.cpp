@@ -239,9 +239,13 @@ PlanCost cost_plan(const Ctx& ctx, const Plan& plan, std::span<const std::int64_
     c.comp_bwd[r] += bwd / full.second;
     // Chunks of one width share a rate lookup (every chunk, when equal).
     std::pair<double, double> part{};
+    double part_width = -1;
     for (int k = 0; k < c.chunks; ++k) {
       const double width = static_cast<double>(plan.chunk_heads(t, k).size());
-      if (k == 0 || width != static_cast<double>(plan.chunk_heads(t, k - 1).size())) part = rates(rows, width);
+      if (width != part_width) {
+        part = rates(rows, width);
+        part_width = width;
+      }
       const double share = width / heads;
       c.chunk_comp_fwd[static_cast<std::size_t>(k)][r] += fwd * share / part.first;
       c.chunk_comp_bwd[static_cast<std::size_t>(k)][r] += bwd * share / part.second;
