@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "fma_probe.hpp"
 #include "libra/kernel.hpp"
 #include "libra/workload.hpp"
 
@@ -49,33 +50,23 @@ double wall_seconds() {
   return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_nsec) * 1e-9;
 }
 
-struct Peak {
-  double wall = 0, cpu = 0;
-};
-std::map<int, Peak>& peaks() {
-  static std::map<int, Peak> p;
+using libra::kernel::FmaPeak;
+std::map<int, FmaPeak>& peaks() {
+  static std::map<int, FmaPeak> p;
   return p;
 }
 
-// The FMA peak of `threads` threads: the best of 20 short probes, timed by
-// wall clock and by thread CPU time. Contention only lowers a reading, and
-// on this shared VM the core clock itself wanders (2.5-3.7 GHz measured from
-// FMA latency within seconds), so a few long probes can all land in a slow
-// phase and read below what the kernel then reaches.
-const Peak& peak(int threads) {
+// The FMA peak of `threads` threads (fma_probe.hpp), once per thread count:
+// a probe that read low would understate what the kernel then reaches.
+const FmaPeak& peak(int threads) {
   auto it = peaks().find(threads);
   if (it != peaks().end()) return it->second;
-  Peak best;
   const double c0 = process_cpu_seconds(), w0 = wall_seconds();
-  for (int i = 0; i < 20; ++i) {
-    const libra::kernel::FmaPeak r = libra::kernel::measure_fma_peak(threads, 0.05);
-    best.wall = std::max(best.wall, r.wall_gflops);
-    best.cpu = std::max(best.cpu, r.cpu_gflops);
-  }
+  const FmaPeak best = libra_bench::best_fma_peak(threads);
   const double share = (process_cpu_seconds() - c0) / ((wall_seconds() - w0) * threads);
   const std::string t = "_t" + std::to_string(threads);
-  benchmark::AddCustomContext("fma_peak_gflops" + t, std::to_string(best.wall));
-  benchmark::AddCustomContext("fma_peak_cpu_gflops" + t, std::to_string(best.cpu));
+  benchmark::AddCustomContext("fma_peak_gflops" + t, std::to_string(best.wall_gflops));
+  benchmark::AddCustomContext("fma_peak_cpu_gflops" + t, std::to_string(best.cpu_gflops));
   // The share of `threads` cores this process got while measuring: below
   // ~0.95 the machine was busy and every wall-clock figure is depressed.
   benchmark::AddCustomContext("fma_peak_cpu_share" + t, std::to_string(share));
@@ -135,13 +126,13 @@ void timed(benchmark::State& state, double flops, int threads, Fn&& fn) {
     share += c / (w * threads);
     n += 1;
   }
-  const Peak& pk = peak(threads);
+  const FmaPeak& pk = peak(threads);
   state.counters["GFLOPs"] = gflops / n;
-  state.counters["peak_frac"] = gflops / n / pk.wall;
+  state.counters["peak_frac"] = gflops / n / pk.wall_gflops;
   // CPU-time figures: FLOPs over the process CPU time per thread, against
   // the CPU-time peak; they discount the time the threads waited for a core.
   state.counters["GFLOPs_cpu"] = gflops_cpu / n;
-  state.counters["peak_frac_cpu"] = gflops_cpu / n / pk.cpu;
+  state.counters["peak_frac_cpu"] = gflops_cpu / n / pk.cpu_gflops;
   state.counters["cpu_share"] = share / n;
 }
 

@@ -25,8 +25,8 @@
 #include <string>
 #include <vector>
 
+#include "fma_probe.hpp"
 #include "libra/corpus.hpp"
-#include "libra/kernel.hpp"
 #include "libra/plan.hpp"
 #include "libra/relay.hpp"
 
@@ -202,17 +202,15 @@ BENCHMARK(BM_PoolReport)
 
 }  // namespace
 
-// The host's speed beside the plan times: the best of ten 0.05 s probes of
-// one core's vector-FMA rate (libra::kernel::measure_fma_peak, as in
-// libra_kernel_bench), printed in the context as fma_peak_cpu_gflops_t1. It
-// follows the core clock, which on a shared VM wanders by a third between
-// hours, so plan times of different runs compare only at like readings.
+// The host's speed beside the plan times: one core's vector-FMA peak by CPU
+// time, probed as libra_kernel_bench probes it (fma_probe.hpp) and printed
+// in the context as fma_peak_cpu_gflops_t1. It follows the core clock, which
+// on a shared VM wanders by a third between hours, so plan times of
+// different runs compare only at like readings.
 int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  double best = 0;
-  for (int i = 0; i < 10; ++i) best = std::max(best, libra::kernel::measure_fma_peak(1, 0.05).cpu_gflops);
-  benchmark::AddCustomContext("fma_peak_cpu_gflops_t1", std::to_string(best));
+  benchmark::AddCustomContext("fma_peak_cpu_gflops_t1", std::to_string(libra_bench::best_fma_peak(1).cpu_gflops));
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
   return 0;
