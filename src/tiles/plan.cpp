@@ -1,6 +1,7 @@
 // The plan builder (tiles -> fragments, KV groups, exchange, chunks,
 // fingerprint) and the Plan accessors.
 #include <algorithm>
+#include <cassert>
 #include <bit>
 #include <limits>
 #include <mutex>
@@ -34,6 +35,12 @@ int bit_count(std::uint64_t x) {
   x = (x & 0x3333333333333333ULL) + ((x >> 2) & 0x3333333333333333ULL);
   x = (x + (x >> 4)) & 0x0f0f0f0f0f0f0f0fULL;
   return static_cast<int>((x * 0x0101010101010101ULL) >> 56);
+}
+
+// Sets bit `i` (>= 0) of a bitset.
+void set_bit(std::uint64_t* bits, std::int32_t i) {
+  const auto u = static_cast<std::uint32_t>(i);
+  bits[u / 64] |= std::uint64_t{1} << (u % 64);
 }
 
 // Per dedup key k (the same for every sample): the key and KV heads of its
@@ -184,14 +191,23 @@ std::uint64_t hash_words(std::span<const std::uint64_t> words) {
   return h.value();
 }
 
-Result<Plan> build_plan(std::span<const PackedSequence> pool, const PlanConfig& config, Geometry geo,
-                        std::vector<PlacedRows> rows, const std::string& source) {
-  const Geometry& g = geo;
-  const int W = g.workers;
-  const int M = config.chunks;
+namespace {
 
-  // 1. The tile set must cut every (slot, block, shard) into consecutive
-  //    pieces that cover the block's rows exactly.
+bool rows_before(const PlacedRows& a, const PlacedRows& b) {
+  if (a.slot != b.slot) return a.slot < b.slot;
+  if (a.block != b.block) return a.block < b.block;
+  if (a.shard != b.shard) return a.shard < b.shard;
+  return a.begin < b.begin;
+}
+
+}  // namespace
+
+void sort_rows(std::vector<PlacedRows>& rows) {
+  if (!std::is_sorted(rows.begin(), rows.end(), rows_before)) std::sort(rows.begin(), rows.end(), rows_before);
+}
+
+Status check_rows(const Geometry& g, std::vector<PlacedRows>& rows, const std::string& source) {
+  const int W = g.workers;
   std::vector<std::int32_t> slot_blocks(static_cast<std::size_t>(g.pool_size));
   for (int p = 0; p < g.pool_size; ++p) slot_blocks[static_cast<std::size_t>(p)] = g.blocks(p);
   for (const PlacedRows& r : rows) {
@@ -205,35 +221,27 @@ Result<Plan> build_plan(std::span<const PackedSequence> pool, const PlanConfig& 
                            str(W) + ")");
     }
   }
-  auto before = [](const PlacedRows& a, const PlacedRows& b) {
-    if (a.slot != b.slot) return a.slot < b.slot;
-    if (a.block != b.block) return a.block < b.block;
-    if (a.shard != b.shard) return a.shard < b.shard;
-    return a.begin < b.begin;
-  };
-  if (!std::is_sorted(rows.begin(), rows.end(), before)) std::sort(rows.begin(), rows.end(), before);
-  {
-    std::size_t i = 0;
-    for (int p = 0; p < g.pool_size; ++p) {
-      for (std::int32_t b = 0; b < slot_blocks[static_cast<std::size_t>(p)]; ++b) {
-        const std::int64_t bb = b * g.block_size;
-        const std::int64_t be = std::min(bb + g.block_size, g.tokens[static_cast<std::size_t>(p)]);
-        for (int s = 0; s < g.shards; ++s) {
-          const PlacedRows want{p, b, s, bb, be, 0};
-          std::int64_t at = bb;
-          while (i < rows.size() && rows[i].slot == p && rows[i].block == b && rows[i].shard == s) {
-            if (rows[i].begin != at || rows[i].end <= rows[i].begin || rows[i].end > be) {
-              return invalid_input(source + ": " + tile_name(want) + ": piece rows [" + str(rows[i].begin) + ", " +
-                                   str(rows[i].end) + ") do not continue the block's rows [" + str(bb) + ", " +
-                                   str(be) + ") at " + str(at));
-            }
-            at = rows[i].end;
-            ++i;
+  sort_rows(rows);
+  std::size_t i = 0;
+  for (int p = 0; p < g.pool_size; ++p) {
+    for (std::int32_t b = 0; b < slot_blocks[static_cast<std::size_t>(p)]; ++b) {
+      const std::int64_t bb = b * g.block_size;
+      const std::int64_t be = std::min(bb + g.block_size, g.tokens[static_cast<std::size_t>(p)]);
+      for (int s = 0; s < g.shards; ++s) {
+        const PlacedRows want{p, b, s, bb, be, 0};
+        std::int64_t at = bb;
+        while (i < rows.size() && rows[i].slot == p && rows[i].block == b && rows[i].shard == s) {
+          if (rows[i].begin != at || rows[i].end <= rows[i].begin || rows[i].end > be) {
+            return invalid_input(source + ": " + tile_name(want) + ": piece rows [" + str(rows[i].begin) + ", " +
+                                 str(rows[i].end) + ") do not continue the block's rows [" + str(bb) + ", " +
+                                 str(be) + ") at " + str(at));
           }
-          if (at != be) {
-            return invalid_input(source + ": " + tile_name(want) + ": rows [" + str(at) + ", " + str(be) +
-                                 ") are not covered by any tile");
-          }
+          at = rows[i].end;
+          ++i;
+        }
+        if (at != be) {
+          return invalid_input(source + ": " + tile_name(want) + ": rows [" + str(at) + ", " + str(be) +
+                               ") are not covered by any tile");
         }
       }
     }
@@ -241,6 +249,14 @@ Result<Plan> build_plan(std::span<const PackedSequence> pool, const PlanConfig& 
   if (rows.size() > static_cast<std::size_t>(std::numeric_limits<std::int32_t>::max() / 2)) {
     return invalid_input(source + ": too many tiles");
   }
+  return {};
+}
+
+Plan build_plan(std::span<const PackedSequence> pool, const PlanConfig& config, Geometry geo,
+                std::span<const PlacedRows> rows) {
+  const Geometry& g = geo;
+  const int W = g.workers;
+  const int M = config.chunks;
 
   auto d = std::make_shared<Plan::Data>();
   d->config = config;
@@ -249,11 +265,6 @@ Result<Plan> build_plan(std::span<const PackedSequence> pool, const PlanConfig& 
   d->num_workers = W;
   d->head_width = g.head_width;
 
-  // 2. Tiles and fragments. Consecutive tiles with the same rows (the
-  //    shards of a tap block) share their samples, FLOPs and home: the rows
-  //    are looked up once, and the fragments are counted first so that they
-  //    are written once, straight into storage of the exact size.
-  d->tiles = RawArray<Tile>(rows.size());
   std::vector<HeadRange> shard_heads(static_cast<std::size_t>(g.shards)), shard_kv_heads(shard_heads.size());
   std::vector<std::int32_t> shard_key(shard_heads.size());
   for (int s = 0; s < g.shards; ++s) {
@@ -261,126 +272,132 @@ Result<Plan> build_plan(std::span<const PackedSequence> pool, const PlanConfig& 
     shard_kv_heads[static_cast<std::size_t>(s)] = g.shard_kv_heads(s);
     shard_key[static_cast<std::size_t>(s)] = g.key_index(s);
   }
-  auto same_rows = [&](std::size_t i) {
-    return i > 0 && rows[i - 1].slot == rows[i].slot && rows[i - 1].begin == rows[i].begin &&
-           rows[i - 1].end == rows[i].end;
-  };
-  RawArray<std::int32_t> first_sample(rows.size());  // every entry written below
+  const std::int32_t total_samples = g.sample_base.back();
+  const std::size_t group_count = static_cast<std::size_t>(total_samples) * static_cast<std::size_t>(g.keys_per_sample);
+  // C_r as a worker-major bitset over the groups, set while the fragments
+  // are written and read back in bit order in section 5.
+  const std::size_t words = (group_count + 63) / 64;
+  std::vector<std::uint64_t> held(words * static_cast<std::size_t>(W), 0);
+
+  // 2. Tiles and fragments in one pass, with the compute-list counts, the
+  //    loads and C_r. Consecutive tiles with the same rows (the shards of a
+  //    tap block) share their samples, FLOPs and home: the rows are looked
+  //    up once and the next shard copies the fragments with its own groups.
+  //    Storage for the fragments is allocated once, for at most one per
+  //    tile plus one per sample start inside a tile's rows (a start lies
+  //    inside at most one piece of each (block, shard)), and then trimmed.
+  d->tiles = RawArray<Tile>(rows.size());
+  d->worker_tile_offsets.assign(static_cast<std::size_t>(W) + 1, 0);
+  d->worker_flops.assign(static_cast<std::size_t>(W), 0);
   {
-    std::size_t count = 0;
-    std::int32_t first = 0, n = 0;  // samples of the current rows
-    for (std::size_t i = 0; i < rows.size(); ++i) {
-      const PlacedRows& r = rows[i];
-      if (!same_rows(i)) {
-        // A block's first piece starts at the block (every tile but a
-        // tap-split piece): its first sample is in a table.
-        first = r.begin == r.block * g.block_size ? g.block_sample(r.slot, r.block) : g.sample_at(r.slot, r.begin);
-        n = 0;
-        while (first + n < g.sample_base[r.slot + 1] && g.starts[first + n] < r.end) ++n;
-      }
-      Tile& t = d->tiles[i];
-      t.fragment_begin = static_cast<std::int32_t>(count);
-      t.fragment_end = static_cast<std::int32_t>(count) + n;
-      first_sample[i] = first;
-      count += static_cast<std::size_t>(n);
-    }
-    d->fragments = RawArray<Fragment>(count);
-  }
-  {
+    RawArray<Fragment> fragments(rows.size() + static_cast<std::size_t>(total_samples) * static_cast<std::size_t>(g.shards));
     // Through locals only: a store into a tile or fragment could otherwise
     // alias every field this loop reads (one reload per field per fragment).
     Tile* const tiles = d->tiles.data();
-    Fragment* const frags = d->fragments.data();
+    Fragment* const frags = fragments.data();
+    std::uint64_t* const held_bits = held.data();
+    std::size_t* const tile_counts = d->worker_tile_offsets.data() + 1;
+    std::int64_t* const loads = d->worker_flops.data();
     const std::int32_t keys = g.keys_per_sample;
     const std::int32_t* const sample_base = g.sample_base.data();
     const std::int64_t* const starts = g.starts.data();
     const std::int64_t* const lengths = g.lengths.data();
     const std::int64_t window = g.window;
-    std::int32_t piece = 0, home = 0;
+    PlacedRows prev{-1, -1, -1, -1, -1, -1};
+    std::int32_t piece = 0, home = 0, key = 0, n = 0;
     std::int64_t flops = 0;
+    std::size_t count = 0;
     for (std::size_t i = 0; i < rows.size(); ++i) {
       const PlacedRows r = rows[i];
-      Tile t;
-      t.id = static_cast<std::int32_t>(i);
-      t.slot = r.slot;
-      t.block = r.block;
-      t.shard = r.shard;
-      piece = (i > 0 && rows[i - 1].slot == r.slot && rows[i - 1].block == r.block && rows[i - 1].shard == r.shard)
-                  ? piece + 1
-                  : 0;
-      t.piece = piece;
-      t.begin = r.begin;
-      t.end = r.end;
-      t.heads = shard_heads[static_cast<std::size_t>(r.shard)];
-      t.kv_heads = shard_kv_heads[static_cast<std::size_t>(r.shard)];
-      t.worker = r.worker;
-      t.fragment_begin = tiles[i].fragment_begin;
-      t.fragment_end = tiles[i].fragment_end;
-      Fragment* out = frags + t.fragment_begin;
-      const std::int32_t n = t.fragment_end - t.fragment_begin;
-      if (same_rows(i)) {
-        // Another shard of the same rows: the same fragments, FLOPs and
-        // home, with this shard's groups.
-        const Fragment* prev = frags + tiles[i - 1].fragment_begin;
-        const std::int32_t key = shard_key[static_cast<std::size_t>(r.shard)];
-        const std::int32_t base = sample_base[r.slot];
+      const auto id = static_cast<std::int32_t>(i);
+      const std::int32_t shard_k = shard_key[static_cast<std::size_t>(r.shard)];
+      std::uint64_t* const row = held_bits + static_cast<std::size_t>(r.worker) * words;
+      Fragment* const out = frags + count;
+      if (prev.slot == r.slot && prev.begin == r.begin && prev.end == r.end) {
+        // Another shard of the same rows: the previous tile's n fragments,
+        // just written, with this tile's id and groups.
+        const std::int32_t shift = shard_k - key;
         for (std::int32_t k = 0; k < n; ++k) {
-          Fragment f = prev[k];
-          f.tile = t.id;
-          f.group = (base + f.sample) * keys + key;
+          Fragment f = out[k - n];
+          f.tile = id;
+          f.group += shift;
+          set_bit(row, f.group);
           ::new (static_cast<void*>(out + k)) Fragment(f);
         }
       } else {
-        const std::int32_t first = first_sample[i];
+        // A block's first piece starts at the block (every tile but a
+        // tap-split piece): its first sample is in a table.
+        const std::int32_t first =
+            r.begin == r.block * g.block_size ? g.block_sample(r.slot, r.block) : g.sample_at(r.slot, r.begin);
+        const std::int32_t stop = sample_base[r.slot + 1];
         home = g.home(r.slot, r.begin);
         std::int64_t pairs = 0;
-        for (std::int32_t j = first; j < first + n; ++j) {
+        n = 0;
+        for (std::int32_t j = first; j < stop && starts[j] < r.end; ++j, ++n) {
           Fragment f;
-          f.tile = t.id;
+          f.tile = id;
           f.slot = r.slot;
           f.sample = j - sample_base[r.slot];
-          f.group = g.group_id(j, r.shard);
+          f.group = j * keys + shard_k;
           f.sample_start = starts[j];
           f.sample_length = lengths[j];
           f.a = std::max(r.begin, f.sample_start) - f.sample_start;
           f.e = std::min(r.end, f.sample_start + f.sample_length) - f.sample_start;
           f.key_begin = window == kFullCausal ? 0 : std::max<std::int64_t>(0, f.a - window + 1);
           pairs += g.pairs(j, f.a, f.e);
-          ::new (static_cast<void*>(out++)) Fragment(f);
+          set_bit(row, f.group);
+          ::new (static_cast<void*>(out + n)) Fragment(f);
         }
         flops = pairs * g.head_width;
       }
-      t.home = home;
+      piece = (prev.slot == r.slot && prev.block == r.block && prev.shard == r.shard) ? piece + 1 : 0;
+      Tile t;
+      t.id = id;
+      t.slot = r.slot;
+      t.block = r.block;
+      t.shard = r.shard;
+      t.piece = piece;
+      t.begin = r.begin;
+      t.end = r.end;
+      t.heads = shard_heads[static_cast<std::size_t>(r.shard)];
+      t.kv_heads = shard_kv_heads[static_cast<std::size_t>(r.shard)];
       t.flops = flops;
-      tiles[i] = t;
+      t.home = home;
+      t.worker = r.worker;
+      t.fragment_begin = static_cast<std::int32_t>(count);
+      t.fragment_end = static_cast<std::int32_t>(count) + n;
+      ::new (static_cast<void*>(tiles + i)) Tile(t);
+      ++tile_counts[r.worker];
+      loads[r.worker] += flops;
+      count += static_cast<std::size_t>(n);
+      key = shard_k;
+      prev = r;
     }
+    fragments.truncate(count);
+    d->fragments = std::move(fragments);
   }
 
   // 3. KV groups, densely numbered (global sample, key); rep_shard is a
   //    shard whose query heads use the group, for the chunk rule.
-  const std::int32_t total_samples = g.sample_base.back();
-  d->groups.reserve(static_cast<std::size_t>(total_samples) * g.keys_per_sample);
   const std::vector<KvGroup> key_group = key_heads(g).group;  // key and KV heads per key
-  for (int p = 0; p < g.pool_size; ++p) {
-    for (std::int32_t j = g.sample_base[p]; j < g.sample_base[p + 1]; ++j) {
-      for (int k = 0; k < g.keys_per_sample; ++k) {
-        KvGroup grp = key_group[static_cast<std::size_t>(k)];
-        grp.slot = p;
-        grp.sample = j - g.sample_base[p];
-        grp.begin = g.starts[j];
-        grp.end = g.starts[j] + g.lengths[j];
-        d->groups.push_back(grp);  // index j * keys_per_sample + k
+  d->groups = RawArray<KvGroup>(group_count);
+  {
+    KvGroup* out = d->groups.data();
+    for (int p = 0; p < g.pool_size; ++p) {
+      for (std::int32_t j = g.sample_base[p]; j < g.sample_base[p + 1]; ++j) {
+        for (const KvGroup& key_grp : key_group) {
+          KvGroup grp = key_grp;
+          grp.slot = p;
+          grp.sample = j - g.sample_base[p];
+          grp.begin = g.starts[j];
+          grp.end = g.starts[j] + g.lengths[j];
+          ::new (static_cast<void*>(out++)) KvGroup(grp);  // index j * keys_per_sample + k
+        }
       }
     }
   }
 
   // 4. Compute lists and loads.
-  d->worker_tile_offsets.assign(static_cast<std::size_t>(W) + 1, 0);
-  d->worker_flops.assign(static_cast<std::size_t>(W), 0);
-  for (const Tile& t : d->tiles) {
-    ++d->worker_tile_offsets[static_cast<std::size_t>(t.worker) + 1];
-    d->worker_flops[static_cast<std::size_t>(t.worker)] += t.flops;
-  }
   for (int r = 0; r < W; ++r) d->worker_tile_offsets[r + 1] += d->worker_tile_offsets[r];
   d->worker_tile_ids.resize(d->tiles.size());
   {
@@ -395,50 +412,34 @@ Result<Plan> build_plan(std::span<const PackedSequence> pool, const PlanConfig& 
   const double mean = static_cast<double>(total_flops) / W;
   d->imbalance = mean > 0 ? static_cast<double>(max_flops) / mean - 1.0 : 0.0;
 
-  // 5. C_r: the groups of each worker's fragments, each once, increasing:
-  //    a worker-major bitset, read back in bit order. `rank` (per worker
-  //    and word: the index in worker_group_ids of the word's first set bit)
-  //    turns (worker, group) into its entry without a search.
-  const std::size_t words = (d->groups.size() + 63) / 64;
-  std::vector<std::uint64_t> held(words * static_cast<std::size_t>(W), 0);
-  RawArray<std::size_t> rank(held.size());  // every entry written below
+  // 5. C_r: the groups of each worker's fragments, each once, increasing,
+  //    read back from the bitset (an entry per group and worker, so at most
+  //    one per fragment). `rank` (per worker and word: the index in
+  //    worker_group_ids of the word's first set bit) turns (worker, group)
+  //    into its entry without a search; only sections 5b and 5c need it.
+  // Key k is shard k's alone unless dedup_per_kv_head merges shards: then
+  // every fragment of a group is of its key's shard, and a worker's uses of
+  // the group are that shard's table (section 5b).
+  const bool key_is_shard = !(g.dedup_per_kv_head && g.shards > g.heads_kv);
+  const bool need_entries = !key_is_shard || config.kv_prefix;
+  RawArray<std::size_t> rank(need_entries ? held.size() : 0);  // every entry written below
   {
-    const Fragment* const frags = d->fragments.data();
-    for (const Tile& t : d->tiles) {
-      std::uint64_t* const row = held.data() + static_cast<std::size_t>(t.worker) * words;
-      for (std::int32_t fi = t.fragment_begin; fi < t.fragment_end; ++fi) {
-        const std::int32_t gid = frags[fi].group;
-        row[gid / 64] |= std::uint64_t{1} << (gid % 64);
+    RawArray<std::int32_t> ids(d->fragments.size());
+    std::int32_t* const out = ids.data();
+    std::size_t at = 0;
+    d->worker_group_offsets.assign(static_cast<std::size_t>(W) + 1, 0);
+    for (int r = 0; r < W; ++r) {
+      const std::uint64_t* const row = held.data() + static_cast<std::size_t>(r) * words;
+      for (std::size_t k = 0; k < words; ++k) {
+        if (need_entries) rank[static_cast<std::size_t>(r) * words + k] = at;
+        for (std::uint64_t w = row[k]; w != 0; w &= w - 1) {
+          out[at++] = static_cast<std::int32_t>(k * 64 + static_cast<std::size_t>(std::countr_zero(w)));
+        }
       }
+      d->worker_group_offsets[static_cast<std::size_t>(r) + 1] = at;
     }
-  }
-  // KV heads per group, by dedup key (the same for every sample), and the
-  // dedup key of every group (gid = global sample * keys + key; a table, not
-  // a division per entry).
-  std::vector<std::int32_t> key_heads(static_cast<std::size_t>(g.keys_per_sample));
-  for (int k = 0; k < g.keys_per_sample; ++k) {
-    key_heads[static_cast<std::size_t>(k)] = d->groups[static_cast<std::size_t>(k)].kv_heads.size();
-  }
-  RawArray<std::int32_t> group_key(d->groups.size());
-  for (std::int32_t gi = 0, k = 0; gi < static_cast<std::int32_t>(group_key.size()); ++gi) {
-    group_key[static_cast<std::size_t>(gi)] = k;  // the key in a register, not re-read from the last entry
-    k = k + 1 == g.keys_per_sample ? 0 : k + 1;
-  }
-  d->worker_group_offsets.assign(static_cast<std::size_t>(W) + 1, 0);
-  d->worker_group_ids.reserve(d->fragments.size());
-  d->kv_use_offsets.reserve(d->fragments.size() + 1);
-  d->kv_use_offsets.push_back(0);
-  for (int r = 0; r < W; ++r) {
-    for (std::size_t k = 0; k < words; ++k) {
-      rank[static_cast<std::size_t>(r) * words + k] = d->worker_group_ids.size();
-      for (std::uint64_t w = held[static_cast<std::size_t>(r) * words + k]; w != 0; w &= w - 1) {
-        const auto gid = static_cast<std::int32_t>(k * 64 + static_cast<std::size_t>(std::countr_zero(w)));
-        d->worker_group_ids.push_back(gid);
-        d->kv_use_offsets.push_back(d->kv_use_offsets.back() +
-                                    static_cast<std::size_t>(key_heads[static_cast<std::size_t>(group_key[static_cast<std::size_t>(gid)])]));
-      }
-    }
-    d->worker_group_offsets[r + 1] = d->worker_group_ids.size();
+    ids.truncate(at);
+    d->worker_group_ids = std::move(ids);
   }
   auto entry = [&](int r, std::int32_t gid) {
     const std::size_t at = static_cast<std::size_t>(r) * words + static_cast<std::size_t>(gid) / 64;
@@ -450,14 +451,15 @@ Result<Plan> build_plan(std::span<const PackedSequence> pool, const PlanConfig& 
   //     tile reads the KV heads of its query heads heads.begin +
   //     [chunk_head_offset(m), chunk_head_offset(m + 1)) in every group of its
   //     fragments. Which chunks read which KV head of the group depends only
-  //     on the shard: one table per shard.
+  //     on the shard: one table per shard, which is every entry's table
+  //     when each key is one shard's (Plan::Data::kv_uses_by_key).
   auto offset = [&](int m) { return chunk_head_offset(g.head_width, M, config.chunk_split, m); };
   std::int32_t max_heads = 0;
-  for (std::int32_t n : key_heads) max_heads = std::max(max_heads, n);
+  for (const KvGroup& k : key_group) max_heads = std::max(max_heads, k.kv_heads.size());
   std::vector<ChunkUse> shard_use(static_cast<std::size_t>(g.shards) * static_cast<std::size_t>(max_heads));
   for (int s = 0; s < g.shards; ++s) {
     const HeadRange heads = shard_heads[static_cast<std::size_t>(s)];
-    const HeadRange kv = d->groups[static_cast<std::size_t>(shard_key[static_cast<std::size_t>(s)])].kv_heads;
+    const HeadRange kv = key_group[static_cast<std::size_t>(shard_key[static_cast<std::size_t>(s)])].kv_heads;
     for (int m = 0; m < M; ++m) {
       const std::int32_t q0 = heads.begin + offset(m), q1 = heads.begin + offset(m + 1);
       const std::int32_t k0 = std::max(kv.begin, q0 / g.group_size);
@@ -470,36 +472,27 @@ Result<Plan> build_plan(std::span<const PackedSequence> pool, const PlanConfig& 
       }
     }
   }
-  // Key k is shard k's alone unless dedup_per_kv_head merges shards: then
-  // every fragment of a group is of its key's shard, and a worker's uses of
-  // the group are that shard's table.
-  const bool key_is_shard = !(g.dedup_per_kv_head && g.shards > g.heads_kv);
+  d->kv_use_stride = max_heads;
+  d->kv_uses_by_key = key_is_shard;
   if (key_is_shard) {
-    // Appended, not zero-filled and then overwritten: every entry is a
-    // table entry.
-    d->kv_uses.clear();
-    d->kv_uses.reserve(static_cast<std::size_t>(d->kv_use_offsets.back()));
-    for (std::size_t at = 0; at < d->worker_group_ids.size(); ++at) {
-      const std::int32_t key = group_key[static_cast<std::size_t>(d->worker_group_ids[at])];
-      const ChunkUse* from = &shard_use[static_cast<std::size_t>(key) * max_heads];
-      d->kv_uses.insert(d->kv_uses.end(), from, from + (d->kv_use_offsets[at + 1] - d->kv_use_offsets[at]));
-    }
+    d->kv_uses = std::move(shard_use);
   } else {
+    d->kv_use_offsets.reserve(d->worker_group_ids.size() + 1);
+    d->kv_use_offsets.push_back(0);
+    for (const std::int32_t gid : d->worker_group_ids) {
+      d->kv_use_offsets.push_back(d->kv_use_offsets.back() +
+                                  static_cast<std::size_t>(d->groups[static_cast<std::size_t>(gid)].kv_heads.size()));
+    }
     d->kv_uses.assign(d->kv_use_offsets.back(), ChunkUse{});
   }
-  // 5c. The tokens each worker holds of each of its groups: with kv_prefix
+  // 5c. With kv_prefix, the tokens each worker holds of each of its groups:
   //     the causal prefix up to its last query row (a query reads no later
-  //     key), else the whole sample.
-  if (config.kv_prefix) {
-    d->kv_span_end.assign(d->worker_group_ids.size(), 0);
-  } else {
-    d->kv_span_end.clear();
-    d->kv_span_end.reserve(d->worker_group_ids.size());
-    for (const std::int32_t gid : d->worker_group_ids) d->kv_span_end.push_back(d->groups[static_cast<std::size_t>(gid)].end);
-  }
-  if (!key_is_shard || config.kv_prefix) {
+  //     key); without, the whole sample (Plan::Data::kv_span_end).
+  if (config.kv_prefix) d->kv_span_end.assign(d->worker_group_ids.size(), 0);
+  if (need_entries) {
+    const ChunkUse* const shard_uses = key_is_shard ? d->kv_uses.data() : shard_use.data();
     for (const Tile& t : d->tiles) {
-      const ChunkUse* su = &shard_use[static_cast<std::size_t>(t.shard) * max_heads];
+      const ChunkUse* su = shard_uses + static_cast<std::size_t>(t.shard) * max_heads;
       for (std::int32_t fi = t.fragment_begin; fi < t.fragment_end; ++fi) {
         const Fragment& frag = d->fragments[static_cast<std::size_t>(fi)];
         const std::size_t at = entry(t.worker, frag.group);
@@ -587,8 +580,9 @@ void derive_exchange(const Plan::Data& data) {
   }
   for (int r = 0; r < W; ++r) {
     for (std::size_t k = d->worker_group_offsets[r]; k < d->worker_group_offsets[r + 1]; ++k) {
-      const KvGroup& grp = d->groups[static_cast<std::size_t>(d->worker_group_ids[k])];
-      const std::int64_t span_end = d->kv_span_end[k];
+      const std::int32_t gid = d->worker_group_ids[k];
+      const KvGroup& grp = d->groups[static_cast<std::size_t>(gid)];
+      const std::int64_t span_end = d->span_end(k, gid);
       for (const Geometry::Run& run : g.sample_runs(g.sample_base[grp.slot] + grp.sample)) {
         if (run.begin >= span_end) break;
         const int src = grp.slot * g.cp + run.rank;
@@ -622,8 +616,9 @@ void derive_exchange(const Plan::Data& data) {
         const KvGroup& grp = d->groups[static_cast<std::size_t>(gid)];
         const std::int32_t j = g.sample_base[grp.slot] + grp.sample;
         const std::int32_t key = gid - j * g.keys_per_sample;
+        const std::int64_t span_end = d->span_end(k, gid);
         for (std::int32_t u = g.run_base[static_cast<std::size_t>(j)]; u < g.run_base[static_cast<std::size_t>(j) + 1]; ++u) {
-          if (g.runs[static_cast<std::size_t>(u)].begin >= d->kv_span_end[k]) break;
+          if (g.runs[static_cast<std::size_t>(u)].begin >= span_end) break;
           const int src = grp.slot * g.cp + g.runs[static_cast<std::size_t>(u)].rank;
           if (src == r) continue;
           kv_items[ki[static_cast<std::size_t>(src) * W + r]++] = {static_cast<std::int32_t>(k), key, u};
@@ -678,13 +673,13 @@ void derive_exchange(const Plan::Data& data) {
       const std::int32_t gid = d->worker_group_ids[static_cast<std::size_t>(item.entry)];
       const HeadRange kv = key_group[static_cast<std::size_t>(item.key)].kv_heads;
       const std::int32_t slot = d->groups[static_cast<std::size_t>(gid)].slot;
-      const std::int64_t end = std::min(run.end, d->kv_span_end[static_cast<std::size_t>(item.entry)]);
+      const std::int64_t end = std::min(run.end, d->span_end(static_cast<std::size_t>(item.entry), gid));
       const Transfer x{TransferKind::kKv, slot * g.cp + run.rank, static_cast<std::int32_t>(b % static_cast<std::size_t>(W)),
                        slot, run.begin, end, kv, -1, gid,
                        kv_bytes(g, end - run.begin, kv.size()), 0, M - 1};
       d->transfers.push_back(x);
       d->byte_matrix[b] += x.bytes;
-      const ChunkUse* uses = &d->kv_uses[d->kv_use_offsets[static_cast<std::size_t>(item.entry)]];
+      const ChunkUse* uses = d->uses_of(static_cast<std::size_t>(item.entry), item.key);
       const HeadRange* heads = &chunk_kv[static_cast<std::size_t>(item.key) * M];
       for (int m = 0; m < M; ++m) {
         if (heads[m].size() == 0) continue;
@@ -753,7 +748,11 @@ void derive_exchange(const Plan::Data& data) {
 Result<Plan> make_plan(std::span<const PackedSequence> pool, const PlanConfig& config) {
   LIBRA_ASSIGN_OR_RETURN(detail::Geometry geo, detail::make_geometry(pool, config));
   LIBRA_ASSIGN_OR_RETURN(std::vector<detail::PlacedRows> rows, detail::place_tiles(geo, config));
-  return detail::build_plan(pool, config, std::move(geo), std::move(rows), "plan");
+  // The placers cut every block exactly (the contract's tile-for-tile
+  // tests hold them to it); rows from outside go through check_rows.
+  detail::sort_rows(rows);
+  assert(detail::check_rows(geo, rows, "plan").ok());
+  return detail::build_plan(pool, config, std::move(geo), rows);
 }
 
 Result<Plan> rechunk_plan(const Plan& plan, int chunks) { return rechunk_plan(plan, chunks, plan.config().chunk_split); }
@@ -769,7 +768,9 @@ Result<Plan> rechunk_plan(const Plan& plan, int chunks, ChunkSplit split) {
     rows.push_back({.slot = t.slot, .block = t.block, .shard = t.shard, .begin = t.begin, .end = t.end,
                     .worker = t.worker});
   }
-  return detail::build_plan(plan.pool(), config, std::move(geo), std::move(rows), "plan");
+  // A plan's tiles are already in (slot, block, shard, piece) order and cut every block exactly.
+  assert(detail::check_rows(geo, rows, "plan").ok());
+  return detail::build_plan(plan.pool(), config, std::move(geo), rows);
 }
 
 // ---- accessors -------------------------------------------------------------
@@ -798,7 +799,7 @@ int Plan::head_width() const { return d_->head_width; }
 std::span<const PackedSequence> Plan::pool() const { return d_->pool; }
 std::span<const Tile> Plan::tiles() const { return d_->tiles; }
 std::span<const Fragment> Plan::fragments() const { return {d_->fragments.data(), d_->fragments.size()}; }
-std::span<const KvGroup> Plan::groups() const { return d_->groups; }
+std::span<const KvGroup> Plan::groups() const { return {d_->groups.data(), d_->groups.size()}; }
 
 std::span<const std::int32_t> Plan::worker_tiles(int r) const {
   const auto& o = d_->worker_tile_offsets;
@@ -806,7 +807,7 @@ std::span<const std::int32_t> Plan::worker_tiles(int r) const {
 }
 std::span<const std::int32_t> Plan::worker_groups(int r) const {
   const auto& o = d_->worker_group_offsets;
-  return std::span<const std::int32_t>(d_->worker_group_ids).subspan(o[r], o[r + 1] - o[r]);
+  return std::span<const std::int32_t>(d_->worker_group_ids.data() + o[r], o[r + 1] - o[r]);
 }
 std::span<const std::int64_t> Plan::worker_flops() const { return d_->worker_flops; }
 double Plan::imbalance() const { return d_->imbalance; }
@@ -848,7 +849,8 @@ ChunkUse Plan::kv_use(int r, std::int32_t group, std::int32_t kv_head) const {
   const KvGroup& g = d_->groups[static_cast<std::size_t>(group)];
   if (kv_head < g.kv_heads.begin || kv_head >= g.kv_heads.end) return {};
   const std::size_t k = d_->worker_group_offsets[static_cast<std::size_t>(r)] + static_cast<std::size_t>(it - ids.begin());
-  return d_->kv_uses[d_->kv_use_offsets[k] + static_cast<std::size_t>(kv_head - g.kv_heads.begin)];
+  const std::int32_t key = group % d_->geometry->keys_per_sample;
+  return d_->uses_of(k, key)[kv_head - g.kv_heads.begin];
 }
 
 TokenSpan Plan::kv_span(int r, std::int32_t group) const {
@@ -857,7 +859,7 @@ TokenSpan Plan::kv_span(int r, std::int32_t group) const {
   const auto it = std::lower_bound(ids.begin(), ids.end(), group);
   if (it == ids.end() || *it != group) return {};
   const std::size_t k = d_->worker_group_offsets[static_cast<std::size_t>(r)] + static_cast<std::size_t>(it - ids.begin());
-  return {d_->groups[static_cast<std::size_t>(group)].begin, d_->kv_span_end[k]};
+  return {d_->groups[static_cast<std::size_t>(group)].begin, d_->span_end(k, group)};
 }
 
 HeadRange Plan::chunk_heads(const Tile& tile, int m) const {

@@ -39,6 +39,8 @@ class RawArray {
   T* data() { return items_.get(); }
   const T* data() const { return items_.get(); }
   std::size_t size() const { return size_; }
+  // Keeps the first n items (n <= size()); the storage is not given back.
+  void truncate(std::size_t n) { size_ = n < size_ ? n : size_; }
   const T* begin() const { return items_.get(); }
   const T* end() const { return items_.get() + size_; }
   operator std::span<const T>() const { return {items_.get(), size_}; }
@@ -63,18 +65,30 @@ struct Plan::Data {
   int head_width = 0;
   detail::RawArray<Tile> tiles;
   detail::RawArray<Fragment> fragments;
-  std::vector<KvGroup> groups;
+  detail::RawArray<KvGroup> groups;
   std::vector<std::size_t> worker_tile_offsets;  // W + 1
   std::vector<std::int32_t> worker_tile_ids;
   std::vector<std::size_t> worker_group_offsets;  // W + 1
-  std::vector<std::int32_t> worker_group_ids;
-  // Per entry of worker_group_ids: offset of its first KV head's ChunkUse in
-  // kv_uses (one per KV head of the group, in head order).
+  detail::RawArray<std::int32_t> worker_group_ids;
+  // The chunks that read each KV head of each entry of worker_group_ids
+  // (Plan::kv_use), in head order: with kv_uses_by_key, every entry of a
+  // group of dedup key k reads as its key's table, kv_uses[k * kv_use_stride
+  // ..] (each key is one shard's, so the uses depend on the key alone);
+  // otherwise entry i's own, from kv_uses[kv_use_offsets[i]].
+  bool kv_uses_by_key = true;
+  std::int32_t kv_use_stride = 0;
   std::vector<std::size_t> kv_use_offsets;
   std::vector<ChunkUse> kv_uses;
-  // Per entry of worker_group_ids: the end of the tokens the worker holds
-  // (the sample's end, or with kv_prefix its causal prefix's; Plan::kv_span).
+  // With kv_prefix, per entry of worker_group_ids: the end of the causal
+  // prefix the worker holds (Plan::kv_span); without, empty (the whole sample).
   std::vector<std::int64_t> kv_span_end;
+  const ChunkUse* uses_of(std::size_t entry, std::int32_t key) const {
+    return kv_uses_by_key ? kv_uses.data() + static_cast<std::size_t>(key) * static_cast<std::size_t>(kv_use_stride)
+                          : kv_uses.data() + kv_use_offsets[entry];
+  }
+  std::int64_t span_end(std::size_t entry, std::int32_t group) const {
+    return config.kv_prefix ? kv_span_end[entry] : groups[static_cast<std::size_t>(group)].end;
+  }
   std::vector<std::int64_t> worker_flops;
   double imbalance = 0;
   // The exchange (builder sections 6 and 7b) is derived from the fields
@@ -230,13 +244,18 @@ inline int topo_tier(const PlanTopology& t, int a, int b) {
   return na / t.nodes_per_supernode == nb / t.nodes_per_supernode ? 1 : 2;
 }
 
-// Checks that `rows` cut every (slot, block, shard) into consecutive pieces
-// covering the block exactly, then derives the plan (the exchange on first
-// use: derive_exchange). The plan keeps `geo` (so callers move it in).
-// `source` names the input in error messages.
-[[nodiscard]] Result<Plan> build_plan(std::span<const PackedSequence> pool, const PlanConfig& config,
-                                      Geometry geo, std::vector<PlacedRows> rows,
-                                      const std::string& source);
+// Sorts rows into (slot, block, shard, begin) order.
+void sort_rows(std::vector<PlacedRows>& rows);
+// Checks that `rows` name existing tiles and workers and cut every (slot,
+// block, shard) into consecutive pieces covering the block exactly, sorting
+// them on the way: what build_plan needs of rows from outside (a plan
+// file). `source` names the input in error messages.
+[[nodiscard]] Status check_rows(const Geometry& geo, std::vector<PlacedRows>& rows, const std::string& source);
+// Derives the plan from rows that check_rows accepts, in its order (the
+// exchange on first use: derive_exchange). The plan keeps `geo` (so callers
+// move it in).
+[[nodiscard]] Plan build_plan(std::span<const PackedSequence> pool, const PlanConfig& config, Geometry geo,
+                              std::span<const PlacedRows> rows);
 
 // Fills the exchange of a plan build_plan made; Plan's exchange accessors
 // call it once (Plan::Data::exchange_once).

@@ -159,7 +159,8 @@ Result<Plan> finish(std::span<const PackedSequence> pool, const PlanConfig& conf
                     const std::string& source) {
   auto geo = detail::make_geometry(pool, config);
   if (!geo.ok()) return Error(geo.error().code(), source + ": " + geo.error().message());
-  return detail::build_plan(pool, config, std::move(*geo), std::move(rows), source);
+  LIBRA_TRY(detail::check_rows(*geo, rows, source));
+  return detail::build_plan(pool, config, std::move(*geo), rows);
 }
 
 }  // namespace
