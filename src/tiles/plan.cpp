@@ -191,17 +191,6 @@ std::uint64_t hash_words(std::span<const std::uint64_t> words) {
   return h.value();
 }
 
-namespace {
-
-bool rows_before(const PlacedRows& a, const PlacedRows& b) {
-  if (a.slot != b.slot) return a.slot < b.slot;
-  if (a.block != b.block) return a.block < b.block;
-  if (a.shard != b.shard) return a.shard < b.shard;
-  return a.begin < b.begin;
-}
-
-}  // namespace
-
 void sort_rows(std::vector<PlacedRows>& rows) {
   if (!std::is_sorted(rows.begin(), rows.end(), rows_before)) std::sort(rows.begin(), rows.end(), rows_before);
 }
@@ -313,6 +302,10 @@ Plan build_plan(std::span<const PackedSequence> pool, const PlanConfig& config, 
       const std::int32_t shard_k = shard_key[static_cast<std::size_t>(r.shard)];
       std::uint64_t* const row = held_bits + static_cast<std::size_t>(r.worker) * words;
       Fragment* const out = frags + count;
+      // The pieces of a (slot, block, shard) continue one another from the
+      // block's first row, so piece 0 is the one that starts there.
+      const bool block_start = r.begin == r.block * g.block_size;
+      piece = block_start ? 0 : piece + 1;
       if (prev.slot == r.slot && prev.begin == r.begin && prev.end == r.end) {
         // Another shard of the same rows: the previous tile's n fragments,
         // just written, with this tile's id and groups.
@@ -327,8 +320,7 @@ Plan build_plan(std::span<const PackedSequence> pool, const PlanConfig& config, 
       } else {
         // A block's first piece starts at the block (every tile but a
         // tap-split piece): its first sample is in a table.
-        const std::int32_t first =
-            r.begin == r.block * g.block_size ? g.block_sample(r.slot, r.block) : g.sample_at(r.slot, r.begin);
+        const std::int32_t first = block_start ? g.block_sample(r.slot, r.block) : g.sample_at(r.slot, r.begin);
         const std::int32_t stop = sample_base[r.slot + 1];
         home = g.home(r.slot, r.begin);
         std::int64_t pairs = 0;
@@ -350,23 +342,20 @@ Plan build_plan(std::span<const PackedSequence> pool, const PlanConfig& config, 
         }
         flops = pairs * g.head_width;
       }
-      piece = (prev.slot == r.slot && prev.block == r.block && prev.shard == r.shard) ? piece + 1 : 0;
-      Tile t;
-      t.id = id;
-      t.slot = r.slot;
-      t.block = r.block;
-      t.shard = r.shard;
-      t.piece = piece;
-      t.begin = r.begin;
-      t.end = r.end;
-      t.heads = shard_heads[static_cast<std::size_t>(r.shard)];
-      t.kv_heads = shard_kv_heads[static_cast<std::size_t>(r.shard)];
-      t.flops = flops;
-      t.home = home;
-      t.worker = r.worker;
-      t.fragment_begin = static_cast<std::int32_t>(count);
-      t.fragment_end = static_cast<std::int32_t>(count) + n;
-      ::new (static_cast<void*>(tiles + i)) Tile(t);
+      ::new (static_cast<void*>(tiles + i)) Tile{.id = id,
+                                                 .slot = r.slot,
+                                                 .block = r.block,
+                                                 .shard = r.shard,
+                                                 .piece = piece,
+                                                 .begin = r.begin,
+                                                 .end = r.end,
+                                                 .heads = shard_heads[static_cast<std::size_t>(r.shard)],
+                                                 .kv_heads = shard_kv_heads[static_cast<std::size_t>(r.shard)],
+                                                 .flops = flops,
+                                                 .home = home,
+                                                 .worker = r.worker,
+                                                 .fragment_begin = static_cast<std::int32_t>(count),
+                                                 .fragment_end = static_cast<std::int32_t>(count) + n};
       ++tile_counts[r.worker];
       loads[r.worker] += flops;
       count += static_cast<std::size_t>(n);
@@ -382,15 +371,22 @@ Plan build_plan(std::span<const PackedSequence> pool, const PlanConfig& config, 
   const std::vector<KvGroup> key_group = key_heads(g).group;  // key and KV heads per key
   d->groups = RawArray<KvGroup>(group_count);
   {
+    // Through locals: a store into a group could alias the tables read.
     KvGroup* out = d->groups.data();
+    const KvGroup* const key_grp = key_group.data();
+    const std::size_t keys = key_group.size();
     for (int p = 0; p < g.pool_size; ++p) {
-      for (std::int32_t j = g.sample_base[p]; j < g.sample_base[p + 1]; ++j) {
-        for (const KvGroup& key_grp : key_group) {
-          KvGroup grp = key_grp;
+      const std::int32_t base = g.sample_base[static_cast<std::size_t>(p)];
+      const std::int32_t stop = g.sample_base[static_cast<std::size_t>(p) + 1];
+      for (std::int32_t j = base; j < stop; ++j) {
+        const std::int64_t begin = g.starts[static_cast<std::size_t>(j)];
+        const std::int64_t end = begin + g.lengths[static_cast<std::size_t>(j)];
+        for (std::size_t k = 0; k < keys; ++k) {
+          KvGroup grp = key_grp[k];
           grp.slot = p;
-          grp.sample = j - g.sample_base[p];
-          grp.begin = g.starts[j];
-          grp.end = g.starts[j] + g.lengths[j];
+          grp.sample = j - base;
+          grp.begin = begin;
+          grp.end = end;
           ::new (static_cast<void*>(out++)) KvGroup(grp);  // index j * keys_per_sample + k
         }
       }
@@ -748,10 +744,10 @@ void derive_exchange(const Plan::Data& data) {
 Result<Plan> make_plan(std::span<const PackedSequence> pool, const PlanConfig& config) {
   LIBRA_ASSIGN_OR_RETURN(detail::Geometry geo, detail::make_geometry(pool, config));
   LIBRA_ASSIGN_OR_RETURN(std::vector<detail::PlacedRows> rows, detail::place_tiles(geo, config));
-  // The placers cut every block exactly (the contract's tile-for-tile
-  // tests hold them to it); rows from outside go through check_rows.
-  detail::sort_rows(rows);
-  assert(detail::check_rows(geo, rows, "plan").ok());
+  // The placers cut every block exactly and return the rows in order (the
+  // contract's tile-for-tile tests hold them to it); rows from outside go
+  // through check_rows.
+  assert(std::is_sorted(rows.begin(), rows.end(), detail::rows_before) && detail::check_rows(geo, rows, "plan").ok());
   return detail::build_plan(pool, config, std::move(geo), rows);
 }
 

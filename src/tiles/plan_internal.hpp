@@ -155,9 +155,8 @@ struct Geometry {
     return block_first[static_cast<std::size_t>(block_base[static_cast<std::size_t>(p)] + b)];
   }
   std::span<const Run> sample_runs(std::int32_t j) const {
-    return std::span<const Run>(runs).subspan(static_cast<std::size_t>(run_base[static_cast<std::size_t>(j)]),
-                                              static_cast<std::size_t>(run_base[static_cast<std::size_t>(j) + 1] -
-                                                                       run_base[static_cast<std::size_t>(j)]));
+    const std::int32_t* at = run_base.data() + j;
+    return {runs.data() + at[0], static_cast<std::size_t>(at[1] - at[0])};
   }
 
   HeadRange shard_heads(int s) const { return {s * head_width, (s + 1) * head_width}; }
@@ -226,7 +225,8 @@ struct PlacedRows {
   std::int32_t worker = 0;
 };
 
-// Tile placement per mode: one PlacedRows per tile (piece).
+// Tile placement per mode: one PlacedRows per tile (piece), in
+// (slot, block, shard, begin) order.
 [[nodiscard]] Result<std::vector<PlacedRows>> place_tiles(const Geometry& geo, const PlanConfig& config);
 
 // tap-topo's placer (topo.cpp): the tiles `base` (one per (slot, block,
@@ -244,7 +244,13 @@ inline int topo_tier(const PlanTopology& t, int a, int b) {
   return na / t.nodes_per_supernode == nb / t.nodes_per_supernode ? 1 : 2;
 }
 
-// Sorts rows into (slot, block, shard, begin) order.
+// (slot, block, shard, begin) order, and sorting rows into it.
+inline bool rows_before(const PlacedRows& a, const PlacedRows& b) {
+  if (a.slot != b.slot) return a.slot < b.slot;
+  if (a.block != b.block) return a.block < b.block;
+  if (a.shard != b.shard) return a.shard < b.shard;
+  return a.begin < b.begin;
+}
 void sort_rows(std::vector<PlacedRows>& rows);
 // Checks that `rows` name existing tiles and workers and cut every (slot,
 // block, shard) into consecutive pieces covering the block exactly, sorting

@@ -362,11 +362,11 @@ class Placer {
 
   // Loads the fragments of rows [begin, end) of (p, s) and evaluates every
   // worker for a tile of `flops` with Q-home `home`. A worker's dcomm is
-  // "every group at full size, plus Q and O" (`base`) minus what it saves:
+  // "every group at full size, plus Q and O" (the base) minus what it saves:
   // Q and O at home, a committed group, its local tokens of a group. Every
   // saving is positive, so only the few workers that save anything can beat
-  // `base`: they are evaluated one by one, and when none of them has
-  // headroom, every worker with headroom is at `base` and the choice is the
+  // the base: they are evaluated one by one, and when none of them has
+  // headroom, every worker with headroom is at the base and the choice is the
   // least-loaded worker (lowest id on ties): a scan of the loads, or with
   // many workers a tournament tree over them. Same choice, same tie-breaks
   // as scanning all W workers.
@@ -379,49 +379,64 @@ class Placer {
       rows_end_ = end;
       rows_first_ = geo_.block_sample(p, block);
       rows_last_ = rows_first_;
-      rows_tokens_ = 0;
-      while (rows_last_ < geo_.sample_base[p + 1] && geo_.starts[rows_last_] < end) rows_tokens_ += geo_.lengths[rows_last_++];
+      while (rows_last_ < geo_.sample_base[p + 1] && geo_.starts[rows_last_] < end) ++rows_last_;
       rows_home_ = geo_.home(p, begin);
     }
     first_ = rows_first_;
     last_ = rows_last_;
     key_ = shard_key_[static_cast<std::size_t>(s)];
     const std::int64_t vkv = shard_vkv_[static_cast<std::size_t>(s)];
-    const std::int64_t all_groups = vkv * rows_tokens_;
-    const int home = rows_home_;
     const std::int64_t vqo = 2 * (end - begin) * geo_.qo_bytes_per_row();
-    const std::int64_t base = vqo + all_groups;
-    save(home, vqo);
-    // Locals, not members: the stores into touched_ could alias them.
+    // Locals, not members: the stores into saved_ and touched_ could alias
+    // them (size_t and int64_t may alias), one reload per saving.
+    std::int64_t* const saved = saved_.data();
+    std::int32_t* const touched = touched_.data();
+    std::size_t touched_count = 0;
+    // Branch-free: the slot past the end is overwritten by the next saver.
+    auto save = [saved, touched, &touched_count](int r, std::int64_t bytes) {
+      std::int64_t& x = saved[r];
+      touched[touched_count] = r;
+      touched_count += x == 0 ? 1 : 0;
+      x += bytes;
+    };
+    save(rows_home_, vqo);
     const std::int32_t first = first_, last = last_, keys = geo_.keys_per_sample, key = key_;
     const int slot_base = p * geo_.cp;
-    const std::size_t words = words_;
     const std::int64_t* lengths = geo_.lengths.data();
     const std::uint64_t* committed = committed_.data();
-    for (std::int32_t j = first; j < last; ++j) {
-      const std::int32_t group = j * keys + key;
-      const std::uint64_t* bits = &committed[static_cast<std::size_t>(group) * words];
-      const std::int64_t full = vkv * lengths[j];
-      for (std::size_t w = 0; w < words; ++w) {
-        for (std::uint64_t word = bits[w]; word != 0; word &= word - 1) {
-          save(static_cast<int>(w * 64 + static_cast<std::size_t>(std::countr_zero(word))), full);
+    // Inlined twice: with up to 64 workers (words == 1, the paper's scale)
+    // the word loop disappears.
+    auto load_samples = [&](const std::size_t words) __attribute__((always_inline)) {
+      for (std::int32_t j = first; j < last; ++j) {
+        const std::int32_t group = j * keys + key;
+        const std::uint64_t* bits = &committed[static_cast<std::size_t>(group) * words];
+        const std::int64_t full = vkv * lengths[j];
+        for (std::size_t w = 0; w < words; ++w) {
+          for (std::uint64_t word = bits[w]; word != 0; word &= word - 1) {
+            save(static_cast<int>(w * 64 + static_cast<std::size_t>(std::countr_zero(word))), full);
+          }
+        }
+        for (const Geometry::Run& run : geo_.sample_runs(j)) {
+          const int r = slot_base + run.rank;
+          if (!((bits[static_cast<std::size_t>(r) / 64] >> (r % 64)) & 1U)) save(r, vkv * (run.end - run.begin));
         }
       }
-      for (const Geometry::Run& run : geo_.sample_runs(j)) {
-        const int r = slot_base + run.rank;
-        if (!((bits[static_cast<std::size_t>(r) / 64] >> (r % 64)) & 1U)) save(r, vkv * (run.end - run.begin));
-      }
+    };
+    if (words_ == 1) {
+      load_samples(1);
+    } else {
+      load_samples(words_);
     }
     Choice c;
     const std::int64_t room = limit_ - flops;  // headroom: load <= room
     const std::int64_t* loads = loads_.data();
     // Among the savers with headroom: the largest saving (least dcomm),
     // then the lowest (load, r).
-    const std::span<const std::int32_t> touched(touched_.data(), touched_count_);
-    for (const std::int32_t r : touched) {
+    for (std::size_t i = 0; i < touched_count; ++i) {
+      const std::int32_t r = touched[i];
       if (loads[r] > room) continue;
-      if (c.worker < 0 || saved_[r] > saved_[c.worker] ||
-          (saved_[r] == saved_[c.worker] && (loads[r] < loads[c.worker] || (loads[r] == loads[c.worker] && r < c.worker)))) {
+      if (c.worker < 0 || saved[r] > saved[c.worker] ||
+          (saved[r] == saved[c.worker] && (loads[r] < loads[c.worker] || (loads[r] == loads[c.worker] && r < c.worker)))) {
         c.worker = r;
       }
     }
@@ -430,18 +445,19 @@ class Placer {
       if (loads[least] <= room) {
         c.worker = least;
       } else {
-        // Nobody has headroom: the minimum of (load, dcomm, r) over all.
-        const int W = geo_.workers;
-        for (int r = 1; r < W; ++r) {
-          if (loads[r] < loads[c.fallback] ||
-              (loads[r] == loads[c.fallback] && base - saved_[r] < base - saved_[c.fallback])) {
-            c.fallback = r;
-          }
+        // Nobody has headroom: the minimum of (load, dcomm, r) over all
+        // workers. It has the least load; `least` is the lowest id of
+        // those, and only a saver among them has a lower dcomm.
+        const std::int64_t least_load = loads[least];
+        c.fallback = least;
+        for (std::size_t i = 0; i < touched_count; ++i) {
+          const std::int32_t r = touched[i];
+          if (loads[r] != least_load) continue;
+          if (saved[r] > saved[c.fallback] || (saved[r] == saved[c.fallback] && r < c.fallback)) c.fallback = r;
         }
       }
     }
-    for (const std::int32_t r : touched) saved_[r] = 0;
-    touched_count_ = 0;
+    for (std::size_t i = 0; i < touched_count; ++i) saved[touched[i]] = 0;
     return c;
   }
 
@@ -449,10 +465,12 @@ class Placer {
   void commit(int r, std::int64_t flops) {
     loads_[static_cast<std::size_t>(r)] += flops;
     if (tree_) update_tree(r);
-    for (std::int32_t j = first_; j < last_; ++j) {
-      const std::size_t group = static_cast<std::size_t>(j * geo_.keys_per_sample + key_);
-      committed_[group * words_ + static_cast<std::size_t>(r) / 64] |= std::uint64_t{1} << (r % 64);
-    }
+    // Locals: the stores into committed_ could alias words_.
+    const std::size_t words = words_;
+    const std::int32_t keys = geo_.keys_per_sample, key = key_, last = last_;
+    std::uint64_t* const bits = committed_.data() + static_cast<std::size_t>(r) / 64;
+    const std::uint64_t bit = std::uint64_t{1} << (r % 64);
+    for (std::int32_t j = first_; j < last; ++j) bits[static_cast<std::size_t>(j * keys + key) * words] |= bit;
   }
   void commit_rows(int r, int p, int s, std::int64_t begin, std::int64_t end, std::int64_t flops) {
     first_ = last_ = geo_.sample_at(p, begin);
@@ -497,13 +515,6 @@ class Placer {
   bool is_committed(std::int32_t group, int r) const {
     return (committed_[static_cast<std::size_t>(group) * words_ + static_cast<std::size_t>(r) / 64] >> (r % 64)) & 1U;
   }
-  void save(int r, std::int64_t bytes) {
-    // Branch-free: the slot past the end is overwritten by the next saver.
-    std::int64_t& saved = saved_[static_cast<std::size_t>(r)];
-    touched_[touched_count_] = r;
-    touched_count_ += saved == 0 ? 1 : 0;
-    saved += bytes;
-  }
   // A tree entry: a worker and its load (padding: the largest load and id).
   struct Least {
     std::int64_t load;
@@ -520,8 +531,7 @@ class Placer {
   std::vector<std::int64_t> loads_;
   std::vector<std::uint64_t> committed_;
   std::vector<std::int64_t> saved_;     // per worker, zero outside evaluate()
-  std::vector<std::int32_t> touched_;   // [0, touched_count_): workers with saved_ > 0
-  std::size_t touched_count_ = 0;
+  std::vector<std::int32_t> touched_;   // within evaluate(): the workers with saved_ > 0
   std::size_t leaves_;
   bool tree_;                          // least_ is kept (more than kScanWorkers workers)
   std::vector<Least> least_;           // tournament tree: least_[1] = min (load, r)
@@ -536,7 +546,7 @@ class Placer {
   std::int32_t first_ = 0, last_ = 0;
   std::int32_t key_ = 0;
   int rows_slot_ = -1;  // the rows evaluated last and what they touch
-  std::int64_t rows_begin_ = 0, rows_end_ = 0, rows_tokens_ = 0;
+  std::int64_t rows_begin_ = 0, rows_end_ = 0;
   std::int32_t rows_first_ = 0, rows_last_ = 0;
   int rows_home_ = 0;
 };
@@ -679,12 +689,16 @@ Result<std::vector<PlacedRows>> place_tiles(const Geometry& geo, const PlanConfi
       base.push_back(t.rows);
       flops.push_back(t.flops);
     }
-    return place_topo(geo, config, base, flops, capacity, std::move(tap));
+    std::vector<PlacedRows> topo = place_topo(geo, config, base, flops, capacity, std::move(tap));
+    sort_rows(topo);  // tap-topo's split pieces come last
+    return topo;
   }
   if (config.mode == PlanMode::kTap || static_cast<double>(tap_max) <= capacity) return tap;
   std::int64_t split_max = 0;
   std::vector<PlacedRows> split = run(true, &split_max);
-  return split_max < tap_max ? split : tap;
+  if (split_max >= tap_max) return tap;
+  sort_rows(split);  // in placement order
+  return split;
 }
 
 }  // namespace detail
