@@ -458,6 +458,28 @@ void check_plan_invariants(const std::vector<PackedSequence>& pool, const PlanCo
   RC_ASSERT(covered.size() == expected);
   for (const auto& [key, n] : covered) RC_ASSERT(n == 1);
 
+  // Tiles in (slot, block, shard, piece) order with ids in that order; the
+  // pieces of a (slot, block, shard) numbered from 0, the first at the
+  // block's first row and each continuing the last (what make_plan takes
+  // from its placers without checking them row by row).
+  for (std::size_t i = 0; i < plan.tiles().size(); ++i) {
+    const Tile& t = plan.tiles()[i];
+    RC_ASSERT(t.id == static_cast<std::int32_t>(i));
+    if (t.piece == 0) {
+      RC_ASSERT(t.begin == t.block * c.block_size);
+    } else {
+      RC_ASSERT(i > 0);
+      const Tile& prev = plan.tiles()[i - 1];
+      RC_ASSERT(prev.slot == t.slot && prev.block == t.block && prev.shard == t.shard);
+      RC_ASSERT(prev.piece + 1 == t.piece && prev.end == t.begin);
+    }
+    RC_ASSERT(t.begin < t.end && t.end <= (t.block + 1) * c.block_size);
+    if (i > 0) {
+      const Tile& prev = plan.tiles()[i - 1];
+      RC_ASSERT(std::tie(prev.slot, prev.block, prev.shard, prev.piece) < std::tie(t.slot, t.block, t.shard, t.piece));
+    }
+  }
+
   // Loads are the sums of the tiles' FLOPs; compute lists hold each tile once.
   std::vector<std::int64_t> loads(static_cast<std::size_t>(W), 0);
   std::size_t listed = 0;
