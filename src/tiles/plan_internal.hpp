@@ -207,6 +207,12 @@ struct Geometry {
   // pieces are whole samples, whose count make_geometry kept.
   std::int64_t pairs(std::int32_t j, std::int64_t a, std::int64_t e) const {
     if (a == 0 && e == lengths[static_cast<std::size_t>(j)]) return whole_pairs[static_cast<std::size_t>(j)];
+    if (window == kFullCausal) {
+      // (a + 1) + ... + e, no more than the whole sample's count, which
+      // make_geometry found in range; n and s have opposite parity.
+      const std::int64_t n = e - a, s = e + a + 1;
+      return n % 2 == 0 ? n / 2 * s : s / 2 * n;
+    }
     return causal_pairs(a, e, window).value();
   }
 };

@@ -237,6 +237,14 @@ Result<Geometry> make_geometry(std::span<const PackedSequence> pool, const PlanC
   std::int64_t total_samples = 0;
   std::int64_t total_tokens = 0;
   std::int64_t total_pairs = 0;
+  {
+    std::size_t samples = 0;
+    for (const PackedSequence& seq : pool) samples += seq.size();
+    g.starts.reserve(samples);
+    g.lengths.reserve(samples);
+    g.whole_pairs.reserve(samples);
+    g.run_base.reserve(samples + 1);
+  }
   for (std::size_t p = 0; p < pool.size(); ++p) {
     const PackedSequence& seq = pool[p];
     const std::string where = "pool slot " + str(static_cast<std::int64_t>(p));
@@ -254,7 +262,10 @@ Result<Geometry> make_geometry(std::span<const PackedSequence> pool, const PlanC
       }
       g.starts.push_back(t);
       g.lengths.push_back(l);
-      auto pairs = causal_pairs(0, l, config.shape.window);
+      // Plain causal and l < 2^31: l (l + 1) / 2 cannot overflow.
+      auto pairs = config.shape.window == kFullCausal && l < (std::int64_t{1} << 31)
+                       ? Result<std::int64_t>(l * (l + 1) / 2)
+                       : causal_pairs(0, l, config.shape.window);
       if (!pairs.ok()) return invalid_input(where + ": " + pairs.error().message());
       auto sum = checked_add(total_pairs, *pairs);
       if (!sum) return invalid_input(where + ": causal pair count of the pool exceeds the 64-bit range");
@@ -283,7 +294,6 @@ Result<Geometry> make_geometry(std::span<const PackedSequence> pool, const PlanC
     }
     g.block_base.push_back(static_cast<std::int32_t>(g.block_first.size()));
   }
-  g.run_base.reserve(g.starts.size() + 1);
   g.run_base.push_back(0);
   for (std::size_t j = 0; j < g.starts.size(); ++j) {
     const std::int64_t stop = g.starts[j] + g.lengths[j];
@@ -340,11 +350,23 @@ class Placer {
         tree_(geo.workers > kScanWorkers),
         least_(tree_ ? 2 * leaves_ : 0,
                Least{std::numeric_limits<std::int64_t>::max(), std::numeric_limits<std::int32_t>::max()}),
-        limit_(largest_at_most(capacity)) {
+        limit_(largest_at_most(capacity)),
+        home_runs_(geo.runs.size()) {
     // Per shard (they cost divisions): the dedup key and the KV bytes per token.
     for (int s = 0; s < geo.shards; ++s) {
       shard_key_.push_back(geo.key_index(s));
       shard_vkv_.push_back(geo.kv_bytes_per_token(s));
+    }
+    if (!tree_) {
+      for (int r = 0; r < geo.workers; r += kRunWorkers) run_least_.push_back(r);  // every load is 0
+    }
+    for (int p = 0; p < geo.pool_size; ++p) {
+      const auto slot_base = static_cast<std::uint32_t>(p * geo.cp);
+      const std::int32_t stop = geo.run_base[static_cast<std::size_t>(geo.sample_base[static_cast<std::size_t>(p) + 1])];
+      for (std::int32_t u = geo.run_base[static_cast<std::size_t>(geo.sample_base[static_cast<std::size_t>(p)])]; u < stop; ++u) {
+        const Geometry::Run& run = geo.runs[static_cast<std::size_t>(u)];
+        home_runs_.put(static_cast<std::size_t>(u), {slot_base + static_cast<std::uint32_t>(run.rank), run.end - run.begin});
+      }
     }
     if (tree_) {
       for (std::size_t i = 0; i < static_cast<std::size_t>(geo.workers); ++i) {
@@ -401,11 +423,12 @@ class Placer {
     };
     save(rows_home_, vqo);
     const std::int32_t first = first_, last = last_, keys = geo_.keys_per_sample, key = key_;
-    const int slot_base = p * geo_.cp;
     const std::int64_t* lengths = geo_.lengths.data();
     const std::uint64_t* committed = committed_.data();
     // Inlined twice: with up to 64 workers (words == 1, the paper's scale)
     // the word loop disappears.
+    const std::int32_t* const run_base = geo_.run_base.data();
+    const HomeRun* const home_runs = home_runs_.data();
     auto load_samples = [&](const std::size_t words) __attribute__((always_inline)) {
       for (std::int32_t j = first; j < last; ++j) {
         const std::int32_t group = j * keys + key;
@@ -416,9 +439,10 @@ class Placer {
             save(static_cast<int>(w * 64 + static_cast<std::size_t>(std::countr_zero(word))), full);
           }
         }
-        for (const Geometry::Run& run : geo_.sample_runs(j)) {
-          const int r = slot_base + run.rank;
-          if (!((bits[static_cast<std::size_t>(r) / 64] >> (r % 64)) & 1U)) save(r, vkv * (run.end - run.begin));
+        const HomeRun* const runs_end = home_runs + run_base[j + 1];
+        for (const HomeRun* run = home_runs + run_base[j]; run != runs_end; ++run) {
+          const std::uint32_t r = run->worker;
+          if (!((bits[r / 64] >> (r % 64)) & 1U)) save(static_cast<int>(r), vkv * run->tokens);
         }
       }
     };
@@ -464,7 +488,11 @@ class Placer {
   // Commits the fragments loaded by the last evaluate() (or commit_rows) to r.
   void commit(int r, std::int64_t flops) {
     loads_[static_cast<std::size_t>(r)] += flops;
-    if (tree_) update_tree(r);
+    if (tree_) {
+      update_tree(r);
+    } else if (run_least_[static_cast<std::size_t>(r / kRunWorkers)] == r) {
+      update_run(r);
+    }
     // Locals: the stores into committed_ could alias words_.
     const std::size_t words = words_;
     const std::int32_t keys = geo_.keys_per_sample, key = key_, last = last_;
@@ -484,19 +512,34 @@ class Placer {
 
  private:
   // Up to this many workers, the least-loaded one is found by a scan when
-  // an evaluation asks for it (about one in eight at paper scale, W = 64),
-  // which costs less than keeping the tournament tree on every commit
-  // (placement ~20% faster at W = 64); above, the tree's log W per commit
-  // wins.
+  // an evaluation asks for it (about one in four at paper scale, W = 64):
+  // a scan over the least-loaded worker of every run of kRunWorkers
+  // workers, each kept on commit by rescanning its run only when the
+  // committed worker was its least (loads only grow, so no other commit
+  // changes it). That costs less than keeping the tournament tree on every
+  // commit (placement ~20% faster at W = 64); above, the tree's log W per
+  // commit wins.
   static constexpr int kScanWorkers = 256;
-  // The lowest-id worker of least load.
+  static constexpr int kRunWorkers = 8;
+  // The lowest-id worker of least load: runs in id order, so on equal
+  // loads the earlier run's wins.
   std::int32_t scan_least() const {
     const std::int64_t* loads = loads_.data();
-    std::int32_t least = 0;
-    for (int r = 1; r < geo_.workers; ++r) {
-      if (loads[r] < loads[least]) least = r;
+    const std::int32_t* run_least = run_least_.data();
+    std::int32_t least = run_least[0];
+    for (std::size_t b = 1; b < run_least_.size(); ++b) {
+      if (loads[run_least[b]] < loads[least]) least = run_least[b];
     }
     return least;
+  }
+  void update_run(int r) {
+    const int begin = r / kRunWorkers * kRunWorkers, end = std::min(begin + kRunWorkers, geo_.workers);
+    const std::int64_t* loads = loads_.data();
+    std::int32_t least = begin;
+    for (int x = begin + 1; x < end; ++x) {
+      if (loads[x] < loads[least]) least = x;
+    }
+    run_least_[static_cast<std::size_t>(r / kRunWorkers)] = least;
   }
   void update_tree(int r) {
     // Up the tree with the new entry in hand: each level reads only the
@@ -534,6 +577,7 @@ class Placer {
   std::vector<std::int32_t> touched_;   // within evaluate(): the workers with saved_ > 0
   std::size_t leaves_;
   bool tree_;                          // least_ is kept (more than kScanWorkers workers)
+  std::vector<std::int32_t> run_least_;  // without the tree: per run of kRunWorkers workers, its least (scan_least)
   std::vector<Least> least_;           // tournament tree: least_[1] = min (load, r)
   // The largest integer x with double(x) <= C: the contract's headroom test
   // double(load + f) <= C is then exactly load + f <= limit_, because the
@@ -541,6 +585,12 @@ class Placer {
   std::int64_t limit_;
   std::vector<std::int32_t> shard_key_;
   std::vector<std::int64_t> shard_vkv_;
+  // Geometry::runs as evaluate() reads them: the worker and the tokens.
+  struct HomeRun {
+    std::uint32_t worker;
+    std::int64_t tokens;
+  };
+  RawArray<HomeRun> home_runs_;
   // The tile loaded by the last evaluate() or commit_rows(): its samples
   // (global) [first_, last_), whose groups are j * keys_per_sample + key_.
   std::int32_t first_ = 0, last_ = 0;
@@ -656,10 +706,9 @@ Result<std::vector<PlacedRows>> place_tiles(const Geometry& geo, const PlanConfi
   auto run = [&](bool split, std::int64_t* max_load) {
     Placer placer(geo, capacity);
     std::vector<PlacedRows> out;
-    if (split) {
-      out.reserve(tiles.size());
-    } else {
-      out.resize(tiles.size());  // in tile-id order
+    out.reserve(tiles.size());
+    if (!split) {
+      for (const BaseTile& t : tiles) out.push_back(t.rows);  // in tile-id order; the loop sets the workers
     }
     for (std::int32_t i : order) {
       const BaseTile& t = tiles[static_cast<std::size_t>(i)];
@@ -671,7 +720,6 @@ Result<std::vector<PlacedRows>> place_tiles(const Geometry& geo, const PlanConfi
           placer.evaluate(t.rows.slot, t.rows.block, t.rows.shard, t.rows.begin, t.rows.end, t.flops);
       const int r = c.worker >= 0 ? c.worker : c.fallback;
       placer.commit(r, t.flops);
-      out[static_cast<std::size_t>(i)] = t.rows;
       out[static_cast<std::size_t>(i)].worker = r;
     }
     *max_load = 0;
