@@ -311,11 +311,12 @@ Plan build_plan(std::span<const PackedSequence> pool, const PlanConfig& config, 
         // Another shard of the same rows: the previous tile's n fragments,
         // just written, with this tile's id and groups.
         const std::int32_t shift = shard_k - key;
-        std::memcpy(static_cast<void*>(out), out - n, static_cast<std::size_t>(n) * sizeof(Fragment));
         for (std::int32_t k = 0; k < n; ++k) {
-          out[k].tile = id;
-          out[k].group += shift;
-          set_bit(row, out[k].group);
+          Fragment f = out[k - n];
+          f.tile = id;
+          f.group += shift;
+          set_bit(row, f.group);
+          ::new (static_cast<void*>(out + k)) Fragment(f);
         }
       } else {
         // A block's first piece starts at the block (every tile but a

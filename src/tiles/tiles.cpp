@@ -430,9 +430,9 @@ class Placer {
     const std::int32_t* const run_base = geo_.run_base.data();
     const HomeRun* const home_runs = home_runs_.data();
     auto load_samples = [&](const std::size_t words) __attribute__((always_inline)) {
-      for (std::int32_t j = first; j < last; ++j) {
-        const std::int32_t group = j * keys + key;
-        const std::uint64_t* bits = &committed[static_cast<std::size_t>(group) * words];
+      const std::size_t step = static_cast<std::size_t>(keys) * words;  // group j * keys + key
+      const std::uint64_t* bits = committed + static_cast<std::size_t>(first * keys + key) * words;
+      for (std::int32_t j = first; j < last; ++j, bits += step) {
         const std::int64_t full = vkv * lengths[j];
         for (std::size_t w = 0; w < words; ++w) {
           for (std::uint64_t word = bits[w]; word != 0; word &= word - 1) {
@@ -498,7 +498,9 @@ class Placer {
     const std::int32_t keys = geo_.keys_per_sample, key = key_, last = last_;
     std::uint64_t* const bits = committed_.data() + static_cast<std::size_t>(r) / 64;
     const std::uint64_t bit = std::uint64_t{1} << (r % 64);
-    for (std::int32_t j = first_; j < last; ++j) bits[static_cast<std::size_t>(j * keys + key) * words] |= bit;
+    const std::size_t step = static_cast<std::size_t>(keys) * words;  // group j * keys + key, word r / 64
+    std::uint64_t* at = bits + static_cast<std::size_t>(first_ * keys + key) * words;
+    for (std::int32_t j = first_; j < last; ++j, at += step) *at |= bit;
   }
   void commit_rows(int r, int p, int s, std::int64_t begin, std::int64_t end, std::int64_t flops) {
     first_ = last_ = geo_.sample_at(p, begin);
@@ -601,6 +603,21 @@ class Placer {
   int rows_home_ = 0;
 };
 
+// Sorts by key, keeping the order of equal keys: LSD radix on bytes,
+// skipping a byte every key shares (a comparison sort mispredicts about
+// every other branch on these keys).
+void stable_radix_sort(std::vector<std::pair<std::uint64_t, std::int32_t>>& items) {
+  std::vector<std::pair<std::uint64_t, std::int32_t>> scratch(items.size());
+  for (int shift = 0; shift < 64; shift += 8) {
+    std::size_t count[257] = {};
+    for (const auto& x : items) ++count[((x.first >> shift) & 0xff) + 1];
+    if (count[((items.empty() ? 0 : items[0].first >> shift) & 0xff) + 1] == items.size()) continue;
+    for (int b = 0; b < 256; ++b) count[b + 1] += count[b];
+    for (const auto& x : items) scratch[count[(x.first >> shift) & 0xff]++] = x;
+    items.swap(scratch);
+  }
+}
+
 struct BaseTile {
   PlacedRows rows;
   std::int64_t flops;
@@ -691,9 +708,13 @@ Result<std::vector<PlacedRows>> place_tiles(const Geometry& geo, const PlanConfi
   // blocks by (decreasing f, first id) and expanding each into its shards
   // gives exactly the order (decreasing f_t, increasing id).
   const std::size_t S = static_cast<std::size_t>(geo.shards);
-  std::vector<std::pair<std::int64_t, std::int32_t>> keyed(tiles.size() / S);
-  for (std::size_t i = 0; i < keyed.size(); ++i) keyed[i] = {-tiles[i * S].flops, static_cast<std::int32_t>(i * S)};
-  std::sort(keyed.begin(), keyed.end());
+  std::vector<std::pair<std::uint64_t, std::int32_t>> keyed(tiles.size() / S);
+  std::int64_t max_flops = 0;
+  for (std::size_t i = 0; i < keyed.size(); ++i) max_flops = std::max(max_flops, tiles[i * S].flops);
+  for (std::size_t i = 0; i < keyed.size(); ++i) {
+    keyed[i] = {static_cast<std::uint64_t>(max_flops - tiles[i * S].flops), static_cast<std::int32_t>(i * S)};
+  }
+  stable_radix_sort(keyed);  // the keys are in id order: ties stay so
   std::vector<std::int32_t> order;
   order.reserve(tiles.size());
   for (const auto& [neg_f, first] : keyed) {
