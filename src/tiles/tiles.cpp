@@ -674,12 +674,19 @@ void place_split(const Geometry& geo, Placer& placer, const BaseTile& t, std::ve
 }  // namespace
 
 Result<std::vector<PlacedRows>> place_tiles(const Geometry& geo, const PlanConfig& config) {
-  std::vector<BaseTile> tiles;
+  // Every block once, in id order: its tiles are its shards, ids
+  // block * S + s, with the block's rows and FLOPs.
+  struct Block {
+    std::int32_t slot, block;
+    std::int64_t begin, end, flops;
+  };
+  std::vector<Block> blocks;
   {
     std::size_t n = 0;
     for (int p = 0; p < geo.pool_size; ++p) n += static_cast<std::size_t>(geo.blocks(p));
-    tiles.reserve(n * static_cast<std::size_t>(geo.shards));
+    blocks.reserve(n);
   }
+  const std::size_t S = static_cast<std::size_t>(geo.shards);
   std::int64_t total = 0;
   for (int p = 0; p < geo.pool_size; ++p) {
     const std::int32_t nb = geo.blocks(p);
@@ -687,39 +694,39 @@ Result<std::vector<PlacedRows>> place_tiles(const Geometry& geo, const PlanConfi
       const std::int64_t begin = b * geo.block_size;
       const std::int64_t end = std::min(begin + geo.block_size, geo.tokens[static_cast<std::size_t>(p)]);
       const std::int64_t f = geo.rows_flops(p, begin, end, geo.block_sample(p, b));
-      for (int s = 0; s < geo.shards; ++s) {
-        const std::int32_t worker = config.mode == PlanMode::kUlysses ? p * geo.cp + s : -1;
-        tiles.push_back({{p, b, s, begin, end, worker}, f});
-        total += f;
-      }
+      blocks.push_back({p, b, begin, end, f});
+      total += f * static_cast<std::int64_t>(S);
     }
   }
+  // The tiles in id order, each on `worker` (-1: not placed yet).
+  auto tile_rows = [&](auto worker) {
+    std::vector<PlacedRows> rows;
+    rows.reserve(blocks.size() * S);
+    for (const Block& k : blocks) {
+      for (std::size_t s = 0; s < S; ++s) {
+        const auto shard = static_cast<std::int32_t>(s);
+        rows.push_back({k.slot, k.block, shard, k.begin, k.end, worker(k.slot, shard)});
+      }
+    }
+    return rows;
+  };
   if (config.mode == PlanMode::kUlysses) {
-    std::vector<PlacedRows> out;
-    out.reserve(tiles.size());
-    for (const BaseTile& t : tiles) out.push_back(t.rows);
-    return out;
+    return tile_rows([&](std::int32_t p, std::int32_t s) { return p * geo.cp + s; });
   }
 
   // Contract section 6, in this order of evaluation.
   const double capacity = (1.0 + config.tau) * static_cast<double>(total) / static_cast<double>(geo.workers);
 
   // The shards of a block have equal f_t and consecutive ids, so sorting
-  // blocks by (decreasing f, first id) and expanding each into its shards
-  // gives exactly the order (decreasing f_t, increasing id).
-  const std::size_t S = static_cast<std::size_t>(geo.shards);
-  std::vector<std::pair<std::uint64_t, std::int32_t>> keyed(tiles.size() / S);
+  // blocks by (decreasing f, id) and expanding each into its shards gives
+  // exactly the order (decreasing f_t, increasing id).
+  std::vector<std::pair<std::uint64_t, std::int32_t>> keyed(blocks.size());
   std::int64_t max_flops = 0;
-  for (std::size_t i = 0; i < keyed.size(); ++i) max_flops = std::max(max_flops, tiles[i * S].flops);
-  for (std::size_t i = 0; i < keyed.size(); ++i) {
-    keyed[i] = {static_cast<std::uint64_t>(max_flops - tiles[i * S].flops), static_cast<std::int32_t>(i * S)};
+  for (const Block& k : blocks) max_flops = std::max(max_flops, k.flops);
+  for (std::size_t i = 0; i < blocks.size(); ++i) {
+    keyed[i] = {static_cast<std::uint64_t>(max_flops - blocks[i].flops), static_cast<std::int32_t>(i)};
   }
   stable_radix_sort(keyed);  // the keys are in id order: ties stay so
-  std::vector<std::int32_t> order;
-  order.reserve(tiles.size());
-  for (const auto& [neg_f, first] : keyed) {
-    for (std::size_t s = 0; s < S; ++s) order.push_back(first + static_cast<std::int32_t>(s));
-  }
 
   // Plain TAP first. tap-split keeps it when it already meets tau (then it
   // equals `tap` tile for tile) and otherwise splits; it returns whichever
@@ -727,21 +734,24 @@ Result<std::vector<PlacedRows>> place_tiles(const Geometry& geo, const PlanConfi
   auto run = [&](bool split, std::int64_t* max_load) {
     Placer placer(geo, capacity);
     std::vector<PlacedRows> out;
-    out.reserve(tiles.size());
-    if (!split) {
-      for (const BaseTile& t : tiles) out.push_back(t.rows);  // in tile-id order; the loop sets the workers
+    if (split) {
+      out.reserve(blocks.size() * S);
+    } else {
+      out = tile_rows([](std::int32_t, std::int32_t) { return -1; });  // the loop sets the workers
     }
-    for (std::int32_t i : order) {
-      const BaseTile& t = tiles[static_cast<std::size_t>(i)];
-      if (split) {
-        place_split(geo, placer, t, out);
-        continue;
+    for (const auto& [key, i] : keyed) {
+      const Block& k = blocks[static_cast<std::size_t>(i)];
+      for (std::size_t s = 0; s < S; ++s) {
+        const auto shard = static_cast<std::int32_t>(s);
+        if (split) {
+          place_split(geo, placer, {{k.slot, k.block, shard, k.begin, k.end, -1}, k.flops}, out);
+          continue;
+        }
+        const Placer::Choice c = placer.evaluate(k.slot, k.block, shard, k.begin, k.end, k.flops);
+        const int r = c.worker >= 0 ? c.worker : c.fallback;
+        placer.commit(r, k.flops);
+        out[static_cast<std::size_t>(i) * S + s].worker = r;
       }
-      const Placer::Choice c =
-          placer.evaluate(t.rows.slot, t.rows.block, t.rows.shard, t.rows.begin, t.rows.end, t.flops);
-      const int r = c.worker >= 0 ? c.worker : c.fallback;
-      placer.commit(r, t.flops);
-      out[static_cast<std::size_t>(i)].worker = r;
     }
     *max_load = 0;
     for (int r = 0; r < geo.workers; ++r) *max_load = std::max(*max_load, placer.load(r));
@@ -750,14 +760,10 @@ Result<std::vector<PlacedRows>> place_tiles(const Geometry& geo, const PlanConfi
   std::int64_t tap_max = 0;
   std::vector<PlacedRows> tap = run(false, &tap_max);
   if (config.mode == PlanMode::kTapTopo) {
-    std::vector<PlacedRows> base;
+    const std::vector<PlacedRows> base = tile_rows([](std::int32_t, std::int32_t) { return -1; });
     std::vector<std::int64_t> flops;
-    base.reserve(tiles.size());
-    flops.reserve(tiles.size());
-    for (const BaseTile& t : tiles) {
-      base.push_back(t.rows);
-      flops.push_back(t.flops);
-    }
+    flops.reserve(base.size());
+    for (const Block& k : blocks) flops.insert(flops.end(), S, k.flops);
     std::vector<PlacedRows> topo = place_topo(geo, config, base, flops, capacity, std::move(tap));
     sort_rows(topo);  // tap-topo's split pieces come last
     return topo;
