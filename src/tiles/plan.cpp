@@ -104,10 +104,11 @@ std::string tile_name(const PlacedRows& r) {
 namespace {
 
 // The canonical words in order, each handed to `put`: the binary file
-// stores them and the fingerprint hashes them as they come.
+// stores them and the fingerprint hashes them as they come. The prefix is
+// everything before the tiles' words, which follow four per tile.
 template <class Put>
-void for_each_canonical_word(const PlanConfig& c, std::span<const PackedSequence> pool,
-                             std::span<const Tile> tiles, Put&& put) {
+void for_each_canonical_prefix_word(const PlanConfig& c, std::span<const PackedSequence> pool, std::size_t tiles,
+                                    Put&& put) {
   auto u = [](std::int64_t v) { return static_cast<std::uint64_t>(v); };
   put(kMagicWord);
   put(plan_format_version(c));
@@ -142,13 +143,22 @@ void for_each_canonical_word(const PlanConfig& c, std::span<const PackedSequence
     put(s.size());
     for (std::int64_t l : s) put(u(l));
   }
-  put(tiles.size());
-  for (const Tile& t : tiles) {
-    put(u(t.slot) << 32 | u(t.block));
-    put(u(t.shard) << 32 | u(t.worker));
-    put(u(t.begin));
-    put(u(t.end));
-  }
+  put(tiles);
+}
+template <class Put>
+void put_tile_words(std::int32_t slot, std::int32_t block, std::int32_t shard, std::int32_t worker,
+                    std::int64_t begin, std::int64_t end, Put&& put) {
+  auto u = [](std::int64_t v) { return static_cast<std::uint64_t>(v); };
+  put(u(slot) << 32 | u(block));
+  put(u(shard) << 32 | u(worker));
+  put(u(begin));
+  put(u(end));
+}
+template <class Put>
+void for_each_canonical_word(const PlanConfig& c, std::span<const PackedSequence> pool,
+                             std::span<const Tile> tiles, Put&& put) {
+  for_each_canonical_prefix_word(c, pool, tiles.size(), put);
+  for (const Tile& t : tiles) put_tile_words(t.slot, t.block, t.shard, t.worker, t.begin, t.end, put);
 }
 
 // FNV-1a over 64-bit words with a shift after each multiply so that high
@@ -277,6 +287,11 @@ Plan build_plan(std::span<const PackedSequence> pool, const PlanConfig& config, 
   //    tile plus one per sample start inside a tile's rows (a start lies
   //    inside at most one piece of each (block, shard)), and then trimmed.
   d->tiles = RawArray<Tile>(rows.size());
+  // 8. The fingerprint of the defining content, its tile words hashed in
+  //    the pass (the hash is one serial chain: beside the pass's own work
+  //    it costs little, alone it would wait on every multiply).
+  WordHash hash;
+  for_each_canonical_prefix_word(config, pool, rows.size(), hash);
   d->worker_tile_offsets.assign(static_cast<std::size_t>(W) + 1, 0);
   d->worker_flops.assign(static_cast<std::size_t>(W), 0);
   {
@@ -357,6 +372,7 @@ Plan build_plan(std::span<const PackedSequence> pool, const PlanConfig& config, 
                                                  .worker = r.worker,
                                                  .fragment_begin = static_cast<std::int32_t>(count),
                                                  .fragment_end = static_cast<std::int32_t>(count) + n};
+      put_tile_words(r.slot, r.block, r.shard, r.worker, r.begin, r.end, hash);
       ++tile_counts[r.worker];
       loads[r.worker] += flops;
       count += static_cast<std::size_t>(n);
@@ -513,9 +529,6 @@ Plan build_plan(std::span<const PackedSequence> pool, const PlanConfig& config, 
     }
   }
 
-  // 8. Fingerprint of the defining content.
-  WordHash hash;
-  for_each_canonical_word(config, pool, d->tiles, [&](std::uint64_t x) { hash(x); });
   d->fingerprint = hash.value();
   // The exchange is derived from the plan on first use (derive_exchange).
   d->geometry = std::make_shared<const Geometry>(std::move(geo));
