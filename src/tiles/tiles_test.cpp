@@ -9,7 +9,9 @@
 #include <atomic>
 #include <cstdint>
 #include <map>
+#include <random>
 #include <set>
+#include <string>
 #include <thread>
 #include <tuple>
 #include <vector>
@@ -365,6 +367,32 @@ TEST(TapSplitPlacement, MeetsTauOnPaperPoolsWhereTapOvershoots) {
     EXPECT_LE(split.imbalance(), c.tau + 1e-12) << "pool " << k;
   }
   EXPECT_GT(tap_over, 0) << "no pool exercises the split";
+}
+
+// Pools of more than 64 workers (the committed-group bitset takes several
+// words a group), with a last run of fewer than 8 workers for the
+// least-loaded scan (W = 300 is not a multiple of 8), and above 256
+// workers (the tournament tree): the same choices as the naive reference.
+TEST(TapPlacement, MatchesNaiveReferenceOnWidePools) {
+  std::mt19937_64 rng(20261203);
+  for (const auto& [P, cp] : {std::pair{9, 8}, std::pair{17, 8}, std::pair{75, 4}}) {
+    for (const double tau : {0.0, 0.03, 0.2}) {
+      const std::int64_t B = 4, L = cp * B * 2;
+      const PlanConfig c = plan_config(L, cp, B, 4, 8, 2, 2, 2, tau);
+      std::vector<PackedSequence> pool;
+      for (int p = 0; p < P; ++p) {
+        PackedSequence seq;
+        for (std::int64_t left = std::uniform_int_distribution<std::int64_t>(1, L)(rng); left > 0;) {
+          const std::int64_t l = std::uniform_int_distribution<std::int64_t>(1, left)(rng);
+          seq.push_back(l);
+          left -= l;
+        }
+        pool.push_back(seq);
+      }
+      SCOPED_TRACE("W " + std::to_string(P * cp) + ", tau " + std::to_string(tau));
+      expect_matches_reference(pool, c);
+    }
+  }
 }
 
 // ---------------------------------------------------------------------------
