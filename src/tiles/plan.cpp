@@ -1,9 +1,8 @@
 // The plan builder (tiles -> fragments, KV groups, exchange, chunks,
 // fingerprint) and the Plan accessors.
 #include <algorithm>
-#include <cassert>
-#include <cstring>
 #include <bit>
+#include <cassert>
 #include <limits>
 #include <mutex>
 #include <string>
