@@ -115,6 +115,14 @@ struct Plan::Data {
 
 namespace detail {
 
+// Plain-causal pairs of the sample-local rows [a, e): (a + 1) + ... + e,
+// unchecked, for counts the caller knows to be in range (causal_pairs
+// checks). n and s have opposite parity, so one of them halves exactly.
+inline std::int64_t plain_causal_pairs(std::int64_t a, std::int64_t e) {
+  const std::int64_t n = e - a, s = e + a + 1;
+  return n % 2 == 0 ? n / 2 * s : s / 2 * n;
+}
+
 // Everything the placers and the builder derive from (pool, config) once.
 struct Geometry {
   int pool_size = 0;    // P
@@ -207,12 +215,8 @@ struct Geometry {
   // pieces are whole samples, whose count make_geometry kept.
   std::int64_t pairs(std::int32_t j, std::int64_t a, std::int64_t e) const {
     if (a == 0 && e == lengths[static_cast<std::size_t>(j)]) return whole_pairs[static_cast<std::size_t>(j)];
-    if (window == kFullCausal) {
-      // (a + 1) + ... + e, no more than the whole sample's count, which
-      // make_geometry found in range; n and s have opposite parity.
-      const std::int64_t n = e - a, s = e + a + 1;
-      return n % 2 == 0 ? n / 2 * s : s / 2 * n;
-    }
+    // No more than the whole sample's count, which make_geometry found in range.
+    if (window == kFullCausal) return plain_causal_pairs(a, e);
     return causal_pairs(a, e, window).value();
   }
 };

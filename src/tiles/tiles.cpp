@@ -264,7 +264,7 @@ Result<Geometry> make_geometry(std::span<const PackedSequence> pool, const PlanC
       g.lengths.push_back(l);
       // Plain causal and l < 2^31: l (l + 1) / 2 cannot overflow.
       auto pairs = config.shape.window == kFullCausal && l < (std::int64_t{1} << 31)
-                       ? Result<std::int64_t>(l * (l + 1) / 2)
+                       ? Result<std::int64_t>(plain_causal_pairs(0, l))
                        : causal_pairs(0, l, config.shape.window);
       if (!pairs.ok()) return invalid_input(where + ": " + pairs.error().message());
       auto sum = checked_add(total_pairs, *pairs);
@@ -389,8 +389,8 @@ class Placer {
   // saving is positive, so only the few workers that save anything can beat
   // the base: they are evaluated one by one, and when none of them has
   // headroom, every worker with headroom is at the base and the choice is the
-  // least-loaded worker (lowest id on ties): a scan of the loads, or with
-  // many workers a tournament tree over them. Same choice, same tie-breaks
+  // least-loaded worker (lowest id on ties): a scan of the least of every
+  // run of workers, or with many workers a tournament tree. Same choice, same tie-breaks
   // as scanning all W workers.
   Choice evaluate(int p, std::int32_t block, int s, std::int64_t begin, std::int64_t end, std::int64_t flops) {
     // The shards of a block come one after another with the same rows: the
@@ -425,10 +425,10 @@ class Placer {
     const std::int32_t first = first_, last = last_, keys = geo_.keys_per_sample, key = key_;
     const std::int64_t* lengths = geo_.lengths.data();
     const std::uint64_t* committed = committed_.data();
-    // Inlined twice: with up to 64 workers (words == 1, the paper's scale)
-    // the word loop disappears.
     const std::int32_t* const run_base = geo_.run_base.data();
     const HomeRun* const home_runs = home_runs_.data();
+    // Inlined twice: with up to 64 workers (words == 1, the paper's scale)
+    // the word loop disappears.
     auto load_samples = [&](const std::size_t words) __attribute__((always_inline)) {
       const std::size_t step = static_cast<std::size_t>(keys) * words;  // group j * keys + key
       const std::uint64_t* bits = committed + static_cast<std::size_t>(first * keys + key) * words;
@@ -556,9 +556,6 @@ class Placer {
       if (sib.load - static_cast<std::int64_t>(i & 1) < cur.load) cur = sib;
       least_[i / 2] = cur;
     }
-  }
-  bool is_committed(std::int32_t group, int r) const {
-    return (committed_[static_cast<std::size_t>(group) * words_ + static_cast<std::size_t>(r) / 64] >> (r % 64)) & 1U;
   }
   // A tree entry: a worker and its load (padding: the largest load and id).
   struct Least {
