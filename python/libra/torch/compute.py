@@ -71,9 +71,8 @@ def _varlen_calls(backend, meta, home, comp, window, scale):
 def run_chunk(rt, backend, pass_index, m, home, comp, scale):
     """Computes chunk m of a pass (0 forward, 1 backward) on ``backend``. ``scale`` None: 1/sqrt(d)."""
     if backend.kind == "buffers":
-        calls = rt.schedule["calls"][pass_index][m]
         run = backend.forward if pass_index == 0 else backend.backward
-        run(calls, home, comp, rt.window, scale, rt.threads)
+        run(rt, pass_index, m, home, comp, scale)
         return
     meta = _call_meta(rt, pass_index, m, home["Q"].device)
     if not meta:

@@ -58,11 +58,13 @@ class Backend:
         cu_seqlens as Python lists, for backends that loop on the host."""
         raise NotImplementedError
 
-    # kind "buffers"
-    def forward(self, calls, home, comp, window, scale, threads):
+    # kind "buffers": chunk ``m`` of pass ``pass_index`` of runtime ``rt`` (its calls are
+    # ``rt.schedule["calls"][pass_index][m]``, its window ``rt.window``), in place on the pass's
+    # ``home`` and ``comp`` buffers; ``scale`` None means 1/sqrt(d).
+    def forward(self, rt, pass_index, m, home, comp, scale):
         raise NotImplementedError
 
-    def backward(self, calls, home, comp, window, scale, threads):
+    def backward(self, rt, pass_index, m, home, comp, scale):
         raise NotImplementedError
 
 

@@ -45,15 +45,17 @@ class LibraCpu(Backend):
             return f"takes float32 or bfloat16, not {dtype}"
         return None
 
-    def forward(self, calls, home, comp, window, scale, threads):
-        window = _libra.FULL_CAUSAL if window is None else int(window)
+    def forward(self, rt, pass_index, m, home, comp, scale):
+        calls, threads = rt.schedule["calls"][pass_index][m], rt.threads
+        window = _libra.FULL_CAUSAL if rt.window is None else int(rt.window)
         for call in calls:
             qp, kp, frags, bq, bk = _sources(call, home, comp)
             _libra.kernel_forward(_view(bq["Q"], qp), _view(bk["K"], kp), _view(bk["V"], kp), _view(bq["O"], qp),
                                   _view(bq["LSE"], qp), frags, window, scale, threads)
 
-    def backward(self, calls, home, comp, window, scale, threads):
-        window = _libra.FULL_CAUSAL if window is None else int(window)
+    def backward(self, rt, pass_index, m, home, comp, scale):
+        calls, threads = rt.schedule["calls"][pass_index][m], rt.threads
+        window = _libra.FULL_CAUSAL if rt.window is None else int(rt.window)
         for call in calls:
             qp, kp, frags, bq, bk = _sources(call, home, comp)
             _libra.kernel_backward(_view(bq["Q"], qp), _view(bk["K"], kp), _view(bk["V"], kp), _view(bq["O"], qp),
