@@ -187,3 +187,58 @@ def test_deterministic_mode_writes_each_key_once_per_wave():
                      [0, 8, 2, 8, 20, 0, 0, 10, 4, 2],    # heads 2-3 of the same rows: disjoint
                      [0, 8, 0, 8, 30, 40, 0, 5, 4, 2]], dtype=np.int64)  # rows 40..44: disjoint
     assert ta._waves(ta._key_rects(rows, np.zeros(4, np.int64))) == [[0, 2, 3], [1]]
+
+
+# ---------------------------------------------------------------- libra.torch.attention on the backend
+
+POOL_CASES = [  # run_attention keywords (tests/python/test_torch.py), P 2 x CP 2, window W = 4 or none
+    dict(name="tap M1 W4 fp32", mode="tap", chunks=1, window=4),
+    dict(name="tap-topo M3 W4 bf16", mode="tap-topo", chunks=3, hq=6, hkv=2, shards=2, window=4, dtype="bfloat16"),
+    dict(name="tap M3 fp32 GQA 3", mode="tap", chunks=3, hq=6, hkv=2, shards=2),
+    dict(name="tap-topo M1 kv prefix fp32", mode="tap-topo", chunks=1, hq=8, hkv=2, shards=4, kv_prefix=True),
+]
+
+
+def pool_body(rank, world, relay_case):
+    from test_relay import run_case
+    from test_torch import WORKER, pinned, run_attention, POOLS
+    out = {"errors": {}, "launches": {}}
+    with pinned("triton"):
+        for case in POOL_CASES:
+            kw = {k: v for k, v in case.items() if k != "name"}
+            errs, _, padded = run_attention(rank, 2, 2, POOLS, **kw)
+            out["errors"][case["name"]] = (kw.get("dtype", "float32"), errs, padded)
+            rt = WORKER.runtime
+            # One forward and one backward ran: each pass's tables' launches of that pass.
+            out["launches"][case["name"]] = (rt._triton_launches, sum(
+                t.launches()[key[0]] for key, t in rt._triton_tables.items()), kw["chunks"])
+        name, pool, kw = relay_case
+        out["relay"] = run_case(rank, pool, kw)
+    return out
+
+
+@pytest.fixture(scope="module")
+def pool_results():
+    from dist_util import run
+    from test_relay import CASES as RELAY_CASES, relaying_pool
+    name, kw = RELAY_CASES[3]  # tap-topo M1 on two nodes of two GPUs
+    return run("inprocess", pool_body, 4, (name, relaying_pool(kw), kw))
+
+
+def test_attention_on_the_triton_backend_matches_plain_attention(pool_results):
+    for r in pool_results:
+        for name, (dtype, errs, padded) in r["errors"].items():
+            assert max(errs.values()) < {"float32": 2e-5, "bfloat16": 2e-2}[dtype], (name, errs)
+            assert padded, name
+        rel = r["relay"]
+        assert max(rel["errors"]) < 2e-5 and rel["same_as_direct"] and rel["relayed"], rel
+
+
+def test_one_launch_per_chunk_buffer_pair_and_kernel(pool_results):
+    # Forward: one launch per non-empty buffer pair of a chunk (at most 4 M); backward: delta, dQ
+    # and dK/dV per pair (atomic mode: one dK/dV launch). The count the backend made is the count its
+    # tables give.
+    for r in pool_results:
+        for name, (made, from_tables, chunks) in r["launches"].items():
+            assert made == from_tables, name
+            assert 0 < made <= 4 * chunks + 3 * 4 * chunks, name

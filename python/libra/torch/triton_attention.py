@@ -23,7 +23,9 @@ a fixed order, with plain read-add-write (more launches, less parallelism per la
 
 Under ``TRITON_INTERPRET=1`` (set before triton is imported) the same kernels run on CPU tensors.
 """
+import contextlib
 import math
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -66,6 +68,15 @@ DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 def interpreted():
     return bool(triton.knobs.runtime.interpret)
+
+
+# The interpreter patches triton.language while a kernel runs, so two threads (an in-process pool's
+# workers) must not interpret at once; compiled launches need no lock.
+_INTERPRETER_LOCK = threading.Lock()
+
+
+def _launching():
+    return _INTERPRETER_LOCK if interpreted() else contextlib.nullcontext()
 
 
 def padded_head_dim(head_dim):
@@ -385,8 +396,9 @@ def forward(tables, pair, bq, bk, scale):
     scale = _scale(scale, st["D"])
     q, k, v, o, lse = bq["Q"], bk["K"], bk["V"], bq["O"], bq["LSE"]
     grid = (p["qwork"].shape[0], p["hq"])
-    _fwd_kernel[grid](q, k, v, o, lse, tables.desc, p["qwork"], q.stride(0), k.stride(0), v.stride(0), o.stride(0),
-                      scale * LOG2E, tables.window, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **st)
+    with _launching():
+        _fwd_kernel[grid](q, k, v, o, lse, tables.desc, p["qwork"], q.stride(0), k.stride(0), v.stride(0),
+                          o.stride(0), scale * LOG2E, tables.window, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **st)
     return 1
 
 
@@ -403,6 +415,14 @@ def backward(tables, pair, bq, bk, scale):
     dq, dk, dv = bq["dQ"], bk["dK"], bk["dV"]
     delta = torch.empty(lse.shape[0], dtype=torch.float32, device=lse.device)
     qgrid = (p["qwork"].shape[0], p["hq"])
+    with _launching():
+        _launch_backward(tables, p, qgrid, st, (q, k, v, o, do, lse, dq, dk, dv, delta), scale)
+    return 2 + len(p["kwork"])
+
+
+def _launch_backward(tables, p, qgrid, st, bufs, scale):
+    q, k, v, o, do, lse, dq, dk, dv, delta = bufs
+    cfg = tables.cfg
     _delta_kernel[qgrid](o, do, delta, tables.desc, p["qwork"], o.stride(0), do.stride(0), BLOCK_M=cfg.block_m,
                          D=st["D"], HEAD_D=st["HEAD_D"], num_warps=st["num_warps"], num_stages=st["num_stages"])
     _dq_kernel[qgrid](q, k, v, do, lse, delta, dq, tables.desc, p["qwork"], q.stride(0), k.stride(0), v.stride(0),
@@ -413,4 +433,3 @@ def backward(tables, pair, bq, bk, scale):
             q, k, v, do, lse, delta, dk, dv, tables.desc, work, q.stride(0), k.stride(0), v.stride(0), do.stride(0),
             dk.stride(0), dv.stride(0), scale, tables.window, BLOCK_M=cfg.bwd_block_m, BLOCK_N=cfg.bwd_block_n,
             ATOMIC=not tables.deterministic, **st)
-    return 2 + len(p["kwork"])
