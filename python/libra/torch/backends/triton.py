@@ -53,6 +53,10 @@ class Triton(Backend):
                 return "runs on CUDA tensors (CPU tensors only pinned, under TRITON_INTERPRET=1)"
         elif device.type != "cuda":
             return f"runs on CUDA tensors only, not {device.type}"
+        elif not torch.cuda.is_available():
+            return "this torch sees no CUDA device"
+        elif torch.cuda.get_device_capability(device) < (8, 0):
+            return "needs compute capability 8.0 or later (bf16 tensor cores; the configurations compiled in CI)"
         if self._ensure() is None:
             return self._missing
         if device.type == "cpu" and not self._mod.interpreted():
