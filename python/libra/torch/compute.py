@@ -19,43 +19,37 @@ def _pairs(rt, pass_index, m, device):
     return pairs
 
 
-def _gather(buf, rows, n, heads, d):
-    return buf.index_select(0, rows).view(n, heads, d)
+def _inputs(p, bq, bk):
+    """q [total_q, hq, d], k and v [total_k, hkv, d] of a merged call: one gather op each."""
+    return bq["Q"][p.q2], bk["K"][p.kv2], bk["V"][p.kv2]
 
 
-def _inputs(p, bq, bk, d):
-    return (_gather(bq["Q"], p.q, p.total_q, p.hq, d), _gather(bk["K"], p.kv, p.total_k, p.hkv, d),
-            _gather(bk["V"], p.kv, p.total_k, p.hkv, d))
-
-
-def _forward(backend, pairs, bufs, window, scale, d):
+def _forward(backend, pairs, bufs, window, scale):
     with torch.no_grad():
         for p in pairs:
             bq, bk = bufs[p.q_home], bufs[p.kv_home]
-            q, k, v = _inputs(p, bq, bk, d)
+            q, k, v = _inputs(p, bq, bk)
             o, lse = backend.varlen(q, k, v, p.cu_q, p.cu_k, p.max_q, p.max_k, scale, window, p.cu_host)
-            bq["O"].index_copy_(0, p.q, o.reshape(-1, d).to(bq["O"].dtype))
-            if lse is not None:  # [h_q, total_q]: head-major, as p.lse lists the LSE buffer's vectors
-                bq["LSE"].index_copy_(0, p.lse, lse.reshape(-1, 1).to(torch.float32))
+            bq["O"].index_put_((p.q2,), o.to(bq["O"].dtype))  # a q vector is written by one call only
+            if lse is not None:  # [h_q, total_q]: head-major, as p.lse2 lists the LSE buffer's vectors
+                bq["LSE1"].index_put_((p.lse2,), lse.to(torch.float32))
 
 
-def _backward_saved(backend, pairs, bufs, window, scale, d):
+def _backward_saved(backend, pairs, bufs, window, scale):
     """The backend's varlen backward on the saved O and LSE (no recomputed forward); dQ, dK, dV added
     where the kernel would add them (a q vector's dQ comes from one call, so adding into the zeroed
     dQ assigns it; dK/dV sum over every fragment that read the key)."""
     for p in pairs:
         bq, bk = bufs[p.q_home], bufs[p.kv_home]
-        q, k, v = _inputs(p, bq, bk, d)
-        o = _gather(bq["O"], p.q, p.total_q, p.hq, d)
-        do = _gather(bq["dO"], p.q, p.total_q, p.hq, d)
-        lse = bq["LSE"].index_select(0, p.lse).view(p.hq, p.total_q)
+        q, k, v = _inputs(p, bq, bk)
+        o, do, lse = bq["O"][p.q2], bq["dO"][p.q2], bq["LSE1"][p.lse2]
         dq, dk, dv = backend.varlen_backward(do, q, k, v, o, lse, p.cu_q, p.cu_k, p.max_q, p.max_k, scale, window)
-        bq["dQ"].index_add_(0, p.q, dq.reshape(-1, d).to(torch.float32))
-        bk["dK"].index_add_(0, p.kv, dk.reshape(-1, d).to(torch.float32))
-        bk["dV"].index_add_(0, p.kv, dv.reshape(-1, d).to(torch.float32))
+        bq["dQ"].index_put_((p.q2,), dq.to(torch.float32), accumulate=True)
+        bk["dK"].index_put_((p.kv2,), dk.to(torch.float32), accumulate=True)
+        bk["dV"].index_put_((p.kv2,), dv.to(torch.float32), accumulate=True)
 
 
-def _backward_recompute(backend, pairs, bufs, window, scale, d):
+def _backward_recompute(backend, pairs, bufs, window, scale):
     """Backward through autograd on a recomputed forward, with one leaf per buffer the calls read
     (home or compute Q; K and V), each gradient added to the buffer's (backends with no backward of
     their own: SDPA)."""
@@ -65,10 +59,10 @@ def _backward_recompute(backend, pairs, bufs, window, scale, d):
         src = {where: {n: leaves.get((where, n)) for n in ("Q", "K", "V")} for where in (True, False)}
         outs, grads_in = [], []
         for p in pairs:
-            q, k, v = _inputs(p, src[p.q_home], src[p.kv_home], d)
+            q, k, v = _inputs(p, src[p.q_home], src[p.kv_home])
             o, _lse = backend.varlen(q, k, v, p.cu_q, p.cu_k, p.max_q, p.max_k, scale, window, p.cu_host)
             outs.append(o)
-            grads_in.append(_gather(bufs[p.q_home]["dO"], p.q, p.total_q, p.hq, d))
+            grads_in.append(bufs[p.q_home]["dO"][p.q2])
         grads = torch.autograd.grad(outs, [leaves[key] for key in read], grads_in, allow_unused=True)
     for (where, n), g in zip(read, grads):
         if g is not None:
@@ -84,11 +78,10 @@ def run_chunk(rt, backend, pass_index, m, home, comp, scale):
     pairs = _pairs(rt, pass_index, m, home["Q"].device)
     if not pairs:
         return
-    bufs = {True: home, False: comp}  # by a call's q_home / kv_home
-    d = rt.head_dim
+    bufs = {True: home, False: comp}  # by a call's q_home / kv_home ("LSE1": the LSE buffer flat)
     if pass_index == 0:
-        _forward(backend, pairs, bufs, rt.window, scale, d)
+        _forward(backend, pairs, bufs, rt.window, scale)
     elif backend.has_backward():
-        _backward_saved(backend, pairs, bufs, rt.window, scale, d)
+        _backward_saved(backend, pairs, bufs, rt.window, scale)
     else:
-        _backward_recompute(backend, pairs, bufs, rt.window, scale, d)
+        _backward_recompute(backend, pairs, bufs, rt.window, scale)

@@ -94,6 +94,9 @@ def _run_pass(rt, pass_index, home, comp, dt, d, dev, scale):
     the C++ engine's among them."""
     backend = backends.select(dev, dt)
     prog = rt.on(dev)[pass_index]
+    if backend.kind == "varlen":
+        for b in (home, comp):  # the LSE buffers flat, as the merged varlen calls index them (compute.py)
+            b["LSE1"] = b["LSE"].view(-1)
     M = rt.num_chunks
     relayed = bool(prog["stage"])
     # By the program's Loc: home 0, compute 1, (2 is the wire), stage 3.

@@ -26,7 +26,7 @@ class Pair:
     int32 cu_seqlens on the device and ``cu_host`` the same as numpy arrays (host loops, no sync)."""
 
     __slots__ = ("q_home", "kv_home", "hq", "hkv", "total_q", "total_k", "max_q", "max_k", "seqs", "q", "kv", "lse",
-                 "cu_q", "cu_k", "cu_host")
+                 "cu_q", "cu_k", "cu_host", "q2", "kv2", "lse2")
 
     def __init__(self, rec, dev, host):
         for name in ("q_home", "kv_home", "hq", "hkv", "total_q", "total_k", "max_q", "max_k", "seqs"):
@@ -35,6 +35,11 @@ class Pair:
         self.q = dev[rec["q_off"]:rec["q_off"] + nq]
         self.kv = dev[rec["kv_off"]:rec["kv_off"] + nk]
         self.lse = dev[rec["lse_off"]:rec["lse_off"] + nq]
+        # The same rows shaped as the varlen tensors' leading dims, so one advanced-indexing op gathers
+        # [total, heads, d] (or writes it back) with no reshape around it.
+        self.q2 = self.q.view(rec["total_q"], rec["hq"])
+        self.kv2 = self.kv.view(rec["total_k"], rec["hkv"])
+        self.lse2 = self.lse.view(rec["hq"], rec["total_q"])
         self.cu_q = _i32(dev, rec["cu_q_off"], rec["seqs"] + 1)
         self.cu_k = _i32(dev, rec["cu_k_off"], rec["seqs"] + 1)
         self.cu_host = (_i32(host, rec["cu_q_off"], rec["seqs"] + 1).numpy(),
