@@ -16,7 +16,6 @@
 #include <iostream>
 #include <memory>
 #include <new>
-#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <thread>
@@ -190,171 +189,107 @@ int fail_on_all_ranks(Communicator& world, const Status& local) {
   return finish_agreed(world, agree_on_status(world, local, "libra exec"));
 }
 
+// How the flags asked for the run, as the report names it.
+RunDescription describe_run(const ExecOptionsCli& opt, const PlanConfig& cfg, const std::string& source, double scale) {
+  RunDescription run;
+  run.config = cfg;
+  run.mode = (opt.plan.empty() ? opt.mode : fmt::format("{} (plan {})", plan_mode_name(cfg.mode), opt.plan)) +
+             (cfg.kv_prefix ? " with KV prefix" : "") + (opt.pool.relay ? ", relayed inputs" : "");
+  run.chunk_widths = chunk_widths(cfg);
+  run.source = source;
+  run.length_scale = scale;
+  run.threads = opt.pool.threads;
+  run.relay = opt.pool.relay;
+  return run;
+}
+
+void print_run(const RunDescription& run, const CheckReport& r) {
+  const PlanConfig& cfg = run.config;
+  fmt::print("libra exec: {} ranks = {} pool(s) x W {} (P {} x CP {}); mode {}, M {}{}, L {}, h_q {}, h_kv {}, d {}, "
+             "{}, window {}, {} kernel thread(s) per rank\n",
+             r.ranks, r.pools, r.pool_ranks, r.pool_size, cfg.cp, run.mode, cfg.chunks,
+             cfg.chunk_split == ChunkSplit::kEqual ? std::string() : " (" + tapered_chunks_text(cfg) + ")", cfg.seq_len,
+             cfg.shape.heads_q, cfg.shape.heads_kv, cfg.shape.head_dim, dtype_name(cfg.shape.dtype),
+             cfg.shape.window != kFullCausal ? std::to_string(cfg.shape.window) : std::string("full"), run.threads);
+  if (run.length_scale != 1.0) {
+    fmt::print("pool source: {} with sample lengths scaled by {:.6g}\n", run.source, run.length_scale);
+  }
+  for (const PoolResult& p : r.pool_results) {
+    fmt::print("pool {}: {} samples, tokens per slot: {}\n", p.pool, p.samples, fmt::join(p.tokens_per_slot, " "));
+    if (p.planned) {
+      fmt::print("pool {} plan: {} tiles, intra-pool imbalance {:.4f}, exchanged {} per pass{}\n", p.pool, p.tiles,
+                 p.imbalance, bytes_text(p.comm_bytes),
+                 run.relay ? fmt::format(", {} (chunk, sender, receiver) pairs relayed", p.relayed_pairs) : "");
+    }
+  }
+  fmt::print("forward:  wall {:.4f} s (slowest rank), kernel compute {:.4f} s slowest / {:.4f} s mean rank\n",
+             r.forward_wall.max, r.forward_compute.max, r.forward_compute.mean);
+  fmt::print("backward: wall {:.4f} s (slowest rank), kernel compute {:.4f} s slowest / {:.4f} s mean rank\n",
+             r.backward_wall.max, r.backward_compute.max, r.backward_compute.mean);
+  fmt::print("overhead: wall over the busiest rank's kernel time forward {:+.1f}%, backward {:+.1f}%; executor CPU "
+             "outside the kernel (thread CPU time, max over ranks) forward {:.1f}%, backward {:.1f}% of kernel CPU\n",
+             100 * wall_overhead(r.forward_wall, r.forward_compute), 100 * wall_overhead(r.backward_wall, r.backward_compute),
+             100 * r.forward_own.max, 100 * r.backward_own.max);
+}
+
+void print_check(const CheckVerdict& v, const CheckReport& r) {
+  const auto& names = kCheckedTensorNames;
+  fmt::print("check ({} pool(s), every home gathered on its pool's rank 0, reference on whole sequences):\n", r.pools);
+  for (const PoolResult& p : r.pool_results) {
+    if (r.pools == 1) break;
+    bool pool_ok = true;
+    std::string rels;
+    for (int i = 0; i < kCheckedTensors; ++i) {
+      pool_ok = pool_ok && v.within(p.errors, i);
+      rels += fmt::format(" {} {:.2e}", names[i], p.errors[static_cast<std::size_t>(i)].rel());
+    }
+    fmt::print("  pool {} ({}): relative{}  {}\n", p.pool, reference_name(p.reference), rels, pool_ok ? "ok" : "FAIL");
+  }
+  if (r.pools == 1) fmt::print("  reference: {}\n", reference_name(r.pool_results[0].reference));
+  for (int i = 0; i < kCheckedTensors; ++i) {
+    const ErrorStats& e = v.total[static_cast<std::size_t>(i)];
+    fmt::print("  {:<4} max abs error {:.3e}  relative {:.3e}  (tolerance {:.0e})  {}\n", names[i], e.max_abs, e.rel(),
+               v.tolerance[static_cast<std::size_t>(i)], v.within(v.total, i) ? "ok" : "FAIL");
+  }
+  fmt::print("result: {}\n", v.ok ? "within tolerance" : "BEYOND TOLERANCE");
+}
+
 // World rank 0's report of a finished run: the run, every pool, the
-// timings, the trace and the check.
+// timings, the trace and the check (the verdict and JSON are the harness's).
 int print_report(Communicator& world, const ExecOptionsCli& opt, const PlanConfig& cfg, const std::string& source,
                  double scale, const CheckReport& r, const TraceRecorder& trace) {
   const bool root = world.rank() == 0;
-  nlohmann::ordered_json report;
-  std::vector<nlohmann::json> pool_info;
-  for (const PoolResult& p : r.pool_results) {
-    nlohmann::json d;
-    d["pool"] = p.pool;
-    d["samples"] = p.samples;
-    d["tokens_per_slot"] = p.tokens_per_slot;
-    if (p.planned) {
-      d["tiles"] = p.tiles;
-      d["imbalance"] = p.imbalance;
-      d["comm_bytes"] = p.comm_bytes;
-      if (opt.pool.relay) d["relayed_pairs"] = p.relayed_pairs;
-    }
-    pool_info.push_back(d);
-  }
-  const std::string dtype = dtype_name(cfg.shape.dtype);
-  const bool windowed = cfg.shape.window != kFullCausal;
-  const int threads = opt.pool.threads;
-  if (root) {
-    const std::string mode_text =
-        (opt.plan.empty() ? opt.mode : fmt::format("{} (plan {})", plan_mode_name(cfg.mode), opt.plan)) +
-        (cfg.kv_prefix ? " with KV prefix" : "") + (opt.pool.relay ? ", relayed inputs" : "");
-    if (opt.json) {
-      report["ranks"] = r.ranks;
-      report["pool_ranks"] = r.pool_ranks;
-      report["pool_size"] = r.pool_size;
-      report["cp"] = cfg.cp;
-      report["mode"] = mode_text;
-      report["chunks"] = cfg.chunks;
-      if (cfg.chunk_split != ChunkSplit::kEqual) {
-        report["chunk_split"] = std::string(chunk_split_name(cfg.chunk_split));
-        report["chunk_widths"] = chunk_widths(cfg);
-      }
-      report["seq_len"] = cfg.seq_len;
-      report["heads_q"] = cfg.shape.heads_q;
-      report["heads_kv"] = cfg.shape.heads_kv;
-      report["head_dim"] = cfg.shape.head_dim;
-      report["dtype"] = dtype;
-      report["window"] = windowed ? nlohmann::ordered_json(cfg.shape.window) : nlohmann::ordered_json(nullptr);
-      report["threads"] = threads;
-      report["source"] = source;
-      report["length_scale"] = scale;
-      report["pools"] = pool_info;
-      report["forward"] = {{"wall_s", r.forward_wall.max}, {"compute_max_s", r.forward_compute.max},
-                           {"compute_mean_s", r.forward_compute.mean}};
-      report["backward"] = {{"wall_s", r.backward_wall.max}, {"compute_max_s", r.backward_compute.max},
-                            {"compute_mean_s", r.backward_compute.mean}};
-      report["executor_cpu_over_kernel_cpu"] = {{"forward", r.forward_own.max}, {"backward", r.backward_own.max}};
-    } else {
-      fmt::print("libra exec: {} ranks = {} pool(s) x W {} (P {} x CP {}); mode {}, M {}{}, L {}, h_q {}, h_kv {}, d {}, "
-                 "{}, window {}, {} kernel thread(s) per rank\n",
-                 r.ranks, r.pools, r.pool_ranks, r.pool_size, cfg.cp, mode_text, cfg.chunks,
-                 cfg.chunk_split == ChunkSplit::kEqual ? std::string() : " (" + tapered_chunks_text(cfg) + ")", cfg.seq_len,
-                 cfg.shape.heads_q, cfg.shape.heads_kv, cfg.shape.head_dim, dtype,
-                 windowed ? std::to_string(cfg.shape.window) : std::string("full"), threads);
-      if (scale != 1.0) fmt::print("pool source: {} with sample lengths scaled by {:.6g}\n", source, scale);
-      for (const PoolResult& p : r.pool_results) {
-        fmt::print("pool {}: {} samples, tokens per slot: {}\n", p.pool, p.samples, fmt::join(p.tokens_per_slot, " "));
-        if (p.planned) {
-          fmt::print("pool {} plan: {} tiles, intra-pool imbalance {:.4f}, exchanged {} per pass{}\n", p.pool, p.tiles,
-                     p.imbalance, bytes_text(p.comm_bytes),
-                     opt.pool.relay ? fmt::format(", {} (chunk, sender, receiver) pairs relayed", p.relayed_pairs) : "");
-        }
-      }
-      fmt::print("forward:  wall {:.4f} s (slowest rank), kernel compute {:.4f} s slowest / {:.4f} s mean rank\n",
-                 r.forward_wall.max, r.forward_compute.max, r.forward_compute.mean);
-      fmt::print("backward: wall {:.4f} s (slowest rank), kernel compute {:.4f} s slowest / {:.4f} s mean rank\n",
-                 r.backward_wall.max, r.backward_compute.max, r.backward_compute.mean);
-      fmt::print("overhead: wall over the busiest rank's kernel time forward {:+.1f}%, backward {:+.1f}%; executor CPU "
-                 "outside the kernel (thread CPU time, max over ranks) forward {:.1f}%, backward {:.1f}% of kernel CPU\n",
-                 100 * (r.forward_wall.max / r.forward_compute.max - 1),
-                 100 * (r.backward_wall.max / r.backward_compute.max - 1), 100 * r.forward_own.max,
-                 100 * r.backward_own.max);
-    }
-  }
-
+  RunDescription run = describe_run(opt, cfg, source, scale);
+  if (root && !opt.json) print_run(run, r);
   if (!opt.trace.empty()) {
     Status ts = write_trace(world, trace, opt.trace);
-    if (!ts.ok()) {
-      if (root) return fail(ts.error());
-      return kExitUsage;
-    }
-    if (root && opt.json) report["trace"] = opt.trace;
+    if (!ts.ok()) return root ? fail(ts.error()) : kExitUsage;
+    run.trace = opt.trace;
     if (root && !opt.json) {
       fmt::print("trace: {} (Chrome trace-event JSON; lanes per rank: compute, transfer, wait)\n", opt.trace);
     }
   }
   if (!opt.check) {
-    if (root && opt.json) fmt::print("{}\n", report.dump(1));
+    if (root && opt.json) fmt::print("{}\n", run_report_json(run, r, nullptr));
     return kExitOk;
   }
-
   int verdict = kExitOk;
   if (root) {
-    const Tolerance tol = tolerance_for(cfg.shape.dtype);
-    double tols[] = {tol.o, tol.lse, tol.dq, tol.dk, tol.dv};
-    if (opt.check_tolerance_flag != nullptr && opt.check_tolerance_flag->count() > 0) {
-      for (double& t : tols) t = opt.check_tolerance;
-    }
-    const auto& names = kCheckedTensorNames;
-    auto refname = [](ReferenceKind k) {
-      return k == ReferenceKind::kKernel ? std::string("fp32 kernel in one process") : std::string("naive fp64");
-    };
-    std::array<ErrorStats, kCheckedTensors> total{};
-    for (const PoolResult& p : r.pool_results) {
-      for (int i = 0; i < kCheckedTensors; ++i) total[static_cast<std::size_t>(i)].merge(p.errors[static_cast<std::size_t>(i)]);
-    }
-    auto within = [&](const std::array<ErrorStats, kCheckedTensors>& e, int i) {
-      return e[static_cast<std::size_t>(i)].rel() <= tols[i];
-    };
-    bool ok = true;
-    for (int i = 0; i < kCheckedTensors; ++i) ok = ok && within(total, i);
-    auto tensors_json = [&](const std::array<ErrorStats, kCheckedTensors>& e) {
-      nlohmann::ordered_json t;
-      for (int i = 0; i < kCheckedTensors; ++i) {
-        t[names[i]] = {{"max_abs_error", e[static_cast<std::size_t>(i)].max_abs},
-                       {"relative_error", e[static_cast<std::size_t>(i)].rel()},
-                       {"tolerance", tols[i]},
-                       {"ok", within(e, i)}};
-      }
-      return t;
-    };
+    const bool uniform = opt.check_tolerance_flag != nullptr && opt.check_tolerance_flag->count() > 0;
+    const CheckVerdict v =
+        check_verdict(r, uniform ? uniform_tolerance(opt.check_tolerance) : tolerance_for(cfg.shape.dtype));
     if (opt.json) {
-      nlohmann::ordered_json c;
-      c["within_tolerance"] = ok;
-      c["tensors"] = tensors_json(total);
-      c["pools"] = nlohmann::ordered_json::array();
-      for (const PoolResult& p : r.pool_results) {
-        c["pools"].push_back({{"pool", p.pool}, {"reference", refname(p.reference)}, {"tensors", tensors_json(p.errors)}});
-      }
-      report["check"] = c;
-      fmt::print("{}\n", report.dump(1));
+      fmt::print("{}\n", run_report_json(run, r, &v));
     } else {
-      fmt::print("check ({} pool(s), every home gathered on its pool's rank 0, reference on whole sequences):\n", r.pools);
-      for (const PoolResult& p : r.pool_results) {
-        if (r.pools == 1) break;
-        bool pool_ok = true;
-        std::string rels;
-        for (int i = 0; i < kCheckedTensors; ++i) {
-          pool_ok = pool_ok && within(p.errors, i);
-          rels += fmt::format(" {} {:.2e}", names[i], p.errors[static_cast<std::size_t>(i)].rel());
-        }
-        fmt::print("  pool {} ({}): relative{}  {}\n", p.pool, refname(p.reference), rels, pool_ok ? "ok" : "FAIL");
-      }
-      if (r.pools == 1) fmt::print("  reference: {}\n", refname(r.pool_results[0].reference));
-      for (int i = 0; i < kCheckedTensors; ++i) {
-        fmt::print("  {:<4} max abs error {:.3e}  relative {:.3e}  (tolerance {:.0e})  {}\n", names[i],
-                   total[static_cast<std::size_t>(i)].max_abs, total[static_cast<std::size_t>(i)].rel(), tols[i],
-                   within(total, i) ? "ok" : "FAIL");
-      }
-      fmt::print("result: {}\n", ok ? "within tolerance" : "BEYOND TOLERANCE");
+      print_check(v, r);
     }
-    for (int i = 0; i < kCheckedTensors && !ok; ++i) {
-      if (within(total, i)) continue;
+    if (!v.ok) {
+      const auto i = static_cast<std::size_t>(v.first_failed);
       std::fflush(stdout);
       fmt::print(stderr, "libra: error: --check: {} relative error {:.3e} is beyond the tolerance {:.0e} (exit status 3)\n",
-                 names[i], total[static_cast<std::size_t>(i)].rel(), tols[i]);
-      break;
+                 kCheckedTensorNames[i], v.total[i].rel(), v.tolerance[i]);
     }
-    verdict = ok ? kExitOk : kExitCheckFailed;
+    verdict = v.ok ? kExitOk : kExitCheckFailed;
   }
   Result<std::vector<std::uint64_t>> verdicts = world.allgather(static_cast<std::uint64_t>(verdict));
   if (!verdicts.ok()) abort_job(world, verdicts.error());
