@@ -432,3 +432,53 @@ def test_hf_llama_example_under_torchrun(tmp_path):
     assert 0 <= loss <= 1e-8 and 0 <= grad <= 2e-6, r.stdout
     assert (tmp_path / "loss.csv").read_text().count("\n") == 4
     assert (tmp_path / "loss.png").stat().st_size > 0
+
+
+def test_placement_data_loader_moves_the_sampler_to_the_next_epoch():
+    """transformers' Trainer calls set_epoch on the loader (or on the batch sampler that accelerate's
+    skip_first_batches wraps ours in): both reach the PlacementBatchSampler, which yields nothing once
+    an epoch is done until set_epoch moves it on. Each index carries its batch key."""
+    from accelerate.data_loader import skip_first_batches  # noqa: PLC0415
+
+    seqs = [[10, 20], [30], [5, 5], [12], [7, 8], [9]]
+    sampler = lt.PlacementBatchSampler(seqs, gbs=2, dp=2, pool_size=2, dp_rank=0)
+    loader = lt.PlacementDataLoader(list(range(len(seqs))), sampler, collate_fn=lambda b: b)
+    loader.set_epoch(0)
+    first = list(loader)
+    assert len(first) == len(sampler) == 3 and list(loader) == []  # the epoch is spent
+    loader.set_epoch(1)
+    second = list(loader)
+    assert len(second) == 3
+    keys = [(i.epoch, i.batch) for (i,) in lt.PlacementBatchSampler(seqs, gbs=2, dp=2, pool_size=2, dp_rank=0)]
+    assert keys == [(0, 0), (0, 1), (0, 2)]
+    # Resuming: accelerate's skip_first_batches wraps the sampler; Trainer then reaches it as
+    # loader.batch_sampler.batch_sampler.
+    sampler2 = lt.PlacementBatchSampler(seqs, gbs=2, dp=2, pool_size=2, dp_rank=0)
+    skipped = skip_first_batches(lt.PlacementDataLoader(list(range(len(seqs))), sampler2, collate_fn=lambda b: b), 1)
+    skipped.batch_sampler.batch_sampler.set_epoch(1)
+    assert list(skipped) == second[1:]
+
+
+def test_hf_trainer_example_under_torchrun(tmp_path):
+    """examples/hf_trainer.py: libra.hf.Trainer over 2 epochs with gradient accumulation, resumed from a
+    mid-epoch checkpoint, against the same Trainer under sdpa and a single-process step-1 gradient."""
+    env = dict(os.environ)
+    build = os.environ.get("LIBRA_PYTHON_BUILD", str(ROOT / "build" / "release" / "python"))
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "python"), build, env.get("PYTHONPATH", "")])
+    cmd = _torchrun() + ["--standalone", "--nproc-per-node", "4", str(ROOT / "examples" / "hf_trainer.py"),
+                         "--out", str(tmp_path), "--check", "1e-6"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate()
+        pytest.fail("hf_trainer.py under torchrun ran past 300 s: " + stdout[-2000:] + stderr[-2000:])
+    assert proc.returncode == 0, stdout[-3000:] + stderr[-3000:]
+    figures = dict(re.findall(r"^([a-z0-9 -]+): (\S+)$", stdout, re.M))
+    assert figures["steps"] == "6", stdout  # two epochs of 3 optimizer steps: epoch 2 runs
+    assert float(figures["libra vs sdpa loss"]) <= 1e-6, stdout
+    assert float(figures["step-1 gradient vs single-process sdpa"]) <= 1e-6, stdout
+    assert float(figures["resumed vs uninterrupted loss"]) == 0.0, stdout
+    assert float(figures["resumed vs uninterrupted weights"]) == 0.0, stdout
