@@ -52,17 +52,21 @@ class Config:
     num_stages: int = 2
 
 
-# Block sizes per head dim for GPU launches: FlashAttention-2's Triton tutorial's shapes, smaller for
-# d 256 so every kernel fits an A100's shared memory (checked by scripts/triton-aot-check.py).
+# Block sizes per (padded head dim, bytes per element) for GPU launches: FlashAttention-2's Triton
+# tutorial's shapes for 2-byte types, halved where the tiles would not fit an A100's shared memory
+# (d 256; fp32 storage, whose ieee dots are a correctness option rather than a fast path). Every
+# entry is compiled and its shared memory checked by scripts/triton-aot-check.py.
 GPU_CONFIGS = {
-    64: Config(128, 64, 32, 128, num_warps=4, num_stages=3),
-    128: Config(128, 64, 32, 128, num_warps=8, num_stages=2),
-    256: Config(64, 32, 32, 64, num_warps=8, num_stages=1),
+    (64, 2): Config(128, 64, 32, 128, num_warps=4, num_stages=3),
+    (128, 2): Config(128, 64, 32, 128, num_warps=8, num_stages=2),
+    (256, 2): Config(64, 32, 32, 64, num_warps=8, num_stages=1),
+    (64, 4): Config(64, 32, 32, 64, num_warps=4, num_stages=2),
+    (128, 4): Config(64, 32, 32, 64, num_warps=4, num_stages=1),
+    (256, 4): Config(32, 32, 16, 32, num_warps=4, num_stages=1),
 }
 # Under the interpreter: small blocks (every op is a numpy call; tests want fragments longer than
 # a block).
 INTERPRET_CONFIG = Config(16, 16, 16, 16, num_warps=1, num_stages=1)
-HEAD_DIMS = tuple(GPU_CONFIGS)
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
@@ -85,13 +89,17 @@ def padded_head_dim(head_dim):
     return max(16, triton.next_power_of_2(int(head_dim)))
 
 
+def gpu_config(head_d, dtype):
+    return GPU_CONFIGS[(max(64, head_d), 4 if dtype == torch.float32 else 2)]
+
+
 def config(head_dim, dtype):
     """The Config a launch on this process's device kind uses for ``head_dim`` and ``dtype``."""
     if not 1 <= head_dim <= 256:
         raise ValueError(f"libra.torch triton kernel: head_dim {head_dim}: must be 1 .. 256")
     if dtype not in DTYPES:
         raise ValueError(f"libra.torch triton kernel: dtype {dtype}: must be one of float16, bfloat16, float32")
-    return INTERPRET_CONFIG if interpreted() else GPU_CONFIGS[max(64, padded_head_dim(head_dim))]
+    return INTERPRET_CONFIG if interpreted() else gpu_config(padded_head_dim(head_dim), dtype)
 
 
 # ---------------------------------------------------------------- kernels
@@ -324,6 +332,7 @@ class WorkTables:
         table = np.asarray(table, dtype=np.int64).reshape(-1, DESC_COLS)
         self.window = NO_WINDOW if window is None else int(window)
         self.cfg, self.deterministic = cfg, deterministic
+        self.table, self.bounds = table, np.asarray(bounds, dtype=np.int64)
         self.desc = torch.from_numpy(np.ascontiguousarray(table)).to(device)
         self.pairs = []
         for g in range(4):
@@ -433,3 +442,48 @@ def _launch_backward(tables, p, qgrid, st, bufs, scale):
             q, k, v, do, lse, delta, dk, dv, tables.desc, work, q.stride(0), k.stride(0), v.stride(0), do.stride(0),
             dk.stride(0), dv.stride(0), scale, tables.window, BLOCK_M=cfg.bwd_block_m, BLOCK_N=cfg.bwd_block_n,
             ATOMIC=not tables.deterministic, **st)
+
+
+# ---------------------------------------------------------------- ahead-of-time compilation (no GPU needed)
+
+# Shared memory one block may use, bytes (CUDA's opt-in maximum per block).
+SHARED_LIMIT = {80: 166912, 86: 101376, 89: 101376, 90: 232448, 100: 232448}
+_PTR = {torch.float16: "*fp16", torch.bfloat16: "*bf16", torch.float32: "*fp32"}
+
+
+def aot_variants(dtype, head_d, cfg=None):
+    """Every (name, kernel, signature, constexprs, num_warps, num_stages) the launches above make on a
+    GPU for storage ``dtype`` and padded head dim ``head_d`` (D = head_d; a smaller D only masks
+    columns): forward, delta, dQ, and dK/dV atomic and deterministic. Windowed and plain causal calls
+    share one variant (the window is an argument)."""
+    cfg = cfg or gpu_config(head_d, dtype)
+    t, f, i = _PTR[dtype], "*fp32", "*i64"
+    prec = "ieee" if dtype == torch.float32 else "tf32"
+    dots = dict(D=head_d, HEAD_D=head_d, PREC=prec, DOT_TY=_TL[dtype])
+    fwd = dict(Q=t, K=t, V=t, O=t, LSE=f, desc=i, work=i, stride_q="i32", stride_k="i32", stride_v="i32",
+               stride_o="i32", scale_log2="fp32", window="i32")
+    delta = dict(O=t, DO=t, DELTA=f, desc=i, work=i, stride_o="i32", stride_do="i32")
+    dq = dict(Q=t, K=t, V=t, DO=t, LSE=f, DELTA=f, DQ=f, desc=i, work=i, stride_q="i32", stride_k="i32",
+              stride_v="i32", stride_do="i32", stride_dq="i32", scale="fp32", window="i32")
+    dkdv = dict(Q=t, K=t, V=t, DO=t, LSE=f, DELTA=f, DK=f, DV=f, desc=i, work=i, stride_q="i32", stride_k="i32",
+                stride_v="i32", stride_do="i32", stride_dk="i32", stride_dv="i32", scale="fp32", window="i32")
+    w, s = cfg.num_warps, cfg.num_stages
+    fwd_c = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **dots)
+    bwd_c = dict(BLOCK_M=cfg.bwd_block_m, BLOCK_N=cfg.bwd_block_n, **dots)
+    return [("forward", _fwd_kernel, fwd, fwd_c, w, s),
+            ("delta", _delta_kernel, delta, dict(BLOCK_M=cfg.block_m, D=head_d, HEAD_D=head_d), w, s),
+            ("dq", _dq_kernel, dq, fwd_c, w, s),
+            ("dkdv atomic", _dkdv_kernel, dkdv, dict(bwd_c, ATOMIC=True), w, s),
+            ("dkdv deterministic", _dkdv_kernel, dkdv, dict(bwd_c, ATOMIC=False), w, s)]
+
+
+def aot_compile(kernel, signature, constexprs, num_warps, num_stages, arch):
+    """triton.compile for CUDA ``arch`` (80, 90, ...) without a GPU; returns the compiled kernel (its
+    ``metadata.shared`` is the shared memory a block needs, ``asm`` the PTX and cubin)."""
+    from triton.backends.compiler import GPUTarget  # noqa: PLC0415
+    from triton.compiler import ASTSource, make_backend  # noqa: PLC0415
+    sig = dict(signature)
+    sig.update({k: "constexpr" for k in constexprs})
+    target = GPUTarget("cuda", arch, 32)
+    options = make_backend(target).parse_options({"num_warps": num_warps, "num_stages": num_stages})
+    return triton.compile(ASTSource(kernel, sig, constexprs), target=target, options=options.__dict__)
