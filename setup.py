@@ -1,4 +1,7 @@
-"""Builds libra's C++ core and the `_libra` extension with CMake for `pip install .`.
+"""Builds libra's C++ core and the `_libra` extension with CMake for `pip install .` / `pip wheel .`.
+
+With build isolation (pip's default) CMake, Ninja and pybind11 come from PyPI (pyproject.toml's
+build requirements); without it, from the environment or the system (Debian's pybind11-dev).
 
 Environment:
   LIBRA_BUILD_DIR  an existing CMake build directory of this checkout (e.g.
@@ -38,6 +41,11 @@ class CMakeBuild(build_ext):
                 "-DLIBRA_BUILD_BENCH=OFF", "-DLIBRA_BUILD_TOOLS=OFF", "-DLIBRA_WITH_MPI=OFF",
                 f"-DPython3_EXECUTABLE={sys.executable}",
             ]
+            try:  # pybind11 from PyPI (the isolated build environment) when there is one
+                import pybind11  # noqa: PLC0415
+                args.append(f"-Dpybind11_DIR={pybind11.get_cmake_dir()}")
+            except ImportError:
+                pass
             subprocess.run(args, check=True)
         jobs = os.environ.get("LIBRA_JOBS", "2")
         subprocess.run(["cmake", "--build", str(build_dir), "--target", "_libra", "-j", jobs], check=True)
