@@ -32,6 +32,7 @@ program's exchanges), ``compute`` and ``backends`` (the kernels),
 """
 from .data import BatchIndex, PlacementBatchSampler, PlacementDataLoader
 from .function import attention
+from . import ops  # noqa: F401  (registers libra::attention, what attention becomes under torch.compile)
 from .groups import DomainGroups, domain_groups, pool_group
 from .planner import Planner
 from .runtime import PlanRuntime
