@@ -9,11 +9,15 @@ the Triton interpreter (TRITON_INTERPRET=1, set here before triton is imported).
   every vector no fragment addresses untouched);
 - libra.torch.attention with the backend pinned, on an in-process pool, against plain attention;
 - the launch count of a chunk (one per buffer pair and kernel).
+
+On a GPU (scripts/gpu-check.sh): ``TRITON_INTERPRET=0 pytest tests/python/test_triton.py -k kernels``
+runs the kernel cases compiled, on cuda:0, with samples longer than the GPU block sizes.
 """
 import os
 import types
 
-os.environ["TRITON_INTERPRET"] = "1"
+os.environ.setdefault("TRITON_INTERPRET", "1")
+ON_DEVICE = os.environ["TRITON_INTERPRET"] == "0"
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
@@ -28,6 +32,9 @@ from libra.torch.descriptors import chunk_descriptors  # noqa: E402
 BACKEND = backends.get("triton")
 TOL = {torch.float32: 2e-5, torch.bfloat16: 2e-2}
 BLOCK = ta.INTERPRET_CONFIG.block_m  # 16: fragments of 1 .. 40 queries cover 0, 1, 2 and 3 blocks
+DEVICE = torch.device("cuda" if ON_DEVICE else "cpu")
+# Sample lengths: some longer than two blocks (interpreter 16, GPU up to 128).
+SAMPLES = [1, 3, 170, 400] if ON_DEVICE else [1, 3, 17, 40]
 
 
 def random_chunk(rng, hq, hkv, heads_total=8, window=None):
@@ -41,7 +48,7 @@ def random_chunk(rng, hq, hkv, heads_total=8, window=None):
         head0_q = int(rng.integers(0, heads_total // hq)) * hq
         frags = []
         n_frags = int(rng.integers(1, 4))
-        sample = int(rng.choice([1, 3, 17, 40], p=[0.15, 0.15, 0.3, 0.4]))
+        sample = int(rng.choice(SAMPLES, p=[0.15, 0.15, 0.3, 0.4]))
         if kv_home in shared_kv and rng.integers(2):
             kv_base, sample = shared_kv[kv_home]  # the same sample's keys again: dK/dV rows overlap
         else:
@@ -65,19 +72,19 @@ def make_buffers(rng, nq, nkv, d, dtype):
     g = torch.Generator().manual_seed(int(rng.integers(1 << 30)))
 
     def r(n, dt=dtype):
-        return torch.randn(max(n, 1), d, generator=g, dtype=torch.float64).to(dt)
+        return torch.randn(max(n, 1), d, generator=g, dtype=torch.float64).to(dt).to(DEVICE)
 
     out = {}
     for w in (True, False):
         out[w] = {"Q": r(nq[w]), "O": r(nq[w]), "dO": r(nq[w]), "dQ": r(nq[w], torch.float32),
-                  "LSE": torch.randn(max(nq[w], 1), 1, generator=g, dtype=torch.float64).float(),
+                  "LSE": torch.randn(max(nq[w], 1), 1, generator=g, dtype=torch.float64).float().to(DEVICE),
                   "K": r(nkv[w]), "V": r(nkv[w]), "dK": r(nkv[w], torch.float32), "dV": r(nkv[w], torch.float32)}
     return out
 
 
 def reference(calls, bufs, window, scale):
     """Float64: O and LSE per query vector, dQ (assigned), dK and dV (added to the buffers' values)."""
-    f64 = {w: {n: t.to(torch.float64).clone() for n, t in b.items()} for w, b in bufs.items()}
+    f64 = {w: {n: t.cpu().to(torch.float64) for n, t in b.items()} for w, b in bufs.items()}
     for qp, kp, frags, q_home, kv_home in calls:
         bq, bk = f64[q_home], f64[kv_home]
         hq, hkv = qp[2], kp[2]
@@ -138,10 +145,11 @@ def test_kernels_match_float64_on_random_tile_lists(seed, hq, hkv, d, dtype, win
     try:
         BACKEND.forward(rt, 0, 0, bufs[True], bufs[False], scale)
         want = reference(calls, bufs, window, d ** -0.5 if scale is None else scale)
-        before = {w: {n: t.clone() for n, t in b.items()} for w, b in bufs.items()}
+        before = {w: {n: t.cpu() for n, t in b.items()} for w, b in bufs.items()}
         BACKEND.backward(rt, 1, 0, bufs[True], bufs[False], scale)
     finally:
         BACKEND.deterministic = None
+    bufs = {w: {n: t.cpu() for n, t in b.items()} for w, b in bufs.items()}
     tol = TOL[dtype]
     touched_q = {w: torch.zeros(max(nq[w], 1), dtype=torch.bool) for w in (True, False)}
     touched_k = {w: torch.zeros(max(nkv[w], 1), dtype=torch.bool) for w in (True, False)}
@@ -176,7 +184,7 @@ def test_empty_and_one_row_fragments_and_all_pairs_are_covered():
         kv = [(c[1][0], f[1]) for c in calls for f in c[2]]
         shared += len(kv) - len(set(kv))
     assert pairs == {0, 1, 2, 3}
-    assert 0 in sizes and 1 in sizes and max(sizes) > 2 * BLOCK
+    assert 0 in sizes and 1 in sizes and max(sizes) > 2 * BLOCK * (8 if ON_DEVICE else 1)
     assert shared > 0
 
 
@@ -219,6 +227,8 @@ def pool_body(rank, world, relay_case):
 
 @pytest.fixture(scope="module")
 def pool_results():
+    if ON_DEVICE:
+        pytest.skip("the pool cases run CPU tensors (interpreter only)")
     from dist_util import run
     from test_relay import CASES as RELAY_CASES, relaying_pool
     name, kw = RELAY_CASES[3]  # tap-topo M1 on two nodes of two GPUs
