@@ -97,7 +97,7 @@ def train(args, packed, impl):
             ids, lengths = next(loader)
             if impl == "libra":
                 rt = planner.runtime(n, group)
-                micro.append((lh.shard_batch(rt, ids), rt))
+                micro.append((lh.shard_batch(rt, ids, lengths=lengths), rt))  # the batch names its samples
             else:
                 whole = {"input_ids": ids[None], "position_ids": lh.packed_position_ids(lengths, args.seq_len)[None],
                          "labels": lh.packed_labels(ids, lengths)[rows][None]}

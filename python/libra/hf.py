@@ -7,7 +7,7 @@ Importing this module registers ``"libra"`` with transformers' ``AttentionInterf
     model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="libra")  # or from_pretrained
 
     rt = planner.runtime(n, group)                         # this micro-batch's libra.torch.PlanRuntime
-    shard = libra.hf.shard_batch(rt, input_ids)            # this CP rank's home rows, labels shifted first
+    shard = libra.hf.shard_batch(rt, input_ids, lengths=lengths)   # this CP rank's home rows, labels shifted first
     out = model(input_ids=shard["input_ids"], position_ids=shard["position_ids"], use_cache=False,
                 libra_runtime=rt)
     loss = libra.hf.loss(out.logits, shard["labels"], libra.hf.count_items(shard["labels"]))
@@ -21,7 +21,12 @@ k, v [1, h_kv, T, d] (T = this rank's home rows); libra takes them as THD
 The runtime reaches the layers as the ``libra_runtime=`` keyword of the model's
 forward (transformers passes unknown keywords down to the attention function;
 checked for Llama and Qwen3 in transformers 5.24), or from ``use_runtime(rt)``
-around the forward. The keyword is the safer of the two: it is captured with the
+around the forward. A model whose layers have different windows (Gemma 2, Qwen2
+with max_window_layers) takes one runtime per window, ``libra_runtime={w: rt_w}``
+(``layer_windows(config)``); a layer never runs under a plan of another window.
+``shard_batch`` ties the batch to its runtime by the batch's own sample lengths
+(or position ids), and takes transformers' unshifted labels with ``shifted=False``.
+``Trainer`` is transformers' Trainer on this path. The keyword is the safer of the two: it is captured with the
 call, so activation checkpointing that recomputes the forward during backward
 still sees it.
 
@@ -51,14 +56,81 @@ _current = contextvars.ContextVar("libra_hf_runtime", default=None)
 @contextlib.contextmanager
 def use_runtime(runtime):
     """Every ``attn_implementation="libra"`` layer called inside runs under ``runtime`` (unless the
-    forward is given ``libra_runtime=``)."""
-    if not isinstance(runtime, PlanRuntime):
-        raise ValueError(f"libra.hf.use_runtime: runtime must be a libra.torch.PlanRuntime, got {type(runtime).__name__}")
+    forward is given ``libra_runtime=``): a PlanRuntime, or a dict {window: PlanRuntime} (see
+    ``layer_windows``)."""
+    if not isinstance(runtime, (PlanRuntime, dict)):
+        raise ValueError(f"libra.hf.use_runtime: runtime must be a libra.torch.PlanRuntime or a dict "
+                         f"{{window: PlanRuntime}}, got {type(runtime).__name__}")
     token = _current.set(runtime)
     try:
         yield runtime
     finally:
         _current.reset(token)
+
+
+# ---------------------------------------------------------------- one runtime per distinct layer window
+
+def layer_windows(config):
+    """The distinct attention windows of a transformers model's layers (None: full causal), as the
+    attention modules hand them to the attention function: ``config.layer_types`` ("sliding_attention"
+    layers get ``config.sliding_window``, "full_attention" layers None: Gemma 2/3, Qwen2 with
+    ``max_window_layers``), else ``config.sliding_window`` for every layer (Mistral; None for Llama).
+    A model with more than one needs one runtime per window: ``libra_runtime={w: runtime_w}``."""
+    config = getattr(config, "get_text_config", lambda: config)()
+    window = getattr(config, "sliding_window", None)
+    types = getattr(config, "layer_types", None)
+    if types is None:
+        return [window]
+    out = []
+    for t in types:
+        if t not in ("full_attention", "sliding_attention"):
+            raise ValueError(f"libra.hf.layer_windows: layer type {t!r}: libra runs full_attention and "
+                             f"sliding_attention layers only")
+        w = window if t == "sliding_attention" else None
+        if w not in out:
+            out.append(w)
+    return sorted(out, key=lambda w: -1 if w is None else w)
+
+
+def _runtimes_problem(given):
+    """What makes a {window: PlanRuntime} dict unusable for one forward, or None: every runtime must
+    serve the same rank of the same packed sequence (same samples, same home rows), so the hidden
+    states one layer leaves on this rank are what the next layer's runtime expects."""
+    if not given:
+        return "libra_runtime is an empty dict: give {window: PlanRuntime} (None for full causal layers)"
+    first = None
+    for w, rt in given.items():
+        if not isinstance(rt, PlanRuntime):
+            return f"libra_runtime[{w!r}] is a {type(rt).__name__}, not a libra.torch.PlanRuntime"
+        if rt.window != w:
+            return f"libra_runtime[{w!r}] is a runtime of a plan with window {rt.window}: key it by its own window"
+        if first is None:
+            first = rt
+            continue
+        if (rt.worker != first.worker or rt.plan.pool != first.plan.pool
+                or not torch.equal(rt.packed_rows, first.packed_rows)):
+            return (f"libra_runtime[{w!r}] and libra_runtime[{first.window!r}] plan other samples or home rows "
+                    f"(worker {rt.worker} vs {first.worker}): plan every window from the same pool and home_layout")
+    return None
+
+
+def _pick(given, sliding_window):
+    """(the runtime a layer of window ``sliding_window`` runs under, a problem line or None). A layer
+    never runs under a plan of another window: the plan's window is the mask the kernel applies."""
+    if isinstance(given, PlanRuntime):
+        if sliding_window != given.window:
+            return given, (f"this layer's sliding_window is {sliding_window} but the runtime's plan has window "
+                           f"{given.window}: a layer must run under a plan of its own window (for a model whose "
+                           f"layers differ, pass libra_runtime={{window: runtime}}, one per libra.hf.layer_windows)")
+        return given, None
+    problem = _runtimes_problem(given)
+    anyone = next((r for r in given.values() if isinstance(r, PlanRuntime)), None)
+    if problem is not None:
+        return anyone, problem
+    if sliding_window not in given:
+        return anyone, (f"no runtime for this layer's sliding_window {sliding_window}: libra_runtime has windows "
+                        f"{sorted(given, key=lambda w: -1 if w is None else w)}")
+    return given[sliding_window], None
 
 
 # ---------------------------------------------------------------- the packed sequence and its home rows
@@ -142,29 +214,116 @@ def _layout(runtime):
     return lay
 
 
-def shard_batch(runtime, input_ids, labels=None, position_ids=None, ignore_index=IGNORE_INDEX):
-    """This CP rank's share of the slot's whole packed sequence, as the model's forward takes it.
+def _flat(x):
+    t = torch.as_tensor(x)
+    return t[0] if t.dim() == 2 and t.shape[0] == 1 else t
 
-    input_ids: [seq_len] or [1, seq_len], the packed sequence of this DP replica (the plan's slot);
-    labels and position_ids likewise, or None for ``packed_labels`` / ``packed_position_ids`` of the
-    plan's sample lengths. Returns a dict of [1, home_rows] tensors: input_ids, position_ids, labels
-    (already shifted: hand them to ``loss``, not to the model's ``labels=``, which would shift again).
+
+def _batch_problem(runtime, ids, lengths, labels, position_ids, shifted, ignore_index):
+    """What ties (or fails to tie) this batch to the runtime's plan, as one line, or None. The batch
+    names its samples itself (lengths=, or position_ids restarting per sample as transformers'
+    DataCollatorWithFlattening makes them); the runtime's plan must have the same ones, so a runtime
+    of another batch (a counter off after resuming, a skipped batch, another loader order) is refused."""
+    seq_len, plan = runtime.plan.config["seq_len"], slot_lengths(runtime)
+    m = sum(plan)
+    for name, t in (("input_ids", ids), ("labels", labels), ("position_ids", position_ids)):
+        if t is not None and (t.dim() != 1 or not 1 <= t.shape[0] <= seq_len):
+            return (f"{name} has shape {list(t.shape)}, expected [n] or [1, n] with n <= seq_len {seq_len} "
+                    f"(the slot's packed sequence)")
+        if t is not None and t.shape[0] != ids.shape[0]:
+            return f"{name} has {t.shape[0]} rows but input_ids has {ids.shape[0]}"
+    n = ids.shape[0]
+    if lengths is None and position_ids is None:
+        return ("pass the batch's own sample lengths= (or position_ids= restarting per sample): they tie the "
+                "batch to the runtime that plans it")
+    if lengths is not None:
+        got = [int(x) for x in torch.as_tensor(lengths).reshape(-1).tolist()]
+        if got != plan:
+            return (f"the batch's sample lengths {got} are not those of the runtime's plan {plan} (slot "
+                    f"{_slot(runtime)}): the runtime plans another batch (take the runtime of this batch's own index)")
+    if n < m:
+        return f"input_ids has {n} rows, fewer than the {m} tokens of the plan's samples {plan}"
+    if position_ids is not None:
+        if lengths is None and n > m:
+            return (f"position_ids cover {n} rows but the plan's samples {plan} {m}: pass lengths= to say that the "
+                    f"rows past them are padding")
+        want = packed_position_ids(plan, seq_len)[:m]
+        got = position_ids[:m].cpu().long()
+        if not torch.equal(got, want):
+            bad = int((got != want).nonzero()[0, 0])
+            return (f"position_ids[{bad}] is {int(got[bad])} but the runtime's plan (samples {plan}) puts position "
+                    f"{int(want[bad])} there: the runtime plans another batch (take the runtime of this batch's own index)")
+    if labels is not None:
+        if shifted not in (True, False):
+            return ("labels given without shifted=True/False: shifted=False for transformers' convention (the model's "
+                    "labels=, DataCollatorWithFlattening: row i holds token i), shifted=True when row i holds token i+1")
+        cut = torch.tensor(plan).cumsum(0)
+        first, last = (cut - torch.tensor(plan)).tolist(), (cut - 1).tolist()
+        lab = labels.cpu()
+        if shifted:
+            labelled = [r for r in last if int(lab[r]) != ignore_index]
+            if labelled:
+                return (f"labels[{labelled[0]}] (a sample's last row) is {int(lab[labelled[0]])} but shifted labels leave "
+                        f"every sample's last row at {ignore_index}: are these unshifted labels (shifted=False)?")
+        else:
+            multi = [(f, l) for f, l in zip(first, last) if l > f]
+            if multi and all(int(lab[l]) == ignore_index for _, l in multi) and any(
+                    int(lab[f]) != ignore_index for f, _ in multi):
+                return (f"labels look shifted (every sample's last row is {ignore_index}, first rows labelled) but "
+                        f"shifted=False was given: pass shifted=True for labels where row i holds token i+1")
+    return None
+
+
+def _shift(labels, lengths, ignore_index):
+    """Unshifted (transformers' convention) labels -> shifted within each sample: row i gets row i+1's."""
+    out = torch.full_like(labels, ignore_index)
+    start = 0
+    for n in lengths:
+        out[start:start + n - 1] = labels[start + 1:start + n]
+        start += n
+    return out
+
+
+def shard_batch(runtime, input_ids, *, lengths=None, labels=None, position_ids=None, shifted=None,
+                ignore_index=IGNORE_INDEX):
+    """This CP rank's share of the slot's packed sequence, as the model's forward takes it.
+
+    input_ids: [n] or [1, n] (n <= seq_len; shorter sequences are padded), the packed sequence of this
+    DP replica (the plan's slot), with what names its samples: ``lengths=`` (its sample lengths) or
+    ``position_ids=`` restarting at 0 per sample (what ``DataCollatorWithFlattening`` gives). They must
+    be the runtime's plan's: a runtime of another batch raises one line on every rank of the pool (the
+    runtime's agreement; this call is collective when the runtime checks calls).
+    labels: None for ``packed_labels`` of the plan's samples, else [n] with ``shifted=False``
+    (transformers' convention, the model's ``labels=`` and ``DataCollatorWithFlattening``'s: row i
+    holds token i; shifted here within each sample) or ``shifted=True`` (row i holds token i+1).
+    Returns a dict of [1, home_rows] tensors: input_ids, position_ids, labels (shifted: hand them to
+    ``loss``, not to the model's ``labels=``, which would shift again).
     """
-    seq_len = runtime.plan.config["seq_len"]
-    lengths = slot_lengths(runtime)
-
-    def whole(name, x):
-        t = torch.as_tensor(x)
-        if t.dim() == 2 and t.shape[0] == 1:
-            t = t[0]
-        if t.dim() != 1 or t.shape[0] != seq_len:
-            raise ValueError(f"libra.hf.shard_batch: {name} has shape {list(torch.as_tensor(x).shape)}, "
-                             f"expected [{seq_len}] or [1, {seq_len}] (the slot's whole packed sequence)")
-        return t
-
-    ids = whole("input_ids", input_ids)
-    lab = packed_labels(ids, lengths, ignore_index) if labels is None else whole("labels", labels)
-    pos = packed_position_ids(lengths, seq_len) if position_ids is None else whole("position_ids", position_ids)
+    if isinstance(runtime, dict):  # {window: runtime}: every window's plan has the same home rows
+        problem = _runtimes_problem(runtime)
+        if problem is not None:
+            raise ValueError(f"libra.hf.shard_batch: {problem}")
+        runtime = next(iter(runtime.values()))
+    seq_len, plan = runtime.plan.config["seq_len"], slot_lengths(runtime)
+    ids = _flat(input_ids)
+    lab = None if labels is None else _flat(labels)
+    pos = None if position_ids is None else _flat(position_ids)
+    problem = _batch_problem(runtime, ids, lengths, lab, pos, shifted, ignore_index)
+    if getattr(runtime, "check_calls", False) and hasattr(runtime, "_agree"):
+        first = runtime._agree(problem, "libra.hf.shard_batch")
+        if first is not None:
+            raise ValueError(f"libra.hf.shard_batch: group rank {first[0]}: {first[1]}")
+    elif problem is not None:
+        raise ValueError(f"libra.hf.shard_batch: {problem}")
+    pad = seq_len - ids.shape[0]
+    ids = F.pad(ids, (0, pad))
+    if lab is None:
+        lab = packed_labels(ids, plan, ignore_index)
+    else:
+        lab = F.pad(lab.to(ids.device), (0, pad), value=ignore_index)
+        lab = lab if shifted else _shift(lab, plan, ignore_index)
+        lab[sum(plan):] = ignore_index  # the padding rows are no sample's
+    pos = packed_position_ids(plan, seq_len)
     rows = home_rows(runtime).to(ids.device)
     return {"input_ids": ids[rows][None], "position_ids": pos.to(ids.device)[rows][None],
             "labels": lab.to(ids.device)[rows][None]}
@@ -229,8 +388,6 @@ def _problem(rt, query, key, value, attention_mask, dropout, sliding_window, is_
         return "is_causal=False: libra's attention is causal"
     if softcap is not None or s_aux is not None:
         return "softcap and attention sinks (s_aux) are not supported"
-    if sliding_window is not None and sliding_window != rt.window:
-        return f"sliding_window {sliding_window} differs from the plan's window {rt.window}"
     lay = _layout(rt)
     if position_ids is not None:
         pos = position_ids.reshape(-1, position_ids.shape[-1])[0]
@@ -267,14 +424,17 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
                       cu_seq_lens_q=None, cu_seq_lens_k=None, **kwargs):
     """transformers' attention-function signature: query [1, h_q, T, d], key/value [1, h_kv, T, d]
     (this rank's home rows) -> ([1, T, h_q, d], None)."""
-    rt = _current.get() if libra_runtime is None else libra_runtime
+    given = _current.get() if libra_runtime is None else libra_runtime
+    rt, problem = (given, None) if not isinstance(given, (PlanRuntime, dict)) else _pick(given, sliding_window)
     if not isinstance(rt, PlanRuntime):
-        raise ValueError("libra.hf: no PlanRuntime for this forward: pass libra_runtime=runtime to the model "
-                         "or run it inside libra.hf.use_runtime(runtime)")
-    _agree(rt, _problem(rt, query, key, value, attention_mask, dropout, sliding_window, is_causal, softcap, s_aux,
-                        position_ids, cu_seq_lens_q, cu_seq_lens_k))
+        raise ValueError("libra.hf: no PlanRuntime for this forward: pass libra_runtime=runtime (or "
+                         "{window: runtime}) to the model or run it inside libra.hf.use_runtime(runtime)")
+    _agree(rt, problem or _problem(rt, query, key, value, attention_mask, dropout, sliding_window, is_causal, softcap,
+                                   s_aux, position_ids, cu_seq_lens_q, cu_seq_lens_k))
     q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))  # [T, h, d]
-    o = attention(q, k, v, rt, softmax_scale=scaling, window=rt.window)
+    # The layer's own window in flash-attn's terms: attention refuses it if the plan's differs.
+    size = (-1, 0) if sliding_window is None else (int(sliding_window) - 1, 0)
+    o = attention(q, k, v, rt, softmax_scale=scaling, window_size=size)
     return o.unsqueeze(0), None
 
 
@@ -298,8 +458,105 @@ def register(name=NAME):
     return name
 
 
+# ---------------------------------------------------------------- transformers' Trainer
+
+class _Keyed(torch.utils.data.Dataset):
+    """The dataset's item with the batch key its PlacementBatchSampler index carries (BatchIndex)."""
+
+    def __init__(self, dataset):
+        self.dataset = dataset
+
+    def __len__(self):
+        return len(self.dataset)
+
+    def __getitem__(self, i):
+        return {"item": self.dataset[i], "key": (getattr(i, "epoch", None), getattr(i, "batch", None))}
+
+
+def _one(batch):
+    if len(batch) != 1:
+        raise ValueError(f"libra.hf.Trainer: a batch holds {len(batch)} items: PlacementBatchSampler yields one "
+                         f"packed sequence per batch")
+    return batch[0]
+
+
+def _trainer_class():
+    import transformers  # noqa: PLC0415
+
+    from .torch import PlacementDataLoader  # noqa: PLC0415
+
+    class Trainer(transformers.Trainer):
+        """transformers' Trainer training through libra (``attn_implementation="libra"`` model).
+
+            trainer = libra.hf.Trainer(model=model, args=args, train_dataset=packed,
+                                       sampler=sampler, planner=planner, group=group)
+
+        ``train_dataset[i]`` is a dict with ``input_ids`` ([L], packed sequence i of the sequences the
+        ``PlacementBatchSampler`` was given) and ``lengths`` (its sample lengths). The Trainer loads it
+        through ``PlacementDataLoader`` (so ``set_epoch`` reaches the sampler at every epoch and
+        resumption skips batches the sampler's way), takes each batch's runtime from the batch's own
+        key (``planner.runtime(batch)``, not a counter: resuming and skipped batches pair right, and
+        ``shard_batch`` checks the lengths), divides every micro-batch's loss by the labelled tokens
+        of the whole optimizer step over all ranks (``count_items``) and multiplies it by the number
+        of processes, because the Trainer's DDP averages the gradients where libra's loss needs their
+        sum. ``args.gradient_accumulation_steps`` must be the sampler's ``ga_steps`` (gbs / dp)."""
+
+        loss_is_scaled_for_ga = True  # compute_loss divides by the whole optimizer step's tokens
+
+        def __init__(self, *args, sampler, planner, group=None, **kwargs):
+            super().__init__(*args, **kwargs)
+            ga = self.args.gradient_accumulation_steps
+            if ga != sampler.ga_steps:
+                raise ValueError(f"libra.hf.Trainer: gradient_accumulation_steps {ga} must be the sampler's "
+                                 f"ga_steps {sampler.ga_steps} (gbs / dp): one optimizer step is one window of gbs")
+            self.libra_sampler, self.libra_planner, self.libra_group = sampler, planner, group
+            self.libra_losses = []  # (global step, this rank's part of the step's mean loss) per micro-batch
+
+        def get_train_dataloader(self):
+            return PlacementDataLoader(_Keyed(self.train_dataset), self.libra_sampler, collate_fn=_one)
+
+        def libra_inputs(self, batch):
+            """The model inputs of one collated batch: this rank's shard, its runtime and labels."""
+            epoch, n = batch["key"]
+            if n is None or epoch != self.libra_sampler.epoch:
+                raise ValueError(f"libra.hf.Trainer: a batch of epoch {epoch} under the sampler's epoch "
+                                 f"{self.libra_sampler.epoch}: batches must come from its PlacementBatchSampler")
+            item = batch["item"]
+            rt = self.libra_planner.runtime(n, self.libra_group)
+            shard = shard_batch(rt, item["input_ids"], lengths=item["lengths"])
+            return dict(shard, libra_runtime=rt)
+
+        def get_batch_samples(self, epoch_iterator, num_batches, device):
+            batches = []
+            for _ in range(num_batches):
+                try:
+                    batches.append(self.libra_inputs(next(epoch_iterator)))
+                except StopIteration:
+                    break
+            n = count_items(torch.cat([b["labels"] for b in batches], dim=1)) if batches else None
+            return batches, n
+
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            out = model(input_ids=inputs["input_ids"], position_ids=inputs["position_ids"], use_cache=False,
+                        libra_runtime=inputs["libra_runtime"])
+            part = loss(out.logits, inputs["labels"], num_items_in_batch)
+            self.libra_losses.append((self.state.global_step, float(part.detach())))
+            scaled = part * self.accelerator.num_processes
+            return (scaled, out) if return_outputs else scaled
+
+    return Trainer
+
+
+def __getattr__(name):
+    # The Trainer subclass imports transformers.Trainer (and accelerate) on first use only.
+    if name == "Trainer":
+        cls = globals()["Trainer"] = _trainer_class()
+        return cls
+    raise AttributeError(f"module 'libra.hf' has no attribute {name!r}")
+
+
 register()
 
-__all__ = ["NAME", "register", "use_runtime", "attention_forward", "mask_forward", "packed_position_ids",
+__all__ = ["NAME", "register", "use_runtime", "layer_windows", "Trainer", "attention_forward", "mask_forward", "packed_position_ids",
            "packed_labels", "slot_lengths", "home_rows", "shard_batch", "count_items", "loss",
            "all_reduce_gradients"]

@@ -9,7 +9,7 @@ packed_seq_params=...)``. ``LibraCoreAttention`` has that constructor and that c
     spec = lm.gpt_layer_spec()                          # get_gpt_layer_local_spec() with libra's core attention
     layer = build_module(spec, config=config, layer_number=1)   # or GPTModel(config, spec, ...)
     for n, batch in enumerate(loader):
-        runtime = libra.torch.PlanRuntime(planner.get(n), group)
+        runtime = planner.runtime(n, group)
         psp = lm.packed_seq_params(runtime)             # this rank's home cu_seqlens, qkv_format "thd"
         with lm.use_runtime(runtime):                   # forward and backward
             out, _ = layer(hidden, attention_mask=None, packed_seq_params=psp)   # hidden [L/cp, 1, h]
@@ -34,9 +34,15 @@ TEDotProductAttention returns; SelfAttention reshapes it to ``[t, 1, h*d]``) and
 Not supported (refused at construction or call): attention dropout, attention_bias, any
 ``attention_mask`` (pass None: the mask is libra's, causal within each packed sample, from the plan),
 cross attention, softmax types other than vanilla, a sliding window differing from the plan's.
-Megatron's rotary embedding in ``thd`` restarts positions at every ``cu_seqlens`` boundary, so a
-sample that continues from the previous rank's home rows gets wrong positions there: apply RoPE with
-the sample positions of the home rows (``home_position_ids``) instead of Megatron's.
+
+RoPE (``GPTModel(position_embedding_type="rope")``): Megatron's rotary embedding in ``thd`` would
+restart positions at every ``cu_seqlens`` segment of the home rows (wrong for a sample continued
+from the previous rank's rows, and for zigzag's second chunk). Inside ``use_runtime`` libra's
+RotaryEmbedding.forward hands Megatron one frequency row per home row instead, at the row's own
+position in its sample (``runtime.position_ids``), and ``packed_seq_params(runtime)`` covers every
+home row (the padding as a last segment), so Megatron's ``thd`` RoPE takes its exact per-row path
+(freqs of ``cu_seqlens[-1]`` rows). Outside ``use_runtime`` Megatron's own forward runs unchanged;
+so run a RoPE model inside ``use_runtime`` (``LibraCoreAttention.runtime`` alone does not reach it).
 """
 import contextlib
 import math
@@ -50,10 +56,12 @@ _CURRENT = []  # the runtimes of the enclosing use_runtime contexts, innermost l
 
 @contextlib.contextmanager
 def use_runtime(runtime):
-    """Makes ``runtime`` the PlanRuntime of every LibraCoreAttention call inside the block."""
+    """Makes ``runtime`` the PlanRuntime of every LibraCoreAttention call inside the block, and of
+    Megatron's rotary embedding (each home row's frequencies at its own position)."""
     if not isinstance(runtime, lt.PlanRuntime):
         raise ValueError(f"libra.megatron.use_runtime: runtime must be a libra.torch.PlanRuntime, "
                          f"got {type(runtime).__name__}")
+    _install_rope()
     _CURRENT.append(runtime)
     try:
         yield runtime
@@ -74,11 +82,42 @@ def home_position_ids(runtime):
 
 
 def packed_seq_params(runtime):
-    """Megatron's PackedSeqParams for this rank's home rows under ``runtime`` (qkv_format "thd")."""
+    """Megatron's PackedSeqParams for this rank's home rows under ``runtime`` (qkv_format "thd"): the
+    home segments and the padding rows as a last one, so the segments cover every row Megatron holds
+    (its thd RoPE splits the rows by them)."""
     from megatron.core.packed_seq_params import PackedSeqParams
     cu = home_cu_seqlens(runtime)
-    return PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu.clone(), max_seqlen_q=runtime.max_seqlen,
-                           max_seqlen_kv=runtime.max_seqlen)
+    if int(cu[-1]) < runtime.home_rows:
+        cu = torch.cat([cu, torch.tensor([runtime.home_rows], dtype=cu.dtype)])
+    longest = int((cu[1:] - cu[:-1]).max()) if len(cu) > 1 else 0
+    return PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu.clone(), max_seqlen_q=longest,
+                           max_seqlen_kv=longest)
+
+
+def _install_rope():
+    """Wraps Megatron's RotaryEmbedding.forward once: inside ``use_runtime`` it returns the frequencies
+    of each home row at its position in its sample ([home_rows, 1, 1, d]); elsewhere Megatron's own."""
+    try:
+        from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
+    except ImportError:
+        return
+    if getattr(RotaryEmbedding.forward, "_libra", False):
+        return
+    megatron_forward = RotaryEmbedding.forward
+
+    def forward(self, max_seq_len, offset=0, packed_seq=False, cp_group=None):
+        if not _CURRENT:
+            return megatron_forward(self, max_seq_len, offset, packed_seq, cp_group)
+        if offset:
+            raise ValueError(f"libra.megatron: RotaryEmbedding offset {offset}: libra's RoPE takes each home row's "
+                             f"position from the runtime (offset 0 only)")
+        pos = _CURRENT[-1].position_ids
+        emb = self.get_emb(int(pos.max()) + 1)  # Megatron's own frequencies, positions 0 .. max
+        return emb[pos.to(emb.device)]
+
+    forward._libra = True
+    forward.__doc__ = megatron_forward.__doc__
+    RotaryEmbedding.forward = forward
 
 
 def _kv_problem(psp):

@@ -1,6 +1,7 @@
 // python/src/program.cpp: rank programs (libra/program.hpp) for libra.torch: the
 // schedule's sizes and kernel calls, and its flat program as numpy arrays.
 #include "binding.hpp"
+#include "program_index.hpp"
 
 #include <algorithm>
 #include <array>
@@ -60,13 +61,6 @@ py::dict schedule_dict(const libra::RankSchedule& s, const std::vector<int>& ord
   o["apply_order"] = py::cast(s.apply_order);
   return o;
 }
-
-struct ProgramHandle {
-  libra::RankSchedule schedule;
-  libra::RankProgram program;
-  std::uint64_t plan_fingerprint = 0;
-  bool relay = false;
-};
 
 // Moves as an int64 [n, 13] array: field, src, dst, add, peer, chunk, rows,
 // run, src_offset, src_stride, dst_offset, dst_stride, wire_byte.
@@ -232,7 +226,17 @@ void bind_program(py::module_& m) {
           g = expand_moves(h, &pp, pp.apply);
         }
         return groups_list(std::move(g));
-      }, py::arg("pass"));
+      }, py::arg("pass"))
+      // Everything libra.torch indexes with in this micro-batch (program_index.hpp), built once, with
+      // the GIL released: (data, layout), data one int64 array, layout the records pointing into it.
+      .def("index_arrays", [](ProgramHandle& h) {
+        std::shared_ptr<const IndexArrays> ix;
+        {
+          py::gil_scoped_release release;
+          ix = index_arrays(h);
+        }
+        return index_arrays_py(std::move(ix));
+      });
   m.def(
       "rank_program",
       [](const libra::Plan& plan, int worker, std::optional<std::vector<int>> order, bool relay) {

@@ -137,6 +137,57 @@ struct CheckReport {
 // Collective over `world`.
 [[nodiscard]] Result<CheckReport> run_check(Communicator& world, const CheckJob& job);
 
+// ---- the report of a run -----------------------------------------------------
+// What `libra exec` prints, as values (harness_report.cpp), so that tests
+// and bindings read the same verdict and JSON as the CLI:
+//
+//   libra::CheckVerdict v = libra::check_verdict(report, libra::tolerance_for(cfg.shape.dtype));
+//   if (!v.ok) use(libra::kCheckedTensorNames[v.first_failed], v.total[v.first_failed].rel());
+//   std::string json = libra::run_report_json(description, report, &v);
+
+// The check's verdict: every tensor's error merged over the pools against
+// its tolerance.
+struct CheckVerdict {
+  std::array<double, kCheckedTensors> tolerance{};
+  std::array<ErrorStats, kCheckedTensors> total{};  // over every pool
+  bool ok = true;         // every tensor of `total` within its tolerance
+  int first_failed = -1;  // the first tensor beyond it, -1 when ok
+  // Tensor i of `errors` (the total or one pool's) within its tolerance.
+  bool within(const std::array<ErrorStats, kCheckedTensors>& errors, int i) const {
+    return errors[static_cast<std::size_t>(i)].rel() <= tolerance[static_cast<std::size_t>(i)];
+  }
+};
+// `tolerance` per tensor (O, LSE, dQ, dK, dV), as tolerance_for gives them
+// or one for all (`libra exec --check-tolerance`).
+[[nodiscard]] CheckVerdict check_verdict(const CheckReport& report, const Tolerance& tolerance);
+[[nodiscard]] Tolerance uniform_tolerance(double tolerance);
+
+// "naive fp64" or "fp32 kernel in one process".
+[[nodiscard]] const char* reference_name(ReferenceKind kind);
+
+// Wall time of the slowest rank over the busiest rank's kernel time, minus 1.
+[[nodiscard]] inline double wall_overhead(const MaxMean& wall, const MaxMean& compute) {
+  return wall.max / compute.max - 1;
+}
+
+// How a run was asked for: what the report says besides the CheckReport.
+struct RunDescription {
+  PlanConfig config;
+  std::string mode;   // as printed: "tap", "tap (plan FILE)", "... with KV prefix", ", relayed inputs"
+  std::vector<std::int32_t> chunk_widths;  // query heads a chunk; printed for an unequal cut only
+  std::string source;
+  double length_scale = 1.0;  // sample lengths of a built-in corpus scaled by it
+  int threads = 1;
+  bool relay = false;         // pools report their relayed pairs
+  std::string trace;          // the trace file written, or empty
+};
+
+// The report as one JSON document (`libra exec --json`; docs/executor.md):
+// the run, every pool, the timings, the trace, and with a verdict the
+// check. Indented by one space.
+[[nodiscard]] std::string run_report_json(const RunDescription& run, const CheckReport& report,
+                                          const CheckVerdict* verdict);
+
 // Pool `index` of P sequences from `all` (sequences [index * P, (index + 1) * P)); `source` names `all` in the error.
 [[nodiscard]] Result<std::vector<PackedSequence>> draw_pool(std::span<const PackedSequence> all, const std::string& source,
                                                             std::int64_t index, int P);

@@ -6,6 +6,9 @@ compiles the core once. LIBRA_PYTHON_BUILD names another build's python/
 folder; LIBRA_TEST_INSTALLED=1 uses the installed package instead.
 LIBRA_CLI names the `libra` executable the CLI-agreement tests run
 (default build/release/tools/libra; those tests skip without it).
+
+A DeprecationWarning raised from a libra module is an error: libra's own code must
+not call what it deprecates (dist_util's spawned workers set the same filter).
 """
 import os
 import sys
@@ -20,6 +23,14 @@ if not os.environ.get("LIBRA_TEST_INSTALLED"):
     for p in (str(build), str(ROOT / "python")):
         if p not in sys.path:
             sys.path.insert(0, p)
+
+
+# The warning's module is the frame it is attributed to (the caller at the warning's stacklevel).
+LIBRA_DEPRECATIONS = r"error::DeprecationWarning:libra(\.|$)"
+
+
+def pytest_configure(config):
+    config.addinivalue_line("filterwarnings", LIBRA_DEPRECATIONS)
 
 
 @pytest.fixture(scope="session")

@@ -6,6 +6,7 @@ import json
 import os
 import tempfile
 import traceback
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -25,6 +26,8 @@ COMMUNICATORS = ("gloo", "inprocess")
 
 def _entry(rank, world, init_file, out_dir, fn, args, backend):
     torch.set_num_threads(1)
+    # As conftest.py in the parent: libra's own code raises no DeprecationWarning.
+    warnings.filterwarnings("error", category=DeprecationWarning, module=r"libra(\.|$)")
     dist.init_process_group(backend, init_method="file://" + init_file, rank=rank, world_size=world)
     try:
         result = fn(rank, world, *args)

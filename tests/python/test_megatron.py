@@ -14,7 +14,8 @@ after model_parallel_cuda_manual_seed, which calls torch.cuda.manual_seed
 (tensor_parallel/random.py:248 raises "cuda rng state model-parallel-rng is not added"). The
 reference pre-fills the buffer with a CPU tensor, which get_tensor then reuses, and replaces the
 tracker with one whose fork does nothing (the dropout is 0). Nothing else in the layer needed CUDA here (fp32, use_cpu_initialization,
-no TE or apex, no RoPE).
+no TE or apex). With RoPE, Megatron's RotaryEmbedding.get_emb moves its frequencies to
+torch.cuda.current_device(): the test process answers "cpu" there.
 """
 import pytest
 
@@ -74,6 +75,8 @@ def body(rank, world):
         def fork(self, *a, **k):
             return contextlib.nullcontext()
     tensor_parallel.get_cuda_rng_tracker = _NoCudaRng
+    # Megatron's RotaryEmbedding.get_emb moves its inv_freq to torch.cuda.current_device() on first use.
+    torch.cuda.current_device = lambda: torch.device("cpu")
     group, worker = lt.pool_group(P, CP)
     pool_index = rank // (P * CP)
     pool = POOLS[2 * pool_index:2 * pool_index + 2]
@@ -146,7 +149,11 @@ def body(rank, world):
         out["zigzag"][name] = {"out": rel(yz[keep], ref_y[rows[keep]]), "dx": rel(xz.grad[keep], ref_dx[rows[keep]]),
                                "params": max(rel(zgrads[n], p.grad) for n, p in ref.named_parameters())}
 
-    out["gpt"] = gpt_model_case(rank, rt, pool, pool_index, slot, home, valid)
+    out["gpt"] = gpt_model_case(rank, rt, pool, pool_index, slot, valid)
+    # RoPE: libra hands Megatron's thd RoPE each home row's position in its sample (a sample cut by
+    # the CP boundary continues its positions on the next rank; zigzag's second chunk too).
+    out["gpt rope"] = gpt_model_case(rank, rt, pool, pool_index, slot, valid, rope=True)
+    out["gpt rope zigzag"] = gpt_model_case(rank, zrt, pool, pool_index, slot, valid, rope=True)
 
     # The module alone, called as Megatron calls it, thd and sbhd (batch 1), with the runtime set on it.
     core = layer.self_attention.core_attention
@@ -195,26 +202,27 @@ def body(rank, world):
         out["hand_made"] = None
     except ValueError as e:
         out["hand_made"] = str(e)
-    # The padding rows as a last segment describe the same layout (rank 1 has 4 padding rows).
-    cu = psp.cu_seqlens_q.tolist()
-    padded = torch.tensor(cu + [L // CP] if cu[-1] < L // CP else cu, dtype=torch.int32)
+    # The home segments without the padding rows (rank 1 has 4) describe the same layout as
+    # packed_seq_params' (with them as a last segment).
+    bare = lm.home_cu_seqlens(rt)
     with lm.use_runtime(rt):
-        o_pad = core(q, k, v, None, packed_seq_params=PackedSeqParams(qkv_format="thd", cu_seqlens_q=padded,
-                                                                        cu_seqlens_kv=padded))
+        o_pad = core(q, k, v, None, packed_seq_params=PackedSeqParams(qkv_format="thd", cu_seqlens_q=bare,
+                                                                        cu_seqlens_kv=bare))
     out["padded_segment_equal"] = bool(torch.equal(o_pad, o_thd))
     parallel_state.destroy_model_parallel()
     return out
 
 
-def gpt_model_case(rank, rt, pool, pool_index, slot, home, valid):
+def gpt_model_case(rank, rt, pool, pool_index, slot, valid, rope=False):
     """A 2-layer GPTModel (embedding, layers, output layer, Megatron's per-token loss; no position
-    embedding) through libra in thd, against the same model with DotProductAttention per sample."""
+    embedding, or RoPE) through libra in thd on the runtime's home rows (contiguous or zigzag),
+    against the same model with DotProductAttention and Megatron's own RoPE on every sample alone."""
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
     import libra.megatron as lm
     config, vocab = make_config(num_layers=2), 48
-    kw = dict(config=config, vocab_size=vocab, max_sequence_length=L, position_embedding_type="none")
+    kw = dict(config=config, vocab_size=vocab, max_sequence_length=L, position_embedding_type="rope" if rope else "none")
     torch.manual_seed(1)
     gpt = GPTModel(transformer_layer_spec=lm.gpt_layer_spec(normalization="RMSNorm"), **kw)
     ref = GPTModel(transformer_layer_spec=get_gpt_layer_local_spec(normalization="RMSNorm"), **kw)
@@ -224,11 +232,12 @@ def gpt_model_case(rank, rt, pool, pool_index, slot, home, valid):
         g = torch.Generator().manual_seed(50 + 10 * pool_index + s)
         return torch.randint(0, vocab, (L,), generator=g), torch.randint(0, vocab, (L,), generator=g)
     ids, labels = data(slot)
+    rows = rt.packed_rows
     with lm.use_runtime(rt):
-        losses = gpt(ids[home][None], lm.home_position_ids(rt)[None], None, labels=labels[home][None],
+        losses = gpt(ids[rows][None], lm.home_position_ids(rt)[None], None, labels=labels[rows][None],
                      packed_seq_params=lm.packed_seq_params(rt))
-        weight = (torch.arange(home.start, home.stop) < valid).float()  # padding rows count 0
-        (losses[0] * weight).sum().backward()
+        keep = rows < valid  # padding rows count 0
+        (losses[0] * keep.float()).sum().backward()
     grads = {n: p.grad.clone() for n, p in gpt.named_parameters()}
     for t in grads.values():
         dist.all_reduce(t, group=rt.group)
@@ -244,8 +253,7 @@ def gpt_model_case(rank, rt, pool, pool_index, slot, home, valid):
             start += n
         if s == slot:
             ref_losses = torch.cat(per)
-    n_valid = max(0, min(home.stop, valid) - home.start)
-    return {"loss": rel(losses[0, :n_valid], ref_losses[home.start:home.start + n_valid]) if n_valid else 0.0,
+    return {"loss": rel(losses[0, keep], ref_losses[rows[keep]]) if bool(keep.any()) else 0.0,
             "params": max(rel(grads[n], p.grad) for n, p in ref.named_parameters())}
 
 
@@ -266,11 +274,12 @@ def test_transformer_layer_matches_megatron_dot_product_attention(results):
             assert e < TOL, (what, r["err"])
 
 
-def test_gpt_model_matches_megatron_dot_product_attention(results):
-    print("GPTModel errors by rank:", [r["gpt"] for r in results])
+@pytest.mark.parametrize("case", ["gpt", "gpt rope", "gpt rope zigzag"])
+def test_gpt_model_matches_megatron_dot_product_attention(results, case):
+    print(case, "errors by rank:", [r[case] for r in results])
     for r in results:
-        for what, e in r["gpt"].items():
-            assert e < TOL, (what, r["gpt"])
+        for what, e in r[case].items():
+            assert e < TOL, (what, r[case])
 
 
 def test_zigzag_home_layout_matches_megatron_dot_product_attention(results):
@@ -287,7 +296,8 @@ def test_zigzag_home_layout_matches_megatron_dot_product_attention(results):
 
 def test_home_layout(results):
     # Pool 0: sequences [10, 30, 20] (60 of 64 rows) and [64]; pool 1: [5, 5, 40, 3] and [33, 17].
-    assert [r["cu_seqlens"] for r in results] == [[0, 10, 32], [0, 8, 28], [0, 32], [0, 32]]
+    # packed_seq_params adds rank 1's 4 padding rows as a last segment (Megatron's thd RoPE splits every row).
+    assert [r["cu_seqlens"] for r in results] == [[0, 10, 32], [0, 8, 28, 32], [0, 32], [0, 32]]
 
 
 def test_module_shapes_thd_and_sbhd(results):

@@ -30,12 +30,13 @@ program's exchanges), ``compute`` and ``backends`` (the kernels),
 ``function`` (the autograd function and ``attention``) and ``trace``. Integrations with model libraries sit beside it
 (``libra.hf``, ``libra.megatron``).
 """
-from .data import PlacementBatchSampler
+from .data import BatchIndex, PlacementBatchSampler, PlacementDataLoader
 from .function import attention
+from . import ops  # noqa: F401  (registers libra::attention, what attention becomes under torch.compile)
 from .groups import DomainGroups, domain_groups, pool_group
 from .planner import Planner
 from .runtime import PlanRuntime
 from .trace import write_trace
 
-__all__ = ["pool_group", "domain_groups", "DomainGroups", "PlacementBatchSampler", "PlanRuntime", "Planner",
+__all__ = ["pool_group", "domain_groups", "DomainGroups", "BatchIndex", "PlacementBatchSampler", "PlacementDataLoader", "PlanRuntime", "Planner",
            "attention", "write_trace"]

@@ -18,6 +18,24 @@ is slot s % P of pool pools[s // P]) and ``indices`` (the domain's len(pools) * 
 order, what make_plan takes)."""
 
 
+class BatchIndex(int):
+    """The index (into the sequences given) of a packed sequence, as ``PlacementBatchSampler`` yields it:
+    an int that also carries the batch it was drawn for, ``epoch`` and ``batch`` (n of that epoch), so
+    a dataset can hand the key on with the sample and the training loop take ``planner.runtime(batch)``
+    from the batch itself instead of from a counter (which resuming or skipping batches puts off)."""
+
+    def __new__(cls, index, epoch, batch):
+        self = super().__new__(cls, index)
+        self.epoch, self.batch = int(epoch), int(batch)
+        return self
+
+    def __reduce__(self):  # DataLoader workers receive it pickled
+        return BatchIndex, (int(self), self.epoch, self.batch)
+
+    def __repr__(self):
+        return f"BatchIndex({int(self)}, epoch={self.epoch}, batch={self.batch})"
+
+
 class PlacementBatchSampler(torch.utils.data.Sampler):
     """A batch sampler that yields ``[index]``: this DP replica's packed sequence for every GA step, VRSP order.
 
@@ -31,6 +49,8 @@ class PlacementBatchSampler(torch.utils.data.Sampler):
     seed, epoch, elastic_*): ``state_dict()`` holds the epoch and the position in it, and
     ``load_state_dict`` resumes from them. An epoch's iteration ends where the
     epoch does; iterating again yields nothing until ``set_epoch`` moves on.
+    Each index is a ``BatchIndex``: it says which batch (epoch, n) it was drawn for, so the
+    batch can name its plan itself (``planner.runtime(index.batch)``) after resuming or skipping.
 
     With ``mode="vrsp-elastic"`` (docs/elastic.md) a batch's pool may be fused with other pools of
     its GA step into one TAP domain: ``domain(n)`` says which (None when this replica's pool runs
@@ -201,7 +221,7 @@ class PlacementBatchSampler(torch.utils.data.Sampler):
         while self._position < len(self):
             n = self._position
             self._position += 1
-            yield [self.index(n)]
+            yield [BatchIndex(self.index(n), self.epoch, n)]
 
     def state_dict(self):
         return {"epoch": self.epoch, "position": self._position}
@@ -224,3 +244,19 @@ class PlacementBatchSampler(torch.utils.data.Sampler):
         if epoch != self.epoch:
             self._switch(epoch)
         self._position = pos
+
+
+class PlacementDataLoader(torch.utils.data.DataLoader):
+    """A DataLoader over a ``PlacementBatchSampler`` (``batch_sampler=``) whose ``set_epoch`` reaches the
+    sampler: what transformers' Trainer and accelerate call on the loader at each epoch. A plain
+    DataLoader has no ``set_epoch``, and the sampler, which yields nothing once an epoch is done, would
+    never move on to the next epoch."""
+
+    def __init__(self, dataset, batch_sampler, **kwargs):
+        if not isinstance(batch_sampler, PlacementBatchSampler):
+            _refuse(f"PlacementDataLoader: batch_sampler must be a libra.torch.PlacementBatchSampler, got "
+                    f"{type(batch_sampler).__name__}")
+        super().__init__(dataset, batch_sampler=batch_sampler, **kwargs)
+
+    def set_epoch(self, epoch):
+        self.batch_sampler.set_epoch(epoch)

@@ -95,6 +95,9 @@ def _run_pass(rt, pass_index, home, comp, dt, d, dev, scale):
     the C++ engine's among them."""
     backend = backends.select(dev, dt)
     prog = rt.on(dev)[pass_index]
+    if backend.kind == "varlen":
+        for b in (home, comp):  # the LSE buffers flat, as the merged varlen calls index them (compute.py)
+            b["LSE1"] = b["LSE"].view(-1)
     M = rt.num_chunks
     relayed = bool(prog["stage"])
     # By the program's Loc: home 0, compute 1, (2 is the wire), stage 3.
@@ -132,6 +135,7 @@ def _run_pass(rt, pass_index, home, comp, dt, d, dev, scale):
 
 
 _UNSET = object()  # attention's window= not given (None means plain causal there)
+_COMPILED_OP = None  # ops.attention_op, set when ops.py is imported (libra.torch's __init__ imports it)
 
 
 def _plan_window_size(rt):
@@ -264,8 +268,7 @@ def attention(q, k, v, runtime, softmax_scale=None, window=_UNSET, *, causal=Tru
     if torch.compiler.is_compiling():
         # torch.compile traces one opaque op (ops.py) instead, which runs this function eagerly inside:
         # the checks below gather Python objects across the group, which no graph can hold.
-        from .ops import attention_op
-        return attention_op(q, k, v, runtime, softmax_scale, window, causal=causal, window_size=window_size,
+        return _COMPILED_OP(q, k, v, runtime, softmax_scale, window, causal=causal, window_size=window_size,
                             cu_seqlens=cu_seqlens, position_ids=position_ids, return_lse=return_lse)
     if window is not _UNSET:
         warnings.warn("libra.torch.attention: window= is deprecated; the plan's window is the default "

@@ -23,31 +23,18 @@ graph to the same schedule, and a rank's attention calls depend on each other th
 data, which tests/python/test_compile_wrap.py checks with two attention layers whose backward
 calls are independent of each other in the graph.
 """
-import itertools
 import types
 import typing
 import warnings
-import weakref
 
 import torch
 
+from . import function
+from .function import _UNSET, _Attention, attention
+from .runtime import _RUNTIMES  # noqa: F401  (handle -> live runtime; tests count them)
+from .runtime import runtime_of as _runtime
+
 _WINDOW_UNSET, _WINDOW_NONE = -2, -1  # the op's encodings of attention's window= (not given; None)
-_RUNTIMES = weakref.WeakValueDictionary()  # handle -> PlanRuntime; a runtime dies with its micro-batch
-_NEXT = itertools.count(1)
-
-
-def register(runtime):
-    """Gives ``runtime`` its handle (PlanRuntime's constructor calls this)."""
-    n = next(_NEXT)
-    _RUNTIMES[n] = runtime
-    return torch.tensor(n, dtype=torch.int64)
-
-
-def _runtime(handle):
-    rt = _RUNTIMES.get(int(handle))
-    if rt is None:
-        raise RuntimeError(f"libra::attention: no live PlanRuntime has handle {int(handle)}")
-    return rt
 
 
 @torch.library.custom_op("libra::attention", mutates_args=())
@@ -55,7 +42,6 @@ def _attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, handle: to
                    scale: typing.Optional[float], window: int, causal: bool,
                    window_size: typing.Optional[typing.List[int]], cu_seqlens: typing.Optional[torch.Tensor],
                    position_ids: typing.Optional[torch.Tensor], want_lse: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    from .function import _UNSET, attention
     rt = _runtime(handle)
     kw = dict(causal=causal, window_size=None if window_size is None else tuple(window_size), cu_seqlens=cu_seqlens,
               position_ids=position_ids, return_lse=want_lse)
@@ -82,7 +68,6 @@ def _(q, k, v, handle, scale, window, causal, window_size, cu_seqlens, position_
 def _attention_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
                    do: torch.Tensor, handle: torch.Tensor,
                    scale: typing.Optional[float]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    from .function import _Attention
     zero = scale == 0.0
     if zero:
         # What the eager call ran for scale 0 (libra's kernel reads 0 as 1/sqrt(d)): q * 0 at scale 1,
@@ -128,7 +113,6 @@ def attention_op(q, k, v, runtime, softmax_scale=None, window=_NOT_GIVEN, *, cau
     The scale goes into the op as it is (a compiled function's float argument is symbolic here) and
     the eager call inside checks it and everything else, so a bad call raises the eager line on
     every rank. ``window`` is attention's deprecated ``window=`` (its sentinel when not given)."""
-    from .function import _UNSET
     if isinstance(softmax_scale, int) and not isinstance(softmax_scale, bool):
         softmax_scale = float(softmax_scale)
     if window is _UNSET or window is _NOT_GIVEN:
@@ -144,3 +128,8 @@ def attention_op(q, k, v, runtime, softmax_scale=None, window=_NOT_GIVEN, *, cau
         return o
     # attention's LSE: flash-attn's varlen layout [h_q, rows] (not differentiable).
     return o, lse.view(q.shape[0], q.shape[1]).t().contiguous()
+
+
+# attention() hands a call under torch.compile to the op above; function.py does not import this
+# module (the rooms depend one way: runtime <- function <- ops), the package's __init__ does.
+function._COMPILED_OP = attention_op

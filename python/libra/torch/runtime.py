@@ -1,16 +1,17 @@
 """PlanRuntime: one micro-batch's plan bound to one pool group (collective construction)."""
 import datetime
+import itertools
 import math
 import operator
+import weakref
 
 import numpy as np
 import torch
 
 from .. import _libra
 from . import comms
-from .exchange import program_tensors
 from .groups import _POOLS
-from .ops import register as _register_op
+from .index import host_arrays, nbytes, to_device
 
 
 def _fingerprint_words(fp):
@@ -141,29 +142,25 @@ class PlanRuntime:
         self.packed_cu_seqlens = torch.tensor(np.concatenate([[0], np.cumsum(plan.pool[self.slot])]), dtype=torch.int32)
         self._position_on = {}  # position_ids of the token rows, by device (attention's check)
         self._peers = peers
+        # Every index the passes use, as one int64 host array built by the binding without the GIL
+        # (Planner's thread has usually built it already); on(device) copies it once per device.
+        self._index_host, self._index_layout = host_arrays(progs)
         self._on = {}
-        self._varlen_meta = {}  # compute._call_meta of the varlen backends, by (pass, chunk, device)
+        self._index_on = {}  # device -> the device copy of the index arrays (the views' storage)
+        self._varlen_meta = {}  # the varlen backends' merged calls (index.Pair), by (pass, chunk, device)
         # What torch.compile's libra::attention op takes in place of this object (ops.py).
-        self.op_handle = _register_op(self)
+        self.op_handle = register(self)
 
     def on(self, device):
-        """The program as index tensors on ``device`` (built once per device)."""
+        """The program's index arrays on ``device`` (one copy per device; index.to_device)."""
         device = torch.device(device)
         if device not in self._on:
-            cpu = self._on.get(torch.device("cpu"))
-            if cpu is None or device == torch.device("cpu"):
-                self._on[device] = program_tensors(self.program, self.num_chunks, device)
-            else:
-                def move(x):
-                    if isinstance(x, torch.Tensor):
-                        return x.to(device)
-                    if isinstance(x, dict):
-                        return {k: move(v) for k, v in x.items()}
-                    if isinstance(x, (list, tuple)):
-                        return type(x)(move(v) for v in x)
-                    return x
-                self._on[device] = move(cpu)
+            self._on[device], self._index_on[device] = to_device(self._index_host, self._index_layout, device)
         return self._on[device]
+
+    def index_bytes(self, device):
+        """Device memory the index arrays take on ``device`` (after ``on(device)``)."""
+        return nbytes(self._index_on[torch.device(device)])
 
     @property
     def fingerprint(self):
@@ -184,6 +181,27 @@ class PlanRuntime:
         """``_agree`` that also gathers ``words`` (int64s, as many on every rank): (the words by group
         rank, the first problem or None), in the same one collective."""
         return _agree(self.comm, self.group, words, problem, self.timeout, what, self._native_timeout)
+
+
+# ---- handles: what torch.compile's custom op (ops.py) takes in place of a runtime
+
+_RUNTIMES = weakref.WeakValueDictionary()  # handle -> PlanRuntime; a runtime dies with its micro-batch
+_NEXT = itertools.count(1)
+
+
+def register(runtime):
+    """Gives ``runtime`` its handle, a 0-dim int64 CPU tensor (PlanRuntime's constructor calls this)."""
+    n = next(_NEXT)
+    _RUNTIMES[n] = runtime
+    return torch.tensor(n, dtype=torch.int64)
+
+
+def runtime_of(handle):
+    """The live PlanRuntime of ``handle``."""
+    rt = _RUNTIMES.get(int(handle))
+    if rt is None:
+        raise RuntimeError(f"libra::attention: no live PlanRuntime has handle {int(handle)}")
+    return rt
 
 
 # ---- option checks, agreement and deadlines (issue 21: no rank waits on a peer that will never come)

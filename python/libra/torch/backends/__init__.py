@@ -10,8 +10,10 @@ all of them. Two kinds:
   terms (q ``[total_q, h_q, d]``, k/v ``[total_k, h_kv, d]``, ``cu_seqlens``,
   bottom-right causal, ``window_size=(left, 0)``, GQA), returning ``(o, lse)``
   with ``lse`` ``[h_q, total_q]`` in fp32 or None where it gives none. The
-  engine gathers each call's vectors, runs forward under ``no_grad`` and
-  backward through autograd on a recomputed forward.
+  engine gathers a chunk's vectors per buffer pair (one merged call), runs
+  forward under ``no_grad``, and backward by the backend's
+  ``varlen_backward`` on the saved output and LSE where it has one, else
+  through autograd on a recomputed forward (SDPA).
 
 ``select`` picks the first registered backend that is available for the
 tensors' device and dtype, in the order of ``ORDER``; ``force(name)`` (or the
@@ -30,7 +32,7 @@ import os
 
 # Preference order; each name is a module of this package (dashes as underscores) whose BACKEND it
 # registers. The first available one for a call's device and dtype runs it.
-ORDER = ("libra-cpu", "flash-attn", "torch-varlen", "sdpa")
+ORDER = ("triton", "libra-cpu", "flash-attn", "torch-varlen", "sdpa")
 
 # Short names older code and tests use.
 _ALIASES = {"flash": "flash-attn", "cpu": "libra-cpu"}
@@ -56,6 +58,15 @@ class Backend:
         """Returns (o [total_q, h_q, d] in q's dtype, lse [h_q, total_q] fp32 or None). ``window``
         is libra's (None or W: keys within W positions, the query's own included); ``cu_host`` the
         cu_seqlens as Python lists, for backends that loop on the host."""
+        raise NotImplementedError
+
+    def has_backward(self):
+        """Whether ``varlen_backward`` runs (backward from the saved output and LSE); otherwise
+        backward differentiates a recomputed forward through autograd."""
+        return False
+
+    def varlen_backward(self, do, q, k, v, o, lse, cu_q, cu_k, max_q, max_k, scale, window):
+        """(dq, dk, dv) like q, k, v of the varlen forward that gave o and lse ([h_q, total_q] fp32)."""
         raise NotImplementedError
 
     # kind "buffers": chunk ``m`` of pass ``pass_index`` of runtime ``rt`` (its calls are

@@ -1,4 +1,7 @@
-"""flash-attn's ``flash_attn_varlen_func`` (CUDA, fp16/bf16), when the package is importable."""
+"""flash-attn's ``flash_attn_varlen_func`` (CUDA, fp16/bf16), when the package is importable; its
+backward is flash-attn's varlen backward on the saved output and LSE (no recomputed forward)."""
+import inspect
+
 import torch
 
 from . import Backend, flash_window
@@ -10,6 +13,9 @@ class FlashAttn(Backend):
     # Tests put a plain-torch stand-in written from flash_attn's contract here to run this backend's
     # path on CPU; None: import flash_attn.
     impl = None
+    # The tests' stand-in for flash-attn's varlen backward (flash_attn_interface._flash_attn_varlen_backward's
+    # contract: dq, dk, dv written into the tensors passed); None: flash_attn's own, when impl is None.
+    impl_backward = None
 
     def _fn(self):
         if self.impl is not None:
@@ -34,11 +40,44 @@ class FlashAttn(Backend):
         return None
 
     def gives_lse(self):
-        return self.impl is None  # the tests' stand-in computes no LSE
+        # The tests' forward stand-in gives an LSE only beside a backward stand-in (flash-attn's contract).
+        return self.impl is None or self.impl_backward is not None
+
+    def _backward_fn(self):
+        if self.impl_backward is not None:
+            return self.impl_backward
+        from flash_attn.flash_attn_interface import _flash_attn_varlen_backward  # noqa: PLC0415
+        return _flash_attn_varlen_backward
+
+    def has_backward(self):
+        if self.impl is not None:
+            return self.impl_backward is not None
+        try:
+            self._backward_fn()
+        except ImportError:
+            return False
+        return True
+
+    def varlen_backward(self, do, q, k, v, o, lse, cu_q, cu_k, max_q, max_k, scale, window):
+        fn = self._backward_fn()
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        # Its arguments moved between flash-attn 2.x releases: passed by name, as the signature has them.
+        params = inspect.signature(fn).parameters
+        left, right = flash_window(window)
+        kw = dict(dropout_p=0.0, softmax_scale=q.shape[-1] ** -0.5 if scale is None else scale, causal=True)
+        if "window_size_left" in params:
+            kw.update(window_size_left=left, window_size_right=right)
+        else:
+            kw["window_size"] = (left, right)
+        for name, value in (("softcap", 0.0), ("alibi_slopes", None), ("deterministic", False), ("rng_state", None)):
+            if name in params:
+                kw[name] = value
+        fn(do.contiguous(), q, k, v, o, lse, dq, dk, dv, cu_q, cu_k, max_q, max_k, **kw)
+        return dq, dk, dv
 
     def varlen(self, q, k, v, cu_q, cu_k, max_q, max_k, scale, window, cu_host):
         fn = self._fn()
-        if self.impl is not None:  # the stand-in returns o only
+        if self.impl is not None and self.impl_backward is None:  # the stand-in returns o only
             return fn(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=scale, causal=True,
                       window_size=flash_window(window)), None
         # flash-attn 2.x varlen: with return_attn_probs, (out, softmax_lse [h_q, total_q], S_dmask).

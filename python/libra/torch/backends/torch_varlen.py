@@ -1,6 +1,8 @@
 """PyTorch's own varlen attention, ``torch.nn.attention.varlen.varlen_attn`` (torch 2.10 and later,
 CUDA). What it accepts differs between releases, so its signature is read, not assumed: GQA needs
-``enable_gqa``, a window ``window_size`` and the LSE ``return_aux``."""
+``enable_gqa``, a window ``window_size`` and the LSE ``return_aux``. Backward is its own varlen
+backward op (``torch.ops.torch_attn._varlen_attn_backward``, what varlen_attn's autograd formula
+calls) on the saved output and LSE, where this torch has it; else autograd on a recomputed forward."""
 import inspect
 
 import torch
@@ -42,6 +44,21 @@ class TorchVarlen(Backend):
 
     def gives_lse(self):
         return self._ensure() is not None and "return_aux" in self._params
+
+    def _backward_op(self):
+        ns = getattr(torch.ops, "torch_attn", None)
+        return None if ns is None or not hasattr(ns, "_varlen_attn_backward") else ns._varlen_attn_backward
+
+    def has_backward(self):
+        return self.gives_lse() and self._backward_op() is not None
+
+    def varlen_backward(self, do, q, k, v, o, lse, cu_q, cu_k, max_q, max_k, scale, window):
+        # varlen_attn's own formula: is_causal for plain causal, else flash's window (left, 0); no dropout,
+        # so its rng state is zeros (what varlen_attn's forward returns).
+        ws = list(flash_window(window)) if window is not None else [-1, 0]
+        rng = torch.zeros((2,), dtype=torch.uint64, device=q.device)
+        return self._backward_op()(do.contiguous(), q, k, v, o, lse, cu_q, cu_k, max_q, max_k, ws == [-1, 0], rng,
+                                   scale, ws)
 
     def varlen(self, q, k, v, cu_q, cu_k, max_q, max_k, scale, window, cu_host):
         fn = self._ensure()

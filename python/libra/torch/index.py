@@ -1,0 +1,91 @@
+"""The worker's index arrays on a device: everything a pass indexes with (every exchange's gather,
+local and scatter rows, the apply rows, every chunk's merged varlen calls and kernel descriptor
+table), built by the binding once per micro-batch as one int64 array (``RankProgram.index_arrays``,
+python/src/program_index.hpp, without the GIL), copied to the device in one copy (from one pinned
+host buffer, non-blocking, on CUDA) and cut into views here. Nothing in a pass builds, copies or
+reads back an index."""
+import torch
+
+_KINDS = ("in", "out", "stage")
+
+
+def _groups(dev, groups):
+    """(field, src, dst, add, class, src rows, dst rows) per index op: views of ``dev``."""
+    return [(field, src, dst, add, cls, dev[s:s + n], dev[d:d + n]) for field, src, dst, add, cls, s, d, n in groups]
+
+
+def _i32(t, off, n):
+    """n int32 values packed two to an int64 word at word ``off`` of ``t`` (a view)."""
+    return t[off:off + (n + 1) // 2].view(torch.int32)[:n]
+
+
+class Pair:
+    """One chunk's kernel calls on one (q buffer, kv buffer) pair, merged into one varlen call:
+    ``q`` [total_q * hq] and ``kv`` [total_k * hkv] head-vector rows (query- or key-major), ``lse``
+    [hq * total_q] the same q vectors head-major (flash-attn's LSE layout), ``cu_q`` / ``cu_k``
+    int32 cu_seqlens on the device and ``cu_host`` the same as numpy arrays (host loops, no sync)."""
+
+    __slots__ = ("q_home", "kv_home", "hq", "hkv", "total_q", "total_k", "max_q", "max_k", "seqs", "q", "kv", "lse",
+                 "cu_q", "cu_k", "cu_host", "q2", "kv2", "lse2")
+
+    def __init__(self, rec, dev, host):
+        for name in ("q_home", "kv_home", "hq", "hkv", "total_q", "total_k", "max_q", "max_k", "seqs"):
+            setattr(self, name, rec[name])
+        nq, nk = rec["total_q"] * rec["hq"], rec["total_k"] * rec["hkv"]
+        self.q = dev[rec["q_off"]:rec["q_off"] + nq]
+        self.kv = dev[rec["kv_off"]:rec["kv_off"] + nk]
+        self.lse = dev[rec["lse_off"]:rec["lse_off"] + nq]
+        # The same rows shaped as the varlen tensors' leading dims, so one advanced-indexing op gathers
+        # [total, heads, d] (or writes it back) with no reshape around it.
+        self.q2 = self.q.view(rec["total_q"], rec["hq"])
+        self.kv2 = self.kv.view(rec["total_k"], rec["hkv"])
+        self.lse2 = self.lse.view(rec["hq"], rec["total_q"])
+        self.cu_q = _i32(dev, rec["cu_q_off"], rec["seqs"] + 1)
+        self.cu_k = _i32(dev, rec["cu_k_off"], rec["seqs"] + 1)
+        self.cu_host = (_i32(host, rec["cu_q_off"], rec["seqs"] + 1).numpy(),
+                        _i32(host, rec["cu_k_off"], rec["seqs"] + 1).numpy())
+
+
+def host_arrays(program):
+    """(int64 CPU tensor, layout) of ``program``'s index arrays (built once per program, GIL released)."""
+    data, layout = program.index_arrays()
+    return torch.from_numpy(data), layout
+
+
+def to_device(host, layout, device):
+    """The index arrays on ``device``: [pass] = {"in", "out", "stage": [chunk] exchange (send and recv
+    counts per class, gather, local, scatter), "apply": groups, "varlen": [chunk] [Pair],
+    "descriptors": [chunk] (table [rows, 10], bounds [5]) (libra.torch.descriptors' format)}, and
+    the device tensor the views share (its bytes: the index memory of the worker on that device)."""
+    if device.type == "cpu":
+        dev = host
+    elif device.type == "cuda":
+        pinned = torch.empty(host.shape, dtype=host.dtype, pin_memory=True)
+        pinned.copy_(host)
+        dev = pinned.to(device, non_blocking=True)
+        # The copy reads `pinned` after this returns: it lives as long as the device copy does.
+        dev._libra_pinned = pinned
+    else:
+        dev = host.to(device)
+    out = []
+    for per in layout["passes"]:
+        p = {}
+        for kind in _KINDS:
+            p[kind] = [{"send": x["send"], "recv": x["recv"],
+                        **{k: _groups(dev, x[k]) for k in ("gather", "local", "scatter")}} for x in per[kind]]
+        p["apply"] = _groups(dev, per["apply"])
+        p["varlen"] = [[Pair(rec, dev, host) for rec in chunk] for chunk in per["varlen"]]
+        p["descriptors"] = [(dev[t:t + 10 * rows].view(rows, 10), dev[b:b + 5]) for t, rows, b in per["descriptors"]]
+        out.append(p)
+    return out, dev
+
+
+def descriptors_host(host, layout, pass_index, m):
+    """Chunk m's descriptor table and bounds as numpy arrays (host views), for checks."""
+    t, rows, b = layout["passes"][pass_index]["descriptors"][m]
+    return host[t:t + 10 * rows].view(rows, 10).numpy(), host[b:b + 5].numpy()
+
+
+def nbytes(dev):
+    return dev.numel() * dev.element_size()
+

@@ -1,0 +1,79 @@
+// python/src/program_index.hpp: a rank program's handle (libra/program.hpp
+// with its schedule) and its index arrays, everything libra.torch indexes
+// with in one micro-batch, built in C++ without the GIL (program_index.cpp).
+//
+//   ProgramHandle h = ...;                       // rank_program's result
+//   std::shared_ptr<const IndexArrays> ix = index_arrays(h);   // GIL released inside
+//   ix->data;                                    // one int64 array; every record below points into it
+#pragma once
+
+#include <array>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "binding.hpp"
+#include "libra/program.hpp"
+#include "libra/schedule.hpp"
+
+namespace libra_py {
+
+struct IndexArrays;
+
+struct ProgramHandle {
+  libra::RankSchedule schedule;
+  libra::RankProgram program;
+  std::uint64_t plan_fingerprint = 0;
+  bool relay = false;
+  // index_arrays' result, built once (Planner's thread builds it before the runtime asks).
+  std::shared_ptr<std::mutex> index_lock = std::make_shared<std::mutex>();
+  std::shared_ptr<const IndexArrays> index;
+};
+
+// One index op's rows: n source positions at data[s_off..] and n destination
+// positions at data[d_off..], head vectors of `field` (index_select from the
+// source, index_copy_ or index_add_ into the destination, in that order).
+struct GroupRec {
+  int field = 0, src = 0, dst = 0, cls = 0;
+  bool add = false;
+  I64 s_off = 0, d_off = 0, n = 0;
+};
+
+struct ExchangeRec {
+  std::array<std::vector<I64>, libra::kNumWireClasses> send, recv;
+  std::vector<GroupRec> gather, local, scatter;
+};
+
+// The kernel calls of one chunk on one (q buffer, kv buffer) pair and head
+// widths, merged into one varlen call: q vectors [total_q * hq] (row-major:
+// query, head), kv vectors [total_k * hkv], lse positions [hq * total_q]
+// (head-major: flash-attn's LSE layout), cu_seqlens int32 [seqs + 1] packed
+// two to a word at cu_q_off / cu_k_off.
+struct PairRec {
+  bool q_home = false, kv_home = false;
+  I64 hq = 0, hkv = 0, seqs = 0, total_q = 0, total_k = 0, max_q = 0, max_k = 0;
+  I64 q_off = 0, kv_off = 0, lse_off = 0, cu_q_off = 0, cu_k_off = 0;
+};
+
+// A chunk's kernel descriptor table (python/libra/torch/descriptors.py):
+// rows x 10 int64 at table_off, bounds (5) at bounds_off.
+struct DescRec {
+  I64 table_off = 0, rows = 0, bounds_off = 0;
+};
+
+struct IndexArrays {
+  std::vector<I64> data;
+  std::array<std::array<std::vector<ExchangeRec>, 3>, 2> exchanges;  // [pass][in, out, stage][chunk]
+  std::array<std::vector<GroupRec>, 2> apply;                        // [pass]
+  std::array<std::vector<std::vector<PairRec>>, 2> varlen;           // [pass][chunk]
+  std::array<std::vector<DescRec>, 2> descriptors;                   // [pass][chunk]
+  double build_seconds = 0;                                          // thread CPU time of the build
+};
+
+// Builds (once; later calls return the same) h's index arrays. Call without the GIL.
+std::shared_ptr<const IndexArrays> index_arrays(ProgramHandle& h);
+
+// The Python view of `ix`: (data as a writable int64 numpy array sharing ix's memory, layout dict).
+py::tuple index_arrays_py(std::shared_ptr<const IndexArrays> ix);
+
+}  // namespace libra_py
