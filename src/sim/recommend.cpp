@@ -20,6 +20,57 @@ constexpr std::array<Variant, 3> kChoices = {Variant::kLibraFull, Variant::kLibr
 
 }  // namespace
 
+namespace {
+
+// The step model's figure of a variant at coupling `span`, when priced.
+const StepAtDp* step_of(const VariantLatency& l, std::int64_t span) {
+  for (const StepAtDp& s : l.step_at_dp) {
+    if (s.coupling == span) return &s;
+  }
+  return nullptr;
+}
+
+// Candidates in recommendation order: by `key` (less is better), ties to
+// the earlier candidate.
+std::vector<std::size_t> ranked(const std::vector<double>& key) {
+  std::vector<std::size_t> order(key.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return key[a] < key[b]; });
+  return order;
+}
+
+// Seconds per token of each candidate's variant under the step model at
+// coupling `span`; empty when a candidate has no end-to-end figure.
+std::vector<double> step_keys(const SimResult& res, const std::vector<Variant>& best_v, std::int64_t span) {
+  std::vector<double> key;
+  for (std::size_t i = 0; i < res.candidates.size(); ++i) {
+    const StepAtDp* s = step_of(*res.candidates[i].find(best_v[i]), span);
+    if (s == nullptr) return {};
+    key.push_back(1.0 / s->libra_tokens_per_s);
+  }
+  return key;
+}
+
+// "; under coupling none the step model recommends P=.. instead (..x against ..x)" for every
+// setting whose ranking differs from the configured one's.
+std::string other_couplings(const SimResult& res, const std::vector<Variant>& best_v, std::size_t chosen) {
+  std::string out;
+  const VariantLatency& c = *res.candidates[chosen].find(best_v[chosen]);
+  for (const StepAtDp& s : c.step_at_dp) {
+    if (s.coupling == res.config.coupling) continue;
+    const std::size_t alt = ranked(step_keys(res, best_v, s.coupling))[0];
+    if (alt == chosen) continue;
+    const StepAtDp* a = step_of(*res.candidates[alt].find(best_v[alt]), s.coupling);
+    out += fmt::format("; under coupling {} the step model would recommend {} instead ({:.2f}x end-to-end against "
+                       "{:.2f}x)",
+                       coupling_name(s.coupling), cand_name(res.candidates[alt].candidate),
+                       a->libra_tokens_per_s / a->ulysses_tokens_per_s, s.libra_tokens_per_s / s.ulysses_tokens_per_s);
+  }
+  return out;
+}
+
+}  // namespace
+
 void recommend(SimResult& res) {
   const double ww = res.config.worst_weight;
   auto score_of = [&](const Stat& s) { return score(res.config, s); };
@@ -50,17 +101,23 @@ void recommend(SimResult& res) {
       }
     }
   }
+  if (res.candidates.empty()) return;
+  // With the end-to-end model, candidates rank by its step at --dp under
+  // the configured coupling and pipeline; without, by the attention score.
+  const std::vector<double> step_key = step_keys(res, best_v, res.config.coupling);
+  const bool by_step = !step_key.empty();
+  const std::vector<double>& key = by_step ? step_key : score;
   auto lat = [&](std::size_t i) { return res.candidates[i].find(best_v[i])->seconds; };
-  std::vector<std::size_t> order(res.candidates.size());
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return score[a] < score[b]; });
-  if (order.empty()) return;
+  const std::vector<std::size_t> order = ranked(key);
   res.recommended = static_cast<std::int64_t>(order[0]);
   res.recommended_variant = best_v[order[0]];
   res.end_to_end_variant = best_v[order[0]];
   const CandidateResult& best = res.candidates[order[0]];
   const std::string criterion =
-      ww == 0 ? std::string("mean") : fmt::format("mean + {:g} x worst", ww);
+      by_step ? fmt::format("the end-to-end step at DP {} ({} pipeline stages, coupling {})", res.config.dp,
+                            res.config.pp, coupling_name(res.config.coupling))
+      : ww == 0 ? std::string("mean")
+                : fmt::format("mean + {:g} x worst", ww);
   std::string reason;
   if (order.size() == 1) {
     reason = fmt::format("{} is the only valid candidate ({:.3f} ms mean per layer-step, {})",
@@ -73,7 +130,7 @@ void recommend(SimResult& res) {
         "({:.3f} / {:.3f} ms, {}); inter-pool R-1 {:.4f} vs {:.4f}, intra-pool R-1 {:.4f} vs {:.4f}, bytes per pool "
         "{:.1f} vs {:.1f} MB",
         cand_name(best.candidate), lat(order[0]).mean * 1e3, lat(order[0]).worst * 1e3,
-        label(order[0], best_v[order[0]]), criterion, 100.0 * (1.0 - score[order[0]] / score[order[1]]),
+        label(order[0], best_v[order[0]]), criterion, 100.0 * (1.0 - key[order[0]] / key[order[1]]),
         cand_name(second.candidate), lat(order[1]).mean * 1e3, lat(order[1]).worst * 1e3,
         label(order[1], best_v[order[1]]), best.inter(PlacementMode::kVrsp).mean, second.inter(PlacementMode::kVrsp).mean,
         best.intra_imbalance.mean, second.intra_imbalance.mean, best.comm_bytes.mean / 1e6,
@@ -82,13 +139,24 @@ void recommend(SimResult& res) {
     // worse worst step (256K: 0.9% on the mean, 32% on the worst step):
     // say so, and how to weigh it in.
     const double worse = lat(order[0]).worst / lat(order[1]).worst - 1.0;
-    if (ww == 0 && worse > 0.1) {
+    if (!by_step && ww == 0 && worse > 0.1) {
       reason += fmt::format("; its worst step is {:.0f}% above the runner-up's (--worst-weight W recommends by mean + "
                             "W x worst)",
                             100.0 * worse);
     }
   }
-  if (score_of(res.ulysses) < score[order[0]]) {
+  if (by_step) {
+    const StepAtDp* s = step_of(*best.find(best_v[order[0]]), res.config.coupling);
+    reason += fmt::format("; end-to-end {:.2f}x over ulysses at DP {}", s->libra_tokens_per_s / s->ulysses_tokens_per_s,
+                          res.config.dp);
+    reason += other_couplings(res, best_v, order[0]);
+    if (s->ulysses_tokens_per_s > s->libra_tokens_per_s) {
+      res.recommended_variant = Variant::kUlysses;
+      reason = fmt::format("ulysses: its end-to-end step at DP {} is faster than every libra variant's; the best of "
+                           "them: {}",
+                           res.config.dp, reason);
+    }
+  } else if (score_of(res.ulysses) < score[order[0]]) {
     res.recommended_variant = Variant::kUlysses;
     reason = fmt::format("ulysses: its {:.3f} ms mean / {:.3f} ms worst per layer-step beat every libra variant; "
                          "the best of them: {}",

@@ -212,6 +212,7 @@ TEST(Simulate, LatencyWithFreeCommunicationIsTheSlowestWorkersCompute) {
 
 TEST(Simulate, EndToEndAtDp1IsTheSumOfMicrobatchesHandComputed) {
   SimConfig cfg = tiny_config();
+  cfg.pp = 1;  // one stage: the 1F1B schedule is the micro-batches back to back
   cfg.cost.net.intra_node_gbps = 1e15;
   cfg.cost.net.inter_node_gbps = 1e15;
   cfg.cost.net.inter_supernode_gbps = 1e15;
@@ -242,13 +243,23 @@ TEST(Simulate, EndToEndAtDp1IsTheSumOfMicrobatchesHandComputed) {
   const DpScalingPoint& p = r->dp_scaling[0];
   EXPECT_EQ(p.dp, 1);
   EXPECT_NEAR(p.ulysses_tokens_per_s, tokens / time, tokens / time * 1e-9);
-  EXPECT_NEAR(p.ulysses_sync_tokens_per_s, p.ulysses_tokens_per_s, p.ulysses_tokens_per_s * 1e-12);
   EXPECT_DOUBLE_EQ(p.ulysses_efficiency, 1.0);
-  // Waiting for every replica at every layer can only cost throughput.
+  // Waiting for every replica at every micro-batch can only cost
+  // throughput; at DP 1 there is no one to wait for.
   for (const auto& q : r->dp_scaling) {
-    EXPECT_LE(q.ulysses_sync_tokens_per_s, q.ulysses_tokens_per_s * (1 + 1e-12));
-    EXPECT_LE(q.libra_sync_tokens_per_s, q.libra_tokens_per_s * (1 + 1e-12));
+    ASSERT_EQ(q.couplings.size(), 2u);  // none, all
+    const CouplingPoint& none = q.couplings[0];
+    const CouplingPoint& all = q.couplings[1];
+    EXPECT_EQ(none.coupling, 1);
+    EXPECT_EQ(all.coupling, 0);
+    EXPECT_LE(all.ulysses_tokens_per_s, none.ulysses_tokens_per_s * (1 + 1e-12));
+    EXPECT_LE(all.libra_tokens_per_s, none.libra_tokens_per_s * (1 + 1e-12));
+    if (q.dp == 1) {
+      EXPECT_EQ(all.ulysses_tokens_per_s, none.ulysses_tokens_per_s);
+    }
   }
+  // The configured coupling (all, the default) is the point's own figure.
+  EXPECT_EQ(r->dp_scaling.back().ulysses_tokens_per_s, r->dp_scaling.back().couplings[1].ulysses_tokens_per_s);
 }
 
 TEST(Simulate, IdenticalResultsForAnyThreadCount) {
