@@ -776,6 +776,48 @@ TEST(TopologyCalibration, CommunicationGrowsWithPAsInFigure14) {
   }
 }
 
+
+// A change detector for refactors (issue 38): the JSON reports of small
+// configurations covering every variant, shape and the step model, hashed
+// (FNV-1a). Refactors must leave them bitwise the same; update the hashes
+// only with an intended model change, and say so in the commit.
+std::uint64_t fnv1a(const std::string& s) {
+  std::uint64_t h = 1469598103934665603ull;
+  for (unsigned char ch : s) {
+    h ^= ch;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+TEST(Simulate, ReportsHashTheSameAcrossRefactors) {
+  SimConfig a = tiny_config();
+  a.source = "tiny";
+  a.max_windows = 0;
+  a.pool_sizes = {1, 2, 4};
+  a.head_shards = {1, 2};
+  a.chunks = {1, 2, 4};
+  a.cost.noise.sigma = 0.05;
+  SimConfig b = a;  // one stage, uncoupled, a span; a zero-latency flat network, relays forced
+  b.pp = 1;
+  b.coupling = 2;
+  b.relay = true;
+  b.chunk_split = ChunkSplit::kTapered;
+  b.cost.net.inter_node_gbps = 360;
+  b.cost.net.latency_us = 0;
+  SimConfig c = a;  // attention score, no end-to-end
+  c.end_to_end = false;
+  c.worst_weight = 0.5;
+  c.kv_prefix = false;
+  const std::map<std::string, std::uint64_t> want = {
+      {"a", 6729384003883118878ull}, {"b", 632710347079578431ull}, {"c", 14137921968166627186ull}};
+  for (const auto& [name, cfg] : std::map<std::string, SimConfig>{{"a", a}, {"b", b}, {"c", c}}) {
+    auto r = simulate(kTiny, 64, cfg);
+    ASSERT_TRUE(r.ok()) << name << ": " << r.error().message();
+    EXPECT_EQ(fnv1a(sim_json(*r)), want.at(name)) << name;
+  }
+}
+
 }  // namespace
 }  // namespace libra
 
