@@ -428,7 +428,13 @@ Status attention_backward(const BackwardArgs& args) {
             double dsum = 0;
             bool bad_q = false;
             for (I64 c = 0; c < d; ++c) {
-              const float x = detail::load_elem(args.q.data, args.q.dtype, oq + c);
+              // Q pre-scaled as the forward packs it, so the scores here are
+              // the forward's to the bit and P = exp(s - LSE) is the P that
+              // formed the LSE; scale * (q . k) rounds differently, an error
+              // of ~1e-7 |s| in the exponent (dV 37% off at scale 1e6, Inf
+              // from 1e10). A q that overflows when scaled is the forward's
+              // NaN row.
+              const float x = scale * detail::load_elem(args.q.data, args.q.dtype, oq + c);
               bad_q |= !std::isfinite(x);
               q[c] = finite_or_zero(x);
               o[c] = detail::load_elem(args.d_o.data, args.d_o.dtype, odo + c);
