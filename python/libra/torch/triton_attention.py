@@ -71,7 +71,10 @@ DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 def interpreted():
-    return bool(triton.knobs.runtime.interpret)
+    """Whether this module's kernels run under Triton's interpreter: TRITON_INTERPRET=1 was set when
+    triton decorated them (setting it later changes nothing)."""
+    from triton.runtime.interpreter import InterpretedFunction  # noqa: PLC0415
+    return isinstance(_fwd_kernel, InterpretedFunction)
 
 
 # The interpreter patches triton.language while a kernel runs, so two threads (an in-process pool's
