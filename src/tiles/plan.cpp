@@ -127,9 +127,11 @@ void for_each_canonical_prefix_word(const PlanConfig& c, std::span<const PackedS
   if (plan_format_version(c) >= 2) put(static_cast<std::uint64_t>(c.home_layout));
   if (plan_format_version(c) >= 3) put(c.kv_prefix ? 1U : 0U);
   if (plan_format_version(c) >= 4) put(static_cast<std::uint64_t>(c.chunk_split));
-  if (c.mode == PlanMode::kTapTopo) {
-    // Only tap-topo places by the topology, so only its plans hash it; the
-    // other modes keep the fingerprints (and files) they always had.
+  if (plan_stores_topology(c)) {
+    // tap-topo places by the topology and every other mode relays and
+    // reports bytes by it, so a plan with a topology of its own hashes it;
+    // a plan of another mode on the default topology keeps the words (and
+    // fingerprint) it always had.
     put(u(c.topology.gpus_per_node));
     put(u(c.topology.nodes_per_supernode));
     put(std::bit_cast<std::uint64_t>(c.topology.intra_node_gbps));
