@@ -9,11 +9,15 @@ the Triton interpreter (TRITON_INTERPRET=1, set here before triton is imported).
   every vector no fragment addresses untouched);
 - libra.torch.attention with the backend pinned, on an in-process pool, against plain attention;
 - the launch count of a chunk (one per buffer pair and kernel).
+
+On a GPU (scripts/gpu-check.sh): ``TRITON_INTERPRET=0 pytest tests/python/test_triton.py -k kernels``
+runs the kernel cases compiled, on cuda:0, with samples longer than the GPU block sizes.
 """
 import os
 import types
 
-os.environ["TRITON_INTERPRET"] = "1"
+os.environ.setdefault("TRITON_INTERPRET", "1")
+ON_DEVICE = os.environ["TRITON_INTERPRET"] == "0"
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
@@ -28,6 +32,9 @@ from libra.torch.descriptors import chunk_descriptors  # noqa: E402
 BACKEND = backends.get("triton")
 TOL = {torch.float32: 2e-5, torch.bfloat16: 2e-2}
 BLOCK = ta.INTERPRET_CONFIG.block_m  # 16: fragments of 1 .. 40 queries cover 0, 1, 2 and 3 blocks
+DEVICE = torch.device("cuda" if ON_DEVICE else "cpu")
+# Sample lengths: some longer than two blocks (interpreter 16, GPU up to 128).
+SAMPLES = [1, 3, 170, 400] if ON_DEVICE else [1, 3, 17, 40]
 
 
 def random_chunk(rng, hq, hkv, heads_total=8, window=None):
@@ -41,7 +48,7 @@ def random_chunk(rng, hq, hkv, heads_total=8, window=None):
         head0_q = int(rng.integers(0, heads_total // hq)) * hq
         frags = []
         n_frags = int(rng.integers(1, 4))
-        sample = int(rng.choice([1, 3, 17, 40], p=[0.15, 0.15, 0.3, 0.4]))
+        sample = int(rng.choice(SAMPLES, p=[0.15, 0.15, 0.3, 0.4]))
         if kv_home in shared_kv and rng.integers(2):
             kv_base, sample = shared_kv[kv_home]  # the same sample's keys again: dK/dV rows overlap
         else:
@@ -65,19 +72,19 @@ def make_buffers(rng, nq, nkv, d, dtype):
     g = torch.Generator().manual_seed(int(rng.integers(1 << 30)))
 
     def r(n, dt=dtype):
-        return torch.randn(max(n, 1), d, generator=g, dtype=torch.float64).to(dt)
+        return torch.randn(max(n, 1), d, generator=g, dtype=torch.float64).to(dt).to(DEVICE)
 
     out = {}
     for w in (True, False):
         out[w] = {"Q": r(nq[w]), "O": r(nq[w]), "dO": r(nq[w]), "dQ": r(nq[w], torch.float32),
-                  "LSE": torch.randn(max(nq[w], 1), 1, generator=g, dtype=torch.float64).float(),
+                  "LSE": torch.randn(max(nq[w], 1), 1, generator=g, dtype=torch.float64).float().to(DEVICE),
                   "K": r(nkv[w]), "V": r(nkv[w]), "dK": r(nkv[w], torch.float32), "dV": r(nkv[w], torch.float32)}
     return out
 
 
 def reference(calls, bufs, window, scale):
     """Float64: O and LSE per query vector, dQ (assigned), dK and dV (added to the buffers' values)."""
-    f64 = {w: {n: t.to(torch.float64).clone() for n, t in b.items()} for w, b in bufs.items()}
+    f64 = {w: {n: t.cpu().to(torch.float64) for n, t in b.items()} for w, b in bufs.items()}
     for qp, kp, frags, q_home, kv_home in calls:
         bq, bk = f64[q_home], f64[kv_home]
         hq, hkv = qp[2], kp[2]
@@ -138,10 +145,11 @@ def test_kernels_match_float64_on_random_tile_lists(seed, hq, hkv, d, dtype, win
     try:
         BACKEND.forward(rt, 0, 0, bufs[True], bufs[False], scale)
         want = reference(calls, bufs, window, d ** -0.5 if scale is None else scale)
-        before = {w: {n: t.clone() for n, t in b.items()} for w, b in bufs.items()}
+        before = {w: {n: t.cpu() for n, t in b.items()} for w, b in bufs.items()}
         BACKEND.backward(rt, 1, 0, bufs[True], bufs[False], scale)
     finally:
         BACKEND.deterministic = None
+    bufs = {w: {n: t.cpu() for n, t in b.items()} for w, b in bufs.items()}
     tol = TOL[dtype]
     touched_q = {w: torch.zeros(max(nq[w], 1), dtype=torch.bool) for w in (True, False)}
     touched_k = {w: torch.zeros(max(nkv[w], 1), dtype=torch.bool) for w in (True, False)}
@@ -151,6 +159,12 @@ def test_kernels_match_float64_on_random_tile_lists(seed, hq, hkv, d, dtype, win
                 touched_q[q_home][qp[0] + (q_row + torch.arange(e - a)) * qp[3] + h] = True
             for g in range(kp[2]):
                 touched_k[kv_home][kp[0] + (kv_row + torch.arange(e)) * kp[3] + g] = True
+    # The figures docs/python.md reports (pytest -s prints them).
+    errs = {n: max(err(bufs[w][n][touched_q[w]], want[w][n][touched_q[w]]) for w in (True, False))
+            for n in ("O", "dQ")}
+    errs.update({n: max(err(bufs[w][n], want[w][n]) for w in (True, False)) for n in ("dK", "dV")})
+    print(f"\ntriton-errors: {str(dtype)[6:]} hq {hq} hkv {hkv} d {d} window {window} det {det}: "
+          + ", ".join(f"{n} {e:.1e}" for n, e in errs.items()))
     for w in (True, False):
         b, r, t = bufs[w], want[w], touched_q[w]
         assert err(b["O"][t], r["O"][t]) < tol, ("O", w)
@@ -176,7 +190,7 @@ def test_empty_and_one_row_fragments_and_all_pairs_are_covered():
         kv = [(c[1][0], f[1]) for c in calls for f in c[2]]
         shared += len(kv) - len(set(kv))
     assert pairs == {0, 1, 2, 3}
-    assert 0 in sizes and 1 in sizes and max(sizes) > 2 * BLOCK
+    assert 0 in sizes and 1 in sizes and max(sizes) > 2 * BLOCK * (8 if ON_DEVICE else 1)
     assert shared > 0
 
 
@@ -219,6 +233,8 @@ def pool_body(rank, world, relay_case):
 
 @pytest.fixture(scope="module")
 def pool_results():
+    if ON_DEVICE:
+        pytest.skip("the pool cases run CPU tensors (interpreter only)")
     from dist_util import run
     from test_relay import CASES as RELAY_CASES, relaying_pool
     name, kw = RELAY_CASES[3]  # tap-topo M1 on two nodes of two GPUs
@@ -242,3 +258,35 @@ def test_one_launch_per_chunk_buffer_pair_and_kernel(pool_results):
         for name, (made, from_tables, chunks) in r["launches"].items():
             assert made == from_tables, name
             assert 0 < made <= 4 * chunks + 3 * 4 * chunks, name
+
+
+def compiled_body(rank, world):
+    import libra
+    import libra.torch as lt
+    from test_torch import pinned
+    group, _ = lt.pool_group(1, 1)
+    plan = libra.make_plan([[20, 12]], seq_len=32, cp=1, block_size=8, head_shards=1, heads_q=4, heads_kv=2,
+                           head_dim=16, chunks=1, mode="tap")
+    rt = lt.PlanRuntime(plan, group)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(32, h, 16, generator=g).requires_grad_() for h in (4, 2, 2))
+    compiled = torch.compile(lambda a, b, c, r: lt.attention(a, b, c, r), fullgraph=True, backend="aot_eager")
+    res = []
+    with pinned("triton"):
+        for fn in (compiled, lambda a, b, c, r: lt.attention(a, b, c, r)):
+            q.grad = k.grad = v.grad = None
+            o = fn(q, k, v, rt)
+            o.square().sum().backward()
+            res.append([o.detach(), q.grad, k.grad, v.grad])
+    return {"equal": [bool(torch.equal(a, b)) for a, b in zip(*res)], "launches": rt._triton_launches}
+
+
+def test_torch_compile_fullgraph_runs_the_triton_kernels_through_the_custom_op():
+    # libra::attention runs the eager call inside; the compiled graph gives the eager results bit
+    # for bit, and the kernels really ran (a forward and a backward, twice: 1 + 3 launches each).
+    if ON_DEVICE:
+        pytest.skip("CPU tensors (interpreter only)")
+    from dist_util import run
+    r = run("inprocess", compiled_body, 1)[0]
+    assert all(r["equal"]), r
+    assert r["launches"] == 8, r

@@ -11,6 +11,7 @@ The work tables are built once per (pass, chunk, device, head dim) and kept on t
 """
 import os
 
+import numpy as np
 import torch
 
 from . import Backend, forced
@@ -59,8 +60,9 @@ class Triton(Backend):
             return "needs compute capability 8.0 or later (bf16 tensor cores; the configurations compiled in CI)"
         if self._ensure() is None:
             return self._missing
-        if device.type == "cpu" and not self._mod.interpreted():
-            return "TRITON_INTERPRET=1 was set after triton was imported (set it before)"
+        if (device.type == "cpu") != self._mod.interpreted():
+            return ("TRITON_INTERPRET=1 was set after libra's kernels were built (set it before importing triton)"
+                    if device.type == "cpu" else "the kernels were built for the interpreter (TRITON_INTERPRET=1)")
         return None
 
     def gives_lse(self):
@@ -76,15 +78,14 @@ class Triton(Backend):
         key = (pass_index, m, q.device, q.shape[1], q.dtype, det)
         t = cache.get(key)
         if t is None:
-            from ..compute import _same_calls  # noqa: PLC0415
             from ..descriptors import chunk_descriptors  # noqa: PLC0415
             calls = rt.schedule["calls"][pass_index][m]
             # The backward usually runs the forward's calls: one set of tables serves both.
+            table, bounds = chunk_descriptors(calls)
             other = cache.get((1 - pass_index,) + key[1:])
-            if other is not None and _same_calls(calls, rt.schedule["calls"][1 - pass_index][m]):
+            if other is not None and np.array_equal(other.table, table) and np.array_equal(other.bounds, bounds):
                 cache[key] = other
                 return other
-            table, bounds = chunk_descriptors(calls)
             t = mod.WorkTables(table, bounds, rt.window, mod.config(q.shape[1], q.dtype), q.device, det)
             cache[key] = t
         return t
