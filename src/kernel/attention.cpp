@@ -385,7 +385,8 @@ struct BwdBuffers {
 
 // Row `row` of query head h (local head hl of KV head group) packed: Q (0
 // where not finite, its LSE then NaN), dO, and delta = rowsum(dO * O).
-void pack_query_row(const BackwardArgs& args, const BwdBuffers& buf, I64 h, I64 hl, I64 row, I64 rows, I64 d, I64 dp) {
+void pack_query_row(const BackwardArgs& args, const BwdBuffers& buf, I64 h, I64 hl, I64 row, I64 rows, I64 d, I64 dp,
+                    float scale) {
   float* q = buf.qp + (hl * rows + row) * dp;
   float* o = buf.dop + (hl * rows + row) * dp;
   const I64 oq = detail::elem_offset(args.q, row, h), odo = detail::elem_offset(args.d_o, row, h);
@@ -393,7 +394,12 @@ void pack_query_row(const BackwardArgs& args, const BwdBuffers& buf, I64 h, I64 
   double dsum = 0;
   bool bad_q = false;
   for (I64 c = 0; c < d; ++c) {
-    const float x = detail::load_elem(args.q.data, args.q.dtype, oq + c);
+    // Q pre-scaled as the forward packs it, so the scores here are the
+    // forward's to the bit and P = exp(s - LSE) is the P that formed the
+    // LSE; scale * (q . k) rounds differently, an error of ~1e-7 |s| in the
+    // exponent (dV 37% off at scale 1e6, Inf from 1e10). A q that overflows
+    // when scaled is the forward's NaN row.
+    const float x = scale * detail::load_elem(args.q.data, args.q.dtype, oq + c);
     bad_q |= !std::isfinite(x);
     q[c] = finite_or_zero(x);
     o[c] = detail::load_elem(args.d_o.data, args.d_o.dtype, odo + c);
@@ -478,7 +484,7 @@ Status attention_backward(const BackwardArgs& args) {
       for (std::size_t i = tu; i < chunks.size(); i += tn) {
         for (I64 hl = 0; hl < hg; ++hl) {
           for (I64 row = chunks[i].row; row < chunks[i].row + chunks[i].n; ++row) {
-            pack_query_row(args, buf, g * hg + hl, hl, row, rows, d, dp);
+            pack_query_row(args, buf, g * hg + hl, hl, row, rows, d, dp, scale);
           }
         }
       }

@@ -54,6 +54,36 @@ def test_bools_are_not_taken_as_integers(call, want):
     assert str(one_line_value_error(call)) == want
 
 
+# Issue 35 (F9, F10): a Plan's methods gave pybind11's 4-line TypeError for a float or None index, read
+# True as 0 and called 2**63 a type mismatch; numbers and None were read as bools, bytes as a str.
+@pytest.mark.parametrize("call, want, kind", [
+    (lambda p: p.chunk_heads(True, 0), "Plan.chunk_heads(): tile True: must be an integer, not a bool", ValueError),
+    (lambda p: p.chunk_heads(2 ** 63, 0), "Plan.chunk_heads(): tile 9223372036854775808: out of range, must be in "
+                                          "[-2147483648, 2147483647]", ValueError),
+    (lambda p: p.chunk_heads(0.0, 0), "Plan.chunk_heads(): arguments of types (Plan, float, int) do not match "
+                                      "(self: _libra.Plan, tile: int, chunk: int) -> Tuple[int, int]", libra.ArgumentError),
+    (lambda p: p.chunk_heads(None, 0), "Plan.chunk_heads(): arguments of types (Plan, NoneType, int) do not match "
+                                       "(self: _libra.Plan, tile: int, chunk: int) -> Tuple[int, int]", libra.ArgumentError),
+    (lambda p: p.chunk_transfers(0, 0.5, 1), "Plan.chunk_transfers(): arguments of types (Plan, int, float, int) do "
+                                             "not match (self: _libra.Plan, chunk: int, src: int, dst: int) -> dict",
+     libra.ArgumentError),
+    (lambda p: p.worker_tiles(False), "Plan.worker_tiles(): worker False: must be an integer, not a bool", ValueError),
+    (lambda p: libra.make_plan(POOL, **{**SHAPE, "kv_prefix": 1}),
+     "make_plan(): kv_prefix 1: must be True or False, not an int", ValueError),
+    (lambda p: libra.make_plan(POOL, **{**SHAPE, "kv_prefix": None}),
+     "make_plan(): kv_prefix None: must be True or False, not a NoneType", ValueError),
+    (lambda p: libra.make_plan(POOL, **{**SHAPE, "dedup_per_kv_head": "yes"}),
+     "make_plan(): dedup_per_kv_head 'yes': must be True or False, not a str", ValueError),
+    (lambda p: libra.make_plan(POOL, **{**SHAPE, "chunk_split": b"tapered"}),
+     "make_plan(): chunk_split b'tapered': must be a str, not bytes", ValueError),
+])
+def test_plan_methods_and_bools_take_their_types_only(call, want, kind):
+    plan = libra.make_plan(POOL, **SHAPE)
+    e = one_line_value_error(lambda: call(plan))
+    assert str(e) == want and isinstance(e, kind)
+    assert plan.chunk_heads(0, 0) == plan.chunk_heads(False + 0, 0)  # the method still works
+
+
 def test_an_integer_out_of_range_is_a_range_error_not_a_type_mismatch():
     e = one_line_value_error(lambda: libra.make_plan(POOL, **{**SHAPE, "cp": 2 ** 31}))
     assert str(e) == "make_plan(): cp 2147483648: out of range, must be in [-2147483648, 2147483647]"
@@ -360,6 +390,7 @@ def body_call_agreement(rank, world):
         "softmax_scale_value": lambda: lt.attention(q, k, v, rt, softmax_scale=0.5 if one else 0.25 + 1e-9),
         "dtype": lambda: lt.attention(*((x.to(bf) if one else x) for x in (q, k, v)), rt),
         "return_lse": lambda: lt.attention(q, k, v, rt, return_lse=one),
+        "return_lse_str": lambda: lt.attention(q, k, v, rt, return_lse="no" if one else False),
         "shape": lambda: lt.attention(q[:-1] if one else q, k, v, rt),
     }
     for name, call in cases.items():
@@ -384,6 +415,7 @@ def test_every_call_argument_that_changes_the_numbers_agrees_on_every_rank(comm)
         "return_lse": "libra.torch.attention: return_lse differs across the group: group rank 0 passes False, group "
                       "rank 1 True" + agree,
         "shape": "libra.torch.attention: group rank 1: q has shape [63, 4, 16] but the plan needs [64, 4, 16]",
+        "return_lse_str": "libra.torch.attention: group rank 1: return_lse 'no': must be True or False",
     }
     for key, line in want.items():
         assert r0[key] == r1[key] == ["ValueError", line], (key, r0[key], r1[key])

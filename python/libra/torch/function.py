@@ -209,6 +209,8 @@ def _boundary_problem(rt, cu_seqlens, position_ids):
 def _call_problem(q, k, v, rt, window, causal=True, window_size=None, cu_seqlens=None, position_ids=None,
                   return_lse=False):
     """What is wrong with an attention call's arguments, or None."""
+    if not isinstance(return_lse, bool):  # "no" read as True
+        return f"return_lse {return_lse!r}: must be True or False"
     mask = _mask_problem(rt, window, causal, window_size)
     if mask is not None:
         return mask
@@ -268,6 +270,8 @@ def attention(q, k, v, runtime, softmax_scale=None, window=_UNSET, *, causal=Tru
     if torch.compiler.is_compiling():
         # torch.compile traces one opaque op (ops.py) instead, which runs this function eagerly inside:
         # the checks below gather Python objects across the group, which no graph can hold.
+        if not isinstance(return_lse, bool):  # the op takes bool(return_lse): "no" would be True
+            raise ValueError(f"libra.torch.attention: return_lse {return_lse!r}: must be True or False")
         return _COMPILED_OP(q, k, v, runtime, softmax_scale, window, causal=causal, window_size=window_size,
                             cu_seqlens=cu_seqlens, position_ids=position_ids, return_lse=return_lse)
     if window is not _UNSET:
