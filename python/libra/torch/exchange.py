@@ -1,7 +1,7 @@
 """The exchanges of the worker's flat program (libra/program.hpp) carried out with torch ops on any
 device: gather (index_select into the message), post (an async all-to-all on the runtime's
 communicator, one per element class), the data kept (buffer to buffer), scatter, and the Out
-phases' apply list (index_copy_ / index_add_ in the program's fixed order). A relayed program
+phases' apply list (index_put_ / index_add_ in the program's fixed order). A relayed program
 also has stage exchanges (home -> the relay's staging buffer), which carry an In phase's classes.
 Nothing here derives positions: the binding gives them."""
 import numpy as np
@@ -58,7 +58,7 @@ def post(rt, pass_index, kind, m, x, bufs, dtype, d, device):
         dt, width = _class_layout(c, dtype, d)
         sends[c] = torch.empty((sum(x["send"][c]), width), dtype=dt, device=device)
     for field, src, _dst, _add, c, sidx, didx in x["gather"]:
-        sends[c].index_copy_(0, didx, bufs[src][field].index_select(0, sidx))
+        sends[c].index_put_((didx,), bufs[src][field].index_select(0, sidx))
     posted = []
     for c, send in sends.items():
         recv = torch.empty((sum(x["recv"][c]), send.shape[1]), dtype=send.dtype, device=device)
@@ -66,7 +66,7 @@ def post(rt, pass_index, kind, m, x, bufs, dtype, d, device):
         trace = f"{'fwd' if pass_index == 0 else 'bwd'} {_TRACE[kind]} chunk {m} class {c}"
         posted.append((c, _watch(rt, work, f"{_NAMES[(pass_index, kind)]} chunk {m} class {c}", trace), recv))
     for field, src, dst, _add, _c, sidx, didx in x["local"]:
-        bufs[dst][field].index_copy_(0, didx, bufs[src][field].index_select(0, sidx))
+        bufs[dst][field].index_put_((didx,), bufs[src][field].index_select(0, sidx))
     return posted
 
 
@@ -77,7 +77,7 @@ def scatter(x, posted, bufs):
         work.wait()
         recvs[c] = recv
     for field, _src, dst, _add, c, sidx, didx in x["scatter"]:
-        bufs[dst][field].index_copy_(0, didx, recvs[c].index_select(0, sidx))
+        bufs[dst][field].index_put_((didx,), recvs[c].index_select(0, sidx))
 
 
 def apply(groups, posted_by_chunk, bufs):
@@ -95,4 +95,4 @@ def apply(groups, posted_by_chunk, bufs):
         if add:
             bufs[dst][field].index_add_(0, didx, rows)
         else:
-            bufs[dst][field].index_copy_(0, didx, rows)
+            bufs[dst][field].index_put_((didx,), rows)
