@@ -244,6 +244,9 @@ void bind_program(py::module_& m) {
       })
       // Lets go of the built index arrays (arrays already returned keep theirs); the next call builds anew.
       .def("drop_index", [](ProgramHandle& h) {
+        // Freeing hundreds of MiB takes the kernel a while: without the GIL (when no array returned
+        // earlier still holds them, this is where they go).
+        py::gil_scoped_release release;
         std::lock_guard<std::mutex> lock(*h.index_lock);
         h.index.reset();
       });

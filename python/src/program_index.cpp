@@ -103,6 +103,15 @@ struct Builder {
       }
       fill[of[i]] += m.rows * m.run;
     }
+    for (GroupRec& g : out) {
+      auto iota = [&](I64 off) {
+        const I32* p = data.data() + off;
+        for (I64 i = 0; i < g.n; ++i)
+          if (p[i] != i) return false;
+        return true;
+      };
+      g.identity = (iota(g.s_off) ? 1 : 0) | (iota(g.d_off) ? 2 : 0);
+    }
     return out;
   }
 
@@ -231,9 +240,43 @@ bool same_calls(const libra::RankSchedule& s, std::span<const libra::KernelCall>
   return true;
 }
 
+// An upper bound on the int32 entries build() writes, so that the array is allocated once.
+std::size_t capacity(const ProgramHandle& h) {
+  std::size_t n = 0;
+  auto moves = [&](const std::vector<libra::Move>& ms) {
+    for (const libra::Move& m : ms) n += 2 * static_cast<std::size_t>(m.rows * m.run);
+  };
+  for (int p = 0; p < 2; ++p) {
+    const libra::PassProgram& pp = h.program.pass(static_cast<libra::Pass>(p));
+    for (const auto* xs : {&pp.in, &pp.out, &pp.stage}) {
+      for (const libra::ExchangeProgram& x : *xs) {
+        moves(x.gather);
+        moves(x.local);
+        moves(x.scatter);
+      }
+    }
+    moves(pp.apply);
+    for (int m = 0; m < h.schedule.chunks; ++m) {
+      if (p == 1 && same_calls(h.schedule, h.schedule.calls(libra::Pass::kBackward, m),
+                               h.schedule.calls(libra::Pass::kForward, m))) {
+        continue;  // build() reuses forward's rows
+      }
+      n += 8 * (2 + 1 + 10) + 1;  // per pair: two cu_seqlens' leading 0; bounds; alignment
+      for (const libra::KernelCall& c : h.schedule.calls(static_cast<libra::Pass>(p), m)) {
+        for (const libra::CallFragment& f : h.schedule.call_fragments(c)) {
+          if (f.e <= f.a) continue;
+          n += static_cast<std::size_t>(2 * (f.e - f.a) * c.q.run + f.e * c.kv.run + 2 + 20);
+        }
+      }
+    }
+  }
+  return n;
+}
+
 std::shared_ptr<IndexArrays> build(const ProgramHandle& h) {
   const double t0 = thread_seconds();
   auto ix = std::make_shared<IndexArrays>();
+  ix->data.reserve(capacity(h));
   Builder b{ix->data};
   const libra::RankSchedule& s = h.schedule;
   for (int p = 0; p < 2; ++p) {
@@ -260,7 +303,7 @@ std::shared_ptr<IndexArrays> build(const ProgramHandle& h) {
 
 py::tuple group_py(const GroupRec& g) {
   return py::make_tuple(libra::field_name(static_cast<libra::Field>(g.field)), g.src, g.dst, g.add, g.cls, g.s_off,
-                        g.d_off, g.n);
+                        g.d_off, g.n, g.identity);
 }
 
 py::list groups_py(const std::vector<GroupRec>& gs) {

@@ -34,11 +34,14 @@ struct ProgramHandle {
 //
 // One index op's rows: n source positions at data[s_off..] and n destination
 // positions at data[d_off..], head vectors of `field` (index_select from the
-// source, index_copy_ or index_add_ into the destination, in that order).
+// source, index_put_ or index_add_ into the destination, in that order); a
+// side whose rows are 0 .. n-1 is flagged, so the runtime can take a slice
+// (or the whole message) instead.
 struct GroupRec {
   int field = 0, src = 0, dst = 0, cls = 0;
   bool add = false;
   I64 s_off = 0, d_off = 0, n = 0;
+  int identity = 0;  // 1: the source rows are 0 .. n-1; 2: the destination rows are (or both)
 };
 
 struct ExchangeRec {

@@ -32,7 +32,12 @@ def _expand(groups):
 
 
 def _from_arrays(data, groups):
-    return [(f, s, d, a, c, list(data[so:so + n]), list(data[do:do + n])) for f, s, d, a, c, so, do, n in groups]
+    out = []
+    for f, s, d, a, c, so, do, n, ident in groups:
+        si, di = list(data[so:so + n]), list(data[do:do + n])
+        assert ident == (si == list(range(n))) | 2 * (di == list(range(n)))
+        out.append((f, s, d, a, c, si, di))
+    return out
 
 
 def _varlen_reference(calls):

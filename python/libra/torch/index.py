@@ -10,8 +10,11 @@ _KINDS = ("in", "out", "stage")
 
 
 def _groups(dev, groups):
-    """(field, src, dst, add, class, src rows, dst rows) per index op: views of ``dev``."""
-    return [(field, src, dst, add, cls, dev[s:s + n], dev[d:d + n]) for field, src, dst, add, cls, s, d, n in groups]
+    """(field, src, dst, add, class, src rows, dst rows) per index op: views of ``dev``; a side whose
+    rows are 0 .. n-1 is the slice ``slice(0, n)`` instead (exchange.py then reads or writes the
+    message's first n rows without an index op)."""
+    return [(field, src, dst, add, cls, slice(0, n) if ident & 1 else dev[s:s + n],
+             slice(0, n) if ident & 2 else dev[d:d + n]) for field, src, dst, add, cls, s, d, n, ident in groups]
 
 
 def _i64(t, off, n):

@@ -157,6 +157,7 @@ class PlanRuntime:
         if device not in self._on:
             host, self._index_layout = host_arrays(self.program)
             self._on[device], self._index_on[device] = to_device(host, self._index_layout, device)
+            del host  # off the CPU the views hold none of it: drop_index frees it, without the GIL
             if device.type != "cpu":
                 # The device holds its copy (a CUDA copy its pinned source too): the host array goes
                 # (another device builds it again).
