@@ -7,6 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 cmake --preset release >/dev/null
-cmake --build --preset release --target libra_cli
+# _libra too: the README's next command imports libra.torch from this build.
+cmake --build --preset release --target libra_cli _libra
 ./build/release/tools/libra simulate builtin:paper-1m --report out/simulate-report "$@"
 echo "report: out/simulate-report/index.md" >&2

@@ -4,12 +4,17 @@
 #   bash scripts/gpu-check.sh            (after scripts/setup.sh and a release build,
 #                                          or on a machine whose python has torch with CUDA)
 # LIBRA_PYTHON: the interpreter (default .venv/bin/python, else python3). What runs:
-# - the backend each CUDA dtype selects (flash-attn, torch-varlen or sdpa) and why the others don't;
+# - the backend each CUDA dtype selects (triton, flash-attn, torch-varlen or sdpa) and why the others don't;
+# - libra's Triton kernels first: tests/python/test_triton.py's kernel cases compiled on cuda:0
+#   against float64 (TRITON_INTERPRET=0), then scripts/triton-gpu-bench.py: per-call TFLOP/s of the
+#   triton kernels and of torch SDPA's flash backend on dense causal shapes (T 8K and 32K, d 128,
+#   GQA 4, bf16; causal FLOPs counted once), forward and backward;
 # - tests/python/test_torch.py's CUDA tests, bf16 attention forward and backward against the float64
 #   reference on the CPU: a pool of 2 workers in one process on cuda:0 (libra.torch's in-process
 #   communicator; what one GPU runs), and with two or more GPUs also one NCCL process per GPU;
 # - every varlen backend pinned in turn on cuda:0, one call each, against the same reference;
-# - a whole pool (4 workers, in-process) on cuda:0: its forward + backward wall time.
+# - a whole pool (4 workers, in-process) on cuda:0: its forward + backward wall time, per backend.
+# Every figure is one line starting "gpu-check:" or "gpu-bench:" (docs/kernel.md's GPU table).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 py=${LIBRA_PYTHON:-.venv/bin/python}
@@ -29,6 +34,10 @@ for dt in (torch.bfloat16, torch.float16, torch.float32):
     why = {n: backends.get(n).unavailable(dev, dt) for n in backends.ORDER}
     print(f"gpu-check: {dt} selects {chosen}; " + "; ".join(f"{n}: {w or 'available'}" for n, w in why.items()))
 PY
+TRITON_INTERPRET=0 "$py" -m pytest -q -p no:cacheprovider tests/python/test_triton.py -k kernels \
+  && echo "gpu-check: triton kernels on cuda:0 match float64 (tests/python/test_triton.py -k kernels)" \
+  || echo "gpu-check: triton kernels on cuda:0: FAILED against float64 (above)"
+TRITON_INTERPRET=0 "$py" scripts/triton-gpu-bench.py
 "$py" -m pytest -q -p no:cacheprovider tests/python/test_torch.py -k cuda -rs
 "$py" - <<'PY'
 import time
@@ -98,8 +107,19 @@ def body(rank, world):
     return statistics.median(times)
 
 
-walls = inprocess.run(body, P * CP)
-print(f"gpu-check: in-process pool of {P * CP} workers on one {dev.type} device "
-      f"({backends.select(dev, torch.bfloat16).name}): L {L}, h_q 16, h_kv 4, d 128, M 2, bf16 forward + backward "
-      f"{max(walls) * 1e3:.1f} ms (slowest worker, median of 5)")
+for name in backends.ORDER:
+    why = backends.get(name).unavailable(dev, torch.bfloat16)
+    if why:
+        print(f"gpu-check: pool forward + backward on {name}: skipped ({why})")
+        continue
+    previous = backends.force(name)
+    try:
+        walls = inprocess.run(body, P * CP)
+        print(f"gpu-check: in-process pool of {P * CP} workers on one {dev.type} device ({name}): L {L}, "
+              f"h_q 16, h_kv 4, d 128, M 2, bf16 forward + backward {max(walls) * 1e3:.1f} ms "
+              f"(slowest worker, median of 5)")
+    except Exception as e:  # noqa: BLE001 - one line per backend, failures included
+        print(f"gpu-check: pool forward + backward on {name}: failed ({type(e).__name__}: {e})")
+    finally:
+        backends.force(previous)
 PY

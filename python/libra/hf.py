@@ -7,7 +7,7 @@ Importing this module registers ``"libra"`` with transformers' ``AttentionInterf
     model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="libra")  # or from_pretrained
 
     rt = planner.runtime(n, group)                         # this micro-batch's libra.torch.PlanRuntime
-    shard = libra.hf.shard_batch(rt, input_ids)            # this CP rank's home rows, labels shifted first
+    shard = libra.hf.shard_batch(rt, input_ids, lengths=lengths)   # this CP rank's home rows, labels shifted first
     out = model(input_ids=shard["input_ids"], position_ids=shard["position_ids"], use_cache=False,
                 libra_runtime=rt)
     loss = libra.hf.loss(out.logits, shard["labels"], libra.hf.count_items(shard["labels"]))
@@ -21,7 +21,12 @@ k, v [1, h_kv, T, d] (T = this rank's home rows); libra takes them as THD
 The runtime reaches the layers as the ``libra_runtime=`` keyword of the model's
 forward (transformers passes unknown keywords down to the attention function;
 checked for Llama and Qwen3 in transformers 5.24), or from ``use_runtime(rt)``
-around the forward. The keyword is the safer of the two: it is captured with the
+around the forward. A model whose layers have different windows (Gemma 2, Qwen2
+with max_window_layers) takes one runtime per window, ``libra_runtime={w: rt_w}``
+(``layer_windows(config)``); a layer never runs under a plan of another window.
+``shard_batch`` ties the batch to its runtime by the batch's own sample lengths
+(or position ids), and takes transformers' unshifted labels with ``shifted=False``.
+``Trainer`` is transformers' Trainer on this path. The keyword is the safer of the two: it is captured with the
 call, so activation checkpointing that recomputes the forward during backward
 still sees it.
 

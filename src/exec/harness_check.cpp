@@ -8,7 +8,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <memory>
 #include <numeric>
+#include <optional>
 #include <thread>
 
 #include "core/fault.hpp"
@@ -149,6 +151,172 @@ Status check_pool(Communicator& pc, const CheckJob& job, const PlanConfig& cfg, 
   return Status();
 }
 
+// The pool of this rank's pool communicator, agreed on by every rank; the
+// same flags may still read different files on different machines, so the
+// inputs read are compared too.
+Result<std::vector<PackedSequence>> agreed_pool(Communicator& world, const CheckJob& job, const CheckReport& layout,
+                                                int pool_id) {
+  const std::span<const PackedSequence> all = job.plan ? job.plan->pool() : job.sequences;
+  Result<std::vector<PackedSequence>> drawn = draw_pool(all, job.source, job.plan ? 0 : job.first_pool + pool_id,
+                                                        layout.pool_size);
+  LIBRA_TRY(agree_on_status(world, drawn.status(), "libra exec"));
+  std::string bytes = job.plan ? fmt::format("{:016x}", job.plan->fingerprint()) : std::string();
+  for (const PackedSequence& seq : all) bytes += fmt::format("{};", fmt::join(seq, ","));
+  LIBRA_TRY(agree_on_value(world, fingerprint_of(bytes), job.source + ": the inputs read differ",
+                           "every rank must read the same file", ErrorCode::kInvalidInput));
+  return drawn;
+}
+
+// The executor of one pool and what it runs on. Filled in place: the
+// executor may keep references to the plan and the backend.
+struct PoolExecutor {
+  std::unique_ptr<AttentionBackend> backend;
+  std::optional<Plan> made;        // the plan made from the pool, when the job has none
+  const Plan* plan = nullptr;      // the plan run, if any (direct Ulysses has none)
+  std::unique_ptr<Executor> exec;
+};
+
+Status make_pool_executor(Communicator& world, Communicator& pc, const CheckJob& job, const PlanConfig& cfg,
+                          const std::vector<PackedSequence>& pool, PoolExecutor& out) {
+  Result<std::unique_ptr<AttentionBackend>> backend = make_backend(job.backend);
+  LIBRA_TRY(agree_on_status(world, backend.status(), "libra exec"));
+  out.backend = std::move(*backend);
+  ExecOptions eo;
+  eo.threads = job.threads;
+  eo.relay = job.relay;
+  eo.trace = job.trace;
+  eo.backend = out.backend.get();
+  Result<std::unique_ptr<Executor>> ex = internal_error("no executor");
+  if (job.plan) {
+    ex = make_plan_executor(pc, *job.plan, eo);
+  } else if (job.ulysses_direct) {
+    ex = make_ulysses_executor(pc, pool, cfg, eo);
+  } else if (Result<Plan> p = make_plan(pool, cfg); p.ok()) {
+    out.made = std::move(*p);
+    ex = make_plan_executor(pc, *out.made, eo);
+  } else {
+    ex = p.error();
+  }
+  LIBRA_TRY(agree_on_status(world, ex.status(), "libra exec"));
+  out.exec = std::move(*ex);
+  out.plan = job.plan ? job.plan : (out.made ? &*out.made : nullptr);
+  return Status();
+}
+
+// A vector of fp32 values in `dt`'s bits (empty for fp32 itself).
+std::vector<std::uint16_t> in_type(const std::vector<float>& x, DType dt) {
+  std::vector<std::uint16_t> b(dt == DType::kF32 ? 0 : x.size());
+  if (!b.empty()) store_all_from_f32(x.data(), static_cast<std::int64_t>(x.size()), dt, b.data());
+  return b;
+}
+
+// One rank's deterministic inputs, in fp32 and in the plan's type (a bf16
+// or fp16 plan gets its tensors in its own type, as a model in that type
+// holds them, so the timed runs convert nothing), and its outputs. Outputs
+// live in buffers kept across runs, as a training framework's caching
+// allocator keeps them, so later runs time attention, not page faults.
+struct RankData {
+  DType dt = DType::kF32;
+  std::vector<float> q, k, v, d_o;
+  std::vector<std::uint16_t> q16, k16, v16, d_o16, o16;
+  ForwardOutputs f;
+  BackwardOutputs g;
+
+  HomeTensor home(const std::vector<float>& x32, const std::vector<std::uint16_t>& x16) const {
+    return dt == DType::kF32 ? HomeTensor(x32) : HomeTensor(x16, dt);
+  }
+};
+
+RankData rank_data(const PlanConfig& cfg, std::uint64_t data_seed, int r, const Executor& exec) {
+  RankData d;
+  d.dt = cfg.shape.dtype;
+  d.q = harness_home_tensor(data_seed, cfg, r, 0);
+  d.k = harness_home_tensor(data_seed, cfg, r, 1);
+  d.v = harness_home_tensor(data_seed, cfg, r, 2);
+  d.d_o = harness_home_tensor(data_seed, cfg, r, 3);
+  d.f = {std::vector<float>(exec.q_elements()), std::vector<float>(exec.lse_elements())};
+  d.g = {std::vector<float>(exec.q_elements()), std::vector<float>(exec.kv_elements()), std::vector<float>(exec.kv_elements())};
+  d.q16 = in_type(d.q, d.dt);
+  d.k16 = in_type(d.k, d.dt);
+  d.v16 = in_type(d.v, d.dt);
+  d.d_o16 = in_type(d.d_o, d.dt);
+  d.o16.assign(d.dt == DType::kF32 ? 0 : d.f.o.size(), 0);
+  return d;
+}
+
+// The last run's times on this rank.
+struct RunTimes {
+  double fwd_wall = 0, bwd_wall = 0, fwd_compute = 0, bwd_compute = 0;
+  PassStats fwd, bwd;
+};
+
+// --repeat: the executor is reused as a model reuses it across layers;
+// the last run is timed and checked (earlier ones pay first-touch costs).
+Result<RunTimes> timed_runs(Communicator& world, Executor& exec, RankData& d, int repeat) {
+  const AttentionInputs inputs{d.home(d.q, d.q16), d.home(d.k, d.k16), d.home(d.v, d.v16)};
+  const HomeOutput o_out = d.dt == DType::kF32 ? HomeOutput(d.f.o) : HomeOutput(d.o16, d.dt);
+  RunTimes t;
+  for (int rep = 0; rep < std::max(1, repeat); ++rep) {
+    LIBRA_TRY(world.barrier());
+    auto t0 = std::chrono::steady_clock::now();
+    LIBRA_TRY(exec.forward_into(inputs, {o_out, d.f.lse}));
+    t.fwd_wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    t.fwd_compute = exec.last_compute_seconds();
+    t.fwd = exec.last_stats();
+    t0 = std::chrono::steady_clock::now();
+    LIBRA_TRY(exec.backward_into(inputs, d.home(d.f.o, d.o16), d.f.lse, d.home(d.d_o, d.d_o16), {d.g.dq, d.g.dk, d.g.dv}));
+    t.bwd_wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    t.bwd_compute = exec.last_compute_seconds();
+    t.bwd = exec.last_stats();
+  }
+  return t;
+}
+
+// Every rank's times, as the slowest and the mean over the world.
+Status gather_times(Communicator& world, const RunTimes& t, CheckReport& report) {
+  auto own = [](const PassStats& s) { return s.kernel_cpu > 0 ? (s.cpu - s.kernel_cpu) / s.kernel_cpu : 0.0; };
+  for (auto [into, x] : {std::pair<MaxMean*, double>{&report.forward_wall, t.fwd_wall},
+                         {&report.forward_compute, t.fwd_compute},
+                         {&report.backward_wall, t.bwd_wall},
+                         {&report.backward_compute, t.bwd_compute},
+                         {&report.forward_own, own(t.fwd)},
+                         {&report.backward_own, own(t.bwd)}}) {
+    Result<MaxMean> m = max_mean(world, x);
+    if (!m.ok()) return internal_error("allgather of timings failed");
+    *into = *m;
+  }
+  return Status();
+}
+
+// The pool's sequences and, when planned, its plan's figures.
+PoolResult pool_figures(const CheckJob& job, std::int64_t pool_index, const std::vector<PackedSequence>& pool,
+                        const Plan* plan) {
+  PoolResult mine;
+  mine.pool = job.plan ? 0 : pool_index;
+  for (const PackedSequence& seq : pool) {
+    mine.tokens_per_slot.push_back(std::accumulate(seq.begin(), seq.end(), std::int64_t{0}));
+    mine.samples += static_cast<std::int64_t>(seq.size());
+  }
+  if (plan) {
+    mine.planned = true;
+    mine.tiles = static_cast<std::int64_t>(plan->tiles().size());
+    mine.imbalance = plan->imbalance();
+    mine.comm_bytes = plan->comm_bytes();
+    if (job.relay) mine.relayed_pairs = plan_relays(*plan).relayed_pairs();
+  }
+  return mine;
+}
+
+// W ranks as pools of P x CP ranks.
+CheckReport report_layout(int W, const PlanConfig& cfg, const CheckJob& job) {
+  CheckReport report;
+  report.ranks = W;
+  report.pool_size = job.pool_size > 0 ? job.pool_size : W / cfg.cp;
+  report.pool_ranks = report.pool_size * cfg.cp;
+  report.pools = W / report.pool_ranks;
+  return report;
+}
+
 }  // namespace
 
 Result<std::vector<PackedSequence>> draw_pool(std::span<const PackedSequence> all, const std::string& source,
@@ -163,147 +331,45 @@ Result<std::vector<PackedSequence>> draw_pool(std::span<const PackedSequence> al
 
 Result<CheckReport> run_check(Communicator& world, const CheckJob& job) {
   const PlanConfig& cfg = job.plan ? job.plan->config() : job.config;
-  const int W = world.size();
-  LIBRA_TRY(agree_on_status(world, check_layout(W, cfg.cp, job.pool_size), "libra exec"));
-  CheckReport report;
-  report.ranks = W;
-  report.pool_size = job.pool_size > 0 ? job.pool_size : W / cfg.cp;
-  report.pool_ranks = report.pool_size * cfg.cp;
-  report.pools = W / report.pool_ranks;
+  LIBRA_TRY(agree_on_status(world, check_layout(world.size(), cfg.cp, job.pool_size), "libra exec"));
+  CheckReport report = report_layout(world.size(), cfg, job);
   const int pool_id = world.rank() / report.pool_ranks;
-
-  const std::span<const PackedSequence> all = job.plan ? job.plan->pool() : job.sequences;
-  const std::string& source = job.source;
-  Result<std::vector<PackedSequence>> drawn = draw_pool(all, source, job.plan ? 0 : job.first_pool + pool_id,
-                                                        report.pool_size);
-  LIBRA_TRY(agree_on_status(world, drawn.status(), "libra exec"));
-  const std::vector<PackedSequence>& pool = *drawn;
-  {
-    // The same flags may still read different files on different machines.
-    std::string bytes = job.plan ? fmt::format("{:016x}", job.plan->fingerprint()) : std::string();
-    for (const PackedSequence& seq : all) bytes += fmt::format("{};", fmt::join(seq, ","));
-    LIBRA_TRY(agree_on_value(world, fingerprint_of(bytes), source + ": the inputs read differ",
-                             "every rank must read the same file", ErrorCode::kInvalidInput));
-  }
-
+  LIBRA_ASSIGN_OR_RETURN(const std::vector<PackedSequence> pool, agreed_pool(world, job, report, pool_id));
   // The pool communicator: ranks numbered as the contract numbers workers.
   Result<std::unique_ptr<Communicator>> split = world.split(pool_id, world.rank());
   LIBRA_TRY(agree_on_status(world, split.status(), "libra exec"));
   Communicator& pc = **split;
+  PoolExecutor ex;
+  LIBRA_TRY(make_pool_executor(world, pc, job, cfg, pool, ex));
 
-  Result<std::unique_ptr<AttentionBackend>> backend = make_backend(job.backend);
-  LIBRA_TRY(agree_on_status(world, backend.status(), "libra exec"));
-  ExecOptions eo;
-  eo.threads = job.threads;
-  eo.relay = job.relay;
-  eo.trace = job.trace;
-  eo.backend = backend->get();
-  std::optional<Plan> made;
-  Result<std::unique_ptr<Executor>> ex = internal_error("no executor");
-  if (job.plan) {
-    ex = make_plan_executor(pc, *job.plan, eo);
-  } else if (job.ulysses_direct) {
-    ex = make_ulysses_executor(pc, pool, cfg, eo);
-  } else if (Result<Plan> p = make_plan(pool, cfg); p.ok()) {
-    made = std::move(*p);
-    ex = make_plan_executor(pc, *made, eo);
-  } else {
-    ex = p.error();
-  }
-  LIBRA_TRY(agree_on_status(world, ex.status(), "libra exec"));
-  Executor& exec = **ex;
-  const Plan* plan = job.plan ? job.plan : (made ? &*made : nullptr);
-
+  // From here a rank's own failure may leave its peers waiting on it.
   auto fatal = [&](const Error& e) {
     if (job.on_fatal) job.on_fatal(e);
     return e;
   };
   const std::int64_t pool_index = job.first_pool + pool_id;
   const std::uint64_t data_seed = job.seed * 1000003ULL + static_cast<std::uint64_t>(pool_index);
-  const int r = pc.rank();
-  const std::vector<float> q = harness_home_tensor(data_seed, cfg, r, 0), k = harness_home_tensor(data_seed, cfg, r, 1),
-                           v = harness_home_tensor(data_seed, cfg, r, 2), d_o = harness_home_tensor(data_seed, cfg, r, 3);
-
-  // --repeat: the executor is reused as a model reuses it across layers;
-  // the last run is timed and checked (earlier ones pay first-touch costs).
-  // Outputs live in buffers kept across runs, as a training framework's
-  // caching allocator keeps them, so later runs time attention, not page
-  // faults.
-  ForwardOutputs f{std::vector<float>(exec.q_elements()), std::vector<float>(exec.lse_elements())};
-  BackwardOutputs g{std::vector<float>(exec.q_elements()), std::vector<float>(exec.kv_elements()),
-                    std::vector<float>(exec.kv_elements())};
-  // A bf16 or fp16 plan gets its tensors in its own type, as a model in
-  // that type holds them, so the timed runs convert nothing.
-  const DType dt = cfg.shape.dtype;
-  auto in_type = [&](const std::vector<float>& x) {
-    std::vector<std::uint16_t> b(dt == DType::kF32 ? 0 : x.size());
-    if (!b.empty()) store_all_from_f32(x.data(), static_cast<std::int64_t>(x.size()), dt, b.data());
-    return b;
-  };
-  const std::vector<std::uint16_t> q16 = in_type(q), k16 = in_type(k), v16 = in_type(v), d_o16 = in_type(d_o);
-  std::vector<std::uint16_t> o16(dt == DType::kF32 ? 0 : f.o.size());
-  auto home = [&](const std::vector<float>& x32, const std::vector<std::uint16_t>& x16) {
-    return dt == DType::kF32 ? HomeTensor(x32) : HomeTensor(x16, dt);
-  };
-  const AttentionInputs inputs{home(q, q16), home(k, k16), home(v, v16)};
-  const HomeOutput o_out = dt == DType::kF32 ? HomeOutput(f.o) : HomeOutput(o16, dt);
-  double fwd_wall = 0, bwd_wall = 0, fwd_compute = 0, bwd_compute = 0;
-  PassStats fwd_stats, bwd_stats;
-  for (int rep = 0; rep < std::max(1, job.repeat); ++rep) {
-    if (Status s = world.barrier(); !s.ok()) return fatal(s.error());
-    auto t0 = std::chrono::steady_clock::now();
-    if (Status s = exec.forward_into(inputs, {o_out, f.lse}); !s.ok()) return fatal(s.error());
-    fwd_wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    fwd_compute = exec.last_compute_seconds();
-    fwd_stats = exec.last_stats();
-    t0 = std::chrono::steady_clock::now();
-    if (Status s = exec.backward_into(inputs, home(f.o, o16), f.lse, home(d_o, d_o16), {g.dq, g.dk, g.dv}); !s.ok()) {
-      return fatal(s.error());
-    }
-    bwd_wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    bwd_compute = exec.last_compute_seconds();
-    bwd_stats = exec.last_stats();
-  }
-  auto own = [](const PassStats& s) { return s.kernel_cpu > 0 ? (s.cpu - s.kernel_cpu) / s.kernel_cpu : 0.0; };
-  for (auto [into, x] : {std::pair<MaxMean*, double>{&report.forward_wall, fwd_wall},
-                         {&report.forward_compute, fwd_compute},
-                         {&report.backward_wall, bwd_wall},
-                         {&report.backward_compute, bwd_compute},
-                         {&report.forward_own, own(fwd_stats)},
-                         {&report.backward_own, own(bwd_stats)}}) {
-    Result<MaxMean> m = max_mean(world, x);
-    if (!m.ok()) return fatal(internal_error("allgather of timings failed"));
-    *into = *m;
-  }
+  RankData data = rank_data(cfg, data_seed, pc.rank(), *ex.exec);
+  Result<RunTimes> times = timed_runs(world, *ex.exec, data, job.repeat);
+  if (!times.ok()) return fatal(times.error());
+  if (Status s = gather_times(world, *times, report); !s.ok()) return fatal(s.error());
 
   // Nothing is printed or written before this point, so a rank failing
   // here leaves no partial output. It comes before the check, so that such
   // a failure ends the job without its peers first waiting out a reference.
   if (Status s = detail::fault_point(detail::FaultPoint::kOutput); !s.ok()) return fatal(s.error());
 
-  PoolResult mine;
-  mine.pool = job.plan ? 0 : pool_index;
-  for (const PackedSequence& seq : pool) {
-    mine.tokens_per_slot.push_back(std::accumulate(seq.begin(), seq.end(), std::int64_t{0}));
-    mine.samples += static_cast<std::int64_t>(seq.size());
-  }
-  if (plan) {
-    mine.planned = true;
-    mine.tiles = static_cast<std::int64_t>(plan->tiles().size());
-    mine.imbalance = plan->imbalance();
-    mine.comm_bytes = plan->comm_bytes();
-    if (job.relay) mine.relayed_pairs = plan_relays(*plan).relayed_pairs();
-  }
+  PoolResult mine = pool_figures(job, pool_index, pool, ex.plan);
   if (job.check) {
-    if (dt != DType::kF32) load_all_as_f32(o16.data(), static_cast<std::int64_t>(o16.size()), dt, f.o.data());
-    Status checked = check_pool(pc, job, cfg, data_seed, pool, f, g, mine);
+    if (data.dt != DType::kF32) load_all_as_f32(data.o16.data(), static_cast<std::int64_t>(data.o16.size()), data.dt, data.f.o.data());
+    Status checked = check_pool(pc, job, cfg, data_seed, pool, data.f, data.g, mine);
     // Pool roots hold the errors; every rank learns whether a reference failed.
     LIBRA_TRY(agree_on_status(world, checked, "--check reference"));
   }
 
   // Every pool's figures and errors, gathered on world rank 0 from the pool
   // roots as binary values.
-  Result<std::vector<std::string>> results = gather_strings(world, 0, r == 0 ? pack_result(mine) : std::string());
+  Result<std::vector<std::string>> results = gather_strings(world, 0, pc.rank() == 0 ? pack_result(mine) : std::string());
   if (!results.ok()) return fatal(results.error());
   if (world.rank() == 0) {
     for (int p = 0; p < report.pools; ++p) {

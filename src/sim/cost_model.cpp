@@ -163,12 +163,19 @@ std::vector<double> alltoall_seconds(const Interconnect& net, std::span<const st
     auto it = std::lower_bound(worker_at.begin(), worker_at.end(), std::pair<std::int64_t, std::size_t>{gpu, 0});
     return it != worker_at.end() && it->first == gpu ? it->second : s;
   };
+  // Each worker's node and supernode, once (this loop is W x W per matrix).
+  std::vector<std::int64_t> node_of(w), sn_of(w);
+  for (std::size_t r = 0; r < w; ++r) {
+    node_of[r] = gpu_of_worker[r] / net.gpus_per_node;
+    sn_of[r] = gpu_of_worker[r] / per_sn;
+  }
   for (std::size_t s = 0; s < w; ++s) {
+    const std::int64_t* row = bytes.data() + s * w;
     for (std::size_t d = 0; d < w; ++d) {
-      const std::int64_t b = bytes[s * w + d];
-      if (s == d || b == 0) continue;
+      const std::int64_t b = row[d];
+      if (b == 0 || s == d) continue;
       const std::int64_t gs = gpu_of_worker[s], gd = gpu_of_worker[d];
-      const int tier = gs / net.gpus_per_node == gd / net.gpus_per_node ? 0 : gs / per_sn == gd / per_sn ? 1 : 2;
+      const int tier = node_of[s] == node_of[d] ? 0 : sn_of[s] == sn_of[d] ? 1 : 2;
       const std::size_t via = tier > 0 && net.pxn ? relay_of(s, gs, gd) : s;
       if (via != s) {
         sent_b[s][0] += static_cast<double>(b);

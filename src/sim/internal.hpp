@@ -108,6 +108,24 @@ PhaseBytes phase_bytes(const Plan& plan, const RelayTable* relays = nullptr);
 PlanCost cost_plan(const Ctx& ctx, const Plan& plan, std::span<const std::int64_t> gpus,
                    const RelayTable* relays = nullptr);
 
+// Runs a planner call, counting its thread CPU time under `kind`.
+template <class F>
+Result<Plan> timed_plan(Timing& tm, const std::string& kind, F&& f) {
+  const double t0 = thread_cpu_seconds();
+  Result<Plan> plan = f();
+  const double dt = thread_cpu_seconds() - t0;
+  tm.plan += dt;
+  ++tm.plans;
+  auto& k = tm.by_kind[kind];
+  k.first += dt;
+  ++k.second;
+  return plan;
+}
+// plan_relays and cost_plan, counted as cost-model time.
+RelayTable timed_relays(const Plan& plan, Timing& tm);
+PlanCost timed_cost(const Ctx& ctx, const Plan& plan, std::span<const std::int64_t> gpus, Timing& tm,
+                    const RelayTable* relays);
+
 // make_plan over `sequences` (one per slot) and the cost of the plan on `gpus`.
 // relay: with plan_relays' relays.
 Result<PlanCost> price_pool(const Ctx& ctx, std::span<const PackedSequence> sequences, const PlanConfig& pc,
@@ -169,21 +187,34 @@ struct TopoShape {
 // libra-topo's shapes SimConfig::relay and chunk_split admit (unset: both
 // ways), in tie order: direct before relayed, equal before tapered.
 std::vector<TopoShape> admitted_shapes(std::optional<bool> relay, std::optional<ChunkSplit> split);
+// What one pool's plans report besides step latencies (CandidateResult's
+// per-pool statistics), by the placement and planner that made them.
+struct TapPoolStats {  // TAP on VRSP pools (libra-tap-vrsp's plans)
+  double intra = 0, bytes = 0, send = 0, recv = 0, comm = 0, recv_cross = 0;
+};
+struct PlusPoolStats {  // tap-split + per-KV-head dedup on vrsp-refine pools
+  double intra = 0, bytes = 0;
+};
+struct TopoPoolStats {  // tap-topo on interleaved VRSP pools
+  double intra = 0, recv_cross = 0;
+};
+// Step latencies per (variant, M): per GA step (M = 1 for unpipelined variants).
+using StepSeries = std::map<std::pair<Variant, std::int64_t>, std::vector<double>>;
+// Per (variant, M), per pool of the libra variants: (its noisy latency, its decomposition).
+using PoolSeries = std::map<std::pair<Variant, std::int64_t>, std::vector<std::pair<double, StepDecomposition>>>;
 struct CandWindow {
-  std::vector<double> inter;  // per placement mode, all_placement_modes() order
+  std::map<PlacementMode, double> inter;  // R-1 per placement mode
   double lower_bound = 0;
-  std::vector<double> intra, intra_plus, bytes, bytes_plus, send, recv, comm;  // per pool
-  std::vector<double> intra_topo, recv_cross, recv_cross_topo;                  // per pool
-  // Per (variant, M): per GA step latency (M = 1 for unpipelined variants).
-  std::map<std::pair<Variant, std::int64_t>, std::vector<double>> steps;
-  // Per pool of the libra variants: (its noisy latency, its decomposition).
-  std::map<std::pair<Variant, std::int64_t>, std::vector<std::pair<double, StepDecomposition>>> pools;
+  std::vector<TapPoolStats> tap;
+  std::vector<PlusPoolStats> plus;
+  std::vector<TopoPoolStats> topo;
+  StepSeries steps;
+  PoolSeries pools;
   // The same for libra-topo's other pipeliner shapes (relayed inputs,
   // tapered chunks; SimConfig::relay and chunk_split), by shape; the
   // plain shape (direct, equal) is in steps and pools.
-  std::map<TopoShape, std::map<std::pair<Variant, std::int64_t>, std::vector<double>>> shaped_steps;
-  std::map<TopoShape, std::map<std::pair<Variant, std::int64_t>, std::vector<std::pair<double, StepDecomposition>>>>
-      shaped_pools;
+  std::map<TopoShape, StepSeries> shaped_steps;
+  std::map<TopoShape, PoolSeries> shaped_pools;
 };
 struct WindowResult {
   Status status;

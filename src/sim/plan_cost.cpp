@@ -372,30 +372,27 @@ std::vector<std::int64_t> pool_gpus(std::int64_t first, std::int64_t slots, std:
   return g;
 }
 
-namespace {
-
-// Runs a planner call, counting its thread CPU time under `kind`.
-template <class F>
-Result<Plan> timed_plan(Timing& tm, const std::string& kind, F&& f) {
+RelayTable timed_relays(const Plan& plan, Timing& tm) {
   const double t0 = thread_cpu_seconds();
-  Result<Plan> plan = f();
-  const double dt = thread_cpu_seconds() - t0;
-  tm.plan += dt;
-  ++tm.plans;
-  auto& k = tm.by_kind[kind];
-  k.first += dt;
-  ++k.second;
-  return plan;
+  RelayTable relays = plan_relays(plan);
+  tm.cost += thread_cpu_seconds() - t0;
+  return relays;
 }
 
 PlanCost timed_cost(const Ctx& ctx, const Plan& plan, std::span<const std::int64_t> gpus, Timing& tm,
-                    bool relay = false) {
+                    const RelayTable* relays) {
   const double t0 = thread_cpu_seconds();
-  RelayTable relays;
-  if (relay) relays = plan_relays(plan);
-  PlanCost c = cost_plan(ctx, plan, gpus, relay ? &relays : nullptr);
+  PlanCost c = cost_plan(ctx, plan, gpus, relays);
   tm.cost += thread_cpu_seconds() - t0;
   return c;
+}
+
+namespace {
+
+PlanCost timed_cost(const Ctx& ctx, const Plan& plan, std::span<const std::int64_t> gpus, Timing& tm, bool relay) {
+  if (!relay) return timed_cost(ctx, plan, gpus, tm, nullptr);
+  const RelayTable relays = timed_relays(plan, tm);
+  return timed_cost(ctx, plan, gpus, tm, &relays);
 }
 
 }  // namespace
@@ -404,7 +401,7 @@ Result<std::pair<Plan, PlanCost>> plan_and_price(const Ctx& ctx, std::span<const
                                                  const PlanConfig& pc, std::span<const std::int64_t> gpus, Timing& tm,
                                                  const std::string& kind) {
   LIBRA_ASSIGN_OR_RETURN(Plan plan, timed_plan(tm, kind, [&] { return make_plan(sequences, pc); }));
-  PlanCost c = timed_cost(ctx, plan, gpus, tm);
+  PlanCost c = timed_cost(ctx, plan, gpus, tm, nullptr);
   return std::make_pair(std::move(plan), std::move(c));
 }
 

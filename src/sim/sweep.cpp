@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <limits>
+#include <map>
+#include <tuple>
 
 #include "libra/workload.hpp"
 #include "sim/internal.hpp"
@@ -63,225 +65,310 @@ using Placed = std::pair<WindowPlacement, StepLayout>;
 // What run_pools records per pool besides step latencies.
 enum class Record { kNothing, kTap, kPlus, kTopo };
 
+// Everything one window's planners share: the window, its workloads, the
+// placements made so far (by P; each is made once per window).
+struct WindowRun {
+  const Ctx& ctx;
+  std::span<const PackedSequence> window;
+  std::uint64_t w = 0;
+  std::vector<std::int64_t> f;  // sequence workloads
+  Timing& tm;
+  std::map<std::int64_t, std::map<PlacementMode, Placed>> by_p;
+  std::map<std::int64_t, Placed> topo_by_p;  // libra-topo's interleaved VRSP pools
+  // Per (H, B): distca's steps at each M (the valid M depend on H only).
+  std::map<std::pair<std::int64_t, std::int64_t>, StepSeries> distca;
+};
+
+Result<Placed> placement_for(WindowRun& run, std::int64_t p, PlacementMode mode, NodeInterleave interleave = {}) {
+  const SimConfig& cfg = run.ctx.cfg;
+  const double t1 = thread_cpu_seconds();
+  LIBRA_ASSIGN_OR_RETURN(WindowPlacement pl,
+                         place_window(run.f, {.pool_size = p, .mode = mode, .seed = cfg.seed, .interleave = interleave}));
+  LIBRA_ASSIGN_OR_RETURN(StepLayout lay, layout_window(pl, cfg.dp));
+  run.tm.placement += thread_cpu_seconds() - t1;
+  return std::make_pair(std::move(pl), std::move(lay));
+}
+
+// The candidate-independent baselines: ulysses, wlb (sorted) and wlb-loader.
+Status window_baselines(WindowRun& run, WindowResult& out) {
+  const SimConfig& cfg = run.ctx.cfg;
+  LIBRA_ASSIGN_OR_RETURN(out.ulysses, ulysses_steps(run.ctx, run.window, run.w, run.tm, "ulysses"));
+  LIBRA_ASSIGN_OR_RETURN(WlbRepack repacked,
+                         wlb_repack(run.window, run.ctx.seq_len, static_cast<std::int64_t>(run.window.size())));
+  out.wlb_split = repacked.split_samples;
+  LIBRA_ASSIGN_OR_RETURN(out.wlb, ulysses_steps(run.ctx, repacked.sequences, run.w, run.tm, "wlb"));
+  // Like for like with ulysses: WLB's repacking within each GA step, so an
+  // outlier stays in the step the loader gave it (the sorted variant above
+  // packs the window's heaviest sequences first and runs them in step 0).
+  std::vector<PackedSequence> per_step;
+  const auto dp = static_cast<std::size_t>(cfg.dp);
+  for (std::size_t g = 0; g * dp < run.window.size(); ++g) {
+    LIBRA_ASSIGN_OR_RETURN(WlbRepack r, wlb_repack(run.window.subspan(g * dp, dp), run.ctx.seq_len, cfg.dp));
+    per_step.insert(per_step.end(), r.sequences.begin(), r.sequences.end());
+  }
+  LIBRA_ASSIGN_OR_RETURN(out.wlb_loader, ulysses_steps(run.ctx, per_step, run.w, run.tm, "wlb-loader"));
+  return {};
+}
+
+// One pool's plan and its re-chunked and relayed prices, each made once:
+// libra-topo's shapes share re-chunked plans (relayed or not), and a
+// relayed price of a plan with nothing to relay is its direct price.
+struct PoolPrices {
+  const Ctx& ctx;
+  const Plan& base;
+  const PlanCost& base_cost;
+  std::span<const std::int64_t> gpus;
+  Timing& tm;
+  std::map<std::pair<std::int64_t, ChunkSplit>, Plan> plans;
+  std::map<std::tuple<std::int64_t, ChunkSplit, bool>, PlanCost> costs;
+
+  Result<const Plan*> plan(std::int64_t m, ChunkSplit split, const std::string& kind) {
+    if (m == base.config().chunks && split == base.config().chunk_split) return &base;
+    auto it = plans.find({m, split});
+    if (it == plans.end()) {
+      // `kind` names the shape (sweep.cpp: "libra-topo relayed tapered").
+      const std::string label = kind + " (M " + std::to_string(m) + ")";
+      LIBRA_ASSIGN_OR_RETURN(Plan re, timed_plan(tm, label, [&] {
+                               return rechunk_plan(base, static_cast<int>(m), split);
+                             }));
+      it = plans.emplace(std::make_pair(m, split), std::move(re)).first;
+    }
+    return &it->second;
+  }
+  Result<PlanCost> price(std::int64_t m, ChunkSplit split, bool relayed, const std::string& kind) {
+    if (!relayed && m == base.config().chunks && split == base.config().chunk_split) return base_cost;
+    const auto key = std::make_tuple(m, split, relayed);
+    if (auto it = costs.find(key); it != costs.end()) return it->second;
+    LIBRA_ASSIGN_OR_RETURN(const Plan* p, plan(m, split, kind));
+    PlanCost c;
+    if (relayed) {
+      const RelayTable relays = timed_relays(*p, tm);
+      // Nothing to relay: the direct price (cost_plan ignores an empty table).
+      if (relays.any()) {
+        c = timed_cost(ctx, *p, gpus, tm, &relays);
+      } else {
+        LIBRA_ASSIGN_OR_RETURN(c, price(m, split, false, kind));
+      }
+    } else {
+      c = timed_cost(ctx, *p, gpus, tm, nullptr);
+    }
+    costs.emplace(key, c);
+    return c;
+  }
+};
+
+// The pool loop's fixed inputs: what is planned, timed and recorded.
+struct PoolRun {
+  const PlanConfig& pc;
+  const std::vector<Variant>& variants;
+  Record rec;
+  const std::vector<std::int64_t>& chunks;
+  std::vector<TopoShape> shapes;  // libra-topo's shapes beside the plain one
+  std::vector<bool> tapered_fits;  // per M of chunks
+};
+
+// Step maxima of one placement's pools, by (variant, M) and by shape.
+struct PoolSteps {
+  std::int64_t ga = 0;
+  std::map<std::pair<Variant, std::int64_t>, StepMax> plain;
+  std::map<TopoShape, std::map<std::pair<Variant, std::int64_t>, StepMax>> shaped;
+};
+
+// libra-topo also with relayed inputs and tapered chunks, unless switched
+// off (the choice among them is simulate()'s). Forced shapes are priced
+// beside the plain one too (simulate() falls back to equal chunks where M
+// does not admit tapered ones).
+PoolRun pool_run(const Ctx& ctx, const PlanConfig& pc, const std::vector<Variant>& variants, Record rec,
+                 const std::vector<std::int64_t>& chunks) {
+  PoolRun r{pc, variants, rec, chunks, {}, {}};
+  if (rec == Record::kTopo) {
+    const auto relay = ctx.cfg.relay == false ? std::optional<bool>(false) : std::nullopt;
+    const auto split = ctx.cfg.chunk_split == ChunkSplit::kEqual ? std::optional(ChunkSplit::kEqual) : std::nullopt;
+    for (const TopoShape& sh : admitted_shapes(relay, split)) {
+      if (sh != TopoShape{}) r.shapes.push_back(sh);
+    }
+  }
+  // Tapered chunks need 3 <= M <= the heads of a tile (validate_plan_config).
+  for (std::int64_t m : chunks) {
+    PlanConfig c = pc;
+    c.chunks = static_cast<int>(m);
+    c.chunk_split = ChunkSplit::kTapered;
+    r.tapered_fits.push_back(validate_plan_config(c).ok());
+  }
+  return r;
+}
+
+// Times one priced pool for a variant at M into the step maxima (and the
+// libra variants' pool list); shape: priced as such a schedule runs (a
+// relayed pool with nothing to relay too, so that every pool counts in the
+// shape's steps).
+void put_pool(WindowRun& run, std::span<const std::int64_t> gpus, std::int64_t g, const PlanCost& cost, Variant var,
+              std::int64_t m, bool pipelined, PoolSteps& steps, CandWindow& cw, const TopoShape* shape = nullptr) {
+  const double t = time_plan(run.ctx, cost, gpus, {run.w, static_cast<std::uint64_t>(g)}, pipelined, false);
+  auto& into = shape != nullptr ? steps.shaped[*shape] : steps.plain;
+  auto it = into.try_emplace({var, m}, StepMax{std::vector<double>(static_cast<std::size_t>(steps.ga), 0.0)}).first;
+  it->second.put(g, t);
+  if (var == Variant::kLibraFull || var == Variant::kLibraTopo || var == Variant::kLibraTapVrsp) {
+    (shape != nullptr ? cw.shaped_pools[*shape] : cw.pools)[{var, m}].emplace_back(t, decompose(cost, pipelined));
+  }
+}
+
+void record_pool(Record rec, const PlanCost& c, CandWindow& cw) {
+  if (rec == Record::kTap) {
+    cw.tap.push_back({.intra = c.imbalance,
+                      .bytes = static_cast<double>(c.comm_bytes),
+                      .send = static_cast<double>(c.max_send),
+                      .recv = static_cast<double>(c.max_recv),
+                      .comm = comm_seconds(c),
+                      .recv_cross = static_cast<double>(c.max_recv_cross_node)});
+  } else if (rec == Record::kPlus) {
+    cw.plus.push_back({.intra = c.imbalance, .bytes = static_cast<double>(c.comm_bytes)});
+  } else if (rec == Record::kTopo) {
+    cw.topo.push_back({.intra = c.imbalance, .recv_cross = static_cast<double>(c.max_recv_cross_node)});
+  }
+}
+
+// One pool through make_plan (pc, at one of `chunks`); its step latencies,
+// the pipelined variants at every M of `chunks`: the same tiles re-chunked
+// (no placement reads M), and M = 1 is the unpipelined timing of any of them.
+Status run_pool(WindowRun& run, const PoolRun& pr, std::span<const PackedSequence> pool,
+                std::span<const std::int64_t> gpus, std::int64_t g, PoolSteps& steps, CandWindow& cw) {
+  const std::string kind(variant_name(pr.variants[0]));
+  LIBRA_ASSIGN_OR_RETURN(auto planned, plan_and_price(run.ctx, pool, pr.pc, gpus, run.tm, kind));
+  const PlanCost& c = planned.second;
+  PoolPrices prices{run.ctx, planned.first, c, gpus, run.tm, {}, {}};
+  for (Variant var : pr.variants) {
+    if (!variant_pipelined(var)) put_pool(run, gpus, g, c, var, 1, false, steps, cw);
+  }
+  const bool any_pipelined = std::any_of(pr.variants.begin(), pr.variants.end(), variant_pipelined);
+  for (std::size_t i = 0; any_pipelined && i < pr.chunks.size(); ++i) {
+    const std::int64_t m = pr.chunks[i];
+    PlanCost re;
+    if (m != 1 && m != pr.pc.chunks) {
+      LIBRA_ASSIGN_OR_RETURN(re, prices.price(m, pr.pc.chunk_split, false, kind));
+    }
+    for (Variant var : pr.variants) {
+      if (variant_pipelined(var)) put_pool(run, gpus, g, m == pr.pc.chunks || m == 1 ? c : re, var, m, m != 1, steps, cw);
+    }
+    for (const TopoShape& sh : pr.shapes) {
+      if (sh.split == ChunkSplit::kTapered && !pr.tapered_fits[i]) continue;
+      // Relays are chosen per chunk, so each M (1 too) is relayed afresh.
+      const std::string label = kind + (sh.relayed ? " relayed" : "") + (sh.split == ChunkSplit::kTapered ? " tapered" : "");
+      LIBRA_ASSIGN_OR_RETURN(PlanCost sc, prices.price(m, sh.split, sh.relayed, label));
+      for (Variant var : pr.variants) {
+        if (variant_pipelined(var)) put_pool(run, gpus, g, sc, var, m, m != 1, steps, cw, &sh);
+      }
+    }
+  }
+  record_pool(pr.rec, c, cw);
+  return {};
+}
+
+// Every pool of a placement through run_pool; the step maxima into cw.
+Status run_pools(WindowRun& run, const Placed& pl, const PlanConfig& pc, const std::vector<Variant>& variants,
+                 CandWindow& cw, Record rec, const std::vector<std::int64_t>& chunks) {
+  const auto& [placement, layout] = pl;
+  const PoolRun pr = pool_run(run.ctx, pc, variants, rec, chunks);
+  PoolSteps steps{.ga = run.ctx.cfg.gbs / run.ctx.cfg.dp, .plain = {}, .shaped = {}};
+  for (std::size_t k = 0; k < placement.pools.size(); ++k) {
+    const auto pool = pool_of(run.window, placement.pools[k]);
+    const auto gpus = pool_gpus(layout.pool_first_replica[k], static_cast<std::int64_t>(pool.size()), run.ctx.cfg.cp);
+    LIBRA_TRY(run_pool(run, pr, pool, gpus, layout.pool_ga[k], steps, cw));
+  }
+  for (auto& [key, sm] : steps.plain) cw.steps[key] = std::move(sm.step);
+  for (auto& [sh, by] : steps.shaped) {
+    for (auto& [key, sm] : by) cw.shaped_steps[sh][key] = std::move(sm.step);
+  }
+  return {};
+}
+
+// Inter-pool R-1 of every placement mode at the candidate's P (placements
+// made once per P), and the lower bound.
+Status placement_figures(WindowRun& run, std::int64_t p, CandWindow& cw) {
+  const SimConfig& cfg = run.ctx.cfg;
+  auto it = run.by_p.find(p);
+  if (it == run.by_p.end()) {
+    std::map<PlacementMode, Placed> placed;
+    for (PlacementMode mode : all_placement_modes()) {
+      LIBRA_ASSIGN_OR_RETURN(Placed pl, placement_for(run, p, mode));
+      placed.emplace(mode, std::move(pl));
+    }
+    it = run.by_p.emplace(p, std::move(placed)).first;
+  }
+  for (PlacementMode mode : all_placement_modes()) {
+    if (mode == PlacementMode::kRandom) {
+      const double t1 = thread_cpu_seconds();
+      auto r = mean_random_imbalance(run.f, p, cfg.seed, cfg.random_seeds);
+      run.tm.placement += thread_cpu_seconds() - t1;
+      if (!r.ok()) return r.error();
+      cw.inter[mode] = *r;
+    } else {
+      cw.inter[mode] = it->second.at(mode).first.imbalance;
+    }
+  }
+  cw.lower_bound = imbalance_lower_bound(run.f, p) - 1.0;
+  return {};
+}
+
+// DistCA: one pool of P = DP per GA step in loader order; once per (H, B).
+Status distca_steps(WindowRun& run, const SimCandidate& cand, const PlanConfig& tap,
+                    const std::vector<std::int64_t>& ms, CandWindow& cw) {
+  const auto key = std::make_pair(cand.head_shards, cand.block_size);
+  auto d = run.distca.find(key);
+  if (d == run.distca.end()) {
+    LIBRA_ASSIGN_OR_RETURN(Placed pl, placement_for(run, run.ctx.cfg.dp, PlacementMode::kSampler));
+    CandWindow tmp;
+    LIBRA_TRY(run_pools(run, pl, tap, {Variant::kDistca}, tmp, Record::kNothing, ms));
+    d = run.distca.emplace(key, std::move(tmp.steps)).first;
+  }
+  cw.steps.insert(d->second.begin(), d->second.end());
+  return {};
+}
+
+// One candidate of one window: placements, every libra variant, distca.
+Status run_candidate(WindowRun& run, std::size_t ci, CandWindow& cw) {
+  const Ctx& ctx = run.ctx;
+  const SimCandidate& cand = ctx.candidates[ci];
+  LIBRA_TRY(placement_figures(run, cand.pool_size, cw));
+  const auto& placed = run.by_p.at(cand.pool_size);
+  const std::vector<std::int64_t>& ms = ctx.chunks[ci];
+  // Plans are made at the first listed M above 1 (M = 1 is any plan's
+  // unpipelined timing) and re-chunked for the others.
+  const auto above_one = std::find_if(ms.begin(), ms.end(), [](std::int64_t m) { return m > 1; });
+  const std::int64_t base = above_one == ms.end() ? ms[0] : *above_one;
+  const PlanConfig tap = tap_config(ctx, cand.head_shards, cand.block_size, base);
+  const PlanConfig plus = plan_config(ctx, cand.head_shards, cand.block_size, base, PlanMode::kTapSplit, true);
+  const PlanConfig topo = plan_config(ctx, cand.head_shards, cand.block_size, base, PlanMode::kTapTopo, false);
+  LIBRA_TRY(run_pools(run, placed.at(PlacementMode::kSampler), tap, {Variant::kLibraTap}, cw, Record::kNothing, ms));
+  LIBRA_TRY(run_pools(run, placed.at(PlacementMode::kVrsp), tap, {Variant::kLibraTapVrsp, Variant::kLibraFull}, cw,
+                      Record::kTap, ms));
+  LIBRA_TRY(run_pools(run, placed.at(PlacementMode::kVrspRefine), plus, {Variant::kLibraPlus}, cw, Record::kPlus, ms));
+  auto tp = run.topo_by_p.find(cand.pool_size);
+  if (tp == run.topo_by_p.end()) {
+    LIBRA_ASSIGN_OR_RETURN(Placed pl, placement_for(run, cand.pool_size, PlacementMode::kVrsp, topo_interleave(ctx)));
+    tp = run.topo_by_p.emplace(cand.pool_size, std::move(pl)).first;
+  }
+  LIBRA_TRY(run_pools(run, tp->second, topo, {Variant::kLibraTopo}, cw, Record::kTopo, ms));
+  if (distca_skip_reason(ctx.cfg).empty()) LIBRA_TRY(distca_steps(run, cand, tap, ms, cw));
+  return {};
+}
+
 }  // namespace
 
 WindowResult simulate_window(const Ctx& ctx, std::span<const PackedSequence> window, std::uint64_t w) {
   WindowResult out;
-  const SimConfig& cfg = ctx.cfg;
-  const std::int64_t ga = cfg.gbs / cfg.dp;
-  Timing& tm = out.timing;
-  auto fail = [&](const Error& e) {
-    out.status = e;
-    return out;
-  };
-  double t0 = thread_cpu_seconds();
+  const double t0 = thread_cpu_seconds();
   auto f = sequence_workloads(window);
-  tm.placement += thread_cpu_seconds() - t0;
-  if (!f.ok()) return fail(f.error());
-
-  // Baselines that do not depend on the candidate.
-  auto uly = ulysses_steps(ctx, window, w, tm, "ulysses");
-  if (!uly.ok()) return fail(uly.error());
-  out.ulysses = std::move(*uly);
-  auto repacked = wlb_repack(window, ctx.seq_len, static_cast<std::int64_t>(window.size()));
-  if (!repacked.ok()) return fail(repacked.error());
-  out.wlb_split = repacked->split_samples;
-  auto wlb = ulysses_steps(ctx, repacked->sequences, w, tm, "wlb");
-  if (!wlb.ok()) return fail(wlb.error());
-  out.wlb = std::move(*wlb);
-  // Like for like with ulysses: WLB's repacking within each GA step, so an
-  // outlier stays in the step the loader gave it (the sorted variant above
-  // packs the window's heaviest sequences first and runs them in step 0).
-  {
-    std::vector<PackedSequence> per_step;
-    const auto dp = static_cast<std::size_t>(cfg.dp);
-    for (std::size_t g = 0; g * dp < window.size(); ++g) {
-      auto r = wlb_repack(window.subspan(g * dp, dp), ctx.seq_len, cfg.dp);
-      if (!r.ok()) return fail(r.error());
-      per_step.insert(per_step.end(), r->sequences.begin(), r->sequences.end());
-    }
-    auto wl = ulysses_steps(ctx, per_step, w, tm, "wlb-loader");
-    if (!wl.ok()) return fail(wl.error());
-    out.wlb_loader = std::move(*wl);
+  out.timing.placement += thread_cpu_seconds() - t0;
+  if (!f.ok()) {
+    out.status = f.error();
+    return out;
   }
-
-  auto placement_for = [&](std::int64_t p, PlacementMode mode, NodeInterleave interleave = {}) -> Result<Placed> {
-    const double t1 = thread_cpu_seconds();
-    LIBRA_ASSIGN_OR_RETURN(WindowPlacement pl,
-                           place_window(*f, {.pool_size = p, .mode = mode, .seed = cfg.seed, .interleave = interleave}));
-    LIBRA_ASSIGN_OR_RETURN(StepLayout lay, layout_window(pl, cfg.dp));
-    tm.placement += thread_cpu_seconds() - t1;
-    return std::make_pair(std::move(pl), std::move(lay));
-  };
-  // Every pool of a placement through make_plan (pc, at one of `chunks`);
-  // step latencies of the given variants into cw.steps, the
-  // pipelined ones at every M of `chunks`: the same tiles re-chunked (no
-  // placement reads M), and M = 1 is the unpipelined timing of any of them.
-  auto run_pools = [&](const Placed& pl, const PlanConfig& pc, const std::vector<Variant>& variants, CandWindow& cw,
-                       Record rec, const std::vector<std::int64_t>& chunks) -> Status {
-    const auto& [placement, layout] = pl;
-    const bool any_pipelined = std::any_of(variants.begin(), variants.end(), variant_pipelined);
-    std::map<std::pair<Variant, std::int64_t>, StepMax> sms;
-    std::map<TopoShape, std::map<std::pair<Variant, std::int64_t>, StepMax>> shaped;
-    // libra-topo also with relayed inputs and tapered chunks, unless
-    // switched off (the choice among them is simulate()'s).
-    // Forced shapes are priced beside the plain one too (simulate() falls
-    // back to equal chunks where M does not admit tapered ones).
-    std::vector<TopoShape> shapes;
-    if (rec == Record::kTopo) {
-      const auto relay = ctx.cfg.relay == false ? std::optional<bool>(false) : std::nullopt;
-      const auto split = ctx.cfg.chunk_split == ChunkSplit::kEqual ? std::optional(ChunkSplit::kEqual) : std::nullopt;
-      for (const TopoShape& sh : admitted_shapes(relay, split)) {
-        if (sh != TopoShape{}) shapes.push_back(sh);
-      }
-    }
-    // Tapered chunks need 3 <= M <= the heads of a tile (validate_plan_config).
-    std::vector<bool> tapered_fits;
-    for (std::int64_t m : chunks) {
-      PlanConfig c = pc;
-      c.chunks = static_cast<int>(m);
-      c.chunk_split = ChunkSplit::kTapered;
-      tapered_fits.push_back(validate_plan_config(c).ok());
-    }
-    const std::string kind(variant_name(variants[0]));
-    for (std::size_t k = 0; k < placement.pools.size(); ++k) {
-      const auto pool = pool_of(window, placement.pools[k]);
-      const auto gpus = pool_gpus(layout.pool_first_replica[k], static_cast<std::int64_t>(pool.size()), cfg.cp);
-      LIBRA_ASSIGN_OR_RETURN(auto planned, plan_and_price(ctx, pool, pc, gpus, tm, kind));
-      const PlanCost& c = planned.second;
-      const std::int64_t g = layout.pool_ga[k];
-      // shape: priced as such a schedule runs (a relayed pool with nothing
-      // to relay too, so that every pool counts in the shape's steps).
-      auto put = [&](const PlanCost& cost, Variant var, std::int64_t m, bool pipelined,
-                     const TopoShape* shape = nullptr) {
-        const double t = time_plan(ctx, cost, gpus, {w, static_cast<std::uint64_t>(g)}, pipelined, false);
-        auto& into = shape != nullptr ? shaped[*shape] : sms;
-        auto it = into.try_emplace({var, m}, StepMax{std::vector<double>(static_cast<std::size_t>(ga), 0.0)}).first;
-        it->second.put(g, t);
-        if (var == Variant::kLibraFull || var == Variant::kLibraTopo || var == Variant::kLibraTapVrsp) {
-          (shape != nullptr ? cw.shaped_pools[*shape] : cw.pools)[{var, m}].emplace_back(t, decompose(cost, pipelined));
-        }
-      };
-      for (Variant var : variants) {
-        if (!variant_pipelined(var)) put(c, var, 1, false);
-      }
-      for (std::size_t i = 0; any_pipelined && i < chunks.size(); ++i) {
-        const std::int64_t m = chunks[i];
-        PlanCost re;
-        if (m != 1 && m != pc.chunks) {
-          LIBRA_ASSIGN_OR_RETURN(re, price_shaped(ctx, planned.first, m, pc.chunk_split, false, gpus, tm, kind));
-        }
-        for (Variant var : variants) {
-          if (variant_pipelined(var)) put(m == pc.chunks || m == 1 ? c : re, var, m, m != 1);
-        }
-        for (const TopoShape& sh : shapes) {
-          if (sh.split == ChunkSplit::kTapered && !tapered_fits[i]) continue;
-          // Relays are chosen per chunk, so each M (1 too) is relayed afresh.
-          const std::string label = kind + (sh.relayed ? " relayed" : "") +
-                                    (sh.split == ChunkSplit::kTapered ? " tapered" : "");
-          LIBRA_ASSIGN_OR_RETURN(PlanCost sc, price_shaped(ctx, planned.first, m, sh.split, sh.relayed, gpus, tm, label));
-          for (Variant var : variants) {
-            if (variant_pipelined(var)) put(sc, var, m, m != 1, &sh);
-          }
-        }
-      }
-      if (rec == Record::kTap) {
-        cw.intra.push_back(c.imbalance);
-        cw.bytes.push_back(static_cast<double>(c.comm_bytes));
-        cw.send.push_back(static_cast<double>(c.max_send));
-        cw.recv.push_back(static_cast<double>(c.max_recv));
-        cw.comm.push_back(comm_seconds(c));
-      } else if (rec == Record::kPlus) {
-        cw.intra_plus.push_back(c.imbalance);
-        cw.bytes_plus.push_back(static_cast<double>(c.comm_bytes));
-      } else if (rec == Record::kTopo) {
-        cw.intra_topo.push_back(c.imbalance);
-        cw.recv_cross_topo.push_back(static_cast<double>(c.max_recv_cross_node));
-      }
-      if (rec == Record::kTap) cw.recv_cross.push_back(static_cast<double>(c.max_recv_cross_node));
-    }
-    for (auto& [key, sm] : sms) cw.steps[key] = std::move(sm.step);
-    for (auto& [sh, by] : shaped) {
-      for (auto& [key, sm] : by) cw.shaped_steps[sh][key] = std::move(sm.step);
-    }
-    return {};
-  };
-
-  const bool time_distca = distca_skip_reason(cfg).empty();
-  // Per (H, B): distca's steps at each M (the valid M depend on H only).
-  std::map<std::pair<std::int64_t, std::int64_t>, std::map<std::pair<Variant, std::int64_t>, std::vector<double>>>
-      distca;
-  std::map<std::int64_t, std::map<PlacementMode, Placed>> by_p;
-  std::map<std::int64_t, Placed> topo_by_p;  // libra-topo's interleaved VRSP pools
-  const auto modes = all_placement_modes();
+  WindowRun run{ctx, window, w, std::move(*f), out.timing, {}, {}, {}};
+  Status s = window_baselines(run, out);
   out.cand.resize(ctx.candidates.size());
-  for (std::size_t ci = 0; ci < ctx.candidates.size(); ++ci) {
-    const SimCandidate& cand = ctx.candidates[ci];
-    CandWindow& cw = out.cand[ci];
-    auto it = by_p.find(cand.pool_size);
-    if (it == by_p.end()) {
-      std::map<PlacementMode, Placed> placed;
-      for (PlacementMode mode : modes) {
-        auto pl = placement_for(cand.pool_size, mode);
-        if (!pl.ok()) return fail(pl.error());
-        placed.emplace(mode, std::move(*pl));
-      }
-      it = by_p.emplace(cand.pool_size, std::move(placed)).first;
-    }
-    const auto& placed = it->second;
-    for (PlacementMode mode : modes) {
-      if (mode == PlacementMode::kRandom) {
-        const double t1 = thread_cpu_seconds();
-        auto r = mean_random_imbalance(*f, cand.pool_size, cfg.seed, cfg.random_seeds);
-        tm.placement += thread_cpu_seconds() - t1;
-        if (!r.ok()) return fail(r.error());
-        cw.inter.push_back(*r);
-      } else {
-        cw.inter.push_back(placed.at(mode).first.imbalance);
-      }
-    }
-    cw.lower_bound = imbalance_lower_bound(*f, cand.pool_size) - 1.0;
-
-    const std::vector<std::int64_t>& ms = ctx.chunks[ci];
-    // Plans are made at the first listed M above 1 (M = 1 is any plan's
-    // unpipelined timing) and re-chunked for the others.
-    const auto above_one = std::find_if(ms.begin(), ms.end(), [](std::int64_t m) { return m > 1; });
-    const std::int64_t base = above_one == ms.end() ? ms[0] : *above_one;
-    const PlanConfig tap = tap_config(ctx, cand.head_shards, cand.block_size, base);
-    const PlanConfig plus = plan_config(ctx, cand.head_shards, cand.block_size, base, PlanMode::kTapSplit, true);
-    Status s = run_pools(placed.at(PlacementMode::kSampler), tap, {Variant::kLibraTap}, cw, Record::kNothing, ms);
-    if (s.ok()) {
-      s = run_pools(placed.at(PlacementMode::kVrsp), tap, {Variant::kLibraTapVrsp, Variant::kLibraFull}, cw,
-                    Record::kTap, ms);
-    }
-    if (s.ok()) {
-      s = run_pools(placed.at(PlacementMode::kVrspRefine), plus, {Variant::kLibraPlus}, cw, Record::kPlus, ms);
-    }
-    if (s.ok()) {
-      const PlanConfig topo = plan_config(ctx, cand.head_shards, cand.block_size, base, PlanMode::kTapTopo, false);
-      auto tp = topo_by_p.find(cand.pool_size);
-      if (tp == topo_by_p.end()) {
-        auto pl = placement_for(cand.pool_size, PlacementMode::kVrsp, topo_interleave(ctx));
-        if (!pl.ok()) return fail(pl.error());
-        tp = topo_by_p.emplace(cand.pool_size, std::move(*pl)).first;
-      }
-      s = run_pools(tp->second, topo, {Variant::kLibraTopo}, cw, Record::kTopo, ms);
-    }
-    if (s.ok() && time_distca) {
-      // One pool of P = DP per GA step in loader order; once per (H, B).
-      const auto key = std::make_pair(cand.head_shards, cand.block_size);
-      auto d = distca.find(key);
-      if (d == distca.end()) {
-        auto pl = placement_for(cfg.dp, PlacementMode::kSampler);
-        if (!pl.ok()) return fail(pl.error());
-        CandWindow tmp;
-        s = run_pools(*pl, tap, {Variant::kDistca}, tmp, Record::kNothing, ms);
-        if (s.ok()) d = distca.emplace(key, std::move(tmp.steps)).first;
-      }
-      if (s.ok()) cw.steps.insert(d->second.begin(), d->second.end());
-    }
-    if (!s.ok()) return fail(s.error());
-  }
+  for (std::size_t ci = 0; s.ok() && ci < ctx.candidates.size(); ++ci) s = run_candidate(run, ci, out.cand[ci]);
+  if (!s.ok()) out.status = s;
   return out;
 }
 

@@ -201,8 +201,10 @@ std::int64_t Geometry::rows_flops(int p, std::int64_t begin, std::int64_t end, s
   return pairs * head_width;
 }
 
-Result<Geometry> make_geometry(std::span<const PackedSequence> pool, const PlanConfig& config) {
-  LIBRA_TRY(validate_plan_config(config));
+namespace {
+
+// The pool's size against the limits the plan's index types set.
+Status check_pool_size(std::span<const PackedSequence> pool, const PlanConfig& config) {
   if (pool.empty()) return invalid_input("pool: empty; a pool needs at least one slot");
   const std::int64_t workers = static_cast<std::int64_t>(pool.size()) * config.cp;
   if (workers > kMaxWorkers) {
@@ -213,10 +215,15 @@ Result<Geometry> make_geometry(std::span<const PackedSequence> pool, const PlanC
     return invalid_input("pool: chunks " + str(config.chunks) + " x " + str(workers) + "^2 worker pairs exceeds the "
                          "supported " + str(kMaxChunkBuckets) + " per-chunk transfer lists");
   }
+  return Status();
+}
+
+// The geometry's sizes and shape, from the configuration alone.
+Geometry geometry_shape(std::size_t slots, const PlanConfig& config) {
   Geometry g;
-  g.pool_size = static_cast<int>(pool.size());
+  g.pool_size = static_cast<int>(slots);
   g.cp = config.cp;
-  g.workers = static_cast<int>(workers);
+  g.workers = g.pool_size * config.cp;
   g.shards = config.mode == PlanMode::kUlysses ? config.cp : config.head_shards;
   g.head_width = config.shape.heads_q / g.shards;
   g.group_size = config.shape.heads_q / config.shape.heads_kv;
@@ -230,60 +237,76 @@ Result<Geometry> make_geometry(std::span<const PackedSequence> pool, const PlanC
   g.head_dim = config.shape.head_dim;
   g.elem_bytes = config.shape.elem_bytes();
   g.window = config.shape.window;
+  return g;
+}
+
+// What the pool holds in all, for the range checks.
+struct PoolTotals {
+  std::int64_t samples = 0, tokens = 0, pairs = 0;
+};
+
+// Causal pairs of a whole sample of l tokens, checked.
+Result<std::int64_t> sample_pairs(std::int64_t l, std::int64_t window) {
+  // Plain causal and l < 2^31: l (l + 1) / 2 cannot overflow.
+  if (window == kFullCausal && l < (std::int64_t{1} << 31)) return plain_causal_pairs(0, l);
+  return causal_pairs(0, l, window);
+}
+
+// Slot p's samples: starts, lengths and pair counts, each checked.
+Status add_slot(Geometry& g, const PackedSequence& seq, std::size_t p, PoolTotals& totals) {
+  const std::string where = "pool slot " + str(static_cast<std::int64_t>(p));
+  if (seq.empty()) return invalid_input(where + ": packed sequence is empty; every slot needs a sample");
+  std::int64_t t = 0;
+  for (std::size_t j = 0; j < seq.size(); ++j) {
+    const std::int64_t l = seq[j];
+    if (l <= 0) {
+      return invalid_input(where + ", sample " + str(static_cast<std::int64_t>(j)) + ": length " + str(l) +
+                           " must be positive");
+    }
+    if (l > g.seq_len - t) {
+      return invalid_input(where + ": sequence is longer than seq_len " + str(g.seq_len) + " (exceeded at sample " +
+                           str(static_cast<std::int64_t>(j)) + ")");
+    }
+    g.starts.push_back(t);
+    g.lengths.push_back(l);
+    auto pairs = sample_pairs(l, g.window);
+    if (!pairs.ok()) return invalid_input(where + ": " + pairs.error().message());
+    auto sum = checked_add(totals.pairs, *pairs);
+    if (!sum) return invalid_input(where + ": causal pair count of the pool exceeds the 64-bit range");
+    totals.pairs = *sum;
+    g.whole_pairs.push_back(*pairs);
+    t += l;
+  }
+  totals.samples += static_cast<std::int64_t>(seq.size());
+  if (totals.samples * g.keys_per_sample > std::numeric_limits<std::int32_t>::max()) {
+    return invalid_input(where + ": too many samples in the pool (KV groups exceed 2^31 - 1)");
+  }
+  g.tokens.push_back(t);
+  totals.tokens += t;
+  g.sample_base.push_back(static_cast<std::int32_t>(totals.samples));
+  return Status();
+}
+
+Result<PoolTotals> add_samples(Geometry& g, std::span<const PackedSequence> pool) {
+  std::size_t samples = 0;
+  for (const PackedSequence& seq : pool) samples += seq.size();
+  g.starts.reserve(samples);
+  g.lengths.reserve(samples);
+  g.whole_pairs.reserve(samples);
+  g.run_base.reserve(samples + 1);
   g.tokens.reserve(pool.size());
   g.sample_base.reserve(pool.size() + 1);
   g.sample_base.push_back(0);
+  PoolTotals totals;
+  for (std::size_t p = 0; p < pool.size(); ++p) LIBRA_TRY(add_slot(g, pool[p], p, totals));
+  return totals;
+}
 
-  std::int64_t total_samples = 0;
-  std::int64_t total_tokens = 0;
-  std::int64_t total_pairs = 0;
-  {
-    std::size_t samples = 0;
-    for (const PackedSequence& seq : pool) samples += seq.size();
-    g.starts.reserve(samples);
-    g.lengths.reserve(samples);
-    g.whole_pairs.reserve(samples);
-    g.run_base.reserve(samples + 1);
-  }
-  for (std::size_t p = 0; p < pool.size(); ++p) {
-    const PackedSequence& seq = pool[p];
-    const std::string where = "pool slot " + str(static_cast<std::int64_t>(p));
-    if (seq.empty()) return invalid_input(where + ": packed sequence is empty; every slot needs a sample");
-    std::int64_t t = 0;
-    for (std::size_t j = 0; j < seq.size(); ++j) {
-      const std::int64_t l = seq[j];
-      if (l <= 0) {
-        return invalid_input(where + ", sample " + str(static_cast<std::int64_t>(j)) + ": length " + str(l) +
-                             " must be positive");
-      }
-      if (l > config.seq_len - t) {
-        return invalid_input(where + ": sequence is longer than seq_len " + str(config.seq_len) +
-                             " (exceeded at sample " + str(static_cast<std::int64_t>(j)) + ")");
-      }
-      g.starts.push_back(t);
-      g.lengths.push_back(l);
-      // Plain causal and l < 2^31: l (l + 1) / 2 cannot overflow.
-      auto pairs = config.shape.window == kFullCausal && l < (std::int64_t{1} << 31)
-                       ? Result<std::int64_t>(plain_causal_pairs(0, l))
-                       : causal_pairs(0, l, config.shape.window);
-      if (!pairs.ok()) return invalid_input(where + ": " + pairs.error().message());
-      auto sum = checked_add(total_pairs, *pairs);
-      if (!sum) return invalid_input(where + ": causal pair count of the pool exceeds the 64-bit range");
-      total_pairs = *sum;
-      g.whole_pairs.push_back(*pairs);
-      t += l;
-    }
-    total_samples += static_cast<std::int64_t>(seq.size());
-    if (total_samples * g.keys_per_sample > std::numeric_limits<std::int32_t>::max()) {
-      return invalid_input(where + ": too many samples in the pool (KV groups exceed 2^31 - 1)");
-    }
-    g.tokens.push_back(t);
-    total_tokens += t;
-    g.sample_base.push_back(static_cast<std::int32_t>(total_samples));
-  }
-  g.block_base.reserve(pool.size() + 1);
+// The sample holding each block's first row, slot by slot.
+void index_blocks(Geometry& g, std::int64_t total_tokens) {
+  g.block_base.reserve(static_cast<std::size_t>(g.pool_size) + 1);
   g.block_base.push_back(0);
-  g.block_first.reserve(static_cast<std::size_t>(total_tokens / g.block_size) + pool.size());
+  g.block_first.reserve(static_cast<std::size_t>(total_tokens / g.block_size) + static_cast<std::size_t>(g.pool_size));
   for (int p = 0; p < g.pool_size; ++p) {
     std::int32_t j = g.sample_base[static_cast<std::size_t>(p)];
     const std::int32_t stop = g.sample_base[static_cast<std::size_t>(p) + 1];
@@ -294,6 +317,10 @@ Result<Geometry> make_geometry(std::span<const PackedSequence> pool, const PlanC
     }
     g.block_base.push_back(static_cast<std::int32_t>(g.block_first.size()));
   }
+}
+
+// Each sample's home runs: (rows, CP rank) pieces in order.
+void index_runs(Geometry& g) {
   g.run_base.push_back(0);
   for (std::size_t j = 0; j < g.starts.size(); ++j) {
     const std::int64_t stop = g.starts[j] + g.lengths[j];
@@ -305,14 +332,17 @@ Result<Geometry> make_geometry(std::span<const PackedSequence> pool, const PlanC
     }
     g.run_base.push_back(static_cast<std::int32_t>(g.runs.size()));
   }
-  // Every FLOP and byte count below is bounded by these totals, so the hot
-  // loops can use plain int64 arithmetic.
-  if (!checked_mul(total_pairs, config.shape.heads_q)) {
+}
+
+// Every FLOP and byte count the planners compute is bounded by these
+// totals, so the hot loops can use plain int64 arithmetic.
+Status check_totals(const Geometry& g, const PlanConfig& config, const PoolTotals& totals) {
+  if (!checked_mul(totals.pairs, config.shape.heads_q)) {
     return invalid_input("pool: total attention FLOPs exceed the 64-bit range");
   }
-  const long double kv_bound = static_cast<long double>(workers) * static_cast<long double>(total_tokens) *
+  const long double kv_bound = static_cast<long double>(g.workers) * static_cast<long double>(totals.tokens) *
                                g.keys_per_sample * 2.0L * g.heads_kv * g.head_dim * g.elem_bytes;
-  const long double qo_bound = 2.0L * static_cast<long double>(total_tokens) * config.shape.heads_q * g.head_dim *
+  const long double qo_bound = 2.0L * static_cast<long double>(totals.tokens) * config.shape.heads_q * g.head_dim *
                                g.elem_bytes;
   if (kv_bound + qo_bound > static_cast<long double>(std::numeric_limits<std::int64_t>::max() / 4)) {
     return invalid_input("pool: exchange byte counts may exceed the 64-bit range for this configuration");
@@ -322,6 +352,19 @@ Result<Geometry> make_geometry(std::span<const PackedSequence> pool, const PlanC
   if (tiles > std::numeric_limits<std::int32_t>::max() / 2) {
     return invalid_input("pool: " + str(tiles) + " tiles; at most 2^30 are supported");
   }
+  return Status();
+}
+
+}  // namespace
+
+Result<Geometry> make_geometry(std::span<const PackedSequence> pool, const PlanConfig& config) {
+  LIBRA_TRY(validate_plan_config(config));
+  LIBRA_TRY(check_pool_size(pool, config));
+  Geometry g = geometry_shape(pool.size(), config);
+  LIBRA_ASSIGN_OR_RETURN(const PoolTotals totals, add_samples(g, pool));
+  index_blocks(g, totals.tokens);
+  index_runs(g);
+  LIBRA_TRY(check_totals(g, config, totals));
   return g;
 }
 
@@ -668,23 +711,20 @@ void place_split(const Geometry& geo, Placer& placer, const BaseTile& t, std::ve
   }
 }
 
-}  // namespace
+// One query block of the pool: its tiles are its shards, ids block * S +
+// s, with the block's rows and FLOPs.
+struct Block {
+  std::int32_t slot, block;
+  std::int64_t begin, end, flops;
+};
 
-Result<std::vector<PlacedRows>> place_tiles(const Geometry& geo, const PlanConfig& config) {
-  // Every block once, in id order: its tiles are its shards, ids
-  // block * S + s, with the block's rows and FLOPs.
-  struct Block {
-    std::int32_t slot, block;
-    std::int64_t begin, end, flops;
-  };
+// Every block once, in id order; `total` receives the FLOPs of all tiles.
+std::vector<Block> pool_blocks(const Geometry& geo, std::int64_t& total) {
   std::vector<Block> blocks;
-  {
-    std::size_t n = 0;
-    for (int p = 0; p < geo.pool_size; ++p) n += static_cast<std::size_t>(geo.blocks(p));
-    blocks.reserve(n);
-  }
-  const std::size_t S = static_cast<std::size_t>(geo.shards);
-  std::int64_t total = 0;
+  std::size_t n = 0;
+  for (int p = 0; p < geo.pool_size; ++p) n += static_cast<std::size_t>(geo.blocks(p));
+  blocks.reserve(n);
+  total = 0;
   for (int p = 0; p < geo.pool_size; ++p) {
     const std::int32_t nb = geo.blocks(p);
     for (std::int32_t b = 0; b < nb; ++b) {
@@ -692,31 +732,31 @@ Result<std::vector<PlacedRows>> place_tiles(const Geometry& geo, const PlanConfi
       const std::int64_t end = std::min(begin + geo.block_size, geo.tokens[static_cast<std::size_t>(p)]);
       const std::int64_t f = geo.rows_flops(p, begin, end, geo.block_sample(p, b));
       blocks.push_back({p, b, begin, end, f});
-      total += f * static_cast<std::int64_t>(S);
+      total += f * static_cast<std::int64_t>(geo.shards);
     }
   }
-  // The tiles in id order, each on `worker` (-1: not placed yet).
-  auto tile_rows = [&](auto worker) {
-    std::vector<PlacedRows> rows;
-    rows.reserve(blocks.size() * S);
-    for (const Block& k : blocks) {
-      for (std::size_t s = 0; s < S; ++s) {
-        const auto shard = static_cast<std::int32_t>(s);
-        rows.push_back({k.slot, k.block, shard, k.begin, k.end, worker(k.slot, shard)});
-      }
-    }
-    return rows;
-  };
-  if (config.mode == PlanMode::kUlysses) {
-    return tile_rows([&](std::int32_t p, std::int32_t s) { return p * geo.cp + s; });
+  return blocks;
+}
+
+// The tiles in id order, each on worker(slot, shard) (-1: not placed yet).
+template <class WorkerOf>
+std::vector<PlacedRows> tile_rows(const std::vector<Block>& blocks, int shards, WorkerOf worker) {
+  std::vector<PlacedRows> rows;
+  rows.reserve(blocks.size() * static_cast<std::size_t>(shards));
+  for (const Block& k : blocks) {
+    for (std::int32_t s = 0; s < shards; ++s) rows.push_back({k.slot, k.block, s, k.begin, k.end, worker(k.slot, s)});
   }
+  return rows;
+}
 
-  // Contract section 6, in this order of evaluation.
-  const double capacity = (1.0 + config.tau) * static_cast<double>(total) / static_cast<double>(geo.workers);
+std::vector<PlacedRows> unplaced_rows(const std::vector<Block>& blocks, int shards) {
+  return tile_rows(blocks, shards, [](std::int32_t, std::int32_t) { return -1; });
+}
 
-  // The shards of a block have equal f_t and consecutive ids, so sorting
-  // blocks by (decreasing f, id) and expanding each into its shards gives
-  // exactly the order (decreasing f_t, increasing id).
+// The shards of a block have equal f_t and consecutive ids, so sorting
+// blocks by (decreasing f, id) and expanding each into its shards gives
+// exactly the contract's order (decreasing f_t, increasing id).
+std::vector<std::pair<std::uint64_t, std::int32_t>> blocks_by_flops(const std::vector<Block>& blocks) {
   std::vector<std::pair<std::uint64_t, std::int32_t>> keyed(blocks.size());
   std::int64_t max_flops = 0;
   for (const Block& k : blocks) max_flops = std::max(max_flops, k.flops);
@@ -724,53 +764,79 @@ Result<std::vector<PlacedRows>> place_tiles(const Geometry& geo, const PlanConfi
     keyed[i] = {static_cast<std::uint64_t>(max_flops - blocks[i].flops), static_cast<std::int32_t>(i)};
   }
   stable_radix_sort(keyed);  // the keys are in id order: ties stay so
+  return keyed;
+}
 
+// TAP's placement of the tiles in the order `keyed` gives (contract
+// section 6), or with `split` tap-split's, and the largest load it leaves.
+struct TapPlacement {
+  std::vector<PlacedRows> rows;  // tap: in id order; split: in placement order
+  std::int64_t max_load = 0;
+};
+
+TapPlacement place_in_order(const Geometry& geo, const std::vector<Block>& blocks,
+                            const std::vector<std::pair<std::uint64_t, std::int32_t>>& keyed, double capacity,
+                            bool split) {
+  const std::size_t S = static_cast<std::size_t>(geo.shards);
+  Placer placer(geo, capacity);
+  TapPlacement out;
+  if (split) {
+    out.rows.reserve(blocks.size() * S);
+  } else {
+    out.rows = unplaced_rows(blocks, geo.shards);  // the loop sets the workers
+  }
+  for (const auto& [key, i] : keyed) {
+    const Block& k = blocks[static_cast<std::size_t>(i)];
+    for (std::size_t s = 0; s < S; ++s) {
+      const auto shard = static_cast<std::int32_t>(s);
+      if (split) {
+        place_split(geo, placer, {{k.slot, k.block, shard, k.begin, k.end, -1}, k.flops}, out.rows);
+        continue;
+      }
+      const Placer::Choice c = placer.evaluate(k.slot, k.block, shard, k.begin, k.end, k.flops);
+      const int r = c.worker >= 0 ? c.worker : c.fallback;
+      placer.commit(r, k.flops);
+      out.rows[static_cast<std::size_t>(i) * S + s].worker = r;
+    }
+  }
+  for (int r = 0; r < geo.workers; ++r) out.max_load = std::max(out.max_load, placer.load(r));
+  return out;
+}
+
+// tap-topo: from TAP's placement, within tau of balance, the least
+// slowest-worker transfer time (topo.cpp); its split pieces come last.
+std::vector<PlacedRows> place_tap_topo(const Geometry& geo, const PlanConfig& config, const std::vector<Block>& blocks,
+                                       double capacity, std::vector<PlacedRows> tap) {
+  const std::vector<PlacedRows> base = unplaced_rows(blocks, geo.shards);
+  std::vector<std::int64_t> flops;
+  flops.reserve(base.size());
+  for (const Block& k : blocks) flops.insert(flops.end(), static_cast<std::size_t>(geo.shards), k.flops);
+  std::vector<PlacedRows> topo = place_topo(geo, config, base, flops, capacity, std::move(tap));
+  sort_rows(topo);
+  return topo;
+}
+
+}  // namespace
+
+Result<std::vector<PlacedRows>> place_tiles(const Geometry& geo, const PlanConfig& config) {
+  std::int64_t total = 0;
+  const std::vector<Block> blocks = pool_blocks(geo, total);
+  if (config.mode == PlanMode::kUlysses) {
+    return tile_rows(blocks, geo.shards, [&](std::int32_t p, std::int32_t s) { return p * geo.cp + s; });
+  }
+  // Contract section 6, in this order of evaluation.
+  const double capacity = (1.0 + config.tau) * static_cast<double>(total) / static_cast<double>(geo.workers);
+  const auto keyed = blocks_by_flops(blocks);
   // Plain TAP first. tap-split keeps it when it already meets tau (then it
   // equals `tap` tile for tile) and otherwise splits; it returns whichever
   // of the two has the lower maximum load, so it is never worse than tap.
-  auto run = [&](bool split, std::int64_t* max_load) {
-    Placer placer(geo, capacity);
-    std::vector<PlacedRows> out;
-    if (split) {
-      out.reserve(blocks.size() * S);
-    } else {
-      out = tile_rows([](std::int32_t, std::int32_t) { return -1; });  // the loop sets the workers
-    }
-    for (const auto& [key, i] : keyed) {
-      const Block& k = blocks[static_cast<std::size_t>(i)];
-      for (std::size_t s = 0; s < S; ++s) {
-        const auto shard = static_cast<std::int32_t>(s);
-        if (split) {
-          place_split(geo, placer, {{k.slot, k.block, shard, k.begin, k.end, -1}, k.flops}, out);
-          continue;
-        }
-        const Placer::Choice c = placer.evaluate(k.slot, k.block, shard, k.begin, k.end, k.flops);
-        const int r = c.worker >= 0 ? c.worker : c.fallback;
-        placer.commit(r, k.flops);
-        out[static_cast<std::size_t>(i) * S + s].worker = r;
-      }
-    }
-    *max_load = 0;
-    for (int r = 0; r < geo.workers; ++r) *max_load = std::max(*max_load, placer.load(r));
-    return out;
-  };
-  std::int64_t tap_max = 0;
-  std::vector<PlacedRows> tap = run(false, &tap_max);
-  if (config.mode == PlanMode::kTapTopo) {
-    const std::vector<PlacedRows> base = tile_rows([](std::int32_t, std::int32_t) { return -1; });
-    std::vector<std::int64_t> flops;
-    flops.reserve(base.size());
-    for (const Block& k : blocks) flops.insert(flops.end(), S, k.flops);
-    std::vector<PlacedRows> topo = place_topo(geo, config, base, flops, capacity, std::move(tap));
-    sort_rows(topo);  // tap-topo's split pieces come last
-    return topo;
-  }
-  if (config.mode == PlanMode::kTap || static_cast<double>(tap_max) <= capacity) return tap;
-  std::int64_t split_max = 0;
-  std::vector<PlacedRows> split = run(true, &split_max);
-  if (split_max >= tap_max) return tap;
-  sort_rows(split);  // in placement order
-  return split;
+  TapPlacement tap = place_in_order(geo, blocks, keyed, capacity, false);
+  if (config.mode == PlanMode::kTapTopo) return place_tap_topo(geo, config, blocks, capacity, std::move(tap.rows));
+  if (config.mode == PlanMode::kTap || static_cast<double>(tap.max_load) <= capacity) return std::move(tap.rows);
+  TapPlacement split = place_in_order(geo, blocks, keyed, capacity, true);
+  if (split.max_load >= tap.max_load) return std::move(tap.rows);
+  sort_rows(split.rows);  // in placement order
+  return std::move(split.rows);
 }
 
 }  // namespace detail

@@ -317,87 +317,94 @@ class TopoPlacer {
 
 namespace {
 
+// The worker of least link score among those that `room` admits; ties:
+// fewer added link-seconds, lower load, lower id. -1 if none.
+template <class Room>
+int least_score(TopoPlacer& placer, int workers, Room room) {
+  int best = -1;
+  TopoPlacer::Score bs;
+  for (int r = 0; r < workers; ++r) {
+    if (!room(r)) continue;
+    const TopoPlacer::Score s = placer.evaluate(r);
+    if (best < 0 || s.worst < bs.worst ||
+        (s.worst == bs.worst && (s.cost < bs.cost || (s.cost == bs.cost && placer.load_of(r) < placer.load_of(best))))) {
+      best = r;
+      bs = s;
+    }
+  }
+  return best;
+}
+
+int least_loaded(const TopoPlacer& placer, int workers) {
+  int r = 0;
+  for (int w = 1; w < workers; ++w) {
+    if (placer.load_of(w) < placer.load_of(r)) r = w;
+  }
+  return r;
+}
+
+// No worker has room for the rows. With few, heavy tiles per worker (large
+// blocks, few head shards) the greedy leaves the headroom in gaps just short
+// of the last tiles; falling back to TAP's overflow, or to TAP's placement,
+// would give up the home and node locality won so far. So split, as
+// tap-split does: the largest suffix of the rows that fits a worker goes
+// there (the suffix holds the most FLOPs per row), and the rest is placed
+// again. The worker: the least link score among those with room for half
+// the rows' FLOPs (few pieces, each of which brings its own K/V), else the
+// one with the most room. Returns the piece's FLOPs, 0 when no worker has
+// room for even the last row (rows unchanged).
+std::int64_t split_off_suffix(const Geometry& geo, TopoPlacer& placer, std::size_t block, PlacedRows& rows,
+                              std::int64_t f, std::vector<PlacedRows>& pieces) {
+  const std::int64_t last = geo.rows_flops(rows.slot, rows.end - 1, rows.end);
+  const std::int64_t half = std::max(f / 2, last);
+  int to = least_score(placer, geo.workers, [&](int w) { return placer.fits(w, half); });
+  if (to < 0) {
+    to = least_loaded(placer, geo.workers);
+    if (!placer.fits(to, last)) return 0;
+  }
+  // The least y in (begin, end) whose suffix [y, end) fits `to`: the suffix
+  // FLOPs only grow as y falls.
+  std::int64_t lo = rows.begin + 1, hi = rows.end - 1;
+  while (lo < hi) {
+    const std::int64_t mid = lo + (hi - lo) / 2;
+    if (placer.fits(to, geo.rows_flops(rows.slot, mid, rows.end))) {
+      hi = mid;
+    } else {
+      lo = mid + 1;
+    }
+  }
+  PlacedRows piece = rows;
+  piece.begin = lo;
+  piece.worker = to;
+  const std::int64_t pf = geo.rows_flops(rows.slot, lo, rows.end);
+  placer.load_rows(piece, block, /*piece=*/true, /*scoring=*/false);
+  placer.commit(to, pf);
+  pieces.push_back(piece);
+  rows.end = lo;
+  return pf;
+}
+
 // Steps 2 and 3 for the tiles `order` (heaviest first). Whole tiles go to
 // `out` (indexed by tile), the pieces split off them to `pieces`.
 void place_rest(const Geometry& geo, TopoPlacer& placer, std::span<const PlacedRows> base,
                 std::span<const std::int64_t> flops, std::span<const std::int32_t> order, std::vector<PlacedRows>& out,
                 std::vector<PlacedRows>& pieces) {
-  const int W = geo.workers;
   const std::size_t S = static_cast<std::size_t>(geo.shards);
-  // The worker of least link score among those that `room` admits; ties:
-  // fewer added link-seconds, lower load, lower id. -1 if none.
-  auto least_score = [&](auto room) {
-    int best = -1;
-    TopoPlacer::Score bs;
-    for (int r = 0; r < W; ++r) {
-      if (!room(r)) continue;
-      const TopoPlacer::Score s = placer.evaluate(r);
-      if (best < 0 || s.worst < bs.worst ||
-          (s.worst == bs.worst && (s.cost < bs.cost || (s.cost == bs.cost && placer.load_of(r) < placer.load_of(best))))) {
-        best = r;
-        bs = s;
-      }
-    }
-    return best;
-  };
-  auto least_loaded = [&] {
-    int r = 0;
-    for (int w = 1; w < W; ++w) {
-      if (placer.load_of(w) < placer.load_of(r)) r = w;
-    }
-    return r;
-  };
   for (std::int32_t i : order) {
     const std::size_t block = static_cast<std::size_t>(i) / S;
     PlacedRows rows = base[static_cast<std::size_t>(i)];
     std::int64_t f = flops[static_cast<std::size_t>(i)];
     for (;;) {
       placer.load_rows(rows, block, /*piece=*/rows.end != base[static_cast<std::size_t>(i)].end);
-      int r = least_score([&](int w) { return placer.fits(w, f); });
+      int r = least_score(placer, geo.workers, [&](int w) { return placer.fits(w, f); });
       if (r < 0 && rows.end - rows.begin >= 2) {
-        // No worker has room for the rows. With few, heavy tiles per
-        // worker (large blocks, few head shards) the greedy above leaves
-        // the headroom in gaps just short of the last tiles; falling back
-        // to TAP's overflow, or to TAP's placement, would give up the home
-        // and node locality won so far. So split, as tap-split does: the
-        // largest suffix of the rows that fits a worker goes there (the
-        // suffix holds the most FLOPs per row), and the rest is placed
-        // again. The worker: the least link score among those with room
-        // for half the rows' FLOPs (few pieces, each of which brings its
-        // own K/V), else the one with the most room.
-        const std::int64_t last = geo.rows_flops(rows.slot, rows.end - 1, rows.end);
-        const std::int64_t half = std::max(f / 2, last);
-        int to = least_score([&](int w) { return placer.fits(w, half); });
-        if (to < 0) {
-          to = least_loaded();
-          if (!placer.fits(to, last)) to = -1;
-        }
-        if (to >= 0) {
-          // The least y in (begin, end) whose suffix [y, end) fits `to`:
-          // the suffix FLOPs only grow as y falls.
-          std::int64_t lo = rows.begin + 1, hi = rows.end - 1;
-          while (lo < hi) {
-            const std::int64_t mid = lo + (hi - lo) / 2;
-            if (placer.fits(to, geo.rows_flops(rows.slot, mid, rows.end))) {
-              hi = mid;
-            } else {
-              lo = mid + 1;
-            }
-          }
-          PlacedRows piece = rows;
-          piece.begin = lo;
-          piece.worker = to;
-          const std::int64_t pf = geo.rows_flops(rows.slot, lo, rows.end);
-          placer.load_rows(piece, block, /*piece=*/true, /*scoring=*/false);
-          placer.commit(to, pf);
-          pieces.push_back(piece);
-          rows.end = lo;
+        if (const std::int64_t pf = split_off_suffix(geo, placer, block, rows, f, pieces); pf > 0) {
           f -= pf;
           continue;
         }
       }
       // Not one row fits anywhere: the least-loaded worker, as TAP does.
-      if (r < 0) r = least_loaded();
+      if (r < 0) r = least_loaded(placer, geo.workers);
       placer.commit(r, f);
       rows.worker = r;
       out[static_cast<std::size_t>(i)] = rows;
@@ -406,95 +413,82 @@ void place_rest(const Geometry& geo, TopoPlacer& placer, std::span<const PlacedR
   }
 }
 
-}  // namespace
+// Heaviest first, ties lower id, as sortable keys (one array, no
+// indirection in the comparisons).
+std::vector<std::int32_t> heaviest_first(std::span<const std::int64_t> flops, std::span<const std::int32_t> tiles) {
+  std::vector<std::pair<std::int64_t, std::int32_t>> keyed(tiles.size());
+  for (std::size_t k = 0; k < tiles.size(); ++k) keyed[k] = {-flops[static_cast<std::size_t>(tiles[k])], tiles[k]};
+  std::sort(keyed.begin(), keyed.end());
+  std::vector<std::int32_t> order(tiles.size());
+  for (std::size_t k = 0; k < tiles.size(); ++k) order[k] = keyed[k].second;
+  return order;
+}
 
-std::vector<PlacedRows> place_topo(const Geometry& geo, const PlanConfig& config, std::span<const PlacedRows> base,
-                                   std::span<const std::int64_t> flops, double capacity,
-                                   std::vector<PlacedRows> tap) {
-  const int W = geo.workers;
-  const std::size_t n = base.size();
-  struct Candidate {
-    std::vector<PlacedRows> rows;
-    std::vector<PlacedRows> pieces;
-    std::unique_ptr<TopoPlacer> placer;
+// The blocks by (home, FLOPs, block id descending): the order each home
+// gives up its tiles in, lightest first (tiles of a block share home and
+// FLOPs, so only blocks are sorted, once).
+std::vector<std::int32_t> blocks_by_home(const Blocks& blocks, std::span<const std::int64_t> flops, std::size_t S) {
+  struct Key {
+    std::int32_t home;
+    std::int64_t flops;
+    std::int32_t block;
   };
-  const Blocks blocks(geo, base);
-  const std::size_t S = static_cast<std::size_t>(geo.shards);
-  auto home_of = [&](std::int32_t i) { return blocks.home[static_cast<std::size_t>(i) / S]; };
-  // Home first: each home keeps a prefix of its tiles in `before` order
-  // while they fit under C; the rest go heaviest first where the links
-  // suffer least.
-  std::int64_t total = 0;
-  for (std::int64_t f : flops) total += f;
-  // Heaviest first, ties lower id, as sortable keys (one array, no
-  // indirection in the comparisons).
-  auto heaviest_first = [&](std::span<const std::int32_t> tiles) {
-    std::vector<std::pair<std::int64_t, std::int32_t>> keyed(tiles.size());
-    for (std::size_t k = 0; k < tiles.size(); ++k) keyed[k] = {-flops[static_cast<std::size_t>(tiles[k])], tiles[k]};
-    std::sort(keyed.begin(), keyed.end());
-    std::vector<std::int32_t> order(tiles.size());
-    for (std::size_t k = 0; k < tiles.size(); ++k) order[k] = keyed[k].second;
-    return order;
-  };
-  // Each home's tiles, lightest first (ties: higher id first), optionally
-  // whole head shards first. The shards of a block share home and FLOPs and
-  // have consecutive ids, so only blocks are sorted, by (home, FLOPs, block
-  // id descending), once; expanding each home's blocks into their shards
-  // (descending) gives (home, FLOPs, id descending), and taking shard by
-  // shard over the same blocks gives (home, shard, FLOPs, id descending).
-  std::vector<std::int32_t> block_order(n / S);
-  {
-    struct Key {
-      std::int32_t home;
-      std::int64_t flops;
-      std::int32_t block;
-    };
-    std::vector<Key> keys(n / S);
-    for (std::size_t b = 0; b < keys.size(); ++b) {
-      keys[b] = {blocks.home[b], flops[b * S], static_cast<std::int32_t>(b)};
-    }
-    std::sort(keys.begin(), keys.end(), [](const Key& x, const Key& y) {
-      if (x.home != y.home) return x.home < y.home;
-      if (x.flops != y.flops) return x.flops < y.flops;
-      return x.block > y.block;
-    });
-    for (std::size_t b = 0; b < keys.size(); ++b) block_order[b] = keys[b].block;
+  std::vector<Key> keys(flops.size() / S);
+  for (std::size_t b = 0; b < keys.size(); ++b) keys[b] = {blocks.home[b], flops[b * S], static_cast<std::int32_t>(b)};
+  std::sort(keys.begin(), keys.end(), [](const Key& x, const Key& y) {
+    if (x.home != y.home) return x.home < y.home;
+    if (x.flops != y.flops) return x.flops < y.flops;
+    return x.block > y.block;
+  });
+  std::vector<std::int32_t> order(keys.size());
+  for (std::size_t b = 0; b < keys.size(); ++b) order[b] = keys[b].block;
+  return order;
+}
+
+// One complete placement tap-topo considers: whole tiles by id, the pieces
+// split off, and the placer that priced them.
+struct Candidate {
+  std::vector<PlacedRows> rows;
+  std::vector<PlacedRows> pieces;
+  std::unique_ptr<TopoPlacer> placer;
+
+  // Within C first; then the faster links (slowest worker, then the sum);
+  // then the lower peak load.
+  bool better_than(const Candidate& b) const {
+    const TopoPlacer& x = *placer;
+    if (x.within_capacity() != b.placer->within_capacity()) return x.within_capacity();
+    return !x.within_capacity() ? x.max_load() < b.placer->max_load() : x.link_times() < b.placer->link_times();
   }
-  auto home_order = [&](bool whole_shards) {
-    std::vector<std::int32_t> order;
-    order.reserve(n);
-    for (std::size_t k = 0; k < block_order.size();) {
-      std::size_t e = k;
-      while (e < block_order.size() && blocks.home[static_cast<std::size_t>(block_order[e])] ==
-                                           blocks.home[static_cast<std::size_t>(block_order[k])]) {
-        ++e;
-      }
-      if (whole_shards) {
-        for (std::size_t s = 0; s < S; ++s) {
-          for (std::size_t x = k; x < e; ++x) order.push_back(static_cast<std::int32_t>(static_cast<std::size_t>(block_order[x]) * S + s));
-        }
-      } else {
-        for (std::size_t x = k; x < e; ++x) {
-          for (std::size_t s = S; s-- > 0;) order.push_back(static_cast<std::int32_t>(static_cast<std::size_t>(block_order[x]) * S + s));
-        }
-      }
-      k = e;
-    }
-    return order;
-  };
-  auto home_first = [&](bool whole_shards, std::int64_t keep_cap) {
-    Candidate c{std::vector<PlacedRows>(base.begin(), base.end()), {},
-                std::make_unique<TopoPlacer>(geo, blocks, config.topology, capacity)};
+  std::vector<PlacedRows> result() && {
+    rows.insert(rows.end(), pieces.begin(), pieces.end());
+    return std::move(rows);
+  }
+};
+
+// The candidates of one pool: what they all start from and are priced by.
+class Candidates {
+ public:
+  Candidates(const Geometry& geo, const PlanConfig& config, std::span<const PlacedRows> base,
+             std::span<const std::int64_t> flops, double capacity)
+      : geo_(geo), config_(config), base_(base), flops_(flops), capacity_(capacity), blocks_(geo, base),
+        S_(static_cast<std::size_t>(geo.shards)), block_order_(blocks_by_home(blocks_, flops, S_)) {}
+
+  // Home first: each home keeps a prefix of its tiles, lightest first (ties:
+  // higher id first), optionally whole head shards first, while they fit
+  // under keep_cap and C; the rest go heaviest first where the links suffer
+  // least.
+  Candidate home_first(bool whole_shards, std::int64_t keep_cap) const {
+    Candidate c = fresh(std::vector<PlacedRows>(base_.begin(), base_.end()));
     const std::vector<std::int32_t> order = home_order(whole_shards);
     std::vector<std::int32_t> moved;
-    for (std::size_t k = 0; k < n;) {
+    for (std::size_t k = 0; k < order.size();) {
       const int h = home_of(order[k]);
       bool full = false;
-      for (; k < n && home_of(order[k]) == h; ++k) {
+      for (; k < order.size() && home_of(order[k]) == h; ++k) {
         const std::int32_t i = order[k];
-        const std::int64_t f = flops[static_cast<std::size_t>(i)];
+        const std::int64_t f = flops_[static_cast<std::size_t>(i)];
         if (!full && c.placer->fits_under(h, f, keep_cap)) {
-          c.placer->load(base, static_cast<std::size_t>(i), /*scoring=*/false);
+          c.placer->load(base_, static_cast<std::size_t>(i), /*scoring=*/false);
           c.placer->commit(h, f);
           c.rows[static_cast<std::size_t>(i)].worker = h;
         } else {
@@ -503,72 +497,118 @@ std::vector<PlacedRows> place_topo(const Geometry& geo, const PlanConfig& config
         }
       }
     }
-    place_rest(geo, *c.placer, base, flops, heaviest_first(moved), c.rows, c.pieces);
+    place_rest(geo_, *c.placer, base_, flops_, heaviest_first(flops_, moved), c.rows, c.pieces);
     return c;
-  };
-  std::vector<Candidate> cands;
-  auto result = [](Candidate& c) {
-    c.rows.insert(c.rows.end(), c.pieces.begin(), c.pieces.end());
-    return std::move(c.rows);
-  };
-  // A. Lightest first: a light tile moves the most bytes per FLOP.
+  }
+
+  // Every tile heaviest first (TAP's order), by the link score.
+  Candidate heaviest_all() const {
+    Candidate c = fresh(std::vector<PlacedRows>(base_.begin(), base_.end()));
+    std::vector<std::int32_t> all(base_.size());
+    std::iota(all.begin(), all.end(), 0);
+    place_rest(geo_, *c.placer, base_, flops_, heaviest_first(flops_, all), c.rows, c.pieces);
+    return c;
+  }
+
+  // TAP's own placement, priced the same way (the links' final state does
+  // not depend on the order of the commits).
+  Candidate priced(std::vector<PlacedRows> tap) const {
+    Candidate c = fresh(std::move(tap));
+    for (std::size_t i = 0; i < base_.size(); ++i) {
+      c.placer->load(base_, i, /*scoring=*/false);
+      c.placer->commit(c.rows[i].worker, flops_[i]);
+    }
+    return c;
+  }
+
+ private:
+  Candidate fresh(std::vector<PlacedRows> rows) const {
+    return {std::move(rows), {}, std::make_unique<TopoPlacer>(geo_, blocks_, config_.topology, capacity_)};
+  }
+  int home_of(std::int32_t i) const { return blocks_.home[static_cast<std::size_t>(i) / S_]; }
+  // Each home's tiles from its blocks in block_order_: shard by shard over
+  // them (whole shards: (home, shard, FLOPs, id descending)), or each
+  // block's shards descending ((home, FLOPs, id descending)).
+  std::vector<std::int32_t> home_order(bool whole_shards) const {
+    std::vector<std::int32_t> order;
+    order.reserve(base_.size());
+    auto tile = [&](std::size_t x, std::size_t s) {
+      return static_cast<std::int32_t>(static_cast<std::size_t>(block_order_[x]) * S_ + s);
+    };
+    for (std::size_t k = 0; k < block_order_.size();) {
+      std::size_t e = k;
+      while (e < block_order_.size() && blocks_.home[static_cast<std::size_t>(block_order_[e])] ==
+                                            blocks_.home[static_cast<std::size_t>(block_order_[k])]) {
+        ++e;
+      }
+      if (whole_shards) {
+        for (std::size_t s = 0; s < S_; ++s)
+          for (std::size_t x = k; x < e; ++x) order.push_back(tile(x, s));
+      } else {
+        for (std::size_t x = k; x < e; ++x)
+          for (std::size_t s = S_; s-- > 0;) order.push_back(tile(x, s));
+      }
+      k = e;
+    }
+    return order;
+  }
+
+  const Geometry& geo_;
+  const PlanConfig& config_;
+  std::span<const PlacedRows> base_;
+  std::span<const std::int64_t> flops_;
+  double capacity_;
+  const Blocks blocks_;
+  std::size_t S_;
+  std::vector<std::int32_t> block_order_;
+};
+
+// A candidate that had to split a tile does not count: a tighter packing
+// of whole tiles may still do better.
+bool none_within(const std::vector<Candidate>& cands) {
+  return std::none_of(cands.begin(), cands.end(),
+                      [](const Candidate& c) { return c.pieces.empty() && c.placer->within_capacity(); });
+}
+
+}  // namespace
+
+std::vector<PlacedRows> place_topo(const Geometry& geo, const PlanConfig& config, std::span<const PlacedRows> base,
+                                   std::span<const std::int64_t> flops, double capacity,
+                                   std::vector<PlacedRows> tap) {
+  const Candidates make(geo, config, base, flops, capacity);
   constexpr bool lightest = false, by_shard = true;
   constexpr std::int64_t kNoCap = std::numeric_limits<std::int64_t>::max();
-  cands.push_back(home_first(lightest, kNoCap));
-  if (cands[0].placer->within_capacity() && cands[0].placer->link_times().first == 0) return result(cands[0]);
+  std::vector<Candidate> cands;
+  // A. Lightest first: a light tile moves the most bytes per FLOP.
+  cands.push_back(make.home_first(lightest, kNoCap));
+  if (cands[0].placer->within_capacity() && cands[0].placer->link_times().first == 0) return std::move(cands[0]).result();
   // B. Whole head shards first, lightest first within a shard: the tiles
   //    that leave then share fewer KV groups (a long sample's KV goes out
   //    once per moved shard and destination, not once per shard).
-  cands.push_back(home_first(by_shard, kNoCap));
+  cands.push_back(make.home_first(by_shard, kNoCap));
   // When neither fits its moved tiles under C, the homes kept too much: the
   //    same with each home keeping at most the mean load leaves the room the
   //    moved tiles need, and still keeps most of the FLOPs home.
-  // (A candidate that had to split a tile does not count: a tighter
-  //  packing of whole tiles may still do better.)
-  auto none_within = [&] {
-    return std::none_of(cands.begin(), cands.end(),
-                        [](const Candidate& c) { return c.pieces.empty() && c.placer->within_capacity(); });
-  };
-  if (none_within()) {
-    const std::int64_t mean = total / W;
-    cands.push_back(home_first(lightest, mean));
-    cands.push_back(home_first(by_shard, mean));
+  if (none_within(cands)) {
+    std::int64_t total = 0;
+    for (std::int64_t f : flops) total += f;
+    const std::int64_t mean = total / geo.workers;
+    cands.push_back(make.home_first(lightest, mean));
+    cands.push_back(make.home_first(by_shard, mean));
   }
   // C. Every tile heaviest first (TAP's order, which packs tightest), by the
   //    same link score: where the home-first passes cannot fit their moved
   //    tiles under C, this one usually can. Only then is it worth its time.
-  if (none_within()) {
-    Candidate c{std::vector<PlacedRows>(base.begin(), base.end()), {},
-                std::make_unique<TopoPlacer>(geo, blocks, config.topology, capacity)};
-    std::vector<std::int32_t> all(n);
-    std::iota(all.begin(), all.end(), 0);
-    place_rest(geo, *c.placer, base, flops, heaviest_first(all), c.rows, c.pieces);
-    cands.push_back(std::move(c));
-  }
-  // D. TAP itself, priced the same way (the links' final state does not
-  //    depend on the order of the commits), so tap-topo's links are never
-  //    slower than tap's where both fit under C.
-  {
-    Candidate c{std::move(tap), {}, std::make_unique<TopoPlacer>(geo, blocks, config.topology, capacity)};
-    for (std::size_t i = 0; i < n; ++i) {
-      c.placer->load(base, i, /*scoring=*/false);
-      c.placer->commit(c.rows[i].worker, flops[i]);
-    }
-    cands.push_back(std::move(c));
-  }
-  // Within C first; then the faster links (slowest worker, then the sum);
-  // then the lower peak load; ties: the earlier candidate.
+  if (none_within(cands)) cands.push_back(make.heaviest_all());
+  // D. TAP itself, so tap-topo's links are never slower than tap's where
+  //    both fit under C.
+  cands.push_back(make.priced(std::move(tap)));
+  // Ties: the earlier candidate.
   std::size_t best = 0;
   for (std::size_t k = 1; k < cands.size(); ++k) {
-    const TopoPlacer& x = *cands[k].placer;
-    const TopoPlacer& b = *cands[best].placer;
-    if (x.within_capacity() != b.within_capacity()) {
-      if (x.within_capacity()) best = k;
-      continue;
-    }
-    if (!x.within_capacity() ? x.max_load() < b.max_load() : x.link_times() < b.link_times()) best = k;
+    if (cands[k].better_than(cands[best])) best = k;
   }
-  return result(cands[best]);
+  return std::move(cands[best]).result();
 }
 
 }  // namespace libra::detail

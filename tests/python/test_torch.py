@@ -369,6 +369,10 @@ def test_backend_selection_by_device_dtype_and_availability():
     # CUDA tensors (selection only; nothing runs): flash-attn when importable, else torch's varlen_attn
     # where this torch has it, else the fallback; fp32 only on the fallback.
     flash, varlen = backends.get("flash-attn"), backends.get("torch-varlen")
+    # libra's Triton kernels come first on a CUDA device (none here); CPU tensors only when pinned,
+    # under TRITON_INTERPRET=1 (tests/python/test_triton.py).
+    if not torch.cuda.is_available():
+        assert backends.get("triton").unavailable(cuda, torch.bfloat16) is not None
     if not _has_flash_attn():
         assert "flash_attn" in flash.unavailable(cuda, torch.bfloat16)
         want = "torch-varlen" if varlen.unavailable(cuda, torch.bfloat16) is None else "sdpa"
@@ -391,7 +395,7 @@ def test_backend_selection_by_device_dtype_and_availability():
             backends.select(cpu, torch.float16)
     finally:
         backends.force(previous)
-    with pytest.raises(ValueError, match="backend 'nope': must be one of libra-cpu, flash-attn, torch-varlen, sdpa"):
+    with pytest.raises(ValueError, match="backend 'nope': must be one of triton, libra-cpu, flash-attn, torch-varlen, sdpa"):
         backends.force("nope")
 
 

@@ -1,10 +1,11 @@
-// `libra exec` (run a pool's attention forward and backward through a
+// `libra exec`: run a pool's attention forward and backward through a
 // distributed executor, under mpirun or as in-process ranks, and check it
-// against a single-process reference) and `libra bench exec` (per-worker
-// compute time with the real kernel, straggler per mode, speedups over
-// Ulysses). The distributed check itself is the harness's run_check
-// (src/exec/harness.hpp), which the executor tests run too; this file holds
-// the flags and the printing.
+// against a single-process reference. The distributed check itself is the
+// harness's run_check (src/exec/harness.hpp), which the executor tests run
+// too, and the report's verdict and JSON are the harness's as well; this
+// file holds the flags, the job's start and end on every rank, and the
+// printing. `libra bench exec` is cmd_bench_exec.cpp; the flags both take,
+// exec_flags.hpp.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -22,6 +23,7 @@
 #include <vector>
 
 #include "commands.hpp"
+#include "exec_flags.hpp"
 #include "plan_flags.hpp"
 #include "core/fault.hpp"
 #include "exec/harness.hpp"
@@ -32,16 +34,6 @@
 
 namespace libra::cli {
 namespace {
-
-// The flags that choose a pool and its shape, shared by `exec` and `bench exec`.
-struct PoolFlags {
-  std::string source = "builtin:paper-1m";
-  PlanFlags flags;
-  int pool_size = 0;     // 0: ranks / cp (exec), 4 (bench)
-  std::int64_t pool_index = 0;
-  int threads = 1;
-  bool relay = false;  // ExecOptions::relay
-};
 
 struct ExecOptionsCli {
   PoolFlags pool;
@@ -62,81 +54,6 @@ struct ExecOptionsCli {
   int repeat = 1;    // forward + backward runs; timings and check of the last
   double timeout = 300;  // seconds a rank waits to hear from a peer
 };
-
-// Bounds that keep a typo from becoming a run that never ends.
-constexpr int kMaxRepeat = 100000;
-constexpr int kMaxThreads = 1024;  // the kernel's own limit
-
-struct BenchOptionsCli {
-  PoolFlags pool;
-  int pools = 4;
-  bool backward = false;
-  int repeat = 1;
-};
-
-std::vector<const CLI::Option*> add_pool_flags(CLI::App* sub, PoolFlags& o, bool bench) {
-  std::vector<const CLI::Option*> pool_flags;
-  pool_flags.push_back(sub->add_option("source", o.source, "pool: JSON Lines file (one packed sequence per line) or "
-                                                           "builtin:NAME, whose sequences are scaled to --seq-len"));
-  add_plan_flags(sub, o.flags, bench ? "default: a CPU-sized pool, see docs/executor.md" : "required unless --plan");
-  if (!bench) o.flags.instead = "--plan FILE, whose plan carries the shape";
-  pool_flags.push_back(sub->add_option("--pool-size", o.pool_size,
-                                       bench ? "slots per pool P (default 4)" : "slots per pool P (default: ranks / cp)"));
-  pool_flags.push_back(
-      sub->add_option("--pool-index", o.pool_index, "first pool drawn from the source: sequences [index*P, ...)"));
-  sub->add_option("--threads", o.threads, "kernel threads per rank");
-  sub->add_flag("--relay", o.relay,
-                "send cross-node inputs through node-mates chosen by libra::plan_relays (nodes of the plan's "
-                "topology: save the plan with `libra plan --gpus-per-node N` and pass --plan)");
-  return pool_flags;
-}
-
-// Packed sequences of the source at --seq-len. A built-in corpus made for
-// another packed length is packed at its own length and every sample length
-// scaled by seq_len / default (at least 1), so its long-tail shape is kept at
-// a CPU-sized length.
-Result<std::vector<PackedSequence>> load_scaled(const std::string& source, std::int64_t seq_len, double* scale) {
-  *scale = 1.0;
-  if (source.rfind("builtin:", 0) != 0) return load_packed_sequences(source, seq_len);
-  LIBRA_ASSIGN_OR_RETURN(Corpus corpus, load_corpus(source));
-  const std::int64_t D = corpus.default_seq_len;
-  if (D <= 0 || D == seq_len) return load_packed_sequences(source, seq_len);
-  LIBRA_ASSIGN_OR_RETURN(std::vector<PackedSequence> packed, load_packed_sequences(source, std::nullopt));
-  *scale = static_cast<double>(seq_len) / static_cast<double>(D);
-  for (PackedSequence& seq : packed) {
-    PackedSequence out;
-    std::int64_t total = 0;
-    for (std::int64_t l : seq) {
-      const std::int64_t s = std::max<std::int64_t>(1, l * seq_len / D);  // l, L <= 2^31: no overflow
-      if (total + s > seq_len) break;
-      out.push_back(s);
-      total += s;
-    }
-    seq = std::move(out);
-  }
-  return packed;
-}
-
-Status check_threads(int threads) {
-  if (threads < 1 || threads > kMaxThreads) {
-    return invalid_input(fmt::format("--threads {}: must be in [1, {}]", threads, kMaxThreads));
-  }
-  return Status();
-}
-
-// The configuration of the flags for one executor mode.
-Result<PlanConfig> make_config(const PoolFlags& o, const std::string& mode) {
-  LIBRA_ASSIGN_OR_RETURN(PlanConfig cfg, plan_config_from(o.flags));
-  LIBRA_TRY(check_threads(o.threads));
-  LIBRA_ASSIGN_OR_RETURN(cfg.mode, parse_plan_mode(mode == "ulysses-plan" ? "ulysses" : mode));
-  if (mode == "ulysses") {
-    // The baseline executor runs one chunk; it takes no cut.
-    cfg.chunks = 1;
-    cfg.chunk_split = ChunkSplit::kEqual;
-  }
-  LIBRA_TRY(name_preset_fields(o.flags, name_chunk_flags(o.flags, cfg, validate_plan_config(cfg))));
-  return cfg;
-}
 
 std::string bytes_text(std::int64_t b) {
   const double x = static_cast<double>(b);
@@ -483,148 +400,6 @@ int fail_under_launcher(const Status& error) { return run_launched_rank(*launche
 
 namespace {
 
-// ---- bench -----------------------------------------------------------------
-
-double median(std::vector<double> x) {
-  std::sort(x.begin(), x.end());
-  return x.empty() ? 0.0 : x[x.size() / 2];
-}
-
-// Kernel seconds of worker `w` of the pool for one mode, measured alone
-// through a loopback communicator (remote inputs stay zero; the kernel's
-// time does not depend on the values).
-Result<double> worker_seconds(const std::vector<PackedSequence>& pool, const PlanConfig& cfg, const std::optional<Plan>& plan,
-                              int w, const BenchOptionsCli& opt) {
-  const int W = static_cast<int>(pool.size()) * cfg.cp;
-  auto comm = make_loopback_communicator(w, W);
-  ExecOptions eo;
-  eo.threads = opt.pool.threads;
-  eo.relay = opt.pool.relay;
-  std::unique_ptr<Executor> ex;
-  if (plan) {
-    LIBRA_ASSIGN_OR_RETURN(ex, make_plan_executor(*comm, *plan, eo));
-  } else {
-    LIBRA_ASSIGN_OR_RETURN(ex, make_ulysses_executor(*comm, pool, cfg, eo));
-  }
-  const std::vector<float> q = harness_home_tensor(1, cfg, w, 0), k = harness_home_tensor(1, cfg, w, 1),
-                           v = harness_home_tensor(1, cfg, w, 2), d_o = harness_home_tensor(1, cfg, w, 3);
-  std::vector<double> times;
-  for (int rep = 0; rep < opt.repeat; ++rep) {
-    LIBRA_ASSIGN_OR_RETURN(ForwardOutputs f, ex->forward({q, k, v}));
-    double t = ex->last_compute_seconds();
-    if (opt.backward) {
-      LIBRA_ASSIGN_OR_RETURN(BackwardOutputs g, ex->backward({q, k, v}, f, d_o));
-      t += ex->last_compute_seconds();
-    }
-    times.push_back(t);
-  }
-  return median(times);
-}
-
-int run_bench(BenchOptionsCli opt) {
-  PoolFlags& so = opt.pool;
-  // CPU-sized defaults scaled from the paper's setting (P = 8, CP = 8,
-  // L = 1M, B = 8192, H = 8, h_q = 32, h_kv = 4, d = 128).
-  PlanFlags& f = so.flags;
-  if (!f.seq_len) f.seq_len = 16384;
-  if (!f.cp) f.cp = 4;
-  if (*f.cp < 1) return fail(invalid_input(fmt::format("--cp {}: must be at least 1", *f.cp)));
-  if (so.pool_size == 0) so.pool_size = 4;
-  if (so.pool_size < 1) return fail(invalid_input(fmt::format("--pool-size {}: must be at least 1", so.pool_size)));
-  if (!f.block) f.block = *f.seq_len / *f.cp / 4;
-  if (f.model.empty()) {
-    if (!f.heads_q) f.heads_q = 8;
-    if (!f.heads_kv) f.heads_kv = 2;
-    if (!f.head_dim) f.head_dim = 64;
-  }
-  if (!f.head_shards) f.head_shards = 4;
-  if (opt.pools < 1) return fail(invalid_input(fmt::format("--pools {}: must be at least 1", opt.pools)));
-  if (opt.repeat < 1 || opt.repeat > kMaxRepeat) {
-    return fail(invalid_input(fmt::format("--repeat {}: must be in [1, {}]", opt.repeat, kMaxRepeat)));
-  }
-  const char* modes[] = {"ulysses", "tap", "tap-split"};
-  std::vector<PlanConfig> cfgs;
-  for (const char* m : modes) {
-    Result<PlanConfig> c = make_config(so, m);
-    if (!c.ok()) return fail(c.error());
-    cfgs.push_back(*c);
-  }
-  const PlanConfig& c0 = cfgs[0];
-  double scale = 1.0;
-  Result<std::vector<PackedSequence>> all = load_scaled(so.source, c0.seq_len, &scale);
-  if (!all.ok()) return fail(all.error());
-  const int P = so.pool_size, W = P * c0.cp;
-  // Every pool is checked to exist before the first measurement.
-  const auto n = static_cast<std::int64_t>(all->size());
-  if (so.pool_index < 0 || (so.pool_index + opt.pools) * P > n) {
-    return fail(invalid_input(fmt::format("--pools {}: {} holds {} whole pool(s) of --pool-size {}{}", opt.pools, so.source,
-                                          n / P, P,
-                                          so.pool_index == 0 ? std::string()
-                                                             : fmt::format(", {} from --pool-index {}",
-                                                                           std::max<std::int64_t>(0, n / P - so.pool_index),
-                                                                           so.pool_index))));
-  }
-  fmt::print("libra bench exec: per-worker attention compute time measured with the real kernel ({}), every worker of a "
-             "pool run one after another on this machine ({} kernel thread(s)), not concurrently; straggler = slowest "
-             "worker\n",
-             opt.backward ? "forward + backward" : "forward", so.threads);
-  fmt::print("pools: {} from {} (sample lengths x {:.6g}), L {}, P {}, CP {}, W {}, B {}, H {}, h_q {}, h_kv {}, d {}, {}, "
-             "median of {} run(s){}\n",
-             opt.pools, so.source, scale, c0.seq_len, P, c0.cp, W, c0.block_size, c0.head_shards, c0.shape.heads_q,
-             c0.shape.heads_kv, c0.shape.head_dim, dtype_name(c0.shape.dtype), opt.repeat,
-             cfgs[1].chunk_split == ChunkSplit::kEqual
-                 ? std::string()
-                 : fmt::format("; tap and tap-split M {} ({})", cfgs[1].chunks, tapered_chunks_text(cfgs[1])));
-  {
-    // One untimed run first, so that no measured worker pays for first-touch
-    // page faults and the kernel's one-time set-up.
-    Result<std::vector<PackedSequence>> pool0 = draw_pool(*all, so.source, so.pool_index, P);
-    if (!pool0.ok()) return fail(pool0.error());
-    Result<double> warm = worker_seconds(*pool0, cfgs[0], std::nullopt, 0, opt);
-    if (!warm.ok()) return fail(warm.error());
-  }
-  fmt::print("{:>4} {:>12} {:>12} {:>9} {:>12} {:>9} {:>10} {:>10}\n", "pool", "ulysses s", "tap s", "speedup",
-             "tap-split s", "speedup", "tap R-1", "split R-1");
-  std::vector<std::vector<double>> straggler(3);
-  for (int k = 0; k < opt.pools; ++k) {
-    Result<std::vector<PackedSequence>> pool = draw_pool(*all, so.source, so.pool_index + k, P);
-    if (!pool.ok()) return fail(pool.error());
-    double imb[3] = {0, 0, 0};
-    for (std::size_t mi = 0; mi < 3; ++mi) {
-      std::optional<Plan> plan;
-      if (mi > 0) {
-        Result<Plan> p = make_plan(*pool, cfgs[mi]);
-        if (!p.ok()) return fail(p.error());
-        plan = *p;
-        imb[mi] = plan->imbalance();
-      }
-      double worst = 0;
-      for (int w = 0; w < W; ++w) {
-        Result<double> t = worker_seconds(*pool, cfgs[mi], plan, w, opt);
-        if (!t.ok()) return fail(t.error());
-        worst = std::max(worst, *t);
-      }
-      straggler[mi].push_back(worst);
-    }
-    const double u = straggler[0].back(), t = straggler[1].back(), s = straggler[2].back();
-    fmt::print("{:>4} {:>12.4f} {:>12.4f} {:>8.2f}x {:>12.4f} {:>8.2f}x {:>10.4f} {:>10.4f}\n", so.pool_index + k, u, t,
-               u / t, s, u / s, imb[1], imb[2]);
-    std::fflush(stdout);
-  }
-  for (std::size_t mi = 1; mi < 3; ++mi) {
-    double mean_speedup = 0;
-    for (int k = 0; k < opt.pools; ++k) mean_speedup += straggler[0][static_cast<std::size_t>(k)] / straggler[mi][static_cast<std::size_t>(k)];
-    mean_speedup /= opt.pools;
-    const double worst_u = *std::max_element(straggler[0].begin(), straggler[0].end());
-    const double worst_m = *std::max_element(straggler[mi].begin(), straggler[mi].end());
-    fmt::print("{}: mean straggler speedup over ulysses {:.2f}x, worst-case (slowest pool vs slowest pool) {:.2f}x\n",
-               modes[mi], mean_speedup, worst_u / worst_m);
-  }
-  fmt::print("paper (Libra vs Ulysses, GPU, 1M-token pools): 2.91x and 2.57x mean, 3.14x and 2.90x worst, for its two "
-             "model configurations\n");
-  return kExitOk;
-}
-
 const bool registered = register_command(70, [](CLI::App& app) {
   std::vector<Handler> handlers;
   auto* ex = app.add_subcommand("exec", "Run a pool's attention forward and backward through a distributed executor "
@@ -655,16 +430,6 @@ const bool registered = register_command(70, [](CLI::App& app) {
   ex->add_option("--plan", eo->plan, "run a saved plan file (libra plan -o FILE): its pool and shape replace the source "
                                      "and shape flags");
   handlers.push_back({ex, [eo] { return run_exec(*eo); }});
-
-  CLI::App* bench = command_group(app, "bench", "Measure libra's components on this machine");
-  auto* be = bench->add_subcommand("exec", "Per-worker kernel compute time and straggler speedups of tap and tap-split "
-                                           "over ulysses on pools of a built-in corpus");
-  auto bo = std::make_shared<BenchOptionsCli>();
-  add_pool_flags(be, bo->pool, true);
-  be->add_option("--pools", bo->pools, "pools to measure (default 4)");
-  be->add_flag("--backward", bo->backward, "also time the backward pass");
-  be->add_option("--repeat", bo->repeat, "runs per worker; the median is used");
-  handlers.push_back({be, [bo] { return run_bench(*bo); }});
   return handlers;
 });
 

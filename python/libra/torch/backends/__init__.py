@@ -32,7 +32,7 @@ import os
 
 # Preference order; each name is a module of this package (dashes as underscores) whose BACKEND it
 # registers. The first available one for a call's device and dtype runs it.
-ORDER = ("libra-cpu", "flash-attn", "torch-varlen", "sdpa")
+ORDER = ("triton", "libra-cpu", "flash-attn", "torch-varlen", "sdpa")
 
 # Short names older code and tests use.
 _ALIASES = {"flash": "flash-attn", "cpu": "libra-cpu"}
