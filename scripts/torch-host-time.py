@@ -21,6 +21,7 @@ A measurement, not a test.
 
     .venv/bin/python scripts/torch-host-time.py                      # builtin:paper-256k, P 4, CP 8, M 4
     .venv/bin/python scripts/torch-host-time.py --preset paper-1m    # builtin:paper-1m, P 8, CP 8, M 4
+    .venv/bin/python scripts/torch-host-time.py --preset paper-1m --build-only   # the build alone, per worker
 """
 import argparse
 import os
@@ -164,6 +165,35 @@ def _stat(res, key, scale=1e3, fmt=".1f"):
     return f"median {statistics.median(per) * scale:{fmt}}, largest {per[-1] * scale:{fmt}}"
 
 
+def build_only(a, pool):
+    """Each worker's per-micro-batch build alone, one after another on this thread (no pool running
+    beside it): rank_program and the index arrays in C++ (what Planner's thread does without the
+    GIL), then the arrays' layout to Python and the device views (meta), which hold the GIL."""
+    plan = libra.make_plan(pool, seq_len=a.seq_len, cp=a.cp, block_size=a.block, head_shards=a.head_shards,
+                           heads_q=a.heads_q, heads_kv=a.heads_kv, head_dim=a.head_dim, chunks=a.chunks,
+                           dtype="bf16", mode=a.mode)
+    res = []
+    for w in range(plan.num_workers):
+        t0 = time.thread_time()
+        prog = _libra.rank_program(plan, w)
+        t1 = time.thread_time()
+        index_s = prog.build_index()
+        t2 = time.thread_time()
+        host, layout = index.host_arrays(prog)
+        _views, dev = index.to_device(host, layout, torch.device("meta"))
+        t3 = time.thread_time()
+        del host, layout, _views
+        prog.drop_index()
+        t4 = time.thread_time()
+        res.append(dict(program=t1 - t0, index=t2 - t1, index_cpp=index_s, views=t3 - t2, drop=t4 - t3,
+                        total=t3 - t0, index_bytes=index.nbytes(dev)))
+    print(f"each worker alone (W {plan.num_workers}, one after another): rank_program ms {_stat(res, 'program')}; "
+          f"index arrays (C++, GIL released) ms {_stat(res, 'index')}; layout and device views (GIL held) ms "
+          f"{_stat(res, 'views')}; all three ms {_stat(res, 'total')}; letting the host arrays go (GIL released) ms "
+          f"{_stat(res, 'drop')}; index arrays MiB {_stat(res, 'index_bytes', 1 / 2 ** 20, '.2f')}; "
+          f"load average {os.getloadavg()[0]:.1f}")
+
+
 PRESETS = {"paper-256k": dict(source="builtin:paper-256k", seq_len=262144, pool_size=4, cp=8, block=16384,
                               head_shards=8, chunks=4),
            "paper-1m": dict(source="builtin:paper-1m", seq_len=1048576, pool_size=8, cp=8, block=8192, head_shards=8,
@@ -185,12 +215,17 @@ def main():
     ap.add_argument("--chunks", type=int, default=4)
     ap.add_argument("--mode", default="tap")
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--build-only", action="store_true",
+                    help="only each worker's per-micro-batch build, alone, one worker after another")
     a = ap.parse_args()
     if a.preset:
         for key, value in PRESETS[a.preset].items():
             setattr(a, key, value)
     pool = libra.load_packed_sequences(a.source, a.seq_len)[:a.pool_size]
     W = len(pool) * a.cp
+    if a.build_only:
+        build_only(a, pool)
+        return
     backends.registry()["no-kernel"] = NoKernel()
     backends.force("no-kernel")
     torch.set_num_threads(1)
