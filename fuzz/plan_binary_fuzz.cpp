@@ -19,6 +19,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   auto again = plan_from_binary(saved, "again.bin");
   fuzz::require(again.ok() && again->fingerprint() == r->fingerprint() && plan_to_binary(*again) == saved);
   auto json = plan_from_json(plan_to_json(*r), "again.json");
-  fuzz::require(json.ok() && json->fingerprint() == r->fingerprint());
+  fuzz::require(json.ok() && json->fingerprint() == r->fingerprint() && plan_to_json(*json) == plan_to_json(*r));
+  fuzz::require(json->config().topology == r->config().topology);
   return 0;
 }

@@ -16,9 +16,12 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     fuzz::require_one_line(r.error());
     return 0;
   }
-  auto json = plan_from_json(plan_to_json(*r), "again.json");
-  fuzz::require(json.ok() && json->fingerprint() == r->fingerprint());
+  // Every config field (the topology too) comes back: the same JSON text.
+  const std::string saved = plan_to_json(*r);
+  auto json = plan_from_json(saved, "again.json");
+  fuzz::require(json.ok() && json->fingerprint() == r->fingerprint() && plan_to_json(*json) == saved);
   auto bin = plan_from_binary(plan_to_binary(*r), "again.bin");
-  fuzz::require(bin.ok() && bin->fingerprint() == r->fingerprint());
+  fuzz::require(bin.ok() && bin->fingerprint() == r->fingerprint() && plan_to_json(*bin) == saved);
+  fuzz::require(bin->config().topology == r->config().topology);
   return 0;
 }

@@ -319,11 +319,21 @@ struct ChunkUse {
 // default contiguous layout and no KV prefix is version 1, byte for byte
 // what earlier libra wrote (same fingerprint, readable by older readers).
 // docs/plan-format.md.
-inline constexpr std::uint32_t kPlanFormatVersion = 4;
+// Version 5 is version 4 plus the topology, for a plan of a mode other
+// than tap-topo (whose plans always store it) on a topology other than the
+// default one (relays and bytes by tier follow it).
+inline constexpr std::uint32_t kPlanFormatVersion = 5;
 [[nodiscard]] constexpr std::uint32_t plan_format_version(const PlanConfig& c) {
+  if (c.mode != PlanMode::kTapTopo && !(c.topology == PlanTopology{})) return 5U;
   if (c.chunk_split != ChunkSplit::kEqual) return 4U;
   if (c.kv_prefix) return 3U;
   return c.home_layout == HomeLayout::kContiguous ? 1U : 2U;
+}
+
+// Whether a plan's canonical words, files and fingerprint hold its
+// topology: tap-topo plans always, others from version 5 on.
+[[nodiscard]] constexpr bool plan_stores_topology(const PlanConfig& c) {
+  return c.mode == PlanMode::kTapTopo || plan_format_version(c) >= 5;
 }
 
 // A half-open range of packed token positions of one slot.

@@ -79,9 +79,23 @@ _INT32 = {"make_plan": {"cp", "head_shards", "heads_q", "heads_kv", "head_dim", 
 _UNSIGNED = {"seed"}
 
 
+def _a(noun):
+    return ("an " if noun[:1] in "aeiou" else "a ") + noun
+
+
+def _is_bool(value):
+    return isinstance(value, bool) or (type(value).__module__ == "numpy" and getattr(value, "dtype", None) is not None
+                                       and value.dtype.kind == "b" and getattr(value, "ndim", 1) == 0)
+
+
 def _check_value(call, name, declared, value):
-    """One line for an argument pybind11 would take silently (a bool as a number) or misreport (an int
-    out of its C++ range reads as a type mismatch); None when it is fine or pybind11's to judge."""
+    """One line for an argument pybind11 would take silently (a bool as a number, a number or None as a
+    bool, bytes as a str) or misreport (an int out of its C++ range reads as a type mismatch); None
+    when it is fine or pybind11's to judge."""
+    if declared == "bool":
+        return None if _is_bool(value) else f"{call}(): {name} {value!r}: must be True or False, not {_a(_type_name(value))}"
+    if declared == "str" and isinstance(value, (bytes, bytearray)):
+        return f"{call}(): {name} {value!r}: must be a str, not {_type_name(value)}"
     numeric = any(t in declared for t in ("int", "float"))
     if isinstance(value, bool):
         if numeric:
@@ -94,7 +108,8 @@ def _check_value(call, name, declared, value):
                 return f"{call}(): {name}[{i}] {x}: must be an integer, not a bool"
         return None
     if "int" in declared and isinstance(value, int):
-        bits = 32 if name in _INT32.get(call, ()) else 64
+        # A Plan's methods take C++ int indices (tile, chunk, worker).
+        bits = 32 if name in _INT32.get(call, ()) or call.startswith("Plan.") else 64
         lo, hi = (0, 2 ** 64 - 1) if name in _UNSIGNED else (-2 ** (bits - 1), 2 ** (bits - 1) - 1)
         if not lo <= value <= hi:
             return f"{call}(): {name} {value}: out of range, must be in [{lo}, {hi}]"
@@ -165,6 +180,10 @@ def _refuse(message):
 
 FULL_CAUSAL = _libra.FULL_CAUSAL
 Plan = _libra.Plan
+# The Plan's methods that take arguments, checked like the module's calls (a float or None index was a
+# 4-line pybind11 TypeError, True read as 0 or 1, 2**63 a type mismatch).
+for _method in ("worker_tiles", "worker_groups", "transfers", "chunk_transfers", "chunk_heads", "save"):
+    setattr(Plan, _method, _one_line_type_errors(getattr(_libra.Plan, _method), f"Plan.{_method}"))
 builtin_corpora = _one_line_type_errors(_libra.builtin_corpora)
 corpus_stats = _one_line_type_errors(_libra.corpus_stats)
 load_lengths = _one_line_type_errors(_libra.load_lengths)

@@ -557,7 +557,12 @@ Result<std::unique_ptr<Executor>> make_ulysses_executor(Communicator& pool, std:
                                      "CP {} = {} workers",
                                      pool.size(), sequences.size(), config.cp, W));
   }
-  Result<RankSchedule> s = make_ulysses_schedule(sequences, config, pool.rank());
+  // Relays are chosen from a plan's transfers (plan_relays); this schedule
+  // has none, so a relay would be claimed, not done.
+  Result<RankSchedule> s = options.relay ? Result<RankSchedule>(invalid_input(
+                                               "ulysses: relay is not supported by the direct Ulysses schedule (no plan "
+                                               "to relay by); plan it as mode ulysses"))
+                                         : make_ulysses_schedule(sequences, config, pool.rank());
   LIBRA_TRY(agree_on_status(pool, s.status(), "ulysses schedule"));
   return make_schedule_executor(pool, std::move(*s), options);
 }

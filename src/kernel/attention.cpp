@@ -340,13 +340,11 @@ Status attention_forward(const ForwardArgs& args) {
   return {};
 }
 
-Status attention_backward(const BackwardArgs& args) {
-  LIBRA_TRY(validate(args));
-  const Layout lay = make_layout(args.fragments);
-  if (lay.groups.empty()) return {};
-  const I64 d = args.q.head_dim, dp = detail::round_up(d, detail::kPadTo);
-  const I64 hkv = args.k.heads, hg = args.q.heads / hkv, w = args.window, rows = args.q.rows;
-  const float scale = resolve_scale(args.softmax_scale, d);
+namespace {
+
+// The backward pass's tasks: per group and K block, the query rows that see
+// it (plus a fixed cost per fragment), times the query heads of a KV head.
+std::vector<BwdTask> backward_tasks(const BackwardArgs& args, const Layout& lay, I64 hg) {
   std::vector<BwdTask> tasks;
   for (std::size_t gi = 0; gi < lay.groups.size(); ++gi) {
     const Group& gr = lay.groups[gi];
@@ -355,25 +353,99 @@ Status attention_backward(const BackwardArgs& args) {
       I64 cost = 0;
       for (std::int32_t fi : gr.frags) {
         const Fragment& f = args.fragments[static_cast<std::size_t>(fi)];
-        const I64 qlo = std::max(f.a, j0), qhi = detail::last_query(jl, w, f.e - 1);
+        const I64 qlo = std::max(f.a, j0), qhi = detail::last_query(jl, args.window, f.e - 1);
         if (qhi >= qlo) cost += qhi - qlo + 1 + 8;
       }
       if (cost > 0) tasks.push_back({static_cast<std::int32_t>(gi), jb, cost * hg});
     }
   }
+  return tasks;
+}
+
+// Query-side rows to pack: every fragment row, in chunks for the threads.
+struct RowChunk {
+  I64 row, n;
+};
+std::vector<RowChunk> row_chunks(std::span<const Fragment> fragments) {
+  std::vector<RowChunk> chunks;
+  for (const Fragment& f : fragments) {
+    for (I64 i = 0; i < f.e - f.a; i += 256) chunks.push_back({f.q_row + i, std::min<I64>(256, f.e - f.a - i)});
+  }
+  return chunks;
+}
+
+// The backward pass's scratch, carved from the thread's arena.
+struct BwdBuffers {
+  float *kt, *vt, *kr;   // packed K, V panels and K rows
+  float *qp, *dop;       // packed Q and dO: [hg][rows][dp]
+  float *lse, *delta;    // [hg][rows]
+  float* dq;             // per thread [hg][rows][dp], unscaled
+  float* scratch;        // per thread bwd_scratch_floats(dp)
+};
+
+// Row `row` of query head h (local head hl of KV head group) packed: Q (0
+// where not finite, its LSE then NaN), dO, and delta = rowsum(dO * O).
+void pack_query_row(const BackwardArgs& args, const BwdBuffers& buf, I64 h, I64 hl, I64 row, I64 rows, I64 d, I64 dp,
+                    float scale) {
+  float* q = buf.qp + (hl * rows + row) * dp;
+  float* o = buf.dop + (hl * rows + row) * dp;
+  const I64 oq = detail::elem_offset(args.q, row, h), odo = detail::elem_offset(args.d_o, row, h);
+  const I64 oo = detail::elem_offset(args.o, row, h);
+  double dsum = 0;
+  bool bad_q = false;
+  for (I64 c = 0; c < d; ++c) {
+    // Q pre-scaled as the forward packs it, so the scores here are the
+    // forward's to the bit and P = exp(s - LSE) is the P that formed the
+    // LSE; scale * (q . k) rounds differently, an error of ~1e-7 |s| in the
+    // exponent (dV 37% off at scale 1e6, Inf from 1e10). A q that overflows
+    // when scaled is the forward's NaN row.
+    const float x = scale * detail::load_elem(args.q.data, args.q.dtype, oq + c);
+    bad_q |= !std::isfinite(x);
+    q[c] = finite_or_zero(x);
+    o[c] = detail::load_elem(args.d_o.data, args.d_o.dtype, odo + c);
+    dsum += static_cast<double>(o[c]) * detail::load_elem(args.o.data, args.o.dtype, oo + c);
+  }
+  std::fill(q + d, q + dp, 0.0f);
+  std::fill(o + d, o + dp, 0.0f);
+  buf.lse[hl * rows + row] = bad_q ? std::numeric_limits<float>::quiet_NaN()
+                                   : static_cast<const float*>(args.lse.data)[detail::elem_offset(args.lse, row, h)];
+  buf.delta[hl * rows + row] = static_cast<float>(dsum);
+}
+
+// dQ of KV head g's query heads over `chunk`: scale times the sum of every
+// thread's accumulator, in thread order (deterministic), assigned or added.
+void reduce_dq(const BackwardArgs& args, const BwdBuffers& buf, RowChunk chunk, I64 g, I64 hg, I64 rows, I64 d, I64 dp,
+               int threads, float scale) {
+  for (I64 hl = 0; hl < hg; ++hl) {
+    const I64 h = g * hg + hl;
+    for (I64 row = chunk.row; row < chunk.row + chunk.n; ++row) {
+      const I64 off = detail::elem_offset(args.dq, row, h);
+      for (I64 c = 0; c < d; ++c) {
+        float s = 0.0f;
+        for (int u = 0; u < threads; ++u) s += buf.dq[((u * hg + hl) * rows + row) * dp + c];
+        float old = args.accumulate_dq ? detail::load_elem(args.dq.data, args.dq.dtype, off + c) : 0.0f;
+        detail::store_elem(args.dq.data, args.dq.dtype, off + c, old + scale * s);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+Status attention_backward(const BackwardArgs& args) {
+  LIBRA_TRY(validate(args));
+  const Layout lay = make_layout(args.fragments);
+  if (lay.groups.empty()) return {};
+  const I64 d = args.q.head_dim, dp = detail::round_up(d, detail::kPadTo);
+  const I64 hkv = args.k.heads, hg = args.q.heads / hkv, rows = args.q.rows;
+  const float scale = resolve_scale(args.softmax_scale, d);
+  std::vector<BwdTask> tasks = backward_tasks(args, lay, hg);
   // Distinct groups with overlapping K rows would race on dK/dV: one thread.
   const int threads = useful_threads(lay.groups_overlap ? 1 : args.threads, tasks, 10 * kBk * d,
                                      args.min_flops_per_thread);
   const auto bins = assign(std::move(tasks), threads);
   const auto items = pack_items(lay);
-  // Query-side rows to pack: every fragment row, split in chunks for threads.
-  struct RowChunk {
-    I64 row, n;
-  };
-  std::vector<RowChunk> chunks;
-  for (const Fragment& f : args.fragments) {
-    for (I64 i = 0; i < f.e - f.a; i += 256) chunks.push_back({f.q_row + i, std::min<I64>(256, f.e - f.a - i)});
-  }
+  const std::vector<RowChunk> chunks = row_chunks(args.fragments);
   const I64 blocks = lay.total_blocks;
   LIBRA_ASSIGN_OR_RETURN(const bool alloc_fault, kernel_fault());
   const auto mem = thread_arena().carve({blocks * dp * kBk, blocks * dp * kBk, blocks * kBk * dp, hg * rows * dp,
@@ -381,15 +453,8 @@ Status attention_backward(const BackwardArgs& args) {
                                          threads * detail::bwd_scratch_floats(dp)},
                                         alloc_fault);
   if (mem.empty()) return scratch_failed("attention_backward");
-  float* const kt = mem[0];
-  float* const vt = mem[1];
-  float* const kr = mem[2];
-  float* const qp = mem[3];
-  float* const dop = mem[4];
-  float* const lse = mem[5];
-  float* const delta = mem[6];
-  float* const dq = mem[7];
-  float* const scratch = mem[8];
+  const BwdBuffers buf{mem[0], mem[1], mem[2], mem[3], mem[4], mem[5], mem[6], mem[7], mem[8]};
+  std::vector<std::uint64_t> k_bad(static_cast<std::size_t>(lay.total_blocks), 0);
   detail::BwdCtx cx;
   cx.args = args;
   cx.d = d;
@@ -398,76 +463,40 @@ Status attention_backward(const BackwardArgs& args) {
   cx.rows = rows;
   cx.scale = scale;
   cx.groups = &lay.groups;
-  cx.kt = kt;
-  cx.vt = vt;
-  cx.kr = kr;
-  std::vector<std::uint64_t> k_bad(static_cast<std::size_t>(lay.total_blocks), 0);
+  cx.kt = buf.kt;
+  cx.vt = buf.vt;
+  cx.kr = buf.kr;
   cx.k_bad = k_bad.data();
-  cx.qp = qp;
-  cx.dop = dop;
-  cx.lse = lse;
-  cx.delta = delta;
+  cx.qp = buf.qp;
+  cx.dop = buf.dop;
+  cx.lse = buf.lse;
+  cx.delta = buf.delta;
   run_threads(threads, [&](int t, std::barrier<>& sync) {
     const auto tu = static_cast<std::size_t>(t), tn = static_cast<std::size_t>(threads);
-    float* mine = scratch + t * detail::bwd_scratch_floats(dp);
-    float* my_dq = dq + t * hg * rows * dp;
+    float* mine = buf.scratch + t * detail::bwd_scratch_floats(dp);
+    float* my_dq = buf.dq + t * hg * rows * dp;
     for (I64 g = 0; g < hkv; ++g) {
       for (std::size_t i = tu; i < items.size(); i += tn) {
         const Group& gr = lay.groups[static_cast<std::size_t>(items[i].group)];
-        pack_kv(args.k, g, gr, items[i].jb, d, dp, kt, kr, true, k_bad.data());
-        pack_kv(args.v, g, gr, items[i].jb, d, dp, vt, nullptr, true);
+        pack_kv(args.k, g, gr, items[i].jb, d, dp, buf.kt, buf.kr, true, k_bad.data());
+        pack_kv(args.v, g, gr, items[i].jb, d, dp, buf.vt, nullptr, true);
       }
       for (std::size_t i = tu; i < chunks.size(); i += tn) {
         for (I64 hl = 0; hl < hg; ++hl) {
-          const I64 h = g * hg + hl;
           for (I64 row = chunks[i].row; row < chunks[i].row + chunks[i].n; ++row) {
-            float* q = qp + (hl * rows + row) * dp;
-            float* o = dop + (hl * rows + row) * dp;
-            const I64 oq = detail::elem_offset(args.q, row, h), odo = detail::elem_offset(args.d_o, row, h);
-            const I64 oo = detail::elem_offset(args.o, row, h);
-            double dsum = 0;
-            bool bad_q = false;
-            for (I64 c = 0; c < d; ++c) {
-              const float x = detail::load_elem(args.q.data, args.q.dtype, oq + c);
-              bad_q |= !std::isfinite(x);
-              q[c] = finite_or_zero(x);
-              o[c] = detail::load_elem(args.d_o.data, args.d_o.dtype, odo + c);
-              dsum += static_cast<double>(o[c]) * detail::load_elem(args.o.data, args.o.dtype, oo + c);
-            }
-            std::fill(q + d, q + dp, 0.0f);
-            std::fill(o + d, o + dp, 0.0f);
-            lse[hl * rows + row] = bad_q ? std::numeric_limits<float>::quiet_NaN()
-                                         : static_cast<const float*>(args.lse.data)[detail::elem_offset(args.lse, row, h)];
-            delta[hl * rows + row] = static_cast<float>(dsum);
+            pack_query_row(args, buf, g * hg + hl, hl, row, rows, d, dp, scale);
           }
         }
       }
-      for (std::size_t i = 0; i < chunks.size(); ++i) {
-        for (I64 hl = 0; hl < hg; ++hl) {
-          float* p = my_dq + (hl * rows + chunks[i].row) * dp;
-          std::fill(p, p + chunks[i].n * dp, 0.0f);
-        }
+      for (const RowChunk& c : chunks) {
+        for (I64 hl = 0; hl < hg; ++hl) std::fill_n(my_dq + (hl * rows + c.row) * dp, c.n * dp, 0.0f);
       }
       sync.arrive_and_wait();
       detail::BwdCtx local = cx;
       local.g = g;
       for (const BwdTask& task : bins[tu]) detail::backward_task(local, task, mine, my_dq);
       sync.arrive_and_wait();
-      // dQ = scale * sum over threads in thread order (deterministic).
-      for (std::size_t i = tu; i < chunks.size(); i += tn) {
-        for (I64 hl = 0; hl < hg; ++hl) {
-          const I64 h = g * hg + hl;
-          for (I64 row = chunks[i].row; row < chunks[i].row + chunks[i].n; ++row) {
-            const I64 off = detail::elem_offset(args.dq, row, h);
-            for (I64 c = 0; c < d; ++c) {
-              float s = 0.0f;
-              for (int u = 0; u < threads; ++u) s += dq[((u * hg + hl) * rows + row) * dp + c];
-              float old = args.accumulate_dq ? detail::load_elem(args.dq.data, args.dq.dtype, off + c) : 0.0f;
-              detail::store_elem(args.dq.data, args.dq.dtype, off + c, old + scale * s);
-            }
-          }
-        }
-      }
+      for (std::size_t i = tu; i < chunks.size(); i += tn) reduce_dq(args, buf, chunks[i], g, hg, rows, d, dp, threads, scale);
       sync.arrive_and_wait();
     }
   });

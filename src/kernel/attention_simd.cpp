@@ -322,7 +322,7 @@ void BackwardTask(const BwdCtx& cx, const BwdTask& t, float* scratch, float* dq_
           // makes its dS NaN through the subtraction below. The operands are
           // finite here (non-finite values are packed as 0).
           const bool nan_row = std::isnan(lse[row + r]);
-          ExpRow(pr, kBk, cx.scale, lse[row + r]);
+          ExpRow(pr, kBk, 1.0f, lse[row + r]);  // q is packed pre-scaled, as in the forward
           if (nan_row) std::fill(pr, pr + kBk, kNaN);
           const VF vd = hn::Set(df, delta[row + r]);
           for (I64 j = 0; j < kBk; j += L) {
@@ -354,7 +354,8 @@ void BackwardTask(const BwdCtx& cx, const BwdTask& t, float* scratch, float* dq_
     const I64 krow = gr.kv_row + j0 + r;
     const I64 ok = elem_offset(A.dk, krow, g), ov = elem_offset(A.dv, krow, g);
     for (I64 c = 0; c < d; ++c) {
-      store_elem(A.dk.data, A.dk.dtype, ok + c, load_elem(A.dk.data, A.dk.dtype, ok + c) + cx.scale * dk[r * dp + c]);
+      // dK = scale dS^T Q: the scale is already in the packed Q.
+      store_elem(A.dk.data, A.dk.dtype, ok + c, load_elem(A.dk.data, A.dk.dtype, ok + c) + dk[r * dp + c]);
       store_elem(A.dv.data, A.dv.dtype, ov + c, load_elem(A.dv.data, A.dv.dtype, ov + c) + dv[r * dp + c]);
     }
   }

@@ -77,7 +77,7 @@ struct BwdCtx {
   // By block: bit j set when key row j of the block was not finite (packed
   // as 0): dQ of every query that sees it is NaN, as 0 * Inf is.
   const std::uint64_t* k_bad = nullptr;
-  const float* qp = nullptr;     // [hg][rows][dp]
+  const float* qp = nullptr;     // [hg][rows][dp], pre-scaled by scale (as the forward packs Q)
   const float* dop = nullptr;    // [hg][rows][dp]
   const float* lse = nullptr;    // [hg][rows]
   const float* delta = nullptr;  // [hg][rows]: rowsum(dO * O)

@@ -467,9 +467,9 @@ std::vector<std::int32_t> node_interleaved_slots(std::span<const std::int64_t> w
   return order;
 }
 
-Result<WindowPlacement> place_window(std::span<const std::int64_t> workloads, const PlacementOptions& options) {
-  std::int64_t sum = 0;
-  LIBRA_TRY(validate(workloads, options, sum));
+namespace {
+
+Status check_interleave(const PlacementOptions& options) {
   if (options.interleave.cp < 0 || options.interleave.gpus_per_node < 0) {
     return invalid_input("slot interleave: cp " + std::to_string(options.interleave.cp) + ", gpus per node " +
                          std::to_string(options.interleave.gpus_per_node) + ": must be >= 0 (0: off)");
@@ -477,78 +477,95 @@ Result<WindowPlacement> place_window(std::span<const std::int64_t> workloads, co
   if (options.mode == PlacementMode::kVrspElastic && options.interleave.cp > 0 && options.interleave.gpus_per_node > 0) {
     return invalid_input("slot interleave: not with mode vrsp-elastic (its domains fix their slot order)");
   }
+  return Status();
+}
+
+Status check_elastic(const PlacementOptions& options, std::size_t window) {
   const std::int64_t p = options.pool_size;
+  if (options.elastic.max_pools < 1) {
+    return invalid_input("elastic pools: at most " + std::to_string(options.elastic.max_pools) +
+                         " pools per domain; must be at least 1");
+  }
+  if (!(options.elastic.threshold >= 0) || !std::isfinite(options.elastic.threshold)) {
+    return invalid_input("elastic pools: threshold " + std::to_string(options.elastic.threshold) +
+                         ": must be a finite number >= 0");
+  }
+  const ElasticOptions::Topology& t = options.elastic.topology;
+  if (t.cp < 0 || t.gpus_per_node < 0 || t.nodes_per_supernode < 0) {
+    return invalid_input("elastic pools: topology cp " + std::to_string(t.cp) + ", gpus per node " +
+                         std::to_string(t.gpus_per_node) + ", nodes per supernode " +
+                         std::to_string(t.nodes_per_supernode) + ": must be >= 0 (0: unknown)");
+  }
+  const std::int64_t dp = options.dp == 0 ? p : options.dp;
+  if (dp < 1 || dp % p != 0 || static_cast<std::int64_t>(window) % dp != 0) {
+    return invalid_input("elastic pools: dp " + std::to_string(dp) + ": must be a multiple of the pool size " +
+                         std::to_string(p) + " that divides the window size " + std::to_string(window));
+  }
+  return Status();
+}
+
+// The window's pools by the mode, and the elastic mode's domains (empty:
+// one per pool).
+struct ModePlacement {
   Pools pools;
-  std::vector<std::vector<std::int32_t>> domains;  // empty: one per pool
+  std::vector<std::vector<std::int32_t>> domains;
+};
+
+// Loader order 0 .. D-1, shuffled by `seed` when asked, in consecutive pools.
+Pools consecutive_pools(std::size_t window, std::int64_t p, const std::uint64_t* seed) {
+  std::vector<std::int32_t> order(window);
+  std::iota(order.begin(), order.end(), 0);
+  if (seed != nullptr) detail::shuffle(std::span<std::int32_t>(order), *seed);
+  return place_consecutive(order, p);
+}
+
+Result<ModePlacement> place_by_mode(std::span<const std::int64_t> workloads, const PlacementOptions& options,
+                                    std::int64_t sum) {
+  const std::int64_t p = options.pool_size;
+  ModePlacement out;
   switch (options.mode) {
-    case PlacementMode::kVrsp:
-      pools = place_vrsp(workloads, p);
-      break;
-    case PlacementMode::kSampler: {
-      std::vector<std::int32_t> order(workloads.size());
-      std::iota(order.begin(), order.end(), 0);
-      pools = place_consecutive(order, p);
-      break;
-    }
-    case PlacementMode::kRandom: {
-      std::vector<std::int32_t> order(workloads.size());
-      std::iota(order.begin(), order.end(), 0);
-      detail::shuffle(std::span<std::int32_t>(order), options.seed);
-      pools = place_consecutive(order, p);
-      break;
-    }
-    case PlacementMode::kZigzag:
-      pools = place_zigzag(workloads, p);
-      break;
+    case PlacementMode::kVrsp: out.pools = place_vrsp(workloads, p); break;
+    case PlacementMode::kSampler: out.pools = consecutive_pools(workloads.size(), p, nullptr); break;
+    case PlacementMode::kRandom: out.pools = consecutive_pools(workloads.size(), p, &options.seed); break;
+    case PlacementMode::kZigzag: out.pools = place_zigzag(workloads, p); break;
     case PlacementMode::kZigzagSwap:
-      pools = place_zigzag(workloads, p);
-      swap_heaviest_lightest(pools, workloads);
+      out.pools = place_zigzag(workloads, p);
+      swap_heaviest_lightest(out.pools, workloads);
       break;
-    case PlacementMode::kVrspRefine:
-      pools = detail::place_vrsp_refine_counted(workloads, p).pools;
-      break;
+    case PlacementMode::kVrspRefine: out.pools = detail::place_vrsp_refine_counted(workloads, p).pools; break;
     case PlacementMode::kVrspElastic: {
-      if (options.elastic.max_pools < 1) {
-        return invalid_input("elastic pools: at most " + std::to_string(options.elastic.max_pools) +
-                             " pools per domain; must be at least 1");
-      }
-      if (!(options.elastic.threshold >= 0) || !std::isfinite(options.elastic.threshold)) {
-        return invalid_input("elastic pools: threshold " + std::to_string(options.elastic.threshold) +
-                             ": must be a finite number >= 0");
-      }
-      const ElasticOptions::Topology& t = options.elastic.topology;
-      if (t.cp < 0 || t.gpus_per_node < 0 || t.nodes_per_supernode < 0) {
-        return invalid_input("elastic pools: topology cp " + std::to_string(t.cp) + ", gpus per node " +
-                             std::to_string(t.gpus_per_node) + ", nodes per supernode " +
-                             std::to_string(t.nodes_per_supernode) + ": must be >= 0 (0: unknown)");
-      }
-      const std::int64_t dp = options.dp == 0 ? p : options.dp;
-      if (dp < 1 || dp % p != 0 || static_cast<std::int64_t>(workloads.size()) % dp != 0) {
-        return invalid_input("elastic pools: dp " + std::to_string(dp) + ": must be a multiple of the pool size " +
-                             std::to_string(p) + " that divides the window size " + std::to_string(workloads.size()));
-      }
+      LIBRA_TRY(check_elastic(options, workloads.size()));
       auto e = detail::place_elastic(workloads, options, sum);
-      pools = std::move(e.pools);
-      domains = std::move(e.domains);
+      out.pools = std::move(e.pools);
+      out.domains = std::move(e.domains);
       break;
     }
   }
-  if (pools.empty()) return internal_error("placement: unknown mode");
-  if (options.interleave.cp > 0 && options.interleave.gpus_per_node > 0) {
-    std::vector<std::int64_t> w(static_cast<std::size_t>(p));
-    for (auto& pool : pools) {
-      for (std::size_t s = 0; s < pool.size(); ++s) w[s] = workloads[static_cast<std::size_t>(pool[s])];
-      const std::vector<std::int32_t> order = node_interleaved_slots(w, options.interleave);
-      std::vector<std::int32_t> moved(pool.size());
-      for (std::size_t s = 0; s < pool.size(); ++s) moved[s] = pool[static_cast<std::size_t>(order[s])];
-      pool = std::move(moved);
-    }
+  if (out.pools.empty()) return internal_error("placement: unknown mode");
+  return out;
+}
+
+// Every pool's slots in node_interleaved_slots order.
+void interleave_slots(Pools& pools, std::span<const std::int64_t> workloads, const NodeInterleave& interleave) {
+  std::vector<std::int64_t> w(pools.empty() ? 0 : pools.front().size());
+  for (auto& pool : pools) {
+    for (std::size_t s = 0; s < pool.size(); ++s) w[s] = workloads[static_cast<std::size_t>(pool[s])];
+    const std::vector<std::int32_t> order = node_interleaved_slots(w, interleave);
+    std::vector<std::int32_t> moved(pool.size());
+    for (std::size_t s = 0; s < pool.size(); ++s) moved[s] = pool[static_cast<std::size_t>(order[s])];
+    pool = std::move(moved);
   }
+}
+
+// The placement with its loads and imbalances (over pools, and over
+// domains where the mode fused some).
+WindowPlacement window_placement(ModePlacement placed, std::span<const std::int64_t> workloads, std::int64_t sum) {
   WindowPlacement out;
-  out.loads = pool_loads(pools, workloads);
-  out.pools = std::move(pools);
+  out.loads = pool_loads(placed.pools, workloads);
+  out.pools = std::move(placed.pools);
   out.pool_imbalance = excess_ratio(*std::max_element(out.loads.begin(), out.loads.end()), sum,
                                     static_cast<std::int64_t>(out.loads.size()));
+  std::vector<std::vector<std::int32_t>>& domains = placed.domains;
   if (domains.empty()) {
     for (std::size_t k = 0; k < out.pools.size(); ++k) domains.push_back({static_cast<std::int32_t>(k)});
     out.imbalance = out.pool_imbalance;
@@ -557,6 +574,19 @@ Result<WindowPlacement> place_window(std::span<const std::int64_t> workloads, co
   }
   out.domains = std::move(domains);
   return out;
+}
+
+}  // namespace
+
+Result<WindowPlacement> place_window(std::span<const std::int64_t> workloads, const PlacementOptions& options) {
+  std::int64_t sum = 0;
+  LIBRA_TRY(validate(workloads, options, sum));
+  LIBRA_TRY(check_interleave(options));
+  LIBRA_ASSIGN_OR_RETURN(ModePlacement placed, place_by_mode(workloads, options, sum));
+  if (options.interleave.cp > 0 && options.interleave.gpus_per_node > 0) {
+    interleave_slots(placed.pools, workloads, options.interleave);
+  }
+  return window_placement(std::move(placed), workloads, sum);
 }
 
 double imbalance_of_loads(std::span<const std::int64_t> loads) {

@@ -206,6 +206,11 @@ Result<RankSchedule> make_ulysses_schedule(std::span<const PackedSequence> pool,
     return invalid_input("ulysses: home layout " + std::string(home_layout_name(c.home_layout)) +
                          " is not supported by the direct Ulysses schedule (contiguous only); plan it as mode ulysses");
   }
+  // Its all-to-alls move whole samples: a KV prefix would be claimed, not done.
+  if (c.kv_prefix) {
+    return invalid_input("ulysses: kv_prefix is not supported by the direct Ulysses schedule (whole samples); plan it "
+                         "as mode ulysses");
+  }
   LIBRA_TRY(check_ulysses(pool, config, worker));
   RankSchedule s = schedule_header(c, static_cast<int>(pool.size()) * config.cp, worker);
   s.home_tokens = home_tokens(pool[static_cast<std::size_t>(s.slot)], s.home_map, worker % config.cp);

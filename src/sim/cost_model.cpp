@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <utility>
 #include <vector>
@@ -273,11 +274,15 @@ Status validate_cost_model(const CostModel& m) {
     return invalid_input(
         fmt::format("--congestion-per-node {}: must be a non-negative number", m.net.congestion_per_node));
   }
-  if (m.net.nodes_per_supernode < 1) {
-    return invalid_input(fmt::format("--nodes-per-supernode {}: must be at least 1", m.net.nodes_per_supernode));
+  // The plans' topology holds them as int: a larger value was cut to 32
+  // bits (4294967298 GPUs a node placed as 2).
+  constexpr std::int64_t kMaxInt = std::numeric_limits<std::int32_t>::max();
+  if (m.net.nodes_per_supernode < 1 || m.net.nodes_per_supernode > kMaxInt) {
+    return invalid_input(
+        fmt::format("--nodes-per-supernode {}: must be in [1, {}]", m.net.nodes_per_supernode, kMaxInt));
   }
-  if (m.net.gpus_per_node < 1) {
-    return invalid_input(fmt::format("--gpus-per-node {}: must be at least 1", m.net.gpus_per_node));
+  if (m.net.gpus_per_node < 1 || m.net.gpus_per_node > kMaxInt) {
+    return invalid_input(fmt::format("--gpus-per-node {}: must be in [1, {}]", m.net.gpus_per_node, kMaxInt));
   }
   if (!(m.noise.sigma >= 0) || !(m.noise.sigma < 1)) {
     return invalid_input(fmt::format("--noise-sigma {}: must be in [0, 1)", m.noise.sigma));

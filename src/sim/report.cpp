@@ -86,7 +86,9 @@ std::string sim_table(const SimResult& r) {
                      k.intra_imbalance.mean, k.intra_imbalance_plus.mean, k.comm_bytes.mean / 1e6);
     for (Variant v : candidate_variants()) {
       const Stat l = lat_of(k, v);
-      o += fmt::format(" {:>8.3f}/{:<8.3f}", ms(l.mean), ms(l.worst));
+      // A variant not timed (distca above --distca-max-gpus) says so
+      // instead of printing nan/nan.
+      o += std::isnan(l.mean) ? fmt::format(" {:>17}", "not timed") : fmt::format(" {:>8.3f}/{:<8.3f}", ms(l.mean), ms(l.worst));
     }
     if (chooses_m(r)) {
       std::vector<std::int64_t> m;

@@ -372,6 +372,9 @@ Result<Value> from_text(SettingType type, std::string_view t, const std::string&
       std::size_t start = 0;
       while (true) {
         const std::size_t comma = t.find(',', start);
+        if (comma == start || (comma == std::string_view::npos && start == t.size() && start > 0)) {
+          return invalid_input(fmt::format("{} {}: an empty item; give integers separated by single commas", where, t));
+        }
         LIBRA_ASSIGN_OR_RETURN(std::int64_t v, parse_int<std::int64_t>(t.substr(start, comma - start), where));
         out.push_back(v);
         if (comma == std::string_view::npos) break;

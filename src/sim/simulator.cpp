@@ -142,10 +142,16 @@ Status validate_run(const SimConfig& cfg) {
     return invalid_input(fmt::format("--worst-weight {}: must be a non-negative number", cfg.worst_weight));
   }
   if (cfg.threads < 0) return invalid_input(fmt::format("--threads {}: must be >= 0", cfg.threads));
-  for (std::int64_t d : cfg.scaling_dp) {
+  // The sweep is checked only when it runs (--no-end-to-end skips it).
+  for (std::int64_t d : cfg.end_to_end ? cfg.scaling_dp : std::vector<std::int64_t>{}) {
     if (d < 1 || cfg.gbs % d != 0) {
       return invalid_input(fmt::format("--scaling-dp {}: every value must divide --gbs {}", d, cfg.gbs));
     }
+  }
+  // distca is timed up to this many GPUs; 0 never times it (a documented
+  // way to skip its cost), a negative count is a typo.
+  if (cfg.distca_max_gpus < 0) {
+    return invalid_input(fmt::format("--distca-max-gpus {}: must be >= 0 (0: never time distca)", cfg.distca_max_gpus));
   }
   return {};
 }

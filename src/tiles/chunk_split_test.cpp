@@ -133,8 +133,10 @@ PlanConfig config(int cp, std::int64_t B, int H, int hq, int hkv, int M, ChunkSp
   c.chunks = M;
   c.chunk_split = split;
   c.mode = mode;
-  c.topology.gpus_per_node = 2;
-  c.topology.nodes_per_supernode = 2;
+  if (mode == PlanMode::kTapTopo) {  // other modes on their own topology are version 5
+    c.topology.gpus_per_node = 2;
+    c.topology.nodes_per_supernode = 2;
+  }
   return c;
 }
 
@@ -505,7 +507,8 @@ std::uint64_t doc_hash(const std::vector<std::uint64_t>& words) {
 
 std::uint64_t doc_fingerprint(const Plan& plan) {
   const PlanConfig& c = plan.config();
-  const std::uint64_t version = c.chunk_split != ChunkSplit::kEqual ? 4 : c.kv_prefix ? 3 : c.home_layout != libra::HomeLayout::kContiguous ? 2 : 1;
+  const bool own_topology = c.mode != PlanMode::kTapTopo && !(c.topology == libra::PlanTopology{});
+  const std::uint64_t version = own_topology ? 5 : c.chunk_split != ChunkSplit::kEqual ? 4 : c.kv_prefix ? 3 : c.home_layout != libra::HomeLayout::kContiguous ? 2 : 1;
   std::vector<std::uint64_t> w = {0x4e4c50415242494cULL, version};
   const std::uint64_t dtype = c.shape.dtype == libra::DType::kF32 ? 4 : c.shape.dtype == libra::DType::kBF16 ? 2 : 258;
   for (std::uint64_t x : {static_cast<std::uint64_t>(c.seq_len), static_cast<std::uint64_t>(c.cp),
@@ -522,7 +525,7 @@ std::uint64_t doc_fingerprint(const Plan& plan) {
   if (version >= 2) w.push_back(c.home_layout == libra::HomeLayout::kZigzag ? 1 : 0);
   if (version >= 3) w.push_back(c.kv_prefix ? 1 : 0);
   if (version >= 4) w.push_back(c.chunk_split == ChunkSplit::kTapered ? 1 : 0);
-  if (c.mode == PlanMode::kTapTopo) {
+  if (c.mode == PlanMode::kTapTopo || version == 5) {
     const libra::PlanTopology& t = c.topology;
     for (std::uint64_t x : {static_cast<std::uint64_t>(t.gpus_per_node), static_cast<std::uint64_t>(t.nodes_per_supernode),
                             std::bit_cast<std::uint64_t>(t.intra_node_gbps), std::bit_cast<std::uint64_t>(t.inter_node_gbps),
@@ -635,7 +638,7 @@ TEST(TaperedPlanFile, RejectsACutThatDisagreesWithTheVersionInOneLine) {
     k["version"] = 3;
     k["config"]["kv_prefix"] = true;
     expect_error(libra::plan_from_json(k.dump(), "t.json"),
-                 "t.json: config: home_layout contiguous with kv_prefix with tapered chunks is format version 4, the file says 3");
+                 "t.json: config: field 'chunk_split' belongs to format version 4 and later; the file says version 3");
   }
   {
     auto k = j;  // a tapered cut in a version-1 file
@@ -643,7 +646,7 @@ TEST(TaperedPlanFile, RejectsACutThatDisagreesWithTheVersionInOneLine) {
     k["config"].erase("home_layout");
     k["config"].erase("kv_prefix");
     expect_error(libra::plan_from_json(k.dump(), "t.json"),
-                 "t.json: config: home_layout contiguous with tapered chunks is format version 4, the file says 1");
+                 "t.json: config: field 'chunk_split' belongs to format version 4 and later; the file says version 1");
   }
   {
     // The binary chunk-split word: 2 is no cut (the fingerprint is fixed

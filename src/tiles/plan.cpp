@@ -127,9 +127,11 @@ void for_each_canonical_prefix_word(const PlanConfig& c, std::span<const PackedS
   if (plan_format_version(c) >= 2) put(static_cast<std::uint64_t>(c.home_layout));
   if (plan_format_version(c) >= 3) put(c.kv_prefix ? 1U : 0U);
   if (plan_format_version(c) >= 4) put(static_cast<std::uint64_t>(c.chunk_split));
-  if (c.mode == PlanMode::kTapTopo) {
-    // Only tap-topo places by the topology, so only its plans hash it; the
-    // other modes keep the fingerprints (and files) they always had.
+  if (plan_stores_topology(c)) {
+    // tap-topo places by the topology and every other mode relays and
+    // reports bytes by it, so a plan with a topology of its own hashes it;
+    // a plan of another mode on the default topology keeps the words (and
+    // fingerprint) it always had.
     put(u(c.topology.gpus_per_node));
     put(u(c.topology.nodes_per_supernode));
     put(std::bit_cast<std::uint64_t>(c.topology.intra_node_gbps));
@@ -251,479 +253,617 @@ Status check_rows(const Geometry& g, std::vector<PlacedRows>& rows, const std::s
   return {};
 }
 
-Plan build_plan(std::span<const PackedSequence> pool, const PlanConfig& config, Geometry geo,
-                std::span<const PlacedRows> rows) {
-  const Geometry& g = geo;
-  const int W = g.workers;
-  const int M = config.chunks;
+namespace {
 
+// Per head shard: its query heads, its KV heads and its dedup key.
+struct ShardInfo {
+  HeadRange heads, kv_heads;
+  std::int32_t key = 0;
+};
+
+std::vector<ShardInfo> shard_infos(const Geometry& g) {
+  std::vector<ShardInfo> shards(static_cast<std::size_t>(g.shards));
+  for (int s = 0; s < g.shards; ++s) shards[static_cast<std::size_t>(s)] = {g.shard_heads(s), g.shard_kv_heads(s), g.key_index(s)};
+  return shards;
+}
+
+// C_r as a worker-major bitset over the groups, set while the fragments
+// are written and read back in bit order (read_group_lists).
+struct HeldBits {
+  std::size_t words = 0;  // per worker
+  std::vector<std::uint64_t> bits;
+  HeldBits(int workers, std::size_t groups) : words((groups + 63) / 64), bits(words * static_cast<std::size_t>(workers), 0) {}
+  std::uint64_t* row(int r) { return bits.data() + static_cast<std::size_t>(r) * words; }
+  const std::uint64_t* row(int r) const { return bits.data() + static_cast<std::size_t>(r) * words; }
+};
+
+std::shared_ptr<Plan::Data> plan_header(std::span<const PackedSequence> pool, const PlanConfig& config, const Geometry& g) {
   auto d = std::make_shared<Plan::Data>();
   d->config = config;
   d->pool.assign(pool.begin(), pool.end());
   d->pool_size = g.pool_size;
-  d->num_workers = W;
+  d->num_workers = g.workers;
   d->head_width = g.head_width;
+  return d;
+}
 
-  std::vector<HeadRange> shard_heads(static_cast<std::size_t>(g.shards)), shard_kv_heads(shard_heads.size());
-  std::vector<std::int32_t> shard_key(shard_heads.size());
-  for (int s = 0; s < g.shards; ++s) {
-    shard_heads[static_cast<std::size_t>(s)] = g.shard_heads(s);
-    shard_kv_heads[static_cast<std::size_t>(s)] = g.shard_kv_heads(s);
-    shard_key[static_cast<std::size_t>(s)] = g.key_index(s);
+// Another shard of the same rows: the previous tile's n fragments, just
+// written before `out`, with this tile's id and groups.
+inline void copy_shard_fragments(Fragment* out, std::int32_t n, std::int32_t id, std::int32_t shift, std::uint64_t* held) {
+  for (std::int32_t k = 0; k < n; ++k) {
+    Fragment f = out[k - n];
+    f.tile = id;
+    f.group += shift;
+    set_bit(held, f.group);
+    ::new (static_cast<void*>(out + k)) Fragment(f);
   }
-  const std::int32_t total_samples = g.sample_base.back();
-  const std::size_t group_count = static_cast<std::size_t>(total_samples) * static_cast<std::size_t>(g.keys_per_sample);
-  // C_r as a worker-major bitset over the groups, set while the fragments
-  // are written and read back in bit order in section 5.
-  const std::size_t words = (group_count + 63) / 64;
-  std::vector<std::uint64_t> held(words * static_cast<std::size_t>(W), 0);
+}
 
-  // 2. Tiles and fragments in one pass, with the compute-list counts, the
-  //    loads and C_r. Consecutive tiles with the same rows (the shards of a
-  //    tap block) share their samples, FLOPs and home: the rows are looked
-  //    up once and the next shard copies the fragments with its own groups.
-  //    Storage for the fragments is allocated once, for at most one per
-  //    tile plus one per sample start inside a tile's rows (a start lies
-  //    inside at most one piece of each (block, shard)), and then trimmed.
-  d->tiles = RawArray<Tile>(rows.size());
-  // 8. The fingerprint of the defining content, its tile words hashed in
-  //    the pass (the hash is one serial chain: beside the pass's own work
-  //    it costs little, alone it would wait on every multiply).
-  WordHash hash;
-  for_each_canonical_prefix_word(config, pool, rows.size(), hash);
-  d->worker_tile_offsets.assign(static_cast<std::size_t>(W) + 1, 0);
-  d->worker_flops.assign(static_cast<std::size_t>(W), 0);
-  {
-    RawArray<Fragment> fragments(rows.size() + static_cast<std::size_t>(total_samples) * static_cast<std::size_t>(g.shards));
-    // Through locals only: a store into a tile or fragment could otherwise
-    // alias every field this loop reads (one reload per field per fragment).
-    Tile* const tiles = d->tiles.data();
-    Fragment* const frags = fragments.data();
-    std::uint64_t* const held_bits = held.data();
-    std::size_t* const tile_counts = d->worker_tile_offsets.data() + 1;
-    std::int64_t* const loads = d->worker_flops.data();
-    const std::int32_t keys = g.keys_per_sample;
-    const std::int32_t* const sample_base = g.sample_base.data();
-    const std::int64_t* const starts = g.starts.data();
-    const std::int64_t* const lengths = g.lengths.data();
-    const std::int64_t window = g.window;
-    PlacedRows prev{-1, -1, -1, -1, -1, -1};
-    std::int32_t piece = 0, home = 0, key = 0, n = 0;
-    std::int64_t flops = 0;
-    std::size_t count = 0;
-    for (std::size_t i = 0; i < rows.size(); ++i) {
-      const PlacedRows r = rows[i];
-      const auto id = static_cast<std::int32_t>(i);
-      const std::int32_t shard_k = shard_key[static_cast<std::size_t>(r.shard)];
-      std::uint64_t* const row = held_bits + static_cast<std::size_t>(r.worker) * words;
-      Fragment* const out = frags + count;
-      // The pieces of a (slot, block, shard) continue one another from the
-      // block's first row, so piece 0 is the one that starts there.
-      const bool block_start = r.begin == r.block * g.block_size;
-      piece = block_start ? 0 : piece + 1;
-      if (prev.slot == r.slot && prev.begin == r.begin && prev.end == r.end) {
-        // Another shard of the same rows: the previous tile's n fragments,
-        // just written, with this tile's id and groups.
-        const std::int32_t shift = shard_k - key;
-        for (std::int32_t k = 0; k < n; ++k) {
-          Fragment f = out[k - n];
-          f.tile = id;
-          f.group += shift;
-          set_bit(row, f.group);
-          ::new (static_cast<void*>(out + k)) Fragment(f);
-        }
-      } else {
-        // A block's first piece starts at the block (every tile but a
-        // tap-split piece): its first sample is in a table.
-        const std::int32_t first = block_start ? g.block_sample(r.slot, r.block) : g.sample_at(r.slot, r.begin);
-        const std::int32_t stop = sample_base[r.slot + 1];
-        home = g.home(r.slot, r.begin);
-        std::int64_t pairs = 0;
-        n = 0;
-        for (std::int32_t j = first; j < stop && starts[j] < r.end; ++j, ++n) {
-          Fragment f;
-          f.tile = id;
-          f.slot = r.slot;
-          f.sample = j - sample_base[r.slot];
-          f.group = j * keys + shard_k;
-          f.sample_start = starts[j];
-          f.sample_length = lengths[j];
-          f.a = std::max(r.begin, f.sample_start) - f.sample_start;
-          f.e = std::min(r.end, f.sample_start + f.sample_length) - f.sample_start;
-          f.key_begin = window == kFullCausal ? 0 : std::max<std::int64_t>(0, f.a - window + 1);
-          pairs += g.pairs(j, f.a, f.e);
-          set_bit(row, f.group);
-          ::new (static_cast<void*>(out + n)) Fragment(f);
-        }
-        flops = pairs * g.head_width;
-      }
-      ::new (static_cast<void*>(tiles + i)) Tile{.id = id,
-                                                 .slot = r.slot,
-                                                 .block = r.block,
-                                                 .shard = r.shard,
-                                                 .piece = piece,
-                                                 .begin = r.begin,
-                                                 .end = r.end,
-                                                 .heads = shard_heads[static_cast<std::size_t>(r.shard)],
-                                                 .kv_heads = shard_kv_heads[static_cast<std::size_t>(r.shard)],
-                                                 .flops = flops,
-                                                 .home = home,
-                                                 .worker = r.worker,
-                                                 .fragment_begin = static_cast<std::int32_t>(count),
-                                                 .fragment_end = static_cast<std::int32_t>(count) + n};
-      put_tile_words(r.slot, r.block, r.shard, r.worker, r.begin, r.end, hash);
-      ++tile_counts[r.worker];
-      loads[r.worker] += flops;
-      count += static_cast<std::size_t>(n);
-      key = shard_k;
-      prev = r;
+// The fragments of rows `r` (tile `id`, dedup key `key`), one per sample
+// from `first` on that the rows reach; returns their count and adds their
+// causal pairs to `pairs`.
+inline std::int32_t write_sample_fragments(const Geometry& g, const PlacedRows& r, std::int32_t id, std::int32_t key,
+                                           std::int32_t first, Fragment* out, std::uint64_t* held, std::int64_t& pairs) {
+  // Through locals: a store into a fragment could alias the fields read.
+  const std::int32_t keys = g.keys_per_sample;
+  const std::int32_t base = g.sample_base[static_cast<std::size_t>(r.slot)];
+  const std::int32_t stop = g.sample_base[static_cast<std::size_t>(r.slot) + 1];
+  const std::int64_t* const starts = g.starts.data();
+  const std::int64_t* const lengths = g.lengths.data();
+  const std::int64_t window = g.window;
+  std::int32_t n = 0;
+  for (std::int32_t j = first; j < stop && starts[j] < r.end; ++j, ++n) {
+    Fragment f;
+    f.tile = id;
+    f.slot = r.slot;
+    f.sample = j - base;
+    f.group = j * keys + key;
+    f.sample_start = starts[j];
+    f.sample_length = lengths[j];
+    f.a = std::max(r.begin, f.sample_start) - f.sample_start;
+    f.e = std::min(r.end, f.sample_start + f.sample_length) - f.sample_start;
+    f.key_begin = window == kFullCausal ? 0 : std::max<std::int64_t>(0, f.a - window + 1);
+    pairs += g.pairs(j, f.a, f.e);
+    set_bit(held, f.group);
+    ::new (static_cast<void*>(out + n)) Fragment(f);
+  }
+  return n;
+}
+
+// 2. Tiles and fragments in one pass, with the compute-list counts, the
+//    loads, C_r and the fingerprint's tile words (the hash is one serial
+//    chain: beside the pass's own work it costs little, alone it would wait
+//    on every multiply). Consecutive tiles with the same rows (the shards of
+//    a tap block) share their samples, FLOPs and home: the rows are looked
+//    up once and the next shard copies the fragments with its own groups.
+//    Storage for the fragments is allocated once, for at most one per tile
+//    plus one per sample start inside a tile's rows (a start lies inside at
+//    most one piece of each (block, shard)), and then trimmed.
+void write_tiles(Plan::Data& d, const Geometry& g, std::span<const ShardInfo> shards, std::span<const PlacedRows> rows,
+                 HeldBits& held, WordHash& hash) {
+  d.tiles = RawArray<Tile>(rows.size());
+  d.worker_tile_offsets.assign(static_cast<std::size_t>(g.workers) + 1, 0);
+  d.worker_flops.assign(static_cast<std::size_t>(g.workers), 0);
+  RawArray<Fragment> fragments(rows.size() + static_cast<std::size_t>(g.sample_base.back()) * static_cast<std::size_t>(g.shards));
+  // Through locals only: a store into a tile or fragment could otherwise
+  // alias every field this loop reads (one reload per field per fragment).
+  Tile* const tiles = d.tiles.data();
+  Fragment* const frags = fragments.data();
+  std::uint64_t* const held_bits = held.bits.data();
+  const std::size_t words = held.words;
+  std::size_t* const tile_counts = d.worker_tile_offsets.data() + 1;
+  std::int64_t* const loads = d.worker_flops.data();
+  PlacedRows prev{-1, -1, -1, -1, -1, -1};
+  std::int32_t piece = 0, home = 0, key = 0, n = 0;
+  std::int64_t flops = 0;
+  std::size_t count = 0;
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const PlacedRows r = rows[i];
+    const auto id = static_cast<std::int32_t>(i);
+    const ShardInfo& shard = shards[static_cast<std::size_t>(r.shard)];
+    std::uint64_t* const row = held_bits + static_cast<std::size_t>(r.worker) * words;
+    // The pieces of a (slot, block, shard) continue one another from the
+    // block's first row, so piece 0 is the one that starts there.
+    const bool block_start = r.begin == r.block * g.block_size;
+    piece = block_start ? 0 : piece + 1;
+    if (prev.slot == r.slot && prev.begin == r.begin && prev.end == r.end) {
+      copy_shard_fragments(frags + count, n, id, shard.key - key, row);
+    } else {
+      // A block's first piece starts at the block (every tile but a
+      // tap-split piece): its first sample is in a table.
+      const std::int32_t first = block_start ? g.block_sample(r.slot, r.block) : g.sample_at(r.slot, r.begin);
+      home = g.home(r.slot, r.begin);
+      std::int64_t pairs = 0;
+      n = write_sample_fragments(g, r, id, shard.key, first, frags + count, row, pairs);
+      flops = pairs * g.head_width;
     }
-    fragments.truncate(count);
-    d->fragments = std::move(fragments);
+    ::new (static_cast<void*>(tiles + i)) Tile{.id = id,
+                                               .slot = r.slot,
+                                               .block = r.block,
+                                               .shard = r.shard,
+                                               .piece = piece,
+                                               .begin = r.begin,
+                                               .end = r.end,
+                                               .heads = shard.heads,
+                                               .kv_heads = shard.kv_heads,
+                                               .flops = flops,
+                                               .home = home,
+                                               .worker = r.worker,
+                                               .fragment_begin = static_cast<std::int32_t>(count),
+                                               .fragment_end = static_cast<std::int32_t>(count) + n};
+    put_tile_words(r.slot, r.block, r.shard, r.worker, r.begin, r.end, hash);
+    ++tile_counts[r.worker];
+    loads[r.worker] += flops;
+    count += static_cast<std::size_t>(n);
+    key = shard.key;
+    prev = r;
   }
+  fragments.truncate(count);
+  d.fragments = std::move(fragments);
+}
 
-  // 3. KV groups, densely numbered (global sample, key); rep_shard is a
-  //    shard whose query heads use the group, for the chunk rule.
-  const std::vector<KvGroup> key_group = key_heads(g).group;  // key and KV heads per key
-  d->groups = RawArray<KvGroup>(group_count);
-  {
-    // Through locals: a store into a group could alias the tables read.
-    KvGroup* out = d->groups.data();
-    const KvGroup* const key_grp = key_group.data();
-    const std::size_t keys = key_group.size();
-    for (int p = 0; p < g.pool_size; ++p) {
-      const std::int32_t base = g.sample_base[static_cast<std::size_t>(p)];
-      const std::int32_t stop = g.sample_base[static_cast<std::size_t>(p) + 1];
-      for (std::int32_t j = base; j < stop; ++j) {
-        const std::int64_t begin = g.starts[static_cast<std::size_t>(j)];
-        const std::int64_t end = begin + g.lengths[static_cast<std::size_t>(j)];
-        for (std::size_t k = 0; k < keys; ++k) {
-          KvGroup grp = key_grp[k];
-          grp.slot = p;
-          grp.sample = j - base;
-          grp.begin = begin;
-          grp.end = end;
-          ::new (static_cast<void*>(out++)) KvGroup(grp);  // index j * keys_per_sample + k
-        }
+// 3. KV groups, densely numbered (global sample, key): group j * keys + k
+//    is sample j's K/V for key k's heads.
+void write_groups(Plan::Data& d, const Geometry& g, std::span<const KvGroup> key_group) {
+  d.groups = RawArray<KvGroup>(static_cast<std::size_t>(g.sample_base.back()) * key_group.size());
+  // Through locals: a store into a group could alias the tables read.
+  KvGroup* out = d.groups.data();
+  const KvGroup* const key_grp = key_group.data();
+  const std::size_t keys = key_group.size();
+  for (int p = 0; p < g.pool_size; ++p) {
+    const std::int32_t base = g.sample_base[static_cast<std::size_t>(p)];
+    const std::int32_t stop = g.sample_base[static_cast<std::size_t>(p) + 1];
+    for (std::int32_t j = base; j < stop; ++j) {
+      const std::int64_t begin = g.starts[static_cast<std::size_t>(j)];
+      const std::int64_t end = begin + g.lengths[static_cast<std::size_t>(j)];
+      for (std::size_t k = 0; k < keys; ++k) {
+        KvGroup grp = key_grp[k];
+        grp.slot = p;
+        grp.sample = j - base;
+        grp.begin = begin;
+        grp.end = end;
+        ::new (static_cast<void*>(out++)) KvGroup(grp);
       }
     }
   }
+}
 
-  // 4. Compute lists and loads.
-  for (int r = 0; r < W; ++r) d->worker_tile_offsets[r + 1] += d->worker_tile_offsets[r];
-  d->worker_tile_ids.resize(d->tiles.size());
-  {
-    std::vector<std::size_t> at(d->worker_tile_offsets.begin(), d->worker_tile_offsets.end() - 1);
-    for (const Tile& t : d->tiles) d->worker_tile_ids[at[static_cast<std::size_t>(t.worker)]++] = t.id;
-  }
+// 4. Compute lists (from the counts of the tile pass) and the imbalance.
+void write_compute_lists(Plan::Data& d) {
+  const std::size_t W = d.worker_flops.size();
+  for (std::size_t r = 0; r < W; ++r) d.worker_tile_offsets[r + 1] += d.worker_tile_offsets[r];
+  d.worker_tile_ids.resize(d.tiles.size());
+  std::vector<std::size_t> at(d.worker_tile_offsets.begin(), d.worker_tile_offsets.end() - 1);
+  for (const Tile& t : d.tiles) d.worker_tile_ids[at[static_cast<std::size_t>(t.worker)]++] = t.id;
   std::int64_t total_flops = 0, max_flops = 0;
-  for (std::int64_t f : d->worker_flops) {
+  for (std::int64_t f : d.worker_flops) {
     total_flops += f;
     max_flops = std::max(max_flops, f);
   }
-  const double mean = static_cast<double>(total_flops) / W;
-  d->imbalance = mean > 0 ? static_cast<double>(max_flops) / mean - 1.0 : 0.0;
+  const double mean = static_cast<double>(total_flops) / static_cast<double>(W);
+  d.imbalance = mean > 0 ? static_cast<double>(max_flops) / mean - 1.0 : 0.0;
+}
 
-  // 5. C_r: the groups of each worker's fragments, each once, increasing,
-  //    read back from the bitset (an entry per group and worker, so at most
-  //    one per fragment). `rank` (per worker and word: the index in
-  //    worker_group_ids of the word's first set bit) turns (worker, group)
-  //    into its entry without a search; only sections 5b and 5c need it.
-  // Key k is shard k's alone unless dedup_per_kv_head merges shards: then
-  // every fragment of a group is of its key's shard, and a worker's uses of
-  // the group are that shard's table (section 5b).
-  const bool key_is_shard = !(g.dedup_per_kv_head && g.shards > g.heads_kv);
-  const bool need_entries = !key_is_shard || config.kv_prefix;
-  RawArray<std::size_t> rank(need_entries ? held.size() : 0);  // every entry written below
-  {
-    RawArray<std::int32_t> ids(d->fragments.size());
-    std::int32_t* const out = ids.data();
-    std::size_t at = 0;
-    d->worker_group_offsets.assign(static_cast<std::size_t>(W) + 1, 0);
-    for (int r = 0; r < W; ++r) {
-      const std::uint64_t* const row = held.data() + static_cast<std::size_t>(r) * words;
-      for (std::size_t k = 0; k < words; ++k) {
-        if (need_entries) rank[static_cast<std::size_t>(r) * words + k] = at;
-        for (std::uint64_t w = row[k]; w != 0; w &= w - 1) {
-          out[at++] = static_cast<std::int32_t>(k * 64 + static_cast<std::size_t>(std::countr_zero(w)));
-        }
-      }
-      d->worker_group_offsets[static_cast<std::size_t>(r) + 1] = at;
-    }
-    ids.truncate(at);
-    d->worker_group_ids = std::move(ids);
+// Where (worker, group) sits in worker_group_ids, without a search: per
+// worker and bitset word, the index of the word's first set bit.
+class EntryIndex {
+ public:
+  EntryIndex(const HeldBits& held, std::size_t size) : held_(held), rank_(size) {}
+  void set(std::size_t word, std::size_t at) { rank_[word] = at; }
+  std::size_t operator()(int r, std::int32_t gid) const {
+    const std::size_t at = static_cast<std::size_t>(r) * held_.words + static_cast<std::size_t>(gid) / 64;
+    const std::uint64_t below = held_.bits[at] & ((std::uint64_t{1} << (gid % 64)) - 1);
+    return rank_[at] + static_cast<std::size_t>(bit_count(below));
   }
-  auto entry = [&](int r, std::int32_t gid) {
-    const std::size_t at = static_cast<std::size_t>(r) * words + static_cast<std::size_t>(gid) / 64;
-    const std::uint64_t below = held[at] & ((std::uint64_t{1} << (gid % 64)) - 1);
-    return rank[at] + static_cast<std::size_t>(bit_count(below));
-  };
 
-  // 5b. First and last chunk of every (worker, group, KV head): chunk m of a
-  //     tile reads the KV heads of its query heads heads.begin +
-  //     [chunk_head_offset(m), chunk_head_offset(m + 1)) in every group of its
-  //     fragments. Which chunks read which KV head of the group depends only
-  //     on the shard: one table per shard, which is every entry's table
-  //     when each key is one shard's (Plan::Data::kv_uses_by_key).
+ private:
+  const HeldBits& held_;
+  RawArray<std::size_t> rank_;  // every entry written when used
+};
+
+// 5. C_r: the groups of each worker's fragments, each once, increasing,
+//    read back from the bitset (an entry per group and worker, so at most
+//    one per fragment). With `entries`, the index of each entry too.
+EntryIndex read_group_lists(Plan::Data& d, const HeldBits& held, bool entries) {
+  const int W = d.num_workers;
+  EntryIndex index(held, entries ? held.bits.size() : 0);
+  RawArray<std::int32_t> ids(d.fragments.size());
+  std::int32_t* const out = ids.data();
+  std::size_t at = 0;
+  d.worker_group_offsets.assign(static_cast<std::size_t>(W) + 1, 0);
+  for (int r = 0; r < W; ++r) {
+    const std::uint64_t* const row = held.row(r);
+    for (std::size_t k = 0; k < held.words; ++k) {
+      if (entries) index.set(static_cast<std::size_t>(r) * held.words + k, at);
+      for (std::uint64_t w = row[k]; w != 0; w &= w - 1) {
+        out[at++] = static_cast<std::int32_t>(k * 64 + static_cast<std::size_t>(std::countr_zero(w)));
+      }
+    }
+    d.worker_group_offsets[static_cast<std::size_t>(r) + 1] = at;
+  }
+  ids.truncate(at);
+  d.worker_group_ids = std::move(ids);
+  return index;
+}
+
+// 5b. First and last chunk of every (shard, KV head of its key): chunk m of
+//     a tile reads the KV heads of its query heads heads.begin +
+//     [chunk_head_offset(m), chunk_head_offset(m + 1)) in every group of its
+//     fragments, so which chunks read which KV head depends only on the
+//     shard. `stride` KV heads a shard.
+struct ShardUses {
+  std::vector<ChunkUse> uses;  // [shard * stride + KV head - the key's first]
+  std::int32_t stride = 0;
+};
+
+ShardUses shard_chunk_uses(const Geometry& g, const PlanConfig& config, std::span<const ShardInfo> shards,
+                           std::span<const KvGroup> key_group) {
+  const int M = config.chunks;
   auto offset = [&](int m) { return chunk_head_offset(g.head_width, M, config.chunk_split, m); };
-  std::int32_t max_heads = 0;
-  for (const KvGroup& k : key_group) max_heads = std::max(max_heads, k.kv_heads.size());
-  std::vector<ChunkUse> shard_use(static_cast<std::size_t>(g.shards) * static_cast<std::size_t>(max_heads));
+  ShardUses out;
+  for (const KvGroup& k : key_group) out.stride = std::max(out.stride, k.kv_heads.size());
+  out.uses.resize(static_cast<std::size_t>(g.shards) * static_cast<std::size_t>(out.stride));
   for (int s = 0; s < g.shards; ++s) {
-    const HeadRange heads = shard_heads[static_cast<std::size_t>(s)];
-    const HeadRange kv = key_group[static_cast<std::size_t>(shard_key[static_cast<std::size_t>(s)])].kv_heads;
+    const ShardInfo& shard = shards[static_cast<std::size_t>(s)];
+    const HeadRange kv = key_group[static_cast<std::size_t>(shard.key)].kv_heads;
     for (int m = 0; m < M; ++m) {
-      const std::int32_t q0 = heads.begin + offset(m), q1 = heads.begin + offset(m + 1);
+      const std::int32_t q0 = shard.heads.begin + offset(m), q1 = shard.heads.begin + offset(m + 1);
       const std::int32_t k0 = std::max(kv.begin, q0 / g.group_size);
       const std::int32_t k1 = std::min(kv.end, (q1 - 1) / g.group_size + 1);
       for (std::int32_t kh = k0; kh < k1; ++kh) {
-        ChunkUse& u = shard_use[static_cast<std::size_t>(s) * max_heads + static_cast<std::size_t>(kh - kv.begin)];
+        ChunkUse& u = out.uses[static_cast<std::size_t>(s) * static_cast<std::size_t>(out.stride) +
+                               static_cast<std::size_t>(kh - kv.begin)];
         if (!u.used()) u = {m, m};
         u.first = std::min(u.first, m);
         u.last = std::max(u.last, m);
       }
     }
   }
-  d->kv_use_stride = max_heads;
-  d->kv_uses_by_key = key_is_shard;
-  if (key_is_shard) {
-    d->kv_uses = std::move(shard_use);
-  } else {
-    d->kv_use_offsets.reserve(d->worker_group_ids.size() + 1);
-    d->kv_use_offsets.push_back(0);
-    for (const std::int32_t gid : d->worker_group_ids) {
-      d->kv_use_offsets.push_back(d->kv_use_offsets.back() +
-                                  static_cast<std::size_t>(d->groups[static_cast<std::size_t>(gid)].kv_heads.size()));
-    }
-    d->kv_uses.assign(d->kv_use_offsets.back(), ChunkUse{});
-  }
-  // 5c. With kv_prefix, the tokens each worker holds of each of its groups:
-  //     the causal prefix up to its last query row (a query reads no later
-  //     key); without, the whole sample (Plan::Data::kv_span_end).
-  if (config.kv_prefix) d->kv_span_end.assign(d->worker_group_ids.size(), 0);
-  if (need_entries) {
-    const ChunkUse* const shard_uses = key_is_shard ? d->kv_uses.data() : shard_use.data();
-    for (const Tile& t : d->tiles) {
-      const ChunkUse* su = shard_uses + static_cast<std::size_t>(t.shard) * max_heads;
-      for (std::int32_t fi = t.fragment_begin; fi < t.fragment_end; ++fi) {
-        const Fragment& frag = d->fragments[static_cast<std::size_t>(fi)];
-        const std::size_t at = entry(t.worker, frag.group);
-        if (config.kv_prefix) {
-          std::int64_t& span_end = d->kv_span_end[at];
-          span_end = std::max(span_end, frag.sample_start + frag.e);
-        }
-        if (key_is_shard) continue;
-        const std::size_t first = d->kv_use_offsets[at], n = d->kv_use_offsets[at + 1] - first;
-        for (std::size_t i = 0; i < n; ++i) {
-          if (!su[i].used()) continue;
-          ChunkUse& u = d->kv_uses[first + i];
-          if (!u.used()) {
-            u = su[i];
-          } else {
-            u.first = std::min(u.first, su[i].first);
-            u.last = std::max(u.last, su[i].last);
-          }
-        }
-      }
-    }
-  }
+  return out;
+}
 
+// Each key one shard's: the shard tables are every entry's
+// (Plan::Data::kv_uses_by_key). Otherwise every entry gets a table of its
+// own, filled by record_entries. Returns the shard tables.
+const ChunkUse* store_kv_uses(Plan::Data& d, ShardUses& shard, bool key_is_shard) {
+  d.kv_use_stride = shard.stride;
+  d.kv_uses_by_key = key_is_shard;
+  if (key_is_shard) {
+    d.kv_uses = std::move(shard.uses);
+    return d.kv_uses.data();
+  }
+  d.kv_use_offsets.reserve(d.worker_group_ids.size() + 1);
+  d.kv_use_offsets.push_back(0);
+  for (const std::int32_t gid : d.worker_group_ids) {
+    d.kv_use_offsets.push_back(d.kv_use_offsets.back() +
+                               static_cast<std::size_t>(d.groups[static_cast<std::size_t>(gid)].kv_heads.size()));
+  }
+  d.kv_uses.assign(d.kv_use_offsets.back(), ChunkUse{});
+  return shard.uses.data();
+}
+
+// An entry's table widened by a shard's: every KV head used by either.
+void merge_uses(ChunkUse* into, const ChunkUse* shard, std::size_t heads) {
+  for (std::size_t i = 0; i < heads; ++i) {
+    if (!shard[i].used()) continue;
+    ChunkUse& u = into[i];
+    if (!u.used()) {
+      u = shard[i];
+    } else {
+      u.first = std::min(u.first, shard[i].first);
+      u.last = std::max(u.last, shard[i].last);
+    }
+  }
+}
+
+// 5c. Per entry of worker_group_ids, from every fragment: with kv_prefix,
+//     the causal prefix of the sample the worker holds (up to its last
+//     query row: a query reads no later key; Plan::Data::kv_span_end); when
+//     keys merge shards, the chunks that read each KV head.
+void record_entries(Plan::Data& d, const EntryIndex& entry, const ChunkUse* shard_uses, std::int32_t stride,
+                    bool key_is_shard) {
+  const bool prefix = d.config.kv_prefix;
+  if (prefix) d.kv_span_end.assign(d.worker_group_ids.size(), 0);
+  for (const Tile& t : d.tiles) {
+    const ChunkUse* su = shard_uses + static_cast<std::size_t>(t.shard) * static_cast<std::size_t>(stride);
+    for (std::int32_t fi = t.fragment_begin; fi < t.fragment_end; ++fi) {
+      const Fragment& frag = d.fragments[static_cast<std::size_t>(fi)];
+      const std::size_t at = entry(t.worker, frag.group);
+      if (prefix) {
+        std::int64_t& span_end = d.kv_span_end[at];
+        span_end = std::max(span_end, frag.sample_start + frag.e);
+      }
+      if (key_is_shard) continue;
+      const std::size_t first = d.kv_use_offsets[at];
+      merge_uses(d.kv_uses.data() + first, su, d.kv_use_offsets[at + 1] - first);
+    }
+  }
+}
+
+}  // namespace
+
+Plan build_plan(std::span<const PackedSequence> pool, const PlanConfig& config, Geometry geo,
+                std::span<const PlacedRows> rows) {
+  const Geometry& g = geo;
+  std::shared_ptr<Plan::Data> d = plan_header(pool, config, g);
+  const std::vector<ShardInfo> shards = shard_infos(g);
+  HeldBits held(g.workers, static_cast<std::size_t>(g.sample_base.back()) * static_cast<std::size_t>(g.keys_per_sample));
+  // 8. The fingerprint of the defining content: the prefix now, the tile
+  //    words in the tile pass.
+  WordHash hash;
+  for_each_canonical_prefix_word(config, pool, rows.size(), hash);
+  write_tiles(*d, g, shards, rows, held, hash);
+  const std::vector<KvGroup> key_group = key_heads(g).group;  // key and KV heads per key
+  write_groups(*d, g, key_group);
+  write_compute_lists(*d);
+  // Key k is shard k's alone unless dedup_per_kv_head merges shards: then a
+  // worker's uses of a group are its own (5c), else its key's shard's table.
+  const bool key_is_shard = !(g.dedup_per_kv_head && g.shards > g.heads_kv);
+  const bool need_entries = !key_is_shard || config.kv_prefix;
+  const EntryIndex entries = read_group_lists(*d, held, need_entries);
+  ShardUses shard_uses = shard_chunk_uses(g, config, shards, key_group);
+  const ChunkUse* shard_table = store_kv_uses(*d, shard_uses, key_is_shard);
+  if (need_entries) record_entries(*d, entries, shard_table, shard_uses.stride, key_is_shard);
   d->fingerprint = hash.value();
   // The exchange is derived from the plan on first use (derive_exchange).
   d->geometry = std::make_shared<const Geometry>(std::move(geo));
   return Plan(std::move(d));
 }
 
-// Sections 6 and 7b of the builder: the transfers, chunk lists, byte
-// matrices and bytes by tier of a built plan (Plan::Data's exchange).
-void derive_exchange(const Plan::Data& data) {
-  // Writes only the exchange's fields (mutable), once, before any reader
-  // sees exchange_ready; everything else it reads was fixed by build_plan.
-  const Plan::Data* d = &data;
-  const Geometry& g = *d->geometry;
-  const PlanConfig& config = d->config;
-  const int W = g.workers;
-  const int M = config.chunks;
-  const std::size_t W2 = static_cast<std::size_t>(W) * static_cast<std::size_t>(W);
-  std::vector<std::int32_t> chunk_at_head(static_cast<std::size_t>(M) + 1);
-  for (int m = 0; m <= M; ++m) chunk_at_head[static_cast<std::size_t>(m)] = chunk_head_offset(g.head_width, M, config.chunk_split, m);
-  const KeyHeads keys = key_heads(g);
-  const std::vector<KvGroup>& key_group = keys.group;
-  const std::vector<HeadRange>& rep_shard_heads = keys.rep_shard_heads;
-  // A derivation that threw (out of memory) may have left partial sums.
-  d->comm_bytes = 0;
-  d->max_recv_cross_node = 0;
-  d->transfers.clear();
+namespace {
 
-  // 6. Transfers and their chunks. A bucket (src, dst) lists Q items (by
-  //    tile), then KV items (by group of dst, then begin), then O items (by
-  //    tile); chunk m's bucket lists the same items restricted to chunk m's
-  //    heads, KV items without a head in chunk m left out. A KV group sends
-  //    one item per home run of its sample (the rows of an item are
-  //    consecutive in the sender's home buffer); the runs are the same for
-  //    every key of a sample (Geometry::runs). The items are first
-  //    sorted into their buckets as small indices (a counting sort keeps
-  //    the generation order), so that both lists are written front to back.
-  // KV heads of chunk m for each dedup key (they depend on nothing else).
-  std::vector<HeadRange> chunk_kv(static_cast<std::size_t>(g.keys_per_sample) * static_cast<std::size_t>(M));
-  for (int k = 0; k < g.keys_per_sample; ++k) {
-    for (int m = 0; m < M; ++m) {
-      chunk_kv[static_cast<std::size_t>(k) * M + m] =
-          chunk_kv_heads_of(config, rep_shard_heads[static_cast<std::size_t>(k)], key_group[static_cast<std::size_t>(k)].kv_heads, m);
+// Sections 6 and 7b of the builder. Transfers and their chunks: a bucket
+// (src, dst) lists Q items (by tile), then KV items (by group of dst, then
+// begin), then O items (by tile); chunk m's bucket lists the same items
+// restricted to chunk m's heads, KV items without a head in chunk m left
+// out. A KV group sends one item per home run of its sample (the rows of
+// an item are consecutive in the sender's home buffer); the runs are the
+// same for every key of a sample (Geometry::runs). The items are first
+// sorted into their buckets as small indices (a counting sort keeps the
+// generation order), so that both lists are written front to back.
+
+// The query heads of chunk m of a tile, from its first: [at[m], at[m + 1]).
+std::vector<std::int32_t> chunk_head_table(const Geometry& g, const PlanConfig& config) {
+  const int M = config.chunks;
+  std::vector<std::int32_t> at(static_cast<std::size_t>(M) + 1);
+  for (int m = 0; m <= M; ++m) at[static_cast<std::size_t>(m)] = chunk_head_offset(g.head_width, M, config.chunk_split, m);
+  return at;
+}
+
+// KV heads of chunk m for each dedup key (they depend on nothing else):
+// [key * M + m].
+std::vector<HeadRange> chunk_kv_table(const Geometry& g, const PlanConfig& config, const KeyHeads& keys) {
+  const auto M = static_cast<std::size_t>(config.chunks);
+  std::vector<HeadRange> out(static_cast<std::size_t>(g.keys_per_sample) * M);
+  for (std::size_t k = 0; k < static_cast<std::size_t>(g.keys_per_sample); ++k) {
+    for (std::size_t m = 0; m < M; ++m) {
+      out[k * M + m] = chunk_kv_heads_of(config, keys.rep_shard_heads[k], keys.group[k].kv_heads, static_cast<int>(m));
     }
   }
-  d->tier_bytes.assign(static_cast<std::size_t>(W), TierBytes{});
-  struct KvItem {
-    std::int32_t entry;  // in worker_group_ids
-    std::int32_t key;
-    std::int32_t run;  // in g.runs
-  };
-  std::vector<std::size_t> q_at(W2 + 1, 0), kv_at(W2 + 1, 0), o_at(W2 + 1, 0);
-  for (const Tile& t : d->tiles) {
+  return out;
+}
+
+// A KV item: one home run of a group's sample that worker `to` fetches.
+struct KvItem {
+  std::int32_t entry;  // in worker_group_ids
+  std::int32_t key;
+  std::int32_t run;    // in g.runs
+};
+
+// The items of every (src, dst) bucket b = src * W + dst, in generation
+// order: bucket b's Q items are q_ids[q_at[b] .. q_at[b + 1]), and so on.
+struct BucketItems {
+  std::vector<std::size_t> q_at, kv_at, o_at;  // W * W + 1 offsets
+  std::vector<std::int32_t> q_ids, o_ids;      // tile ids
+  std::vector<KvItem> kv;
+};
+
+// One home run of a group that a worker holds, as the exchange sees it.
+struct HeldRun {
+  int to = 0;               // the worker holding the group
+  std::size_t entry = 0;    // in worker_group_ids
+  const KvGroup* group = nullptr;
+  std::int32_t key = 0;     // the group's dedup key
+  std::int32_t run = 0;     // in g.runs
+  int from = 0;             // the worker whose home holds the run
+  std::int64_t span_end = 0;  // the end of the tokens `to` holds (Plan::kv_span)
+};
+
+// Every home run each worker holds of each of its groups, in order.
+template <class Visit>
+void for_each_held_run(const Plan::Data& d, const Geometry& g, Visit&& visit) {
+  for (int r = 0; r < g.workers; ++r) {
+    for (std::size_t k = d.worker_group_offsets[static_cast<std::size_t>(r)]; k < d.worker_group_offsets[static_cast<std::size_t>(r) + 1]; ++k) {
+      const std::int32_t gid = d.worker_group_ids[k];
+      const KvGroup& grp = d.groups[static_cast<std::size_t>(gid)];
+      const std::int64_t span_end = d.span_end(k, gid);
+      const std::int32_t j = g.sample_base[static_cast<std::size_t>(grp.slot)] + grp.sample;
+      const std::int32_t key = gid - j * g.keys_per_sample;
+      for (std::int32_t u = g.run_base[static_cast<std::size_t>(j)]; u < g.run_base[static_cast<std::size_t>(j) + 1]; ++u) {
+        const Geometry::Run& run = g.runs[static_cast<std::size_t>(u)];
+        if (run.begin >= span_end) break;
+        visit(HeldRun{r, k, &grp, key, u, grp.slot * g.cp + run.rank, span_end});
+      }
+    }
+  }
+}
+
+// Bucket counts as offsets; what stays on its worker counted as kept
+// bytes (Q and O of tiles at home, K/V of runs at home).
+void count_items(const Plan::Data& d, const Geometry& g, BucketItems& items) {
+  const auto W = static_cast<std::size_t>(g.workers);
+  items.q_at.assign(W * W + 1, 0);
+  items.kv_at.assign(W * W + 1, 0);
+  items.o_at.assign(W * W + 1, 0);
+  for (const Tile& t : d.tiles) {
     if (t.worker == t.home) {
-      d->tier_bytes[static_cast<std::size_t>(t.worker)].kept += 2 * qo_bytes(g, t.end - t.begin, t.heads.size());
+      d.tier_bytes[static_cast<std::size_t>(t.worker)].kept += 2 * qo_bytes(g, t.end - t.begin, t.heads.size());
       continue;
     }
-    ++q_at[static_cast<std::size_t>(t.home) * W + t.worker + 1];
-    ++o_at[static_cast<std::size_t>(t.worker) * W + t.home + 1];
+    ++items.q_at[static_cast<std::size_t>(t.home) * W + static_cast<std::size_t>(t.worker) + 1];
+    ++items.o_at[static_cast<std::size_t>(t.worker) * W + static_cast<std::size_t>(t.home) + 1];
   }
-  for (int r = 0; r < W; ++r) {
-    for (std::size_t k = d->worker_group_offsets[r]; k < d->worker_group_offsets[r + 1]; ++k) {
-      const std::int32_t gid = d->worker_group_ids[k];
-      const KvGroup& grp = d->groups[static_cast<std::size_t>(gid)];
-      const std::int64_t span_end = d->span_end(k, gid);
-      for (const Geometry::Run& run : g.sample_runs(g.sample_base[grp.slot] + grp.sample)) {
-        if (run.begin >= span_end) break;
-        const int src = grp.slot * g.cp + run.rank;
-        if (src != r) {
-          ++kv_at[static_cast<std::size_t>(src) * W + r + 1];
-        } else {
-          d->tier_bytes[static_cast<std::size_t>(r)].kept +=
-              kv_bytes(g, std::min(run.end, span_end) - run.begin, grp.kv_heads.size());
-        }
-      }
+  for_each_held_run(d, g, [&](const HeldRun& h) {
+    if (h.from != h.to) {
+      ++items.kv_at[static_cast<std::size_t>(h.from) * W + static_cast<std::size_t>(h.to) + 1];
+      return;
     }
+    const Geometry::Run& run = g.runs[static_cast<std::size_t>(h.run)];
+    d.tier_bytes[static_cast<std::size_t>(h.to)].kept +=
+        kv_bytes(g, std::min(run.end, h.span_end) - run.begin, h.group->kv_heads.size());
+  });
+  for (std::size_t b = 0; b < W * W; ++b) {
+    items.q_at[b + 1] += items.q_at[b];
+    items.kv_at[b + 1] += items.kv_at[b];
+    items.o_at[b + 1] += items.o_at[b];
   }
+}
+
+// The items, each in its bucket (count_items gave the offsets).
+void fill_items(const Plan::Data& d, const Geometry& g, BucketItems& items) {
+  const auto W = static_cast<std::size_t>(g.workers);
+  items.q_ids.resize(items.q_at[W * W]);
+  items.o_ids.resize(items.o_at[W * W]);
+  items.kv.resize(items.kv_at[W * W]);
+  std::vector<std::size_t> qi(items.q_at.begin(), items.q_at.end() - 1), ki(items.kv_at.begin(), items.kv_at.end() - 1),
+      oi(items.o_at.begin(), items.o_at.end() - 1);
+  for (const Tile& t : d.tiles) {
+    if (t.worker == t.home) continue;
+    items.q_ids[qi[static_cast<std::size_t>(t.home) * W + static_cast<std::size_t>(t.worker)]++] = t.id;
+    items.o_ids[oi[static_cast<std::size_t>(t.worker) * W + static_cast<std::size_t>(t.home)]++] = t.id;
+  }
+  for_each_held_run(d, g, [&](const HeldRun& h) {
+    if (h.from == h.to) return;
+    items.kv[ki[static_cast<std::size_t>(h.from) * W + static_cast<std::size_t>(h.to)]++] = {
+        static_cast<std::int32_t>(h.entry), h.key, h.run};
+  });
+}
+
+// The lists' offsets: every bucket's items, and per chunk its Q and O items
+// and the KV items with a head in the chunk.
+void size_lists(const Plan::Data& d, const BucketItems& items, std::span<const HeadRange> chunk_kv, int M) {
+  const std::size_t W2 = items.q_at.size() - 1;
+  d.transfer_offsets.assign(W2 + 1, 0);
+  d.chunk_offsets.assign(static_cast<std::size_t>(M) * W2 + 1, 0);
   for (std::size_t b = 0; b < W2; ++b) {
-    q_at[b + 1] += q_at[b];
-    kv_at[b + 1] += kv_at[b];
-    o_at[b + 1] += o_at[b];
-  }
-  std::vector<std::int32_t> q_ids(q_at[W2]), o_ids(o_at[W2]);
-  std::vector<KvItem> kv_items(kv_at[W2]);
-  {
-    std::vector<std::size_t> qi(q_at.begin(), q_at.end() - 1), ki(kv_at.begin(), kv_at.end() - 1),
-        oi(o_at.begin(), o_at.end() - 1);
-    for (const Tile& t : d->tiles) {
-      if (t.worker == t.home) continue;
-      q_ids[qi[static_cast<std::size_t>(t.home) * W + t.worker]++] = t.id;
-      o_ids[oi[static_cast<std::size_t>(t.worker) * W + t.home]++] = t.id;
-    }
-    for (int r = 0; r < W; ++r) {
-      for (std::size_t k = d->worker_group_offsets[r]; k < d->worker_group_offsets[r + 1]; ++k) {
-        const std::int32_t gid = d->worker_group_ids[k];
-        const KvGroup& grp = d->groups[static_cast<std::size_t>(gid)];
-        const std::int32_t j = g.sample_base[grp.slot] + grp.sample;
-        const std::int32_t key = gid - j * g.keys_per_sample;
-        const std::int64_t span_end = d->span_end(k, gid);
-        for (std::int32_t u = g.run_base[static_cast<std::size_t>(j)]; u < g.run_base[static_cast<std::size_t>(j) + 1]; ++u) {
-          if (g.runs[static_cast<std::size_t>(u)].begin >= span_end) break;
-          const int src = grp.slot * g.cp + g.runs[static_cast<std::size_t>(u)].rank;
-          if (src == r) continue;
-          kv_items[ki[static_cast<std::size_t>(src) * W + r]++] = {static_cast<std::int32_t>(k), key, u};
-        }
+    const std::size_t qo = (items.q_at[b + 1] - items.q_at[b]) + (items.o_at[b + 1] - items.o_at[b]);
+    d.transfer_offsets[b + 1] = d.transfer_offsets[b] + qo + (items.kv_at[b + 1] - items.kv_at[b]);
+    for (int m = 0; m < M; ++m) d.chunk_offsets[static_cast<std::size_t>(m) * W2 + b + 1] = qo;
+    for (std::size_t i = items.kv_at[b]; i < items.kv_at[b + 1]; ++i) {
+      const HeadRange* heads = &chunk_kv[static_cast<std::size_t>(items.kv[i].key) * static_cast<std::size_t>(M)];
+      for (int m = 0; m < M; ++m) {
+        if (heads[m].size() > 0) ++d.chunk_offsets[static_cast<std::size_t>(m) * W2 + b + 1];
       }
     }
   }
-  // Item counts of every (chunk, bucket), then their offsets.
-  d->transfer_offsets.assign(W2 + 1, 0);
-  d->chunk_offsets.assign(static_cast<std::size_t>(M) * W2 + 1, 0);
-  for (std::size_t b = 0; b < W2; ++b) {
-    const std::size_t qo = (q_at[b + 1] - q_at[b]) + (o_at[b + 1] - o_at[b]);
-    d->transfer_offsets[b + 1] = d->transfer_offsets[b] + qo + (kv_at[b + 1] - kv_at[b]);
-    for (int m = 0; m < M; ++m) d->chunk_offsets[static_cast<std::size_t>(m) * W2 + b + 1] = qo;
-    for (std::size_t i = kv_at[b]; i < kv_at[b + 1]; ++i) {
-      const HeadRange* heads = &chunk_kv[static_cast<std::size_t>(kv_items[i].key) * M];
-      for (int m = 0; m < M; ++m) {
-        if (heads[m].size() > 0) ++d->chunk_offsets[static_cast<std::size_t>(m) * W2 + b + 1];
-      }
-    }
-  }
-  for (std::size_t i = 0; i < static_cast<std::size_t>(M) * W2; ++i) d->chunk_offsets[i + 1] += d->chunk_offsets[i];
-  d->transfers.reserve(d->transfer_offsets[W2]);
-  d->chunk_transfers = TransferArray(d->chunk_offsets.back());
-  d->byte_matrix.assign(W2, 0);
-  d->chunk_byte_matrix.assign(static_cast<std::size_t>(M) * W2, 0);
-  std::vector<std::size_t> chunk_at(static_cast<std::size_t>(M));
-  for (std::size_t b = 0; b < W2; ++b) {
-    for (int m = 0; m < M; ++m) chunk_at[static_cast<std::size_t>(m)] = d->chunk_offsets[static_cast<std::size_t>(m) * W2 + b];
-    std::int64_t* chunk_bytes = &d->chunk_byte_matrix[b];
-    auto put_qo = [&](const Transfer& x) {
-      d->transfers.push_back(x);
-      d->byte_matrix[b] += x.bytes;
-      for (int m = 0; m < M; ++m) {
-        Transfer c = x;
-        c.heads = {x.heads.begin + chunk_at_head[static_cast<std::size_t>(m)],
-                   x.heads.begin + chunk_at_head[static_cast<std::size_t>(m) + 1]};
-        c.bytes = qo_bytes(g, x.end - x.begin, c.heads.size());
-        c.first_use = c.last_use = m;
-        chunk_bytes[static_cast<std::size_t>(m) * W2] += c.bytes;
-        d->chunk_transfers.put(chunk_at[static_cast<std::size_t>(m)]++, c);
-      }
-    };
-    for (std::size_t i = q_at[b]; i < q_at[b + 1]; ++i) {
-      const Tile& t = d->tiles[static_cast<std::size_t>(q_ids[i])];
-      put_qo(Transfer{TransferKind::kQ, t.home, t.worker, t.slot, t.begin, t.end, t.heads, t.id, -1,
-                      qo_bytes(g, t.end - t.begin, t.heads.size()), 0, M - 1});
-    }
-    for (std::size_t i = kv_at[b]; i < kv_at[b + 1]; ++i) {
-      const KvItem& item = kv_items[i];
-      const Geometry::Run& run = g.runs[static_cast<std::size_t>(item.run)];
-      const std::int32_t gid = d->worker_group_ids[static_cast<std::size_t>(item.entry)];
-      const HeadRange kv = key_group[static_cast<std::size_t>(item.key)].kv_heads;
-      const std::int32_t slot = d->groups[static_cast<std::size_t>(gid)].slot;
-      const std::int64_t end = std::min(run.end, d->span_end(static_cast<std::size_t>(item.entry), gid));
-      const Transfer x{TransferKind::kKv, slot * g.cp + run.rank, static_cast<std::int32_t>(b % static_cast<std::size_t>(W)),
-                       slot, run.begin, end, kv, -1, gid,
-                       kv_bytes(g, end - run.begin, kv.size()), 0, M - 1};
-      d->transfers.push_back(x);
-      d->byte_matrix[b] += x.bytes;
-      const ChunkUse* uses = d->uses_of(static_cast<std::size_t>(item.entry), item.key);
-      const HeadRange* heads = &chunk_kv[static_cast<std::size_t>(item.key) * M];
-      for (int m = 0; m < M; ++m) {
-        if (heads[m].size() == 0) continue;
-        Transfer c = x;
-        c.heads = heads[m];
-        c.bytes = kv_bytes(g, x.end - x.begin, c.heads.size());
-        c.first_use = M;
-        c.last_use = -1;
-        for (std::int32_t kh = c.heads.begin; kh < c.heads.end; ++kh) {
-          const ChunkUse u = uses[kh - kv.begin];
-          if (!u.used()) continue;
-          c.first_use = std::min(c.first_use, u.first);
-          c.last_use = std::max(c.last_use, u.last);
-        }
-        chunk_bytes[static_cast<std::size_t>(m) * W2] += c.bytes;
-        d->chunk_transfers.put(chunk_at[static_cast<std::size_t>(m)]++, c);
-      }
-    }
-    for (std::size_t i = o_at[b]; i < o_at[b + 1]; ++i) {
-      const Tile& t = d->tiles[static_cast<std::size_t>(o_ids[i])];
-      put_qo(Transfer{TransferKind::kO, t.worker, t.home, t.slot, t.begin, t.end, t.heads, t.id, -1,
-                      qo_bytes(g, t.end - t.begin, t.heads.size()), 0, M - 1});
-    }
-    d->comm_bytes += d->byte_matrix[b];
+  for (std::size_t i = 0; i < static_cast<std::size_t>(M) * W2; ++i) d.chunk_offsets[i + 1] += d.chunk_offsets[i];
+}
+
+// Writes each bucket's items into the whole-iteration list, the chunk
+// lists and the byte matrices.
+class BucketWriter {
+ public:
+  BucketWriter(const Plan::Data& d, const Geometry& g, std::span<const std::int32_t> chunk_at_head,
+               std::span<const HeadRange> chunk_kv, std::span<const KvGroup> key_group)
+      : d_(d), g_(g), M_(d.config.chunks), W2_(static_cast<std::size_t>(g.workers) * static_cast<std::size_t>(g.workers)),
+        chunk_at_head_(chunk_at_head), chunk_kv_(chunk_kv), key_group_(key_group), chunk_at_(static_cast<std::size_t>(M_)) {}
+
+  void write(std::size_t b, const BucketItems& items) {
+    b_ = b;
+    for (int m = 0; m < M_; ++m) chunk_at_[static_cast<std::size_t>(m)] = d_.chunk_offsets[static_cast<std::size_t>(m) * W2_ + b];
+    for (std::size_t i = items.q_at[b]; i < items.q_at[b + 1]; ++i) put_qo(TransferKind::kQ, tile(items.q_ids[i]));
+    for (std::size_t i = items.kv_at[b]; i < items.kv_at[b + 1]; ++i) put_kv(items.kv[i]);
+    for (std::size_t i = items.o_at[b]; i < items.o_at[b + 1]; ++i) put_qo(TransferKind::kO, tile(items.o_ids[i]));
+    d_.comm_bytes += d_.byte_matrix[b];
   }
 
-  // 7b. Bytes by tier: the byte matrix split by where each pair of workers
-  //     sits (what stays was counted with the transfers).
+ private:
+  const Tile& tile(std::int32_t id) const { return d_.tiles[static_cast<std::size_t>(id)]; }
+  void put_whole(const Transfer& x) {
+    d_.transfers.push_back(x);
+    d_.byte_matrix[b_] += x.bytes;
+  }
+  // A tile's Q (home -> worker) or O (worker -> home), whole and per chunk.
+  void put_qo(TransferKind kind, const Tile& t) {
+    const bool q = kind == TransferKind::kQ;
+    const int M = M_;
+    const Transfer x{kind, q ? t.home : t.worker, q ? t.worker : t.home, t.slot, t.begin, t.end, t.heads, t.id, -1,
+                     qo_bytes(g_, t.end - t.begin, t.heads.size()), 0, M - 1};
+    put_whole(x);
+    // Through locals: a stored item could alias the members.
+    const std::int64_t tokens_bytes = qo_bytes(g_, x.end - x.begin, 1);
+    const std::int32_t* const at_head = chunk_at_head_.data();
+    std::int64_t* const chunk_bytes = d_.chunk_byte_matrix.data() + b_;
+    std::size_t* const chunk_at = chunk_at_.data();
+    const std::size_t W2 = W2_;
+    for (int m = 0; m < M; ++m) {
+      Transfer c = x;
+      c.heads = {x.heads.begin + at_head[m], x.heads.begin + at_head[m + 1]};
+      c.bytes = tokens_bytes * c.heads.size();
+      c.first_use = c.last_use = m;
+      chunk_bytes[static_cast<std::size_t>(m) * W2] += c.bytes;
+      d_.chunk_transfers.put(chunk_at[m]++, c);
+    }
+  }
+  // A KV item, whole and in every chunk with a head of its key; a chunk
+  // item's uses span its heads' (Plan::kv_use).
+  void put_kv(const KvItem& item) {
+    const int M = M_;
+    const Geometry::Run& run = g_.runs[static_cast<std::size_t>(item.run)];
+    const std::int32_t gid = d_.worker_group_ids[static_cast<std::size_t>(item.entry)];
+    const HeadRange kv = key_group_[static_cast<std::size_t>(item.key)].kv_heads;
+    const std::int32_t slot = d_.groups[static_cast<std::size_t>(gid)].slot;
+    const std::int64_t end = std::min(run.end, d_.span_end(static_cast<std::size_t>(item.entry), gid));
+    const Transfer x{TransferKind::kKv, slot * g_.cp + run.rank, static_cast<std::int32_t>(b_ % static_cast<std::size_t>(g_.workers)),
+                     slot, run.begin, end, kv, -1, gid, kv_bytes(g_, end - run.begin, kv.size()), 0, M - 1};
+    put_whole(x);
+    // Through locals: a stored item could alias the members.
+    const std::int64_t head_bytes = kv_bytes(g_, x.end - x.begin, 1);
+    const ChunkUse* uses = d_.uses_of(static_cast<std::size_t>(item.entry), item.key);
+    const HeadRange* heads = &chunk_kv_[static_cast<std::size_t>(item.key) * static_cast<std::size_t>(M)];
+    std::int64_t* const chunk_bytes = d_.chunk_byte_matrix.data() + b_;
+    std::size_t* const chunk_at = chunk_at_.data();
+    const std::size_t W2 = W2_;
+    for (int m = 0; m < M; ++m) {
+      if (heads[m].size() == 0) continue;
+      Transfer c = x;
+      c.heads = heads[m];
+      c.bytes = head_bytes * c.heads.size();
+      c.first_use = M;
+      c.last_use = -1;
+      for (std::int32_t kh = c.heads.begin; kh < c.heads.end; ++kh) {
+        const ChunkUse u = uses[kh - kv.begin];
+        if (!u.used()) continue;
+        c.first_use = std::min(c.first_use, u.first);
+        c.last_use = std::max(c.last_use, u.last);
+      }
+      chunk_bytes[static_cast<std::size_t>(m) * W2] += c.bytes;
+      d_.chunk_transfers.put(chunk_at[m]++, c);
+    }
+  }
+
+  const Plan::Data& d_;
+  const Geometry& g_;
+  int M_;
+  std::size_t W2_;
+  std::span<const std::int32_t> chunk_at_head_;
+  std::span<const HeadRange> chunk_kv_;
+  std::span<const KvGroup> key_group_;
+  std::vector<std::size_t> chunk_at_;  // the next place in each chunk's bucket b_
+  std::size_t b_ = 0;
+};
+
+// 7b. Bytes by tier: the byte matrix split by where each pair of workers
+//     sits (what stays was counted with the transfers).
+void split_by_tier(const Plan::Data& d) {
+  const int W = d.num_workers;
   for (int r = 0; r < W; ++r) {
     for (int dst = 0; dst < W; ++dst) {
-      const std::int64_t b = d->byte_matrix[static_cast<std::size_t>(r) * W + dst];
+      const std::int64_t b = d.byte_matrix[static_cast<std::size_t>(r) * static_cast<std::size_t>(W) + static_cast<std::size_t>(dst)];
       if (b == 0) continue;
-      TierBytes& snd = d->tier_bytes[static_cast<std::size_t>(r)];
-      TierBytes& rcv = d->tier_bytes[static_cast<std::size_t>(dst)];
-      switch (topo_tier(config.topology, r, dst)) {
+      TierBytes& snd = d.tier_bytes[static_cast<std::size_t>(r)];
+      TierBytes& rcv = d.tier_bytes[static_cast<std::size_t>(dst)];
+      switch (topo_tier(d.config.topology, r, dst)) {
         case 0:
           snd.send_intra_node += b;
           rcv.recv_intra_node += b;
@@ -738,18 +878,54 @@ void derive_exchange(const Plan::Data& data) {
       }
     }
   }
-  {
-    std::int64_t best = -1;
-    for (int r = 0; r < W; ++r) {
-      const TierBytes& x = d->tier_bytes[static_cast<std::size_t>(r)];
-      const std::int64_t recv = x.recv_intra_node + x.recv_cross_node;
-      if (recv > best) {
-        best = recv;
-        d->busiest_receiver = r;
-      }
-      d->max_recv_cross_node = std::max(d->max_recv_cross_node, x.recv_cross_node);
+}
+
+// The worker that receives the most bytes (lowest id on ties), and the
+// largest cross-node bytes any worker receives.
+void find_busiest(const Plan::Data& d) {
+  std::int64_t best = -1;
+  for (int r = 0; r < d.num_workers; ++r) {
+    const TierBytes& x = d.tier_bytes[static_cast<std::size_t>(r)];
+    const std::int64_t recv = x.recv_intra_node + x.recv_cross_node;
+    if (recv > best) {
+      best = recv;
+      d.busiest_receiver = r;
     }
+    d.max_recv_cross_node = std::max(d.max_recv_cross_node, x.recv_cross_node);
   }
+}
+
+}  // namespace
+
+// Sections 6 and 7b of the builder: the transfers, chunk lists, byte
+// matrices and bytes by tier of a built plan (Plan::Data's exchange).
+void derive_exchange(const Plan::Data& data) {
+  // Writes only the exchange's fields (mutable), once, before any reader
+  // sees exchange_ready; everything else it reads was fixed by build_plan.
+  const Plan::Data& d = data;
+  const Geometry& g = *d.geometry;
+  const int M = d.config.chunks;
+  const std::size_t W2 = static_cast<std::size_t>(g.workers) * static_cast<std::size_t>(g.workers);
+  const std::vector<std::int32_t> chunk_at_head = chunk_head_table(g, d.config);
+  const KeyHeads keys = key_heads(g);
+  const std::vector<HeadRange> chunk_kv = chunk_kv_table(g, d.config, keys);
+  // A derivation that threw (out of memory) may have left partial sums.
+  d.comm_bytes = 0;
+  d.max_recv_cross_node = 0;
+  d.transfers.clear();
+  d.tier_bytes.assign(static_cast<std::size_t>(g.workers), TierBytes{});
+  BucketItems items;
+  count_items(d, g, items);
+  fill_items(d, g, items);
+  size_lists(d, items, chunk_kv, M);
+  d.transfers.reserve(d.transfer_offsets[W2]);
+  d.chunk_transfers = TransferArray(d.chunk_offsets.back());
+  d.byte_matrix.assign(W2, 0);
+  d.chunk_byte_matrix.assign(static_cast<std::size_t>(M) * W2, 0);
+  BucketWriter writer(d, g, chunk_at_head, chunk_kv, keys.group);
+  for (std::size_t b = 0; b < W2; ++b) writer.write(b, items);
+  split_by_tier(d);
+  find_busiest(d);
 }
 
 }  // namespace detail

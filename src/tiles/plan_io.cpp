@@ -56,7 +56,7 @@ std::string plan_to_json(const Plan& plan, int indent) {
   if (plan_format_version(c) >= 2) cfg["home_layout"] = std::string(home_layout_name(c.home_layout));
   if (plan_format_version(c) >= 3) cfg["kv_prefix"] = c.kv_prefix;
   if (plan_format_version(c) >= 4) cfg["chunk_split"] = std::string(chunk_split_name(c.chunk_split));
-  if (c.mode == PlanMode::kTapTopo) {
+  if (plan_stores_topology(c)) {
     const PlanTopology& t = c.topology;
     cfg["topology"] = {{"gpus_per_node", t.gpus_per_node},
                        {"nodes_per_supernode", t.nodes_per_supernode},
@@ -239,7 +239,7 @@ Result<Plan> plan_from_binary(std::string_view bytes, const std::string& source)
       !next_int(c.chunks, 1, kI32) || !next_int(mode, 0, 3) || !next_int(dedup, 0, 1)) {
     return bad("configuration");
   }
-  // The canonical words' order: the home layout (version 2) before tap-topo's topology.
+  // The canonical words' order: the home layout (version 2) before the topology.
   if (version >= 2) {
     int layout = 0;
     if (!next_int(layout, 0, 1)) return bad("home layout");
@@ -255,7 +255,7 @@ Result<Plan> plan_from_binary(std::string_view bytes, const std::string& source)
     if (!next_int(split, 0, 1)) return bad("chunk split");
     c.chunk_split = static_cast<ChunkSplit>(split);
   }
-  if (static_cast<PlanMode>(mode) == PlanMode::kTapTopo) {
+  if (static_cast<PlanMode>(mode) == PlanMode::kTapTopo || version >= 5) {
     std::uint64_t bits[4] = {};
     if (!next_int(c.topology.gpus_per_node, 1, kI32) || !next_int(c.topology.nodes_per_supernode, 1, kI32) ||
         !next(bits[0]) || !next(bits[1]) || !next(bits[2]) || !next(bits[3])) {
@@ -334,6 +334,78 @@ struct JsonReader {
     return x;
   }
 };
+
+// The config fields that came with later format versions, each required
+// from its version on and refused before it (docs/plan-format.md), and the
+// topology: tap-topo's plans and version 5 store it, no other plan may.
+Status read_versioned_config(const JsonReader& rd, const OJson& cfg, std::int64_t version, PlanConfig& c) {
+  const std::string& source = rd.source;
+  constexpr std::int64_t kI32 = std::numeric_limits<std::int32_t>::max();
+  auto too_early = [&](const char* key, int since) -> Status {
+    if (version >= since || !cfg.contains(key)) return {};
+    return invalid_input(source + ": config: field '" + key + "' belongs to format version " + std::to_string(since) +
+                         " and later; the file says version " + std::to_string(version));
+  };
+  // Version 1 has no home layout; "contiguous" there is the one leniency
+  // (written by early libra).
+  if (version >= 2 || cfg.contains("home_layout")) {
+    LIBRA_ASSIGN_OR_RETURN(const OJson* hl, rd.field(cfg, "home_layout", "config"));
+    auto l = hl->is_string() ? parse_home_layout(hl->get<std::string>())
+                             : Result<HomeLayout>(invalid_input("field 'home_layout' must be a string"));
+    if (!l.ok()) return invalid_input(source + ": config: " + l.error().message());
+    c.home_layout = *l;
+  }
+  LIBRA_TRY(too_early("kv_prefix", 3));
+  if (version >= 3) {
+    LIBRA_ASSIGN_OR_RETURN(const OJson* kp, rd.field(cfg, "kv_prefix", "config"));
+    if (!kp->is_boolean()) return invalid_input(source + ": config: field 'kv_prefix' must be true or false");
+    c.kv_prefix = kp->get<bool>();
+  }
+  LIBRA_TRY(too_early("chunk_split", 4));
+  if (version >= 4) {
+    LIBRA_ASSIGN_OR_RETURN(const OJson* cs, rd.field(cfg, "chunk_split", "config"));
+    auto split = cs->is_string() ? parse_chunk_split(cs->get<std::string>())
+                                 : Result<ChunkSplit>(invalid_input("field 'chunk_split' must be a string"));
+    if (!split.ok()) return invalid_input(source + ": config: " + split.error().message());
+    c.chunk_split = *split;
+  }
+  if (c.mode != PlanMode::kTapTopo && version < 5 && cfg.contains("topology")) {
+    return invalid_input(source + ": config: field 'topology' belongs to tap-topo plans and format version 5; the file "
+                         "says mode " + std::string(plan_mode_name(c.mode)) + ", version " + std::to_string(version));
+  }
+  if (c.mode == PlanMode::kTapTopo || version >= 5) {
+    LIBRA_ASSIGN_OR_RETURN(const OJson* tj, rd.field(cfg, "topology", "config"));
+    if (!tj->is_object()) return invalid_input(source + ": config: field 'topology' must be an object");
+    const std::string tw = "config.topology";
+    static constexpr const char* kKeys[] = {"gpus_per_node", "nodes_per_supernode", "intra_node_gbps",
+                                            "inter_node_gbps", "inter_supernode_gbps", "congestion_per_node"};
+    for (const auto& [key, value] : tj->items()) {
+      if (std::find_if(std::begin(kKeys), std::end(kKeys), [&](const char* k) { return key == k; }) == std::end(kKeys)) {
+        return invalid_input(source + ": config.topology: unknown field '" + key + "'");
+      }
+    }
+    LIBRA_ASSIGN_OR_RETURN(std::int64_t gpn, rd.integer(*tj, "gpus_per_node", tw, 1, kI32));
+    LIBRA_ASSIGN_OR_RETURN(std::int64_t nps, rd.integer(*tj, "nodes_per_supernode", tw, 1, kI32));
+    c.topology.gpus_per_node = static_cast<int>(gpn);
+    c.topology.nodes_per_supernode = static_cast<int>(nps);
+    for (auto [key, dst] : {std::pair{"intra_node_gbps", &c.topology.intra_node_gbps},
+                            std::pair{"inter_node_gbps", &c.topology.inter_node_gbps},
+                            std::pair{"inter_supernode_gbps", &c.topology.inter_supernode_gbps},
+                            std::pair{"congestion_per_node", &c.topology.congestion_per_node}}) {
+      LIBRA_ASSIGN_OR_RETURN(const OJson* v, rd.field(*tj, key, tw));
+      if (!v->is_number()) return invalid_input(source + ": config.topology: field '" + key + "' must be a number");
+      *dst = v->get<double>();
+    }
+  }
+  if (plan_format_version(c) != static_cast<std::uint32_t>(version)) {
+    return invalid_input(source + ": config: home_layout " + std::string(home_layout_name(c.home_layout)) +
+                         (c.kv_prefix ? " with kv_prefix" : "") +
+                         (c.chunk_split != ChunkSplit::kEqual ? " with tapered chunks" : "") +
+                         (plan_format_version(c) == 5 ? " with a topology of its own" : "") + " is format version " +
+                         std::to_string(plan_format_version(c)) + ", the file says " + std::to_string(version));
+  }
+  return {};
+}
 
 }  // namespace
 
@@ -421,51 +493,7 @@ Result<Plan> plan_from_json(std::string_view text, const std::string& source) {
     LIBRA_ASSIGN_OR_RETURN(const OJson* dedup, rd.field(*cfg, "dedup_per_kv_head", w));
     if (!dedup->is_boolean()) return invalid_input(source + ": config: field 'dedup_per_kv_head' must be true or false");
     c.dedup_per_kv_head = dedup->get<bool>();
-    // Version 1 has no home layout (contiguous); version 2 names it.
-    if (version >= 2 || cfg->contains("home_layout")) {
-      LIBRA_ASSIGN_OR_RETURN(const OJson* hl, rd.field(*cfg, "home_layout", w));
-      auto l = hl->is_string() ? parse_home_layout(hl->get<std::string>())
-                               : Result<HomeLayout>(invalid_input("field 'home_layout' must be a string"));
-      if (!l.ok()) return invalid_input(source + ": config: " + l.error().message());
-      c.home_layout = *l;
-    }
-    // Version 3 adds kv_prefix (a plan without it is written as version 1 or 2).
-    if (version >= 3 || cfg->contains("kv_prefix")) {
-      LIBRA_ASSIGN_OR_RETURN(const OJson* kp, rd.field(*cfg, "kv_prefix", w));
-      if (!kp->is_boolean()) return invalid_input(source + ": config: field 'kv_prefix' must be true or false");
-      c.kv_prefix = kp->get<bool>();
-    }
-    // Version 4 adds chunk_split (written only when tapered).
-    if (version >= 4 || cfg->contains("chunk_split")) {
-      LIBRA_ASSIGN_OR_RETURN(const OJson* cs, rd.field(*cfg, "chunk_split", w));
-      auto split = cs->is_string() ? parse_chunk_split(cs->get<std::string>())
-                                   : Result<ChunkSplit>(invalid_input("field 'chunk_split' must be a string"));
-      if (!split.ok()) return invalid_input(source + ": config: " + split.error().message());
-      c.chunk_split = *split;
-    }
-    if (plan_format_version(c) != static_cast<std::uint32_t>(version)) {
-      return invalid_input(source + ": config: home_layout " + std::string(home_layout_name(c.home_layout)) +
-                           (c.kv_prefix ? " with kv_prefix" : "") +
-                           (c.chunk_split != ChunkSplit::kEqual ? " with tapered chunks" : "") + " is format version " +
-                           std::to_string(plan_format_version(c)) + ", the file says " + std::to_string(version));
-    }
-    if (c.mode == PlanMode::kTapTopo) {
-      LIBRA_ASSIGN_OR_RETURN(const OJson* tj, rd.field(*cfg, "topology", w));
-      if (!tj->is_object()) return invalid_input(source + ": config: field 'topology' must be an object");
-      const std::string tw = "config.topology";
-      LIBRA_ASSIGN_OR_RETURN(std::int64_t gpn, rd.integer(*tj, "gpus_per_node", tw, 1, kI32));
-      LIBRA_ASSIGN_OR_RETURN(std::int64_t nps, rd.integer(*tj, "nodes_per_supernode", tw, 1, kI32));
-      c.topology.gpus_per_node = static_cast<int>(gpn);
-      c.topology.nodes_per_supernode = static_cast<int>(nps);
-      for (auto [key, dst] : {std::pair{"intra_node_gbps", &c.topology.intra_node_gbps},
-                              std::pair{"inter_node_gbps", &c.topology.inter_node_gbps},
-                              std::pair{"inter_supernode_gbps", &c.topology.inter_supernode_gbps},
-                              std::pair{"congestion_per_node", &c.topology.congestion_per_node}}) {
-        LIBRA_ASSIGN_OR_RETURN(const OJson* v, rd.field(*tj, key, tw));
-        if (!v->is_number()) return invalid_input(source + ": config.topology: field '" + key + "' must be a number");
-        *dst = v->get<double>();
-      }
-    }
+    LIBRA_TRY(read_versioned_config(rd, *cfg, version, c));
   }
 
   LIBRA_ASSIGN_OR_RETURN(const OJson* pj, rd.field(j, "pool", "plan"));

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "libra/io.hpp"
@@ -149,8 +150,8 @@ TEST(PlanFile, RejectsOtherVersionsAndTamperedContent) {
   };
   {
     auto k = j;
-    k["version"] = 5;
-    expect_error(libra::plan_from_json(k.dump(), "p.json"), "p.json: plan format version 5; this libra reads versions 1 to 4");
+    k["version"] = 6;
+    expect_error(libra::plan_from_json(k.dump(), "p.json"), "p.json: plan format version 6; this libra reads versions 1 to 5");
   }
   {
     auto k = j;
@@ -220,6 +221,139 @@ TEST(PlanFile, RejectsStatedSummariesThatDisagreeWithTheTilesAndAFlagsWord) {
   ASSERT_TRUE(libra::plan_from_binary(bin, "p.bin").ok());
   bin[12] = 1;
   expect_error(libra::plan_from_binary(bin, "p.bin"), "p.bin: binary plan header: flags word is 1, expected 0");
+}
+
+// Every field of PlanConfig, the topology included, as one comparable tuple.
+auto config_fields(const PlanConfig& c) {
+  const libra::PlanTopology& t = c.topology;
+  return std::make_tuple(c.seq_len, c.cp, c.block_size, c.head_shards, c.shape.heads_q, c.shape.heads_kv,
+                         c.shape.head_dim, c.shape.dtype, c.shape.window, c.tau, c.chunks, c.chunk_split, c.mode,
+                         c.dedup_per_kv_head, c.home_layout, c.kv_prefix, t.gpus_per_node, t.nodes_per_supernode,
+                         t.intra_node_gbps, t.inter_node_gbps, t.inter_supernode_gbps, t.congestion_per_node);
+}
+
+// Issue 35 (F3): a tap plan's topology (what relays and bytes by tier
+// follow) was outside its files and fingerprint, so a saved plan came back
+// with gpus_per_node 8. Each field changed alone must change the
+// fingerprint and come back from both files.
+TEST(PlanFile, EveryConfigFieldChangesTheFingerprintAndSurvivesBothFiles) {
+  using Edit = void (*)(PlanConfig&);
+  const std::pair<const char*, Edit> edits[] = {
+      {"seq_len", [](PlanConfig& c) { c.seq_len = 128; }},
+      {"cp", [](PlanConfig& c) { c.cp = 4; }},
+      {"block_size", [](PlanConfig& c) { c.block_size = 4; }},
+      {"head_shards", [](PlanConfig& c) { c.head_shards = 2; }},
+      {"heads_q", [](PlanConfig& c) { c.shape.heads_q = 16; }},
+      {"heads_kv", [](PlanConfig& c) { c.shape.heads_kv = 4; }},
+      {"head_dim", [](PlanConfig& c) { c.shape.head_dim = 32; }},
+      {"dtype", [](PlanConfig& c) { c.shape.dtype = libra::DType::kF32; }},
+      {"window", [](PlanConfig& c) { c.shape.window = 5; }},
+      {"tau", [](PlanConfig& c) { c.tau = 0.05; }},
+      {"chunks", [](PlanConfig& c) { c.chunks = 1; }},
+      {"chunk_split", [](PlanConfig& c) { c.chunks = 3, c.shape.heads_q = 24, c.head_shards = 2,
+                                          c.chunk_split = libra::ChunkSplit::kTapered; }},
+      {"mode", [](PlanConfig& c) { c.mode = PlanMode::kTapSplit; }},
+      {"dedup_per_kv_head", [](PlanConfig& c) { c.dedup_per_kv_head = true; }},
+      {"home_layout", [](PlanConfig& c) { c.home_layout = libra::HomeLayout::kZigzag; }},
+      {"kv_prefix", [](PlanConfig& c) { c.kv_prefix = true; }},
+      {"gpus_per_node", [](PlanConfig& c) { c.topology.gpus_per_node = 2; }},
+      {"nodes_per_supernode", [](PlanConfig& c) { c.topology.nodes_per_supernode = 2; }},
+      {"intra_node_gbps", [](PlanConfig& c) { c.topology.intra_node_gbps = 100; }},
+      {"inter_node_gbps", [](PlanConfig& c) { c.topology.inter_node_gbps = 10; }},
+      {"inter_supernode_gbps", [](PlanConfig& c) { c.topology.inter_supernode_gbps = 1; }},
+      {"congestion_per_node", [](PlanConfig& c) { c.topology.congestion_per_node = 0; }},
+  };
+  for (PlanMode mode : {PlanMode::kTap, PlanMode::kUlysses, PlanMode::kTapTopo}) {
+    const PlanConfig base = small_config(mode);
+    auto b = libra::make_plan(kPool, base);
+    ASSERT_TRUE(b.ok()) << b.error().message();
+    for (const auto& [name, edit] : edits) {
+      PlanConfig c = base;
+      edit(c);
+      auto plan = libra::make_plan(kPool, c);
+      if (!plan.ok()) continue;  // a field this mode does not accept alone (ulysses' windows, cuts)
+      SCOPED_TRACE(std::string(libra::plan_mode_name(mode)) + " " + name);
+      EXPECT_NE(plan->fingerprint(), b->fingerprint());
+      for (const auto& loaded : {libra::plan_from_json(libra::plan_to_json(*plan), "p.json"),
+                                 libra::plan_from_binary(libra::plan_to_binary(*plan), "p.bin")}) {
+        ASSERT_TRUE(loaded.ok()) << loaded.error().message();
+        EXPECT_EQ(loaded->fingerprint(), plan->fingerprint());
+        EXPECT_TRUE(config_fields(loaded->config()) == config_fields(plan->config()));
+      }
+    }
+  }
+}
+
+// The topology of a plan of another mode than tap-topo is version 5; on the
+// default topology such a plan keeps its old version, words and file.
+TEST(PlanFile, ATopologyOfItsOwnIsVersionFiveOtherwiseNothingChanges) {
+  PlanConfig c = small_config(PlanMode::kTap);
+  auto plain = libra::make_plan(kPool, c);
+  ASSERT_TRUE(plain.ok());
+  const nlohmann::json pj = nlohmann::json::parse(libra::plan_to_json(*plain));
+  EXPECT_EQ(pj["version"], 1);
+  EXPECT_FALSE(pj["config"].contains("topology"));
+  c.topology.gpus_per_node = 2;
+  auto topo = libra::make_plan(kPool, c);
+  ASSERT_TRUE(topo.ok());
+  const nlohmann::json tj = nlohmann::json::parse(libra::plan_to_json(*topo));
+  EXPECT_EQ(tj["version"], 5);
+  EXPECT_EQ(tj["config"]["topology"]["gpus_per_node"], 2);
+  EXPECT_EQ(tj["config"]["kv_prefix"], false);
+  EXPECT_EQ(tj["config"]["chunk_split"], "equal");
+  // Same tiles: only tap-topo places by the topology.
+  ASSERT_EQ(topo->tiles().size(), plain->tiles().size());
+  for (std::size_t i = 0; i < topo->tiles().size(); ++i) EXPECT_EQ(topo->tiles()[i].worker, plain->tiles()[i].worker);
+}
+
+// Issue 35 (F11): fields of a later version in an older file, a topology
+// where the version has none, and unknown topology keys loaded silently.
+TEST(PlanFile, RefusesFieldsTheVersionDoesNotHave) {
+  PlanConfig c = small_config(PlanMode::kTap);
+  auto plan = libra::make_plan(kPool, c);
+  ASSERT_TRUE(plan.ok());
+  const nlohmann::json j = nlohmann::json::parse(libra::plan_to_json(*plan));
+  auto expect_error = [](nlohmann::json k, const std::string& part) {
+    auto r = libra::plan_from_json(k.dump(), "p.json");
+    ASSERT_FALSE(r.ok()) << part;
+    EXPECT_NE(r.error().message().find(part), std::string::npos) << r.error().message();
+    EXPECT_EQ(r.error().message().find('\n'), std::string::npos);
+  };
+  {
+    auto k = j;
+    k["config"]["kv_prefix"] = false;
+    expect_error(k, "p.json: config: field 'kv_prefix' belongs to format version 3 and later; the file says version 1");
+  }
+  {
+    auto k = j;
+    k["config"]["chunk_split"] = "equal";
+    expect_error(k, "p.json: config: field 'chunk_split' belongs to format version 4 and later");
+  }
+  {
+    auto k = j;
+    k["config"]["topology"] = {{"gpus_per_node", 2}};
+    expect_error(k, "p.json: config: field 'topology' belongs to tap-topo plans and format version 5");
+  }
+  c.topology.gpus_per_node = 2;
+  auto topo = libra::make_plan(kPool, c);
+  ASSERT_TRUE(topo.ok());
+  const nlohmann::json t = nlohmann::json::parse(libra::plan_to_json(*topo));
+  ASSERT_TRUE(libra::plan_from_json(t.dump(), "p.json").ok());
+  {
+    auto k = t;
+    k["config"]["topology"]["gpus_pre_node"] = 4;
+    expect_error(k, "p.json: config.topology: unknown field 'gpus_pre_node'");
+  }
+  {
+    auto k = t;
+    k["config"].erase("topology");
+    expect_error(k, "p.json: config: missing field 'topology'");
+  }
+  {
+    auto k = t;
+    k["config"]["topology"]["gpus_per_node"] = 8;  // the default again: a version-1 plan
+    expect_error(k, "is format version 1, the file says 5");
+  }
 }
 
 RC_GTEST_PROP(PlanFile, BinaryParserNeverCrashesOnCorruptedBytes, ()) {

@@ -313,7 +313,10 @@ TEST(TapTopoPlacement, DeterministicTileForTile) {
   EXPECT_EQ(bin->config().topology, c.topology);
 }
 
-TEST(TapTopoPlacement, TopologyIsPartOfTheFingerprintOnlyForTapTopo) {
+// Every mode's plan hashes its topology (tap-topo places by it, the others
+// relay and report by it); a plan of another mode on the default topology
+// hashes what it always did (docs/plan-format.md, version 5).
+TEST(TapTopoPlacement, TopologyIsPartOfEveryFingerprint) {
   const auto pool = long_tail_pool(5, 2, 1 << 16);
   PlanConfig c = paper_like(PlanMode::kTapTopo);
   PlanConfig flat = c;
@@ -328,7 +331,9 @@ TEST(TapTopoPlacement, TopologyIsPartOfTheFingerprintOnlyForTapTopo) {
   auto ta = libra::make_plan(pool, c);
   auto tb = libra::make_plan(pool, flat);
   ASSERT_TRUE(ta.ok() && tb.ok());
-  EXPECT_EQ(ta->fingerprint(), tb->fingerprint());
+  EXPECT_NE(ta->fingerprint(), tb->fingerprint());
+  EXPECT_EQ(libra::plan_format_version(ta->config()), 1U);
+  EXPECT_EQ(libra::plan_format_version(tb->config()), 5U);
 }
 
 TEST(TapTopoPlacement, StaysWithinTauAndCutsCrossNodeBytes) {

@@ -23,7 +23,7 @@ import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
 import libra.torch as lt  # noqa: E402
-from dist_util import _entry, reference_attention  # noqa: E402
+from dist_util import _entry, reference_attention, run  # noqa: E402
 
 SHAPE = dict(seq_len=8, cp=2, block_size=2, head_shards=2, heads_q=4, heads_kv=2, head_dim=16)
 POOL = [[3, 5], [8]]
@@ -52,6 +52,36 @@ def one_line_value_error(fn):
 ])
 def test_bools_are_not_taken_as_integers(call, want):
     assert str(one_line_value_error(call)) == want
+
+
+# Issue 35 (F9, F10): a Plan's methods gave pybind11's 4-line TypeError for a float or None index, read
+# True as 0 and called 2**63 a type mismatch; numbers and None were read as bools, bytes as a str.
+@pytest.mark.parametrize("call, want, kind", [
+    (lambda p: p.chunk_heads(True, 0), "Plan.chunk_heads(): tile True: must be an integer, not a bool", ValueError),
+    (lambda p: p.chunk_heads(2 ** 63, 0), "Plan.chunk_heads(): tile 9223372036854775808: out of range, must be in "
+                                          "[-2147483648, 2147483647]", ValueError),
+    (lambda p: p.chunk_heads(0.0, 0), "Plan.chunk_heads(): arguments of types (Plan, float, int) do not match "
+                                      "(self: _libra.Plan, tile: int, chunk: int) -> Tuple[int, int]", libra.ArgumentError),
+    (lambda p: p.chunk_heads(None, 0), "Plan.chunk_heads(): arguments of types (Plan, NoneType, int) do not match "
+                                       "(self: _libra.Plan, tile: int, chunk: int) -> Tuple[int, int]", libra.ArgumentError),
+    (lambda p: p.chunk_transfers(0, 0.5, 1), "Plan.chunk_transfers(): arguments of types (Plan, int, float, int) do "
+                                             "not match (self: _libra.Plan, chunk: int, src: int, dst: int) -> dict",
+     libra.ArgumentError),
+    (lambda p: p.worker_tiles(False), "Plan.worker_tiles(): worker False: must be an integer, not a bool", ValueError),
+    (lambda p: libra.make_plan(POOL, **{**SHAPE, "kv_prefix": 1}),
+     "make_plan(): kv_prefix 1: must be True or False, not an int", ValueError),
+    (lambda p: libra.make_plan(POOL, **{**SHAPE, "kv_prefix": None}),
+     "make_plan(): kv_prefix None: must be True or False, not a NoneType", ValueError),
+    (lambda p: libra.make_plan(POOL, **{**SHAPE, "dedup_per_kv_head": "yes"}),
+     "make_plan(): dedup_per_kv_head 'yes': must be True or False, not a str", ValueError),
+    (lambda p: libra.make_plan(POOL, **{**SHAPE, "chunk_split": b"tapered"}),
+     "make_plan(): chunk_split b'tapered': must be a str, not bytes", ValueError),
+])
+def test_plan_methods_and_bools_take_their_types_only(call, want, kind):
+    plan = libra.make_plan(POOL, **SHAPE)
+    e = one_line_value_error(lambda: call(plan))
+    assert str(e) == want and isinstance(e, kind)
+    assert plan.chunk_heads(0, 0) == plan.chunk_heads(False + 0, 0)  # the method still works
 
 
 def test_an_integer_out_of_range_is_a_range_error_not_a_type_mismatch():
@@ -323,6 +353,75 @@ def test_a_bad_option_on_one_rank_raises_its_line_on_every_rank_and_scale_zero_i
         o, dq, dk, dv = r["scale0"]
         assert o < 2e-6 and dv < 2e-6, r["scale0"]  # relative to float64 plain attention at scale 0
         assert dq == 0 and dk == 0, r["scale0"]  # the scores do not depend on q or k at scale 0
+
+
+def test_a_plans_topology_survives_pickle_bytes_and_files_and_is_in_its_fingerprint(tmp_path):
+    """Issue 35 (F3): a tap plan on nodes of 2 GPUs came back from pickle and files with 8."""
+    import pickle
+    topo = {"gpus_per_node": 2, "nodes_per_supernode": 2}
+    plan = _plan(topology=topo)
+    default = _plan()
+    assert plan.fingerprint != default.fingerprint
+    plan.save(str(tmp_path / "p.json"))
+    plan.save(str(tmp_path / "p.bin"))
+    for back in (pickle.loads(pickle.dumps(plan)), libra.plan_from_bytes(plan.to_bytes()),
+                 libra.load_plan(str(tmp_path / "p.json")), libra.load_plan(str(tmp_path / "p.bin"))):
+        assert back.config["topology"] == plan.config["topology"]
+        assert back.config["topology"]["gpus_per_node"] == 2
+        assert back.fingerprint == plan.fingerprint
+    assert pickle.loads(pickle.dumps(default)).fingerprint == default.fingerprint
+
+
+def body_call_agreement(rank, world):
+    """Issue 35 (F3, F4): each argument that changes the numbers differs on group rank 1 alone, each
+    value valid by itself; every rank must raise the same one line before any exchange. A case that
+    ran would return (no error) or abort gloo."""
+    out = {}
+    group, worker = lt.pool_group(2, 1)
+    (q, k, v, grad), _ = _data(worker)
+    q, k, v = (x.float() for x in (q, k, v))
+    one = rank == 1
+    # The plan's topology only (gpus_per_node): part of the fingerprint, so the construction refuses.
+    out["topology"] = _error(lambda: lt.PlanRuntime(_plan(topology={"gpus_per_node": 1} if one else None), group))
+    rt = lt.PlanRuntime(_plan(), group)
+    bf = torch.bfloat16
+    cases = {
+        "softmax_scale": lambda: lt.attention(q, k, v, rt, softmax_scale=0.5 if one else None),
+        "softmax_scale_value": lambda: lt.attention(q, k, v, rt, softmax_scale=0.5 if one else 0.25 + 1e-9),
+        "dtype": lambda: lt.attention(*((x.to(bf) if one else x) for x in (q, k, v)), rt),
+        "return_lse": lambda: lt.attention(q, k, v, rt, return_lse=one),
+        "return_lse_str": lambda: lt.attention(q, k, v, rt, return_lse="no" if one else False),
+        "shape": lambda: lt.attention(q[:-1] if one else q, k, v, rt),
+    }
+    for name, call in cases.items():
+        out[name] = _error(call)
+    # Equal effective values are no disagreement: None is 1/sqrt(16) = 0.25.
+    o = lt.attention(q, k, v, rt, softmax_scale=0.25 if one else None)
+    out["same_scale_ran"] = list(o.shape)
+    return out
+
+
+@pytest.mark.parametrize("comm", ["inprocess", "gloo"])
+def test_every_call_argument_that_changes_the_numbers_agrees_on_every_rank(comm):
+    r0, r1 = run(comm, body_call_agreement, 2)
+    agree = "; every rank of the group must pass the same"
+    want = {
+        "softmax_scale": "libra.torch.attention: softmax_scale differs across the group: group rank 0 passes 0.25, "
+                         "group rank 1 0.5" + agree,
+        "softmax_scale_value": "libra.torch.attention: softmax_scale differs across the group: group rank 0 passes "
+                               "0.250000001, group rank 1 0.5" + agree,
+        "dtype": "libra.torch.attention: q dtype differs across the group: group rank 0 passes torch.float32, group "
+                 "rank 1 torch.bfloat16" + agree,
+        "return_lse": "libra.torch.attention: return_lse differs across the group: group rank 0 passes False, group "
+                      "rank 1 True" + agree,
+        "shape": "libra.torch.attention: group rank 1: q has shape [63, 4, 16] but the plan needs [64, 4, 16]",
+        "return_lse_str": "libra.torch.attention: group rank 1: return_lse 'no': must be True or False",
+    }
+    for key, line in want.items():
+        assert r0[key] == r1[key] == ["ValueError", line], (key, r0[key], r1[key])
+    assert r0["topology"] == r1["topology"] and r0["topology"][0] == "ValueError", r0["topology"]
+    assert "fingerprint mismatch" in r0["topology"][1] and "\n" not in r0["topology"][1], r0["topology"]
+    assert r0["same_scale_ran"] == r1["same_scale_ran"] == [64, 4, 16]
 
 
 def body_silence(rank, world):

@@ -276,8 +276,11 @@ Status check_exec_flags(const ExecOptionsCli& opt, const LaunchedWorld* launched
   if (opt.repeat < 1 || opt.repeat > kMaxRepeat) {
     return invalid_input(fmt::format("--repeat {}: must be in [1, {}]", opt.repeat, kMaxRepeat));
   }
-  if (!(opt.timeout > 0) || opt.timeout > 86400) {
-    return invalid_input(fmt::format("--timeout {}: must be more than 0 and at most 86400 seconds", opt.timeout));
+  // The waits count whole milliseconds: a shorter timeout was 0 ms, which
+  // blamed a healthy rank for being silent.
+  if (!(opt.timeout >= 1e-3) || opt.timeout > 86400) {
+    return invalid_input(fmt::format("--timeout {}: must be at least 0.001 (1 ms, the waits' resolution) and at most "
+                                     "86400 seconds", opt.timeout));
   }
   LIBRA_TRY(check_threads(opt.pool.threads));
   if (Result<std::unique_ptr<AttentionBackend>> b = make_backend(opt.backend); !b.ok()) {

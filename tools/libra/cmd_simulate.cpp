@@ -165,6 +165,12 @@ int run_simulate(const SimulateOptions& o) {
   }
   if (o.source) cfg.source = *o.source;
   if (o.no_end_to_end) cfg.end_to_end = false;
+  // The default DP sweep is fitted to --gbs (a sweep the user never gave
+  // must not refuse --gbs 4 over its 8); a given one is checked whole.
+  if (auto it = o.values.find("scaling_dp");
+      (it == o.values.end() || it->second.empty()) && cfg.scaling_dp == SimConfig{}.scaling_dp) {
+    std::erase_if(cfg.scaling_dp, [&](std::int64_t d) { return cfg.gbs >= 1 && cfg.gbs % d != 0; });
+  }
   if (o.elastic) {
     auto given = [&](const char* key) {
       auto it = o.values.find(key);
@@ -233,11 +239,9 @@ const bool registered = register_command(50, [](CLI::App& app) {
   for (const SimSetting& st : sim_settings()) {
     auto& dst = o->values[std::string(st.key)];
     auto* opt = sub->add_option(std::string(st.flag), dst, std::string(st.help));
-    if (st.type == SettingType::kIntList) {
-      opt->delimiter(',');
-    } else {
-      opt->allow_extra_args(false);
-    }
+    // A list is split by the settings' parser, which refuses an empty item
+    // ("1,,2", ","); CLI11's delimiter dropped it, or named no flag.
+    if (st.type != SettingType::kIntList) opt->allow_extra_args(false);
   }
   sub->add_flag("--no-end-to-end", o->no_end_to_end, "skip the DP sweep and microbatch model (= --end-to-end false)");
   sub->add_option("--config-out", o->config_out, "write the effective settings as a JSON config to this file");

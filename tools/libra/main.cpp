@@ -144,6 +144,44 @@ libra::Status check_outputs_are_not_inputs(CLI::App& leaf) {
   return {};
 }
 
+// Refuses, before any work, outputs that would land on each other: two
+// output flags naming one file (symbolic links followed) or both standard
+// output, and a file inside an output directory (`simulate --report R` fills
+// R with files of its own, which would replace `-o R/result.json`).
+libra::Status check_outputs_do_not_collide(CLI::App& leaf) {
+  struct Named {
+    std::string flag, path, target;
+    bool dir;
+  };
+  std::vector<Named> outs;
+  for (const CLI::Option* opt : leaf.get_options()) {
+    const bool dir = is_output_dir_option(opt);
+    if ((!dir && !is_output_option(opt)) || opt->count() == 0) continue;
+    for (const std::string& p : opt->results()) {
+      auto t = libra::output_target(p);
+      if (!t.ok()) return t.error();
+      outs.push_back({opt->get_name(), p, *t, dir});
+    }
+  }
+  for (std::size_t a = 0; a < outs.size(); ++a) {
+    for (std::size_t b = 0; b < outs.size(); ++b) {
+      const Named& x = outs[a];
+      const Named& y = outs[b];
+      if (a < b && x.target == y.target) {
+        return libra::invalid_input(y.flag + " " + y.path + ": " +
+                                    (x.target == "-" ? "standard output is also " + x.flag + "'s"
+                                                     : "is also " + x.flag + " " + x.path) +
+                                    "; give each output its own path");
+      }
+      if (y.dir && !x.dir && x.target.size() > y.target.size() && x.target.rfind(y.target + "/", 0) == 0) {
+        return libra::invalid_input(x.flag + " " + x.path + ": inside the " + y.flag + " directory " + y.path +
+                                    ", which libra fills with its own files; write it elsewhere");
+      }
+    }
+  }
+  return {};
+}
+
 std::string command_path(const CLI::App* app) {
   std::string path;
   for (const CLI::App* a = app; a != nullptr; a = a->get_parent()) {
@@ -283,8 +321,8 @@ int main(int argc, char** argv) {
   }
   for (auto& h : handlers) {
     if (h.command->parsed()) {
-      if (libra::Status s = check_outputs_are_not_inputs(*h.command); !s.ok()) {
-        return under_launcher() ? fail_under_launcher(s) : fail(s);
+      for (auto check : {check_outputs_are_not_inputs, check_outputs_do_not_collide}) {
+        if (libra::Status s = check(*h.command); !s.ok()) return under_launcher() ? fail_under_launcher(s) : fail(s);
       }
       // tests/docs: every command shown in the docs parses (flags exist,
       // values are well formed, output directories exist) without running.

@@ -18,9 +18,13 @@ class Registry:
     def table(self):
         """Every implementation of ``order`` by name."""
         if not self._table:
+            # Built whole, then published: the in-process pool's workers call this at once, and one
+            # that saw a half-filled table refused a backend not imported yet.
+            table = {}
             for name in self._order:
                 module = importlib.import_module(f".{name.replace('-', '_')}", self._package)
-                self._table[name] = getattr(module, self._attribute)
+                table[name] = getattr(module, self._attribute)
+            self._table = table
         return self._table
 
     def get(self, name):

@@ -1,6 +1,7 @@
 """The autograd function that runs one pass per direction of the pipelined schedule,
 and ``attention``, the public call."""
 import math
+import struct
 import warnings
 
 import torch
@@ -208,6 +209,8 @@ def _boundary_problem(rt, cu_seqlens, position_ids):
 def _call_problem(q, k, v, rt, window, causal=True, window_size=None, cu_seqlens=None, position_ids=None,
                   return_lse=False):
     """What is wrong with an attention call's arguments, or None."""
+    if not isinstance(return_lse, bool):  # "no" read as True
+        return f"return_lse {return_lse!r}: must be True or False"
     mask = _mask_problem(rt, window, causal, window_size)
     if mask is not None:
         return mask
@@ -267,6 +270,8 @@ def attention(q, k, v, runtime, softmax_scale=None, window=_UNSET, *, causal=Tru
     if torch.compiler.is_compiling():
         # torch.compile traces one opaque op (ops.py) instead, which runs this function eagerly inside:
         # the checks below gather Python objects across the group, which no graph can hold.
+        if not isinstance(return_lse, bool):  # the op takes bool(return_lse): "no" would be True
+            raise ValueError(f"libra.torch.attention: return_lse {return_lse!r}: must be True or False")
         return _COMPILED_OP(q, k, v, runtime, softmax_scale, window, causal=causal, window_size=window_size,
                             cu_seqlens=cu_seqlens, position_ids=position_ids, return_lse=return_lse)
     if window is not _UNSET:
@@ -279,9 +284,16 @@ def attention(q, k, v, runtime, softmax_scale=None, window=_UNSET, *, causal=Tru
     if rt.check_calls:
         # One small collective so that a bad call on one rank fails on every rank with the same line
         # instead of leaving the others waiting in the exchange (PlanRuntime(check_calls=False) skips it).
-        first = rt._agree(problem, "libra.torch.attention")
+        # It also carries what each rank passes that changes the numbers, which must be the same on
+        # every rank even where each is valid alone (another scale or dtype on one rank computed
+        # silently wrong attention, or aborted gloo).
+        everyone, first = rt._agree_words(_call_words(q, k, v, rt, scale, return_lse), problem,
+                                          "libra.torch.attention")
         if first is not None:
             raise ValueError(f"libra.torch.attention: group rank {first[0]}: {first[1]}")
+        differs = _call_disagreement(everyone)
+        if differs is not None:
+            raise ValueError(f"libra.torch.attention: {differs}")
     elif problem is not None:
         raise ValueError(f"libra.torch.attention: {problem}")
     if scale == 0.0:
@@ -290,6 +302,50 @@ def attention(q, k, v, runtime, softmax_scale=None, window=_UNSET, *, causal=Tru
         # multiply sends dq = 0 back to q.
         q, scale = q * 0, 1.0
     return _Attention.apply(q.contiguous(), k.contiguous(), v.contiguous(), runtime, scale, bool(return_lse))
+
+
+_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+_DEVICES = ("cpu", "cuda")
+
+
+def _call_words(q, k, v, rt, scale, return_lse):
+    """The arguments of an attention call that change the numbers, as int64 words (as many on every
+    rank): the effective softmax scale's float64 bits, q/k/v's dtypes, device type and shapes, and
+    return_lse. The mask arguments and sample boundaries are checked against the plan itself, which
+    the ranks agreed on at construction."""
+    eff = 1.0 / math.sqrt(rt.head_dim) if scale is None else float(scale)
+    words = [struct.unpack("<q", struct.pack("<d", eff))[0], int(bool(return_lse))]
+    for t in (q, k, v):
+        tensor = isinstance(t, torch.Tensor)
+        words.append(_DTYPES.index(t.dtype) + 1 if tensor and t.dtype in _DTYPES else 0)
+        words.append(_DEVICES.index(t.device.type) + 1 if tensor and t.device.type in _DEVICES else 0)
+        shape = list(t.shape)[:3] if tensor else []
+        words += shape + [-1] * (3 - len(shape))
+    return words
+
+
+def _call_disagreement(everyone):
+    """The line naming the first argument whose words differ between group rank 0 and another rank,
+    or None; the same on every rank, as every rank has every rank's words."""
+    def value(name, w):
+        if name == "softmax_scale":
+            return repr(struct.unpack("<d", struct.pack("<q", w[0]))[0])
+        if name == "return_lse":
+            return repr(bool(w[1]))
+        i = 2 + 5 * "qkv".index(name[0])
+        if name.endswith("dtype"):
+            return str(_DTYPES[w[i] - 1]) if w[i] else "?"
+        if name.endswith("device"):
+            return _DEVICES[w[i + 1] - 1] if w[i + 1] else "?"
+        return str([x for x in w[i + 2:i + 5] if x >= 0])
+
+    names = ["softmax_scale", "return_lse"] + [f"{t} {what}" for t in "qkv" for what in ("dtype", "device", "shape")]
+    for r, w in enumerate(everyone[1:], start=1):
+        for name in names:
+            if value(name, w) != value(name, everyone[0]):
+                return (f"{name} differs across the group: group rank 0 passes {value(name, everyone[0])}, group "
+                        f"rank {r} {value(name, w)}; every rank of the group must pass the same")
+    return None
 
 
 def _softmax_scale(value):

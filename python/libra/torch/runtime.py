@@ -183,6 +183,11 @@ class PlanRuntime:
         (group rank, line) any rank had, or None. Bounded by the timeout like every exchange."""
         return _agree(self.comm, self.group, [], problem, self.timeout, what, self._native_timeout)[1]
 
+    def _agree_words(self, words, problem, what):
+        """``_agree`` that also gathers ``words`` (int64s, as many on every rank): (the words by group
+        rank, the first problem or None), in the same one collective."""
+        return _agree(self.comm, self.group, words, problem, self.timeout, what, self._native_timeout)
+
 
 # ---- handles: what torch.compile's custom op (ops.py) takes in place of a runtime
 

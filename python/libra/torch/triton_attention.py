@@ -71,7 +71,10 @@ DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 def interpreted():
-    return bool(triton.knobs.runtime.interpret)
+    """Whether this module's kernels run under Triton's interpreter: TRITON_INTERPRET=1 was set when
+    triton decorated them (setting it later changes nothing)."""
+    from triton.runtime.interpreter import InterpretedFunction  # noqa: PLC0415
+    return isinstance(_fwd_kernel, InterpretedFunction)
 
 
 # The interpreter patches triton.language while a kernel runs, so two threads (an in-process pool's
@@ -104,9 +107,51 @@ def config(head_dim, dtype):
 
 # ---------------------------------------------------------------- kernels
 
+# Every compute kernel walks its inner blocks on one grid (lo + k * block, ascending) in three
+# phases: blocks that may hold a masked pair (causal diagonal, window edge, past the fragment's end)
+# compute the mask; the blocks between them, where every pair is seen, skip it.
+
+@triton.jit
+def _key_phases(lo, hi, qs, q_last, window, BLOCK_N: tl.constexpr):
+    """(u0, u1) for the key blocks of queries [qs, q_last]: [lo, u0) and [u1, hi) masked, [u0, u1)
+    unmasked (keys <= qs and >= q_last - window + 1)."""
+    u0 = lo + tl.cdiv(tl.maximum(q_last - window + 1 - lo, 0), BLOCK_N) * BLOCK_N
+    u1 = tl.maximum(lo + ((qs + 1 - lo) // BLOCK_N) * BLOCK_N, u0)
+    return u0, u1
+
+
+@triton.jit
+def _fwd_blocks(acc, l_i, m_i, q, K, V, k_base, kv_stride, stride_k, stride_v, offs_m, offs_d, d_ok, scale_log2,
+                window, hi, start_lo, start_hi, BLOCK_N: tl.constexpr, PREC: tl.constexpr, DOT_TY: tl.constexpr,
+                MASK: tl.constexpr):
+    for start in range(start_lo, start_hi, BLOCK_N):
+        offs_n = start + tl.arange(0, BLOCK_N)
+        n_ok = offs_n < hi
+        k_vec = k_base + offs_n * kv_stride
+        kt = tl.load(K + k_vec[None, :] * stride_k + offs_d[:, None], mask=n_ok[None, :] & d_ok[:, None],
+                     other=0.0).to(DOT_TY)
+        s = tl.dot(q, kt, input_precision=PREC) * scale_log2
+        if MASK:
+            seen = ((offs_n[None, :] <= offs_m[:, None]) & (offs_n[None, :] > offs_m[:, None] - window)
+                    & n_ok[None, :])
+            s = tl.where(seen, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        # A row whose keys so far are all outside its window keeps -inf; exp2 of 0 keeps it 0.
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_safe)
+        p = tl.exp2(s - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(V + k_vec[:, None] * stride_v + offs_d[None, :], mask=n_ok[:, None] & d_ok[None, :],
+                    other=0.0).to(DOT_TY)
+        acc = acc * alpha[:, None] + tl.dot(p.to(V.dtype.element_ty).to(DOT_TY), v, input_precision=PREC)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
 @triton.jit
 def _fwd_kernel(Q, K, V, O, LSE, desc, work, stride_q, stride_k, stride_v, stride_o, scale_log2, window,
-                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr, HEAD_D: tl.constexpr, PREC: tl.constexpr, DOT_TY: tl.constexpr):
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr, HEAD_D: tl.constexpr,
+                PREC: tl.constexpr, DOT_TY: tl.constexpr):
     wi = tl.program_id(0)
     h = tl.program_id(1)
     f = tl.load(work + 2 * wi)
@@ -121,33 +166,25 @@ def _fwd_kernel(Q, K, V, O, LSE, desc, work, stride_q, stride_k, stride_v, strid
         offs_d = tl.arange(0, HEAD_D)
         d_ok = offs_d < D
         m_ok = offs_m < e
+        qmask = m_ok[:, None] & d_ok[None, :]
         q_vec = q_off + (q_row + offs_m - a) * q_stride + h
-        q = tl.load(Q + q_vec[:, None] * stride_q + offs_d[None, :], mask=m_ok[:, None] & d_ok[None, :], other=0.0).to(DOT_TY)
+        q = tl.load(Q + q_vec[:, None] * stride_q + offs_d[None, :], mask=qmask, other=0.0).to(DOT_TY)
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, HEAD_D], tl.float32)
         hi = tl.minimum(qs + BLOCK_M, e)
         lo = tl.maximum(qs - window + 1, 0)
-        for start in range(lo, hi, BLOCK_N):
-            offs_n = start + tl.arange(0, BLOCK_N)
-            n_ok = offs_n < hi
-            k_vec = kv_off + (kv_row + offs_n) * kv_stride + g
-            kt = tl.load(K + k_vec[None, :] * stride_k + offs_d[:, None], mask=n_ok[None, :] & d_ok[:, None], other=0.0).to(DOT_TY)
-            s = tl.dot(q, kt, input_precision=PREC) * scale_log2
-            seen = (offs_n[None, :] <= offs_m[:, None]) & (offs_n[None, :] > offs_m[:, None] - window) & n_ok[None, :]
-            s = tl.where(seen, s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            # A row whose keys so far are all outside its window keeps -inf; exp2 of 0 keeps it 0.
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = tl.exp2(m_i - m_safe)
-            p = tl.exp2(s - m_safe[:, None])
-            l_i = l_i * alpha + tl.sum(p, 1)
-            v = tl.load(V + k_vec[:, None] * stride_v + offs_d[None, :], mask=n_ok[:, None] & d_ok[None, :], other=0.0).to(DOT_TY)
-            acc = acc * alpha[:, None] + tl.dot(p.to(V.dtype.element_ty).to(DOT_TY), v, input_precision=PREC)
-            m_i = m_new
+        u0, u1 = _key_phases(lo, hi, qs, hi - 1, window, BLOCK_N)
+        k_base = kv_off + kv_row * kv_stride + g
+        acc, l_i, m_i = _fwd_blocks(acc, l_i, m_i, q, K, V, k_base, kv_stride, stride_k, stride_v, offs_m, offs_d,
+                                    d_ok, scale_log2, window, hi, lo, u0, BLOCK_N, PREC, DOT_TY, True)
+        acc, l_i, m_i = _fwd_blocks(acc, l_i, m_i, q, K, V, k_base, kv_stride, stride_k, stride_v, offs_m, offs_d,
+                                    d_ok, scale_log2, window, hi, u0, u1, BLOCK_N, PREC, DOT_TY, False)
+        acc, l_i, m_i = _fwd_blocks(acc, l_i, m_i, q, K, V, k_base, kv_stride, stride_k, stride_v, offs_m, offs_d,
+                                    d_ok, scale_log2, window, hi, u1, hi, BLOCK_N, PREC, DOT_TY, True)
         l_safe = tl.where(l_i == 0.0, 1.0, l_i)
         o = acc / l_safe[:, None]
-        tl.store(O + q_vec[:, None] * stride_o + offs_d[None, :], o.to(O.dtype.element_ty), mask=m_ok[:, None] & d_ok[None, :])
+        tl.store(O + q_vec[:, None] * stride_o + offs_d[None, :], o.to(O.dtype.element_ty), mask=qmask)
         tl.store(LSE + q_vec, (m_i + tl.log2(l_safe)) * 0.6931471805599453, mask=m_ok)  # natural log
 
 
@@ -159,19 +196,41 @@ def _delta_kernel(O, DO, DELTA, desc, work, stride_o, stride_do,
     f = tl.load(work + 2 * wi)
     qs = tl.load(work + 2 * wi + 1)
     row = desc + f * 10  # the fragment's descriptor (descriptors.COLUMNS)
-    q_off, q_stride, kv_off, kv_stride = tl.load(row), tl.load(row + 1), tl.load(row + 2), tl.load(row + 3)
-    q_row, kv_row, a, e, hq, hkv = (tl.load(row + 4), tl.load(row + 5), tl.load(row + 6), tl.load(row + 7),
-                                    tl.load(row + 8), tl.load(row + 9))
+    q_off, q_stride, q_row, a, e, hq = (tl.load(row), tl.load(row + 1), tl.load(row + 4), tl.load(row + 6),
+                                        tl.load(row + 7), tl.load(row + 8))
     if h < hq:
         offs_m = qs + tl.arange(0, BLOCK_M)
         offs_d = tl.arange(0, HEAD_D)
-        d_ok = offs_d < D
         m_ok = offs_m < e
+        qmask = m_ok[:, None] & (offs_d < D)[None, :]
         q_vec = q_off + (q_row + offs_m - a) * q_stride + h
-        o = tl.load(O + q_vec[:, None] * stride_o + offs_d[None, :], mask=m_ok[:, None] & d_ok[None, :], other=0.0)
-        do = tl.load(DO + q_vec[:, None] * stride_do + offs_d[None, :], mask=m_ok[:, None] & d_ok[None, :], other=0.0)
+        o = tl.load(O + q_vec[:, None] * stride_o + offs_d[None, :], mask=qmask, other=0.0)
+        do = tl.load(DO + q_vec[:, None] * stride_do + offs_d[None, :], mask=qmask, other=0.0)
         delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
         tl.store(DELTA + q_vec, delta, mask=m_ok)
+
+
+@triton.jit
+def _dq_blocks(dq, q, do, lse2, delta, K, V, k_base, kv_stride, stride_k, stride_v, offs_m, offs_d, d_ok,
+               scale_log2, window, hi, start_lo, start_hi, BLOCK_N: tl.constexpr, PREC: tl.constexpr,
+               DOT_TY: tl.constexpr, MASK: tl.constexpr):
+    for start in range(start_lo, start_hi, BLOCK_N):
+        offs_n = start + tl.arange(0, BLOCK_N)
+        n_ok = offs_n < hi
+        k_vec = k_base + offs_n * kv_stride
+        kvmask = n_ok[None, :] & d_ok[:, None]
+        kt = tl.load(K + k_vec[None, :] * stride_k + offs_d[:, None], mask=kvmask, other=0.0).to(DOT_TY)
+        vt = tl.load(V + k_vec[None, :] * stride_v + offs_d[:, None], mask=kvmask, other=0.0).to(DOT_TY)
+        s = tl.dot(q, kt, input_precision=PREC) * scale_log2
+        p = tl.exp2(s - lse2[:, None])
+        if MASK:
+            seen = ((offs_n[None, :] <= offs_m[:, None]) & (offs_n[None, :] > offs_m[:, None] - window)
+                    & n_ok[None, :])
+            p = tl.where(seen, p, 0.0)
+        dp = tl.dot(do, vt, input_precision=PREC)
+        ds = p * (dp - delta[:, None])
+        dq += tl.dot(ds.to(K.dtype.element_ty).to(DOT_TY), tl.trans(kt), input_precision=PREC)
+    return dq
 
 
 @triton.jit
@@ -192,34 +251,59 @@ def _dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, desc, work, stride_q, stride_k, stri
         offs_d = tl.arange(0, HEAD_D)
         d_ok = offs_d < D
         m_ok = offs_m < e
+        qmask = m_ok[:, None] & d_ok[None, :]
         q_vec = q_off + (q_row + offs_m - a) * q_stride + h
-        q = tl.load(Q + q_vec[:, None] * stride_q + offs_d[None, :], mask=m_ok[:, None] & d_ok[None, :], other=0.0).to(DOT_TY)
-        do = tl.load(DO + q_vec[:, None] * stride_do + offs_d[None, :], mask=m_ok[:, None] & d_ok[None, :], other=0.0).to(DOT_TY)
+        q = tl.load(Q + q_vec[:, None] * stride_q + offs_d[None, :], mask=qmask, other=0.0).to(DOT_TY)
+        do = tl.load(DO + q_vec[:, None] * stride_do + offs_d[None, :], mask=qmask, other=0.0).to(DOT_TY)
         lse2 = tl.load(LSE + q_vec, mask=m_ok, other=0.0) * 1.4426950408889634
         delta = tl.load(DELTA + q_vec, mask=m_ok, other=0.0)
         scale_log2 = scale * 1.4426950408889634
         dq = tl.zeros([BLOCK_M, HEAD_D], tl.float32)
         hi = tl.minimum(qs + BLOCK_M, e)
         lo = tl.maximum(qs - window + 1, 0)
-        for start in range(lo, hi, BLOCK_N):
-            offs_n = start + tl.arange(0, BLOCK_N)
-            n_ok = offs_n < hi
-            k_vec = kv_off + (kv_row + offs_n) * kv_stride + g
-            kt = tl.load(K + k_vec[None, :] * stride_k + offs_d[:, None], mask=n_ok[None, :] & d_ok[:, None], other=0.0).to(DOT_TY)
-            vt = tl.load(V + k_vec[None, :] * stride_v + offs_d[:, None], mask=n_ok[None, :] & d_ok[:, None], other=0.0).to(DOT_TY)
-            s = tl.dot(q, kt, input_precision=PREC) * scale_log2
-            seen = (offs_n[None, :] <= offs_m[:, None]) & (offs_n[None, :] > offs_m[:, None] - window) & n_ok[None, :]
-            p = tl.where(seen, tl.exp2(s - lse2[:, None]), 0.0)
-            dp = tl.dot(do, vt, input_precision=PREC)
-            ds = p * (dp - delta[:, None])
-            dq += tl.dot(ds.to(K.dtype.element_ty).to(DOT_TY), tl.trans(kt), input_precision=PREC)
-        tl.store(DQ + q_vec[:, None] * stride_dq + offs_d[None, :], dq * scale, mask=m_ok[:, None] & d_ok[None, :])
+        u0, u1 = _key_phases(lo, hi, qs, hi - 1, window, BLOCK_N)
+        k_base = kv_off + kv_row * kv_stride + g
+        dq = _dq_blocks(dq, q, do, lse2, delta, K, V, k_base, kv_stride, stride_k, stride_v, offs_m, offs_d, d_ok,
+                        scale_log2, window, hi, lo, u0, BLOCK_N, PREC, DOT_TY, True)
+        dq = _dq_blocks(dq, q, do, lse2, delta, K, V, k_base, kv_stride, stride_k, stride_v, offs_m, offs_d, d_ok,
+                        scale_log2, window, hi, u0, u1, BLOCK_N, PREC, DOT_TY, False)
+        dq = _dq_blocks(dq, q, do, lse2, delta, K, V, k_base, kv_stride, stride_k, stride_v, offs_m, offs_d, d_ok,
+                        scale_log2, window, hi, u1, hi, BLOCK_N, PREC, DOT_TY, True)
+        tl.store(DQ + q_vec[:, None] * stride_dq + offs_d[None, :], dq * scale, mask=qmask)
+
+
+@triton.jit
+def _dkdv_blocks(dk, dv, k, v, Q, DO, LSE, DELTA, q_base, q_stride, stride_q, stride_do, offs_n, offs_d, d_ok,
+                 scale_log2, window, hi, start_lo, start_hi, BLOCK_M: tl.constexpr, PREC: tl.constexpr,
+                 DOT_TY: tl.constexpr, MASK: tl.constexpr):
+    for start in range(start_lo, start_hi, BLOCK_M):
+        offs_m = start + tl.arange(0, BLOCK_M)
+        m_ok = offs_m < hi
+        q_vec = q_base + offs_m * q_stride
+        qt = tl.load(Q + q_vec[None, :] * stride_q + offs_d[:, None], mask=m_ok[None, :] & d_ok[:, None],
+                     other=0.0).to(DOT_TY)
+        do = tl.load(DO + q_vec[:, None] * stride_do + offs_d[None, :], mask=m_ok[:, None] & d_ok[None, :],
+                     other=0.0).to(DOT_TY)
+        lse2 = tl.load(LSE + q_vec, mask=m_ok, other=0.0) * 1.4426950408889634
+        delta = tl.load(DELTA + q_vec, mask=m_ok, other=0.0)
+        st = tl.dot(k, qt, input_precision=PREC) * scale_log2  # [N, M]
+        pt = tl.exp2(st - lse2[None, :])
+        if MASK:
+            seen = ((offs_n[:, None] <= offs_m[None, :]) & (offs_n[:, None] > offs_m[None, :] - window)
+                    & m_ok[None, :])
+            pt = tl.where(seen, pt, 0.0)
+        dv += tl.dot(pt.to(DO.dtype.element_ty).to(DOT_TY), do, input_precision=PREC)
+        dpt = tl.dot(v, tl.trans(do), input_precision=PREC)
+        dst = pt * (dpt - delta[None, :])
+        dk += tl.dot(dst.to(Q.dtype.element_ty).to(DOT_TY), tl.trans(qt), input_precision=PREC)
+    return dk, dv
 
 
 @triton.jit
 def _dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, desc, work, stride_q, stride_k, stride_v, stride_do,
                  stride_dk, stride_dv, scale, window, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 D: tl.constexpr, HEAD_D: tl.constexpr, PREC: tl.constexpr, DOT_TY: tl.constexpr, ATOMIC: tl.constexpr):
+                 D: tl.constexpr, HEAD_D: tl.constexpr, PREC: tl.constexpr, DOT_TY: tl.constexpr,
+                 ATOMIC: tl.constexpr):
     wi = tl.program_id(0)
     g = tl.program_id(1)
     f = tl.load(work + 2 * wi)
@@ -234,34 +318,29 @@ def _dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, desc, work, stride_q, stride_k
         offs_d = tl.arange(0, HEAD_D)
         d_ok = offs_d < D
         n_ok = offs_n < e
+        kmask = n_ok[:, None] & d_ok[None, :]
         k_vec = kv_off + (kv_row + offs_n) * kv_stride + g
-        k = tl.load(K + k_vec[:, None] * stride_k + offs_d[None, :], mask=n_ok[:, None] & d_ok[None, :], other=0.0).to(DOT_TY)
-        v = tl.load(V + k_vec[:, None] * stride_v + offs_d[None, :], mask=n_ok[:, None] & d_ok[None, :], other=0.0).to(DOT_TY)
+        k = tl.load(K + k_vec[:, None] * stride_k + offs_d[None, :], mask=kmask, other=0.0).to(DOT_TY)
+        v = tl.load(V + k_vec[:, None] * stride_v + offs_d[None, :], mask=kmask, other=0.0).to(DOT_TY)
         dk = tl.zeros([BLOCK_N, HEAD_D], tl.float32)
         dv = tl.zeros([BLOCK_N, HEAD_D], tl.float32)
         scale_log2 = scale * 1.4426950408889634
-        # Queries that see a key of this block: i >= j and i < j + window.
+        # Queries that see a key of this block: i >= j and i < j + window. Unmasked query blocks: all
+        # past the block's last key, within the window of its first, before the fragment's end.
         lo = tl.maximum(ks, a)
         hi = tl.minimum(e, ks + BLOCK_N - 1 + window)
+        u0 = tl.minimum(lo + tl.cdiv(tl.maximum(ks + BLOCK_N - 1 - lo, 0), BLOCK_M) * BLOCK_M, hi)
+        u1 = tl.maximum(lo + (tl.maximum(tl.minimum(hi, ks + window) - lo, 0) // BLOCK_M) * BLOCK_M, u0)
         for h in range(g * ratio, (g + 1) * ratio):
-            for start in range(lo, hi, BLOCK_M):
-                offs_m = start + tl.arange(0, BLOCK_M)
-                m_ok = offs_m < hi
-                q_vec = q_off + (q_row + offs_m - a) * q_stride + h
-                qt = tl.load(Q + q_vec[None, :] * stride_q + offs_d[:, None], mask=m_ok[None, :] & d_ok[:, None], other=0.0).to(DOT_TY)
-                do = tl.load(DO + q_vec[:, None] * stride_do + offs_d[None, :], mask=m_ok[:, None] & d_ok[None, :], other=0.0).to(DOT_TY)
-                lse2 = tl.load(LSE + q_vec, mask=m_ok, other=0.0) * 1.4426950408889634
-                delta = tl.load(DELTA + q_vec, mask=m_ok, other=0.0)
-                st = tl.dot(k, qt, input_precision=PREC) * scale_log2  # [N, M]
-                seen = (offs_n[:, None] <= offs_m[None, :]) & (offs_n[:, None] > offs_m[None, :] - window) & m_ok[None, :]
-                pt = tl.where(seen, tl.exp2(st - lse2[None, :]), 0.0)
-                dv += tl.dot(pt.to(DO.dtype.element_ty).to(DOT_TY), do, input_precision=PREC)
-                dpt = tl.dot(v, tl.trans(do), input_precision=PREC)
-                dst = pt * (dpt - delta[None, :])
-                dk += tl.dot(dst.to(Q.dtype.element_ty).to(DOT_TY), tl.trans(qt), input_precision=PREC)
+            q_base = q_off + (q_row - a) * q_stride + h
+            dk, dv = _dkdv_blocks(dk, dv, k, v, Q, DO, LSE, DELTA, q_base, q_stride, stride_q, stride_do, offs_n,
+                                  offs_d, d_ok, scale_log2, window, hi, lo, u0, BLOCK_M, PREC, DOT_TY, True)
+            dk, dv = _dkdv_blocks(dk, dv, k, v, Q, DO, LSE, DELTA, q_base, q_stride, stride_q, stride_do, offs_n,
+                                  offs_d, d_ok, scale_log2, window, hi, u0, u1, BLOCK_M, PREC, DOT_TY, False)
+            dk, dv = _dkdv_blocks(dk, dv, k, v, Q, DO, LSE, DELTA, q_base, q_stride, stride_q, stride_do, offs_n,
+                                  offs_d, d_ok, scale_log2, window, hi, u1, hi, BLOCK_M, PREC, DOT_TY, True)
         dk_ptr = DK + k_vec[:, None] * stride_dk + offs_d[None, :]
         dv_ptr = DV + k_vec[:, None] * stride_dv + offs_d[None, :]
-        kmask = n_ok[:, None] & d_ok[None, :]
         if ATOMIC:
             tl.atomic_add(dk_ptr, dk * scale, mask=kmask)
             tl.atomic_add(dv_ptr, dv, mask=kmask)

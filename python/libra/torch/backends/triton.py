@@ -60,8 +60,9 @@ class Triton(Backend):
             return "needs compute capability 8.0 or later (bf16 tensor cores; the configurations compiled in CI)"
         if self._ensure() is None:
             return self._missing
-        if device.type == "cpu" and not self._mod.interpreted():
-            return "TRITON_INTERPRET=1 was set after triton was imported (set it before)"
+        if (device.type == "cpu") != self._mod.interpreted():
+            return ("TRITON_INTERPRET=1 was set after libra's kernels were built (set it before importing triton)"
+                    if device.type == "cpu" else "the kernels were built for the interpreter (TRITON_INTERPRET=1)")
         return None
 
     def gives_lse(self):

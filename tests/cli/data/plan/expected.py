@@ -3,7 +3,7 @@
 plans (see the comments there), independently of libra: the fingerprint is
 computed here from the format described in docs/plan-format.md.
 
-    python3 expected.py   # rewrites gqa.json, ties.txt, ties_split.txt, gqa_tapered.txt
+    python3 expected.py   # rewrites gqa.json, ties.txt, ties_split.txt, gqa_tapered.txt, gqa_topology.txt
 
 gqa_format1.json is gqa.json as format-1 writers wrote it (elem_bytes, no
 dtype): it must load to the same plan.
@@ -19,14 +19,22 @@ def fingerprint(cfg, pool, tiles):
     # Version 1 (contiguous homes, no KV prefix, equal chunks), or version 4
     # for tapered chunks: then the home layout (contiguous 0), kv_prefix (0)
     # and chunk split (tapered 1) words follow dedup_per_kv_head.
+    # Version 5: a topology other than the default on a plan of another
+    # mode than tap-topo; the layout, prefix and split words (0 0 0), then
+    # gpus_per_node, nodes_per_supernode and the bits of the four numbers.
     tapered = cfg.get("chunk_split") == "tapered"
-    words = [0x4E4C50415242494C, 4 if tapered else 1, cfg["seq_len"], cfg["cp"], cfg["block_size"], cfg["head_shards"],
+    topo = cfg.get("topology")
+    words = [0x4E4C50415242494C, 5 if topo else 4 if tapered else 1, cfg["seq_len"], cfg["cp"], cfg["block_size"], cfg["head_shards"],
              cfg["heads_q"], cfg["heads_kv"], cfg["head_dim"], {"fp32": 4, "bf16": 2, "fp16": 2 | 1 << 8}[cfg["dtype"]],
              INT64_MAX if cfg["window"] is None else cfg["window"],
              struct.unpack("<Q", struct.pack("<d", cfg["tau"]))[0], cfg["chunks"],
              {"tap": 0, "ulysses": 1, "tap-split": 2}[cfg["mode"]], int(cfg["dedup_per_kv_head"])]
-    if tapered:
-        words += [0, 0, 1]
+    if tapered or topo:
+        words += [0, 0, 1 if tapered else 0]
+    if topo:
+        bits = lambda x: struct.unpack("<Q", struct.pack("<d", x))[0]
+        words += [topo["gpus_per_node"], topo["nodes_per_supernode"]] + [
+            bits(topo[k]) for k in ("intra_node_gbps", "inter_node_gbps", "inter_supernode_gbps", "congestion_per_node")]
     words.append(len(pool))
     for seq in pool:
         words += [len(seq)] + seq
@@ -121,3 +129,15 @@ pool = [[3]]
 tiles = [dict(slot=0, block=0, shard=0, begin=0, end=2, worker=0), dict(slot=0, block=1, shard=0, begin=2, end=3, worker=1)]
 with open("gqa_tapered.txt", "w") as f:
     f.write(summary("tap", cfg, pool, tiles, [(1, 1, 12, 16, 8), (1, 1, 12, 8, 16)], 0.0, 24, 24, widths=[1, 2, 1]))
+
+# The GQA pool of gqa.txt on nodes of one GPU (--gpus-per-node 1): the same
+# tiles and bytes (tap does not place by the topology), a version-5 plan
+# whose fingerprint holds the topology.
+cfg = config("tap", 4, 2, 2, 2, 4, 1, 2, 2, 0.03)
+cfg["topology"] = {"gpus_per_node": 1, "nodes_per_supernode": 4, "intra_node_gbps": 360.0, "inter_node_gbps": 45.0,
+                   "inter_supernode_gbps": 7.5, "congestion_per_node": 0.5}
+pool = [[3]]
+tiles = [dict(slot=0, block=0, shard=0, begin=0, end=2, worker=0), dict(slot=0, block=0, shard=1, begin=0, end=2, worker=0),
+         dict(slot=0, block=1, shard=0, begin=2, end=3, worker=1), dict(slot=0, block=1, shard=1, begin=2, end=3, worker=1)]
+with open("gqa_topology.txt", "w") as f:
+    f.write(summary("tap", cfg, pool, tiles, [(2, 2, 12, 32, 16), (2, 2, 12, 16, 32)], 0.0, 48, 48))
