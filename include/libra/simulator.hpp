@@ -108,6 +108,19 @@ struct SimConfig {
   std::int64_t random_seeds = 32;
   std::vector<std::int64_t> scaling_dp = {1, 2, 4, 8, 16};  // end-to-end DP sweep
   bool end_to_end = true;         // run the DP sweep and microbatch model
+  // The training step (docs/simulator.md, "End-to-end step"). How replicas
+  // wait for each other per micro-batch: 1 = not at all (they meet at the
+  // gradient all-reduce), k = in groups of k consecutive replicas (an
+  // expert-parallel all-to-all across EP / CP replicas), 0 = all of them
+  // (the paper's framing: the worst pool of each GA step is the DP/PP
+  // straggler). Each coupled group pays its slowest member per micro-batch.
+  std::int64_t coupling = 0;
+  // Pipeline stages S of a 1F1B schedule; layers (attention and linear work)
+  // split over them. 4 is an assumption: the paper runs PP without its size.
+  std::int64_t pp = 4;
+  // KV heads of the trained model in the end-to-end step (0: --heads-kv):
+  // the 256K microbenchmark's attention has 16, Qwen3-30B-A3B 4.
+  std::int64_t trained_heads_kv = 0;
   // The recommendation minimises mean + worst_weight * worst libra-full
   // latency (0: mean only, the paper's throughput criterion; > 0 also
   // weighs the worst step, i.e. PP bubbles).
@@ -160,6 +173,15 @@ struct Stat {
   double worst = 0;
 };
 
+// The end-to-end step at --dp of a libra variant on one candidate, at one
+// coupling setting (SimConfig::coupling), priced on the sweep's own pools
+// and attention shape: what the recommendation ranks candidates by.
+struct StepAtDp {
+  std::int64_t coupling = 1;
+  double ulysses_tokens_per_s = 0;
+  double libra_tokens_per_s = 0;
+};
+
 // Core-attention forward latency of one layer for one GA step (the slowest
 // GPU across DP), seconds, mean and worst over every step of every window.
 struct VariantLatency {
@@ -176,6 +198,9 @@ struct VariantLatency {
   // and of chunks cut this way (SimConfig::chunk_split).
   bool relayed = false;
   ChunkSplit chunk_split = ChunkSplit::kEqual;
+  // libra-full, libra-topo, libra-tap-vrsp with --end-to-end: the step at
+  // --dp per coupling setting (none, the configured span, all).
+  std::vector<StepAtDp> step_at_dp = {};
 };
 
 struct CandidateResult {
@@ -222,20 +247,24 @@ struct SkippedCandidate {
   std::int64_t chunks = 0;
 };
 
+// End-to-end figures at one coupling setting (SimConfig::coupling).
+struct CouplingPoint {
+  std::int64_t coupling = 1;  // 1 none, k a span of k replicas, 0 all
+  double ulysses_tokens_per_s = 0;
+  double libra_tokens_per_s = 0;
+  double ulysses_efficiency = 0;  // throughput / (dp / dp_min * throughput at the smallest DP)
+  double libra_efficiency = 0;
+};
 struct DpScalingPoint {
   std::int64_t dp = 0;
   std::int64_t pool_size = 0;  // Libra's P at this DP (gcd of the chosen P and DP)
+  // At the configured coupling (SimConfig::coupling).
   double ulysses_tokens_per_s = 0;
   double libra_tokens_per_s = 0;
-  double ulysses_efficiency = 0;  // throughput / (dp * throughput at the smallest DP)
+  double ulysses_efficiency = 0;  // throughput / (dp / dp_min * throughput at the smallest DP)
   double libra_efficiency = 0;
-  // The same when every layer synchronises all DP replicas (e.g. an MoE
-  // whose expert-parallel all-to-all spans the replicas): each GA step then
-  // costs its slowest replica or pool.
-  double ulysses_sync_tokens_per_s = 0;
-  double libra_sync_tokens_per_s = 0;
-  double ulysses_sync_efficiency = 0;
-  double libra_sync_efficiency = 0;
+  // Every coupling setting: none, the configured span (when it is neither), all.
+  std::vector<CouplingPoint> couplings;
 };
 
 struct MicrobatchStats {

@@ -268,53 +268,63 @@ std::optional<std::uint64_t> idx_declared_size(const unsigned char* header) {
   return all;
 }
 
-Result<std::vector<std::int64_t>> parse_megatron_idx_sized(std::span<const unsigned char> bytes, std::uint64_t size,
-                                                           std::string_view name) {
-  const std::string file(name);
-  auto at = [&](std::uint64_t offset) { return file + ": byte " + std::to_string(offset) + ": "; };
-  constexpr std::size_t kMagic = 0, kVersion = 9, kDtype = 17, kSeqCount = 18, kDocCount = 26, kHeader = kIdxHeader;
-  if (size < kMegatronIdxMagic.size() ||
-      std::memcmp(bytes.data(), kMegatronIdxMagic.data(), kMegatronIdxMagic.size()) != 0) {
-    return invalid_input(at(kMagic) + "not a Megatron .idx file: expected the magic \"MMIDIDX\\0\\0\"");
+// What the .idx header declares: the dtype's item size and the counts.
+struct IdxHeader {
+  std::int64_t item = 0;
+  std::uint64_t seqs = 0, docs = 0;
+};
+
+// "FILE: byte N: ", the lead of every .idx error.
+struct IdxPlace {
+  const std::string& file;
+  std::string operator()(std::uint64_t offset) const { return file + ": byte " + std::to_string(offset) + ": "; }
+};
+
+constexpr std::size_t kIdxVersion = 9, kIdxDtype = 17, kIdxSeqCount = 18, kIdxDocCount = 26;
+
+// The magic, the header, the version and dtype, and array sizes that fill
+// the rest of the file exactly.
+Result<IdxHeader> read_idx_header(const unsigned char* p, std::uint64_t size, const IdxPlace& at) {
+  if (size < kMegatronIdxMagic.size() || std::memcmp(p, kMegatronIdxMagic.data(), kMegatronIdxMagic.size()) != 0) {
+    return invalid_input(at(0) + "not a Megatron .idx file: expected the magic \"MMIDIDX\\0\\0\"");
   }
-  if (size < kHeader) {
-    return invalid_input(at(size) + "file ends inside the " + std::to_string(kHeader) + "-byte .idx header");
+  if (size < kIdxHeader) {
+    return invalid_input(at(size) + "file ends inside the " + std::to_string(kIdxHeader) + "-byte .idx header");
   }
-  const unsigned char* p = bytes.data();
-  const std::uint64_t version = read_u64(p + kVersion);
+  const std::uint64_t version = read_u64(p + kIdxVersion);
   if (version != 1) {
-    return invalid_input(at(kVersion) + "version " + std::to_string(version) + " is not supported (expected 1)");
+    return invalid_input(at(kIdxVersion) + "version " + std::to_string(version) + " is not supported (expected 1)");
   }
-  const unsigned dtype = p[kDtype];
-  const std::int64_t item = megatron_dtype_size(dtype);
-  if (item == 0) {
-    return invalid_input(at(kDtype) + "dtype code " + std::to_string(dtype) + " is not a Megatron dtype (1..8)");
+  const unsigned dtype = p[kIdxDtype];
+  IdxHeader h{megatron_dtype_size(dtype), read_u64(p + kIdxSeqCount), read_u64(p + kIdxDocCount)};
+  if (h.item == 0) {
+    return invalid_input(at(kIdxDtype) + "dtype code " + std::to_string(dtype) + " is not a Megatron dtype (1..8)");
   }
-  const std::uint64_t seqs = read_u64(p + kSeqCount);
-  const std::uint64_t docs = read_u64(p + kDocCount);
-  const std::uint64_t left = size - kHeader;
+  const std::uint64_t left = size - kIdxHeader;
   // 4 bytes of length and 8 of pointer per sequence, 8 per document-index entry.
   std::uint64_t seq_bytes = 0, doc_bytes = 0, need = 0;
-  const bool overflow = __builtin_mul_overflow(seqs, std::uint64_t{12}, &seq_bytes) ||
-                        __builtin_mul_overflow(docs, std::uint64_t{8}, &doc_bytes) ||
+  const bool overflow = __builtin_mul_overflow(h.seqs, std::uint64_t{12}, &seq_bytes) ||
+                        __builtin_mul_overflow(h.docs, std::uint64_t{8}, &doc_bytes) ||
                         __builtin_add_overflow(seq_bytes, doc_bytes, &need);
   if (overflow || need > left) {
-    return invalid_input(at(kSeqCount) + "sequence count " + std::to_string(seqs) + " and document count " +
-                         std::to_string(docs) + " need " + (overflow ? std::string("more than 2^64") : std::to_string(need)) +
+    return invalid_input(at(kIdxSeqCount) + "sequence count " + std::to_string(h.seqs) + " and document count " +
+                         std::to_string(h.docs) + " need " + (overflow ? std::string("more than 2^64") : std::to_string(need)) +
                          " bytes of arrays but the file has " + std::to_string(left) + " left");
   }
   if (need < left) {
-    return invalid_input(at(kHeader + need) + std::to_string(left - need) +
-                         " unexpected bytes after the document index (sequence count " + std::to_string(seqs) +
-                         ", document count " + std::to_string(docs) + ")");
+    return invalid_input(at(kIdxHeader + need) + std::to_string(left - need) +
+                         " unexpected bytes after the document index (sequence count " + std::to_string(h.seqs) +
+                         ", document count " + std::to_string(h.docs) + ")");
   }
-  if (seqs == 0) return invalid_input(at(kSeqCount) + "sequence count is 0: no sample lengths");
-  if (docs == 0) return invalid_input(at(kDocCount) + "document count is 0: the document index needs at least the leading 0");
+  if (h.seqs == 0) return invalid_input(at(kIdxSeqCount) + "sequence count is 0: no sample lengths");
+  if (h.docs == 0) return invalid_input(at(kIdxDocCount) + "document count is 0: the document index needs at least the leading 0");
+  return h;
+}
 
-  const std::size_t n = static_cast<std::size_t>(seqs);
-  const std::size_t len_off = kHeader, ptr_off = kHeader + 4 * n, doc_off = kHeader + 12 * n;
+// The n sequence lengths, each positive.
+Result<std::vector<std::int64_t>> read_idx_lengths(const unsigned char* p, std::size_t n, const IdxPlace& at) {
+  const std::size_t len_off = kIdxHeader;
   std::vector<std::int64_t> lengths(n);
-  std::int64_t total = 0;
   for (std::size_t i = 0; i < n; ++i) {
     const std::int32_t l = read_i32(p + len_off + 4 * i);
     if (l <= 0) {
@@ -323,8 +333,15 @@ Result<std::vector<std::int64_t>> parse_megatron_idx_sized(std::span<const unsig
     }
     lengths[i] = l;
   }
-  for (std::size_t i = 0; i < n; ++i) {
-    // Megatron writes pointer[i] = item size * (sum of the lengths before i).
+  return lengths;
+}
+
+// Megatron writes pointer[i] = item size * (sum of the lengths before i).
+Status check_idx_pointers(const unsigned char* p, std::span<const std::int64_t> lengths, std::int64_t item,
+                          const IdxPlace& at) {
+  const std::size_t ptr_off = kIdxHeader + 4 * lengths.size();
+  std::int64_t total = 0;
+  for (std::size_t i = 0; i < lengths.size(); ++i) {
     const std::int64_t ptr = read_i64(p + ptr_off + 8 * i);
     std::optional<std::int64_t> expected = checked_mul(total, item);
     if (!expected || ptr != *expected) {
@@ -334,8 +351,13 @@ Result<std::vector<std::int64_t>> parse_megatron_idx_sized(std::span<const unsig
     }
     total += lengths[i];  // n < 2^61 and each length < 2^31: cannot overflow
   }
+  return Status();
+}
+
+// The document index rises from 0 to the sequence count n.
+Status check_idx_documents(const unsigned char* p, std::size_t n, std::size_t d, const IdxPlace& at) {
+  const std::size_t doc_off = kIdxHeader + 12 * n;
   std::int64_t prev = 0;
-  const std::size_t d = static_cast<std::size_t>(docs);
   for (std::size_t k = 0; k < d; ++k) {
     const std::int64_t v = read_i64(p + doc_off + 8 * k);
     const bool ok = (k == 0) ? v == 0 : (v >= prev && v <= static_cast<std::int64_t>(n));
@@ -350,6 +372,19 @@ Result<std::vector<std::int64_t>> parse_megatron_idx_sized(std::span<const unsig
     return invalid_input(at(doc_off + 8 * (d - 1)) + "last document index entry is " + std::to_string(prev) +
                          ", expected the sequence count " + std::to_string(n));
   }
+  return Status();
+}
+
+Result<std::vector<std::int64_t>> parse_megatron_idx_sized(std::span<const unsigned char> bytes, std::uint64_t size,
+                                                           std::string_view name) {
+  const std::string file(name);
+  const IdxPlace at{file};
+  const unsigned char* p = bytes.data();
+  LIBRA_ASSIGN_OR_RETURN(const IdxHeader h, read_idx_header(p, size, at));
+  const auto n = static_cast<std::size_t>(h.seqs);
+  LIBRA_ASSIGN_OR_RETURN(std::vector<std::int64_t> lengths, read_idx_lengths(p, n, at));
+  LIBRA_TRY(check_idx_pointers(p, lengths, h.item, at));
+  LIBRA_TRY(check_idx_documents(p, n, static_cast<std::size_t>(h.docs), at));
   return lengths;
 }
 

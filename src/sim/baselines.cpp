@@ -6,8 +6,12 @@
 
 namespace libra::detail {
 
+double linear_part(const Ctx& ctx, double tokens, bool backward) {
+  return linear_seconds(ctx.cfg.cost.step, ctx.cfg.model, tokens, static_cast<double>(ctx.cfg.cp), backward);
+}
+
 Result<std::vector<double>> ulysses_steps(const Ctx& ctx, std::span<const PackedSequence> seqs, std::uint64_t window,
-                                          Timing& tm, const std::string& kind) {
+                                          Timing& tm, const std::string& kind, std::vector<MicroBatch>* mbs) {
   const std::int64_t dp = ctx.cfg.dp;
   const std::int64_t ga = static_cast<std::int64_t>(seqs.size()) / dp;
   StepMax sm{std::vector<double>(static_cast<std::size_t>(ga), 0.0)};
@@ -16,7 +20,16 @@ Result<std::vector<double>> ulysses_steps(const Ctx& ctx, std::span<const Packed
     const std::int64_t g = i / dp, r = i % dp;
     auto gpus = pool_gpus(r, 1, ctx.cfg.cp);
     LIBRA_ASSIGN_OR_RETURN(PlanCost c, price_pool(ctx, seqs.subspan(static_cast<std::size_t>(i), 1), pc, gpus, tm, kind));
-    sm.put(g, time_plan(ctx, c, gpus, {window, static_cast<std::uint64_t>(g)}, false, false));
+    const NoiseKey key{window, static_cast<std::uint64_t>(g)};
+    const double fwd = time_plan(ctx, c, gpus, key, false, false);
+    sm.put(g, fwd);
+    if (mbs != nullptr) {
+      const double tok = seq_tokens(seqs[static_cast<std::size_t>(i)]);
+      mbs->push_back({.attn_fwd = fwd,
+                      .attn_bwd = time_plan(ctx, c, gpus, key, false, true),
+                      .lin_fwd = linear_part(ctx, tok, false),
+                      .lin_bwd = linear_part(ctx, tok, true)});
+    }
   }
   return sm.step;
 }

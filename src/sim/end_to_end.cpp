@@ -1,5 +1,9 @@
 // The end-to-end step model: DP scaling at fixed GBS and the per-microbatch
-// forward times (paper sections 8.2 and 8.3).
+// forward times (paper sections 8.2 and 8.3). A window's micro-batches are
+// priced per replica (ulysses: each sequence on its own CP group; libra:
+// each VRSP pool's slowest worker, for every replica of the pool), split
+// over the pipeline stages, and run through the step model
+// (step_model.hpp) at every coupling setting.
 #include <algorithm>
 #include <numeric>
 
@@ -8,180 +12,249 @@
 
 namespace libra::detail {
 
+std::vector<std::int64_t> coupling_settings(const SimConfig& cfg) {
+  std::vector<std::int64_t> out{1};
+  if (cfg.coupling != 1 && cfg.coupling != kCoupleAll) out.push_back(cfg.coupling);
+  out.push_back(kCoupleAll);
+  return out;
+}
+
+MicroBatchCost stage_costs(const MicroBatch& mb, std::int64_t layers, std::int64_t stages) {
+  MicroBatchCost out;
+  for (std::int64_t s = 0; s < stages; ++s) {
+    const double n = static_cast<double>(stage_layers(layers, stages, s));
+    const double share = n / static_cast<double>(layers);
+    out.push_back({.fwd = n * mb.attn_fwd + share * mb.lin_fwd, .bwd = n * mb.attn_bwd + share * mb.lin_bwd});
+  }
+  return out;
+}
+
+namespace {
+
+struct Window {
+  const Ctx& ctx;
+  std::span<const PackedSequence> seqs;
+  std::uint64_t w = 0;
+  std::vector<std::int64_t> f;
+  Timing& tm;
+};
+
+double lin(const Ctx& ctx, double tokens, bool backward) { return linear_part(ctx, tokens, backward); }
+
+// Ulysses: every sequence on its own CP group; planned once, timed per DP.
+Result<std::vector<PlanCost>> ulysses_costs(Window& win) {
+  std::vector<PlanCost> out;
+  const PlanConfig upc = ulysses_config(win.ctx);
+  for (std::size_t i = 0; i < win.seqs.size(); ++i) {
+    auto gpus = pool_gpus(0, 1, win.ctx.cfg.cp);
+    LIBRA_ASSIGN_OR_RETURN(PlanCost c, price_pool(win.ctx, win.seqs.subspan(i, 1), upc, gpus, win.tm, "end-to-end ulysses"));
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
+// Per replica, its micro-batches' stage costs at this DP (replica r of GA
+// step g runs sequence g * DP + r); forward seconds per micro-batch into
+// `fwd` when given.
+std::vector<ReplicaCosts> ulysses_replicas(const Window& win, const std::vector<PlanCost>& uly, std::int64_t dp,
+                                           std::vector<double>* fwd) {
+  const SimConfig& cfg = win.ctx.cfg;
+  std::vector<ReplicaCosts> reps(static_cast<std::size_t>(dp));
+  for (std::size_t i = 0; i < win.seqs.size(); ++i) {
+    const std::int64_t g = static_cast<std::int64_t>(i) / dp, r = static_cast<std::int64_t>(i) % dp;
+    auto gpus = pool_gpus(r, 1, cfg.cp);
+    const NoiseKey key{win.w, static_cast<std::uint64_t>(g)};
+    const double tok = seq_tokens(win.seqs[i]);
+    const MicroBatch mb{.attn_fwd = time_plan(win.ctx, uly[i], gpus, key, false, false),
+                        .attn_bwd = time_plan(win.ctx, uly[i], gpus, key, false, true),
+                        .lin_fwd = lin(win.ctx, tok, false),
+                        .lin_bwd = lin(win.ctx, tok, true)};
+    reps[static_cast<std::size_t>(r)].push_back(stage_costs(mb, cfg.model.layers, cfg.pp));
+    if (fwd != nullptr) fwd->push_back(static_cast<double>(cfg.model.layers) * mb.attn_fwd + mb.lin_fwd);
+  }
+  return reps;
+}
+
+// The libra plan configuration of the recommended candidate.
+struct LibraRun {
+  const SimCandidate& rec;
+  Variant variant;
+  PlanConfig pc;
+  bool relayed = false;
+  // VRSP pools depend on P only, not on DP: each P is planned once. (Their
+  // communication times keep the node locality of the first layout that
+  // used them; later layouts shift pools by whole multiples of P x CP GPUs.)
+  std::map<std::int64_t, std::vector<PlanCost>> costs;
+};
+
+// Libra: VRSP pools of P = gcd(P_rec, DP); a pool's replicas wait for each
+// other at every layer's all-to-all, so each runs the pool's slowest worker.
+Result<std::vector<ReplicaCosts>> libra_replicas(Window& win, LibraRun& lr, std::int64_t dp, std::vector<double>* fwd) {
+  const SimConfig& cfg = win.ctx.cfg;
+  const std::int64_t p = std::gcd(lr.rec.pool_size, dp);
+  const double t0 = thread_cpu_seconds();
+  const NodeInterleave interleave = lr.variant == Variant::kLibraTopo ? topo_interleave(win.ctx) : NodeInterleave{};
+  LIBRA_ASSIGN_OR_RETURN(WindowPlacement pl, place_window(win.f, {.pool_size = p, .mode = PlacementMode::kVrsp,
+                                                                  .seed = cfg.seed, .interleave = interleave}));
+  LIBRA_ASSIGN_OR_RETURN(StepLayout lay, layout_window(pl, dp));
+  win.tm.placement += thread_cpu_seconds() - t0;
+  auto cached = lr.costs.find(p);
+  if (cached == lr.costs.end()) {
+    std::vector<PlanCost> costs;
+    for (std::size_t k = 0; k < pl.pools.size(); ++k) {
+      const auto gpus = pool_gpus(lay.pool_first_replica[k], p, cfg.cp);
+      LIBRA_ASSIGN_OR_RETURN(PlanCost c, price_pool(win.ctx, pool_of(win.seqs, pl.pools[k]), lr.pc, gpus, win.tm,
+                                                    "end-to-end libra", lr.relayed));
+      costs.push_back(std::move(c));
+    }
+    cached = lr.costs.emplace(p, std::move(costs)).first;
+  }
+  const bool pipelined = variant_pipelined(lr.variant);
+  std::vector<ReplicaCosts> reps(static_cast<std::size_t>(dp), ReplicaCosts(static_cast<std::size_t>(cfg.gbs / dp)));
+  for (std::size_t k = 0; k < pl.pools.size(); ++k) {
+    const auto pool = pool_of(win.seqs, pl.pools[k]);
+    const auto gpus = pool_gpus(lay.pool_first_replica[k], p, cfg.cp);
+    const std::int64_t g = lay.pool_ga[k];
+    const NoiseKey key{win.w, static_cast<std::uint64_t>(g)};
+    MicroBatch mb{.attn_fwd = time_plan(win.ctx, cached->second[k], gpus, key, pipelined, false),
+                  .attn_bwd = time_plan(win.ctx, cached->second[k], gpus, key, pipelined, true)};
+    for (const auto& s : pool) {
+      mb.lin_fwd = std::max(mb.lin_fwd, lin(win.ctx, seq_tokens(s), false));
+      mb.lin_bwd = std::max(mb.lin_bwd, lin(win.ctx, seq_tokens(s), true));
+    }
+    const MicroBatchCost stages = stage_costs(mb, cfg.model.layers, cfg.pp);
+    for (std::int64_t r = lay.pool_first_replica[k]; r < lay.pool_first_replica[k] + p; ++r) {
+      reps[static_cast<std::size_t>(r)][static_cast<std::size_t>(g)] = stages;
+    }
+    if (fwd != nullptr) {
+      for (const auto& s : pool) {
+        fwd->push_back(static_cast<double>(cfg.model.layers) * mb.attn_fwd + lin(win.ctx, seq_tokens(s), false));
+      }
+    }
+  }
+  return reps;
+}
+
+}  // namespace
+
+// Both modes' steps at every coupling setting. A libra pool couples its P
+// replicas anyway, so a coupled span joins whole pools (lcm(span, P)).
+std::vector<CouplingSteps> steps_at(const SimConfig& cfg, const std::vector<ReplicaCosts>& uly,
+                                         const std::vector<ReplicaCosts>& libra, std::int64_t dp, std::int64_t p) {
+  const double ar = allreduce_seconds(cfg.cost.net, cfg.model.grad_bytes_per_gpu / static_cast<double>(cfg.pp), dp);
+  std::vector<CouplingSteps> out;
+  for (std::int64_t span : coupling_settings(cfg)) {
+    const std::int64_t libra_span = span == kCoupleAll ? kCoupleAll : std::lcm(span, p);
+    out.push_back({.coupling = span,
+                   .ulysses = step_seconds(uly, {.span = span}, ar),
+                   .libra = step_seconds(libra, {.span = libra_span}, ar)});
+  }
+  return out;
+}
+
 E2eWindow e2e_window(const Ctx& ctx, std::span<const PackedSequence> window, std::uint64_t w,
                      const SimCandidate& rec, const std::vector<std::int64_t>& dps, Variant libra,
                      std::int64_t chunks, bool relayed, ChunkSplit split) {
   E2eWindow out;
-  const SimConfig& cfg = ctx.cfg;
-  const ModelShape& model = cfg.model;
-  const double layers = static_cast<double>(model.layers);
-  const double cp = static_cast<double>(cfg.cp);
-  Timing& tm = out.timing;
   for (const auto& s : window) out.tokens += seq_tokens(s);
   auto f = sequence_workloads(window);
   if (!f.ok()) {
     out.status = f.error();
     return out;
   }
-  // Ulysses: every sequence on its own CP group; planned once, timed per DP.
-  std::vector<PlanCost> uly;
-  const PlanConfig upc = ulysses_config(ctx);
-  for (std::size_t i = 0; i < window.size(); ++i) {
-    auto gpus = pool_gpus(0, 1, cfg.cp);
-    auto c = price_pool(ctx, window.subspan(i, 1), upc, gpus, tm, "end-to-end ulysses");
-    if (!c.ok()) {
-      out.status = c.error();
-      return out;
-    }
-    uly.push_back(std::move(*c));
+  Window win{ctx, window, w, std::move(*f), out.timing};
+  auto uly = ulysses_costs(win);
+  if (!uly.ok()) {
+    out.status = uly.error();
+    return out;
   }
   PlanConfig lpc = plan_config(ctx, rec.head_shards, rec.block_size, chunks,
                                libra == Variant::kLibraTopo ? PlanMode::kTapTopo : PlanMode::kTap, false);
   lpc.chunk_split = split;
-  const bool pipelined = variant_pipelined(libra);
-  // VRSP pools depend on P only, not on DP: plan each P once. (Their
-  // communication times keep the node locality of the first layout that used
-  // them; later layouts shift pools by whole multiples of P x CP GPUs.)
-  std::map<std::int64_t, std::vector<PlanCost>> libra_costs;
+  LibraRun lr{rec, libra, lpc, relayed, {}};
   for (std::int64_t dp : dps) {
-    const std::int64_t ga = cfg.gbs / dp;
-    // Ulysses replicas run their GA microbatches without waiting for each
-    // other; they meet at the gradient all-reduce.
-    std::vector<double> replica(static_cast<std::size_t>(dp), 0.0);
-    // With per-layer synchronisation of all replicas (an MoE whose expert-
-    // parallel all-to-all spans the DP replicas), every GA step costs its
-    // slowest replica.
-    std::vector<double> step_max(static_cast<std::size_t>(ga), 0.0);
-    for (std::size_t i = 0; i < window.size(); ++i) {
-      const std::int64_t g = static_cast<std::int64_t>(i) / dp, r = static_cast<std::int64_t>(i) % dp;
-      auto gpus = pool_gpus(r, 1, cfg.cp);
-      const NoiseKey key{w, static_cast<std::uint64_t>(g)};
-      const double attn = time_plan(ctx, uly[i], gpus, key, false, false) + time_plan(ctx, uly[i], gpus, key, false, true);
-      const double tok = seq_tokens(window[i]);
-      const double fwd = layers * time_plan(ctx, uly[i], gpus, key, false, false) +
-                         linear_seconds(cfg.cost.step, model, tok, cp, false);
-      const double mb = layers * attn + linear_seconds(cfg.cost.step, model, tok, cp, false) +
-                        linear_seconds(cfg.cost.step, model, tok, cp, true);
-      replica[static_cast<std::size_t>(r)] += mb;
-      step_max[static_cast<std::size_t>(g)] = std::max(step_max[static_cast<std::size_t>(g)], mb);
-      if (dp == cfg.dp) out.mb_ulysses.push_back(fwd);
-    }
-    const double ar = allreduce_seconds(cfg.cost.net, model.grad_bytes_per_gpu, dp);
-    out.ulysses_time.push_back(max_of(replica) + ar);
-    out.ulysses_sync.push_back(std::accumulate(step_max.begin(), step_max.end(), 0.0) + ar);
-    std::fill(step_max.begin(), step_max.end(), 0.0);
-
-    // Libra (full): VRSP pools of P = gcd(P_rec, DP), TAP, pipeliner; a pool's
-    // replicas wait for each other at every layer's all-to-all.
-    const std::int64_t p = std::gcd(rec.pool_size, dp);
-    const double t0 = thread_cpu_seconds();
-    const NodeInterleave interleave = libra == Variant::kLibraTopo ? topo_interleave(ctx) : NodeInterleave{};
-    auto pl = place_window(*f, {.pool_size = p, .mode = PlacementMode::kVrsp, .seed = cfg.seed, .interleave = interleave});
-    if (!pl.ok()) {
-      out.status = pl.error();
+    const bool at_dp = dp == ctx.cfg.dp;
+    const auto ur = ulysses_replicas(win, *uly, dp, at_dp ? &out.mb_ulysses : nullptr);
+    auto lrp = libra_replicas(win, lr, dp, at_dp ? &out.mb_libra : nullptr);
+    if (!lrp.ok()) {
+      out.status = lrp.error();
       return out;
     }
-    auto lay = layout_window(*pl, dp);
-    tm.placement += thread_cpu_seconds() - t0;
-    if (!lay.ok()) {
-      out.status = lay.error();
-      return out;
-    }
-    std::vector<double> group(static_cast<std::size_t>(dp / p), 0.0);
-    auto cached = libra_costs.find(p);
-    if (cached == libra_costs.end()) {
-      std::vector<PlanCost> costs;
-      for (std::size_t k = 0; k < pl->pools.size(); ++k) {
-        const auto gpus = pool_gpus(lay->pool_first_replica[k], p, cfg.cp);
-        auto c = price_pool(ctx, pool_of(window, pl->pools[k]), lpc, gpus, tm, "end-to-end libra", relayed);
-        if (!c.ok()) {
-          out.status = c.error();
-          return out;
-        }
-        costs.push_back(std::move(*c));
-      }
-      cached = libra_costs.emplace(p, std::move(costs)).first;
-    }
-    for (std::size_t k = 0; k < pl->pools.size(); ++k) {
-      const auto pool = pool_of(window, pl->pools[k]);
-      const auto gpus = pool_gpus(lay->pool_first_replica[k], p, cfg.cp);
-      const PlanCost* c = &cached->second[k];
-      const std::int64_t g = lay->pool_ga[k];
-      const NoiseKey key{w, static_cast<std::uint64_t>(g)};
-      const double af = time_plan(ctx, *c, gpus, key, pipelined, false);
-      const double ab = time_plan(ctx, *c, gpus, key, pipelined, true);
-      double lin_f = 0, lin_b = 0;
-      for (const auto& s : pool) {
-        lin_f = std::max(lin_f, linear_seconds(cfg.cost.step, model, seq_tokens(s), cp, false));
-        lin_b = std::max(lin_b, linear_seconds(cfg.cost.step, model, seq_tokens(s), cp, true));
-      }
-      const double mb = layers * (af + ab) + lin_f + lin_b;
-      group[static_cast<std::size_t>(lay->pool_first_replica[k] / p)] += mb;
-      step_max[static_cast<std::size_t>(g)] = std::max(step_max[static_cast<std::size_t>(g)], mb);
-      if (dp == cfg.dp) {
-        for (const auto& s : pool) {
-          out.mb_libra.push_back(layers * af + linear_seconds(cfg.cost.step, model, seq_tokens(s), cp, false));
-        }
-      }
-    }
-    out.libra_time.push_back(max_of(group) + ar);
-    out.libra_sync.push_back(std::accumulate(step_max.begin(), step_max.end(), 0.0) + ar);
+    out.steps.push_back(steps_at(ctx.cfg, ur, *lrp, dp, std::gcd(rec.pool_size, dp)));
   }
   return out;
 }
 
+namespace {
+
+MicrobatchStats normalised(const std::vector<double>& v, double libra_mean) {
+  MicrobatchStats m;
+  for (double x : v) m.values.push_back(x / libra_mean);
+  if (!m.values.empty()) {
+    m.min = *std::min_element(m.values.begin(), m.values.end());
+    m.max = *std::max_element(m.values.begin(), m.values.end());
+    m.mean = std::accumulate(m.values.begin(), m.values.end(), 0.0) / static_cast<double>(m.values.size());
+  }
+  return m;
+}
+
+// Throughput and efficiency (against DP_min's throughput x DP / DP_min) of
+// every coupling setting at every DP point; the configured one is the
+// point's own figure.
+void fill_points(const std::vector<std::vector<CouplingSteps>>& total, const std::vector<std::int64_t>& dps,
+                 double tokens, const SimCandidate& rec, SimResult& res) {
+  for (std::size_t k = 0; k < dps.size(); ++k) {
+    DpScalingPoint pt;
+    pt.dp = dps[k];
+    pt.pool_size = std::gcd(rec.pool_size, dps[k]);
+    const double scale = static_cast<double>(dps[k]) / static_cast<double>(dps[0]);
+    for (std::size_t c = 0; c < total[k].size(); ++c) {
+      CouplingPoint cp{.coupling = total[k][c].coupling,
+                       .ulysses_tokens_per_s = tokens / total[k][c].ulysses,
+                       .libra_tokens_per_s = tokens / total[k][c].libra};
+      cp.ulysses_efficiency = cp.ulysses_tokens_per_s / (scale * tokens / total[0][c].ulysses);
+      cp.libra_efficiency = cp.libra_tokens_per_s / (scale * tokens / total[0][c].libra);
+      if (cp.coupling == res.config.coupling) {
+        pt.ulysses_tokens_per_s = cp.ulysses_tokens_per_s;
+        pt.libra_tokens_per_s = cp.libra_tokens_per_s;
+        pt.ulysses_efficiency = cp.ulysses_efficiency;
+        pt.libra_efficiency = cp.libra_efficiency;
+      }
+      pt.couplings.push_back(cp);
+    }
+    res.dp_scaling.push_back(std::move(pt));
+  }
+}
+
+}  // namespace
+
 Status fold_end_to_end(const std::vector<E2eWindow>& er, const std::vector<std::int64_t>& dps,
                        const SimCandidate& rec, SimResult& res) {
-    if (dps.empty() || er.empty()) return {};
-    const std::size_t n = dps.size();
-    std::vector<double> ut(n), lt(n), us(n), ls(n);
-    double tokens = 0;
-    std::vector<double> mbu, mbl;
-    for (const auto& r : er) {
-      if (!r.status.ok()) return r.status;
-      for (std::size_t k = 0; k < dps.size(); ++k) {
-        ut[k] += r.ulysses_time[k];
-        lt[k] += r.libra_time[k];
-        us[k] += r.ulysses_sync[k];
-        ls[k] += r.libra_sync[k];
+  if (dps.empty() || er.empty()) return {};
+  std::vector<std::vector<CouplingSteps>> total;  // summed over windows
+  double tokens = 0;
+  std::vector<double> mbu, mbl;
+  for (const auto& r : er) {
+    if (!r.status.ok()) return r.status;
+    if (total.empty()) {
+      total = r.steps;
+    } else {
+      for (std::size_t k = 0; k < total.size(); ++k) {
+        for (std::size_t c = 0; c < total[k].size(); ++c) {
+          total[k][c].ulysses += r.steps[k][c].ulysses;
+          total[k][c].libra += r.steps[k][c].libra;
+        }
       }
-      tokens += r.tokens;
-      mbu.insert(mbu.end(), r.mb_ulysses.begin(), r.mb_ulysses.end());
-      mbl.insert(mbl.end(), r.mb_libra.begin(), r.mb_libra.end());
-      add_timing(res.timing, r.timing);
     }
-    for (std::size_t k = 0; k < dps.size(); ++k) {
-      DpScalingPoint pt;
-      pt.dp = dps[k];
-      pt.pool_size = std::gcd(rec.pool_size, dps[k]);
-      pt.ulysses_tokens_per_s = tokens / ut[k];
-      pt.libra_tokens_per_s = tokens / lt[k];
-      pt.ulysses_sync_tokens_per_s = tokens / us[k];
-      pt.libra_sync_tokens_per_s = tokens / ls[k];
-      res.dp_scaling.push_back(pt);
-    }
-    const double base = static_cast<double>(res.dp_scaling[0].dp);
-    for (auto& pt : res.dp_scaling) {
-      const double scale = static_cast<double>(pt.dp) / base;
-      pt.ulysses_efficiency = pt.ulysses_tokens_per_s / (scale * res.dp_scaling[0].ulysses_tokens_per_s);
-      pt.libra_efficiency = pt.libra_tokens_per_s / (scale * res.dp_scaling[0].libra_tokens_per_s);
-      pt.ulysses_sync_efficiency =
-          pt.ulysses_sync_tokens_per_s / (scale * res.dp_scaling[0].ulysses_sync_tokens_per_s);
-      pt.libra_sync_efficiency = pt.libra_sync_tokens_per_s / (scale * res.dp_scaling[0].libra_sync_tokens_per_s);
-    }
-    const double libra_mean = stat_of(mbl).mean;
-    auto norm = [&](const std::vector<double>& v) {
-      MicrobatchStats m;
-      for (double x : v) m.values.push_back(x / libra_mean);
-      if (!m.values.empty()) {
-        m.min = *std::min_element(m.values.begin(), m.values.end());
-        m.max = *std::max_element(m.values.begin(), m.values.end());
-        m.mean = std::accumulate(m.values.begin(), m.values.end(), 0.0) / static_cast<double>(m.values.size());
-      }
-      return m;
-    };
-    res.microbatch_ulysses = norm(mbu);
-    res.microbatch_libra = norm(mbl);
+    tokens += r.tokens;
+    mbu.insert(mbu.end(), r.mb_ulysses.begin(), r.mb_ulysses.end());
+    mbl.insert(mbl.end(), r.mb_libra.begin(), r.mb_libra.end());
+    add_timing(res.timing, r.timing);
+  }
+  fill_points(total, dps, tokens, rec, res);
+  const double libra_mean = stat_of(mbl).mean;
+  res.microbatch_ulysses = normalised(mbu, libra_mean);
+  res.microbatch_libra = normalised(mbl, libra_mean);
   return {};
 }
 

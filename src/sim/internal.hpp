@@ -21,6 +21,7 @@
 #include "libra/plan.hpp"
 #include "libra/relay.hpp"
 #include "libra/simulator.hpp"
+#include "sim/step_model.hpp"
 
 namespace libra::detail {
 
@@ -51,6 +52,12 @@ struct Timing {
 };
 void add_timing(SimTiming& total, const Timing& t);
 
+// One micro-batch on one replica: attention seconds per layer and the
+// linear part's seconds over the whole model.
+struct MicroBatch {
+  double attn_fwd = 0, attn_bwd = 0;
+  double lin_fwd = 0, lin_bwd = 0;
+};
 // Per-worker times of one plan, before device noise: a plan is priced once
 // and timed many times (variants, DP points).
 struct PlanCost {
@@ -172,8 +179,12 @@ struct StepMax {
 // --- Baselines (baselines.cpp).
 // Latency per GA step of Ulysses over sequences in loader order (replica r
 // of GA step g runs sequence g * DP + r).
+// With `mbs`, each sequence's micro-batch (attention forward and backward,
+// linear part) too.
 Result<std::vector<double>> ulysses_steps(const Ctx& ctx, std::span<const PackedSequence> seqs, std::uint64_t window,
-                                          Timing& tm, const std::string& kind);
+                                          Timing& tm, const std::string& kind, std::vector<MicroBatch>* mbs = nullptr);
+// The linear part of a micro-batch of `tokens` on one CP group.
+double linear_part(const Ctx& ctx, double tokens, bool backward);
 // Whether distca can be timed at this DP, and why not.
 std::string distca_skip_reason(const SimConfig& cfg);
 
@@ -200,8 +211,16 @@ struct TopoPoolStats {  // tap-topo on interleaved VRSP pools
 };
 // Step latencies per (variant, M): per GA step (M = 1 for unpipelined variants).
 using StepSeries = std::map<std::pair<Variant, std::int64_t>, std::vector<double>>;
-// Per (variant, M), per pool of the libra variants: (its noisy latency, its decomposition).
-using PoolSeries = std::map<std::pair<Variant, std::int64_t>, std::vector<std::pair<double, StepDecomposition>>>;
+// One priced pool of a libra variant: where it ran, its noisy forward
+// latency, its decomposition and its micro-batch (for the step model).
+struct PoolTiming {
+  double fwd = 0;
+  StepDecomposition d;
+  std::int64_t ga = 0, first_replica = 0, slots = 0;
+  MicroBatch mb;
+};
+// Per (variant, M), per pool of the libra variants.
+using PoolSeries = std::map<std::pair<Variant, std::int64_t>, std::vector<PoolTiming>>;
 struct CandWindow {
   std::map<PlacementMode, double> inter;  // R-1 per placement mode
   double lower_bound = 0;
@@ -219,6 +238,8 @@ struct CandWindow {
 struct WindowResult {
   Status status;
   std::vector<double> ulysses, wlb, wlb_loader;  // per GA step
+  std::vector<MicroBatch> ulysses_mb;            // per sequence, in window order (the step model's)
+  double tokens = 0;
   std::int64_t wlb_split = 0;
   std::vector<CandWindow> cand;
   Timing timing;
@@ -230,20 +251,36 @@ Result<double> mean_random_imbalance(std::span<const std::int64_t> f, std::int64
 // Whether candidate c can run with `chunks` pipeline chunks.
 Status check_candidate(const Ctx& ctx, const SimCandidate& c, std::int64_t chunks);
 
-// --- End-to-end model (end_to_end.cpp).
+// --- End-to-end model (end_to_end.cpp, step_model.hpp).
+// The coupling settings every end-to-end figure is given for: none, the
+// configured span (when it is neither), all; spans as Coupling::span.
+std::vector<std::int64_t> coupling_settings(const SimConfig& cfg);
+// A micro-batch's cost on each of `stages` pipeline stages, layers split by
+// stage_layers: a stage runs its layers' attention and its share of the
+// linear part.
+MicroBatchCost stage_costs(const MicroBatch& mb, std::int64_t layers, std::int64_t stages);
+// The step seconds of one window at one DP, per coupling setting.
+struct CouplingSteps {
+  std::int64_t coupling = 1;  // Coupling::span
+  double ulysses = 0, libra = 0;
+};
 struct E2eWindow {
   Status status;
-  std::vector<double> ulysses_time, libra_time;  // per DP point: the optimizer step's seconds
-  std::vector<double> ulysses_sync, libra_sync;  // the same when every layer syncs all replicas
+  std::vector<std::vector<CouplingSteps>> steps;  // [DP point][coupling setting]
   std::vector<double> mb_ulysses, mb_libra;       // forward seconds per microbatch at cfg.dp
   double tokens = 0;
   Timing timing;
 };
 // `libra` names the libra variant timed (libra-full, libra-topo or
-// libra-tap-vrsp), at `chunks` pipeline chunks cut by `split`, relayed or not.
+// libra-tap-vrsp), at `chunks` pipeline chunks cut by `split`, relayed or
+// not. ctx carries the trained model's attention shape.
 E2eWindow e2e_window(const Ctx& ctx, std::span<const PackedSequence> window, std::uint64_t w,
                      const SimCandidate& rec, const std::vector<std::int64_t>& dps, Variant libra,
                      std::int64_t chunks, bool relayed, ChunkSplit split);
+// The step of every coupling setting at --dp, summed over windows, from
+// per-replica costs (replica-major, micro-batches in GA order).
+std::vector<CouplingSteps> steps_at(const SimConfig& cfg, const std::vector<ReplicaCosts>& uly,
+                                    const std::vector<ReplicaCosts>& libra, std::int64_t dp, std::int64_t p);
 // Folds the windows into res.dp_scaling and the microbatch statistics.
 Status fold_end_to_end(const std::vector<E2eWindow>& er, const std::vector<std::int64_t>& dps,
                        const SimCandidate& rec, SimResult& res);

@@ -15,6 +15,7 @@
 
 #include "libra/io.hpp"
 #include "libra/simulator.hpp"
+#include "sim/step_model.hpp"
 
 namespace libra {
 
@@ -42,6 +43,42 @@ std::string mname(PlacementMode m) { return std::string(placement_mode_name(m));
 Stat lat_of(const CandidateResult& k, Variant v) {
   const VariantLatency* l = k.find(v);
   return l == nullptr ? Stat{std::nan(""), std::nan("")} : l->seconds;
+}
+
+}  // namespace
+
+namespace {
+
+std::string coupling_label(std::int64_t span) { return detail::coupling_name(span); }
+
+// The end-to-end table: throughput and efficiency at the configured
+// coupling, then the speedup and ulysses' efficiency at every setting.
+std::string end_to_end_table(const SimResult& r) {
+  const SimConfig& c = r.config;
+  std::string o = fmt::format(
+      "\nEnd-to-end throughput at fixed GBS (tokens/s) and scaling efficiency: {} pipeline stage{} (1F1B), coupling "
+      "{} (a coupled group of replicas waits for its slowest member per micro-batch), trained model h_kv {}\n",
+      c.pp, c.pp == 1 ? "" : "s", coupling_label(c.coupling), c.trained_heads_kv > 0 ? c.trained_heads_kv : c.model.heads_kv);
+  o += fmt::format("  {:>4} {:>4} {:>12} {:>7} {:>12} {:>7} {:>8} |", "DP", "P", "ulysses", "eff", "libra", "eff",
+                   "speedup");
+  if (!r.dp_scaling.empty()) {
+    for (const CouplingPoint& k : r.dp_scaling[0].couplings) {
+      o += fmt::format(" {:>16}", "coupling " + coupling_label(k.coupling));
+    }
+  }
+  o += "\n";
+  for (const auto& p : r.dp_scaling) {
+    o += fmt::format("  {:>4} {:>4} {:>12.0f} {:>6.1f}% {:>12.0f} {:>6.1f}% {:>7.2f}x |", p.dp, p.pool_size,
+                     p.ulysses_tokens_per_s, 100 * p.ulysses_efficiency, p.libra_tokens_per_s,
+                     100 * p.libra_efficiency, p.libra_tokens_per_s / p.ulysses_tokens_per_s);
+    for (const CouplingPoint& k : p.couplings) {
+      o += fmt::format(" {:>6.2f}x u {:>5.1f}%", k.libra_tokens_per_s / k.ulysses_tokens_per_s,
+                       100 * k.ulysses_efficiency);
+    }
+    o += "\n";
+  }
+  o += "  (per coupling: libra's speedup over ulysses and ulysses' scaling efficiency)\n";
+  return o;
 }
 
 }  // namespace
@@ -135,19 +172,7 @@ std::string sim_table(const SimResult& r) {
   }
   for (const auto& n : r.not_comparable) o += fmt::format("Not compared: {}\n", n);
   if (!r.dp_scaling.empty()) {
-    o += "\nEnd-to-end throughput at fixed GBS (tokens/s) and scaling efficiency\n";
-    o += "  (replicas meet at the gradient all-reduce | every layer synchronises all replicas)\n";
-    o += fmt::format("  {:>4} {:>4} {:>12} {:>7} {:>12} {:>7} {:>8} | {:>12} {:>7} {:>12} {:>7} {:>8}\n", "DP", "P",
-                     "ulysses", "eff", "libra", "eff", "speedup", "ulysses", "eff", "libra", "eff", "speedup");
-    for (const auto& p : r.dp_scaling) {
-      o += fmt::format(
-          "  {:>4} {:>4} {:>12.0f} {:>6.1f}% {:>12.0f} {:>6.1f}% {:>7.2f}x | {:>12.0f} {:>6.1f}% {:>12.0f} {:>6.1f}% "
-          "{:>7.2f}x\n",
-          p.dp, p.pool_size, p.ulysses_tokens_per_s, 100 * p.ulysses_efficiency, p.libra_tokens_per_s,
-          100 * p.libra_efficiency, p.libra_tokens_per_s / p.ulysses_tokens_per_s, p.ulysses_sync_tokens_per_s,
-          100 * p.ulysses_sync_efficiency, p.libra_sync_tokens_per_s, 100 * p.libra_sync_efficiency,
-          p.libra_sync_tokens_per_s / p.ulysses_sync_tokens_per_s);
-    }
+    o += end_to_end_table(r);
     o += fmt::format("Microbatch forward time (x libra mean): ulysses {:.2f}..{:.2f} mean {:.2f}; libra {:.2f}..{:.2f}\n",
                      r.microbatch_ulysses.min, r.microbatch_ulysses.max, r.microbatch_ulysses.mean,
                      r.microbatch_libra.min, r.microbatch_libra.max);
@@ -171,7 +196,8 @@ std::string sim_json(const SimResult& r) {
                  {"inter_supernode_gbps", c.cost.net.inter_supernode_gbps},
                  {"congestion_per_node", c.cost.net.congestion_per_node}, {"hardware", c.hardware},
                  {"random_seeds", c.random_seeds}, {"worst_weight", c.worst_weight},
-                 {"kernel_profile", c.cost.kernel.device}};
+                 {"kernel_profile", c.cost.kernel.device}, {"coupling", coupling_label(c.coupling)},
+                 {"pp", c.pp}, {"trained_heads_kv", c.trained_heads_kv}};
   j["windows"] = r.windows;
   j["steps"] = r.steps;
   j["units"] = "latency: seconds per layer per GA step (forward core attention, slowest GPU); bytes per pool per layer";
@@ -207,6 +233,18 @@ std::string sim_json(const SimResult& r) {
     J lat;
     for (const auto& v : k.latency) lat[vname(v.variant)] = stat(v.seconds);
     e["latency"] = lat;
+    // The step model at --dp per libra variant and coupling (tokens/s).
+    J steps = J::object();
+    for (const auto& v : k.latency) {
+      if (v.step_at_dp.empty()) continue;
+      J per = J::object();
+      for (const StepAtDp& st : v.step_at_dp) {
+        per[coupling_label(st.coupling)] = {{"ulysses_tokens_per_s", st.ulysses_tokens_per_s},
+                                            {"libra_tokens_per_s", st.libra_tokens_per_s}};
+      }
+      steps[vname(v.variant)] = per;
+    }
+    if (!steps.empty()) e["end_to_end_at_dp"] = steps;
     if (chooses_m(r)) {
       // The M each pipelined variant's latency comes from, and every M priced.
       J chosen = J::object(), by = J::object();
@@ -268,10 +306,14 @@ std::string sim_json(const SimResult& r) {
                                {"libra_tokens_per_s", p.libra_tokens_per_s},
                                {"ulysses_efficiency", p.ulysses_efficiency},
                                {"libra_efficiency", p.libra_efficiency},
-                               {"ulysses_sync_tokens_per_s", p.ulysses_sync_tokens_per_s},
-                               {"libra_sync_tokens_per_s", p.libra_sync_tokens_per_s},
-                               {"ulysses_sync_efficiency", p.ulysses_sync_efficiency},
-                               {"libra_sync_efficiency", p.libra_sync_efficiency}});
+                               {"couplings", J::array()}});
+    for (const CouplingPoint& k : p.couplings) {
+      j["dp_scaling"].back()["couplings"].push_back({{"coupling", coupling_label(k.coupling)},
+                                                     {"ulysses_tokens_per_s", k.ulysses_tokens_per_s},
+                                                     {"libra_tokens_per_s", k.libra_tokens_per_s},
+                                                     {"ulysses_efficiency", k.ulysses_efficiency},
+                                                     {"libra_efficiency", k.libra_efficiency}});
+    }
   }
   auto mb = [](const MicrobatchStats& m) { return J{{"min", m.min}, {"max", m.max}, {"mean", m.mean}}; };
   j["microbatch"] = {{"ulysses", mb(r.microbatch_ulysses)}, {"libra", mb(r.microbatch_libra)}};
@@ -377,14 +419,16 @@ Status write_sim_report(const SimResult& r, const std::string& dir, bool rendere
   }
   LIBRA_TRY(put("sim-microbatch.dat", mb));
   std::string dps =
-      "# dp pool_size ulysses_tok_s libra_tok_s ulysses_eff libra_eff ideal_tok_s ulysses_sync_tok_s libra_sync_tok_s\n";
+      "# dp pool_size ulysses_tok_s libra_tok_s ulysses_eff libra_eff ideal_tok_s (configured coupling), then "
+      "ulysses_tok_s libra_tok_s uncoupled\n";
   for (const auto& p : r.dp_scaling) {
     const double ideal = r.dp_scaling.empty() ? 0
                                               : r.dp_scaling[0].libra_tokens_per_s * static_cast<double>(p.dp) /
                                                     static_cast<double>(r.dp_scaling[0].dp);
+    const CouplingPoint none = p.couplings.empty() ? CouplingPoint{} : p.couplings.front();
     dps += fmt::format("{} {} {:.6g} {:.6g} {:.6g} {:.6g} {:.6g} {:.6g} {:.6g}\n", p.dp, p.pool_size,
                        p.ulysses_tokens_per_s, p.libra_tokens_per_s, p.ulysses_efficiency, p.libra_efficiency, ideal,
-                       p.ulysses_sync_tokens_per_s, p.libra_sync_tokens_per_s);
+                       none.ulysses_tokens_per_s, none.libra_tokens_per_s);
   }
   LIBRA_TRY(put("sim-dp-scaling.dat", dps));
 
@@ -411,8 +455,8 @@ Status write_sim_report(const SimResult& r, const std::string& dir, bool rendere
   gp += "set output 'sim-dp-scaling.png'\nset title 'Throughput vs DP at fixed GBS'\nset logscale x 2\nset key top left inside\n"
         "set xlabel 'DP'\nset ylabel 'tokens/s'\n"
         "plot 'sim-dp-scaling.dat' using 1:3 with linespoints title 'ulysses', 'sim-dp-scaling.dat' using 1:4 with "
-        "linespoints title 'libra-full', 'sim-dp-scaling.dat' using 1:8 with linespoints dt 3 title 'ulysses, synced per layer', "
-        "'sim-dp-scaling.dat' using 1:9 with linespoints dt 3 title 'libra-full, synced per layer', "
+        "linespoints title 'libra-full', 'sim-dp-scaling.dat' using 1:8 with linespoints dt 3 title 'ulysses, uncoupled replicas', "
+        "'sim-dp-scaling.dat' using 1:9 with linespoints dt 3 title 'libra-full, uncoupled replicas', "
         "'sim-dp-scaling.dat' using 1:7 with lines dt 2 title 'ideal (libra)'\n"
         "unset logscale\n";
   gp += "set output 'sim-latency.png'\nset title 'Core-attention forward latency per layer-step (mean)'\n"

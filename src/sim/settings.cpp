@@ -270,6 +270,32 @@ const std::vector<Entry>& entries() {
       {{"end_to_end", "--end-to-end", T::kBool, "run the DP sweep and microbatch model (default true)"},
        [](SimConfig& c, const Value& v, const std::string&) -> Status { c.end_to_end = as<bool>(v); return {}; },
        [](const SimConfig& c) { return nlohmann::ordered_json(c.end_to_end); }},
+      {{"coupling", "--coupling", T::kString,
+        "how replicas wait for each other per micro-batch in the end-to-end step: none, all (default) or a span of N "
+        "replicas"},
+       [](SimConfig& c, const Value& v, const std::string& where) -> Status {
+         const std::string name = as<std::string>(v);
+         if (name == "none") {
+           c.coupling = 1;
+         } else if (name == "all") {
+           c.coupling = 0;
+         } else {
+           std::int64_t n = 0;
+           const auto [end, ec] = std::from_chars(name.data(), name.data() + name.size(), n);
+           if (ec != std::errc() || end != name.data() + name.size() || n < 1) {
+             return invalid_input(where + " '" + name + "': must be none, all or a positive number of replicas");
+           }
+           c.coupling = n;
+         }
+         return {};
+       },
+       [](const SimConfig& c) {
+         return nlohmann::ordered_json(c.coupling == 0 ? "all" : c.coupling == 1 ? "none" : std::to_string(c.coupling));
+       }},
+      {{"pp", "--pp", T::kInt, "pipeline stages of the end-to-end step's 1F1B schedule (default 4)"}, LIBRA_INT(pp)},
+      {{"trained_heads_kv", "--trained-heads-kv", T::kInt,
+        "KV heads of the trained model in the end-to-end step (default 0: --heads-kv)"},
+       LIBRA_INT(trained_heads_kv)},
       {{"worst_weight", "--worst-weight", T::kNumber,
         "recommend by mean + W x worst libra-full latency (default 0: mean only)"},
        LIBRA_NUM(worst_weight)},

@@ -131,6 +131,15 @@ Status validate_run(const SimConfig& cfg) {
   if (cfg.random_seeds < 1 || cfg.random_seeds > 1000000) {
     return invalid_input(fmt::format("--random-seeds {}: must be in [1, 1000000]", cfg.random_seeds));
   }
+  if (cfg.coupling < 0) return invalid_input(fmt::format("--coupling {}: must be none, all or a span >= 1", cfg.coupling));
+  if (cfg.end_to_end && (cfg.pp < 1 || cfg.pp > cfg.model.layers)) {
+    return invalid_input(fmt::format("--pp {}: must be in [1, --layers {}]", cfg.pp, cfg.model.layers));
+  }
+  const std::int64_t tkv = cfg.trained_heads_kv;
+  if (tkv < 0 || (tkv > 0 && cfg.model.heads_q % tkv != 0)) {
+    return invalid_input(fmt::format("--trained-heads-kv {}: must be 0 (--heads-kv) or divide --heads-q {}", tkv,
+                                     cfg.model.heads_q));
+  }
   // A negative or infinite size prints negative throughputs, inf and -nan%.
   if (!(cfg.model.active_params > 0) || !std::isfinite(cfg.model.active_params)) {
     return invalid_input(fmt::format("--active-params {}: must be a finite number > 0", cfg.model.active_params));
@@ -326,7 +335,7 @@ VariantLatency variant_latency(const SimConfig& cfg, const CandSeries& series, V
                                const std::vector<std::int64_t>& chunks) {
   const std::vector<std::int64_t> one{1};
   const bool topo = v == Variant::kLibraTopo;
-  VariantLatency vl{v, {}, 0, {}};
+  VariantLatency vl{v, {}, 0, {}, false, ChunkSplit::kEqual, {}};
   for (std::int64_t m : variant_pipelined(v) ? chunks : one) {
     auto best = best_shape(cfg, series, v, m,
                            topo ? admitted_shapes(cfg.relay, cfg.chunk_split) : std::vector<TopoShape>{TopoShape{}});
@@ -345,6 +354,58 @@ VariantLatency variant_latency(const SimConfig& cfg, const CandSeries& series, V
   return vl;
 }
 
+// Ulysses' replicas of one window at --dp (replica r of GA step g runs
+// sequence g * DP + r).
+std::vector<ReplicaCosts> ulysses_replica_costs(const SimConfig& cfg, const WindowResult& r) {
+  std::vector<ReplicaCosts> reps(static_cast<std::size_t>(cfg.dp));
+  for (std::size_t i = 0; i < r.ulysses_mb.size(); ++i) {
+    reps[i % static_cast<std::size_t>(cfg.dp)].push_back(stage_costs(r.ulysses_mb[i], cfg.model.layers, cfg.pp));
+  }
+  return reps;
+}
+
+// A libra variant's replicas of one window at --dp: every replica of a pool
+// runs the pool's micro-batch.
+std::vector<ReplicaCosts> libra_replica_costs(const SimConfig& cfg, const std::vector<PoolTiming>& pools) {
+  std::vector<ReplicaCosts> reps(static_cast<std::size_t>(cfg.dp), ReplicaCosts(static_cast<std::size_t>(cfg.gbs / cfg.dp)));
+  for (const PoolTiming& pt : pools) {
+    const MicroBatchCost st = stage_costs(pt.mb, cfg.model.layers, cfg.pp);
+    for (std::int64_t r = pt.first_replica; r < pt.first_replica + pt.slots; ++r) {
+      reps[static_cast<std::size_t>(r)][static_cast<std::size_t>(pt.ga)] = st;
+    }
+  }
+  return reps;
+}
+
+// The step model at --dp for a libra variant as priced in the sweep (its M
+// and shape), every coupling setting, over every window.
+std::vector<StepAtDp> variant_steps(const SimConfig& cfg, const std::vector<WindowResult>& wr, std::size_t ci,
+                                    const VariantLatency& vl, std::int64_t pool_size) {
+  const TopoShape shape{.relayed = vl.relayed, .split = vl.chunk_split};
+  std::vector<CouplingSteps> total;
+  double tokens = 0;
+  for (const auto& r : wr) {
+    const CandWindow& cw = r.cand[ci];
+    auto shaped = cw.shaped_pools.find(shape);
+    if (shape != TopoShape{} && shaped == cw.shaped_pools.end()) return {};
+    const PoolSeries& priced = shape == TopoShape{} ? cw.pools : shaped->second;
+    auto it = priced.find({vl.variant, vl.chunks});
+    if (it == priced.end()) return {};
+    const auto steps = steps_at(cfg, ulysses_replica_costs(cfg, r), libra_replica_costs(cfg, it->second), cfg.dp,
+                                pool_size);
+    if (total.empty()) total.assign(steps.size(), CouplingSteps{});
+    for (std::size_t c = 0; c < steps.size(); ++c) {
+      total[c].coupling = steps[c].coupling;
+      total[c].ulysses += steps[c].ulysses;
+      total[c].libra += steps[c].libra;
+    }
+    tokens += r.tokens;
+  }
+  std::vector<StepAtDp> out;
+  for (const CouplingSteps& c : total) out.push_back({c.coupling, tokens / c.ulysses, tokens / c.libra});
+  return out;
+}
+
 CandidateResult fold_candidate(const Ctx& ctx, const std::vector<WindowResult>& wr, std::size_t ci) {
   CandidateResult cr;
   cr.candidate = ctx.candidates[ci];
@@ -353,6 +414,10 @@ CandidateResult fold_candidate(const Ctx& ctx, const std::vector<WindowResult>& 
   const CandSeries series = concat_series(wr, ci);
   for (Variant v : candidate_variants()) {
     VariantLatency vl = variant_latency(ctx.cfg, series, v, ctx.chunks[ci]);
+    const bool recommendable = v == Variant::kLibraFull || v == Variant::kLibraTopo || v == Variant::kLibraTapVrsp;
+    if (vl.chunks != 0 && recommendable && ctx.cfg.end_to_end) {
+      vl.step_at_dp = variant_steps(ctx.cfg, wr, ci, vl, cr.candidate.pool_size);
+    }
     if (vl.chunks != 0) cr.latency.push_back(std::move(vl));
   }
   return cr;
@@ -396,12 +461,12 @@ void fold_decomposition(const std::vector<WindowResult>& wr, const TopoShape& sh
     const PoolSeries& priced = shape == TopoShape{} ? cw.pools : shaped->second;
     auto it = priced.find({res.end_to_end_variant, res.end_to_end_chunks});
     if (it == priced.end()) continue;
-    for (const auto& [t, d] : it->second) {
+    for (const PoolTiming& pt : it->second) {
       ++pools;
-      add_step(m, d);
-      if (t > worst) {
-        worst = t;
-        res.worst_step = d;
+      add_step(m, pt.d);
+      if (pt.fwd > worst) {
+        worst = pt.fwd;
+        res.worst_step = pt.d;
       }
     }
   }
@@ -420,6 +485,34 @@ std::vector<std::int64_t> end_to_end_dps(const SimConfig& cfg) {
   std::sort(dps.begin(), dps.end());
   dps.erase(std::unique(dps.begin(), dps.end()), dps.end());
   return dps;
+}
+
+// End-to-end: DP sweep and microbatch distribution with the recommended
+// candidate and variant, on the trained model's attention shape.
+Status run_end_to_end(const Ctx& ctx, std::span<const PackedSequence> seqs, std::int64_t threads,
+                      const SimProgress& progress, const VariantLatency& e2e, SimResult& res) {
+  SimConfig trained = ctx.cfg;
+  if (trained.trained_heads_kv > 0) trained.model.heads_kv = trained.trained_heads_kv;
+  const Ctx tctx{trained, ctx.seq_len, ctx.table, ctx.candidates, ctx.chunks};
+  const SimCandidate& best = res.candidates[static_cast<std::size_t>(res.recommended)].candidate;
+  {
+    PlanConfig pc = plan_config(tctx, best.head_shards, best.block_size, e2e.chunks, PlanMode::kTap, false);
+    pc.chunk_split = e2e.chunk_split;
+    Status s = validate_plan_config(pc);
+    if (!s.ok()) return invalid_input(fmt::format("--trained-heads-kv {}: {}", trained.model.heads_kv, s.message()));
+  }
+  const std::vector<std::int64_t> dps = end_to_end_dps(trained);
+  const std::int64_t windows = res.windows, gbs = trained.gbs;
+  const double t1 = wall_seconds();
+  std::vector<E2eWindow> er(static_cast<std::size_t>(windows));
+  for_each_window(threads, windows, "end-to-end", progress, [&](std::int64_t i) {
+    er[static_cast<std::size_t>(i)] =
+        e2e_window(tctx, seqs.subspan(static_cast<std::size_t>(i * gbs), static_cast<std::size_t>(gbs)),
+                   static_cast<std::uint64_t>(i), best, dps, res.end_to_end_variant, res.end_to_end_chunks,
+                   e2e.relayed, e2e.chunk_split);
+  });
+  res.timing.end_to_end_s = wall_seconds() - t1;
+  return fold_end_to_end(er, dps, best, res);
 }
 
 }  // namespace
@@ -468,24 +561,12 @@ Result<SimResult> simulate(std::span<const PackedSequence> seqs, std::int64_t se
   LIBRA_TRY(fold_calibration(seqs, windows, res));
 
   recommend(res);
-  const CandidateResult& best = res.candidates[static_cast<std::size_t>(res.recommended)];
-  const VariantLatency& e2e = *best.find(res.end_to_end_variant);
+  const VariantLatency& e2e = *res.candidates[static_cast<std::size_t>(res.recommended)].find(res.end_to_end_variant);
   res.end_to_end_chunks = e2e.chunks;
   fold_decomposition(wr, TopoShape{.relayed = e2e.relayed, .split = e2e.chunk_split}, res);
 
-  // End-to-end: DP sweep and microbatch distribution with the recommended
-  // candidate.
   if (cfg.end_to_end && !cfg.scaling_dp.empty()) {
-    const std::vector<std::int64_t> dps = end_to_end_dps(cfg);
-    const double t1 = wall_seconds();
-    std::vector<E2eWindow> er(static_cast<std::size_t>(windows));
-    for_each_window(threads, windows, "end-to-end", progress, [&](std::int64_t i) {
-      er[static_cast<std::size_t>(i)] =
-          e2e_window(ctx, window_span(i), static_cast<std::uint64_t>(i), best.candidate, dps, res.end_to_end_variant,
-                     res.end_to_end_chunks, e2e.relayed, e2e.chunk_split);
-    });
-    res.timing.end_to_end_s = wall_seconds() - t1;
-    LIBRA_TRY(fold_end_to_end(er, dps, best.candidate, res));
+    LIBRA_TRY(run_end_to_end(ctx, seqs, threads, progress, e2e, res));
   }
   compare_with_paper(res);
   res.timing.total_s = wall_seconds() - t_start;

@@ -212,6 +212,7 @@ TEST(Simulate, LatencyWithFreeCommunicationIsTheSlowestWorkersCompute) {
 
 TEST(Simulate, EndToEndAtDp1IsTheSumOfMicrobatchesHandComputed) {
   SimConfig cfg = tiny_config();
+  cfg.pp = 1;  // one stage: the 1F1B schedule is the micro-batches back to back
   cfg.cost.net.intra_node_gbps = 1e15;
   cfg.cost.net.inter_node_gbps = 1e15;
   cfg.cost.net.inter_supernode_gbps = 1e15;
@@ -242,13 +243,23 @@ TEST(Simulate, EndToEndAtDp1IsTheSumOfMicrobatchesHandComputed) {
   const DpScalingPoint& p = r->dp_scaling[0];
   EXPECT_EQ(p.dp, 1);
   EXPECT_NEAR(p.ulysses_tokens_per_s, tokens / time, tokens / time * 1e-9);
-  EXPECT_NEAR(p.ulysses_sync_tokens_per_s, p.ulysses_tokens_per_s, p.ulysses_tokens_per_s * 1e-12);
   EXPECT_DOUBLE_EQ(p.ulysses_efficiency, 1.0);
-  // Waiting for every replica at every layer can only cost throughput.
+  // Waiting for every replica at every micro-batch can only cost
+  // throughput; at DP 1 there is no one to wait for.
   for (const auto& q : r->dp_scaling) {
-    EXPECT_LE(q.ulysses_sync_tokens_per_s, q.ulysses_tokens_per_s * (1 + 1e-12));
-    EXPECT_LE(q.libra_sync_tokens_per_s, q.libra_tokens_per_s * (1 + 1e-12));
+    ASSERT_EQ(q.couplings.size(), 2u);  // none, all
+    const CouplingPoint& none = q.couplings[0];
+    const CouplingPoint& all = q.couplings[1];
+    EXPECT_EQ(none.coupling, 1);
+    EXPECT_EQ(all.coupling, 0);
+    EXPECT_LE(all.ulysses_tokens_per_s, none.ulysses_tokens_per_s * (1 + 1e-12));
+    EXPECT_LE(all.libra_tokens_per_s, none.libra_tokens_per_s * (1 + 1e-12));
+    if (q.dp == 1) {
+      EXPECT_EQ(all.ulysses_tokens_per_s, none.ulysses_tokens_per_s);
+    }
   }
+  // The configured coupling (all, the default) is the point's own figure.
+  EXPECT_EQ(r->dp_scaling.back().ulysses_tokens_per_s, r->dp_scaling.back().couplings[1].ulysses_tokens_per_s);
 }
 
 TEST(Simulate, IdenticalResultsForAnyThreadCount) {
@@ -765,6 +776,48 @@ TEST(TopologyCalibration, CommunicationGrowsWithPAsInFigure14) {
   }
 }
 
+
+// A change detector for refactors (issue 38): the JSON reports of small
+// configurations covering every variant, shape and the step model, hashed
+// (FNV-1a). Refactors must leave them bitwise the same; update the hashes
+// only with an intended model change, and say so in the commit.
+std::uint64_t fnv1a(const std::string& s) {
+  std::uint64_t h = 1469598103934665603ull;
+  for (unsigned char ch : s) {
+    h ^= ch;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+TEST(Simulate, ReportsHashTheSameAcrossRefactors) {
+  SimConfig a = tiny_config();
+  a.source = "tiny";
+  a.max_windows = 0;
+  a.pool_sizes = {1, 2, 4};
+  a.head_shards = {1, 2};
+  a.chunks = {1, 2, 4};
+  a.cost.noise.sigma = 0.05;
+  SimConfig b = a;  // one stage, uncoupled, a span; a zero-latency flat network, relays forced
+  b.pp = 1;
+  b.coupling = 2;
+  b.relay = true;
+  b.chunk_split = ChunkSplit::kTapered;
+  b.cost.net.inter_node_gbps = 360;
+  b.cost.net.latency_us = 0;
+  SimConfig c = a;  // attention score, no end-to-end
+  c.end_to_end = false;
+  c.worst_weight = 0.5;
+  c.kv_prefix = false;
+  const std::map<std::string, std::uint64_t> want = {
+      {"a", 6729384003883118878ull}, {"b", 632710347079578431ull}, {"c", 14137921968166627186ull}};
+  for (const auto& [name, cfg] : std::map<std::string, SimConfig>{{"a", a}, {"b", b}, {"c", c}}) {
+    auto r = simulate(kTiny, 64, cfg);
+    ASSERT_TRUE(r.ok()) << name << ": " << r.error().message();
+    EXPECT_EQ(fnv1a(sim_json(*r)), want.at(name)) << name;
+  }
+}
+
 }  // namespace
 }  // namespace libra
 
@@ -896,6 +949,46 @@ TEST(PlanCost, PricesTheBytesARelayedExecutorSends) {
 }
 
 namespace libra {
+
+TEST(SimSettings, CouplingPipelineAndTrainedHeadsAreStatedAndChecked) {
+  const SimSetting* coupling = nullptr;
+  for (const SimSetting& st : sim_settings()) {
+    if (st.key == "coupling") coupling = &st;
+  }
+  ASSERT_NE(coupling, nullptr);
+  SimConfig c = tiny_config();
+  for (const auto& [text, span] : std::vector<std::pair<std::string, std::int64_t>>{{"none", 1}, {"all", 0}, {"3", 3}}) {
+    ASSERT_TRUE(apply_sim_setting(*coupling, text, "--coupling", c).ok()) << text;
+    EXPECT_EQ(c.coupling, span) << text;
+  }
+  for (const char* bad : {"0", "-2", "some", "2x"}) {
+    const Status s = apply_sim_setting(*coupling, bad, "--coupling", c);
+    ASSERT_FALSE(s.ok()) << bad;
+    EXPECT_NE(s.message().find("--coupling"), std::string::npos) << s.message();
+  }
+  SimConfig p = tiny_config();
+  p.pp = 0;
+  auto r = simulate(p);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message().find("--pp 0"), std::string::npos) << r.error().message();
+  p.pp = 49;  // more stages than the 48 layers
+  ASSERT_FALSE(simulate(p).ok());
+  p.pp = 4;
+  p.trained_heads_kv = 3;  // does not divide h_q 4
+  r = simulate(p);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message().find("--trained-heads-kv 3"), std::string::npos) << r.error().message();
+  // A span of the coupling settings beside none and all, the configured one the point's own.
+  p.trained_heads_kv = 1;
+  p.coupling = 2;
+  r = simulate(p);
+  ASSERT_TRUE(r.ok()) << r.error().message();
+  for (const DpScalingPoint& q : r->dp_scaling) {
+    ASSERT_EQ(q.couplings.size(), 3u);
+    EXPECT_EQ(q.couplings[1].coupling, 2);
+    EXPECT_EQ(q.libra_tokens_per_s, q.couplings[1].libra_tokens_per_s);
+  }
+}
 
 TEST(SimSettings, RelayIsAutoOnOrOffAndOnlyLibraTopoRelays) {
   SimConfig c = tiny_config();

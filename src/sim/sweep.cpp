@@ -92,7 +92,8 @@ Result<Placed> placement_for(WindowRun& run, std::int64_t p, PlacementMode mode,
 // The candidate-independent baselines: ulysses, wlb (sorted) and wlb-loader.
 Status window_baselines(WindowRun& run, WindowResult& out) {
   const SimConfig& cfg = run.ctx.cfg;
-  LIBRA_ASSIGN_OR_RETURN(out.ulysses, ulysses_steps(run.ctx, run.window, run.w, run.tm, "ulysses"));
+  LIBRA_ASSIGN_OR_RETURN(out.ulysses, ulysses_steps(run.ctx, run.window, run.w, run.tm, "ulysses", &out.ulysses_mb));
+  for (const auto& sq : run.window) out.tokens += seq_tokens(sq);
   LIBRA_ASSIGN_OR_RETURN(WlbRepack repacked,
                          wlb_repack(run.window, run.ctx.seq_len, static_cast<std::int64_t>(run.window.size())));
   out.wlb_split = repacked.split_samples;
@@ -202,14 +203,30 @@ PoolRun pool_run(const Ctx& ctx, const PlanConfig& pc, const std::vector<Variant
 // libra variants' pool list); shape: priced as such a schedule runs (a
 // relayed pool with nothing to relay too, so that every pool counts in the
 // shape's steps).
-void put_pool(WindowRun& run, std::span<const std::int64_t> gpus, std::int64_t g, const PlanCost& cost, Variant var,
-              std::int64_t m, bool pipelined, PoolSteps& steps, CandWindow& cw, const TopoShape* shape = nullptr) {
-  const double t = time_plan(run.ctx, cost, gpus, {run.w, static_cast<std::uint64_t>(g)}, pipelined, false);
+// Where a pool runs: its GPUs, GA step and first replica, and its
+// micro-batch's linear part (its longest sequence's: the pool's replicas
+// wait for each other at every layer).
+struct PoolPlace {
+  std::span<const std::int64_t> gpus;
+  std::int64_t g = 0, first_replica = 0, slots = 0;
+  double lin_fwd = 0, lin_bwd = 0;
+};
+
+void put_pool(WindowRun& run, const PoolPlace& at, const PlanCost& cost, Variant var, std::int64_t m, bool pipelined,
+              PoolSteps& steps, CandWindow& cw, const TopoShape* shape = nullptr) {
+  const NoiseKey key{run.w, static_cast<std::uint64_t>(at.g)};
+  const double t = time_plan(run.ctx, cost, at.gpus, key, pipelined, false);
   auto& into = shape != nullptr ? steps.shaped[*shape] : steps.plain;
   auto it = into.try_emplace({var, m}, StepMax{std::vector<double>(static_cast<std::size_t>(steps.ga), 0.0)}).first;
-  it->second.put(g, t);
+  it->second.put(at.g, t);
   if (var == Variant::kLibraFull || var == Variant::kLibraTopo || var == Variant::kLibraTapVrsp) {
-    (shape != nullptr ? cw.shaped_pools[*shape] : cw.pools)[{var, m}].emplace_back(t, decompose(cost, pipelined));
+    const MicroBatch mb{.attn_fwd = t,
+                        .attn_bwd = time_plan(run.ctx, cost, at.gpus, key, pipelined, true),
+                        .lin_fwd = at.lin_fwd,
+                        .lin_bwd = at.lin_bwd};
+    (shape != nullptr ? cw.shaped_pools[*shape] : cw.pools)[{var, m}].push_back(
+        {.fwd = t, .d = decompose(cost, pipelined), .ga = at.g, .first_replica = at.first_replica, .slots = at.slots,
+         .mb = mb});
   }
 }
 
@@ -231,14 +248,15 @@ void record_pool(Record rec, const PlanCost& c, CandWindow& cw) {
 // One pool through make_plan (pc, at one of `chunks`); its step latencies,
 // the pipelined variants at every M of `chunks`: the same tiles re-chunked
 // (no placement reads M), and M = 1 is the unpipelined timing of any of them.
-Status run_pool(WindowRun& run, const PoolRun& pr, std::span<const PackedSequence> pool,
-                std::span<const std::int64_t> gpus, std::int64_t g, PoolSteps& steps, CandWindow& cw) {
+Status run_pool(WindowRun& run, const PoolRun& pr, std::span<const PackedSequence> pool, const PoolPlace& at,
+                PoolSteps& steps, CandWindow& cw) {
   const std::string kind(variant_name(pr.variants[0]));
+  const std::span<const std::int64_t> gpus = at.gpus;
   LIBRA_ASSIGN_OR_RETURN(auto planned, plan_and_price(run.ctx, pool, pr.pc, gpus, run.tm, kind));
   const PlanCost& c = planned.second;
   PoolPrices prices{run.ctx, planned.first, c, gpus, run.tm, {}, {}};
   for (Variant var : pr.variants) {
-    if (!variant_pipelined(var)) put_pool(run, gpus, g, c, var, 1, false, steps, cw);
+    if (!variant_pipelined(var)) put_pool(run, at, c, var, 1, false, steps, cw);
   }
   const bool any_pipelined = std::any_of(pr.variants.begin(), pr.variants.end(), variant_pipelined);
   for (std::size_t i = 0; any_pipelined && i < pr.chunks.size(); ++i) {
@@ -248,7 +266,7 @@ Status run_pool(WindowRun& run, const PoolRun& pr, std::span<const PackedSequenc
       LIBRA_ASSIGN_OR_RETURN(re, prices.price(m, pr.pc.chunk_split, false, kind));
     }
     for (Variant var : pr.variants) {
-      if (variant_pipelined(var)) put_pool(run, gpus, g, m == pr.pc.chunks || m == 1 ? c : re, var, m, m != 1, steps, cw);
+      if (variant_pipelined(var)) put_pool(run, at, m == pr.pc.chunks || m == 1 ? c : re, var, m, m != 1, steps, cw);
     }
     for (const TopoShape& sh : pr.shapes) {
       if (sh.split == ChunkSplit::kTapered && !pr.tapered_fits[i]) continue;
@@ -256,7 +274,7 @@ Status run_pool(WindowRun& run, const PoolRun& pr, std::span<const PackedSequenc
       const std::string label = kind + (sh.relayed ? " relayed" : "") + (sh.split == ChunkSplit::kTapered ? " tapered" : "");
       LIBRA_ASSIGN_OR_RETURN(PlanCost sc, prices.price(m, sh.split, sh.relayed, label));
       for (Variant var : pr.variants) {
-        if (variant_pipelined(var)) put_pool(run, gpus, g, sc, var, m, m != 1, steps, cw, &sh);
+        if (variant_pipelined(var)) put_pool(run, at, sc, var, m, m != 1, steps, cw, &sh);
       }
     }
   }
@@ -272,8 +290,14 @@ Status run_pools(WindowRun& run, const Placed& pl, const PlanConfig& pc, const s
   PoolSteps steps{.ga = run.ctx.cfg.gbs / run.ctx.cfg.dp, .plain = {}, .shaped = {}};
   for (std::size_t k = 0; k < placement.pools.size(); ++k) {
     const auto pool = pool_of(run.window, placement.pools[k]);
-    const auto gpus = pool_gpus(layout.pool_first_replica[k], static_cast<std::int64_t>(pool.size()), run.ctx.cfg.cp);
-    LIBRA_TRY(run_pool(run, pr, pool, gpus, layout.pool_ga[k], steps, cw));
+    const auto slots = static_cast<std::int64_t>(pool.size());
+    const auto gpus = pool_gpus(layout.pool_first_replica[k], slots, run.ctx.cfg.cp);
+    PoolPlace at{gpus, layout.pool_ga[k], layout.pool_first_replica[k], slots, 0, 0};
+    for (const auto& sq : pool) {
+      at.lin_fwd = std::max(at.lin_fwd, linear_part(run.ctx, seq_tokens(sq), false));
+      at.lin_bwd = std::max(at.lin_bwd, linear_part(run.ctx, seq_tokens(sq), true));
+    }
+    LIBRA_TRY(run_pool(run, pr, pool, at, steps, cw));
   }
   for (auto& [key, sm] : steps.plain) cw.steps[key] = std::move(sm.step);
   for (auto& [sh, by] : steps.shaped) {

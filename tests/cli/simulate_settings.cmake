@@ -25,7 +25,7 @@ foreach(i RANGE ${last})
 endforeach()
 # Flags in --help: "--name" at the start of an option line.
 string(REGEX MATCHALL "\n +--[a-z0-9-]+" lines "${help}")
-set(not_settings config config-out no-end-to-end json csv report timing progress output help
+set(not_settings config config-out no-end-to-end json csv report timing progress quiet output help
     elastic elastic-k elastic-threshold elastic-rule elastic-unpriced elastic-plan-mode)
 set(written_as_effect kernel_profile dtype)
 set(flags "")

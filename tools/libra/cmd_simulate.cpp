@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
 #include <iostream>
 #include <map>
@@ -39,7 +40,7 @@ struct SimulateOptions {
   // Per setting key: the flag's text (lists: every value given).
   std::map<std::string, std::vector<std::string>> values;
   bool no_end_to_end = false;
-  bool json = false, csv = false, timing = false, progress = false;
+  bool json = false, csv = false, timing = false, progress = false, quiet = false;
   std::optional<std::string> report, config_out;
   std::string output = "-";
   bool elastic = false;  // --elastic: vrsp-elastic against vrsp (cmd_simulate_elastic.cpp)
@@ -186,11 +187,20 @@ int run_simulate(const SimulateOptions& o) {
     if (!s.ok()) return fail(s);
   }
 
+  // Progress on stderr (never on stdout, so never in --json output): from
+  // the start with --progress, else once the run has taken 3 s; a
+  // terminal gets one updated line, anything else one line per finished
+  // phase. --quiet: none.
   SimProgress progress;
-  const bool bar = o.progress || stderr_is_terminal();
+  const bool tty = stderr_is_terminal();
+  const bool bar = !o.quiet;
   if (bar) {
-    const bool tty = stderr_is_terminal();
-    progress = [tty, last = std::string()](std::string_view phase, std::int64_t done, std::int64_t total) mutable {
+    const auto start = std::chrono::steady_clock::now();
+    const bool always = o.progress;
+    progress = [tty, always, start, shown = false, last = std::string()](std::string_view phase, std::int64_t done,
+                                                                         std::int64_t total) mutable {
+      if (!always && !shown && std::chrono::steady_clock::now() - start < std::chrono::seconds(3)) return;
+      shown = true;
       const int width = 40;
       const auto filled = static_cast<int>(width * done / std::max<std::int64_t>(total, 1));
       std::string line = fmt::format("[{}{}] {}/{} {}", std::string(static_cast<std::size_t>(filled), '#'),
@@ -204,7 +214,7 @@ int run_simulate(const SimulateOptions& o) {
     };
   }
   auto r = simulate(cfg, progress);
-  if (bar && stderr_is_terminal()) std::cerr << ("\r" + std::string(70, ' ') + "\r") << std::flush;
+  if (bar && tty) std::cerr << ("\r" + std::string(70, ' ') + "\r") << std::flush;
   if (!r.ok()) return fail(r.error());
 
   std::string out = o.json ? sim_json(*r) : o.csv ? sim_csv(*r) : sim_table(*r);
@@ -249,7 +259,8 @@ const bool registered = register_command(50, [](CLI::App& app) {
   sub->add_flag("--csv", o->csv, "CSV output, one row per candidate");
   sub->add_option("--report", o->report, "write plots, data and index.md into this directory");
   sub->add_flag("--timing", o->timing, "print where the time went on stderr (wall and CPU time)");
-  sub->add_flag("--progress", o->progress, "progress on stderr even when it is not a terminal");
+  sub->add_flag("--progress", o->progress, "progress on stderr from the start (default: once a run takes 3 s)");
+  sub->add_flag("--quiet", o->quiet, "no progress on stderr");
   sub->add_option("-o,--output", o->output, "output file (default stdout)");
   sub->add_flag("--elastic", o->elastic,
                 "elastic pools: vrsp-elastic against vrsp for one (P, H, B) (default 8, 8, 16384), every window");

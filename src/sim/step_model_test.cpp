@@ -1,0 +1,95 @@
+// The step model against hand-computed schedules: 1F1B makespans of small
+// pipelines, coupled replica groups, the all-reduce, the layer split.
+#include "sim/step_model.hpp"
+
+#include <gtest/gtest.h>
+
+#include "sim/internal.hpp"
+
+namespace libra::detail {
+namespace {
+
+// Every micro-batch costs the same on every stage.
+ReplicaCosts uniform(std::size_t mbs, std::size_t stages, double f, double b) {
+  return ReplicaCosts(mbs, MicroBatchCost(stages, StageCost{f, b}));
+}
+
+TEST(StepModel, OneStageIsTheSumOfItsMicroBatches) {
+  const ReplicaCosts r = {{{1, 2}}, {{3, 1}}, {{0.5, 0.25}}};
+  EXPECT_DOUBLE_EQ(one_f_one_b_seconds(r), 7.75);
+}
+
+TEST(StepModel, UniformPipelineIsMicroBatchesPlusStagesMinusOneSlots) {
+  // The textbook 1F1B makespan: (G + S - 1)(f + b).
+  EXPECT_DOUBLE_EQ(one_f_one_b_seconds(uniform(4, 2, 1, 2)), 5 * 3.0);
+  EXPECT_DOUBLE_EQ(one_f_one_b_seconds(uniform(8, 4, 0.5, 1)), 11 * 1.5);
+  // Fewer micro-batches than stages: each runs through alone.
+  EXPECT_DOUBLE_EQ(one_f_one_b_seconds(uniform(1, 3, 1, 2)), 3 * 3.0);
+}
+
+TEST(StepModel, TwoStagesTwoMicroBatchesHandScheduled) {
+  // mb0: f 1, b 2 on both stages; mb1: f 3, b 4.
+  // stage 0: F0 [0,1], F1 [1,4], B0 waits for stage 1's B0 (4) [4,6], B1 waits (11) [11,15]
+  // stage 1: F0 [1,2], B0 [2,4], F1 waits for stage 0's F1 (4) [4,7], B1 [7,11]
+  const ReplicaCosts r = {{{1, 2}, {1, 2}}, {{3, 4}, {3, 4}}};
+  EXPECT_DOUBLE_EQ(one_f_one_b_seconds(r), 15);
+  // The heavy micro-batch first: mb0 (3, 4), mb1 (1, 2).
+  // stage 0: F0 [0,3], F1 [3,4], B0 waits for stage 1's B0 (10) [10,14], B1 [14,16]
+  // stage 1: F0 [3,6], B0 [6,10], F1 [10,11], B1 [11,13]
+  const ReplicaCosts sorted = {{{3, 4}, {3, 4}}, {{1, 2}, {1, 2}}};
+  EXPECT_DOUBLE_EQ(one_f_one_b_seconds(sorted), 16);
+}
+
+TEST(StepModel, CoupledReplicasPayTheirSlowestMemberPerMicroBatch) {
+  // Two replicas, one stage, two micro-batches each.
+  const std::vector<ReplicaCosts> r = {{{{1, 2}}, {{3, 1}}}, {{{2, 2}}, {{1, 1}}}};
+  // Uncoupled: they meet at the all-reduce; the slower replica (1+2+3+1 = 7) sets the step.
+  EXPECT_DOUBLE_EQ(step_seconds(r, {.span = 1}, 0.5), 7.5);
+  // Coupled: (max(1,2) + max(2,2)) + (max(3,1) + max(1,1)) = 4 + 4.
+  EXPECT_DOUBLE_EQ(step_seconds(r, {.span = 2}, 0.5), 8.5);
+  EXPECT_DOUBLE_EQ(step_seconds(r, {.span = kCoupleAll}, 0.5), 8.5);
+  EXPECT_DOUBLE_EQ(step_seconds(r, {.span = 64}, 0.5), 8.5);  // a span beyond the replicas: all
+}
+
+TEST(StepModel, SpanGroupsConsecutiveReplicas) {
+  // Four replicas of one micro-batch, one stage: f + b = 1, 2, 3, 10.
+  const std::vector<ReplicaCosts> r = {{{{1, 0}}}, {{{2, 0}}}, {{{3, 0}}}, {{{0, 10}}}};
+  EXPECT_DOUBLE_EQ(step_seconds(r, {.span = 1}, 0), 10);
+  // Groups {0, 1} and {2, 3}: max(1,2) + 0 = 2; max(3,0) + max(0,10) = 13.
+  EXPECT_DOUBLE_EQ(step_seconds(r, {.span = 2}, 0), 13);
+}
+
+TEST(StepModel, TwoReplicasTwoStagesCoupled) {
+  // Replica A: mb0 light (1, 2), mb1 heavy (3, 4); replica B the other way round.
+  const ReplicaCosts a = {{{1, 2}, {1, 2}}, {{3, 4}, {3, 4}}};
+  const ReplicaCosts b = {{{3, 4}, {3, 4}}, {{1, 2}, {1, 2}}};
+  const std::vector<ReplicaCosts> r = {a, b};
+  EXPECT_DOUBLE_EQ(step_seconds(r, {.span = 1}, 0), 16);  // B's 16 (above), A's 15
+  // Coupled, both micro-batches cost (3, 4) per stage: (2 + 2 - 1) x 7.
+  EXPECT_DOUBLE_EQ(step_seconds(r, {.span = 2}, 1), 3 * 7.0 + 1);
+}
+
+TEST(StepModel, LayersSplitOverStagesFirstStagesTakeTheRest) {
+  EXPECT_EQ(stage_layers(48, 4, 0), 12);
+  EXPECT_EQ(stage_layers(10, 4, 0), 3);
+  EXPECT_EQ(stage_layers(10, 4, 1), 3);
+  EXPECT_EQ(stage_layers(10, 4, 2), 2);
+  EXPECT_EQ(stage_layers(10, 4, 3), 2);
+  // A micro-batch's stage costs: attention per layer x the stage's layers,
+  // the linear part by the stage's share of the layers.
+  const MicroBatchCost c = stage_costs({.attn_fwd = 1, .attn_bwd = 2, .lin_fwd = 10, .lin_bwd = 20}, 10, 4);
+  ASSERT_EQ(c.size(), 4u);
+  EXPECT_DOUBLE_EQ(c[0].fwd, 3 * 1 + 3.0);
+  EXPECT_DOUBLE_EQ(c[0].bwd, 3 * 2 + 6.0);
+  EXPECT_DOUBLE_EQ(c[3].fwd, 2 * 1 + 2.0);
+  EXPECT_DOUBLE_EQ(c[3].bwd, 2 * 2 + 4.0);
+}
+
+TEST(StepModel, CouplingNames) {
+  EXPECT_EQ(coupling_name(1), "none");
+  EXPECT_EQ(coupling_name(kCoupleAll), "all");
+  EXPECT_EQ(coupling_name(4), "4");
+}
+
+}  // namespace
+}  // namespace libra::detail
