@@ -3,21 +3,31 @@
 
 One process runs the whole pool (W = P * CP workers) on libra.torch's in-process communicator, on
 torch's meta device: every op runs its dispatch and shape logic without touching data, so the
-program's index_select / index_copy_ / index_add_, the in-process all-to-alls, the call agreement
-and the varlen path's per-call gathers and scatters cost only their host time, and a no-op varlen
-backend (its output depends on q, k and v, so backward runs the same autograd path) stands in for
-the kernel. This is the CUDA tensors' path (a varlen backend) with the device work taken out.
+program's index ops, the merged varlen calls' gathers and write-backs cost only their host time; a
+no-op varlen backend (one op per output it allocates, as flash-attn's forward and its backward
+from the saved o and LSE) stands in for the kernel, and an all-to-all moves nothing (the wire taken out:
+counted as one op, what NCCL's is on the host). This is the CUDA tensors' path with the device
+work taken out; on meta tensors any host read of a device value raises, so it also shows that a
+pass never synchronises.
 
-Per worker: thread CPU time of each forward and backward call (median over --reps after one
-warm-up); printed: the median and the largest over the workers, and the number of torch ops one
-call dispatches (a GPU adds its launch latency per op on top). A measurement, not a test.
+Per worker, printed as the median and the largest over the workers:
+- the thread CPU time of each forward and backward pass (median over --reps after one warm-up),
+  with the per-call agreement off (check_calls=False), and the torch ops one call dispatches, with
+  the agreement (check_calls=True: CPU tensors, a collective per call) counted apart;
+- what each micro-batch builds before its first call: the rank program and its index arrays in
+  C++ (GIL released), then PlanRuntime's construction and the index arrays' device views (GIL held);
+- the index arrays' device memory.
+A measurement, not a test.
 
-    .venv/bin/python scripts/torch-host-time.py --source builtin:paper-256k --seq-len 262144 --cp 8 --chunks 4
+    .venv/bin/python scripts/torch-host-time.py                      # builtin:paper-256k, P 4, CP 8, M 4
+    .venv/bin/python scripts/torch-host-time.py --preset paper-1m    # builtin:paper-1m, P 8, CP 8, M 4
+    .venv/bin/python scripts/torch-host-time.py --preset paper-1m --build-only   # the build alone, per worker
 """
 import argparse
 import os
 import statistics
 import sys
+import threading
 import time
 
 import torch
@@ -29,13 +39,16 @@ if os.path.isdir(BUILT):
     sys.path[0:0] = [BUILT, os.path.join(HERE, "..", "python")]
 
 import libra  # noqa: E402
+from libra import _libra  # noqa: E402
 import libra.torch as lt  # noqa: E402
-from libra.torch import backends  # noqa: E402
+from libra.torch import backends, index  # noqa: E402
 from libra.torch.comms import inprocess  # noqa: E402
 
 
 class NoKernel(backends.Backend):
-    """The kernel taken out: o is q plus zero times k and v (so autograd reaches all three), no LSE work."""
+    """The kernel taken out: as flash-attn's varlen forward and backward on the host, one op per
+    output they allocate (o, LSE; dq, dk, dv) and nothing computed; backward from the saved o and
+    LSE."""
 
     name, kind = "no-kernel", "varlen"
 
@@ -43,7 +56,13 @@ class NoKernel(backends.Backend):
         return None
 
     def varlen(self, q, k, v, cu_q, cu_k, max_q, max_k, scale, window, cu_host):
-        return q + (k.sum() + v.sum()) * 0, q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+        return torch.empty_like(q), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+
+    def has_backward(self):
+        return True
+
+    def varlen_backward(self, do, q, k, v, o, lse, cu_q, cu_k, max_q, max_k, scale, window):
+        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
 class CountOps(TorchDispatchMode):
@@ -56,14 +75,68 @@ class CountOps(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+class _Done:
+    def wait(self, timeout=None):
+        return True
+
+
+class NoWire:
+    """The runtime's communicator with the wire taken out: an all-to-all moves nothing and counts as
+    one op (NCCL's all_to_all_single is one op on the host); everything else is the communicator's."""
+
+    def __init__(self, comm):
+        self.comm, self.n = comm, 0
+
+    def __getattr__(self, name):
+        return getattr(self.comm, name)
+
+    def all_to_all(self, out, inp, out_splits, in_splits, group):
+        self.n += 1
+        return _Done()
+
+
+def _count(rt, q, k, v, do):
+    """Ops of one forward and one backward call (the wire counted one op a collective)."""
+    wire = rt.comm
+    wire.n = 0
+    with CountOps() as c:
+        o = lt.attention(q, k, v, rt)
+        fwd, fwd_wire = c.n, wire.n
+        o.backward(do)
+    return fwd + fwd_wire, c.n - fwd + wire.n - fwd_wire
+
+
+_ONE_AT_A_TIME = threading.Lock()
+
+
 def body(rank, world, a, pool):
     group, worker = lt.pool_group(len(pool), a.cp)
     plan = libra.make_plan(pool, seq_len=a.seq_len, cp=a.cp, block_size=a.block, head_shards=a.head_shards,
                            heads_q=a.heads_q, heads_kv=a.heads_kv, head_dim=a.head_dim, chunks=a.chunks,
                            dtype="bf16", mode=a.mode)
+    # What Planner's thread does (GIL released), then what the training thread does (GIL held).
     t0 = time.thread_time()
-    rt = lt.PlanRuntime(plan, group)
-    runtime_s = time.thread_time() - t0
+    prog = _libra.rank_program(plan, worker)
+    t1 = time.thread_time()
+    rt = lt.PlanRuntime(plan, group, schedule=prog, check_calls=False, timeout=3600)
+    t2 = time.thread_time()
+    # One worker at a time holds its host index arrays (W of them at once would not fit one host's
+    # memory at 1M tokens); the runtime lets them go once on its device.
+    with _ONE_AT_A_TIME:
+        t3 = time.thread_time()
+        index_s = prog.build_index()
+        t4 = time.thread_time()
+        # PlanRuntime.on's steps, timed apart: the arrays' layout to Python and the device views hold
+        # the GIL; letting the host arrays go (drop_index) does not.
+        host, layout = index.host_arrays(prog)
+        index.to_device(host, layout, torch.device("meta"))
+        t5 = time.thread_time()
+        del host, layout
+        rt.on("meta")  # the same again, then the host arrays go
+        t6 = time.thread_time()
+    build = dict(program=t1 - t0, index=t4 - t3, index_cpp=index_s, runtime=t2 - t1, views=t5 - t4,
+                 on=t6 - t5, index_bytes=rt.index_bytes("meta"))
+    rt.comm = NoWire(rt.comm)
     n = rt.home_rows
     meta = dict(device="meta", dtype=torch.bfloat16)
     q = torch.empty(n, a.heads_q, a.head_dim, **meta).requires_grad_()
@@ -80,15 +153,56 @@ def body(rank, world, a, pool):
         if rep:
             fwd.append(m - s)
             bwd.append(e - m)
-    with CountOps() as c:
-        o = lt.attention(q, k, v, rt)
-        f_ops = c.n
-        o.backward(do)
-    return statistics.median(fwd), statistics.median(bwd), f_ops, c.n - f_ops, runtime_s
+    f_ops, b_ops = _count(rt, q, k, v, do)
+    rt.check_calls = True
+    fa_ops, _ = _count(rt, q, k, v, do)
+    return dict(fwd=statistics.median(fwd), bwd=statistics.median(bwd), fwd_ops=f_ops, bwd_ops=b_ops,
+                agree_ops=fa_ops - f_ops, **build)
+
+
+def _stat(res, key, scale=1e3, fmt=".1f"):
+    per = sorted(r[key] for r in res)
+    return f"median {statistics.median(per) * scale:{fmt}}, largest {per[-1] * scale:{fmt}}"
+
+
+def build_only(a, pool):
+    """Each worker's per-micro-batch build alone, one after another on this thread (no pool running
+    beside it): rank_program and the index arrays in C++ (what Planner's thread does without the
+    GIL), then the arrays' layout to Python and the device views (meta), which hold the GIL."""
+    plan = libra.make_plan(pool, seq_len=a.seq_len, cp=a.cp, block_size=a.block, head_shards=a.head_shards,
+                           heads_q=a.heads_q, heads_kv=a.heads_kv, head_dim=a.head_dim, chunks=a.chunks,
+                           dtype="bf16", mode=a.mode)
+    res = []
+    for w in range(plan.num_workers):
+        t0 = time.thread_time()
+        prog = _libra.rank_program(plan, w)
+        t1 = time.thread_time()
+        index_s = prog.build_index()
+        t2 = time.thread_time()
+        host, layout = index.host_arrays(prog)
+        _views, dev = index.to_device(host, layout, torch.device("meta"))
+        t3 = time.thread_time()
+        del host, layout, _views
+        prog.drop_index()
+        t4 = time.thread_time()
+        res.append(dict(program=t1 - t0, index=t2 - t1, index_cpp=index_s, views=t3 - t2, drop=t4 - t3,
+                        total=t3 - t0, index_bytes=index.nbytes(dev)))
+    print(f"each worker alone (W {plan.num_workers}, one after another): rank_program ms {_stat(res, 'program')}; "
+          f"index arrays (C++, GIL released) ms {_stat(res, 'index')}; layout and device views (GIL held) ms "
+          f"{_stat(res, 'views')}; all three ms {_stat(res, 'total')}; letting the host arrays go (GIL released) ms "
+          f"{_stat(res, 'drop')}; index arrays MiB {_stat(res, 'index_bytes', 1 / 2 ** 20, '.2f')}; "
+          f"load average {os.getloadavg()[0]:.1f}")
+
+
+PRESETS = {"paper-256k": dict(source="builtin:paper-256k", seq_len=262144, pool_size=4, cp=8, block=16384,
+                              head_shards=8, chunks=4),
+           "paper-1m": dict(source="builtin:paper-1m", seq_len=1048576, pool_size=8, cp=8, block=8192, head_shards=8,
+                            chunks=4)}
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--preset", choices=sorted(PRESETS), help="the issue's configurations (sets the options below)")
     ap.add_argument("--source", default="builtin:paper-256k", help="corpus of packed sequences (one per slot)")
     ap.add_argument("--seq-len", type=int, default=262144)
     ap.add_argument("--pool-size", type=int, default=4)
@@ -101,9 +215,17 @@ def main():
     ap.add_argument("--chunks", type=int, default=4)
     ap.add_argument("--mode", default="tap")
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--build-only", action="store_true",
+                    help="only each worker's per-micro-batch build, alone, one worker after another")
     a = ap.parse_args()
+    if a.preset:
+        for key, value in PRESETS[a.preset].items():
+            setattr(a, key, value)
     pool = libra.load_packed_sequences(a.source, a.seq_len)[:a.pool_size]
     W = len(pool) * a.cp
+    if a.build_only:
+        build_only(a, pool)
+        return
     backends.registry()["no-kernel"] = NoKernel()
     backends.force("no-kernel")
     torch.set_num_threads(1)
@@ -112,15 +234,20 @@ def main():
     wall = time.perf_counter() - start
     print(f"{a.source}: W {W} (P {len(pool)} x CP {a.cp}), L {a.seq_len}, B {a.block}, H {a.head_shards}, "
           f"h_q {a.heads_q}, h_kv {a.heads_kv}, d {a.head_dim}, M {a.chunks}, {a.mode}, bf16, meta tensors")
-    for i, name in ((0, "forward"), (1, "backward")):
-        per = sorted(r[i] for r in res)
-        print(f"host time per {name} call: median worker {statistics.median(per) * 1e3:.1f} ms, "
-              f"largest {per[-1] * 1e3:.1f} ms (thread CPU, median of {a.reps}); "
-              f"torch ops dispatched: median {statistics.median(r[2 + i] for r in res):.0f}, "
-              f"largest {max(r[2 + i] for r in res)}")
-    per = sorted(r[4] for r in res)
-    print(f"PlanRuntime construction (program, layout; once per micro-batch): median {statistics.median(per) * 1e3:.1f} "
-          f"ms, largest {per[-1] * 1e3:.1f} ms; whole run {wall:.1f} s")
+    for key, name in (("fwd", "forward"), ("bwd", "backward")):
+        print(f"{name} pass: host ms {_stat(res, key)} (thread CPU, median of {a.reps}); "
+              f"torch ops {_stat(res, key + '_ops', 1, '.0f')}")
+    print(f"the per-call agreement (check_calls=True) adds ops: {_stat(res, 'agree_ops', 1, '.0f')}")
+    print(f"per micro-batch, C++ with the GIL released (Planner's thread): rank_program ms {_stat(res, 'program')}; "
+          f"index arrays ms {_stat(res, 'index')} (of which the C++ build {_stat(res, 'index_cpp')})")
+    print(f"per micro-batch, GIL held: PlanRuntime ms {_stat(res, 'runtime')}; the arrays' layout and device views "
+          f"ms {_stat(res, 'views')} (PlanRuntime.on, those again and the host arrays let go: ms {_stat(res, 'on')})")
+    for r in res:
+        r["total"] = r["program"] + r["index"] + r["runtime"] + r["views"]
+        r["gil"] = r["runtime"] + r["views"]
+    print(f"per micro-batch in all: ms {_stat(res, 'total')}; GIL held ms {_stat(res, 'gil')}")
+    print(f"index arrays per worker: MiB {_stat(res, 'index_bytes', 1 / 2 ** 20, '.2f')}; whole run {wall:.1f} s; "
+          f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
 
 
 if __name__ == "__main__":

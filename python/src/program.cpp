@@ -236,6 +236,19 @@ void bind_program(py::module_& m) {
           ix = index_arrays(h);
         }
         return index_arrays_py(std::move(ix));
+      })
+      // Builds the index arrays without returning them (Planner's thread); the C++ build's thread CPU seconds.
+      .def("build_index", [](ProgramHandle& h) {
+        py::gil_scoped_release release;
+        return index_arrays(h)->build_seconds;
+      })
+      // Lets go of the built index arrays (arrays already returned keep theirs); the next call builds anew.
+      .def("drop_index", [](ProgramHandle& h) {
+        // Freeing hundreds of MiB takes the kernel a while: without the GIL (when no array returned
+        // earlier still holds them, this is where they go).
+        py::gil_scoped_release release;
+        std::lock_guard<std::mutex> lock(*h.index_lock);
+        h.index.reset();
       });
   m.def(
       "rank_program",

@@ -2,11 +2,13 @@
 // libra.torch (program_index.hpp), built once per micro-batch and worker in
 // C++ without the GIL: every exchange's gather / local / scatter rows, every
 // pass's apply rows, every chunk's merged varlen calls and its kernel
-// descriptor table, all in one int64 array the runtime copies to the device
-// at once and takes views of.
+// descriptor table, all in one int32 array (the descriptor tables int64,
+// two words a value) the runtime copies to the device at once and takes
+// views of.
 #include "program_index.hpp"
 
 #include <algorithm>
+#include <cstring>
 #include <ctime>
 #include <limits>
 #include <span>
@@ -27,8 +29,26 @@ double thread_seconds() {
   return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
 }
 
+// Head-vector positions are int32 (every torch index op takes them; half the memory of int64);
+// a position past 2^31 - 1 is refused.
+using I32 = std::int32_t;
+
+I32 narrow(I64 v) {
+  if (v < 0 || v > std::numeric_limits<I32>::max()) {
+    throw std::overflow_error("index arrays: head-vector position " + std::to_string(v) + " is not in [0, 2^31)");
+  }
+  return static_cast<I32>(v);
+}
+
 struct Builder {
-  std::vector<I64>& data;
+  std::vector<I32>& data;
+
+  // n entries at the end of data; returns their offset (data may move: write through data after).
+  I64 grow(I64 n) {
+    const auto at = static_cast<I64>(data.size());
+    data.resize(data.size() + static_cast<std::size_t>(n));
+    return at;
+  }
 
   // Moves expanded per head vector, grouped by (field, src, dst, add) in move order (so the adds into
   // one row keep the program's order). `pass` set: an apply list, whose wire sources are positions in
@@ -44,58 +64,55 @@ struct Builder {
       }
     }
     std::vector<GroupRec> out;
-    std::vector<std::vector<I64>> sidx, didx;
-    for (const libra::Move& m : moves) {
-      const int cls = libra::wire_class(m.field);
+    std::vector<std::size_t> of(moves.size());
+    for (std::size_t i = 0; i < moves.size(); ++i) {  // first pass: each move's group, each group's size
+      const libra::Move& m = moves[i];
       const int src = pass ? kJoined : static_cast<int>(m.src);
       std::size_t g = 0;
       while (g < out.size() && !(out[g].field == static_cast<int>(m.field) && out[g].src == src &&
                                  out[g].dst == static_cast<int>(m.dst) && out[g].add == m.add)) {
         ++g;
       }
-      if (g == out.size()) {
-        out.push_back({static_cast<int>(m.field), src, static_cast<int>(m.dst), cls, m.add});
-        sidx.emplace_back();
-        didx.emplace_back();
-      }
+      if (g == out.size()) out.push_back({static_cast<int>(m.field), src, static_cast<int>(m.dst), libra::wire_class(m.field), m.add});
+      of[i] = g;
+      out[g].n += m.rows * m.run;
+    }
+    std::vector<I64> fill(out.size());
+    for (std::size_t g = 0; g < out.size(); ++g) {
+      out[g].s_off = grow(out[g].n);
+      out[g].d_off = grow(out[g].n);
+    }
+    for (std::size_t i = 0; i < moves.size(); ++i) {
+      const libra::Move& m = moves[i];
+      GroupRec& g = out[of[i]];
       I64 shift = 0;
       if (pass) {
-        const auto c = static_cast<std::size_t>(cls);
+        const auto c = static_cast<std::size_t>(g.cls);
         shift = m.src == libra::Loc::kWire ? base[static_cast<std::size_t>(m.chunk)][c] : total[c];
       }
-      for (I64 i = 0; i < m.rows; ++i) {
+      I32* s = data.data() + g.s_off + fill[of[i]];
+      I32* d = data.data() + g.d_off + fill[of[i]];
+      for (I64 r = 0; r < m.rows; ++r) {
+        const I64 s0 = shift + m.src_offset + r * m.src_stride, d0 = m.dst_offset + r * m.dst_stride;
+        narrow(s0 + m.run);
+        narrow(d0 + m.run);
         for (I64 j = 0; j < m.run; ++j) {
-          sidx[g].push_back(shift + m.src_offset + i * m.src_stride + j);
-          didx[g].push_back(m.dst_offset + i * m.dst_stride + j);
+          *s++ = static_cast<I32>(s0 + j);
+          *d++ = static_cast<I32>(d0 + j);
         }
       }
+      fill[of[i]] += m.rows * m.run;
     }
-    for (std::size_t g = 0; g < out.size(); ++g) {
-      out[g].n = static_cast<I64>(sidx[g].size());
-      out[g].s_off = append(sidx[g]);
-      out[g].d_off = append(didx[g]);
+    for (GroupRec& g : out) {
+      auto iota = [&](I64 off) {
+        const I32* p = data.data() + off;
+        for (I64 i = 0; i < g.n; ++i)
+          if (p[i] != i) return false;
+        return true;
+      };
+      g.identity = (iota(g.s_off) ? 1 : 0) | (iota(g.d_off) ? 2 : 0);
     }
     return out;
-  }
-
-  I64 append(const std::vector<I64>& v) {
-    const auto at = static_cast<I64>(data.size());
-    data.insert(data.end(), v.begin(), v.end());
-    return at;
-  }
-
-  // int32 values packed two to an int64 word (the runtime views them as int32).
-  I64 append_i32(const std::vector<I64>& v) {
-    const auto at = static_cast<I64>(data.size());
-    data.resize(data.size() + (v.size() + 1) / 2, 0);
-    auto* p = reinterpret_cast<std::int32_t*>(data.data() + at);
-    for (std::size_t i = 0; i < v.size(); ++i) {
-      if (v[i] > std::numeric_limits<std::int32_t>::max()) {
-        throw std::overflow_error("index arrays: a varlen call's cu_seqlens pass 2^31 - 1 (" + std::to_string(v[i]) + ")");
-      }
-      p[i] = static_cast<std::int32_t>(v[i]);
-    }
-    return at;
   }
 
   ExchangeRec exchange(const libra::ExchangeProgram& x) {
@@ -128,39 +145,60 @@ struct Builder {
   PairRec merged(const libra::RankSchedule& s, std::span<const libra::KernelCall> calls, bool qh, bool kh, I64 hq,
                  I64 hkv) {
     PairRec r{qh, kh, hq, hkv};
-    std::vector<I64> qv, kv, cu_q{0}, cu_k{0};
-    for (const libra::KernelCall& c : calls) {
-      if (c.q_home != qh || c.kv_home != kh || c.q.run != hq || c.kv.run != hkv) continue;
+    auto mine = [&](const libra::KernelCall& c) {
+      return c.q_home == qh && c.kv_home == kh && c.q.run == hq && c.kv.run == hkv;
+    };
+    for (const libra::KernelCall& c : calls) {  // first pass: the sizes
+      if (!mine(c)) continue;
       for (const libra::CallFragment& f : s.call_fragments(c)) {
         if (f.e <= f.a) continue;
-        const I64 nq = f.e - f.a, nk = f.e;
-        for (I64 i = 0; i < nq; ++i)
-          for (I64 h = 0; h < hq; ++h) qv.push_back(c.q.offset + (f.q_row + i) * c.q.stride + h);
-        for (I64 j = 0; j < nk; ++j)
-          for (I64 g = 0; g < hkv; ++g) kv.push_back(c.kv.offset + (f.kv_row + j) * c.kv.stride + g);
-        cu_q.push_back(cu_q.back() + nq);
-        cu_k.push_back(cu_k.back() + nk);
-        r.max_q = std::max(r.max_q, nq);
-        r.max_k = std::max(r.max_k, nk);
+        ++r.seqs;
+        r.total_q += f.e - f.a;
+        r.total_k += f.e;
+        r.max_q = std::max(r.max_q, f.e - f.a);
+        r.max_k = std::max(r.max_k, f.e);
       }
     }
-    r.seqs = static_cast<I64>(cu_q.size()) - 1;
-    r.total_q = cu_q.back();
-    r.total_k = cu_k.back();
-    r.q_off = append(qv);
-    r.kv_off = append(kv);
-    r.lse_off = static_cast<I64>(data.size());
-    for (I64 h = 0; h < hq; ++h)
-      for (I64 t = 0; t < r.total_q; ++t) data.push_back(qv[static_cast<std::size_t>(t * hq + h)]);
-    r.cu_q_off = append_i32(cu_q);
-    r.cu_k_off = append_i32(cu_k);
+    narrow(r.total_k);
+    r.q_off = grow(r.total_q * hq);
+    r.kv_off = grow(r.total_k * hkv);
+    r.lse_off = grow(r.total_q * hq);
+    r.cu_q_off = grow(r.seqs + 1);
+    r.cu_k_off = grow(r.seqs + 1);
+    I32 *q = data.data() + r.q_off, *kv = data.data() + r.kv_off, *lse = data.data() + r.lse_off;
+    I32 *cq = data.data() + r.cu_q_off, *ck = data.data() + r.cu_k_off;
+    I64 t = 0, tk = 0;
+    *cq++ = 0;
+    *ck++ = 0;
+    for (const libra::KernelCall& c : calls) {
+      if (!mine(c)) continue;
+      for (const libra::CallFragment& f : s.call_fragments(c)) {
+        if (f.e <= f.a) continue;
+        for (I64 i = 0; i < f.e - f.a; ++i, ++t) {
+          const I64 v0 = c.q.offset + (f.q_row + i) * c.q.stride;
+          narrow(v0 + hq);
+          for (I64 h = 0; h < hq; ++h) {
+            *q++ = static_cast<I32>(v0 + h);
+            lse[h * r.total_q + t] = static_cast<I32>(v0 + h);  // head-major: flash-attn's LSE layout
+          }
+        }
+        for (I64 j = 0; j < f.e; ++j) {
+          const I64 v0 = c.kv.offset + (f.kv_row + j) * c.kv.stride;
+          narrow(v0 + hkv);
+          for (I64 g = 0; g < hkv; ++g) *kv++ = static_cast<I32>(v0 + g);
+        }
+        tk += f.e;
+        *cq++ = static_cast<I32>(t);
+        *ck++ = static_cast<I32>(tk);
+      }
+    }
     return r;
   }
 
-  // descriptors.py's chunk_descriptors: one row per non-empty fragment, grouped by PAIRS.
+  // descriptors.py's chunk_descriptors: one int64 row per non-empty fragment, grouped by PAIRS; the
+  // table starts at an even int32 offset so that it views as int64.
   DescRec descriptors(const libra::RankSchedule& s, std::span<const libra::KernelCall> calls) {
-    DescRec r;
-    r.table_off = static_cast<I64>(data.size());
+    std::vector<I64> rows;
     std::array<I64, 5> bounds{};
     for (int pair = 0; pair < 4; ++pair) {
       const bool qh = pair >= 2, kh = pair % 2 == 1;
@@ -168,15 +206,19 @@ struct Builder {
         if (c.q_home != qh || c.kv_home != kh) continue;
         for (const libra::CallFragment& f : s.call_fragments(c)) {
           if (f.e <= f.a) continue;
-          data.insert(data.end(), {c.q.offset, c.q.stride, c.kv.offset, c.kv.stride, f.q_row, f.kv_row, f.a, f.e,
+          rows.insert(rows.end(), {c.q.offset, c.q.stride, c.kv.offset, c.kv.stride, f.q_row, f.kv_row, f.a, f.e,
                                    c.q.run, c.kv.run});
-          ++r.rows;
         }
       }
-      bounds[static_cast<std::size_t>(pair) + 1] = r.rows;
+      bounds[static_cast<std::size_t>(pair) + 1] = static_cast<I64>(rows.size() / 10);
     }
-    r.bounds_off = static_cast<I64>(data.size());
-    data.insert(data.end(), bounds.begin(), bounds.end());
+    rows.insert(rows.end(), bounds.begin(), bounds.end());
+    if (data.size() % 2) data.push_back(0);
+    DescRec r;
+    r.rows = bounds[4];
+    r.table_off = grow(2 * static_cast<I64>(rows.size()));
+    std::memcpy(data.data() + r.table_off, rows.data(), rows.size() * sizeof(I64));
+    r.bounds_off = r.table_off + 20 * r.rows;
     return r;
   }
 };
@@ -198,9 +240,43 @@ bool same_calls(const libra::RankSchedule& s, std::span<const libra::KernelCall>
   return true;
 }
 
+// An upper bound on the int32 entries build() writes, so that the array is allocated once.
+std::size_t capacity(const ProgramHandle& h) {
+  std::size_t n = 0;
+  auto moves = [&](const std::vector<libra::Move>& ms) {
+    for (const libra::Move& m : ms) n += 2 * static_cast<std::size_t>(m.rows * m.run);
+  };
+  for (int p = 0; p < 2; ++p) {
+    const libra::PassProgram& pp = h.program.pass(static_cast<libra::Pass>(p));
+    for (const auto* xs : {&pp.in, &pp.out, &pp.stage}) {
+      for (const libra::ExchangeProgram& x : *xs) {
+        moves(x.gather);
+        moves(x.local);
+        moves(x.scatter);
+      }
+    }
+    moves(pp.apply);
+    for (int m = 0; m < h.schedule.chunks; ++m) {
+      if (p == 1 && same_calls(h.schedule, h.schedule.calls(libra::Pass::kBackward, m),
+                               h.schedule.calls(libra::Pass::kForward, m))) {
+        continue;  // build() reuses forward's rows
+      }
+      n += 8 * (2 + 1 + 10) + 1;  // per pair: two cu_seqlens' leading 0; bounds; alignment
+      for (const libra::KernelCall& c : h.schedule.calls(static_cast<libra::Pass>(p), m)) {
+        for (const libra::CallFragment& f : h.schedule.call_fragments(c)) {
+          if (f.e <= f.a) continue;
+          n += static_cast<std::size_t>(2 * (f.e - f.a) * c.q.run + f.e * c.kv.run + 2 + 20);
+        }
+      }
+    }
+  }
+  return n;
+}
+
 std::shared_ptr<IndexArrays> build(const ProgramHandle& h) {
   const double t0 = thread_seconds();
   auto ix = std::make_shared<IndexArrays>();
+  ix->data.reserve(capacity(h));
   Builder b{ix->data};
   const libra::RankSchedule& s = h.schedule;
   for (int p = 0; p < 2; ++p) {
@@ -227,7 +303,7 @@ std::shared_ptr<IndexArrays> build(const ProgramHandle& h) {
 
 py::tuple group_py(const GroupRec& g) {
   return py::make_tuple(libra::field_name(static_cast<libra::Field>(g.field)), g.src, g.dst, g.add, g.cls, g.s_off,
-                        g.d_off, g.n);
+                        g.d_off, g.n, g.identity);
 }
 
 py::list groups_py(const std::vector<GroupRec>& gs) {
@@ -278,8 +354,8 @@ py::tuple index_arrays_py(std::shared_ptr<const IndexArrays> ix) {
   // takes it without a warning: nothing writes it.
   auto* keep = new std::shared_ptr<const IndexArrays>(ix);
   py::capsule owner(keep, [](void* p) { delete static_cast<std::shared_ptr<const IndexArrays>*>(p); });
-  py::array_t<I64> data({static_cast<py::ssize_t>(ix->data.size())}, {static_cast<py::ssize_t>(8)},
-                        const_cast<I64*>(ix->data.data()), owner);
+  py::array_t<std::int32_t> data({static_cast<py::ssize_t>(ix->data.size())}, {static_cast<py::ssize_t>(4)},
+                                 const_cast<std::int32_t*>(ix->data.data()), owner);
   py::dict layout;
   static const char* kinds[3] = {"in", "out", "stage"};
   py::list passes;

@@ -4,7 +4,7 @@
 //
 //   ProgramHandle h = ...;                       // rank_program's result
 //   std::shared_ptr<const IndexArrays> ix = index_arrays(h);   // GIL released inside
-//   ix->data;                                    // one int64 array; every record below points into it
+//   ix->data;                                    // one int32 array; every record below points into it
 #pragma once
 
 #include <array>
@@ -30,13 +30,18 @@ struct ProgramHandle {
   std::shared_ptr<const IndexArrays> index;
 };
 
+// Offsets and sizes below count int32 entries of IndexArrays::data.
+//
 // One index op's rows: n source positions at data[s_off..] and n destination
 // positions at data[d_off..], head vectors of `field` (index_select from the
-// source, index_copy_ or index_add_ into the destination, in that order).
+// source, index_put_ or index_add_ into the destination, in that order); a
+// side whose rows are 0 .. n-1 is flagged, so the runtime can take a slice
+// (or the whole message) instead.
 struct GroupRec {
   int field = 0, src = 0, dst = 0, cls = 0;
   bool add = false;
   I64 s_off = 0, d_off = 0, n = 0;
+  int identity = 0;  // 1: the source rows are 0 .. n-1; 2: the destination rows are (or both)
 };
 
 struct ExchangeRec {
@@ -47,8 +52,8 @@ struct ExchangeRec {
 // The kernel calls of one chunk on one (q buffer, kv buffer) pair and head
 // widths, merged into one varlen call: q vectors [total_q * hq] (row-major:
 // query, head), kv vectors [total_k * hkv], lse positions [hq * total_q]
-// (head-major: flash-attn's LSE layout), cu_seqlens int32 [seqs + 1] packed
-// two to a word at cu_q_off / cu_k_off.
+// (head-major: flash-attn's LSE layout), cu_seqlens [seqs + 1] at cu_q_off /
+// cu_k_off.
 struct PairRec {
   bool q_home = false, kv_home = false;
   I64 hq = 0, hkv = 0, seqs = 0, total_q = 0, total_k = 0, max_q = 0, max_k = 0;
@@ -56,13 +61,14 @@ struct PairRec {
 };
 
 // A chunk's kernel descriptor table (python/libra/torch/descriptors.py):
-// rows x 10 int64 at table_off, bounds (5) at bounds_off.
+// rows x 10 int64 at table_off, bounds (5 int64) at bounds_off (each int64
+// two int32 entries, in the machine's order; table_off is even).
 struct DescRec {
   I64 table_off = 0, rows = 0, bounds_off = 0;
 };
 
 struct IndexArrays {
-  std::vector<I64> data;
+  std::vector<std::int32_t> data;
   std::array<std::array<std::vector<ExchangeRec>, 3>, 2> exchanges;  // [pass][in, out, stage][chunk]
   std::array<std::vector<GroupRec>, 2> apply;                        // [pass]
   std::array<std::vector<std::vector<PairRec>>, 2> varlen;           // [pass][chunk]
@@ -73,7 +79,7 @@ struct IndexArrays {
 // Builds (once; later calls return the same) h's index arrays. Call without the GIL.
 std::shared_ptr<const IndexArrays> index_arrays(ProgramHandle& h);
 
-// The Python view of `ix`: (data as a writable int64 numpy array sharing ix's memory, layout dict).
+// The Python view of `ix`: (data as a writable int32 numpy array sharing ix's memory, layout dict).
 py::tuple index_arrays_py(std::shared_ptr<const IndexArrays> ix);
 
 }  // namespace libra_py

@@ -950,6 +950,46 @@ TEST(PlanCost, PricesTheBytesARelayedExecutorSends) {
 
 namespace libra {
 
+TEST(SimSettings, CouplingPipelineAndTrainedHeadsAreStatedAndChecked) {
+  const SimSetting* coupling = nullptr;
+  for (const SimSetting& st : sim_settings()) {
+    if (st.key == "coupling") coupling = &st;
+  }
+  ASSERT_NE(coupling, nullptr);
+  SimConfig c = tiny_config();
+  for (const auto& [text, span] : std::vector<std::pair<std::string, std::int64_t>>{{"none", 1}, {"all", 0}, {"3", 3}}) {
+    ASSERT_TRUE(apply_sim_setting(*coupling, text, "--coupling", c).ok()) << text;
+    EXPECT_EQ(c.coupling, span) << text;
+  }
+  for (const char* bad : {"0", "-2", "some", "2x"}) {
+    const Status s = apply_sim_setting(*coupling, bad, "--coupling", c);
+    ASSERT_FALSE(s.ok()) << bad;
+    EXPECT_NE(s.message().find("--coupling"), std::string::npos) << s.message();
+  }
+  SimConfig p = tiny_config();
+  p.pp = 0;
+  auto r = simulate(p);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message().find("--pp 0"), std::string::npos) << r.error().message();
+  p.pp = 49;  // more stages than the 48 layers
+  ASSERT_FALSE(simulate(p).ok());
+  p.pp = 4;
+  p.trained_heads_kv = 3;  // does not divide h_q 4
+  r = simulate(p);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message().find("--trained-heads-kv 3"), std::string::npos) << r.error().message();
+  // A span of the coupling settings beside none and all, the configured one the point's own.
+  p.trained_heads_kv = 1;
+  p.coupling = 2;
+  r = simulate(p);
+  ASSERT_TRUE(r.ok()) << r.error().message();
+  for (const DpScalingPoint& q : r->dp_scaling) {
+    ASSERT_EQ(q.couplings.size(), 3u);
+    EXPECT_EQ(q.couplings[1].coupling, 2);
+    EXPECT_EQ(q.libra_tokens_per_s, q.couplings[1].libra_tokens_per_s);
+  }
+}
+
 TEST(SimSettings, RelayIsAutoOnOrOffAndOnlyLibraTopoRelays) {
   SimConfig c = tiny_config();
   c.cost.net.gpus_per_node = 2;  // pools of 2 slots x CP 2 span two nodes

@@ -32,7 +32,12 @@ def _expand(groups):
 
 
 def _from_arrays(data, groups):
-    return [(f, s, d, a, c, list(data[so:so + n]), list(data[do:do + n])) for f, s, d, a, c, so, do, n in groups]
+    out = []
+    for f, s, d, a, c, so, do, n, ident in groups:
+        si, di = list(data[so:so + n]), list(data[do:do + n])
+        assert ident == (si == list(range(n))) | 2 * (di == list(range(n)))
+        out.append((f, s, d, a, c, si, di))
+    return out
 
 
 def _varlen_reference(calls):
@@ -77,19 +82,18 @@ def test_index_arrays_match_the_program_the_schedule_and_the_descriptor_format(r
                     calls = info["calls"][p][m]
                     table, bounds = chunk_descriptors(calls)
                     t, rows, b = per["descriptors"][m]
-                    assert np.array_equal(data[t:t + 10 * rows].reshape(rows, 10), table) and np.array_equal(
-                        data[b:b + 5], bounds), (kw, w, p, m)
+                    assert np.array_equal(data[t:t + 20 * rows].view(np.int64).reshape(rows, 10), table) and \
+                        np.array_equal(data[b:b + 10].view(np.int64), bounds), (kw, w, p, m)
                     ref = _varlen_reference(calls)
                     got = per["varlen"][m]
                     assert [(r["q_home"], r["kv_home"], r["hq"], r["hkv"]) for r in got] == list(ref)
                     for r, (qv, kv, cq, ck) in zip(got, ref.values()):
-                        i32 = data.view(np.int32)
                         assert list(data[r["q_off"]:r["q_off"] + len(qv)]) == qv
                         assert list(data[r["kv_off"]:r["kv_off"] + len(kv)]) == kv
                         lse = np.asarray(qv).reshape(-1, r["hq"]).T.ravel()
                         assert np.array_equal(data[r["lse_off"]:r["lse_off"] + len(qv)], lse)
-                        assert list(i32[2 * r["cu_q_off"]:2 * r["cu_q_off"] + len(cq)]) == cq
-                        assert list(i32[2 * r["cu_k_off"]:2 * r["cu_k_off"] + len(ck)]) == ck
+                        assert list(data[r["cu_q_off"]:r["cu_q_off"] + len(cq)]) == cq
+                        assert list(data[r["cu_k_off"]:r["cu_k_off"] + len(ck)]) == ck
                         assert (r["total_q"], r["total_k"], r["seqs"]) == (cq[-1], ck[-1], len(cq) - 1)
                         assert r["max_q"] == max(np.diff(cq)) and r["max_k"] == max(np.diff(ck))
 

@@ -1,7 +1,7 @@
 """The exchanges of the worker's flat program (libra/program.hpp) carried out with torch ops on any
 device: gather (index_select into the message), post (an async all-to-all on the runtime's
 communicator, one per element class), the data kept (buffer to buffer), scatter, and the Out
-phases' apply list (index_copy_ / index_add_ in the program's fixed order). A relayed program
+phases' apply list (index_put_ / index_add_ in the program's fixed order). A relayed program
 also has stage exchanges (home -> the relay's staging buffer), which carry an In phase's classes.
 Nothing here derives positions: the binding gives them."""
 import numpy as np
@@ -50,15 +50,44 @@ def _class_layout(c, dtype, d):
     return (dtype, d) if c == 0 else (torch.float32, 1 if c == 1 else d)
 
 
+def _read(t, rows):
+    """t's rows: an index, or a slice (rows 0 .. n-1: all of t, or a view of them, no op on the device)."""
+    if isinstance(rows, slice):
+        return t if rows.stop == t.shape[0] else t[rows]
+    return t.index_select(0, rows)
+
+
+def _write(t, rows, values, add=False):
+    """Writes (adds) values into t's rows (an index or a slice, as _read)."""
+    if isinstance(rows, slice):
+        view = t if rows.stop == t.shape[0] else t[rows]
+        view.add_(values) if add else view.copy_(values)
+    elif add:
+        t.index_add_(0, rows, values)
+    else:
+        t.index_put_((rows,), values)
+
+
 def post(rt, pass_index, kind, m, x, bufs, dtype, d, device):
     """Gathers and posts (async) one (pass, kind, chunk)'s class messages (kind "in", "out" or
     "stage"); an In exchange also copies the data this worker keeps. Returns [(class, work, recv)]."""
-    sends = {}
+    sends, groups = {}, {}
+    for g in x["gather"]:
+        groups.setdefault(g[4], []).append(g)
     for c in _CLASSES[(pass_index, kind)]:
+        total = sum(x["send"][c])
+        gs = groups.get(c, ())
+        if len(gs) == 1 and isinstance(gs[0][6], slice) and gs[0][6].stop == total:
+            # One group fills the whole message in order: the message is its gather (a fresh tensor,
+            # never a live buffer the next chunk's compute may write while the transfer reads it).
+            field, src, _dst, _add, _c, sidx, _didx = gs[0]
+            rows = _read(bufs[src][field], sidx)
+            sends[c] = rows.clone() if isinstance(sidx, slice) else rows
+            continue
         dt, width = _class_layout(c, dtype, d)
-        sends[c] = torch.empty((sum(x["send"][c]), width), dtype=dt, device=device)
-    for field, src, _dst, _add, c, sidx, didx in x["gather"]:
-        sends[c].index_copy_(0, didx, bufs[src][field].index_select(0, sidx))
+        sends[c] = torch.empty((total, width), dtype=dt, device=device)
+        for field, src, _dst, _add, _c, sidx, didx in gs:
+            _write(sends[c], didx, _read(bufs[src][field], sidx))
     posted = []
     for c, send in sends.items():
         recv = torch.empty((sum(x["recv"][c]), send.shape[1]), dtype=send.dtype, device=device)
@@ -66,7 +95,7 @@ def post(rt, pass_index, kind, m, x, bufs, dtype, d, device):
         trace = f"{'fwd' if pass_index == 0 else 'bwd'} {_TRACE[kind]} chunk {m} class {c}"
         posted.append((c, _watch(rt, work, f"{_NAMES[(pass_index, kind)]} chunk {m} class {c}", trace), recv))
     for field, src, dst, _add, _c, sidx, didx in x["local"]:
-        bufs[dst][field].index_copy_(0, didx, bufs[src][field].index_select(0, sidx))
+        _write(bufs[dst][field], didx, _read(bufs[src][field], sidx))
     return posted
 
 
@@ -77,7 +106,7 @@ def scatter(x, posted, bufs):
         work.wait()
         recvs[c] = recv
     for field, _src, dst, _add, c, sidx, didx in x["scatter"]:
-        bufs[dst][field].index_copy_(0, didx, recvs[c].index_select(0, sidx))
+        _write(bufs[dst][field], didx, _read(recvs[c], sidx))
 
 
 def apply(groups, posted_by_chunk, bufs):
@@ -91,8 +120,4 @@ def apply(groups, posted_by_chunk, bufs):
     for field, _src, dst, add, c, sidx, didx in groups:
         # One source per field: every chunk's class messages, then the field's compute buffer.
         source = torch.cat(per_class.get(c, []) + [bufs[_COMPUTE][field]])
-        rows = source.index_select(0, sidx)
-        if add:
-            bufs[dst][field].index_add_(0, didx, rows)
-        else:
-            bufs[dst][field].index_copy_(0, didx, rows)
+        _write(bufs[dst][field], didx, _read(source, sidx), add)

@@ -1,6 +1,6 @@
 """The worker's index arrays on a device: everything a pass indexes with (every exchange's gather,
 local and scatter rows, the apply rows, every chunk's merged varlen calls and kernel descriptor
-table), built by the binding once per micro-batch as one int64 array (``RankProgram.index_arrays``,
+table), built by the binding once per micro-batch as one int32 array (the descriptor tables int64) (``RankProgram.index_arrays``,
 python/src/program_index.hpp, without the GIL), copied to the device in one copy (from one pinned
 host buffer, non-blocking, on CUDA) and cut into views here. Nothing in a pass builds, copies or
 reads back an index."""
@@ -10,13 +10,16 @@ _KINDS = ("in", "out", "stage")
 
 
 def _groups(dev, groups):
-    """(field, src, dst, add, class, src rows, dst rows) per index op: views of ``dev``."""
-    return [(field, src, dst, add, cls, dev[s:s + n], dev[d:d + n]) for field, src, dst, add, cls, s, d, n in groups]
+    """(field, src, dst, add, class, src rows, dst rows) per index op: views of ``dev``; a side whose
+    rows are 0 .. n-1 is the slice ``slice(0, n)`` instead (exchange.py then reads or writes the
+    message's first n rows without an index op)."""
+    return [(field, src, dst, add, cls, slice(0, n) if ident & 1 else dev[s:s + n],
+             slice(0, n) if ident & 2 else dev[d:d + n]) for field, src, dst, add, cls, s, d, n, ident in groups]
 
 
-def _i32(t, off, n):
-    """n int32 values packed two to an int64 word at word ``off`` of ``t`` (a view)."""
-    return t[off:off + (n + 1) // 2].view(torch.int32)[:n]
+def _i64(t, off, n):
+    """n int64 values stored as 2n int32 entries at ``off`` (even) of ``t`` (a view)."""
+    return t[off:off + 2 * n].view(torch.int64)
 
 
 class Pair:
@@ -40,14 +43,16 @@ class Pair:
         self.q2 = self.q.view(rec["total_q"], rec["hq"])
         self.kv2 = self.kv.view(rec["total_k"], rec["hkv"])
         self.lse2 = self.lse.view(rec["hq"], rec["total_q"])
-        self.cu_q = _i32(dev, rec["cu_q_off"], rec["seqs"] + 1)
-        self.cu_k = _i32(dev, rec["cu_k_off"], rec["seqs"] + 1)
-        self.cu_host = (_i32(host, rec["cu_q_off"], rec["seqs"] + 1).numpy(),
-                        _i32(host, rec["cu_k_off"], rec["seqs"] + 1).numpy())
+        n = rec["seqs"] + 1
+        self.cu_q = dev[rec["cu_q_off"]:rec["cu_q_off"] + n]
+        self.cu_k = dev[rec["cu_k_off"]:rec["cu_k_off"] + n]
+        # Copies: a view would keep the whole host array alive after the runtime lets it go.
+        self.cu_host = (host[rec["cu_q_off"]:rec["cu_q_off"] + n].numpy().copy(),
+                        host[rec["cu_k_off"]:rec["cu_k_off"] + n].numpy().copy())
 
 
 def host_arrays(program):
-    """(int64 CPU tensor, layout) of ``program``'s index arrays (built once per program, GIL released)."""
+    """(int32 CPU tensor, layout) of ``program``'s index arrays (built once per program, GIL released)."""
     data, layout = program.index_arrays()
     return torch.from_numpy(data), layout
 
@@ -75,7 +80,7 @@ def to_device(host, layout, device):
                         **{k: _groups(dev, x[k]) for k in ("gather", "local", "scatter")}} for x in per[kind]]
         p["apply"] = _groups(dev, per["apply"])
         p["varlen"] = [[Pair(rec, dev, host) for rec in chunk] for chunk in per["varlen"]]
-        p["descriptors"] = [(dev[t:t + 10 * rows].view(rows, 10), dev[b:b + 5]) for t, rows, b in per["descriptors"]]
+        p["descriptors"] = [(_i64(dev, t, 10 * rows).view(rows, 10), _i64(dev, b, 5)) for t, rows, b in per["descriptors"]]
         out.append(p)
     return out, dev
 
@@ -83,7 +88,7 @@ def to_device(host, layout, device):
 def descriptors_host(host, layout, pass_index, m):
     """Chunk m's descriptor table and bounds as numpy arrays (host views), for checks."""
     t, rows, b = layout["passes"][pass_index]["descriptors"][m]
-    return host[t:t + 10 * rows].view(rows, 10).numpy(), host[b:b + 5].numpy()
+    return _i64(host, t, 10 * rows).view(rows, 10).numpy(), _i64(host, b, 5).numpy()
 
 
 def nbytes(dev):

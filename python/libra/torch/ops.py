@@ -10,7 +10,7 @@ all-to-alls, checks that gather Python objects across the group), so under compi
 
 with a registered autograd formula (the first op's backward calls the second) and fake
 implementations (shapes only) for tracing. A PlanRuntime is not a value torch.library can carry,
-so each runtime registers itself here at construction and the ops take its handle: a 0-dim int64
+so each runtime registers itself at construction (runtime.register) and the ops take its handle: a 0-dim int64
 CPU tensor (``PlanRuntime.op_handle``). Being a tensor, the handle is a graph input, not a constant
 baked into the graph, so a new runtime per micro-batch reuses the compiled graph instead of
 recompiling it.

@@ -11,9 +11,10 @@ class Planner:
     ``get(n)`` returns the plan of batch n of the sampler's current epoch
     (waiting for it if needed) and starts planning batch n+1. With
     ``worker=`` (the worker index from pool_group) the thread also derives
-    that worker's schedule, which ``runtime(n, group)`` hands to PlanRuntime.
-    make_plan and the schedule release the GIL, so planning and training run
-    at once. The other keyword arguments are those of libra.make_plan; they
+    that worker's schedule and its index arrays (everything the passes index
+    with), which ``runtime(n, group)`` hands to PlanRuntime. make_plan, the
+    schedule and the index arrays release the GIL, so planning and training
+    run at once. The other keyword arguments are those of libra.make_plan; they
     are checked at construction, which plans batch 0 (kept for ``get(0)``),
     so a bad argument raises here, not at the first ``get``.
 
@@ -73,6 +74,8 @@ class Planner:
         plan = make_plan(pool, **self._kw)
         worker = where[1]
         sched = None if worker is None else _libra.rank_program(plan, worker, relay=self._relay)
+        if sched is not None:
+            sched.build_index()  # the runtime's index arrays, built here without the GIL
         return plan, sched, where[0]
 
     def _submit(self, n):

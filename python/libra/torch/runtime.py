@@ -142,9 +142,9 @@ class PlanRuntime:
         self.packed_cu_seqlens = torch.tensor(np.concatenate([[0], np.cumsum(plan.pool[self.slot])]), dtype=torch.int32)
         self._position_on = {}  # position_ids of the token rows, by device (attention's check)
         self._peers = peers
-        # Every index the passes use, as one int64 host array built by the binding without the GIL
+        # Every index the passes use, as one int32 host array built by the binding without the GIL
         # (Planner's thread has usually built it already); on(device) copies it once per device.
-        self._index_host, self._index_layout = host_arrays(progs)
+        self._index_layout = None
         self._on = {}
         self._index_on = {}  # device -> the device copy of the index arrays (the views' storage)
         self._varlen_meta = {}  # the varlen backends' merged calls (index.Pair), by (pass, chunk, device)
@@ -155,7 +155,13 @@ class PlanRuntime:
         """The program's index arrays on ``device`` (one copy per device; index.to_device)."""
         device = torch.device(device)
         if device not in self._on:
-            self._on[device], self._index_on[device] = to_device(self._index_host, self._index_layout, device)
+            host, self._index_layout = host_arrays(self.program)
+            self._on[device], self._index_on[device] = to_device(host, self._index_layout, device)
+            del host  # off the CPU the views hold none of it: drop_index frees it, without the GIL
+            if device.type != "cpu":
+                # The device holds its copy (a CUDA copy its pinned source too): the host array goes
+                # (another device builds it again).
+                self.program.drop_index()
         return self._on[device]
 
     def index_bytes(self, device):
