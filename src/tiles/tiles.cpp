@@ -436,17 +436,7 @@ class Placer {
   // run of workers, or with many workers a tournament tree. Same choice, same tie-breaks
   // as scanning all W workers.
   Choice evaluate(int p, std::int32_t block, int s, std::int64_t begin, std::int64_t end, std::int64_t flops) {
-    // The shards of a block come one after another with the same rows: the
-    // samples they touch are found once.
-    if (p != rows_slot_ || begin != rows_begin_ || end != rows_end_) {
-      rows_slot_ = p;
-      rows_begin_ = begin;
-      rows_end_ = end;
-      rows_first_ = geo_.block_sample(p, block);
-      rows_last_ = rows_first_;
-      while (rows_last_ < geo_.sample_base[p + 1] && geo_.starts[rows_last_] < end) ++rows_last_;
-      rows_home_ = geo_.home(p, begin);
-    }
+    find_rows(p, block, begin, end);
     first_ = rows_first_;
     last_ = rows_last_;
     key_ = shard_key_[static_cast<std::size_t>(s)];
@@ -494,6 +484,27 @@ class Placer {
     } else {
       load_samples(words_);
     }
+    const Choice c = choose(saved, touched, touched_count, flops);
+    for (std::size_t i = 0; i < touched_count; ++i) saved[touched[i]] = 0;
+    return c;
+  }
+
+  // The shards of a block come one after another with the same rows: the
+  // samples they touch (and their Q home) are found once.
+  void find_rows(int p, std::int32_t block, std::int64_t begin, std::int64_t end) {
+    if (p == rows_slot_ && begin == rows_begin_ && end == rows_end_) return;
+    rows_slot_ = p;
+    rows_begin_ = begin;
+    rows_end_ = end;
+    rows_first_ = geo_.block_sample(p, block);
+    rows_last_ = rows_first_;
+    while (rows_last_ < geo_.sample_base[p + 1] && geo_.starts[rows_last_] < end) ++rows_last_;
+    rows_home_ = geo_.home(p, begin);
+  }
+
+  // The choice among the `touched_count` savers (`saved` bytes each) for a
+  // tile of `flops`, else the least-loaded worker, else the fallback.
+  Choice choose(const std::int64_t* saved, const std::int32_t* touched, std::size_t touched_count, std::int64_t flops) {
     Choice c;
     const std::int64_t room = limit_ - flops;  // headroom: load <= room
     const std::int64_t* loads = loads_.data();
@@ -524,7 +535,6 @@ class Placer {
         }
       }
     }
-    for (std::size_t i = 0; i < touched_count; ++i) saved[touched[i]] = 0;
     return c;
   }
 

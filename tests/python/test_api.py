@@ -372,6 +372,28 @@ def test_a_plans_topology_survives_pickle_bytes_and_files_and_is_in_its_fingerpr
     assert pickle.loads(pickle.dumps(default)).fingerprint == default.fingerprint
 
 
+# Every make_plan keyword changed alone changes the fingerprint and comes back from pickle and bytes
+# (issue 35: the topology did neither).
+@pytest.mark.parametrize("change", [
+    dict(seq_len=128), dict(block_size=4), dict(head_shards=1), dict(heads_q=8), dict(heads_kv=1), dict(head_dim=8),
+    dict(dtype="fp32"), dict(window=5), dict(tau=0.05), dict(chunks=1), dict(mode="tap-split"),
+    dict(dedup_per_kv_head=True), dict(home_layout="zigzag"), dict(kv_prefix=True),
+    dict(heads_q=12, heads_kv=1, head_shards=1, chunks=3, chunk_split="tapered"),
+    dict(topology={"gpus_per_node": 1}), dict(topology={"nodes_per_supernode": 1}),
+    dict(topology={"intra_node_gbps": 100.0}), dict(topology={"inter_node_gbps": 10.0}),
+    dict(topology={"inter_supernode_gbps": 1.0}), dict(topology={"congestion_per_node": 0.0}),
+])
+def test_every_plan_field_travels_through_pickle_and_bytes_and_the_fingerprint(change):
+    import pickle
+    base = dict(seq_len=64, cp=1, block_size=8, head_shards=2, heads_q=4, heads_kv=2, head_dim=16, dtype="bf16",
+                chunks=2)
+    plan = libra.make_plan(PT_POOLS, **{**base, **change})
+    assert plan.fingerprint != libra.make_plan(PT_POOLS, **base).fingerprint
+    for back in (pickle.loads(pickle.dumps(plan)), libra.plan_from_bytes(plan.to_bytes()),
+                 libra.plan_from_json(plan.to_json())):
+        assert back.config == plan.config and back.fingerprint == plan.fingerprint
+
+
 def body_call_agreement(rank, world):
     """Issue 35 (F3, F4): each argument that changes the numbers differs on group rank 1 alone, each
     value valid by itself; every rank must raise the same one line before any exchange. A case that

@@ -13,9 +13,11 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <condition_variable>
 #include <cstdlib>
 #include <iostream>
 #include <memory>
+#include <mutex>
 #include <new>
 #include <optional>
 #include <string>
@@ -30,6 +32,7 @@
 #include "libra/comm.hpp"
 #include "libra/corpus.hpp"
 #include "libra/executor.hpp"
+#include "libra/io.hpp"
 #include "libra/plan.hpp"
 
 namespace libra::cli {
@@ -340,12 +343,47 @@ Status check_exec_flags(const ExecOptionsCli& opt, const LaunchedWorld* launched
   return Status();
 }
 
+// OpenMPI's MPI_Init waits for every process of the job, so one that ended
+// before it joined left the others blocked there forever (issue 35 F14).
+// The start-up (joining the world and making its communicator) gets the same
+// --timeout as every wait after it: a process still in it then prints one
+// line naming itself and exits with status 1, and the launcher ends the job.
+class StartupWatchdog {
+ public:
+  StartupWatchdog(double seconds, int rank)
+      : thread_([this, seconds, rank] {
+          std::unique_lock lock(mutex_);
+          if (cv_.wait_for(lock, std::chrono::duration<double>(seconds), [this] { return done_; })) return;
+          libra::write_stderr_line(fmt::format("libra: error: rank {}: the job did not start within {} s (--timeout): a "
+                                        "process of it ended or never joined (MPI_Init)",
+                                        rank, seconds));
+          std::_Exit(kExitFailure);
+        }) {}
+  StartupWatchdog(const StartupWatchdog&) = delete;
+  StartupWatchdog& operator=(const StartupWatchdog&) = delete;
+  ~StartupWatchdog() {
+    {
+      std::lock_guard lock(mutex_);
+      done_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::thread thread_;  // last: starts once the members it reads exist
+};
+
 // One launched process's share of the job (a registered LaunchedWorld, as
 // mpirun starts MPI ranks): `refused` (a flag error of this process) is
 // agreed on with the others first, so that rank 0 alone prints it and no
 // rank exits before it has (mpirun kills the job at the first nonzero exit).
 int run_launched_rank(const LaunchedWorld& kind, const ExecOptionsCli* opt, const Status& refused) {
   const double timeout = opt != nullptr && refused.ok() ? opt->timeout : 300;
+  auto watchdog = std::make_unique<StartupWatchdog>(timeout, kind.launcher_rank());
   if (Status s = kind.init(); !s.ok()) {
     if (refused.ok()) return fail(s.error());
     // Without the world the ranks cannot agree; the launcher's rank 0 prints.
@@ -356,6 +394,7 @@ int run_launched_rank(const LaunchedWorld& kind, const ExecOptionsCli* opt, cons
   int rc = kExitFailure;
   {
     Result<std::unique_ptr<Communicator>> world = kind.world(timeout);
+    watchdog.reset();  // started: the communicator's waits have the timeout from here
     if (!world.ok()) {
       rc = fail(world.error());
     } else if (int agreed = fail_on_all_ranks(**world, refused); agreed != kExitOk || opt == nullptr) {
