@@ -1,5 +1,5 @@
 // libra_corpus_fit: the calibration statistics of one generator setting, the
-// evaluator behind scripts/fit-corpora.py (docs/corpora.md, "Calibration").
+// evaluator behind bench/fit-corpora.py (docs/corpora.md, "Calibration").
 //   libra_corpus_fit MEDIAN P99 L SAMPLES SEED WINDOWS GROUPINGS ALPHA CAP [ALPHA CAP ...]
 // prints, per (alpha, cap): alpha cap median p99 random8 random64 vrsp8
 // over the first WINDOWS windows of GBS 128 (0: all), random R-1 the mean of

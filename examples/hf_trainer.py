@@ -193,7 +193,7 @@ def main():
         gref = reference_step1_grad(args, packed)
         loss_diff = max(abs(a - b) / abs(b) for a, b in zip(la, lp))
         resumed_diff = max(abs(a - b) for a, b in zip(la[args.resume_step:], lr_[args.resume_step:]))
-        figures = {"steps": len(la), "libra vs sdpa loss": loss_diff, "resumed vs uninterrupted loss": resumed_diff,
+        figures = {"steps": len(la), "loss, libra vs sdpa": loss_diff, "resumed vs uninterrupted loss": resumed_diff,
                    "resumed vs uninterrupted weights": rel(wr, wa), "step-1 gradient vs single-process sdpa": rel(ga, gref)}
         if rank == 0:
             print(f"hf_trainer: {len(packed)} packed sequences of {args.seq_len} bytes, {args.epochs} epochs, GA "
@@ -207,7 +207,7 @@ def main():
         if len(la) != want or len(lr_) != want:
             bad.append(f"{len(la)} and {len(lr_)} optimizer steps, expected {want} ({args.epochs} epochs)")
         if args.check is not None:
-            for k in ("libra vs sdpa loss", "step-1 gradient vs single-process sdpa"):
+            for k in ("loss, libra vs sdpa", "step-1 gradient vs single-process sdpa"):
                 if not figures[k] <= args.check:
                     bad.append(f"{k} {figures[k]:.3e} exceeds --check {args.check}")
             for k in ("resumed vs uninterrupted loss", "resumed vs uninterrupted weights"):

@@ -6,7 +6,7 @@
 # LIBRA_PYTHON: the interpreter (default .venv/bin/python, else python3). What runs:
 # - the backend each CUDA dtype selects (triton, flash-attn, torch-varlen or sdpa) and why the others don't;
 # - libra's Triton kernels first: tests/python/test_triton.py's kernel cases compiled on cuda:0
-#   against float64 (TRITON_INTERPRET=0), then scripts/triton-gpu-bench.py: per-call TFLOP/s of the
+#   against float64 (TRITON_INTERPRET=0), then bench/triton-gpu-bench.py: per-call TFLOP/s of the
 #   triton kernels and of torch SDPA's flash backend on dense causal shapes (T 8K and 32K, d 128,
 #   GQA 4, bf16; causal FLOPs counted once), forward and backward;
 # - tests/python/test_torch.py's CUDA tests, bf16 attention forward and backward against the float64
@@ -37,7 +37,7 @@ PY
 TRITON_INTERPRET=0 "$py" -m pytest -q -p no:cacheprovider tests/python/test_triton.py -k kernels \
   && echo "gpu-check: triton kernels on cuda:0 match float64 (tests/python/test_triton.py -k kernels)" \
   || echo "gpu-check: triton kernels on cuda:0: FAILED against float64 (above)"
-TRITON_INTERPRET=0 "$py" scripts/triton-gpu-bench.py
+TRITON_INTERPRET=0 "$py" bench/triton-gpu-bench.py
 "$py" -m pytest -q -p no:cacheprovider tests/python/test_torch.py -k cuda -rs
 "$py" - <<'PY'
 import time

@@ -90,7 +90,7 @@ struct BuiltinDef {
 // sequences at the default length.
 //
 // v3 (the default names): two tail parameters, (alpha, cap), fitted by
-// scripts/fit-corpora.py to the paper's random-grouping R-1 at P = 8 and 64
+// bench/fit-corpora.py to the paper's random-grouping R-1 at P = 8 and 64
 // (figure 4) and VRSP's R-1 at P = 8 (figure 8), GBS 128. The cap lies above
 // L: production corpora hold documents longer than the context (books, code
 // repositories), which the loader splits into pieces of exactly L, so the far

@@ -379,7 +379,8 @@ Status read_versioned_config(const JsonReader& rd, const OJson& cfg, std::int64_
     const std::string tw = "config.topology";
     static constexpr const char* kKeys[] = {"gpus_per_node", "nodes_per_supernode", "intra_node_gbps",
                                             "inter_node_gbps", "inter_supernode_gbps", "congestion_per_node"};
-    for (const auto& [key, value] : tj->items()) {
+    for (auto it = tj->begin(); it != tj->end(); ++it) {
+      const std::string& key = it.key();
       if (std::find_if(std::begin(kKeys), std::end(kKeys), [&](const char* k) { return key == k; }) == std::end(kKeys)) {
         return invalid_input(source + ": config.topology: unknown field '" + key + "'");
       }

@@ -1,5 +1,5 @@
 # The fused-domain path as a user runs it: libra place --mode vrsp-elastic
-# --json, scripts/elastic-domain.py writes domain 0 of window 0 (pools 0 and
+# --json, tools/elastic-domain.py writes domain 0 of window 0 (pools 0 and
 # 1 fused: 4 slots), and libra exec runs it on 4 x CP = 8 ranks with --check.
 # -DLIBRA=... -DPYTHON=... -DSRC=<source dir> -DWORK=<scratch dir>
 set(pool ${SRC}/tests/cli/data/elastic/window_l4096.jsonl)
@@ -13,7 +13,7 @@ file(READ ${WORK}/place.json place)
 if(NOT place MATCHES "\"domains\":\\[\\[0,1\\],\\[2\\],\\[3\\]\\]")
   message(FATAL_ERROR "window 0 no longer fuses pools 0 and 1: ${place}")
 endif()
-execute_process(COMMAND ${PYTHON} ${SRC}/scripts/elastic-domain.py ${WORK}/place.json ${pool} 0 0 ${WORK}/domain.jsonl
+execute_process(COMMAND ${PYTHON} ${SRC}/tools/elastic-domain.py ${WORK}/place.json ${pool} 0 0 ${WORK}/domain.jsonl
                 RESULT_VARIABLE rc OUTPUT_VARIABLE slots ERROR_VARIABLE err)
 if(NOT rc EQUAL 0 OR NOT slots MATCHES "^4")
   message(FATAL_ERROR "elastic-domain.py failed (${rc}, slots '${slots}'): ${err}")

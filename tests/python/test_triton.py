@@ -216,19 +216,36 @@ POOL_CASES = [  # run_attention keywords (tests/python/test_torch.py), P 2 x CP 
 def pool_body(rank, world, relay_case):
     from test_relay import run_case
     from test_torch import WORKER, pinned, run_attention, POOLS
-    out = {"errors": {}, "launches": {}}
+    out = {"errors": {}, "launches": {}, "tables": {}}
     with pinned("triton"):
         for case in POOL_CASES:
             kw = {k: v for k, v in case.items() if k != "name"}
             errs, _, padded = run_attention(rank, 2, 2, POOLS, **kw)
             out["errors"][case["name"]] = (kw.get("dtype", "float32"), errs, padded)
             rt = WORKER.runtime
+            out["tables"][case["name"]] = tables_from_the_index_arrays(rt)
             # One forward and one backward ran: each pass's tables' launches of that pass.
             out["launches"][case["name"]] = (rt._triton_launches, sum(
                 t.launches()[key[0]] for key, t in rt._triton_tables.items()), kw["chunks"])
         name, pool, kw = relay_case
         out["relay"] = run_case(rank, pool, kw)
     return out
+
+
+def tables_from_the_index_arrays(rt):
+    """Why not, or None when every work table the backend kept holds the table chunk_descriptors (the
+    reference) builds from the chunk's calls, and reads it from the runtime's index arrays (a view of
+    this pass's or, shared, the other pass's descriptors on that device), not from a copy of its own."""
+    for (p, m, device, *_), t in rt._triton_tables.items():
+        table, bounds = chunk_descriptors(rt.schedule["calls"][p][m])
+        if not (np.array_equal(t.table, table) and np.array_equal(t.bounds, bounds)):
+            return f"pass {p} chunk {m}: the table differs from chunk_descriptors"
+        if not torch.equal(t.desc, torch.from_numpy(table).to(device)):
+            return f"pass {p} chunk {m}: the device table differs from chunk_descriptors"
+        # The view object itself: on the CPU a copy of a host view could share its memory.
+        if not any(t.desc is rt.on(device)[q]["descriptors"][m][0] for q in (0, 1)):
+            return f"pass {p} chunk {m}: the device table is not the index arrays' view"
+    return None if rt._triton_tables else "no tables"
 
 
 @pytest.fixture(scope="module")
@@ -248,6 +265,12 @@ def test_attention_on_the_triton_backend_matches_plain_attention(pool_results):
             assert padded, name
         rel = r["relay"]
         assert max(rel["errors"]) < 2e-5 and rel["same_as_direct"] and rel["relayed"], rel
+
+
+def test_the_backend_reads_the_descriptor_tables_the_binding_built(pool_results):
+    for r in pool_results:
+        for name, why in r["tables"].items():
+            assert why is None, (name, why)
 
 
 def test_one_launch_per_chunk_buffer_pair_and_kernel(pool_results):

@@ -60,7 +60,8 @@ def host_arrays(program):
 def to_device(host, layout, device):
     """The index arrays on ``device``: [pass] = {"in", "out", "stage": [chunk] exchange (send and recv
     counts per class, gather, local, scatter), "apply": groups, "varlen": [chunk] [Pair],
-    "descriptors": [chunk] (table [rows, 10], bounds [5]) (libra.torch.descriptors' format)}, and
+    "descriptors": [chunk] (table [rows, 10], bounds [5]) (libra.torch.descriptors' format),
+    "descriptors_host": the same as numpy int64 arrays}, and
     the device tensor the views share (its bytes: the index memory of the worker on that device)."""
     if device.type == "cpu":
         dev = host
@@ -81,14 +82,23 @@ def to_device(host, layout, device):
         p["apply"] = _groups(dev, per["apply"])
         p["varlen"] = [[Pair(rec, dev, host) for rec in chunk] for chunk in per["varlen"]]
         p["descriptors"] = [(_i64(dev, t, 10 * rows).view(rows, 10), _i64(dev, b, 5)) for t, rows, b in per["descriptors"]]
+        # The same tables on the host, for what plans launches from them (the triton backend's work
+        # rows and grids) without reading the device back; copies off the CPU, as cu_host.
+        copy = device.type != "cpu"
+        p["descriptors_host"] = [_desc_host(host, t, rows, b, copy) for t, rows, b in per["descriptors"]]
         out.append(p)
     return out, dev
+
+
+def _desc_host(host, t, rows, b, copy):
+    table, bounds = _i64(host, t, 10 * rows).view(rows, 10).numpy(), _i64(host, b, 5).numpy()
+    return (table.copy(), bounds.copy()) if copy else (table, bounds)
 
 
 def descriptors_host(host, layout, pass_index, m):
     """Chunk m's descriptor table and bounds as numpy arrays (host views), for checks."""
     t, rows, b = layout["passes"][pass_index]["descriptors"][m]
-    return _i64(host, t, 10 * rows).view(rows, 10).numpy(), _i64(host, b, 5).numpy()
+    return _desc_host(host, t, rows, b, False)
 
 
 def nbytes(dev):

@@ -405,14 +405,23 @@ class WorkTables:
     """What the launches of one chunk read, built once from its descriptor table: the table on the
     device, and per buffer pair the forward/dQ work rows (query blocks), the dK/dV work rows (key
     blocks; in deterministic mode one array per wave), the grid's head extent and the largest
-    vector each family's programs address (checked against the buffers before every launch)."""
+    vector each family's programs address (checked against the buffers before every launch).
 
-    def __init__(self, table, bounds, window, cfg, device, deterministic=False):
+    ``desc``: the same table already on ``device`` (the runtime's index arrays,
+    ``rt.on(device)[pass]["descriptors"][m][0]``), used as it is; None copies ``table`` there."""
+
+    def __init__(self, table, bounds, window, cfg, device, deterministic=False, desc=None):
         table = np.asarray(table, dtype=np.int64).reshape(-1, DESC_COLS)
         self.window = NO_WINDOW if window is None else int(window)
         self.cfg, self.deterministic = cfg, deterministic
         self.table, self.bounds = table, np.asarray(bounds, dtype=np.int64)
-        self.desc = torch.from_numpy(np.ascontiguousarray(table)).to(device)
+        if desc is None:
+            desc = torch.from_numpy(np.ascontiguousarray(table)).to(device)
+        elif desc.dtype != torch.int64 or tuple(desc.shape) != table.shape or not desc.is_contiguous() \
+                or desc.device != torch.device(device):
+            raise ValueError(f"libra.torch triton WorkTables: desc {desc.dtype} {tuple(desc.shape)} on {desc.device}: "
+                             f"must be the contiguous int64 {table.shape} table on {device}")
+        self.desc = desc
         self.pairs = []
         for g in range(4):
             b0, b1 = int(bounds[g]), int(bounds[g + 1])

@@ -7,7 +7,9 @@ interpreter: slow, for tests and for checking the kernel without a GPU). fp16, b
 storage, head dims up to 256. ``LIBRA_TRITON_DETERMINISTIC=1`` (or ``DETERMINISTIC = True`` on
 this module's BACKEND) makes gradients bitwise reproducible: no atomics, dK/dV in ordered waves.
 
-The work tables are built once per (pass, chunk, device, head dim) and kept on the runtime.
+The work tables are built once per (pass, chunk, device, head dim) and kept on the runtime, from the
+descriptor tables the binding built with the micro-batch's index arrays (the kernels read their device
+view; chunk_descriptors, the Python builder, is the tests' reference).
 """
 import os
 
@@ -78,15 +80,18 @@ class Triton(Backend):
         key = (pass_index, m, q.device, q.shape[1], q.dtype, det)
         t = cache.get(key)
         if t is None:
-            from ..descriptors import chunk_descriptors  # noqa: PLC0415
-            calls = rt.schedule["calls"][pass_index][m]
+            # The binding built the chunk's descriptor table with the rest of the micro-batch's index
+            # arrays (libra.torch.descriptors' format; chunk_descriptors is the tests' reference):
+            # its device view is what the kernels read, its host copy plans the launches.
+            per = rt.on(q.device)[pass_index]
+            table, bounds = per["descriptors_host"][m]
             # The backward usually runs the forward's calls: one set of tables serves both.
-            table, bounds = chunk_descriptors(calls)
             other = cache.get((1 - pass_index,) + key[1:])
             if other is not None and np.array_equal(other.table, table) and np.array_equal(other.bounds, bounds):
                 cache[key] = other
                 return other
-            t = mod.WorkTables(table, bounds, rt.window, mod.config(q.shape[1], q.dtype), q.device, det)
+            t = mod.WorkTables(table, bounds, rt.window, mod.config(q.shape[1], q.dtype), q.device, det,
+                               desc=per["descriptors"][m][0])
             cache[key] = t
         return t
 

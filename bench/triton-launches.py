@@ -5,7 +5,7 @@ on every worker of a plan, from the chunks' descriptor tables (libra.torch.descr
 forward one launch per non-empty buffer pair (at most 4), backward delta + dQ + dK/dV per pair (in
 deterministic mode dK/dV once per wave). No GPU and no kernel run; prints the busiest worker.
 
-    .venv/bin/python scripts/triton-launches.py       # builtin:paper-256k, L 256K, CP 8, M 4 (4 slots)
+    .venv/bin/python bench/triton-launches.py         # builtin:paper-256k, L 256K, CP 8, M 4 (4 slots)
 """
 import argparse
 import os

@@ -4,7 +4,7 @@ same plan and calls: libra's CPU kernel against the portable SDPA fallback (and,
 the CUDA backends). One process, a pool of one worker (P = 1, CP = 1, a gloo group of one), so the
 exchanges are messages to self and the figure is the backends' difference.
 
-    .venv/bin/python scripts/torch-backends-bench.py --samples 4096,2048,1024,1024 --reps 5
+    .venv/bin/python bench/torch-backends-bench.py --samples 4096,2048,1024,1024 --reps 5
 
 Prints per backend the median forward and backward wall time over --reps after one warm-up, and the
 ratio to the first backend measured. A measurement, not a test.

@@ -1,7 +1,7 @@
 """Measures priced elastic pools (issue 22) and prints the markdown tables of
 docs/elastic.md, "Priced fusing: measured".
 
-Usage: /usr/bin/python3 scripts/elastic-priced.py [LIBRA]   (default build/release/tools/libra)
+Usage: /usr/bin/python3 bench/elastic-priced.py [LIBRA]   (default build/release/tools/libra)
 Runs `libra simulate --elastic` (priced, the default) on the three
 outlier-heavy corpora, on the fitted and a flat network, with tap and tap-topo
 tiles, and the unpriced runs' per-window gains; then sweeps the fitted

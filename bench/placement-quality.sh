@@ -5,7 +5,7 @@
 # {32..256} at P 8 (paper Table 1), beside the lower bound and the LLN
 # prediction (paper eq. 4).
 #
-#   scripts/placement-quality.sh [path/to/libra] [output-dir]
+#   bench/placement-quality.sh [path/to/libra] [output-dir]
 #
 # Writes <output-dir>/placement-pool-size.tsv, placement-gbs.tsv and
 # placement-quality.png (default output-dir: docs/figures), and prints the

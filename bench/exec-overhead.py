@@ -6,9 +6,9 @@ configuration, the medians of: wall of the pass (slowest rank) over the busiest 
 time, and the executor's own thread CPU time outside the kernel over its kernel CPU time (max
 over ranks), forward and backward. Also times `--check` against the same run without it.
 
-    scripts/exec-overhead.py                      # the default matrix, 3 trials each
-    scripts/exec-overhead.py --trials 5 --only inprocess
-    scripts/exec-overhead.py --libra build/release/tools/libra --no-mpi
+    bench/exec-overhead.py                        # the default matrix, 3 trials each
+    bench/exec-overhead.py --trials 5 --only inprocess
+    bench/exec-overhead.py --libra build/release/tools/libra --no-mpi
 
 Every command is run as an argument list (no shell). Wall-clock figures depend on the machine's
 load: 4 ranks on fewer than 4 cores share them, so read the CPU ratio beside the wall ratio.

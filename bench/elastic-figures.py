@@ -3,9 +3,9 @@
 corpora and the Debian source-file corpus and prints the markdown tables of
 docs/elastic.md.
 
-Usage: /usr/bin/python3 scripts/elastic-figures.py [LIBRA]   (default build/release/tools/libra)
+Usage: /usr/bin/python3 bench/elastic-figures.py [LIBRA]   (default build/release/tools/libra)
 Runs libra place and libra simulate --elastic --elastic-unpriced (every window vrsp-elastic fuses
-runs fused: what fusing costs and buys; scripts/elastic-priced.py measures the priced default), a
+runs fused: what fusing costs and buys; bench/elastic-priced.py measures the priced default), a
 few minutes on 2 cores.
 """
 import json

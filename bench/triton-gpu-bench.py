@@ -7,9 +7,9 @@ Median of --reps timed calls after warm-up, CUDA events. One line per figure:
 
     gpu-bench: T 8192 d 128 h_q 32 h_kv 8 bf16 forward triton 312.4 TFLOP/s (0.881 ms)
 
-    python scripts/triton-gpu-bench.py                 # T 8192 and 32768 (scripts/gpu-check.sh)
-    python scripts/triton-gpu-bench.py --tokens 4096 --reps 5
-    TRITON_INTERPRET=1 python scripts/triton-gpu-bench.py --smoke   # CPU: the triton path runs once, tiny
+    python bench/triton-gpu-bench.py                   # T 8192 and 32768 (scripts/gpu-check.sh)
+    python bench/triton-gpu-bench.py --tokens 4096 --reps 5
+    TRITON_INTERPRET=1 python bench/triton-gpu-bench.py --smoke   # CPU: the triton path runs once, tiny
 """
 import argparse
 import os

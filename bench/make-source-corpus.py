@@ -10,7 +10,7 @@ decoded as UTF-8 (bad bytes replaced). Loader order is the SHA-256 of the
 file's path, so the order is a fixed pseudo-random shuffle that does not
 depend on the file system or on Python's random module.
 
-Usage: /usr/bin/python3 scripts/make-source-corpus.py [OUT]
+Usage: /usr/bin/python3 bench/make-source-corpus.py [OUT]
        (default OUT: data/corpora/debian-source.txt; a second line on stderr
        names the package versions used, for the docs.)
 Exits 2 with one line naming the package when one is not installed.

@@ -6,7 +6,7 @@ intra-pool imbalance, libra-full's mean latency against distca, and the
 M, home layout and relaying libra-topo ran with.
 
     libra simulate --config data/configs/paper-256k.json --pool-size 8 --json -o r.json
-    python3 scripts/topo-targets.py r.json
+    python3 bench/topo-targets.py r.json
 """
 import json
 import sys

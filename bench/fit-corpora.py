@@ -10,7 +10,7 @@ libra_sim_tests measures the builtins. The final candidates are re-measured
 on every window with 32 groupings.
 
     cmake --build build/release --target libra_corpus_fit
-    /usr/bin/python3 scripts/fit-corpora.py [--corpus paper-1m|paper-256k] [--bin build/release/bench/libra_corpus_fit]
+    /usr/bin/python3 bench/fit-corpora.py [--corpus paper-1m|paper-256k] [--bin build/release/bench/libra_corpus_fit]
 """
 import argparse
 import math

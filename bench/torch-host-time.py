@@ -19,9 +19,9 @@ Per worker, printed as the median and the largest over the workers:
 - the index arrays' device memory.
 A measurement, not a test.
 
-    .venv/bin/python scripts/torch-host-time.py                      # builtin:paper-256k, P 4, CP 8, M 4
-    .venv/bin/python scripts/torch-host-time.py --preset paper-1m    # builtin:paper-1m, P 8, CP 8, M 4
-    .venv/bin/python scripts/torch-host-time.py --preset paper-1m --build-only   # the build alone, per worker
+    .venv/bin/python bench/torch-host-time.py                        # builtin:paper-256k, P 4, CP 8, M 4
+    .venv/bin/python bench/torch-host-time.py --preset paper-1m      # builtin:paper-1m, P 8, CP 8, M 4
+    .venv/bin/python bench/torch-host-time.py --preset paper-1m --build-only   # the build alone, per worker
 """
 import argparse
 import os

@@ -4,7 +4,7 @@ vrsp-elastic --json` output, in the domain's slot order, as a pool file for
 `libra exec` / `libra plan` (a fused domain of k pools is one pool of k*P
 slots; run it on k*P*CP ranks).
 
-Usage: scripts/elastic-domain.py PLACE.json PACKED.jsonl WINDOW DOMAIN OUT.jsonl
+Usage: tools/elastic-domain.py PLACE.json PACKED.jsonl WINDOW DOMAIN OUT.jsonl
   PLACE.json    output of libra place ... --mode vrsp-elastic --json
   PACKED.jsonl  the packed sequences it placed (libra pack output)
 Prints the domain's slot count on stdout. Exits 2 with one line on bad input.
