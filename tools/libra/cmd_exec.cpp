@@ -10,29 +10,25 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <condition_variable>
 #include <cstdlib>
 #include <iostream>
 #include <memory>
-#include <mutex>
 #include <new>
 #include <optional>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "commands.hpp"
 #include "exec_flags.hpp"
+#include "exec_job.hpp"
 #include "plan_flags.hpp"
 #include "core/fault.hpp"
 #include "exec/harness.hpp"
 #include "libra/comm.hpp"
 #include "libra/corpus.hpp"
 #include "libra/executor.hpp"
-#include "libra/io.hpp"
 #include "libra/plan.hpp"
 
 namespace libra::cli {
@@ -63,50 +59,6 @@ std::string bytes_text(std::int64_t b) {
   if (x >= 1024.0 * 1024 * 1024) return fmt::format("{:.2f} GiB", x / (1024.0 * 1024 * 1024));
   if (x >= 1024.0 * 1024) return fmt::format("{:.2f} MiB", x / (1024.0 * 1024));
   return fmt::format("{:.1f} KiB", x / 1024.0);
-}
-
-// The rank a timeout error names as silent ("(rank N stopped or is too
-// slow)", as both communicators say it); -1 for other errors.
-int silent_rank(const Error& e) {
-  const std::string& m = e.message();
-  const auto end = m.rfind(" stopped or is too slow)");
-  const auto at = m.rfind("(rank ", end);
-  if (end == std::string::npos || at == std::string::npos) return -1;
-  return std::atoi(m.c_str() + at + 6);
-}
-
-// Failure of one rank after the collective part started: other ranks may
-// be waiting on it, so the whole job ends. When a peer went silent, every
-// other rank times out at about the same moment: the lowest of them alone
-// reports it, and the rest give it a few seconds to end the job before
-// reporting it themselves, so the job prints one line.
-bool g_in_process = false;  // --ranks: the ranks are threads of this process
-bool in_process_ranks() { return g_in_process; }
-
-[[noreturn]] void abort_job(Communicator& world, const Error& e) {
-  const int silent = silent_rank(e);
-  if (silent >= 0 && !in_process_ranks() && world.rank() != (silent == 0 ? 1 : 0)) {
-    std::this_thread::sleep_for(std::chrono::seconds(3));
-  }
-  world.abort(printable(e.message()));
-  std::abort();  // not reached: abort ends the job
-}
-
-// The exit status of a status every rank holds alike (agreed): world rank 0
-// alone prints it, so the job prints one line however many ranks failed.
-int finish_agreed(Communicator& world, const Status& agreed) {
-  if (agreed.ok()) return kExitOk;
-  // The agreement itself timed out: a peer went silent, and rank 0 may be
-  // the one, so this ends the job like any silent peer.
-  if (silent_rank(agreed.error()) >= 0) abort_job(world, agreed.error());
-  if (world.rank() == 0) return fail(agreed.error());
-  return agreed.error().code() == ErrorCode::kInternal ? kExitFailure : kExitUsage;
-}
-
-// Every rank learns of a failure and of the same message (the lowest failed
-// rank's, naming the ranks). kExitOk when no rank failed.
-int fail_on_all_ranks(Communicator& world, const Status& local) {
-  return finish_agreed(world, agree_on_status(world, local, "libra exec"));
 }
 
 // How the flags asked for the run, as the report names it.
@@ -343,40 +295,6 @@ Status check_exec_flags(const ExecOptionsCli& opt, const LaunchedWorld* launched
   return Status();
 }
 
-// OpenMPI's MPI_Init waits for every process of the job, so one that ended
-// before it joined left the others blocked there forever (issue 35 F14).
-// The start-up (joining the world and making its communicator) gets the same
-// --timeout as every wait after it: a process still in it then prints one
-// line naming itself and exits with status 1, and the launcher ends the job.
-class StartupWatchdog {
- public:
-  StartupWatchdog(double seconds, int rank)
-      : thread_([this, seconds, rank] {
-          std::unique_lock lock(mutex_);
-          if (cv_.wait_for(lock, std::chrono::duration<double>(seconds), [this] { return done_; })) return;
-          libra::write_stderr_line(fmt::format("libra: error: rank {}: the job did not start within {} s (--timeout): a "
-                                        "process of it ended or never joined (MPI_Init)",
-                                        rank, seconds));
-          std::_Exit(kExitFailure);
-        }) {}
-  StartupWatchdog(const StartupWatchdog&) = delete;
-  StartupWatchdog& operator=(const StartupWatchdog&) = delete;
-  ~StartupWatchdog() {
-    {
-      std::lock_guard lock(mutex_);
-      done_ = true;
-    }
-    cv_.notify_all();
-    thread_.join();
-  }
-
- private:
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  bool done_ = false;
-  std::thread thread_;  // last: starts once the members it reads exist
-};
-
 // One launched process's share of the job (a registered LaunchedWorld, as
 // mpirun starts MPI ranks): `refused` (a flag error of this process) is
 // agreed on with the others first, so that rank 0 alone prints it and no
@@ -418,7 +336,7 @@ int run_exec(const ExecOptionsCli& opt) {
   const Status flags = check_exec_flags(opt, launched);
   if (launched != nullptr) return run_launched_rank(*launched, &opt, flags);
   if (!flags.ok()) return fail(flags);
-  g_in_process = true;
+  set_in_process_ranks();
   std::vector<int> codes(static_cast<std::size_t>(opt.ranks), 0);
   int first = -1;
   const std::vector<Status> st = run_in_process(
