@@ -4,6 +4,7 @@ table), built by the binding once per micro-batch as one int32 array (the descri
 python/src/program_index.hpp, without the GIL), copied to the device in one copy (from one pinned
 host buffer, non-blocking, on CUDA) and cut into views here. Nothing in a pass builds, copies or
 reads back an index."""
+import numpy as np
 import torch
 
 _KINDS = ("in", "out", "stage")
@@ -73,6 +74,7 @@ def to_device(host, layout, device):
         dev._libra_pinned = pinned
     else:
         dev = host.to(device)
+    host_np = host.numpy()  # numpy slices: a fraction of torch views' host time
     out = []
     for per in layout["passes"]:
         p = {}
@@ -85,20 +87,22 @@ def to_device(host, layout, device):
         # The same tables on the host, for what plans launches from them (the triton backend's work
         # rows and grids) without reading the device back; copies off the CPU, as cu_host.
         copy = device.type != "cpu"
-        p["descriptors_host"] = [_desc_host(host, t, rows, b, copy) for t, rows, b in per["descriptors"]]
+        p["descriptors_host"] = [_desc_host(host_np, t, rows, b, copy) for t, rows, b in per["descriptors"]]
         out.append(p)
     return out, dev
 
 
-def _desc_host(host, t, rows, b, copy):
-    table, bounds = _i64(host, t, 10 * rows).view(rows, 10).numpy(), _i64(host, b, 5).numpy()
+def _desc_host(host_np, t, rows, b, copy):
+    """A chunk's (table [rows, 10], bounds [5]) int64 from the int32 numpy array ``host_np``: views,
+    or copies (which do not keep the whole host array alive)."""
+    table, bounds = host_np[t:t + 20 * rows].view(np.int64).reshape(rows, 10), host_np[b:b + 10].view(np.int64)
     return (table.copy(), bounds.copy()) if copy else (table, bounds)
 
 
 def descriptors_host(host, layout, pass_index, m):
     """Chunk m's descriptor table and bounds as numpy arrays (host views), for checks."""
     t, rows, b = layout["passes"][pass_index]["descriptors"][m]
-    return _desc_host(host, t, rows, b, False)
+    return _desc_host(host.numpy(), t, rows, b, False)
 
 
 def nbytes(dev):
