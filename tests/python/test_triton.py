@@ -113,7 +113,17 @@ def reference(calls, bufs, window, scale):
 
 
 def fake_runtime(calls, window):
-    return types.SimpleNamespace(schedule={"calls": [[calls], [calls]]}, window=window, threads=1)
+    """What the backend reads of a PlanRuntime for one chunk: the calls, the window, and (as
+    ``rt.on(device)[pass]`` gives them from the binding's index arrays) the descriptor tables, here
+    from the numpy reference builder."""
+    table, bounds = chunk_descriptors(calls)
+
+    def on(device):
+        per = {"descriptors": [(torch.from_numpy(table).to(device), torch.from_numpy(bounds).to(device))],
+               "descriptors_host": [(table, bounds)]}
+        return [per, per]
+
+    return types.SimpleNamespace(schedule={"calls": [[calls], [calls]]}, window=window, threads=1, on=on)
 
 
 def err(got, want):
