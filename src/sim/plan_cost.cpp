@@ -100,105 +100,68 @@ PlanConfig ulysses_config(const Ctx& ctx) {
 }
 
 PhaseBytes phase_bytes(const Plan& plan, const RelayTable* relays) {
-  const int w = plan.num_workers();
-  const std::size_t ws = static_cast<std::size_t>(w);
-  const PlanConfig& pc = plan.config();
-  const std::int64_t d = pc.shape.head_dim;
-  const int M = pc.chunks;
+  return phase_bytes(exchange_sums(plan.data_as_built()), relays);
+}
+
+PhaseBytes phase_bytes(const ExchangeSums& x, const RelayTable* relays) {
+  const std::size_t W = static_cast<std::size_t>(x.workers), W2 = W * W;
+  const int M = x.chunks;
+  const std::int64_t d = x.head_dim, qo = x.head_dim * x.elem_bytes;
   // Byte matrices of the four phases per chunk (chunk M = the whole step,
   // unpipelined: every chunk's bytes in one exchange).
   const int slices = M > 1 ? M + 1 : 1;
-  std::vector<std::vector<std::int64_t>> df(static_cast<std::size_t>(slices), std::vector<std::int64_t>(ws * ws, 0));
+  std::vector<std::vector<std::int64_t>> df(static_cast<std::size_t>(slices), std::vector<std::int64_t>(W2, 0));
   auto rf = df, db = df, rb = df;
   const bool relayed = relays != nullptr && relays->any();
   std::vector<std::vector<std::int64_t>> sf, sb;
   if (relayed) sf = sb = df;
-  auto at = [&](int s, int t) { return static_cast<std::size_t>(s) * ws + static_cast<std::size_t>(t); };
-  // dK/dV cells (worker, source, begin, end, KV head) -> last chunk; the
-  // executor adds every head shard's partial of one head into one buffer
-  // place, so a cell goes home once.
-  struct Cell {
-    std::int32_t dst, src;
-    std::int64_t begin, end;
-    std::int32_t head;
-    std::int32_t last;
-    std::int64_t bytes;  // fp32 dK + dV of one head
-  };
-  std::vector<Cell> cells;
-  const int whole = slices - 1;
-  // Pair by pair (a cell's worker and source are the pair's), every chunk of
-  // the pair, then its cells: small sorts instead of one over the plan.
-  for (int s = 0; s < w; ++s) {
-    for (int t = 0; t < w; ++t) {
-      if (s == t) continue;
-      cells.clear();
-      for (int k = 0; k < M; ++k) {
-        // Inputs of a relayed pair: sender to relay in the stage, relay to
+  for (int k = 0; k < M; ++k) {
+    const std::size_t m = static_cast<std::size_t>(k);
+    const std::int64_t* q = x.qo_row_heads.data() + m * W2;
+    const std::int64_t* kv = x.kv_token_heads.data() + m * W2;
+    const std::int64_t* dkv = x.dkv_rows.data() + m * W2;
+    for (std::size_t s = 0; s < W; ++s) {
+      for (std::size_t t = 0; t < W; ++t) {
+        const std::size_t st = s * W + t, ts = t * W + s;
+        // Forward in: Q + K/V; backward in: Q, dO, O + LSE (fp32) + K/V.
+        const std::int64_t kv_bytes = 2 * qo * kv[st];
+        const std::int64_t fin = qo * q[st] + kv_bytes;
+        const std::int64_t bin = 3 * qo * q[st] + 4 * q[st] + kv_bytes;
+        // A relayed pair's inputs: sender to relay in the stage, relay to
         // receiver in the chunk's exchange.
-        const int via = relayed ? relays->via(k, s, t) : s;
-        const std::size_t in_at = at(via, t);
-        for (const Transfer& x : plan.chunk_transfers(k, s, t)) {
-          const std::int64_t rows = x.end - x.begin;
-          const std::int64_t heads = x.heads.size();
-          // The chunk's slice and, when pipelined, the whole step's (no
-          // allocation per transfer: this loop is the simulator's hottest).
-          const std::array<std::size_t, 2> both{static_cast<std::size_t>(k), static_cast<std::size_t>(whole)};
-          const std::span<const std::size_t> targets(both.data(), slices > 1 ? 2 : 1);
-          if (x.kind == TransferKind::kQ) {
-            const std::int64_t lse = rows * heads * 4;
-            for (std::size_t i : targets) {
-              df[i][in_at] += x.bytes;
-              db[i][in_at] += 3 * x.bytes + lse;  // Q, dO, O + LSE
-              if (via != s) {
-                sf[i][at(s, via)] += x.bytes;
-                sb[i][at(s, via)] += 3 * x.bytes + lse;
-              }
-            }
-          } else if (x.kind == TransferKind::kO) {
-            const std::int64_t lse = rows * heads * 4;
-            for (std::size_t i : targets) {
-              rf[i][at(s, t)] += x.bytes + lse;
-              rb[i][at(s, t)] += rows * heads * d * 4;  // dQ in fp32
-            }
-          } else {
-            for (std::size_t i : targets) {
-              df[i][in_at] += x.bytes;
-              db[i][in_at] += x.bytes;
-              if (via != s) {
-                sf[i][at(s, via)] += x.bytes;
-                sb[i][at(s, via)] += x.bytes;
-              }
-            }
-            for (std::int32_t kh = x.heads.begin; kh < x.heads.end; ++kh) {
-              const ChunkUse u = plan.kv_use(t, x.group, kh);
-              cells.push_back({t, s, x.begin, x.end, kh, u.used() ? u.last : k, 2 * rows * d * 4});
-            }
-          }
+        const std::size_t via = relayed ? static_cast<std::size_t>(relays->via(k, static_cast<int>(s), static_cast<int>(t))) : s;
+        const std::size_t in_at = via * W + t;
+        df[m][in_at] += fin;
+        db[m][in_at] += bin;
+        if (via != s) {
+          sf[m][s * W + via] += fin;
+          sb[m][s * W + via] += bin;
         }
+        // Out: O + LSE of the tiles s computes for t's rows; backward dQ
+        // (fp32) and the dK/dV partials (fp32) s returns to t.
+        rf[m][st] += qo * q[ts] + 4 * q[ts];
+        rb[m][st] += d * 4 * q[ts] + 2 * d * 4 * dkv[st];
       }
-      // Cells of one (worker, source, first row, head) are one place of the
-      // compute buffer: with kv_prefix, shards sharing a KV head may hold
-      // prefixes of different lengths there, and the longest goes home (as
-      // src/schedule/schedule.cpp returns it).
-      std::sort(cells.begin(), cells.end(), [](const Cell& x, const Cell& y) {
-        return std::tie(x.begin, x.head, x.end, x.last) < std::tie(y.begin, y.head, y.end, y.last);
-      });
-      for (std::size_t i = 0; i < cells.size();) {
-        std::size_t j = i;
-        std::int32_t last = cells[i].last;
-        std::int64_t bytes = 0;
-        while (j < cells.size() && cells[j].begin == cells[i].begin && cells[j].head == cells[i].head) {
-          last = std::max(last, cells[j].last);
-          bytes = std::max(bytes, cells[j].bytes);
-          ++j;
-        }
-        rb[static_cast<std::size_t>(last)][at(t, s)] += bytes;
-        if (slices > 1) rb[static_cast<std::size_t>(whole)][at(t, s)] += bytes;
-        i = j;
+    }
+  }
+  if (slices > 1) {
+    const auto whole = static_cast<std::size_t>(M);
+    for (auto* v : {&df, &rf, &db, &rb, &sf, &sb}) {
+      if (v->empty()) continue;
+      for (std::size_t m = 0; m < whole; ++m) {
+        for (std::size_t i = 0; i < W2; ++i) (*v)[whole][i] += (*v)[m][i];
       }
     }
   }
   return {std::move(df), std::move(rf), std::move(db), std::move(rb), std::move(sf), std::move(sb)};
+}
+
+RelayTable relays_of(const ExchangeSums& x, const PlanTopology& topology) {
+  const std::size_t W2 = static_cast<std::size_t>(x.workers) * static_cast<std::size_t>(x.workers);
+  const std::int64_t qo = x.head_dim * x.elem_bytes;
+  std::vector<std::int64_t> in(static_cast<std::size_t>(x.chunks) * W2);
+  for (std::size_t i = 0; i < in.size(); ++i) in[i] = qo * x.qo_row_heads[i] + 2 * qo * x.kv_token_heads[i];
+  return plan_relays(in, x.workers, x.chunks, topology.gpus_per_node);
 }
 
 // Turns a plan into per-worker compute and communication times, priced as
@@ -208,6 +171,11 @@ PhaseBytes phase_bytes(const Plan& plan, const RelayTable* relays) {
 // type, and a KV head's dK/dV goes home once per (worker, source, rows, head)
 // with the chunk of its last use, not of its first.
 PlanCost cost_plan(const Ctx& ctx, const Plan& plan, std::span<const std::int64_t> gpus, const RelayTable* relays) {
+  return cost_plan(ctx, plan, exchange_sums(plan.data_as_built()), gpus, relays);
+}
+
+PlanCost cost_plan(const Ctx& ctx, const Plan& plan, const ExchangeSums& sums, std::span<const std::int64_t> gpus,
+                   const RelayTable* relays) {
   PlanCost c;
   const int w = plan.num_workers();
   const std::size_t ws = static_cast<std::size_t>(w);
@@ -251,7 +219,7 @@ PlanCost cost_plan(const Ctx& ctx, const Plan& plan, std::span<const std::int64_
       c.chunk_comp_bwd[static_cast<std::size_t>(k)][r] += bwd * share / part.second;
     }
   }
-  const PhaseBytes pb = phase_bytes(plan, relays);
+  const PhaseBytes pb = phase_bytes(sums, relays);
   const auto& df = pb.fwd_in;
   const auto& rf = pb.fwd_out;
   const auto& db = pb.bwd_in;
@@ -287,12 +255,26 @@ PlanCost cost_plan(const Ctx& ctx, const Plan& plan, std::span<const std::int64_
       c.cret_bwd.push_back(seconds(rb[i]));
     }
   }
-  c.comm_bytes = plan.comm_bytes();
-  for (int r = 0; r < w; ++r) {
-    c.max_send = std::max(c.max_send, plan.send_bytes(r));
-    c.max_recv = std::max(c.max_recv, plan.recv_bytes(r));
+  // Plan::comm_bytes, send_bytes, recv_bytes and max_recv_cross_node, from
+  // the same byte matrix (without deriving the plan's transfer lists).
+  const PlanTopology& topo = plan.config().topology;
+  std::vector<std::int64_t> recv(ws, 0), recv_cross(ws, 0);
+  for (std::size_t s = 0; s < ws; ++s) {
+    std::int64_t send = 0;
+    for (std::size_t t = 0; t < ws; ++t) {
+      const std::int64_t b = sums.byte_matrix[s * ws + t];
+      if (b == 0) continue;
+      send += b;
+      recv[t] += b;
+      if (detail::topo_tier(topo, static_cast<int>(s), static_cast<int>(t)) != 0) recv_cross[t] += b;
+    }
+    c.comm_bytes += send;
+    c.max_send = std::max(c.max_send, send);
   }
-  c.max_recv_cross_node = plan.max_recv_cross_node();
+  for (std::size_t t = 0; t < ws; ++t) {
+    c.max_recv = std::max(c.max_recv, recv[t]);
+    c.max_recv_cross_node = std::max(c.max_recv_cross_node, recv_cross[t]);
+  }
   c.imbalance = plan.imbalance();
   return c;
 }
@@ -374,7 +356,7 @@ std::vector<std::int64_t> pool_gpus(std::int64_t first, std::int64_t slots, std:
 
 RelayTable timed_relays(const Plan& plan, Timing& tm) {
   const double t0 = thread_cpu_seconds();
-  RelayTable relays = plan_relays(plan);
+  RelayTable relays = relays_of(exchange_sums(plan.data_as_built()), plan.config().topology);
   tm.cost += thread_cpu_seconds() - t0;
   return relays;
 }
