@@ -11,6 +11,7 @@
 #include <numeric>
 #include <tuple>
 
+#include "sim/alltoall.hpp"
 #include "sim/internal.hpp"
 
 namespace libra::detail {
@@ -164,6 +165,111 @@ RelayTable relays_of(const ExchangeSums& x, const PlanTopology& topology) {
   return plan_relays(in, x.workers, x.chunks, topology.gpus_per_node);
 }
 
+namespace {
+
+// The phases' all-to-all times of a plan nothing is relayed in: every
+// matrix is zero off the pairs the sums touched, so each is priced over
+// those pairs alone (in src * W + dst order, as a dense matrix is scanned).
+void price_direct(PlanCost& c, const ExchangeSums& x, AlltoallPricer& pricer) {
+  const std::size_t W = static_cast<std::size_t>(x.workers), W2 = W * W;
+  const auto M = static_cast<std::size_t>(x.chunks);
+  const std::size_t slices = M > 1 ? M + 1 : 1;
+  const std::int64_t d = x.head_dim, qo = x.head_dim * x.elem_bytes;
+  std::vector<std::uint32_t> pairs;
+  for (std::size_t i = 0; i < W2; ++i) {
+    if (x.touched[i] != 0) pairs.push_back(static_cast<std::uint32_t>(i));
+  }
+  const std::size_t n = pairs.size();
+  // Per phase (forward in, forward out, backward in, backward out) and slice
+  // (chunk m; M: the whole step), the bytes of each pair.
+  std::vector<std::int64_t> v(4 * slices * n, 0);
+  auto at = [&](std::size_t phase, std::size_t slice) { return v.data() + (phase * slices + slice) * n; };
+  for (std::size_t m = 0; m < M; ++m) {
+    const std::int64_t* q = x.qo_row_heads.data() + m * W2;
+    const std::int64_t* kv = x.kv_token_heads.data() + m * W2;
+    const std::int64_t* dkv = x.dkv_rows.data() + m * W2;
+    std::int64_t *fin = at(0, m), *fout = at(1, m), *bin = at(2, m), *bout = at(3, m);
+    for (std::size_t j = 0; j < n; ++j) {
+      const std::size_t st = pairs[j], ts = st % W * W + st / W;
+      // As phase_bytes: in Q (+ dO, O, LSE) + K/V, out O + LSE (dQ + dK/dV).
+      const std::int64_t kv_bytes = 2 * qo * kv[st];
+      fin[j] = qo * q[st] + kv_bytes;
+      bin[j] = 3 * qo * q[st] + 4 * q[st] + kv_bytes;
+      fout[j] = qo * q[ts] + 4 * q[ts];
+      bout[j] = d * 4 * q[ts] + 2 * d * 4 * dkv[st];
+    }
+  }
+  if (slices > 1) {
+    for (std::size_t p = 0; p < 4; ++p) {
+      std::int64_t* whole = at(p, M);
+      for (std::size_t m = 0; m < M; ++m) {
+        const std::int64_t* part = at(p, m);
+        for (std::size_t j = 0; j < n; ++j) whole[j] += part[j];
+      }
+    }
+  }
+  auto seconds = [&](std::size_t phase, std::size_t slice) {
+    std::vector<double> t;
+    pricer.seconds(pairs, {at(phase, slice), n}, t);
+    return t;
+  };
+  const std::size_t whole = slices - 1;
+  c.disp_fwd = seconds(0, whole);
+  c.ret_fwd = seconds(1, whole);
+  c.disp_bwd = seconds(2, whole);
+  c.ret_bwd = seconds(3, whole);
+  if (M > 1) {
+    for (std::size_t k = 0; k < M; ++k) {
+      c.cdisp_fwd.push_back(seconds(0, k));
+      c.cret_fwd.push_back(seconds(1, k));
+      c.cdisp_bwd.push_back(seconds(2, k));
+      c.cret_bwd.push_back(seconds(3, k));
+    }
+  }
+}
+
+// The same with relays: phase_bytes' dense matrices, each dispatch after
+// its stage.
+void price_relayed(PlanCost& c, const ExchangeSums& x, const RelayTable& relays, AlltoallPricer& pricer) {
+  const PhaseBytes pb = phase_bytes(x, &relays);
+  const auto& df = pb.fwd_in;
+  const auto& rf = pb.fwd_out;
+  const auto& db = pb.bwd_in;
+  const auto& rb = pb.bwd_out;
+  const std::size_t whole = df.size() - 1;
+  auto seconds = [&](const std::vector<std::int64_t>& mtx) { return pricer.seconds(mtx); };
+  c.relayed = true;
+  // A relayed dispatch waits for its stage (the executor posts in(m) once
+  // stage(m) landed); priced in series, though the stages of later chunks
+  // run a chunk ahead, under compute, on NVLink.
+  auto dispatch = [&](const std::vector<std::vector<std::int64_t>>& in,
+                      const std::vector<std::vector<std::int64_t>>& stage, std::size_t i, double* staged) {
+    std::vector<double> t = seconds(in[i]);
+    const double s = max_of(seconds(stage[i]));
+    if (staged != nullptr) *staged = s;
+    for (double& y : t) y += s;
+    return t;
+  };
+  double staged = 0;
+  c.disp_fwd = dispatch(df, pb.fwd_stage, whole, &staged);
+  c.ret_fwd = seconds(rf[whole]);
+  c.disp_bwd = dispatch(db, pb.bwd_stage, whole, nullptr);
+  c.ret_bwd = seconds(rb[whole]);
+  if (c.chunks <= 1) c.stage_fwd.push_back(staged);
+  if (c.chunks > 1) {
+    for (int k = 0; k < c.chunks; ++k) {
+      const auto i = static_cast<std::size_t>(k);
+      c.cdisp_fwd.push_back(dispatch(df, pb.fwd_stage, i, &staged));
+      c.stage_fwd.push_back(staged);
+      c.cret_fwd.push_back(seconds(rf[i]));
+      c.cdisp_bwd.push_back(dispatch(db, pb.bwd_stage, i, nullptr));
+      c.cret_bwd.push_back(seconds(rb[i]));
+    }
+  }
+}
+
+}  // namespace
+
 // Turns a plan into per-worker compute and communication times, priced as
 // the executor sends them (src/schedule/schedule.cpp, field_dtype): forward in
 // Q + K/V and out O + LSE; backward in Q, dO, O, LSE + K/V and out dQ plus the
@@ -196,64 +302,49 @@ PlanCost cost_plan(const Ctx& ctx, const Plan& plan, const ExchangeSums& sums, s
     rate.emplace(key, v);
     return v;
   };
+  // Consecutive tiles mostly share their shape (rows, heads): their rates,
+  // whole and per chunk, are looked up once per run of equal shapes.
+  const auto M = static_cast<std::size_t>(c.chunks);
+  std::int64_t shape_rows = -1;
+  std::int32_t shape_heads = -1;
+  std::pair<double, double> full{};
+  std::vector<std::pair<double, double>> part(M);
+  std::vector<double> share(M);
   for (const Tile& t : plan.tiles()) {
     const auto r = static_cast<std::size_t>(t.worker);
     const std::int64_t rows = t.end - t.begin;
     const double heads = static_cast<double>(t.heads.size());
+    if (rows != shape_rows || t.heads.size() != shape_heads) {
+      shape_rows = rows;
+      shape_heads = t.heads.size();
+      full = rates(rows, heads);
+      // Chunks of one width share a rate lookup (every chunk, when equal).
+      double part_width = -1;
+      for (std::size_t k = 0; k < M; ++k) {
+        const double width = static_cast<double>(plan.chunk_heads(t, static_cast<int>(k)).size());
+        if (width != part_width) {
+          part[k] = rates(rows, width);
+          part_width = width;
+        } else {
+          part[k] = part[k - 1];
+        }
+        share[k] = width / heads;
+      }
+    }
     const double fwd = forward_flops(t.flops, ctx.cfg.model.head_dim);
     const double bwd = 2.5 * fwd;  // 10 d vs 4 d FLOPs per pair (workload.hpp)
-    auto full = rates(rows, heads);
     c.comp_fwd[r] += fwd / full.first;
     c.comp_bwd[r] += bwd / full.second;
-    // Chunks of one width share a rate lookup (every chunk, when equal).
-    std::pair<double, double> part{};
-    double part_width = -1;
-    for (int k = 0; k < c.chunks; ++k) {
-      const double width = static_cast<double>(plan.chunk_heads(t, k).size());
-      if (width != part_width) {
-        part = rates(rows, width);
-        part_width = width;
-      }
-      const double share = width / heads;
-      c.chunk_comp_fwd[static_cast<std::size_t>(k)][r] += fwd * share / part.first;
-      c.chunk_comp_bwd[static_cast<std::size_t>(k)][r] += bwd * share / part.second;
+    for (std::size_t k = 0; k < M; ++k) {
+      c.chunk_comp_fwd[k][r] += fwd * share[k] / part[k].first;
+      c.chunk_comp_bwd[k][r] += bwd * share[k] / part[k].second;
     }
   }
-  const PhaseBytes pb = phase_bytes(sums, relays);
-  const auto& df = pb.fwd_in;
-  const auto& rf = pb.fwd_out;
-  const auto& db = pb.bwd_in;
-  const auto& rb = pb.bwd_out;
-  const std::size_t whole = df.size() - 1;
-  auto seconds = [&](const std::vector<std::int64_t>& mtx) { return alltoall_seconds(ctx.cfg.cost.net, mtx, gpus); };
-  c.relayed = !pb.fwd_stage.empty();
-  // A relayed dispatch waits for its stage (the executor posts in(m) once
-  // stage(m) landed); priced in series, though the stages of later chunks
-  // run a chunk ahead, under compute, on NVLink.
-  auto dispatch = [&](const std::vector<std::vector<std::int64_t>>& in,
-                      const std::vector<std::vector<std::int64_t>>& stage, std::size_t i, double* staged) {
-    std::vector<double> t = seconds(in[i]);
-    if (!c.relayed) return t;
-    const double s = max_of(seconds(stage[i]));
-    if (staged != nullptr) *staged = s;
-    for (double& x : t) x += s;
-    return t;
-  };
-  double staged = 0;
-  c.disp_fwd = dispatch(df, pb.fwd_stage, whole, &staged);
-  c.ret_fwd = seconds(rf[whole]);
-  c.disp_bwd = dispatch(db, pb.bwd_stage, whole, nullptr);
-  c.ret_bwd = seconds(rb[whole]);
-  if (c.relayed && c.chunks <= 1) c.stage_fwd.push_back(staged);
-  if (c.chunks > 1) {
-    for (int k = 0; k < c.chunks; ++k) {
-      const auto i = static_cast<std::size_t>(k);
-      c.cdisp_fwd.push_back(dispatch(df, pb.fwd_stage, i, &staged));
-      if (c.relayed) c.stage_fwd.push_back(staged);
-      c.cret_fwd.push_back(seconds(rf[i]));
-      c.cdisp_bwd.push_back(dispatch(db, pb.bwd_stage, i, nullptr));
-      c.cret_bwd.push_back(seconds(rb[i]));
-    }
+  AlltoallPricer pricer(ctx.cfg.cost.net, gpus);
+  if (relays == nullptr || !relays->any()) {
+    price_direct(c, sums, pricer);
+  } else {
+    price_relayed(c, sums, *relays, pricer);
   }
   // Plan::comm_bytes, send_bytes, recv_bytes and max_recv_cross_node, from
   // the same byte matrix (without deriving the plan's transfer lists).

@@ -955,6 +955,10 @@ struct KvSums {
       const int from = grp0.slot * g.cp + run.rank;
       if (from == to) continue;
       const std::size_t pair = static_cast<std::size_t>(from) * W + static_cast<std::size_t>(to);
+      // The dK/dV go back: worker `to` to `from`.
+      const std::size_t back = static_cast<std::size_t>(to) * W + static_cast<std::size_t>(from);
+      out.touched[pair] = 1;
+      out.touched[back] = 1;
       std::fill(cell_last.begin(), cell_last.end(), -1);
       std::fill(cell_rows.begin(), cell_rows.end(), 0);
       for (std::size_t e = e0; e < e1; ++e) {
@@ -978,8 +982,6 @@ struct KvSums {
           }
         }
       }
-      // The dK/dV go back: worker `to` to `from`.
-      const std::size_t back = static_cast<std::size_t>(to) * W + static_cast<std::size_t>(from);
       for (std::size_t kh = 0; kh < cell_last.size(); ++kh) {
         if (cell_last[kh] >= 0) out.dkv_rows[static_cast<std::size_t>(cell_last[kh]) * W2 + back] += cell_rows[kh];
       }
@@ -997,7 +999,8 @@ ExchangeSums exchange_sums(const Plan::Data& d) {
                    .qo_row_heads = std::vector<std::int64_t>(static_cast<std::size_t>(M) * W2, 0),
                    .kv_token_heads = std::vector<std::int64_t>(static_cast<std::size_t>(M) * W2, 0),
                    .dkv_rows = std::vector<std::int64_t>(static_cast<std::size_t>(M) * W2, 0),
-                   .byte_matrix = std::vector<std::int64_t>(W2, 0)};
+                   .byte_matrix = std::vector<std::int64_t>(W2, 0),
+                   .touched = std::vector<std::uint8_t>(W2, 0)};
   const std::vector<std::int32_t> at = chunk_head_table(g, d.config);
   for (const Tile& t : d.tiles) {
     if (t.worker == t.home) continue;
@@ -1006,6 +1009,8 @@ ExchangeSums exchange_sums(const Plan::Data& d) {
     const std::int64_t qo = qo_bytes(g, rows, t.heads.size());
     out.byte_matrix[pair] += qo;
     out.byte_matrix[static_cast<std::size_t>(t.worker) * W + static_cast<std::size_t>(t.home)] += qo;
+    out.touched[pair] = 1;
+    out.touched[static_cast<std::size_t>(t.worker) * W + static_cast<std::size_t>(t.home)] = 1;
     for (int m = 0; m < M; ++m) {
       out.qo_row_heads[static_cast<std::size_t>(m) * W2 + pair] += rows * (at[static_cast<std::size_t>(m) + 1] - at[static_cast<std::size_t>(m)]);
     }

@@ -295,6 +295,9 @@ struct ExchangeSums {
   // longest rows and latest chunk of the groups that share it).
   std::vector<std::int64_t> dkv_rows;
   std::vector<std::int64_t> byte_matrix;  // W * W: Plan::byte_matrix
+  // W * W: 1 where any of the above may be nonzero (either direction of a
+  // pair with a Q/O or K/V item), 0 where all are zero.
+  std::vector<std::uint8_t> touched;
 };
 [[nodiscard]] ExchangeSums exchange_sums(const Plan::Data& d);
 
