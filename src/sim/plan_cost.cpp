@@ -167,103 +167,129 @@ RelayTable relays_of(const ExchangeSums& x, const PlanTopology& topology) {
 
 namespace {
 
-// The phases' all-to-all times of a plan nothing is relayed in: every
-// matrix is zero off the pairs the sums touched, so each is priced over
-// those pairs alone (in src * W + dst order, as a dense matrix is scanned).
-void price_direct(PlanCost& c, const ExchangeSums& x, AlltoallPricer& pricer) {
+// A plan's phase bytes over the pairs that can carry any (src * W + dst,
+// increasing): per phase and slice (chunk m; M: the whole step), the bytes
+// of each pair, as phase_bytes' dense matrices hold them there.
+struct SparsePhases {
+  enum Phase : std::size_t { kFwdIn, kFwdOut, kBwdIn, kBwdOut, kFwdStage, kBwdStage, kPhases };
+  std::vector<std::uint32_t> pairs;
+  std::size_t slices = 1;
+  std::vector<std::int64_t> bytes;  // [phase][slice][pair]
+  std::int64_t* at(std::size_t phase, std::size_t slice) {
+    return bytes.data() + (phase * slices + slice) * pairs.size();
+  }
+};
+
+// phase_bytes over the pairs the sums touch and, with relays, the pairs
+// the relays send through (relay to receiver, sender to relay).
+SparsePhases sparse_phases(const ExchangeSums& x, const RelayTable* relays) {
   const std::size_t W = static_cast<std::size_t>(x.workers), W2 = W * W;
   const auto M = static_cast<std::size_t>(x.chunks);
-  const std::size_t slices = M > 1 ? M + 1 : 1;
   const std::int64_t d = x.head_dim, qo = x.head_dim * x.elem_bytes;
-  std::vector<std::uint32_t> pairs;
+  SparsePhases out;
+  out.slices = M > 1 ? M + 1 : 1;
+  std::vector<std::uint32_t> direct;
   for (std::size_t i = 0; i < W2; ++i) {
-    if (x.touched[i] != 0) pairs.push_back(static_cast<std::uint32_t>(i));
+    if (x.touched[i] != 0) direct.push_back(static_cast<std::uint32_t>(i));
   }
-  const std::size_t n = pairs.size();
-  // Per phase (forward in, forward out, backward in, backward out) and slice
-  // (chunk m; M: the whole step), the bytes of each pair.
-  std::vector<std::int64_t> v(4 * slices * n, 0);
-  auto at = [&](std::size_t phase, std::size_t slice) { return v.data() + (phase * slices + slice) * n; };
+  out.pairs = direct;
+  std::vector<std::int32_t> index;
+  if (relays != nullptr) {
+    for (std::size_t m = 0; m < M; ++m) {
+      for (std::uint32_t st : direct) {
+        const std::size_t s = st / W, t = st % W;
+        const auto via = static_cast<std::size_t>(relays->via(static_cast<int>(m), static_cast<int>(s), static_cast<int>(t)));
+        if (via == s) continue;
+        out.pairs.push_back(static_cast<std::uint32_t>(via * W + t));
+        out.pairs.push_back(static_cast<std::uint32_t>(s * W + via));
+      }
+    }
+    std::sort(out.pairs.begin(), out.pairs.end());
+    out.pairs.erase(std::unique(out.pairs.begin(), out.pairs.end()), out.pairs.end());
+    index.assign(W2, -1);
+    for (std::size_t j = 0; j < out.pairs.size(); ++j) index[out.pairs[j]] = static_cast<std::int32_t>(j);
+  }
+  const std::size_t n = out.pairs.size();
+  out.bytes.assign(SparsePhases::kPhases * out.slices * n, 0);
   for (std::size_t m = 0; m < M; ++m) {
     const std::int64_t* q = x.qo_row_heads.data() + m * W2;
     const std::int64_t* kv = x.kv_token_heads.data() + m * W2;
     const std::int64_t* dkv = x.dkv_rows.data() + m * W2;
-    std::int64_t *fin = at(0, m), *fout = at(1, m), *bin = at(2, m), *bout = at(3, m);
-    for (std::size_t j = 0; j < n; ++j) {
-      const std::size_t st = pairs[j], ts = st % W * W + st / W;
+    std::int64_t *fin = out.at(SparsePhases::kFwdIn, m), *fout = out.at(SparsePhases::kFwdOut, m);
+    std::int64_t *bin = out.at(SparsePhases::kBwdIn, m), *bout = out.at(SparsePhases::kBwdOut, m);
+    std::int64_t *sf = out.at(SparsePhases::kFwdStage, m), *sb = out.at(SparsePhases::kBwdStage, m);
+    for (std::size_t k = 0; k < direct.size(); ++k) {
+      const std::size_t st = direct[k], s = st / W, t = st % W, ts = t * W + s;
       // As phase_bytes: in Q (+ dO, O, LSE) + K/V, out O + LSE (dQ + dK/dV).
       const std::int64_t kv_bytes = 2 * qo * kv[st];
-      fin[j] = qo * q[st] + kv_bytes;
-      bin[j] = 3 * qo * q[st] + 4 * q[st] + kv_bytes;
+      const std::int64_t f = qo * q[st] + kv_bytes;
+      const std::int64_t b = 3 * qo * q[st] + 4 * q[st] + kv_bytes;
+      const std::size_t j = relays != nullptr ? static_cast<std::size_t>(index[st]) : k;
       fout[j] = qo * q[ts] + 4 * q[ts];
       bout[j] = d * 4 * q[ts] + 2 * d * 4 * dkv[st];
+      const std::size_t via =
+          relays != nullptr ? static_cast<std::size_t>(relays->via(static_cast<int>(m), static_cast<int>(s), static_cast<int>(t))) : s;
+      if (via == s) {
+        fin[j] += f;
+        bin[j] += b;
+        continue;
+      }
+      const auto in_at = static_cast<std::size_t>(index[via * W + t]);
+      const auto stage_at = static_cast<std::size_t>(index[s * W + via]);
+      fin[in_at] += f;
+      bin[in_at] += b;
+      sf[stage_at] += f;
+      sb[stage_at] += b;
     }
   }
-  if (slices > 1) {
-    for (std::size_t p = 0; p < 4; ++p) {
-      std::int64_t* whole = at(p, M);
+  if (out.slices > 1) {
+    for (std::size_t p = 0; p < SparsePhases::kPhases; ++p) {
+      std::int64_t* whole = out.at(p, M);
       for (std::size_t m = 0; m < M; ++m) {
-        const std::int64_t* part = at(p, m);
+        const std::int64_t* part = out.at(p, m);
         for (std::size_t j = 0; j < n; ++j) whole[j] += part[j];
       }
     }
   }
-  auto seconds = [&](std::size_t phase, std::size_t slice) {
-    std::vector<double> t;
-    pricer.seconds(pairs, {at(phase, slice), n}, t);
-    return t;
-  };
-  const std::size_t whole = slices - 1;
-  c.disp_fwd = seconds(0, whole);
-  c.ret_fwd = seconds(1, whole);
-  c.disp_bwd = seconds(2, whole);
-  c.ret_bwd = seconds(3, whole);
-  if (M > 1) {
-    for (std::size_t k = 0; k < M; ++k) {
-      c.cdisp_fwd.push_back(seconds(0, k));
-      c.cret_fwd.push_back(seconds(1, k));
-      c.cdisp_bwd.push_back(seconds(2, k));
-      c.cret_bwd.push_back(seconds(3, k));
-    }
-  }
+  return out;
 }
 
-// The same with relays: phase_bytes' dense matrices, each dispatch after
-// its stage.
-void price_relayed(PlanCost& c, const ExchangeSums& x, const RelayTable& relays, AlltoallPricer& pricer) {
-  const PhaseBytes pb = phase_bytes(x, &relays);
-  const auto& df = pb.fwd_in;
-  const auto& rf = pb.fwd_out;
-  const auto& db = pb.bwd_in;
-  const auto& rb = pb.bwd_out;
-  const std::size_t whole = df.size() - 1;
-  auto seconds = [&](const std::vector<std::int64_t>& mtx) { return pricer.seconds(mtx); };
-  c.relayed = true;
+// The phases' all-to-all times (relayed: each dispatch after its stage).
+void price_phases(PlanCost& c, const ExchangeSums& x, const RelayTable* relays, AlltoallPricer& pricer) {
+  SparsePhases ph = sparse_phases(x, relays);
+  const std::size_t n = ph.pairs.size();
+  auto seconds = [&](std::size_t phase, std::size_t slice) {
+    std::vector<double> t;
+    pricer.seconds(ph.pairs, {ph.at(phase, slice), n}, t);
+    return t;
+  };
+  c.relayed = relays != nullptr;
   // A relayed dispatch waits for its stage (the executor posts in(m) once
   // stage(m) landed); priced in series, though the stages of later chunks
   // run a chunk ahead, under compute, on NVLink.
-  auto dispatch = [&](const std::vector<std::vector<std::int64_t>>& in,
-                      const std::vector<std::vector<std::int64_t>>& stage, std::size_t i, double* staged) {
-    std::vector<double> t = seconds(in[i]);
-    const double s = max_of(seconds(stage[i]));
+  auto dispatch = [&](std::size_t in, std::size_t stage, std::size_t slice, double* staged) {
+    std::vector<double> t = seconds(in, slice);
+    if (!c.relayed) return t;
+    const double s = max_of(seconds(stage, slice));
     if (staged != nullptr) *staged = s;
     for (double& y : t) y += s;
     return t;
   };
+  using P = SparsePhases;
+  const std::size_t whole = ph.slices - 1;
   double staged = 0;
-  c.disp_fwd = dispatch(df, pb.fwd_stage, whole, &staged);
-  c.ret_fwd = seconds(rf[whole]);
-  c.disp_bwd = dispatch(db, pb.bwd_stage, whole, nullptr);
-  c.ret_bwd = seconds(rb[whole]);
-  if (c.chunks <= 1) c.stage_fwd.push_back(staged);
+  c.disp_fwd = dispatch(P::kFwdIn, P::kFwdStage, whole, &staged);
+  c.ret_fwd = seconds(P::kFwdOut, whole);
+  c.disp_bwd = dispatch(P::kBwdIn, P::kBwdStage, whole, nullptr);
+  c.ret_bwd = seconds(P::kBwdOut, whole);
+  if (c.relayed && c.chunks <= 1) c.stage_fwd.push_back(staged);
   if (c.chunks > 1) {
-    for (int k = 0; k < c.chunks; ++k) {
-      const auto i = static_cast<std::size_t>(k);
-      c.cdisp_fwd.push_back(dispatch(df, pb.fwd_stage, i, &staged));
-      c.stage_fwd.push_back(staged);
-      c.cret_fwd.push_back(seconds(rf[i]));
-      c.cdisp_bwd.push_back(dispatch(db, pb.bwd_stage, i, nullptr));
-      c.cret_bwd.push_back(seconds(rb[i]));
+    for (std::size_t k = 0; k < static_cast<std::size_t>(c.chunks); ++k) {
+      c.cdisp_fwd.push_back(dispatch(P::kFwdIn, P::kFwdStage, k, &staged));
+      if (c.relayed) c.stage_fwd.push_back(staged);
+      c.cret_fwd.push_back(seconds(P::kFwdOut, k));
+      c.cdisp_bwd.push_back(dispatch(P::kBwdIn, P::kBwdStage, k, nullptr));
+      c.cret_bwd.push_back(seconds(P::kBwdOut, k));
     }
   }
 }
@@ -341,11 +367,7 @@ PlanCost cost_plan(const Ctx& ctx, const Plan& plan, const ExchangeSums& sums, s
     }
   }
   AlltoallPricer pricer(ctx.cfg.cost.net, gpus);
-  if (relays == nullptr || !relays->any()) {
-    price_direct(c, sums, pricer);
-  } else {
-    price_relayed(c, sums, *relays, pricer);
-  }
+  price_phases(c, sums, relays != nullptr && relays->any() ? relays : nullptr, pricer);
   // Plan::comm_bytes, send_bytes, recv_bytes and max_recv_cross_node, from
   // the same byte matrix (without deriving the plan's transfer lists).
   const PlanTopology& topo = plan.config().topology;
