@@ -3,7 +3,8 @@
 
     tools/func-lengths.py                    # every function over 80 lines in src/, longest first
     tools/func-lengths.py --limit 60 src/sim # another limit, another tree
-    tools/func-lengths.py --check            # exit 1 when any function is over the limit (the ctest)
+    tools/func-lengths.py --check            # exit 1 when a function not allowed is over the limit (the ctest,
+                                             # lint.function_lengths, with --self-test)
 
 A function's length runs from the line of its name to the line of its closing brace, both counted. The scan
 blanks comments, string and character literals (raw strings too) and preprocessor lines, then matches braces:
@@ -18,10 +19,22 @@ import re
 import sys
 from pathlib import Path
 
-# Functions allowed over the limit, each with the reason. A table (one entry per line) may stay one table.
+# Functions allowed over the limit, each with the reason ("file:name" as this script prints them). A table (one
+# entry per line) may stay one table; nothing else belongs here.
 ALLOWED = {
-    # "src/path.cpp:function": "why",
+    "src/sim/settings.cpp:entries": "the settings table: one entry (key, flag, type, help, apply, show) a setting",
 }
+
+# Over the limit today and owned by another engineer's open work (issue 38): each is to be split and its line
+# removed; the check prints them so they are not forgotten. Keep this list empty once they land.
+PENDING = {
+    "src/sim/plan_cost.cpp:phase_bytes": "simspeed (issue 38 part 3 edits src/sim's hot paths)",
+    "src/sim/plan_cost.cpp:cost_plan": "simspeed (issue 38 part 3 edits src/sim's hot paths)",
+    "src/sim/elastic_sim.cpp:simulate_elastic": "simspeed (issue 38 part 3 edits src/sim's hot paths)",
+    "src/sim/simulator_test.cpp:TEST(Recommend, ChosenMIsTheArgminOfSeparateSingleMRuns)": "simspeed (src/sim)",
+}
+
+_TEST_MACROS = ("TEST", "TEST_F", "TEST_P", "TYPED_TEST", "RC_GTEST_PROP", "RC_GTEST_FIXTURE_PROP")
 
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z_0-9]*")
 _SCOPE_HEAD = re.compile(r"^(?:inline\s+)?(namespace|class|struct|union|enum)\b")
@@ -164,9 +177,12 @@ def function_name(header):
     if not m:
         return h.strip().split()[-1] if h.strip() else "?"
     name = re.sub(r"\s+", "", m.group(1))
-    if name in ("TEST", "TEST_F", "TEST_P", "TYPED_TEST", "INSTANTIATE_TEST_SUITE_P"):
-        close = h.find(")", m.end())
-        return name + "(" + re.sub(r"\s+", " ", h[m.end():close]).strip() + ")"
+    if name in _TEST_MACROS:  # the suite and case name (RapidCheck's: and the property's parameters)
+        depth, close = 1, m.end()
+        while close < len(h) and depth:
+            depth += {"(": 1, ")": -1}.get(h[close], 0)
+            close += 1
+        return name + "(" + re.sub(r"\s+", " ", h[m.end():close - 1]).strip() + ")"
     return name
 
 
@@ -231,13 +247,62 @@ def functions(path):
     return found
 
 
+# The scanner's own check (--self-test, run by the ctest before --check): braces in literals and comments,
+# initialiser lists, lambdas, tables, classes and macros, with the lengths a reader counts.
+_SELF_TEST = r"""
+#define BODY(x) { return x; }
+namespace a { namespace {
+const char* kText = "}{ not a brace";   // } neither is this
+constexpr int kTable[] = {1, 2,
+                          3};
+enum class E { kA, kB };
+struct S {
+  S(int v) : v_{v}, w_(v) {}
+  int get() const noexcept { return v_; }
+  int v_, w_;
+};
+}  // namespace
+int f(int x) {
+  auto g = [](int y) { return y + '}'; };
+  const char* r = R"x( } )x";
+  /* { */
+  return g(x) + 1'000;
+}
+auto h = [](int z) {
+  return z;
+};
+TEST(Suite, Case) {
+  EXPECT_EQ(f(1), 1002);
+}
+template <class T>
+T twice(T t) { return 2 * t; }
+}  // namespace a
+"""
+_SELF_TEST_WANT = [("S", 1), ("get", 1), ("f", 6), ("h (lambda)", 3), ("TEST(Suite, Case)", 3), ("twice", 1)]
+
+
+def self_test():
+    import tempfile
+    with tempfile.NamedTemporaryFile("w", suffix=".cpp", delete=False) as f:
+        f.write(_SELF_TEST)
+    got = [(name, b - a + 1) for name, a, b in functions(Path(f.name))]
+    Path(f.name).unlink()
+    if got != _SELF_TEST_WANT:
+        print(f"func-lengths: self-test: found {got}, expected {_SELF_TEST_WANT}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("roots", nargs="*", help="files or folders (default: src/ of this repository)")
     ap.add_argument("--limit", type=int, default=80, help="longest allowed function in lines (default 80)")
     ap.add_argument("--check", action="store_true", help="exit 1 when a function not allowed is over the limit")
     ap.add_argument("--list-all", action="store_true", help="print every function found, with its length")
+    ap.add_argument("--self-test", action="store_true", help="check the scanner on a snippet first")
     args = ap.parse_args()
+    if args.self_test and self_test() != 0:
+        return 1
     repo = Path(__file__).resolve().parent.parent
     roots = [Path(r) for r in args.roots] or [repo / "src"]
     files = []
@@ -260,15 +325,20 @@ def main():
     rows.sort(key=lambda r: (-r[0], r[2], r[3]))
     over = [r for r in rows if r[0] > args.limit]
     shown = rows if args.list_all else over
-    bad = 0
+    bad = pending = 0
     for length, name, rel, line in shown:
-        allowed = ALLOWED.get(f"{rel}:{name}")
-        note = f"  (allowed: {allowed})" if allowed and length > args.limit else ""
-        print(f"{length:5d}  {name}  {rel}:{line}{note}")
-        if length > args.limit and not allowed:
+        key = f"{rel}:{name}"
+        note = ""
+        if length > args.limit and key in ALLOWED:
+            note = f"  (allowed: {ALLOWED[key]})"
+        elif length > args.limit and key in PENDING:
+            note = f"  (pending: {PENDING[key]})"
+            pending += 1
+        elif length > args.limit:
             bad += 1
+        print(f"{length:5d}  {name}  {rel}:{line}{note}")
     print(f"func-lengths: {len(rows)} functions in {len(files)} files; {len(over)} over {args.limit} lines"
-          f" ({len(over) - bad} allowed)", file=sys.stderr)
+          f" ({len(over) - bad - pending} allowed, {pending} pending, {bad} to split)", file=sys.stderr)
     return 1 if args.check and bad else 0
 
 
