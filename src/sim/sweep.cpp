@@ -273,9 +273,11 @@ Status run_pool(WindowRun& run, const PoolRun& pr, std::span<const PackedSequenc
                 PoolSteps& steps, CandWindow& cw) {
   const std::string kind(variant_name(pr.variants[0]));
   const std::span<const std::int64_t> gpus = at.gpus;
-  LIBRA_ASSIGN_OR_RETURN(auto planned, plan_and_price(run.ctx, pool, pr.pc, gpus, run.tm, kind));
-  const PlanCost& c = planned.second;
-  PoolPrices prices{run.ctx, planned.first, c, gpus, run.tm, {}, {}, {}};
+  LIBRA_ASSIGN_OR_RETURN(const Plan base, timed_plan(run.tm, kind, [&] { return make_plan(pool, pr.pc); }));
+  PlanCost c;
+  PoolPrices prices{run.ctx, base, c, gpus, run.tm, {}, {}, {}};
+  // The base plan's sums serve its direct price and its relays.
+  c = prices.cost_of(&base, nullptr);
   for (Variant var : pr.variants) {
     if (!variant_pipelined(var)) put_pool(run, at, c, var, 1, false, steps, cw);
   }
