@@ -1134,3 +1134,87 @@ TEST(SimSettings, ChunkSplitIsAutoEqualOrTaperedAndOnlyLibraTopoTapers) {
 }
 
 }  // namespace libra
+
+// The simulator prices a plan from its exchange sums (exchange_sums, no
+// transfer lists) over the pairs they touch: the same bytes as the plan's
+// derived exchange (byte matrix, chunk lists, relays) and the same times
+// as alltoall_seconds over phase_bytes' dense matrices, bit for bit.
+TEST(PlanCost, SumsAndSparsePricingMatchTheDerivedExchange) {
+  const std::vector<libra::PackedSequence> pool = {
+      {256}, {128, 100, 28}, std::vector<std::int64_t>(8, 32), {30, 100, 90, 36}};
+  libra::SimConfig cfg;
+  cfg.cost.net.gpus_per_node = 2;
+  cfg.cost.net.nodes_per_supernode = 2;
+  const libra::detail::Ctx ctx{cfg, 256, libra::ThroughputTable(cfg.cost.kernel), {}, {}};
+  const std::vector<std::int64_t> gpus = libra::detail::pool_gpus(0, 4, 2);
+  int relayed = 0;  // relayed prices checked
+  for (libra::PlanMode mode : {libra::PlanMode::kTap, libra::PlanMode::kTapSplit, libra::PlanMode::kTapTopo}) {
+    for (int chunks : {1, 2, 4}) {
+      const bool topo = mode == libra::PlanMode::kTapTopo;
+      libra::PlanConfig pc = priced_config(mode, topo ? libra::HomeLayout::kZigzag : libra::HomeLayout::kContiguous, topo, chunks);
+      pc.dedup_per_kv_head = mode == libra::PlanMode::kTapSplit;
+      auto plan = libra::make_plan(pool, pc);
+      ASSERT_TRUE(plan.ok()) << plan.error().message();
+      const std::string at = std::string(libra::plan_mode_name(mode)) + " M=" + std::to_string(chunks);
+      const libra::detail::ExchangeSums x = libra::detail::exchange_sums(plan->data_as_built());
+      const int W = plan->num_workers();
+      const auto W2 = static_cast<std::size_t>(W * W);
+      // Byte matrix and, per chunk, each kind's bytes as the chunk lists hold them.
+      EXPECT_EQ(x.byte_matrix, std::vector<std::int64_t>(plan->byte_matrix().begin(), plan->byte_matrix().end())) << at;
+      for (int m = 0; m < chunks; ++m) {
+        for (int s = 0; s < W; ++s) {
+          for (int t = 0; t < W; ++t) {
+            std::int64_t q = 0, kv = 0;
+            for (const libra::Transfer& tr : plan->chunk_transfers(m, s, t)) {
+              (tr.kind == libra::TransferKind::kKv ? kv : q) += tr.kind == libra::TransferKind::kO ? 0 : tr.bytes;
+            }
+            const std::size_t i = static_cast<std::size_t>(m) * W2 + static_cast<std::size_t>(s * W + t);
+            EXPECT_EQ(x.qo_row_heads[i] * x.head_dim * x.elem_bytes, q) << at << " chunk " << m;
+            EXPECT_EQ(2 * x.kv_token_heads[i] * x.head_dim * x.elem_bytes, kv) << at << " chunk " << m;
+            if (q + kv > 0) {
+              EXPECT_EQ(x.touched[static_cast<std::size_t>(s * W + t)], 1) << at;
+            }
+          }
+        }
+      }
+      const libra::RelayTable relays = libra::plan_relays(*plan);
+      const libra::RelayTable from_sums = libra::detail::relays_of(x, plan->config().topology);
+      for (int m = 0; m < chunks; ++m) {
+        for (int s = 0; s < W; ++s) {
+          for (int t = 0; t < W; ++t) EXPECT_EQ(from_sums.via(m, s, t), relays.via(m, s, t)) << at;
+        }
+      }
+      // Direct and (where anything is) relayed prices against dense pricing.
+      for (const libra::RelayTable* r : {static_cast<const libra::RelayTable*>(nullptr), &relays}) {
+        if (r != nullptr && !r->any()) continue;
+        relayed += r != nullptr;
+        const libra::detail::PlanCost c = libra::detail::cost_plan(ctx, *plan, gpus, r);
+        const libra::detail::PhaseBytes pb = libra::detail::phase_bytes(*plan, r);
+        auto dense = [&](const std::vector<std::int64_t>& mtx) { return libra::alltoall_seconds(cfg.cost.net, mtx, gpus); };
+        auto with_stage = [&](const std::vector<std::vector<std::int64_t>>& in,
+                              const std::vector<std::vector<std::int64_t>>& stage, std::size_t k) {
+          std::vector<double> t = dense(in[k]);
+          if (r == nullptr) return t;
+          const std::vector<double> s = dense(stage[k]);
+          const double slowest = *std::max_element(s.begin(), s.end());
+          for (double& y : t) y += slowest;
+          return t;
+        };
+        const std::size_t whole = pb.fwd_in.size() - 1;
+        EXPECT_EQ(c.disp_fwd, with_stage(pb.fwd_in, pb.fwd_stage, whole)) << at;
+        EXPECT_EQ(c.ret_fwd, dense(pb.fwd_out[whole])) << at;
+        EXPECT_EQ(c.disp_bwd, with_stage(pb.bwd_in, pb.bwd_stage, whole)) << at;
+        EXPECT_EQ(c.ret_bwd, dense(pb.bwd_out[whole])) << at;
+        for (std::size_t k = 0; chunks > 1 && k < static_cast<std::size_t>(chunks); ++k) {
+          EXPECT_EQ(c.cdisp_fwd[k], with_stage(pb.fwd_in, pb.fwd_stage, k)) << at;
+          EXPECT_EQ(c.cret_fwd[k], dense(pb.fwd_out[k])) << at;
+          EXPECT_EQ(c.cdisp_bwd[k], with_stage(pb.bwd_in, pb.bwd_stage, k)) << at;
+          EXPECT_EQ(c.cret_bwd[k], dense(pb.bwd_out[k])) << at;
+        }
+        EXPECT_EQ(c.comm_bytes, plan->comm_bytes()) << at;
+        EXPECT_EQ(c.max_recv_cross_node, plan->max_recv_cross_node()) << at;
+      }
+    }
+  }
+  EXPECT_GT(relayed, 0) << "no relayed plan: the relayed path went unchecked";
+}
