@@ -28,9 +28,15 @@ class AlltoallPricer {
     seconds(bytes, t);
     return t;
   }
-  // The same for a matrix that is zero off `pairs` (src * W + dst,
-  // increasing): bytes[j] is pair j's.
-  void seconds(std::span<const std::uint32_t> pairs, std::span<const std::int64_t> bytes, std::vector<double>& t);
+  // The pairs of sparse matrices (src * W + dst, increasing), each pair's
+  // workers, tier and NIC found once for every matrix priced over them.
+  struct Pairs {
+    std::vector<std::uint32_t> src, dst, via;
+    std::vector<std::uint8_t> tier;
+  };
+  Pairs pairs(std::span<const std::uint32_t> pairs) const;
+  // The same for a matrix that is zero off `pairs`: bytes[j] is pair j's.
+  void seconds(const Pairs& pairs, std::span<const std::int64_t> bytes, std::vector<double>& t);
 
  private:
   std::size_t w_ = 0;
@@ -39,6 +45,7 @@ class AlltoallPricer {
   std::vector<std::int64_t> node_, supernode_;
   std::vector<std::uint32_t> via_;
   void add(std::size_t s, std::size_t d, std::int64_t b);
+  void add(std::size_t s, std::size_t d, std::size_t via, std::size_t tier, std::int64_t b);
   void finish(std::vector<double>& t);
   double bi_ = 0, be_ = 0, bs_ = 0, latency_us_ = 0;
   // Scratch of seconds(): [worker][tier] bytes, and messages.

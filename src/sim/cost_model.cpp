@@ -188,9 +188,7 @@ AlltoallPricer::AlltoallPricer(const Interconnect& net, std::span<const std::int
 // One message of b > 0 bytes from worker s to d (s != d); [worker][tier]:
 // bytes sent / received over tier 0 intra-node, 1 same supernode, 2 across
 // supernodes.
-inline void AlltoallPricer::add(std::size_t s, std::size_t d, std::int64_t b) {
-  const std::size_t tier = node_[s] == node_[d] ? 0 : supernode_[s] == supernode_[d] ? 1 : 2;
-  const std::size_t via = tier > 0 && !via_.empty() ? via_[s * w_ + d] : s;
+inline void AlltoallPricer::add(std::size_t s, std::size_t d, std::size_t via, std::size_t tier, std::int64_t b) {
   if (via != s) {
     sent_b_[s][0] += static_cast<double>(b);
     recv_b_[via][0] += static_cast<double>(b);
@@ -199,6 +197,11 @@ inline void AlltoallPricer::add(std::size_t s, std::size_t d, std::int64_t b) {
   recv_b_[d][tier] += static_cast<double>(b);
   ++sent_[s];
   ++received_[d];
+}
+
+inline void AlltoallPricer::add(std::size_t s, std::size_t d, std::int64_t b) {
+  const std::size_t tier = node_[s] == node_[d] ? 0 : supernode_[s] == supernode_[d] ? 1 : 2;
+  add(s, d, tier > 0 && !via_.empty() ? via_[s * w_ + d] : s, tier, b);
 }
 
 void AlltoallPricer::finish(std::vector<double>& t) {
@@ -225,11 +228,26 @@ void AlltoallPricer::seconds(std::span<const std::int64_t> bytes, std::vector<do
   finish(t);
 }
 
-void AlltoallPricer::seconds(std::span<const std::uint32_t> pairs, std::span<const std::int64_t> bytes,
-                             std::vector<double>& t) {
-  for (std::size_t j = 0; j < pairs.size(); ++j) {
-    const std::size_t s = pairs[j] / w_, d = pairs[j] % w_;
-    if (bytes[j] != 0 && s != d) add(s, d, bytes[j]);
+AlltoallPricer::Pairs AlltoallPricer::pairs(std::span<const std::uint32_t> pairs) const {
+  Pairs p;
+  p.src.reserve(pairs.size());
+  p.dst.reserve(pairs.size());
+  p.via.reserve(pairs.size());
+  p.tier.reserve(pairs.size());
+  for (std::uint32_t i : pairs) {
+    const std::size_t s = i / w_, d = i % w_;
+    const std::size_t tier = node_[s] == node_[d] ? 0 : supernode_[s] == supernode_[d] ? 1 : 2;
+    p.src.push_back(static_cast<std::uint32_t>(s));
+    p.dst.push_back(static_cast<std::uint32_t>(d));
+    p.via.push_back(static_cast<std::uint32_t>(tier > 0 && !via_.empty() ? via_[s * w_ + d] : s));
+    p.tier.push_back(static_cast<std::uint8_t>(tier));
+  }
+  return p;
+}
+
+void AlltoallPricer::seconds(const Pairs& pairs, std::span<const std::int64_t> bytes, std::vector<double>& t) {
+  for (std::size_t j = 0; j < bytes.size(); ++j) {
+    if (bytes[j] != 0 && pairs.src[j] != pairs.dst[j]) add(pairs.src[j], pairs.dst[j], pairs.via[j], pairs.tier[j], bytes[j]);
   }
   finish(t);
 }

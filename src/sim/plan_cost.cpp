@@ -258,9 +258,10 @@ SparsePhases sparse_phases(const ExchangeSums& x, const RelayTable* relays) {
 void price_phases(PlanCost& c, const ExchangeSums& x, const RelayTable* relays, AlltoallPricer& pricer) {
   SparsePhases ph = sparse_phases(x, relays);
   const std::size_t n = ph.pairs.size();
+  const AlltoallPricer::Pairs pairs = pricer.pairs(ph.pairs);
   auto seconds = [&](std::size_t phase, std::size_t slice) {
     std::vector<double> t;
-    pricer.seconds(ph.pairs, {ph.at(phase, slice), n}, t);
+    pricer.seconds(pairs, {ph.at(phase, slice), n}, t);
     return t;
   };
   c.relayed = relays != nullptr;
