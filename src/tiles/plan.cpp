@@ -1023,9 +1023,9 @@ ExchangeSums exchange_sums(const Plan::Data& d) {
     const std::size_t e1 = d.worker_group_offsets[static_cast<std::size_t>(r) + 1];
     // A worker's groups are sorted by id, so a sample's keys are consecutive.
     for (std::size_t e = d.worker_group_offsets[static_cast<std::size_t>(r)]; e < e1;) {
-      const std::int32_t j = d.worker_group_ids[e] / g.keys_per_sample;
+      const std::int32_t next = (d.worker_group_ids[e] / g.keys_per_sample + 1) * g.keys_per_sample;
       std::size_t f = e + 1;
-      while (f < e1 && d.worker_group_ids[f] / g.keys_per_sample == j) ++f;
+      while (f < e1 && d.worker_group_ids[f] < next) ++f;
       kv.sample(r, e, f);
       e = f;
     }
@@ -1051,7 +1051,10 @@ Result<Plan> rechunk_plan(const Plan& plan, int chunks, ChunkSplit split) {
   PlanConfig config = plan.config();
   config.chunks = chunks;
   config.chunk_split = split;
-  LIBRA_ASSIGN_OR_RETURN(detail::Geometry geo, detail::make_geometry(plan.pool(), config));
+  // The geometry reads no chunk setting: the plan's own, once the new
+  // chunking is checked (make_geometry's first step).
+  LIBRA_TRY(validate_plan_config(config));
+  detail::Geometry geo = *plan.data_as_built().geometry;
   std::vector<detail::PlacedRows> rows;
   rows.reserve(plan.tiles().size());
   for (const Tile& t : plan.tiles()) {
