@@ -41,17 +41,43 @@ I32 narrow(I64 v) {
 }
 
 struct Builder {
-  std::vector<I32>& data;
+  IndexArrays& ix;
 
   // n entries at the end of data; returns their offset (data may move: write through data after).
   I64 grow(I64 n) {
-    const auto at = static_cast<I64>(data.size());
-    data.resize(data.size() + static_cast<std::size_t>(n));
+    const auto at = static_cast<I64>(ix.data.size());
+    ix.data.resize(ix.data.size() + static_cast<std::size_t>(n));
     return at;
   }
 
-  // Moves expanded per head vector, grouped by (field, src, dst, add) in move order (so the adds into
-  // one row keep the program's order). `pass` set: an apply list, whose wire sources are positions in
+  // A run of `rows` rows of `len` consecutive positions from base, rows `stride` apart, at the end of the
+  // rows; returns its first entry. Every position it expands to is checked to fit int32.
+  I64 run(I64 base, I64 rows, I64 len, I64 stride) {
+    const I64 first = ix.rows;
+    if (rows > 0 && len > 0) {
+      narrow(base);
+      narrow(base + (rows - 1) * stride + len - 1);
+      narrow(first + rows * len);
+      ix.runs.push_back({static_cast<I32>(first), static_cast<I32>(rows * len), static_cast<I32>(base),
+                         static_cast<I32>(len), static_cast<I32>(stride)});
+      ix.rows += rows * len;
+    }
+    return first;
+  }
+
+  // Whether the runs from index `from` on expand to 0 .. n-1 (what lets the runtime take a slice).
+  bool iota(std::size_t from) const {
+    I64 at = 0;
+    for (std::size_t i = from; i < ix.runs.size(); ++i) {
+      const Run& r = ix.runs[i];
+      if (r.base != at || (r.count > r.len && r.stride != r.len)) return false;
+      at += r.count;
+    }
+    return true;
+  }
+
+  // Moves grouped by (field, src, dst, add) in move order (so the adds into one row keep the program's
+  // order), each side one run per move. `pass` set: an apply list, whose wire sources are positions in
   // every chunk's class messages joined in chunk order and followed by the field's compute buffer.
   std::vector<GroupRec> groups(const libra::PassProgram* pass, const std::vector<libra::Move>& moves) {
     std::vector<std::array<I64, libra::kNumWireClasses>> base;
@@ -64,8 +90,8 @@ struct Builder {
       }
     }
     std::vector<GroupRec> out;
-    std::vector<std::size_t> of(moves.size());
-    for (std::size_t i = 0; i < moves.size(); ++i) {  // first pass: each move's group, each group's size
+    std::vector<std::vector<std::size_t>> members;
+    for (std::size_t i = 0; i < moves.size(); ++i) {  // each move's group, each group's size
       const libra::Move& m = moves[i];
       const int src = pass ? kJoined : static_cast<int>(m.src);
       std::size_t g = 0;
@@ -73,44 +99,34 @@ struct Builder {
                                  out[g].dst == static_cast<int>(m.dst) && out[g].add == m.add)) {
         ++g;
       }
-      if (g == out.size()) out.push_back({static_cast<int>(m.field), src, static_cast<int>(m.dst), libra::wire_class(m.field), m.add});
-      of[i] = g;
+      if (g == out.size()) {
+        out.push_back({static_cast<int>(m.field), src, static_cast<int>(m.dst), libra::wire_class(m.field), m.add});
+        members.emplace_back();
+      }
+      members[g].push_back(i);
       out[g].n += m.rows * m.run;
     }
-    std::vector<I64> fill(out.size());
     for (std::size_t g = 0; g < out.size(); ++g) {
-      out[g].s_off = grow(out[g].n);
-      out[g].d_off = grow(out[g].n);
-    }
-    for (std::size_t i = 0; i < moves.size(); ++i) {
-      const libra::Move& m = moves[i];
-      GroupRec& g = out[of[i]];
-      I64 shift = 0;
-      if (pass) {
-        const auto c = static_cast<std::size_t>(g.cls);
-        shift = m.src == libra::Loc::kWire ? base[static_cast<std::size_t>(m.chunk)][c] : total[c];
-      }
-      I32* s = data.data() + g.s_off + fill[of[i]];
-      I32* d = data.data() + g.d_off + fill[of[i]];
-      for (I64 r = 0; r < m.rows; ++r) {
-        const I64 s0 = shift + m.src_offset + r * m.src_stride, d0 = m.dst_offset + r * m.dst_stride;
-        narrow(s0 + m.run);
-        narrow(d0 + m.run);
-        for (I64 j = 0; j < m.run; ++j) {
-          *s++ = static_cast<I32>(s0 + j);
-          *d++ = static_cast<I32>(d0 + j);
+      GroupRec& r = out[g];
+      std::size_t from = ix.runs.size();
+      r.s_off = ix.rows;
+      for (std::size_t i : members[g]) {
+        const libra::Move& m = moves[i];
+        I64 shift = 0;
+        if (pass) {
+          const auto c = static_cast<std::size_t>(r.cls);
+          shift = m.src == libra::Loc::kWire ? base[static_cast<std::size_t>(m.chunk)][c] : total[c];
         }
+        run(shift + m.src_offset, m.rows, m.run, m.src_stride);
       }
-      fill[of[i]] += m.rows * m.run;
-    }
-    for (GroupRec& g : out) {
-      auto iota = [&](I64 off) {
-        const I32* p = data.data() + off;
-        for (I64 i = 0; i < g.n; ++i)
-          if (p[i] != i) return false;
-        return true;
-      };
-      g.identity = (iota(g.s_off) ? 1 : 0) | (iota(g.d_off) ? 2 : 0);
+      const bool s_iota = iota(from);
+      from = ix.runs.size();
+      r.d_off = ix.rows;
+      for (std::size_t i : members[g]) {
+        const libra::Move& m = moves[i];
+        run(m.dst_offset, m.rows, m.run, m.dst_stride);
+      }
+      r.identity = (s_iota ? 1 : 0) | (iota(from) ? 2 : 0);
     }
     return out;
   }
@@ -148,50 +164,33 @@ struct Builder {
     auto mine = [&](const libra::KernelCall& c) {
       return c.q_home == qh && c.kv_home == kh && c.q.run == hq && c.kv.run == hkv;
     };
-    for (const libra::KernelCall& c : calls) {  // first pass: the sizes
-      if (!mine(c)) continue;
-      for (const libra::CallFragment& f : s.call_fragments(c)) {
-        if (f.e <= f.a) continue;
-        ++r.seqs;
-        r.total_q += f.e - f.a;
-        r.total_k += f.e;
-        r.max_q = std::max(r.max_q, f.e - f.a);
-        r.max_k = std::max(r.max_k, f.e);
+    std::vector<I32> cq{0}, ck{0};
+    r.q_off = ix.rows;  // every fragment's q rows, then every fragment's kv rows
+    for (int side = 0; side < 2; ++side) {
+      if (side == 1) r.kv_off = ix.rows;
+      for (const libra::KernelCall& c : calls) {
+        if (!mine(c)) continue;
+        for (const libra::CallFragment& f : s.call_fragments(c)) {
+          if (f.e <= f.a) continue;
+          if (side == 1) {
+            run(c.kv.offset + f.kv_row * c.kv.stride, f.e, hkv, c.kv.stride);
+            continue;
+          }
+          run(c.q.offset + f.q_row * c.q.stride, f.e - f.a, hq, c.q.stride);
+          ++r.seqs;
+          r.total_q += f.e - f.a;
+          r.total_k += f.e;
+          r.max_q = std::max(r.max_q, f.e - f.a);
+          r.max_k = std::max(r.max_k, f.e);
+          cq.push_back(narrow(r.total_q));
+          ck.push_back(narrow(r.total_k));
+        }
       }
     }
-    narrow(r.total_k);
-    r.q_off = grow(r.total_q * hq);
-    r.kv_off = grow(r.total_k * hkv);
-    r.lse_off = grow(r.total_q * hq);
     r.cu_q_off = grow(r.seqs + 1);
     r.cu_k_off = grow(r.seqs + 1);
-    I32 *q = data.data() + r.q_off, *kv = data.data() + r.kv_off, *lse = data.data() + r.lse_off;
-    I32 *cq = data.data() + r.cu_q_off, *ck = data.data() + r.cu_k_off;
-    I64 t = 0, tk = 0;
-    *cq++ = 0;
-    *ck++ = 0;
-    for (const libra::KernelCall& c : calls) {
-      if (!mine(c)) continue;
-      for (const libra::CallFragment& f : s.call_fragments(c)) {
-        if (f.e <= f.a) continue;
-        for (I64 i = 0; i < f.e - f.a; ++i, ++t) {
-          const I64 v0 = c.q.offset + (f.q_row + i) * c.q.stride;
-          narrow(v0 + hq);
-          for (I64 h = 0; h < hq; ++h) {
-            *q++ = static_cast<I32>(v0 + h);
-            lse[h * r.total_q + t] = static_cast<I32>(v0 + h);  // head-major: flash-attn's LSE layout
-          }
-        }
-        for (I64 j = 0; j < f.e; ++j) {
-          const I64 v0 = c.kv.offset + (f.kv_row + j) * c.kv.stride;
-          narrow(v0 + hkv);
-          for (I64 g = 0; g < hkv; ++g) *kv++ = static_cast<I32>(v0 + g);
-        }
-        tk += f.e;
-        *cq++ = static_cast<I32>(t);
-        *ck++ = static_cast<I32>(tk);
-      }
-    }
+    std::copy(cq.begin(), cq.end(), ix.data.begin() + r.cu_q_off);
+    std::copy(ck.begin(), ck.end(), ix.data.begin() + r.cu_k_off);
     return r;
   }
 
@@ -213,11 +212,11 @@ struct Builder {
       bounds[static_cast<std::size_t>(pair) + 1] = static_cast<I64>(rows.size() / 10);
     }
     rows.insert(rows.end(), bounds.begin(), bounds.end());
-    if (data.size() % 2) data.push_back(0);
+    if (ix.data.size() % 2) ix.data.push_back(0);
     DescRec r;
     r.rows = bounds[4];
     r.table_off = grow(2 * static_cast<I64>(rows.size()));
-    std::memcpy(data.data() + r.table_off, rows.data(), rows.size() * sizeof(I64));
+    std::memcpy(ix.data.data() + r.table_off, rows.data(), rows.size() * sizeof(I64));
     r.bounds_off = r.table_off + 20 * r.rows;
     return r;
   }
@@ -240,44 +239,10 @@ bool same_calls(const libra::RankSchedule& s, std::span<const libra::KernelCall>
   return true;
 }
 
-// An upper bound on the int32 entries build() writes, so that the array is allocated once.
-std::size_t capacity(const ProgramHandle& h) {
-  std::size_t n = 0;
-  auto moves = [&](const std::vector<libra::Move>& ms) {
-    for (const libra::Move& m : ms) n += 2 * static_cast<std::size_t>(m.rows * m.run);
-  };
-  for (int p = 0; p < 2; ++p) {
-    const libra::PassProgram& pp = h.program.pass(static_cast<libra::Pass>(p));
-    for (const auto* xs : {&pp.in, &pp.out, &pp.stage}) {
-      for (const libra::ExchangeProgram& x : *xs) {
-        moves(x.gather);
-        moves(x.local);
-        moves(x.scatter);
-      }
-    }
-    moves(pp.apply);
-    for (int m = 0; m < h.schedule.chunks; ++m) {
-      if (p == 1 && same_calls(h.schedule, h.schedule.calls(libra::Pass::kBackward, m),
-                               h.schedule.calls(libra::Pass::kForward, m))) {
-        continue;  // build() reuses forward's rows
-      }
-      n += 8 * (2 + 1 + 10) + 1;  // per pair: two cu_seqlens' leading 0; bounds; alignment
-      for (const libra::KernelCall& c : h.schedule.calls(static_cast<libra::Pass>(p), m)) {
-        for (const libra::CallFragment& f : h.schedule.call_fragments(c)) {
-          if (f.e <= f.a) continue;
-          n += static_cast<std::size_t>(2 * (f.e - f.a) * c.q.run + f.e * c.kv.run + 2 + 20);
-        }
-      }
-    }
-  }
-  return n;
-}
-
 std::shared_ptr<IndexArrays> build(const ProgramHandle& h) {
   const double t0 = thread_seconds();
   auto ix = std::make_shared<IndexArrays>();
-  ix->data.reserve(capacity(h));
-  Builder b{ix->data};
+  Builder b{*ix};
   const libra::RankSchedule& s = h.schedule;
   for (int p = 0; p < 2; ++p) {
     const libra::PassProgram& pp = h.program.pass(static_cast<libra::Pass>(p));
@@ -323,22 +288,11 @@ py::dict exchange_py(const ExchangeRec& x) {
 }
 
 py::dict pair_py(const PairRec& r) {
-  py::dict d;
-  d["q_home"] = r.q_home;
-  d["kv_home"] = r.kv_home;
-  d["hq"] = r.hq;
-  d["hkv"] = r.hkv;
-  d["seqs"] = r.seqs;
-  d["total_q"] = r.total_q;
-  d["total_k"] = r.total_k;
-  d["max_q"] = r.max_q;
-  d["max_k"] = r.max_k;
-  d["q_off"] = r.q_off;
-  d["kv_off"] = r.kv_off;
-  d["lse_off"] = r.lse_off;
-  d["cu_q_off"] = r.cu_q_off;
-  d["cu_k_off"] = r.cu_k_off;
-  return d;
+  return fields({{"q_home", py::bool_(r.q_home)}, {"kv_home", py::bool_(r.kv_home)}, {"hq", py::int_(r.hq)},
+                 {"hkv", py::int_(r.hkv)}, {"seqs", py::int_(r.seqs)}, {"total_q", py::int_(r.total_q)},
+                 {"total_k", py::int_(r.total_k)}, {"max_q", py::int_(r.max_q)}, {"max_k", py::int_(r.max_k)},
+                 {"q_off", py::int_(r.q_off)}, {"kv_off", py::int_(r.kv_off)}, {"cu_q_off", py::int_(r.cu_q_off)},
+                 {"cu_k_off", py::int_(r.cu_k_off)}});
 }
 
 }  // namespace
@@ -350,10 +304,14 @@ std::shared_ptr<const IndexArrays> index_arrays(ProgramHandle& h) {
 }
 
 py::tuple index_arrays_py(std::shared_ptr<const IndexArrays> ix) {
-  // The array shares ix's memory (the capsule keeps ix alive). Writable only so that torch.from_numpy
-  // takes it without a warning: nothing writes it.
+  // The arrays share ix's memory (the capsule keeps ix alive). Writable only so that torch.from_numpy
+  // takes them without a warning: nothing writes them.
   auto* keep = new std::shared_ptr<const IndexArrays>(ix);
   py::capsule owner(keep, [](void* p) { delete static_cast<std::shared_ptr<const IndexArrays>*>(p); });
+  static_assert(sizeof(Run) == 5 * sizeof(std::int32_t));
+  py::array_t<std::int32_t> runs({static_cast<py::ssize_t>(ix->runs.size()), static_cast<py::ssize_t>(5)},
+                                 {static_cast<py::ssize_t>(sizeof(Run)), static_cast<py::ssize_t>(4)},
+                                 reinterpret_cast<std::int32_t*>(const_cast<Run*>(ix->runs.data())), owner);
   py::array_t<std::int32_t> data({static_cast<py::ssize_t>(ix->data.size())}, {static_cast<py::ssize_t>(4)},
                                  const_cast<std::int32_t*>(ix->data.data()), owner);
   py::dict layout;
@@ -379,8 +337,9 @@ py::tuple index_arrays_py(std::shared_ptr<const IndexArrays> ix) {
     passes.append(per);
   }
   layout["passes"] = passes;
+  layout["rows"] = ix->rows;
   layout["build_seconds"] = ix->build_seconds;
-  return py::make_tuple(data, layout);
+  return py::make_tuple(runs, data, layout);
 }
 
 }  // namespace libra_py
