@@ -12,12 +12,38 @@ import torch
 _KINDS = ("in", "out", "stage")
 
 
-def _groups(dev, groups):
-    """(field, src, dst, add, class, src rows, dst rows) per index op: views of ``dev``; a side whose
-    rows are 0 .. n-1 is the slice ``slice(0, n)`` instead (exchange.py then reads or writes the
-    message's first n rows without an index op)."""
-    return [(field, src, dst, add, cls, slice(0, n) if ident & 1 else dev[s:s + n],
-             slice(0, n) if ident & 2 else dev[d:d + n]) for field, src, dst, add, cls, s, d, n, ident in groups]
+def _groups(cut, groups):
+    """(field, src, dst, add, class, src rows, dst rows) per index op: views of the rows (``cut``); a
+    side whose rows are 0 .. n-1 is the slice ``slice(0, n)`` instead (exchange.py then reads or
+    writes the message's first n rows without an index op)."""
+    return [(field, src, dst, add, cls, slice(0, n) if ident & 1 else cut(s, n),
+             slice(0, n) if ident & 2 else cut(d, n)) for field, src, dst, add, cls, s, d, n, ident in groups]
+
+
+def _cutter(rows, layout):
+    """cut(off, n): rows[off:off + n]. Every group side and merged call side of ``layout`` is made
+    by one split of the rows (they tile it in order: one op where a slice each would be hundreds)."""
+    sides = {}
+    for per in layout["passes"]:
+        for groups in [per["apply"]] + [x[k] for kind in _KINDS for x in per[kind] for k in ("gather", "local", "scatter")]:
+            for *_, s, d, n, _ident in groups:
+                sides[s] = sides[d] = n
+        for chunk in per["varlen"]:
+            for r in chunk:
+                sides[r["q_off"]] = r["total_q"] * r["hq"]
+                sides[r["kv_off"]] = r["total_k"] * r["hkv"]
+    offs = sorted(o for o, n in sides.items() if n)
+    lengths = [sides[o] for o in offs]
+    if offs and offs[0] == 0 and sum(lengths) == rows.shape[0] and all(
+            b == a + n for a, b, n in zip(offs, offs[1:], lengths)):
+        views = dict(zip(offs, rows.split(lengths)))
+    else:  # not a tiling (no layout the binding makes): a slice each
+        views = {}
+
+    def cut(off, n):
+        view = views.get(off)
+        return view if view is not None and n == sides[off] else rows[off:off + n]
+    return cut
 
 
 def _i64(t, off, n):
@@ -35,12 +61,12 @@ class Pair:
     __slots__ = ("q_home", "kv_home", "hq", "hkv", "total_q", "total_k", "max_q", "max_k", "seqs", "q", "kv",
                  "cu_q", "cu_k", "cu_host", "q2", "kv2", "lse2")
 
-    def __init__(self, rec, rows, dev, host):
+    def __init__(self, rec, cut, dev, host):
         for name in ("q_home", "kv_home", "hq", "hkv", "total_q", "total_k", "max_q", "max_k", "seqs"):
             setattr(self, name, rec[name])
         nq, nk = rec["total_q"] * rec["hq"], rec["total_k"] * rec["hkv"]
-        self.q = rows[rec["q_off"]:rec["q_off"] + nq]
-        self.kv = rows[rec["kv_off"]:rec["kv_off"] + nk]
+        self.q = cut(rec["q_off"], nq)
+        self.kv = cut(rec["kv_off"], nk)
         # The same rows shaped as the varlen tensors' leading dims, so one advanced-indexing op gathers
         # [total, heads, d] (or writes it back) with no reshape around it.
         self.q2 = self.q.view(rec["total_q"], rec["hq"])
@@ -67,8 +93,8 @@ def host_arrays(program):
     return torch.from_numpy(np.concatenate([data, cols.reshape(-1)])), layout
 
 
-# Entries of the rows one expansion step makes: bounds the device's temporaries (a few int32 an entry).
-_BATCH = 1 << 24
+# Entries of the rows one expansion step makes: bounds the device's temporaries (about three int32 an entry: 0.75 GiB at most).
+_BATCH = 1 << 26
 
 
 def _run_columns(runs, n):
@@ -94,7 +120,7 @@ def _run_columns(runs, n):
 def expand(cols, steps, n, device):
     """The rows, int32 [n] on ``device``, from the runs' columns on the device (``_run_columns``):
     entry first + k of a run is base + (k // len) * stride + k % len. A constant number of ops per
-    step (one step below 16M entries: two repeat_interleaves, the rest index and add ops; no
+    step (one step below 64M entries: two repeat_interleaves, the rest index and add ops; no
     division), with no host read of a device value (the steps' sizes come from the host)."""
     out = torch.empty(n, dtype=torch.int32, device=device)
     nrows, rowfirst, ln, d0, d1 = cols.unbind(0)
@@ -126,14 +152,15 @@ def to_device(host, layout, device):
     nd, nr = layout["data"], layout["runs"]
     data = dev[:nd]
     rows = expand(dev[nd:].view(5, nr), layout["steps"], layout["rows"], device)
+    cut = _cutter(rows, layout)
     out = []
     for per in layout["passes"]:
         p = {}
         for kind in _KINDS:
             p[kind] = [{"send": x["send"], "recv": x["recv"],
-                        **{k: _groups(rows, x[k]) for k in ("gather", "local", "scatter")}} for x in per[kind]]
-        p["apply"] = _groups(rows, per["apply"])
-        p["varlen"] = [[Pair(rec, rows, data, host) for rec in chunk] for chunk in per["varlen"]]
+                        **{k: _groups(cut, x[k]) for k in ("gather", "local", "scatter")}} for x in per[kind]]
+        p["apply"] = _groups(cut, per["apply"])
+        p["varlen"] = [[Pair(rec, cut, data, host) for rec in chunk] for chunk in per["varlen"]]
         p["descriptors"] = [(_i64(data, t, 10 * n).view(n, 10), _i64(data, b, 5)) for t, n, b in per["descriptors"]]
         # The same tables on the host, for what plans launches from them (the triton backend's work
         # rows and grids) without reading the device back; copies off the CPU, as cu_host.
