@@ -80,6 +80,62 @@ class Pair:
                         host[rec["cu_k_off"]:rec["cu_k_off"] + n].numpy().copy())
 
 
+class Joined:
+    """Consecutive merged calls of one chunk (``Pair``) with the same head widths, joined into one
+    varlen call on joined buffers (a field's home vectors, then its compute vectors: function.py),
+    so that a chunk's calls on home and compute buffers are one call, not one per buffer pair. Its
+    rows are the pairs' rows in order (a compute buffer's shifted by the home buffer's vectors), so
+    the kernel sees the same sequences and the outputs land in the same order. Built on the device
+    once per micro-batch (a few ops per pair); ``q_home`` and ``kv_home`` are True: both read the
+    joined buffers."""
+
+    __slots__ = ("hq", "hkv", "total_q", "total_k", "max_q", "max_k", "seqs", "q2", "kv2", "lse2", "cu_q", "cu_k",
+                 "cu_host", "q_home", "kv_home")
+
+    def __init__(self, pairs, home_q, home_kv):
+        self.q_home = self.kv_home = True
+        self.hq, self.hkv = pairs[0].hq, pairs[0].hkv
+        self.total_q, self.total_k = sum(p.total_q for p in pairs), sum(p.total_k for p in pairs)
+        self.max_q, self.max_k = max(p.max_q for p in pairs), max(p.max_k for p in pairs)
+        self.seqs = sum(p.seqs for p in pairs)
+        if len(pairs) == 1 and pairs[0].q_home and pairs[0].kv_home:
+            p = pairs[0]
+            self.q2, self.kv2, self.cu_q, self.cu_k, self.cu_host = p.q2, p.kv2, p.cu_q, p.cu_k, p.cu_host
+        else:
+            self.q2 = torch.cat([p.q2 if p.q_home else p.q2 + home_q for p in pairs])
+            self.kv2 = torch.cat([p.kv2 if p.kv_home else p.kv2 + home_kv for p in pairs])
+            cu = []
+            for side, attr in ((0, "cu_q"), (1, "cu_k")):
+                dev, host, at = [getattr(pairs[0], attr)], [pairs[0].cu_host[side]], 0
+                for prev, p in zip(pairs, pairs[1:]):
+                    at += prev.total_q if side == 0 else prev.total_k
+                    dev.append(getattr(p, attr)[1:] + at)
+                    host.append(p.cu_host[side][1:] + at)
+                cu.append((torch.cat(dev), np.concatenate(host)))
+            (self.cu_q, cu_qh), (self.cu_k, cu_kh) = cu
+            self.cu_host = (cu_qh, cu_kh)
+        self.lse2 = self.q2.t()
+
+    def nbytes(self):
+        """Device bytes of its own rows (0 where they are a pair's, views of the index arrays)."""
+        return sum(t.numel() * t.element_size() for t in (self.q2, self.kv2, self.cu_q, self.cu_k) if t._base is None)
+
+
+def join(pairs, home_q, home_kv):
+    """A chunk's ``Pair`` s as ``Joined`` calls: runs of consecutive pairs with the same widths (one
+    call where the widths are uniform; pairs keep their order, so the adds into one dK/dV row keep
+    theirs). ``home_q`` / ``home_kv``: the home buffers' vectors (where the compute ones start)."""
+    out, run = [], []
+    for p in pairs:
+        if run and (run[-1].hq, run[-1].hkv) != (p.hq, p.hkv):
+            out.append(Joined(run, home_q, home_kv))
+            run = []
+        run.append(p)
+    if run:
+        out.append(Joined(run, home_q, home_kv))
+    return out
+
+
 def host_arrays(program):
     """(host, layout) of ``program``'s index arrays (built once per program, GIL released): host is
     one int32 CPU tensor, the small array (cu_seqlens, descriptor tables) then what ``expand`` reads

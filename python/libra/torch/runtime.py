@@ -165,8 +165,12 @@ class PlanRuntime:
         return self._on[device]
 
     def index_bytes(self, device):
-        """Device memory the index arrays take on ``device`` (after ``on(device)``)."""
-        return nbytes(self._index_on[torch.device(device)])
+        """Device memory the index arrays take on ``device`` (after ``on(device)``), with the joined
+        varlen calls' rows built so far (compute.py; views of the arrays not counted twice)."""
+        device = torch.device(device)
+        joined = sum(c.nbytes() for key, calls in self._varlen_meta.items() if key[:2] == ("joined", device)
+                     for c in calls)
+        return nbytes(self._index_on[device]) + joined
 
     @property
     def fingerprint(self):
