@@ -121,6 +121,9 @@ struct SimConfig {
   // KV heads of the trained model in the end-to-end step (0: --heads-kv):
   // the 256K microbenchmark's attention has 16, Qwen3-30B-A3B 4.
   std::int64_t trained_heads_kv = 0;
+  // Debug: write the end-to-end step model's inputs and steps to this JSON
+  // file (empty: none), for an independent check of the 1F1B model.
+  std::string step_costs_out;
   // The recommendation minimises mean + worst_weight * worst libra-full
   // latency (0: mean only, the paper's throughput criterion; > 0 also
   // weighs the worst step, i.e. PP bubbles).

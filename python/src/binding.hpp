@@ -1,7 +1,7 @@
 // python/src/binding.hpp: what the stages of `libra._libra` share, private to
 // python/src. module.cpp defines the module and calls one bind_<stage> per
 // stage file (corpus.cpp, placement.cpp, plan.cpp, sim.cpp, kernel.cpp,
-// program.cpp); a new stage's bindings are a new file and one call there.
+// program.cpp, exec.cpp, report.cpp); a new stage's bindings are a new file and one call there.
 #pragma once
 
 #include <pybind11/numpy.h>
@@ -64,5 +64,6 @@ void bind_sim(py::module_& m);
 void bind_kernel(py::module_& m);
 void bind_program(py::module_& m);
 void bind_exec(py::module_& m);
+void bind_report(py::module_& m);
 
 }  // namespace libra_py

@@ -1,6 +1,6 @@
 // python/src/module.cpp: `libra._libra`, the torch-free Python binding of
 // libra's corpus readers, sequence placement, planner, plan files,
-// simulator and CPU attention kernel.
+// simulator, CPU attention kernel and the report of an executor run.
 //
 // Every libra Error becomes a Python exception carrying the same one-line
 // message (ValueError for bad input and mismatches, OSError for I/O,
@@ -15,7 +15,7 @@
 //   plan.fingerprint, plan.tiles["worker"], plan.byte_matrix
 //
 // One file per stage (corpus.cpp, placement.cpp, plan.cpp, sim.cpp,
-// kernel.cpp, program.cpp, exec.cpp) binds that stage; binding.hpp holds what they share.
+// kernel.cpp, program.cpp, exec.cpp, report.cpp) binds that stage; binding.hpp holds what they share.
 #include "binding.hpp"
 
 #include "libra/workload.hpp"
@@ -35,4 +35,5 @@ PYBIND11_MODULE(_libra, m) {
   libra_py::bind_kernel(m);
   libra_py::bind_program(m);
   libra_py::bind_exec(m);
+  libra_py::bind_report(m);
 }

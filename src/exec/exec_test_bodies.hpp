@@ -245,74 +245,75 @@ inline Status mismatch_case(Communicator& comm, const ExecCase& c) {
   return Status();
 }
 
-// The case matrix shared by both test programs: W = 4 (P = 2, CP = 2) and
-// W = 8 (P = 4, CP = 2); GQA, MHA, H > h_kv, a sliding window, bf16, and
-// M in {1, 2, 4}; tap, tap-split, tap-topo, ulysses as a plan and direct Ulysses;
-// tapered chunks (M 3 and 4) in every plan mode.
-inline std::vector<ExecCase> case_matrix(int world) {
-  std::vector<ExecCase> cases;
-  const int P = world / 2;
+// Makes the cases of a matrix: a case of `mode` on P slots with the next
+// pool seed; the rest as ExecCase's defaults.
+struct CaseMaker {
+  int P;
   std::uint64_t seed = 1;
-  // A case of `mode` on P slots with the next pool seed; the rest as ExecCase's defaults.
-  auto base = [&](const char* mode) {
+  ExecCase base(const char* mode) {
     ExecCase c;
     c.mode = mode;
     c.pool_size = P;
     c.pool_seed = seed++;
     return c;
-  };
-  for (const char* mode : {"tap", "tap-split", "tap-topo", "ulysses", "ulysses-direct"}) {
-    for (int chunks : {1, 2, 4}) {
-      ExecCase c = base(mode);
-      c.chunks = chunks;
-      c.heads_q = 8;
-      c.heads_kv = 2;
-      c.head_shards = 2;  // 4 query heads per tile -> M up to 4
-      cases.push_back(c);
-    }
-    // Sliding window with MHA.
-    ExecCase w = base(mode);
-    w.heads_q = 4;
-    w.heads_kv = 4;
-    w.window = 24;
-    w.chunks = 2;
-    cases.push_back(w);
-    // H > h_kv (shards share a KV head), bf16.
-    ExecCase b = base(mode);
-    b.heads_q = 8;
-    b.heads_kv = 1;
-    b.head_shards = 4;
-    b.chunks = 2;
-    b.dtype = DType::kBF16;
-    cases.push_back(b);
-    // fp16 storage, GQA, two chunks.
-    ExecCase h = base(mode);
-    h.heads_q = 8;
-    h.heads_kv = 2;
-    h.chunks = mode == std::string("ulysses-direct") ? 1 : 2;
-    h.dtype = DType::kF16;
-    cases.push_back(h);
   }
-  ExecCase dedup = base("tap");
+};
+
+// Every mode: GQA at M 1, 2, 4; a sliding window with MHA; H > h_kv in bf16; fp16 storage.
+inline void add_mode_cases(CaseMaker& mk, const char* mode, std::vector<ExecCase>& cases) {
+  for (int chunks : {1, 2, 4}) {
+    ExecCase c = mk.base(mode);
+    c.chunks = chunks;
+    c.heads_q = 8;
+    c.heads_kv = 2;
+    c.head_shards = 2;  // 4 query heads per tile -> M up to 4
+    cases.push_back(c);
+  }
+  // Sliding window with MHA.
+  ExecCase w = mk.base(mode);
+  w.heads_q = 4;
+  w.heads_kv = 4;
+  w.window = 24;
+  w.chunks = 2;
+  cases.push_back(w);
+  // H > h_kv (shards share a KV head), bf16.
+  ExecCase b = mk.base(mode);
+  b.heads_q = 8;
+  b.heads_kv = 1;
+  b.head_shards = 4;
+  b.chunks = 2;
+  b.dtype = DType::kBF16;
+  cases.push_back(b);
+  // fp16 storage, GQA, two chunks.
+  ExecCase h = mk.base(mode);
+  h.heads_q = 8;
+  h.heads_kv = 2;
+  h.chunks = mode == std::string("ulysses-direct") ? 1 : 2;
+  h.dtype = DType::kF16;
+  cases.push_back(h);
+}
+
+// Dedup per KV head, and the KV causal prefix: each worker receives (and
+// returns dK/dV for) only the keys its tiles read; M up to 4 so that heads
+// arrive in later chunks, a window, and H > h_kv with dedup per KV head.
+inline void add_dedup_and_prefix_cases(CaseMaker& mk, std::vector<ExecCase>& cases) {
+  ExecCase dedup = mk.base("tap");
   dedup.heads_q = 8;
   dedup.heads_kv = 2;
   dedup.head_shards = 4;
   dedup.chunks = 2;
   dedup.dedup_per_kv_head = true;
   cases.push_back(dedup);
-  // The KV causal prefix: each worker receives (and returns dK/dV for) only
-  // the keys its tiles read; M up to 4 so that heads arrive in later chunks,
-  // a window, and H > h_kv with dedup per KV head.
   for (const char* mode : {"tap", "tap-topo"}) {
     for (int chunks : {1, 4}) {
-      ExecCase c = base(mode);
+      ExecCase c = mk.base(mode);
       c.chunks = chunks;
       c.heads_q = 8;
       c.heads_kv = 2;
       c.kv_prefix = true;
       cases.push_back(c);
     }
-    ExecCase w = base(mode);
+    ExecCase w = mk.base(mode);
     w.heads_q = w.heads_kv = 4;
     w.window = 24;
     w.chunks = 2;
@@ -320,7 +321,7 @@ inline std::vector<ExecCase> case_matrix(int world) {
     cases.push_back(w);
   }
   ExecCase both = dedup;
-  both.pool_seed = seed++;
+  both.pool_seed = mk.seed++;
   both.dtype = DType::kBF16;
   both.kv_prefix = true;
   cases.push_back(both);
@@ -329,17 +330,20 @@ inline std::vector<ExecCase> case_matrix(int world) {
   for (const char* mode : {"tap", "tap-topo"}) {
     ExecCase shared = dedup;
     shared.mode = mode;
-    shared.pool_seed = seed++;
+    shared.pool_seed = mk.seed++;
     shared.dedup_per_kv_head = false;
     shared.kv_prefix = true;
     cases.push_back(shared);
   }
-  // Tapered chunks (first and last chunk narrower): 8 query heads a tile in
-  // 4 chunks (1, 3, 3, 1) and in 3 (2, 4, 2), 4 in 3 (1, 2, 1); KV heads
-  // whose query heads span chunks (h_kv 4), H > h_kv in bf16, the KV
-  // prefix, and ulysses as a plan (h_q / CP = 8 heads a tile).
+}
+
+// Tapered chunks (first and last chunk narrower): 8 query heads a tile in
+// 4 chunks (1, 3, 3, 1) and in 3 (2, 4, 2), 4 in 3 (1, 2, 1); KV heads
+// whose query heads span chunks (h_kv 4), H > h_kv in bf16, the KV
+// prefix, and ulysses as a plan (h_q / CP = 8 heads a tile).
+inline void add_tapered_cases(CaseMaker& mk, std::vector<ExecCase>& cases) {
   for (const char* mode : {"tap", "tap-split", "tap-topo", "ulysses"}) {
-    ExecCase c = base(mode);
+    ExecCase c = mk.base(mode);
     c.heads_q = 8;
     c.heads_kv = mode == std::string("tap-split") ? 4 : 2;
     c.head_shards = 1;
@@ -352,7 +356,7 @@ inline std::vector<ExecCase> case_matrix(int world) {
     cases.push_back(c);
   }
   for (const char* mode : {"tap", "tap-topo"}) {
-    ExecCase c = base(mode);
+    ExecCase c = mk.base(mode);
     c.heads_q = 8;
     c.heads_kv = 2;
     c.head_shards = mode == std::string("tap") ? 1 : 2;
@@ -361,7 +365,7 @@ inline std::vector<ExecCase> case_matrix(int world) {
     c.kv_prefix = mode == std::string("tap-topo");
     cases.push_back(c);
   }
-  ExecCase tapered_shared = base("tap");
+  ExecCase tapered_shared = mk.base("tap");
   tapered_shared.heads_q = 16;
   tapered_shared.heads_kv = 1;
   tapered_shared.head_shards = 2;  // H > h_kv, 8 query heads a tile
@@ -369,6 +373,18 @@ inline std::vector<ExecCase> case_matrix(int world) {
   tapered_shared.chunk_split = ChunkSplit::kTapered;
   tapered_shared.dtype = DType::kBF16;
   cases.push_back(tapered_shared);
+}
+
+// The case matrix shared by both test programs: W = 4 (P = 2, CP = 2) and
+// W = 8 (P = 4, CP = 2); GQA, MHA, H > h_kv, a sliding window, bf16, and
+// M in {1, 2, 4}; tap, tap-split, tap-topo, ulysses as a plan and direct Ulysses;
+// tapered chunks (M 3 and 4) in every plan mode.
+inline std::vector<ExecCase> case_matrix(int world) {
+  std::vector<ExecCase> cases;
+  CaseMaker mk{world / 2};
+  for (const char* mode : {"tap", "tap-split", "tap-topo", "ulysses", "ulysses-direct"}) add_mode_cases(mk, mode, cases);
+  add_dedup_and_prefix_cases(mk, cases);
+  add_tapered_cases(mk, cases);
   return cases;
 }
 

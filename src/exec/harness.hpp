@@ -139,7 +139,8 @@ struct CheckReport {
 
 // ---- the report of a run -----------------------------------------------------
 // What `libra exec` prints, as values (harness_report.cpp), so that tests
-// and bindings read the same verdict and JSON as the CLI:
+// and bindings read the same statistics, verdict and JSON as the CLI (the
+// Python binding: libra.report, python/src/report.cpp):
 //
 //   libra::CheckVerdict v = libra::check_verdict(report, libra::tolerance_for(cfg.shape.dtype));
 //   if (!v.ok) use(libra::kCheckedTensorNames[v.first_failed], v.total[v.first_failed].rel());
@@ -164,6 +165,14 @@ struct CheckVerdict {
 
 // "naive fp64" or "fp32 kernel in one process".
 [[nodiscard]] const char* reference_name(ReferenceKind kind);
+
+// The slowest rank's value and the mean over the ranks (run_check gathers every rank's times into these).
+[[nodiscard]] MaxMean max_mean_of(std::span<const double> per_rank);
+
+// The executor's own thread CPU time outside the kernel over its kernel CPU time (0 without kernel time).
+[[nodiscard]] inline double own_cpu_fraction(double cpu, double kernel_cpu) {
+  return kernel_cpu > 0 ? (cpu - kernel_cpu) / kernel_cpu : 0.0;
+}
 
 // Wall time of the slowest rank over the busiest rank's kernel time, minus 1.
 [[nodiscard]] inline double wall_overhead(const MaxMean& wall, const MaxMean& compute) {

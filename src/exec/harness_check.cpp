@@ -77,15 +77,9 @@ Result<MaxMean> max_mean(Communicator& comm, double x) {
   std::uint64_t bits;
   std::memcpy(&bits, &x, 8);
   LIBRA_ASSIGN_OR_RETURN(std::vector<std::uint64_t> all, comm.allgather(bits));
-  MaxMean m;
-  for (std::uint64_t u : all) {
-    double v;
-    std::memcpy(&v, &u, 8);
-    m.max = std::max(m.max, v);
-    m.mean += v;
-  }
-  m.mean /= static_cast<double>(all.size());
-  return m;
+  std::vector<double> per_rank(all.size());
+  for (std::size_t i = 0; i < all.size(); ++i) std::memcpy(&per_rank[i], &all[i], 8);
+  return max_mean_of(per_rank);
 }
 
 // W ranks as pools of P x CP; the messages name the flags of `libra exec`.
@@ -274,7 +268,7 @@ Result<RunTimes> timed_runs(Communicator& world, Executor& exec, RankData& d, in
 
 // Every rank's times, as the slowest and the mean over the world.
 Status gather_times(Communicator& world, const RunTimes& t, CheckReport& report) {
-  auto own = [](const PassStats& s) { return s.kernel_cpu > 0 ? (s.cpu - s.kernel_cpu) / s.kernel_cpu : 0.0; };
+  auto own = [](const PassStats& s) { return own_cpu_fraction(s.cpu, s.kernel_cpu); };
   for (auto [into, x] : {std::pair<MaxMean*, double>{&report.forward_wall, t.fwd_wall},
                          {&report.forward_compute, t.fwd_compute},
                          {&report.backward_wall, t.bwd_wall},

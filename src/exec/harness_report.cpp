@@ -1,6 +1,9 @@
-// The report of a run (harness.hpp, "the report of a run"): the check's
-// verdict and the JSON document `libra exec --json` prints.
+// The report of a run (harness.hpp, "the report of a run"): the statistics
+// over ranks, the check's verdict and the JSON document `libra exec --json`
+// prints, for the CLI, the tests and the Python binding (python/src/report.cpp).
 #include <nlohmann/json.hpp>
+
+#include <algorithm>
 
 #include "exec/harness.hpp"
 
@@ -83,6 +86,16 @@ nlohmann::ordered_json check_json(const CheckVerdict& v, const CheckReport& r) {
 }
 
 }  // namespace
+
+MaxMean max_mean_of(std::span<const double> per_rank) {
+  MaxMean m;
+  for (double v : per_rank) {
+    m.max = std::max(m.max, v);
+    m.mean += v;
+  }
+  m.mean /= static_cast<double>(per_rank.size());
+  return m;
+}
 
 Tolerance uniform_tolerance(double tolerance) { return {tolerance, tolerance, tolerance, tolerance, tolerance}; }
 

@@ -183,6 +183,95 @@ HWY_INLINE float ExpRow(float* x, I64 n, float mul, float sub) {
   return hn::GetLane(hn::SumOfLanes(df, sum));
 }
 
+// The online-softmax state of a query block's rows (pointers into the task's scratch).
+struct RowState {
+  float* m;      // running max
+  float* l;      // running sum
+  float* alpha;  // rescale of this block
+  // Rows that saw a NaN or +inf score (a NaN or Inf in q or in a visible k
+  // row): plain attention and flash-attn give NaN there, so they do too,
+  // instead of a row that looks healthy.
+  bool bad[kBq] = {};
+  // Rows that see a non-finite value row: their O is NaN (their LSE is not:
+  // it does not depend on V).
+  bool vbad[kBq] = {};
+};
+
+// Packs the block's M query rows of head h, pre-scaled and zero-padded to dp, and resets their state.
+HWY_INLINE void PackQueries(const FwdCtx& cx, I64 row0, I64 h, I64 M, float* qb, RowState& st) {
+  const ForwardArgs& A = cx.args;
+  const I64 d = cx.d, dp = cx.dp;
+  for (I64 r = 0; r < M; ++r) {
+    const I64 off = elem_offset(A.q, row0 + r, h);
+    for (I64 c = 0; c < d; ++c) qb[r * dp + c] = cx.scale * load_elem(A.q.data, A.q.dtype, off + c);
+    for (I64 c = d; c < dp; ++c) qb[r * dp + c] = 0.0f;
+    st.m[r] = kNegInf;
+    st.l[r] = 0.0f;
+  }
+}
+
+// Sets to -inf the scores of keys a row does not see (after it, or before its window), in a key block on the
+// diagonal or at the window's edge.
+HWY_INLINE void MaskScores(float* sb, I64 M, I64 qpos0, I64 j0, I64 w) {
+  const bool diag = j0 + kBk - 1 > qpos0;
+  const bool edge = j0 < first_key(qpos0 + M - 1, w);
+  if (!diag && !edge) return;
+  for (I64 r = 0; r < M; ++r) {
+    const I64 lo = first_key(qpos0 + r, w) - j0, hi = qpos0 + r - j0;
+    float* sr = sb + r * kBk;
+    for (I64 j = 0; j < std::min<I64>(lo, kBk); ++j) sr[j] = kNegInf;
+    for (I64 j = std::max<I64>(hi + 1, 0); j < kBk; ++j) sr[j] = kNegInf;
+  }
+}
+
+// The online-softmax step of one key block: scores become exp(s - new max) in place, the running max and sum
+// move on, alpha rescales the output so far. v_bad marks the block's non-finite value rows.
+HWY_INLINE void SoftmaxStep(float* sb, I64 M, I64 qpos0, I64 j0, I64 w, std::uint64_t v_bad, RowState& st) {
+  for (I64 r = 0; r < M; ++r) {
+    float* sr = sb + r * kBk;
+    const float mx = RowMax(sr, kBk);
+    if (!st.bad[r] && (mx == kPosInf || RowHasNaN(sr, kBk))) st.bad[r] = true;
+    if (!st.vbad[r] && v_bad != 0) {  // a non-finite value row this query sees
+      const I64 lo = std::max<I64>(first_key(qpos0 + r, w) - j0, 0), hi = std::min<I64>(qpos0 + r - j0, kBk - 1);
+      for (I64 j = lo; j <= hi && !st.vbad[r]; ++j) st.vbad[r] = (v_bad >> j) & 1U;
+    }
+    if (st.bad[r]) {  // its output is NaN: keep the rest of the block finite
+      st.alpha[r] = 1.0f;
+      for (I64 j = 0; j < kBk; ++j) sr[j] = 0.0f;
+      continue;
+    }
+    const float mnew = std::max(st.m[r], mx);
+    if (mnew == kNegInf) {  // nothing visible yet in this row
+      st.alpha[r] = 0.0f;
+      for (I64 j = 0; j < kBk; ++j) sr[j] = 0.0f;
+      continue;
+    }
+    const float sum = ExpRow(sr, kBk, 1.0f, mnew);
+    st.alpha[r] = st.m[r] == kNegInf ? 0.0f : std::exp(st.m[r] - mnew);
+    st.l[r] = st.l[r] * st.alpha[r] + sum;
+    st.m[r] = mnew;
+  }
+}
+
+// Writes O = ob / l and LSE = m + log(l) of the block's rows (NaN for the rows marked bad).
+HWY_INLINE void StoreOutputs(const FwdCtx& cx, I64 row0, I64 h, I64 M, const float* ob, const RowState& st) {
+  const ForwardArgs& A = cx.args;
+  const I64 d = cx.d, dp = cx.dp;
+  for (I64 r = 0; r < M; ++r) {
+    if (st.bad[r]) {
+      const I64 off = elem_offset(A.o, row0 + r, h);
+      for (I64 c = 0; c < d; ++c) store_elem(A.o.data, A.o.dtype, off + c, kNaN);
+      static_cast<float*>(A.lse.data)[elem_offset(A.lse, row0 + r, h)] = kNaN;
+      continue;
+    }
+    const float inv = st.vbad[r] ? kNaN : st.l[r] > 0.0f ? 1.0f / st.l[r] : 0.0f;
+    const I64 off = elem_offset(A.o, row0 + r, h);
+    for (I64 c = 0; c < d; ++c) store_elem(A.o.data, A.o.dtype, off + c, ob[r * dp + c] * inv);
+    static_cast<float*>(A.lse.data)[elem_offset(A.lse, row0 + r, h)] =
+        st.l[r] > 0.0f ? st.m[r] + std::log(st.l[r]) : kNegInf;
+  }
+}
+
 void ForwardTask(const FwdCtx& cx, const FwdTask& t, float* scratch) {
   const ForwardArgs& A = cx.args;
   const Fragment& f = A.fragments[static_cast<std::size_t>(t.frag)];
@@ -192,24 +281,9 @@ void ForwardTask(const FwdCtx& cx, const FwdTask& t, float* scratch) {
   float* qb = scratch;              // [kBq][dp], pre-scaled
   float* ob = qb + kBq * dp;        // [kBq][dp]
   float* sb = ob + kBq * dp;        // [kBq][kBk]
-  float* mrow = sb + kBq * kBk;     // running max
-  float* lrow = mrow + kBq;         // running sum
-  float* alpha = lrow + kBq;        // rescale of this block
+  RowState st{.m = sb + kBq * kBk, .l = sb + kBq * kBk + kBq, .alpha = sb + kBq * kBk + 2 * kBq};
   const I64 row0 = f.q_row + t.i0, qpos0 = f.a + t.i0, qlast = qpos0 + M - 1;
-  for (I64 r = 0; r < M; ++r) {
-    const I64 off = elem_offset(A.q, row0 + r, h);
-    for (I64 c = 0; c < d; ++c) qb[r * dp + c] = cx.scale * load_elem(A.q.data, A.q.dtype, off + c);
-    for (I64 c = d; c < dp; ++c) qb[r * dp + c] = 0.0f;
-    mrow[r] = kNegInf;
-    lrow[r] = 0.0f;
-  }
-  // Rows that saw a NaN or +inf score (a NaN or Inf in q or in a visible k
-  // row): plain attention and flash-attn give NaN there, so they do too,
-  // instead of a row that looks healthy.
-  bool bad[kBq] = {};
-  // Rows that see a non-finite value row: their O is NaN (their LSE is not:
-  // it does not depend on V).
-  bool vbad[kBq] = {};
+  PackQueries(cx, row0, h, M, qb, st);
   const I64 jb0 = first_key(qpos0, w) / kBk, jb1 = qlast / kBk;
   for (I64 jb = jb0; jb <= jb1; ++jb) {
     const I64 j0 = jb * kBk;
@@ -219,55 +293,66 @@ void ForwardTask(const FwdCtx& cx, const FwdTask& t, float* scratch) {
       PrefetchL2(cx.v + (blk + 1) * kBk * dp, kBk * dp);
     }
     Gemm(M, kBk, d, qb, dp, 1, cx.kt + blk * dp * kBk, kBk, sb, kBk, nullptr, false);
-    const bool diag = j0 + kBk - 1 > qpos0;
-    const bool edge = j0 < first_key(qlast, w);
-    if (diag || edge) {
-      for (I64 r = 0; r < M; ++r) {
-        const I64 lo = first_key(qpos0 + r, w) - j0, hi = qpos0 + r - j0;
-        float* sr = sb + r * kBk;
-        for (I64 j = 0; j < std::min<I64>(lo, kBk); ++j) sr[j] = kNegInf;
-        for (I64 j = std::max<I64>(hi + 1, 0); j < kBk; ++j) sr[j] = kNegInf;
-      }
-    }
-    const std::uint64_t v_bad = cx.v_bad[blk];
-    for (I64 r = 0; r < M; ++r) {
-      float* sr = sb + r * kBk;
-      const float mx = RowMax(sr, kBk);
-      if (!bad[r] && (mx == kPosInf || RowHasNaN(sr, kBk))) bad[r] = true;
-      if (!vbad[r] && v_bad != 0) {  // a non-finite value row this query sees
-        const I64 lo = std::max<I64>(first_key(qpos0 + r, w) - j0, 0), hi = std::min<I64>(qpos0 + r - j0, kBk - 1);
-        for (I64 j = lo; j <= hi && !vbad[r]; ++j) vbad[r] = (v_bad >> j) & 1U;
-      }
-      if (bad[r]) {  // its output is NaN: keep the rest of the block finite
-        alpha[r] = 1.0f;
-        for (I64 j = 0; j < kBk; ++j) sr[j] = 0.0f;
-        continue;
-      }
-      const float mnew = std::max(mrow[r], mx);
-      if (mnew == kNegInf) {  // nothing visible yet in this row
-        alpha[r] = 0.0f;
-        for (I64 j = 0; j < kBk; ++j) sr[j] = 0.0f;
-        continue;
-      }
-      const float sum = ExpRow(sr, kBk, 1.0f, mnew);
-      alpha[r] = mrow[r] == kNegInf ? 0.0f : std::exp(mrow[r] - mnew);
-      lrow[r] = lrow[r] * alpha[r] + sum;
-      mrow[r] = mnew;
-    }
-    Gemm(M, dp, kBk, sb, kBk, 1, cx.v + blk * kBk * dp, dp, ob, dp, alpha, jb != jb0);
+    MaskScores(sb, M, qpos0, j0, w);
+    SoftmaxStep(sb, M, qpos0, j0, w, cx.v_bad[blk], st);
+    Gemm(M, dp, kBk, sb, kBk, 1, cx.v + blk * kBk * dp, dp, ob, dp, st.alpha, jb != jb0);
   }
+  StoreOutputs(cx, row0, h, M, ob, st);
+}
+
+// P and dS of a query block against the key block, row by row: P = exp(S - lse) in pb, dS = P (dP - delta) in
+// sb (which holds dP), both masked; rows that see a non-finite key get a NaN dQ.
+HWY_INLINE void ScoresToGradients(const BwdCtx& cx, I64 blk, I64 j0, I64 qs, I64 M, const float* lse,
+                                  const float* delta, float* pb, float* sb, float* dq) {
+  const I64 d = cx.d, dp = cx.dp, w = cx.args.window;
+  const DF df;
+  const I64 L = static_cast<I64>(hn::Lanes(df));
+  const bool diag = j0 + kBk - 1 > qs;
+  const bool edge = j0 < first_key(qs + M - 1, w);
   for (I64 r = 0; r < M; ++r) {
-    if (bad[r]) {
-      const I64 off = elem_offset(A.o, row0 + r, h);
-      for (I64 c = 0; c < d; ++c) store_elem(A.o.data, A.o.dtype, off + c, kNaN);
-      static_cast<float*>(A.lse.data)[elem_offset(A.lse, row0 + r, h)] = kNaN;
-      continue;
+    float* pr = pb + r * kBk;
+    float* sr = sb + r * kBk;
+    // A row whose log-sum-exp is NaN (the forward made it NaN: it saw
+    // a NaN or Inf in q or k) has a NaN P, as in plain attention; Exp
+    // alone would zero it. A NaN delta (a non-finite v row it sees)
+    // makes its dS NaN through the subtraction below. The operands are
+    // finite here (non-finite values are packed as 0).
+    const bool nan_row = std::isnan(lse[r]);
+    ExpRow(pr, kBk, 1.0f, lse[r]);  // q is packed pre-scaled, as in the forward
+    if (nan_row) std::fill(pr, pr + kBk, kNaN);
+    const VF vd = hn::Set(df, delta[r]);
+    for (I64 j = 0; j < kBk; j += L) {
+      const VF p = hn::LoadU(df, pr + j);
+      hn::StoreU(hn::Mul(p, hn::Sub(hn::LoadU(df, sr + j), vd)), df, sr + j);
     }
-    const float inv = vbad[r] ? kNaN : lrow[r] > 0.0f ? 1.0f / lrow[r] : 0.0f;
-    const I64 off = elem_offset(A.o, row0 + r, h);
-    for (I64 c = 0; c < d; ++c) store_elem(A.o.data, A.o.dtype, off + c, ob[r * dp + c] * inv);
-    static_cast<float*>(A.lse.data)[elem_offset(A.lse, row0 + r, h)] =
-        lrow[r] > 0.0f ? mrow[r] + std::log(lrow[r]) : kNegInf;
+    if (const std::uint64_t kb = cx.k_bad[blk]; kb != 0) {
+      const I64 lo = std::max<I64>(first_key(qs + r, w) - j0, 0), hi = std::min<I64>(qs + r - j0, kBk - 1);
+      bool sees = false;
+      for (I64 j = lo; j <= hi && !sees; ++j) sees = (kb >> j) & 1U;
+      if (sees) std::fill(dq + r * dp, dq + r * dp + d, kNaN);
+    }
+    if (diag || edge) {
+      // Masked after dS too: 0 * NaN is NaN, and keys this row does
+      // not see must not get its NaN.
+      const I64 lo = first_key(qs + r, w) - j0, hi = qs + r - j0;
+      for (I64 j = 0; j < std::min<I64>(lo, kBk); ++j) pr[j] = sr[j] = 0.0f;
+      for (I64 j = std::max<I64>(hi + 1, 0); j < kBk; ++j) pr[j] = sr[j] = 0.0f;
+    }
+  }
+}
+
+// Adds the key block's dK and dV (jn real keys) into the outputs of KV head g.
+HWY_INLINE void AddKeyGradients(const BwdCtx& cx, const Group& gr, I64 j0, I64 jn, const float* dk, const float* dv) {
+  const BackwardArgs& A = cx.args;
+  const I64 d = cx.d, dp = cx.dp, g = cx.g;
+  for (I64 r = 0; r < jn; ++r) {
+    const I64 krow = gr.kv_row + j0 + r;
+    const I64 ok = elem_offset(A.dk, krow, g), ov = elem_offset(A.dv, krow, g);
+    for (I64 c = 0; c < d; ++c) {
+      // dK = scale dS^T Q: the scale is already in the packed Q.
+      store_elem(A.dk.data, A.dk.dtype, ok + c, load_elem(A.dk.data, A.dk.dtype, ok + c) + dk[r * dp + c]);
+      store_elem(A.dv.data, A.dv.dtype, ov + c, load_elem(A.dv.data, A.dv.dtype, ov + c) + dv[r * dp + c]);
+    }
   }
 }
 
@@ -285,8 +370,6 @@ void BackwardTask(const BwdCtx& cx, const BwdTask& t, float* scratch, float* dq_
   const float* kt = cx.kt + blk * dp * kBk;
   const float* vt = cx.vt + blk * dp * kBk;
   const float* kr = cx.kr + blk * kBk * dp;
-  const DF df;
-  const I64 L = static_cast<I64>(hn::Lanes(df));
   for (I64 hl = 0; hl < cx.hg; ++hl) {
     const float* qp = cx.qp + hl * rows * dp;
     const float* dop = cx.dop + hl * rows * dp;
@@ -311,54 +394,14 @@ void BackwardTask(const BwdCtx& cx, const BwdTask& t, float* scratch, float* dq_
         }
         Gemm(M, kBk, d, qb, dp, 1, kt, kBk, pb, kBk, nullptr, false);
         Gemm(M, kBk, d, dob, dp, 1, vt, kBk, sb, kBk, nullptr, false);
-        const bool diag = j0 + kBk - 1 > qs;
-        const bool edge = j0 < first_key(qs + M - 1, w);
-        for (I64 r = 0; r < M; ++r) {
-          float* pr = pb + r * kBk;
-          float* sr = sb + r * kBk;
-          // A row whose log-sum-exp is NaN (the forward made it NaN: it saw
-          // a NaN or Inf in q or k) has a NaN P, as in plain attention; Exp
-          // alone would zero it. A NaN delta (a non-finite v row it sees)
-          // makes its dS NaN through the subtraction below. The operands are
-          // finite here (non-finite values are packed as 0).
-          const bool nan_row = std::isnan(lse[row + r]);
-          ExpRow(pr, kBk, 1.0f, lse[row + r]);  // q is packed pre-scaled, as in the forward
-          if (nan_row) std::fill(pr, pr + kBk, kNaN);
-          const VF vd = hn::Set(df, delta[row + r]);
-          for (I64 j = 0; j < kBk; j += L) {
-            const VF p = hn::LoadU(df, pr + j);
-            hn::StoreU(hn::Mul(p, hn::Sub(hn::LoadU(df, sr + j), vd)), df, sr + j);
-          }
-          if (const std::uint64_t kb = cx.k_bad[blk]; kb != 0) {
-            const I64 lo = std::max<I64>(first_key(qs + r, w) - j0, 0), hi = std::min<I64>(qs + r - j0, kBk - 1);
-            bool sees = false;
-            for (I64 j = lo; j <= hi && !sees; ++j) sees = (kb >> j) & 1U;
-            if (sees) std::fill(dq + (row + r) * dp, dq + (row + r) * dp + d, kNaN);
-          }
-          if (diag || edge) {
-            // Masked after dS too: 0 * NaN is NaN, and keys this row does
-            // not see must not get its NaN.
-            const I64 lo = first_key(qs + r, w) - j0, hi = qs + r - j0;
-            for (I64 j = 0; j < std::min<I64>(lo, kBk); ++j) pr[j] = sr[j] = 0.0f;
-            for (I64 j = std::max<I64>(hi + 1, 0); j < kBk; ++j) pr[j] = sr[j] = 0.0f;
-          }
-        }
+        ScoresToGradients(cx, blk, j0, qs, M, lse + row, delta + row, pb, sb, dq + row * dp);
         Gemm(kBk, dp, M, pb, 1, kBk, dob, dp, dv, dp, nullptr, true);
         Gemm(kBk, dp, M, sb, 1, kBk, qb, dp, dk, dp, nullptr, true);
         Gemm(M, dp, kBk, sb, kBk, 1, kr, dp, dq + row * dp, dp, nullptr, true);
       }
     }
   }
-  const I64 g = cx.g;
-  for (I64 r = 0; r < jn; ++r) {
-    const I64 krow = gr.kv_row + j0 + r;
-    const I64 ok = elem_offset(A.dk, krow, g), ov = elem_offset(A.dv, krow, g);
-    for (I64 c = 0; c < d; ++c) {
-      // dK = scale dS^T Q: the scale is already in the packed Q.
-      store_elem(A.dk.data, A.dk.dtype, ok + c, load_elem(A.dk.data, A.dk.dtype, ok + c) + dk[r * dp + c]);
-      store_elem(A.dv.data, A.dv.dtype, ov + c, load_elem(A.dv.data, A.dv.dtype, ov + c) + dv[r * dp + c]);
-    }
-  }
+  AddKeyGradients(cx, gr, j0, jn, dk, dv);
 }
 
 // Peak probe: independent chains acc = acc * mul + add. Enough chains to

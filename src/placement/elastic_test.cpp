@@ -211,19 +211,12 @@ rc::Gen<Case> gen_case() {
   });
 }
 
-RC_GTEST_PROP(Elastic, Properties, ()) {
-  const Case c = *gen_case();
-  const auto got = place_window(c.w, elastic(c.p, c.dp, c.k, c.threshold, c.rule));
-  RC_ASSERT(got.ok());
-  const auto vrsp = place_window(c.w, {.pool_size = c.p, .mode = PlacementMode::kVrsp});
-  const std::size_t num_pools = c.w.size() / static_cast<std::size_t>(c.p);
-  const std::int64_t ppg = c.dp / c.p;
-
-  // Step-equivalence: pools of exactly P, every sequence exactly once.
-  RC_ASSERT(got->pools.size() == num_pools);
+// Step-equivalence: pools of exactly P, every sequence exactly once; returns the pools' loads.
+std::vector<std::int64_t> check_pools(const Case& c, const WindowPlacement& got) {
+  RC_ASSERT(got.pools.size() == c.w.size() / static_cast<std::size_t>(c.p));
   std::vector<int> seen(c.w.size(), 0);
   std::vector<std::int64_t> loads;
-  for (const auto& pool : got->pools) {
+  for (const auto& pool : got.pools) {
     RC_ASSERT(static_cast<std::int64_t>(pool.size()) == c.p);
     std::int64_t load = 0;
     for (std::int32_t i : pool) {
@@ -233,13 +226,18 @@ RC_GTEST_PROP(Elastic, Properties, ()) {
     loads.push_back(load);
   }
   RC_ASSERT(std::all_of(seen.begin(), seen.end(), [](int s) { return s == 1; }));
-  RC_ASSERT(loads == got->loads);
+  RC_ASSERT(loads == got.loads);
+  return loads;
+}
 
-  // Domains: a partition of the pools, at most k pools, one GA step each;
-  // the buddy rule uses the fixed positions [j*k', (j+1)*k') of a step.
+// Domains: a partition of the pools, at most k pools, one GA step each;
+// the buddy rule uses the fixed positions [j*k', (j+1)*k') of a step.
+void check_domains(const Case& c, const WindowPlacement& got) {
+  const std::size_t num_pools = c.w.size() / static_cast<std::size_t>(c.p);
+  const std::int64_t ppg = c.dp / c.p;
   std::vector<int> in(num_pools, 0);
   const std::int64_t kk = std::min(c.k, ppg);
-  for (const auto& d : got->domains) {
+  for (const auto& d : got.domains) {
     RC_ASSERT(!d.empty());
     RC_ASSERT(static_cast<std::int64_t>(d.size()) <= c.k);
     RC_ASSERT(std::is_sorted(d.begin(), d.end()));
@@ -254,6 +252,19 @@ RC_GTEST_PROP(Elastic, Properties, ()) {
     }
   }
   RC_ASSERT(std::all_of(in.begin(), in.end(), [](int s) { return s == 1; }));
+}
+
+RC_GTEST_PROP(Elastic, Properties, ()) {
+  const Case c = *gen_case();
+  const auto got = place_window(c.w, elastic(c.p, c.dp, c.k, c.threshold, c.rule));
+  RC_ASSERT(got.ok());
+  const auto vrsp = place_window(c.w, {.pool_size = c.p, .mode = PlacementMode::kVrsp});
+  const std::size_t num_pools = c.w.size() / static_cast<std::size_t>(c.p);
+  const std::int64_t ppg = c.dp / c.p;
+
+  const std::vector<std::int64_t> loads = check_pools(c, *got);
+  check_domains(c, *got);
+  const std::int64_t kk = std::min(c.k, ppg);
 
   // The figures, recomputed naively in doubles.
   const double sum = static_cast<double>(std::accumulate(c.w.begin(), c.w.end(), std::int64_t{0}));

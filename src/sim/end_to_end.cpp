@@ -5,7 +5,10 @@
 // over the pipeline stages, and run through the step model
 // (step_model.hpp) at every coupling setting.
 #include <algorithm>
+#include <nlohmann/json.hpp>
 #include <numeric>
+
+#include "libra/io.hpp"
 
 #include "libra/workload.hpp"
 #include "sim/internal.hpp"
@@ -55,11 +58,12 @@ Result<std::vector<PlanCost>> ulysses_costs(Window& win) {
 
 // Per replica, its micro-batches' stage costs at this DP (replica r of GA
 // step g runs sequence g * DP + r); forward seconds per micro-batch into
-// `fwd` when given.
+// `fwd` and the micro-batches into `parts` when given.
 std::vector<ReplicaCosts> ulysses_replicas(const Window& win, const std::vector<PlanCost>& uly, std::int64_t dp,
-                                           std::vector<double>* fwd) {
+                                           std::vector<double>* fwd, std::vector<std::vector<MicroBatch>>* parts) {
   const SimConfig& cfg = win.ctx.cfg;
   std::vector<ReplicaCosts> reps(static_cast<std::size_t>(dp));
+  if (parts != nullptr) parts->assign(static_cast<std::size_t>(dp), {});
   for (std::size_t i = 0; i < win.seqs.size(); ++i) {
     const std::int64_t g = static_cast<std::int64_t>(i) / dp, r = static_cast<std::int64_t>(i) % dp;
     auto gpus = pool_gpus(r, 1, cfg.cp);
@@ -70,6 +74,7 @@ std::vector<ReplicaCosts> ulysses_replicas(const Window& win, const std::vector<
                         .lin_fwd = lin(win.ctx, tok, false),
                         .lin_bwd = lin(win.ctx, tok, true)};
     reps[static_cast<std::size_t>(r)].push_back(stage_costs(mb, cfg.model.layers, cfg.pp));
+    if (parts != nullptr) (*parts)[static_cast<std::size_t>(r)].push_back(mb);
     if (fwd != nullptr) fwd->push_back(static_cast<double>(cfg.model.layers) * mb.attn_fwd + mb.lin_fwd);
   }
   return reps;
@@ -89,7 +94,8 @@ struct LibraRun {
 
 // Libra: VRSP pools of P = gcd(P_rec, DP); a pool's replicas wait for each
 // other at every layer's all-to-all, so each runs the pool's slowest worker.
-Result<std::vector<ReplicaCosts>> libra_replicas(Window& win, LibraRun& lr, std::int64_t dp, std::vector<double>* fwd) {
+Result<std::vector<ReplicaCosts>> libra_replicas(Window& win, LibraRun& lr, std::int64_t dp, std::vector<double>* fwd,
+                                                 std::vector<std::vector<MicroBatch>>* parts) {
   const SimConfig& cfg = win.ctx.cfg;
   const std::int64_t p = std::gcd(lr.rec.pool_size, dp);
   const double t0 = thread_cpu_seconds();
@@ -111,6 +117,7 @@ Result<std::vector<ReplicaCosts>> libra_replicas(Window& win, LibraRun& lr, std:
   }
   const bool pipelined = variant_pipelined(lr.variant);
   std::vector<ReplicaCosts> reps(static_cast<std::size_t>(dp), ReplicaCosts(static_cast<std::size_t>(cfg.gbs / dp)));
+  if (parts != nullptr) parts->assign(reps.size(), std::vector<MicroBatch>(static_cast<std::size_t>(cfg.gbs / dp)));
   for (std::size_t k = 0; k < pl.pools.size(); ++k) {
     const auto pool = pool_of(win.seqs, pl.pools[k]);
     const auto gpus = pool_gpus(lay.pool_first_replica[k], p, cfg.cp);
@@ -125,6 +132,7 @@ Result<std::vector<ReplicaCosts>> libra_replicas(Window& win, LibraRun& lr, std:
     const MicroBatchCost stages = stage_costs(mb, cfg.model.layers, cfg.pp);
     for (std::int64_t r = lay.pool_first_replica[k]; r < lay.pool_first_replica[k] + p; ++r) {
       reps[static_cast<std::size_t>(r)][static_cast<std::size_t>(g)] = stages;
+      if (parts != nullptr) (*parts)[static_cast<std::size_t>(r)][static_cast<std::size_t>(g)] = mb;
     }
     if (fwd != nullptr) {
       for (const auto& s : pool) {
@@ -137,11 +145,16 @@ Result<std::vector<ReplicaCosts>> libra_replicas(Window& win, LibraRun& lr, std:
 
 }  // namespace
 
+// The gradient all-reduce of one stage's share of the parameters over DP.
+double step_allreduce_seconds(const SimConfig& cfg, std::int64_t dp) {
+  return allreduce_seconds(cfg.cost.net, cfg.model.grad_bytes_per_gpu / static_cast<double>(cfg.pp), dp);
+}
+
 // Both modes' steps at every coupling setting. A libra pool couples its P
 // replicas anyway, so a coupled span joins whole pools (lcm(span, P)).
 std::vector<CouplingSteps> steps_at(const SimConfig& cfg, const std::vector<ReplicaCosts>& uly,
                                          const std::vector<ReplicaCosts>& libra, std::int64_t dp, std::int64_t p) {
-  const double ar = allreduce_seconds(cfg.cost.net, cfg.model.grad_bytes_per_gpu / static_cast<double>(cfg.pp), dp);
+  const double ar = step_allreduce_seconds(cfg, dp);
   std::vector<CouplingSteps> out;
   for (std::int64_t span : coupling_settings(cfg)) {
     const std::int64_t libra_span = span == kCoupleAll ? kCoupleAll : std::lcm(span, p);
@@ -172,15 +185,23 @@ E2eWindow e2e_window(const Ctx& ctx, std::span<const PackedSequence> window, std
                                libra == Variant::kLibraTopo ? PlanMode::kTapTopo : PlanMode::kTap, false);
   lpc.chunk_split = split;
   LibraRun lr{rec, libra, lpc, relayed, {}};
+  const bool traced = !ctx.cfg.step_costs_out.empty();
   for (std::int64_t dp : dps) {
     const bool at_dp = dp == ctx.cfg.dp;
-    const auto ur = ulysses_replicas(win, *uly, dp, at_dp ? &out.mb_ulysses : nullptr);
-    auto lrp = libra_replicas(win, lr, dp, at_dp ? &out.mb_libra : nullptr);
+    StepTrace tr;
+    tr.dp = dp;
+    tr.pool_size = std::gcd(rec.pool_size, dp);
+    const auto ur = ulysses_replicas(win, *uly, dp, at_dp ? &out.mb_ulysses : nullptr, traced ? &tr.ulysses : nullptr);
+    auto lrp = libra_replicas(win, lr, dp, at_dp ? &out.mb_libra : nullptr, traced ? &tr.libra : nullptr);
     if (!lrp.ok()) {
       out.status = lrp.error();
       return out;
     }
-    out.steps.push_back(steps_at(ctx.cfg, ur, *lrp, dp, std::gcd(rec.pool_size, dp)));
+    out.steps.push_back(steps_at(ctx.cfg, ur, *lrp, dp, tr.pool_size));
+    if (traced) {
+      tr.allreduce = step_allreduce_seconds(ctx.cfg, dp);
+      out.trace.push_back(std::move(tr));
+    }
   }
   return out;
 }
@@ -256,6 +277,44 @@ Status fold_end_to_end(const std::vector<E2eWindow>& er, const std::vector<std::
   res.microbatch_ulysses = normalised(mbu, libra_mean);
   res.microbatch_libra = normalised(mbl, libra_mean);
   return {};
+}
+
+namespace {
+
+nlohmann::json micro_batches(const std::vector<std::vector<MicroBatch>>& reps) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& r : reps) {
+    nlohmann::json mbs = nlohmann::json::array();
+    for (const MicroBatch& m : r) mbs.push_back({m.attn_fwd, m.attn_bwd, m.lin_fwd, m.lin_bwd});
+    out.push_back(std::move(mbs));
+  }
+  return out;
+}
+
+}  // namespace
+
+// For an independent check of the step model (tests/python/test_step_model.py):
+// the micro-batches as [attn_fwd, attn_bwd, lin_fwd, lin_bwd] (per layer,
+// per layer, whole model, whole model) and what this model made of them.
+Status write_step_costs(const std::string& path, const SimConfig& cfg, const std::vector<E2eWindow>& er) {
+  nlohmann::json windows = nlohmann::json::array();
+  for (std::size_t w = 0; w < er.size(); ++w) {
+    nlohmann::json points = nlohmann::json::array();
+    for (std::size_t k = 0; k < er[w].trace.size(); ++k) {
+      const StepTrace& t = er[w].trace[k];
+      nlohmann::json steps = nlohmann::json::array();
+      for (const CouplingSteps& c : er[w].steps[k]) {
+        steps.push_back({{"coupling", coupling_name(c.coupling)}, {"span", c.coupling}, {"ulysses", c.ulysses},
+                         {"libra", c.libra}});
+      }
+      points.push_back({{"dp", t.dp}, {"pool_size", t.pool_size}, {"allreduce_s", t.allreduce},
+                        {"steps", std::move(steps)}, {"ulysses", micro_batches(t.ulysses)},
+                        {"libra", micro_batches(t.libra)}});
+    }
+    windows.push_back({{"window", w}, {"tokens", er[w].tokens}, {"points", std::move(points)}});
+  }
+  const nlohmann::json doc = {{"layers", cfg.model.layers}, {"pp", cfg.pp}, {"windows", std::move(windows)}};
+  return write_file_atomic(path, doc.dump() + "\n");
 }
 
 }  // namespace libra::detail

@@ -259,14 +259,25 @@ std::vector<std::int64_t> coupling_settings(const SimConfig& cfg);
 // stage_layers: a stage runs its layers' attention and its share of the
 // linear part.
 MicroBatchCost stage_costs(const MicroBatch& mb, std::int64_t layers, std::int64_t stages);
+// The gradient all-reduce of the step at `dp`: one stage's share of
+// --grad-bytes-per-gpu.
+double step_allreduce_seconds(const SimConfig& cfg, std::int64_t dp);
 // The step seconds of one window at one DP, per coupling setting.
 struct CouplingSteps {
   std::int64_t coupling = 1;  // Coupling::span
   double ulysses = 0, libra = 0;
 };
+// The step model's inputs at one DP point, kept for --step-costs-out: every
+// replica's micro-batches (GA order) before the stage split.
+struct StepTrace {
+  std::int64_t dp = 0, pool_size = 1;
+  double allreduce = 0;
+  std::vector<std::vector<MicroBatch>> ulysses, libra;  // [replica][GA step]
+};
 struct E2eWindow {
   Status status;
   std::vector<std::vector<CouplingSteps>> steps;  // [DP point][coupling setting]
+  std::vector<StepTrace> trace;                   // [DP point], with --step-costs-out only
   std::vector<double> mb_ulysses, mb_libra;       // forward seconds per microbatch at cfg.dp
   double tokens = 0;
   Timing timing;
@@ -281,6 +292,9 @@ E2eWindow e2e_window(const Ctx& ctx, std::span<const PackedSequence> window, std
 // per-replica costs (replica-major, micro-batches in GA order).
 std::vector<CouplingSteps> steps_at(const SimConfig& cfg, const std::vector<ReplicaCosts>& uly,
                                     const std::vector<ReplicaCosts>& libra, std::int64_t dp, std::int64_t p);
+// Writes --step-costs-out: per window and DP point the traces above and the
+// step at every coupling setting (docs/simulator.md, "Checking the step").
+Status write_step_costs(const std::string& path, const SimConfig& cfg, const std::vector<E2eWindow>& er);
 // Folds the windows into res.dp_scaling and the microbatch statistics.
 Status fold_end_to_end(const std::vector<E2eWindow>& er, const std::vector<std::int64_t>& dps,
                        const SimCandidate& rec, SimResult& res);

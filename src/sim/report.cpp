@@ -83,7 +83,10 @@ std::string end_to_end_table(const SimResult& r) {
 
 }  // namespace
 
-std::string sim_table(const SimResult& r) {
+namespace {
+
+// The run's setting: corpus, model, candidates, hardware, topology, and what was skipped.
+std::string table_setting(const SimResult& r) {
   const SimConfig& c = r.config;
   std::string o;
   o += fmt::format("libra simulate: {}  L={}  GBS={}  DP={}  CP={}  model {} (h_q={} h_kv={} d={} e={})\n", c.source,
@@ -101,6 +104,12 @@ std::string sim_table(const SimResult& r) {
   for (const auto& s : r.skipped) {
     o += fmt::format("skipped {}{}: {}\n", cand(s.candidate), s.chunks ? fmt::format(" M={}", s.chunks) : "", s.reason);
   }
+  return o;
+}
+
+// The baselines' latencies.
+std::string table_baselines(const SimResult& r) {
+  std::string o;
   o += "\nCore-attention forward latency per layer per GA step (slowest GPU), ms, mean / worst over steps\n";
   o += fmt::format("  baselines: ulysses {:.3f} / {:.3f}   wlb {:.3f} / {:.3f}{}   wlb-loader {:.3f} / {:.3f}\n",
                    ms(r.ulysses.mean), ms(r.ulysses.worst), ms(r.wlb.mean), ms(r.wlb.worst),
@@ -108,6 +117,12 @@ std::string sim_table(const SimResult& r) {
                    ms(r.wlb_loader.mean), ms(r.wlb_loader.worst));
   o += "  (wlb: the window repacked and sorted, its heaviest sequences in GA step 0; wlb-loader: each GA step's own "
        "samples repacked in that step)\n";
+  return o;
+}
+
+// One row per candidate: imbalance, bytes and every variant's latency.
+std::string table_candidates(const SimResult& r) {
+  std::string o;
   o += "\n";
   o += fmt::format("{:<24} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10} {:>17} {:>17} {:>17} {:>17} {:>17} {:>17}{}\n",
                    "candidate", "R-1 vrsp", "R-1 samp", "R-1 rand", "R-1 refn", "intra", "intra+", "MB/pool",
@@ -136,6 +151,12 @@ std::string sim_table(const SimResult& r) {
   }
   o += "(R-1: inter-pool imbalance, mean over windows (rand: mean of --random-seeds groupings); intra: TAP on VRSP pools; intra+: tap-split + per-KV-head dedup on\n"
        " vrsp-refine pools; MB/pool: exchanged bytes per pool per layer; latencies mean/worst ms; * recommended, + runner-up)\n";
+  return o;
+}
+
+// The recommendation and its per-step decomposition (empty when none was made).
+std::string table_recommendation(const SimResult& r) {
+  std::string o;
   if (r.recommended >= 0) {
     o += "\nRecommendation: " + r.recommendation_reason + "\n";
     auto row = [&](const char* what, const StepDecomposition& d) {
@@ -153,6 +174,13 @@ std::string sim_table(const SimResult& r) {
     o += row("mean step", r.mean_step);
     o += row("worst step", r.worst_step);
   }
+  return o;
+}
+
+// Corpus calibration and the comparison with the paper's figures.
+std::string table_calibration_and_paper(const SimResult& r) {
+  const SimConfig& c = r.config;
+  std::string o;
   if (!r.calibration.random.empty()) {
     o += fmt::format("\nCorpus calibration statistics over the simulated windows (GBS {}):", c.gbs);
     for (std::size_t i = 0; i < r.calibration.random.size(); ++i) {
@@ -170,6 +198,17 @@ std::string sim_table(const SimResult& r) {
                        p.note.empty() ? std::string() : fmt::format("  ({})", p.note));
     }
   }
+  return o;
+}
+
+}  // namespace
+
+std::string sim_table(const SimResult& r) {
+  std::string o = table_setting(r);
+  o += table_baselines(r);
+  o += table_candidates(r);
+  o += table_recommendation(r);
+  o += table_calibration_and_paper(r);
   for (const auto& n : r.not_comparable) o += fmt::format("Not compared: {}\n", n);
   if (!r.dp_scaling.empty()) {
     o += end_to_end_table(r);
@@ -180,24 +219,132 @@ std::string sim_table(const SimResult& r) {
   return o;
 }
 
-std::string sim_json(const SimResult& r) {
-  using J = nlohmann::ordered_json;
-  auto stat = [](const Stat& s) { return J{{"mean", s.mean}, {"worst", s.worst}}; };
+namespace {
+
+using J = nlohmann::ordered_json;
+
+J stat_json(const Stat& s) { return J{{"mean", s.mean}, {"worst", s.worst}}; }
+
+// The simulated setting, as given (the chunks list collapses to a number when one M was listed).
+J config_json(const SimResult& r) {
   const SimConfig& c = r.config;
+  return {{"seq_len", r.seq_len}, {"gbs", c.gbs}, {"dp", c.dp}, {"cp", c.cp},
+          {"chunks", c.chunks.size() == 1 ? J(c.chunks[0]) : J(c.chunks)}, {"tau", c.tau}, {"model", c.model.name},
+          {"heads_q", c.model.heads_q},
+          {"heads_kv", c.model.heads_kv}, {"head_dim", c.model.head_dim}, {"elem_bytes", c.model.elem_bytes},
+          {"layers", c.model.layers}, {"gpus_per_node", c.cost.net.gpus_per_node},
+          {"intra_node_gbps", c.cost.net.intra_node_gbps}, {"inter_node_gbps", c.cost.net.inter_node_gbps},
+          {"latency_us", c.cost.net.latency_us}, {"noise_sigma", c.cost.noise.sigma},
+          {"nodes_per_supernode", c.cost.net.nodes_per_supernode},
+          {"inter_supernode_gbps", c.cost.net.inter_supernode_gbps},
+          {"congestion_per_node", c.cost.net.congestion_per_node}, {"hardware", c.hardware},
+          {"random_seeds", c.random_seeds}, {"worst_weight", c.worst_weight},
+          {"kernel_profile", c.cost.kernel.device}, {"coupling", coupling_label(c.coupling)},
+          {"pp", c.pp}, {"trained_heads_kv", c.trained_heads_kv}};
+}
+
+// The step model at --dp per libra variant and coupling (tokens/s); empty when no variant has one.
+J end_to_end_at_dp_json(const CandidateResult& k) {
+  J steps = J::object();
+  for (const auto& v : k.latency) {
+    if (v.step_at_dp.empty()) continue;
+    J per = J::object();
+    for (const StepAtDp& st : v.step_at_dp) {
+      per[coupling_label(st.coupling)] = {{"ulysses_tokens_per_s", st.ulysses_tokens_per_s},
+                                          {"libra_tokens_per_s", st.libra_tokens_per_s}};
+    }
+    steps[vname(v.variant)] = per;
+  }
+  return steps;
+}
+
+// One candidate: imbalance, bytes, latencies per variant, end-to-end, and the M chosen per pipelined variant.
+J candidate_json(const SimResult& r, const CandidateResult& k) {
+  auto stat = stat_json;
+  J e;
+  e["pool_size"] = k.candidate.pool_size;
+  e["head_shards"] = k.candidate.head_shards;
+  e["block_size"] = k.candidate.block_size;
+  J inter;
+  for (const auto& [m, s] : k.inter_imbalance) inter[mname(m)] = stat(s);
+  e["inter_imbalance"] = inter;
+  e["inter_imbalance_lower_bound"] = stat(k.lower_bound);
+  e["intra_imbalance"] = stat(k.intra_imbalance);
+  e["intra_imbalance_plus"] = stat(k.intra_imbalance_plus);
+  e["comm_bytes"] = stat(k.comm_bytes);
+  e["comm_bytes_plus"] = stat(k.comm_bytes_plus);
+  e["intra_imbalance_topo"] = stat(k.intra_imbalance_topo);
+  e["max_recv_cross_node_bytes"] = stat(k.max_recv_cross_node);
+  e["max_recv_cross_node_bytes_topo"] = stat(k.max_recv_cross_node_topo);
+  e["home_layout_topo"] = std::string(home_layout_name(k.home_layout_topo));
+  if (const VariantLatency* t = k.find(Variant::kLibraTopo)) {
+    e["relay_topo"] = t->relayed;
+    e["chunk_split_topo"] = std::string(chunk_split_name(t->chunk_split));
+  }
+  e["max_send_bytes"] = stat(k.max_send_bytes);
+  e["max_recv_bytes"] = stat(k.max_recv_bytes);
+  e["comm_seconds"] = stat(k.comm_seconds);
+  J lat;
+  for (const auto& v : k.latency) lat[vname(v.variant)] = stat(v.seconds);
+  e["latency"] = lat;
+  J steps = end_to_end_at_dp_json(k);
+  if (!steps.empty()) e["end_to_end_at_dp"] = steps;
+  if (chooses_m(r)) {
+    // The M each pipelined variant's latency comes from, and every M priced.
+    J chosen = J::object(), by = J::object();
+    for (const auto& [v, m] : chosen_m(k)) {
+      chosen[vname(v)] = m;
+      J per = J::object();
+      for (const auto& [mm, st] : k.find(v)->by_chunks) per[std::to_string(mm)] = stat(st);
+      by[vname(v)] = per;
+    }
+    e["chunks"] = chosen;
+    e["latency_by_chunks"] = by;
+  }
+  return e;
+}
+
+J decomposition_json(const StepDecomposition& d) {
+  return J{{"total", d.total},
+           {"compute", d.compute},
+           {"chunk_loss", d.chunk_loss},
+           {"comm", d.comm},
+           {"exposed_first_dispatch", d.first_dispatch},
+           {"exposed_chunks", d.exposed_chunks},
+           {"exposed_last_return", d.last_return},
+           {"workload_bound", d.workload_bound},
+           {"recv_cross_node_bytes", d.recv_cross_node}};
+}
+
+// Throughput against DP, at the configured coupling and at every coupling.
+J dp_scaling_json(const SimResult& r) {
+  J out = J::array();
+  for (const auto& p : r.dp_scaling) {
+    out.push_back({{"dp", p.dp},
+                   {"pool_size", p.pool_size},
+                   {"ulysses_tokens_per_s", p.ulysses_tokens_per_s},
+                   {"libra_tokens_per_s", p.libra_tokens_per_s},
+                   {"ulysses_efficiency", p.ulysses_efficiency},
+                   {"libra_efficiency", p.libra_efficiency},
+                   {"couplings", J::array()}});
+    for (const CouplingPoint& k : p.couplings) {
+      out.back()["couplings"].push_back({{"coupling", coupling_label(k.coupling)},
+                                         {"ulysses_tokens_per_s", k.ulysses_tokens_per_s},
+                                         {"libra_tokens_per_s", k.libra_tokens_per_s},
+                                         {"ulysses_efficiency", k.ulysses_efficiency},
+                                         {"libra_efficiency", k.libra_efficiency}});
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string sim_json(const SimResult& r) {
+  auto stat = stat_json;
   J j;
-  j["source"] = c.source;
-  j["config"] = {{"seq_len", r.seq_len}, {"gbs", c.gbs},   {"dp", c.dp},         {"cp", c.cp},
-                 {"chunks", c.chunks.size() == 1 ? J(c.chunks[0]) : J(c.chunks)},   {"tau", c.tau},   {"model", c.model.name}, {"heads_q", c.model.heads_q},
-                 {"heads_kv", c.model.heads_kv}, {"head_dim", c.model.head_dim}, {"elem_bytes", c.model.elem_bytes},
-                 {"layers", c.model.layers}, {"gpus_per_node", c.cost.net.gpus_per_node},
-                 {"intra_node_gbps", c.cost.net.intra_node_gbps}, {"inter_node_gbps", c.cost.net.inter_node_gbps},
-                 {"latency_us", c.cost.net.latency_us}, {"noise_sigma", c.cost.noise.sigma},
-                 {"nodes_per_supernode", c.cost.net.nodes_per_supernode},
-                 {"inter_supernode_gbps", c.cost.net.inter_supernode_gbps},
-                 {"congestion_per_node", c.cost.net.congestion_per_node}, {"hardware", c.hardware},
-                 {"random_seeds", c.random_seeds}, {"worst_weight", c.worst_weight},
-                 {"kernel_profile", c.cost.kernel.device}, {"coupling", coupling_label(c.coupling)},
-                 {"pp", c.pp}, {"trained_heads_kv", c.trained_heads_kv}};
+  j["source"] = r.config.source;
+  j["config"] = config_json(r);
   j["windows"] = r.windows;
   j["steps"] = r.steps;
   j["units"] = "latency: seconds per layer per GA step (forward core attention, slowest GPU); bytes per pool per layer";
@@ -207,57 +354,7 @@ std::string sim_json(const SimResult& r) {
                     {"wlb_split_samples", r.wlb_split_samples}};
   j["candidates"] = J::array();
   for (const auto& k : r.candidates) {
-    J e;
-    e["pool_size"] = k.candidate.pool_size;
-    e["head_shards"] = k.candidate.head_shards;
-    e["block_size"] = k.candidate.block_size;
-    J inter;
-    for (const auto& [m, s] : k.inter_imbalance) inter[mname(m)] = stat(s);
-    e["inter_imbalance"] = inter;
-    e["inter_imbalance_lower_bound"] = stat(k.lower_bound);
-    e["intra_imbalance"] = stat(k.intra_imbalance);
-    e["intra_imbalance_plus"] = stat(k.intra_imbalance_plus);
-    e["comm_bytes"] = stat(k.comm_bytes);
-    e["comm_bytes_plus"] = stat(k.comm_bytes_plus);
-    e["intra_imbalance_topo"] = stat(k.intra_imbalance_topo);
-    e["max_recv_cross_node_bytes"] = stat(k.max_recv_cross_node);
-    e["max_recv_cross_node_bytes_topo"] = stat(k.max_recv_cross_node_topo);
-    e["home_layout_topo"] = std::string(home_layout_name(k.home_layout_topo));
-    if (const VariantLatency* t = k.find(Variant::kLibraTopo)) {
-      e["relay_topo"] = t->relayed;
-      e["chunk_split_topo"] = std::string(chunk_split_name(t->chunk_split));
-    }
-    e["max_send_bytes"] = stat(k.max_send_bytes);
-    e["max_recv_bytes"] = stat(k.max_recv_bytes);
-    e["comm_seconds"] = stat(k.comm_seconds);
-    J lat;
-    for (const auto& v : k.latency) lat[vname(v.variant)] = stat(v.seconds);
-    e["latency"] = lat;
-    // The step model at --dp per libra variant and coupling (tokens/s).
-    J steps = J::object();
-    for (const auto& v : k.latency) {
-      if (v.step_at_dp.empty()) continue;
-      J per = J::object();
-      for (const StepAtDp& st : v.step_at_dp) {
-        per[coupling_label(st.coupling)] = {{"ulysses_tokens_per_s", st.ulysses_tokens_per_s},
-                                            {"libra_tokens_per_s", st.libra_tokens_per_s}};
-      }
-      steps[vname(v.variant)] = per;
-    }
-    if (!steps.empty()) e["end_to_end_at_dp"] = steps;
-    if (chooses_m(r)) {
-      // The M each pipelined variant's latency comes from, and every M priced.
-      J chosen = J::object(), by = J::object();
-      for (const auto& [v, m] : chosen_m(k)) {
-        chosen[vname(v)] = m;
-        J per = J::object();
-        for (const auto& [mm, st] : k.find(v)->by_chunks) per[std::to_string(mm)] = stat(st);
-        by[vname(v)] = per;
-      }
-      e["chunks"] = chosen;
-      e["latency_by_chunks"] = by;
-    }
-    j["candidates"].push_back(e);
+    j["candidates"].push_back(candidate_json(r, k));
   }
   j["skipped"] = J::array();
   for (const auto& s : r.skipped) {
@@ -268,20 +365,9 @@ std::string sim_json(const SimResult& r) {
   }
   j["recommended"] = r.recommended;
   j["recommended_variant"] = std::string(variant_name(r.recommended_variant));
-  auto decomposition = [](const StepDecomposition& d) {
-    return nlohmann::ordered_json{{"total", d.total},
-                                  {"compute", d.compute},
-                                  {"chunk_loss", d.chunk_loss},
-                                  {"comm", d.comm},
-                                  {"exposed_first_dispatch", d.first_dispatch},
-                                  {"exposed_chunks", d.exposed_chunks},
-                                  {"exposed_last_return", d.last_return},
-                                  {"workload_bound", d.workload_bound},
-                                  {"recv_cross_node_bytes", d.recv_cross_node}};
-  };
   j["decomposition"] = {{"variant", std::string(variant_name(r.end_to_end_variant))},
-                        {"mean_step", decomposition(r.mean_step)},
-                        {"worst_step", decomposition(r.worst_step)}};
+                        {"mean_step", decomposition_json(r.mean_step)},
+                        {"worst_step", decomposition_json(r.worst_step)}};
   j["end_to_end_variant"] = std::string(variant_name(r.end_to_end_variant));
   if (chooses_m(r)) j["end_to_end_chunks"] = r.end_to_end_chunks;
   j["runner_up"] = r.runner_up;
@@ -299,22 +385,7 @@ std::string sim_json(const SimResult& r) {
                           {"note", p.note}});
   }
   j["not_comparable"] = r.not_comparable;
-  j["dp_scaling"] = J::array();
-  for (const auto& p : r.dp_scaling) {
-    j["dp_scaling"].push_back({{"dp", p.dp}, {"pool_size", p.pool_size},
-                               {"ulysses_tokens_per_s", p.ulysses_tokens_per_s},
-                               {"libra_tokens_per_s", p.libra_tokens_per_s},
-                               {"ulysses_efficiency", p.ulysses_efficiency},
-                               {"libra_efficiency", p.libra_efficiency},
-                               {"couplings", J::array()}});
-    for (const CouplingPoint& k : p.couplings) {
-      j["dp_scaling"].back()["couplings"].push_back({{"coupling", coupling_label(k.coupling)},
-                                                     {"ulysses_tokens_per_s", k.ulysses_tokens_per_s},
-                                                     {"libra_tokens_per_s", k.libra_tokens_per_s},
-                                                     {"ulysses_efficiency", k.ulysses_efficiency},
-                                                     {"libra_efficiency", k.libra_efficiency}});
-    }
-  }
+  j["dp_scaling"] = dp_scaling_json(r);
   auto mb = [](const MicrobatchStats& m) { return J{{"min", m.min}, {"max", m.max}, {"mean", m.mean}}; };
   j["microbatch"] = {{"ulysses", mb(r.microbatch_ulysses)}, {"libra", mb(r.microbatch_libra)}};
   return j.dump(1) + "\n";
@@ -359,17 +430,17 @@ std::string sim_csv(const SimResult& r) {
   return o;
 }
 
-Status write_sim_report(const SimResult& r, const std::string& dir, bool rendered) {
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  if (ec || !std::filesystem::is_directory(dir)) {
-    return io_error(fmt::format("--report {}: cannot create directory: {}", dir,
-                                ec ? ec.message() : std::string("a file of that name exists")));
-  }
-  auto put = [&](const std::string& name, const std::string& text) {
-    return write_file_atomic(dir + "/" + name, text);
-  };
-  // Imbalance against P per placement mode, for the recommended (H, B).
+namespace {
+
+// The report's data files, in gnuplot's format.
+struct ReportData {
+  std::string imbalance;            // sim-imbalance.dat: R-1 against P per placement mode
+  std::string bytes;                // sim-bytes.dat: exchanged bytes against P
+  std::vector<std::string> modes;   // the placement modes, in the columns of sim-imbalance.dat
+};
+
+// Imbalance and bytes against P per placement mode, for the recommended (H, B).
+ReportData imbalance_and_bytes(const SimResult& r) {
   const SimCandidate rec = r.recommended >= 0 ? r.candidates[static_cast<std::size_t>(r.recommended)].candidate
                                               : SimCandidate{};
   std::map<std::int64_t, const CandidateResult*> by_p;
@@ -394,8 +465,10 @@ Status write_sim_report(const SimResult& r, const std::string& dir, bool rendere
                          k->comm_bytes_plus.mean / 1e6, k->max_send_bytes.mean / 1e6, k->max_recv_bytes.mean / 1e6,
                          k->comm_bytes.mean / 1e6 / static_cast<double>(p * r.config.cp));
   }
-  LIBRA_TRY(put("sim-imbalance.dat", imb));
-  LIBRA_TRY(put("sim-bytes.dat", bytes));
+  return {imb, bytes, modes};
+}
+
+std::string latency_dat(const SimResult& r) {
   std::string lat = "# candidate_index ulysses wlb";
   for (Variant v : candidate_variants()) lat += fmt::format(" {}", vname(v));
   lat += "  (mean ms)\n";
@@ -404,7 +477,10 @@ Status write_sim_report(const SimResult& r, const std::string& dir, bool rendere
     for (Variant v : candidate_variants()) lat += fmt::format(" {:.6g}", ms(lat_of(r.candidates[i], v).mean));
     lat += "\n";
   }
-  LIBRA_TRY(put("sim-latency.dat", lat));
+  return lat;
+}
+
+std::string microbatch_dat(const SimResult& r) {
   std::string mb = "# normalised microbatch forward time: ulysses libra (sorted)\n";
   {
     auto u = r.microbatch_ulysses.values;
@@ -417,7 +493,10 @@ Status write_sim_report(const SimResult& r, const std::string& dir, bool rendere
                         i < l.size() ? fmt::format("{:.6g}", l[i]) : "NaN");
     }
   }
-  LIBRA_TRY(put("sim-microbatch.dat", mb));
+  return mb;
+}
+
+std::string dp_scaling_dat(const SimResult& r) {
   std::string dps =
       "# dp pool_size ulysses_tok_s libra_tok_s ulysses_eff libra_eff ideal_tok_s (configured coupling), then "
       "ulysses_tok_s libra_tok_s uncoupled\n";
@@ -430,9 +509,11 @@ Status write_sim_report(const SimResult& r, const std::string& dir, bool rendere
                        p.ulysses_tokens_per_s, p.libra_tokens_per_s, p.ulysses_efficiency, p.libra_efficiency, ideal,
                        none.ulysses_tokens_per_s, none.libra_tokens_per_s);
   }
-  LIBRA_TRY(put("sim-dp-scaling.dat", dps));
+  return dps;
+}
 
-  // gnuplot script: one PNG per figure.
+// gnuplot script: one PNG per figure, from the data files above.
+std::string gnuplot_script(const std::vector<std::string>& modes) {
   std::string gp = "set terminal pngcairo size 900,560 noenhanced\nset key top right inside\nset grid\n";
   gp += "set output 'sim-imbalance.png'\nset title 'Inter-pool imbalance R-1 vs pool size (mean over windows)'\n"
         "set logscale x 2\nset logscale y 10\nset format y \"1e%L\"\nset xlabel 'pool size P'\nset ylabel 'R - 1'\nplot ";
@@ -464,9 +545,10 @@ Status write_sim_report(const SimResult& r, const std::string& dir, bool rendere
         "set xlabel ''\nplot 'sim-latency.dat' using 2:xtic(1) title 'ulysses', '' using 3 title 'wlb', "
         "'' using 4 title 'libra-tap', '' using 5 title 'libra-tap-vrsp', '' using 6 title 'libra-full', "
         "'' using 7 title 'libra-plus', '' using 8 title 'distca', '' using 9 title 'libra-topo'\n";
-  LIBRA_TRY(put("sim-plots.gp", gp));
-  const bool plotted = rendered;
+  return gp;
+}
 
+std::string index_md(const SimResult& r, bool plotted) {
   std::string md = "# libra simulate report\n\n";
   md += fmt::format("Corpus `{}`, L = {}, GBS = {}, DP = {}, CP = {}, model {}; {} windows, {} GA steps.\n\n",
                     r.config.source, r.seq_len, r.config.gbs, r.config.dp, r.config.cp, r.config.model.name, r.windows,
@@ -480,7 +562,29 @@ Status write_sim_report(const SimResult& r, const std::string& dir, bool rendere
   md += "## Per-microbatch forward time (paper section 8.3)\n\n![microbatch](sim-microbatch.png)\n\n";
   md += "## Throughput vs DP at fixed GBS (paper section 8.2)\n\n![dp scaling](sim-dp-scaling.png)\n\n";
   md += "## Full table\n\n```\n" + sim_table(r) + "```\n";
-  LIBRA_TRY(put("index.md", md));
+  return md;
+}
+
+}  // namespace
+
+Status write_sim_report(const SimResult& r, const std::string& dir, bool rendered) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec || !std::filesystem::is_directory(dir)) {
+    return io_error(fmt::format("--report {}: cannot create directory: {}", dir,
+                                ec ? ec.message() : std::string("a file of that name exists")));
+  }
+  auto put = [&](const std::string& name, const std::string& text) {
+    return write_file_atomic(dir + "/" + name, text);
+  };
+  const ReportData data = imbalance_and_bytes(r);
+  LIBRA_TRY(put("sim-imbalance.dat", data.imbalance));
+  LIBRA_TRY(put("sim-bytes.dat", data.bytes));
+  LIBRA_TRY(put("sim-latency.dat", latency_dat(r)));
+  LIBRA_TRY(put("sim-microbatch.dat", microbatch_dat(r)));
+  LIBRA_TRY(put("sim-dp-scaling.dat", dp_scaling_dat(r)));
+  LIBRA_TRY(put("sim-plots.gp", gnuplot_script(data.modes)));
+  LIBRA_TRY(put("index.md", index_md(r, rendered)));
   LIBRA_TRY(put("result.json", sim_json(r)));
   LIBRA_TRY(put("result.csv", sim_csv(r)));
   return {};

@@ -296,6 +296,13 @@ const std::vector<Entry>& entries() {
       {{"trained_heads_kv", "--trained-heads-kv", T::kInt,
         "KV heads of the trained model in the end-to-end step (default 0: --heads-kv)"},
        LIBRA_INT(trained_heads_kv)},
+      {{"step_costs_out", "--step-costs-out", T::kString,
+        "debug: write the end-to-end step model's micro-batch costs and steps to this JSON file"},
+       [](SimConfig& c, const Value& v, const std::string&) -> Status {
+         c.step_costs_out = as<std::string>(v);
+         return {};
+       },
+       [](const SimConfig& c) { return nlohmann::ordered_json(c.step_costs_out); }},
       {{"worst_weight", "--worst-weight", T::kNumber,
         "recommend by mean + W x worst libra-full latency (default 0: mean only)"},
        LIBRA_NUM(worst_weight)},

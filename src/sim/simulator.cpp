@@ -6,6 +6,7 @@
 // results are folded in window order, so the output does not depend on the
 // thread count. The end-to-end model (end_to_end.cpp), the recommendation
 // (recommend.cpp) and the paper comparison (paper_figures.cpp) follow.
+#include "libra/io.hpp"
 #include "libra/simulator.hpp"
 
 #include <fmt/format.h>
@@ -512,7 +513,9 @@ Status run_end_to_end(const Ctx& ctx, std::span<const PackedSequence> seqs, std:
                    e2e.relayed, e2e.chunk_split);
   });
   res.timing.end_to_end_s = wall_seconds() - t1;
-  return fold_end_to_end(er, dps, best, res);
+  LIBRA_TRY(fold_end_to_end(er, dps, best, res));
+  if (!trained.step_costs_out.empty()) LIBRA_TRY(write_step_costs(trained.step_costs_out, trained, er));
+  return {};
 }
 
 }  // namespace
@@ -524,6 +527,10 @@ Result<SimResult> simulate(std::span<const PackedSequence> seqs, std::int64_t se
   SimResult res;
   res.config = cfg;
   LIBRA_TRY(validate_run(cfg));
+  if (!cfg.step_costs_out.empty()) {
+    Status w = check_writable(cfg.step_costs_out);
+    if (!w.ok()) return invalid_input(fmt::format("--step-costs-out {}", w.message()));
+  }
   res.config.chunks = unique_chunks(cfg.chunks);
   if (seq_len < 1) return invalid_input(fmt::format("--seq-len {}: must be positive", seq_len));
   res.seq_len = seq_len;

@@ -200,28 +200,18 @@ HeadRange brute_chunk_heads(const Tile& t, const PlanConfig& c, int m) {
   return {t.heads.begin + at, t.heads.begin + at + w[static_cast<std::size_t>(m)]};
 }
 
-// Checks every chunk cut of `plan` against brute force; returns how many
-// (worker, group, KV head) uses first appear after chunk 0 (a tapered cut
-// moves some).
-int check_chunks(const Plan& plan) {
+// (worker, group, KV head) -> first and last chunk its tiles read it in.
+using KvUse = std::map<std::tuple<int, int, int>, std::pair<int, int>>;
+
+// KvUse by brute force over tiles, fragments and chunk heads.
+KvUse brute_kv_use(const Plan& plan) {
   const PlanConfig& c = plan.config();
-  const int W = plan.num_workers(), M = c.chunks;
   const int group = c.shape.heads_q / c.shape.heads_kv;
-  const std::int64_t de = c.shape.head_dim * c.shape.elem_bytes();
-  int later = 0;
-
-  // Chunk heads: the rule's cut of every tile's heads.
-  for (const Tile& t : plan.tiles()) {
-    for (int m = 0; m < M; ++m) EXPECT_EQ(plan.chunk_heads(t, m), brute_chunk_heads(t, c, m)) << "tile " << t.id << " chunk " << m;
-  }
-
-  // (worker, group, KV head) -> first and last chunk its tiles read it in,
-  // by brute force over tiles, fragments and chunk heads.
-  std::map<std::tuple<int, int, int>, std::pair<int, int>> use;
+  KvUse use;
   for (const Tile& t : plan.tiles()) {
     for (std::int32_t f = t.fragment_begin; f < t.fragment_end; ++f) {
       const int g = plan.fragments()[static_cast<std::size_t>(f)].group;
-      for (int m = 0; m < M; ++m) {
+      for (int m = 0; m < c.chunks; ++m) {
         const HeadRange ch = brute_chunk_heads(t, c, m);
         for (int h = ch.begin; h < ch.end; ++h) {
           auto [it, fresh] = use.try_emplace({t.worker, g, h / group}, m, m);
@@ -233,6 +223,12 @@ int check_chunks(const Plan& plan) {
       }
     }
   }
+  return use;
+}
+
+// plan.kv_use against brute force; returns how many uses first appear after chunk 0.
+int check_kv_use(const Plan& plan, const KvUse& use) {
+  int later = 0;
   for (const auto& [key, fl] : use) {
     const auto& [r, g, k] = key;
     const libra::ChunkUse u = plan.kv_use(r, g, k);
@@ -240,7 +236,7 @@ int check_chunks(const Plan& plan) {
     EXPECT_EQ(u.last, fl.second) << "worker " << r << " group " << g << " KV head " << k;
     later += fl.first > 0 ? 1 : 0;
   }
-  for (int r = 0; r < W; ++r) {
+  for (int r = 0; r < plan.num_workers(); ++r) {
     for (std::int32_t g : plan.worker_groups(r)) {
       const libra::KvGroup& kg = plan.groups()[static_cast<std::size_t>(g)];
       for (int k = kg.kv_heads.begin; k < kg.kv_heads.end; ++k) {
@@ -248,69 +244,92 @@ int check_chunks(const Plan& plan) {
       }
     }
   }
+  return later;
+}
 
-  for (int s = 0; s < W; ++s) {
-    for (int d = 0; d < W; ++d) {
-      // Whole-step items, and the cells (token, head) of each KV item.
-      std::map<int, std::int64_t> qo_bytes;  // (kind, tile) folded: tile * 3 + kind
-      std::set<std::tuple<int, std::int64_t, int>> kv_cells, kv_chunk_cells;  // (group, token, KV head)
-      std::int64_t whole = 0;
-      for (const Transfer& x : plan.transfers(s, d)) {
-        whole += x.bytes;
-        if (x.kind == TransferKind::kKv) {
-          for (std::int64_t tok = x.begin; tok < x.end; ++tok)
-            for (int k = x.heads.begin; k < x.heads.end; ++k) kv_cells.insert({x.group, tok, k});
-        } else {
-          qo_bytes[x.tile * 3 + static_cast<int>(x.kind)] += x.bytes;
-        }
-      }
-      std::int64_t chunks_total = 0;
-      for (int m = 0; m < M; ++m) {
-        std::int64_t in_chunk = 0;
-        for (const Transfer& x : plan.chunk_transfers(m, s, d)) {
-          in_chunk += x.bytes;
-          EXPECT_GT(x.heads.size(), 0);
-          if (x.kind == TransferKind::kKv) {
-            EXPECT_EQ(x.bytes, 2 * (x.end - x.begin) * x.heads.size() * de);
-            for (std::int64_t tok = x.begin; tok < x.end; ++tok)
-              for (int k = x.heads.begin; k < x.heads.end; ++k) {
-                EXPECT_TRUE(kv_chunk_cells.insert({x.group, tok, k}).second) << "KV cell sent twice";
-              }
-            // Every head of the item arrives with the first chunk that reads it on d.
-            int first = M, last = -1;
-            for (int k = x.heads.begin; k < x.heads.end; ++k) {
-              auto it = use.find({d, x.group, k});
-              if (it == use.end()) {
-                ADD_FAILURE() << "KV head " << k << " of group " << x.group << " sent to worker " << d << ", which never reads it";
-                continue;
-              }
-              EXPECT_EQ(it->second.first, m) << "KV head " << k << " of group " << x.group << " to worker " << d
-                                             << " arrives in chunk " << m << ", first read in " << it->second.first;
-              first = std::min(first, it->second.first);
-              last = std::max(last, it->second.second);
-            }
-            EXPECT_EQ(x.first_use, first);
-            EXPECT_EQ(x.last_use, last);
-          } else {
-            const Tile& t = plan.tiles()[static_cast<std::size_t>(x.tile)];
-            EXPECT_EQ(x.heads, plan.chunk_heads(t, m)) << "tile " << t.id << " chunk " << m;
-            EXPECT_EQ(x.heads, brute_chunk_heads(t, c, m)) << "tile " << t.id << " chunk " << m;
-            EXPECT_EQ(x.bytes, (x.end - x.begin) * x.heads.size() * de);
-            EXPECT_EQ(x.first_use, m);
-            EXPECT_EQ(x.last_use, m);
-            qo_bytes[x.tile * 3 + static_cast<int>(x.kind)] -= x.bytes;
-          }
-        }
-        EXPECT_EQ(in_chunk, plan.chunk_bytes(m, s, d)) << "chunk " << m << " " << s << " -> " << d;
-        chunks_total += in_chunk;
-      }
-      // The chunks of a step carry exactly the step: every Q/O item's bytes,
-      // every KV cell once.
-      for (const auto& [key, left] : qo_bytes) EXPECT_EQ(left, 0) << "tile " << key / 3 << " kind " << key % 3;
-      EXPECT_EQ(kv_chunk_cells, kv_cells) << s << " -> " << d;
-      EXPECT_EQ(chunks_total, whole);
-      EXPECT_EQ(whole, plan.bytes(s, d));
+// A KV item of chunk m to worker d: its bytes, its cells sent once (recorded in `cells`), and every head
+// arriving with the first chunk that reads it on d.
+void check_kv_item(const Transfer& x, int m, int M, int d, const KvUse& use, std::int64_t de,
+                   std::set<std::tuple<int, std::int64_t, int>>& cells) {
+  EXPECT_EQ(x.bytes, 2 * (x.end - x.begin) * x.heads.size() * de);
+  for (std::int64_t tok = x.begin; tok < x.end; ++tok)
+    for (int k = x.heads.begin; k < x.heads.end; ++k) {
+      EXPECT_TRUE(cells.insert({x.group, tok, k}).second) << "KV cell sent twice";
     }
+  int first = M, last = -1;
+  for (int k = x.heads.begin; k < x.heads.end; ++k) {
+    auto it = use.find({d, x.group, k});
+    if (it == use.end()) {
+      ADD_FAILURE() << "KV head " << k << " of group " << x.group << " sent to worker " << d << ", which never reads it";
+      continue;
+    }
+    EXPECT_EQ(it->second.first, m) << "KV head " << k << " of group " << x.group << " to worker " << d
+                                   << " arrives in chunk " << m << ", first read in " << it->second.first;
+    first = std::min(first, it->second.first);
+    last = std::max(last, it->second.second);
+  }
+  EXPECT_EQ(x.first_use, first);
+  EXPECT_EQ(x.last_use, last);
+}
+
+// The chunks of step s -> d carry exactly the step: every Q/O item's bytes, every KV cell once.
+void check_pair_chunks(const Plan& plan, const KvUse& use, int s, int d) {
+  const PlanConfig& c = plan.config();
+  const int M = c.chunks;
+  const std::int64_t de = c.shape.head_dim * c.shape.elem_bytes();
+  // Whole-step items, and the cells (token, head) of each KV item.
+  std::map<int, std::int64_t> qo_bytes;  // (kind, tile) folded: tile * 3 + kind
+  std::set<std::tuple<int, std::int64_t, int>> kv_cells, kv_chunk_cells;  // (group, token, KV head)
+  std::int64_t whole = 0;
+  for (const Transfer& x : plan.transfers(s, d)) {
+    whole += x.bytes;
+    if (x.kind == TransferKind::kKv) {
+      for (std::int64_t tok = x.begin; tok < x.end; ++tok)
+        for (int k = x.heads.begin; k < x.heads.end; ++k) kv_cells.insert({x.group, tok, k});
+    } else {
+      qo_bytes[x.tile * 3 + static_cast<int>(x.kind)] += x.bytes;
+    }
+  }
+  std::int64_t chunks_total = 0;
+  for (int m = 0; m < M; ++m) {
+    std::int64_t in_chunk = 0;
+    for (const Transfer& x : plan.chunk_transfers(m, s, d)) {
+      in_chunk += x.bytes;
+      EXPECT_GT(x.heads.size(), 0);
+      if (x.kind == TransferKind::kKv) {
+        check_kv_item(x, m, M, d, use, de, kv_chunk_cells);
+      } else {
+        const Tile& t = plan.tiles()[static_cast<std::size_t>(x.tile)];
+        EXPECT_EQ(x.heads, plan.chunk_heads(t, m)) << "tile " << t.id << " chunk " << m;
+        EXPECT_EQ(x.heads, brute_chunk_heads(t, c, m)) << "tile " << t.id << " chunk " << m;
+        EXPECT_EQ(x.bytes, (x.end - x.begin) * x.heads.size() * de);
+        EXPECT_EQ(x.first_use, m);
+        EXPECT_EQ(x.last_use, m);
+        qo_bytes[x.tile * 3 + static_cast<int>(x.kind)] -= x.bytes;
+      }
+    }
+    EXPECT_EQ(in_chunk, plan.chunk_bytes(m, s, d)) << "chunk " << m << " " << s << " -> " << d;
+    chunks_total += in_chunk;
+  }
+  for (const auto& [key, left] : qo_bytes) EXPECT_EQ(left, 0) << "tile " << key / 3 << " kind " << key % 3;
+  EXPECT_EQ(kv_chunk_cells, kv_cells) << s << " -> " << d;
+  EXPECT_EQ(chunks_total, whole);
+  EXPECT_EQ(whole, plan.bytes(s, d));
+}
+
+// Checks every chunk cut of `plan` against brute force; returns how many
+// (worker, group, KV head) uses first appear after chunk 0 (a tapered cut
+// moves some).
+int check_chunks(const Plan& plan) {
+  const PlanConfig& c = plan.config();
+  // Chunk heads: the rule's cut of every tile's heads.
+  for (const Tile& t : plan.tiles()) {
+    for (int m = 0; m < c.chunks; ++m) EXPECT_EQ(plan.chunk_heads(t, m), brute_chunk_heads(t, c, m)) << "tile " << t.id << " chunk " << m;
+  }
+  const KvUse use = brute_kv_use(plan);
+  const int later = check_kv_use(plan, use);
+  for (int s = 0; s < plan.num_workers(); ++s) {
+    for (int d = 0; d < plan.num_workers(); ++d) check_pair_chunks(plan, use, s, d);
   }
   return later;
 }

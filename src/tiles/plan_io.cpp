@@ -24,6 +24,8 @@ using detail::PlacedRows;
 
 constexpr char kMagic[8] = {'L', 'I', 'B', 'R', 'A', 'P', 'L', 'N'};
 constexpr std::size_t kHeaderBytes = 32;  // magic, u32 version, u32 flags, u64 fingerprint, u64 words
+constexpr std::int64_t kI32 = std::numeric_limits<std::int32_t>::max();
+constexpr std::int64_t kI64 = std::numeric_limits<std::int64_t>::max();
 
 std::string hex(std::uint64_t v) { return fmt::format("0x{:016x}", v); }
 
@@ -31,12 +33,10 @@ OJson range_json(HeadRange r) { return OJson::array({r.begin, r.end}); }
 
 }  // namespace
 
-std::string plan_to_json(const Plan& plan, int indent) {
-  const PlanConfig& c = plan.config();
-  OJson j;
-  j["format"] = "libra-plan";
-  j["version"] = plan_format_version(c);
-  j["fingerprint"] = hex(plan.fingerprint());
+namespace {
+
+// The configuration; fields that came with a later format version only where the plan needs that version.
+OJson config_json(const PlanConfig& c) {
   OJson cfg;
   cfg["mode"] = std::string(plan_mode_name(c.mode));
   cfg["seq_len"] = c.seq_len;
@@ -65,12 +65,11 @@ std::string plan_to_json(const Plan& plan, int indent) {
                        {"inter_supernode_gbps", t.inter_supernode_gbps},
                        {"congestion_per_node", t.congestion_per_node}};
   }
-  j["config"] = std::move(cfg);
-  j["pool_size"] = plan.pool_size();
-  j["num_workers"] = plan.num_workers();
-  OJson pool = OJson::array();
-  for (const PackedSequence& s : plan.pool()) pool.push_back(s);
-  j["pool"] = std::move(pool);
+  return cfg;
+}
+
+// Each tile's defining fields and its derived ones (id, piece, heads, flops, home).
+OJson tiles_json(const Plan& plan) {
   OJson tiles = OJson::array();
   for (const Tile& t : plan.tiles()) {
     OJson o;
@@ -88,10 +87,11 @@ std::string plan_to_json(const Plan& plan, int indent) {
     o["worker"] = t.worker;
     tiles.push_back(std::move(o));
   }
-  j["tiles"] = std::move(tiles);
-  j["worker_flops"] = std::vector<std::int64_t>(plan.worker_flops().begin(), plan.worker_flops().end());
-  j["imbalance"] = plan.imbalance();
-  j["comm_bytes"] = plan.comm_bytes();
+  return tiles;
+}
+
+// Bytes sent from each worker (row) to each worker (column).
+OJson byte_matrix_json(const Plan& plan) {
   const int W = plan.num_workers();
   OJson matrix = OJson::array();
   for (int src = 0; src < W; ++src) {
@@ -99,7 +99,12 @@ std::string plan_to_json(const Plan& plan, int indent) {
     for (int dst = 0; dst < W; ++dst) row.push_back(plan.bytes(src, dst));
     matrix.push_back(std::move(row));
   }
-  j["byte_matrix"] = std::move(matrix);
+  return matrix;
+}
+
+// Per worker: work, tiles, groups and bytes by tier.
+OJson workers_json(const Plan& plan) {
+  const int W = plan.num_workers();
   OJson workers = OJson::array();
   for (int r = 0; r < W; ++r) {
     OJson o;
@@ -118,7 +123,29 @@ std::string plan_to_json(const Plan& plan, int indent) {
     o["recv_cross_supernode_bytes"] = tb.recv_cross_supernode;
     workers.push_back(std::move(o));
   }
-  j["workers"] = std::move(workers);
+  return workers;
+}
+
+}  // namespace
+
+std::string plan_to_json(const Plan& plan, int indent) {
+  const PlanConfig& c = plan.config();
+  OJson j;
+  j["format"] = "libra-plan";
+  j["version"] = plan_format_version(c);
+  j["fingerprint"] = hex(plan.fingerprint());
+  j["config"] = config_json(c);
+  j["pool_size"] = plan.pool_size();
+  j["num_workers"] = plan.num_workers();
+  OJson pool = OJson::array();
+  for (const PackedSequence& s : plan.pool()) pool.push_back(s);
+  j["pool"] = std::move(pool);
+  j["tiles"] = tiles_json(plan);
+  j["worker_flops"] = std::vector<std::int64_t>(plan.worker_flops().begin(), plan.worker_flops().end());
+  j["imbalance"] = plan.imbalance();
+  j["comm_bytes"] = plan.comm_bytes();
+  j["byte_matrix"] = byte_matrix_json(plan);
+  j["workers"] = workers_json(plan);
   // Bytes by tier use config.topology (the default h200 layout unless the
   // plan is tap-topo's, which records its own).
   j["busiest_receiver"] = plan.busiest_receiver();
@@ -179,14 +206,24 @@ std::string plan_to_binary(const Plan& plan) {
   return out;
 }
 
-Result<Plan> plan_from_binary(std::string_view bytes, const std::string& source) {
+namespace {
+
+// A binary plan's header, checked: version, stated fingerprint and the content words.
+struct BinaryHeader {
+  std::uint32_t version = 0;
+  std::uint64_t stated = 0;
+  std::vector<std::uint64_t> words;
+};
+
+Result<BinaryHeader> read_binary_header(std::string_view bytes, const std::string& source) {
   if (bytes.size() < kHeaderBytes || std::memcmp(bytes.data(), kMagic, sizeof kMagic) != 0) {
     return invalid_input(source + ": not a libra binary plan (missing LIBRAPLN header)");
   }
-  const std::uint32_t version = get_u32(bytes, 8);
-  if (version < 1 || version > kPlanFormatVersion) {
-    return mismatch_error(source + ": plan format version " + std::to_string(version) + "; this libra reads versions 1 to " +
-                          std::to_string(kPlanFormatVersion));
+  BinaryHeader h;
+  h.version = get_u32(bytes, 8);
+  if (h.version < 1 || h.version > kPlanFormatVersion) {
+    return mismatch_error(source + ": plan format version " + std::to_string(h.version) +
+                          "; this libra reads versions 1 to " + std::to_string(kPlanFormatVersion));
   }
   // Reserved for options a later version may add: a reader that ignored
   // them would misread such a file.
@@ -194,114 +231,151 @@ Result<Plan> plan_from_binary(std::string_view bytes, const std::string& source)
     return invalid_input(source + ": binary plan header: flags word is " + std::to_string(flags) +
                          ", expected 0 (docs/plan-format.md)");
   }
-  const std::uint64_t stated = get_u64(bytes, 16);
+  h.stated = get_u64(bytes, 16);
   const std::uint64_t count = get_u64(bytes, 24);
   if (count != (bytes.size() - kHeaderBytes) / 8 || (bytes.size() - kHeaderBytes) % 8 != 0) {
     return invalid_input(source + ": truncated or padded binary plan (header says " + std::to_string(count) +
                          " words, file holds " + std::to_string(bytes.size() - kHeaderBytes) + " bytes)");
   }
-  std::vector<std::uint64_t> w(count);
-  for (std::size_t i = 0; i < count; ++i) w[i] = get_u64(bytes, kHeaderBytes + 8 * i);
-  if (detail::hash_words(w) != stated) {
-    return mismatch_error(source + ": fingerprint " + hex(stated) + " does not match the file's content");
+  h.words.resize(count);
+  for (std::size_t i = 0; i < count; ++i) h.words[i] = get_u64(bytes, kHeaderBytes + 8 * i);
+  if (detail::hash_words(h.words) != h.stated) {
+    return mismatch_error(source + ": fingerprint " + hex(h.stated) + " does not match the file's content");
   }
+  return h;
+}
 
-  // Decode; every count is checked against the words left before use.
+// Reads the content words in order; every count is checked against the words left before use.
+struct WordReader {
+  const std::vector<std::uint64_t>& w;
+  const std::string& source;
   std::size_t at = 0;
-  auto bad = [&](const std::string& what) {
+
+  Error bad(const std::string& what) const {
     return invalid_input(source + ": malformed binary plan at word " + std::to_string(at) + ": " + what);
-  };
-  auto next = [&](std::uint64_t& v) {
+  }
+  bool next(std::uint64_t& v) {
     if (at >= w.size()) return false;
     v = w[at++];
     return true;
-  };
-  auto next_int = [&](auto& out, std::int64_t lo, std::int64_t hi) {
+  }
+  template <typename T>
+  bool next_int(T& out, std::int64_t lo, std::int64_t hi) {
     std::uint64_t v = 0;
     if (!next(v)) return false;
     const auto s = static_cast<std::int64_t>(v);
     if (v > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()) || s < lo || s > hi) return false;
-    out = static_cast<std::remove_reference_t<decltype(out)>>(s);
+    out = static_cast<T>(s);
     return true;
-  };
-  constexpr std::int64_t kI32 = std::numeric_limits<std::int32_t>::max();
-  constexpr std::int64_t kI64 = std::numeric_limits<std::int64_t>::max();
-  std::uint64_t magic = 0, ver = 0;
-  if (!next(magic) || !next(ver) || ver != version) return bad("content header");
-  PlanConfig c;
-  std::uint64_t tau_bits = 0;
-  int mode = 0, dedup = 0;
-  std::uint64_t dtype_word = 0;
-  if (!next_int(c.seq_len, 1, kI64) || !next_int(c.cp, 1, kI32) || !next_int(c.block_size, 1, kI64) ||
-      !next_int(c.head_shards, 1, kI32) || !next_int(c.shape.heads_q, 1, kI32) ||
-      !next_int(c.shape.heads_kv, 1, kI32) || !next_int(c.shape.head_dim, 1, kI32) ||
-      !next(dtype_word) || !next_int(c.shape.window, 1, kI64) || !next(tau_bits) ||
-      !next_int(c.chunks, 1, kI32) || !next_int(mode, 0, 3) || !next_int(dedup, 0, 1)) {
-    return bad("configuration");
   }
-  // The canonical words' order: the home layout (version 2) before the topology.
+  std::int64_t left() const { return static_cast<std::int64_t>(w.size() - at); }
+};
+
+// The fields that came with later format versions, in the canonical words' order: the home layout (version 2)
+// before the topology.
+Status decode_versioned_config(WordReader& in, std::uint32_t version, int mode, PlanConfig& c) {
   if (version >= 2) {
     int layout = 0;
-    if (!next_int(layout, 0, 1)) return bad("home layout");
+    if (!in.next_int(layout, 0, 1)) return in.bad("home layout");
     c.home_layout = static_cast<HomeLayout>(layout);
   }
   if (version >= 3) {
     int prefix = 0;
-    if (!next_int(prefix, 0, 1)) return bad("kv_prefix");
+    if (!in.next_int(prefix, 0, 1)) return in.bad("kv_prefix");
     c.kv_prefix = prefix != 0;
   }
   if (version >= 4) {
     int split = 0;
-    if (!next_int(split, 0, 1)) return bad("chunk split");
+    if (!in.next_int(split, 0, 1)) return in.bad("chunk split");
     c.chunk_split = static_cast<ChunkSplit>(split);
   }
   if (static_cast<PlanMode>(mode) == PlanMode::kTapTopo || version >= 5) {
     std::uint64_t bits[4] = {};
-    if (!next_int(c.topology.gpus_per_node, 1, kI32) || !next_int(c.topology.nodes_per_supernode, 1, kI32) ||
-        !next(bits[0]) || !next(bits[1]) || !next(bits[2]) || !next(bits[3])) {
-      return bad("topology");
+    if (!in.next_int(c.topology.gpus_per_node, 1, kI32) || !in.next_int(c.topology.nodes_per_supernode, 1, kI32) ||
+        !in.next(bits[0]) || !in.next(bits[1]) || !in.next(bits[2]) || !in.next(bits[3])) {
+      return in.bad("topology");
     }
     c.topology.intra_node_gbps = std::bit_cast<double>(bits[0]);
     c.topology.inter_node_gbps = std::bit_cast<double>(bits[1]);
     c.topology.inter_supernode_gbps = std::bit_cast<double>(bits[2]);
     c.topology.congestion_per_node = std::bit_cast<double>(bits[3]);
   }
+  return {};
+}
+
+Result<PlanConfig> decode_config(WordReader& in, std::uint32_t version) {
+  std::uint64_t magic = 0, ver = 0;
+  if (!in.next(magic) || !in.next(ver) || ver != version) return in.bad("content header");
+  PlanConfig c;
+  std::uint64_t tau_bits = 0;
+  int mode = 0, dedup = 0;
+  std::uint64_t dtype_word = 0;
+  if (!in.next_int(c.seq_len, 1, kI64) || !in.next_int(c.cp, 1, kI32) || !in.next_int(c.block_size, 1, kI64) ||
+      !in.next_int(c.head_shards, 1, kI32) || !in.next_int(c.shape.heads_q, 1, kI32) ||
+      !in.next_int(c.shape.heads_kv, 1, kI32) || !in.next_int(c.shape.head_dim, 1, kI32) ||
+      !in.next(dtype_word) || !in.next_int(c.shape.window, 1, kI64) || !in.next(tau_bits) ||
+      !in.next_int(c.chunks, 1, kI32) || !in.next_int(mode, 0, 3) || !in.next_int(dedup, 0, 1)) {
+    return in.bad("configuration");
+  }
+  LIBRA_TRY(decode_versioned_config(in, version, mode, c));
   if (!dtype_from_code(dtype_word, c.shape.dtype)) {
     // Format-1 files hold the element size here: 4 and 2 decode above.
-    return invalid_input(source + ": malformed binary plan: element type word " + std::to_string(dtype_word) +
+    return invalid_input(in.source + ": malformed binary plan: element type word " + std::to_string(dtype_word) +
                          " names no type (4 fp32, 2 bf16, 258 fp16)");
   }
   c.tau = std::bit_cast<double>(tau_bits);
   c.mode = static_cast<PlanMode>(mode);
   c.dedup_per_kv_head = dedup != 0;
   if (plan_format_version(c) != version) {
-    return bad("this configuration is stored as format version " + std::to_string(plan_format_version(c)));
+    return in.bad("this configuration is stored as format version " + std::to_string(plan_format_version(c)));
   }
+  return c;
+}
+
+Result<std::vector<PackedSequence>> decode_pool(WordReader& in) {
   std::int64_t slots = 0;
-  if (!next_int(slots, 1, static_cast<std::int64_t>(w.size() - at))) return bad("pool size");
+  if (!in.next_int(slots, 1, in.left())) return in.bad("pool size");
   std::vector<PackedSequence> pool(static_cast<std::size_t>(slots));
   for (PackedSequence& seq : pool) {
     std::int64_t n = 0;
-    if (!next_int(n, 0, static_cast<std::int64_t>(w.size() - at))) return bad("sample count");
+    if (!in.next_int(n, 0, in.left())) return in.bad("sample count");
     seq.resize(static_cast<std::size_t>(n));
     for (std::int64_t& l : seq) {
-      if (!next_int(l, 1, kI64)) return bad("sample length");
+      if (!in.next_int(l, 1, kI64)) return in.bad("sample length");
     }
   }
+  return pool;
+}
+
+// Each tile is four words: slot and block packed, shard and worker packed, begin, end.
+Result<std::vector<PlacedRows>> decode_rows(WordReader& in) {
   std::int64_t ntiles = 0;
-  if (!next_int(ntiles, 0, static_cast<std::int64_t>((w.size() - at) / 4))) return bad("tile count");
+  if (!in.next_int(ntiles, 0, in.left() / 4)) return in.bad("tile count");
   std::vector<PlacedRows> rows(static_cast<std::size_t>(ntiles));
   for (PlacedRows& r : rows) {
     std::uint64_t a = 0, b = 0;
-    if (!next(a) || !next(b) || !next_int(r.begin, 0, kI64) || !next_int(r.end, 0, kI64)) return bad("tile");
+    if (!in.next(a) || !in.next(b) || !in.next_int(r.begin, 0, kI64) || !in.next_int(r.end, 0, kI64)) {
+      return in.bad("tile");
+    }
     r.slot = static_cast<std::int32_t>(a >> 32);
     r.block = static_cast<std::int32_t>(a & 0xffffffffU);
     r.shard = static_cast<std::int32_t>(b >> 32);
     r.worker = static_cast<std::int32_t>(b & 0xffffffffU);
   }
-  if (at != w.size()) return bad("trailing words");
+  return rows;
+}
+
+}  // namespace
+
+Result<Plan> plan_from_binary(std::string_view bytes, const std::string& source) {
+  LIBRA_ASSIGN_OR_RETURN(BinaryHeader h, read_binary_header(bytes, source));
+  WordReader in{h.words, source};
+  LIBRA_ASSIGN_OR_RETURN(PlanConfig c, decode_config(in, h.version));
+  LIBRA_ASSIGN_OR_RETURN(std::vector<PackedSequence> pool, decode_pool(in));
+  LIBRA_ASSIGN_OR_RETURN(std::vector<PlacedRows> rows, decode_rows(in));
+  if (in.at != h.words.size()) return in.bad("trailing words");
   LIBRA_ASSIGN_OR_RETURN(Plan plan, finish(pool, c, std::move(rows), source));
-  LIBRA_TRY(check_fingerprint(plan, stated, source));
+  LIBRA_TRY(check_fingerprint(plan, h.stated, source));
   return plan;
 }
 
@@ -340,7 +414,6 @@ struct JsonReader {
 // topology: tap-topo's plans and version 5 store it, no other plan may.
 Status read_versioned_config(const JsonReader& rd, const OJson& cfg, std::int64_t version, PlanConfig& c) {
   const std::string& source = rd.source;
-  constexpr std::int64_t kI32 = std::numeric_limits<std::int32_t>::max();
   auto too_early = [&](const char* key, int since) -> Status {
     if (version >= since || !cfg.contains(key)) return {};
     return invalid_input(source + ": config: field '" + key + "' belongs to format version " + std::to_string(since) +
@@ -408,95 +481,95 @@ Status read_versioned_config(const JsonReader& rd, const OJson& cfg, std::int64_
   return {};
 }
 
-}  // namespace
+// The header: format, version and the stated fingerprint.
+struct JsonHeader {
+  std::int64_t version = 0;
+  std::uint64_t stated = 0;
+};
 
-Result<Plan> plan_from_json(std::string_view text, const std::string& source) {
-  OJson j;
-  try {
-    j = OJson::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    return invalid_input(source + ": not valid JSON: " + e.what());
-  }
-  const JsonReader rd{source};
-  constexpr std::int64_t kI32 = std::numeric_limits<std::int32_t>::max();
-  constexpr std::int64_t kI64 = std::numeric_limits<std::int64_t>::max();
-  if (!j.is_object() || !j.contains("format") || j["format"] != "libra-plan") {
+Result<JsonHeader> read_json_header(const JsonReader& rd, const OJson& j) {
+  const std::string& source = rd.source;
+  if (!j.is_object() || !j.contains("format") || j.at("format") != "libra-plan") {
     return invalid_input(source + ": not a libra plan (field 'format' must be \"libra-plan\")");
   }
-  LIBRA_ASSIGN_OR_RETURN(std::int64_t version, rd.integer(j, "version", "plan", 0, kI64));
-  if (version < 1 || version > kPlanFormatVersion) {
-    return mismatch_error(source + ": plan format version " + std::to_string(version) + "; this libra reads versions 1 to " +
-                          std::to_string(kPlanFormatVersion));
+  JsonHeader h;
+  LIBRA_ASSIGN_OR_RETURN(h.version, rd.integer(j, "version", "plan", 0, kI64));
+  if (h.version < 1 || h.version > kPlanFormatVersion) {
+    return mismatch_error(source + ": plan format version " + std::to_string(h.version) +
+                          "; this libra reads versions 1 to " + std::to_string(kPlanFormatVersion));
   }
   LIBRA_ASSIGN_OR_RETURN(const OJson* fp, rd.field(j, "fingerprint", "plan"));
-  std::uint64_t stated = 0;
-  {
-    const std::string s = fp->is_string() ? fp->get<std::string>() : std::string();
-    if (s.size() != 18 || s.rfind("0x", 0) != 0 ||
-        s.find_first_not_of("0123456789abcdef", 2) != std::string::npos) {
-      return invalid_input(source + ": field 'fingerprint' must be a string 0x followed by 16 lowercase hex digits");
-    }
-    stated = std::stoull(s.substr(2), nullptr, 16);
+  const std::string s = fp->is_string() ? fp->get<std::string>() : std::string();
+  if (s.size() != 18 || s.rfind("0x", 0) != 0 || s.find_first_not_of("0123456789abcdef", 2) != std::string::npos) {
+    return invalid_input(source + ": field 'fingerprint' must be a string 0x followed by 16 lowercase hex digits");
   }
+  h.stated = std::stoull(s.substr(2), nullptr, 16);
+  return h;
+}
 
-  LIBRA_ASSIGN_OR_RETURN(const OJson* cfg, rd.field(j, "config", "plan"));
+// Format-1 writers gave only elem_bytes; newer ones give "dtype" (and
+// elem_bytes for old readers), which must then agree.
+Result<DType> read_dtype(const JsonReader& rd, const OJson& cfg) {
+  const std::string& source = rd.source;
+  if (!cfg.contains("dtype")) {
+    LIBRA_ASSIGN_OR_RETURN(std::int64_t eb, rd.integer(cfg, "elem_bytes", "config", 1, kI32));
+    return dtype_from_elem_bytes(eb, source + ": config");
+  }
+  const OJson& dt = cfg.at("dtype");
+  auto t = dt.is_string() ? parse_dtype(dt.get<std::string>()) : Result<DType>(invalid_input("dtype must be a string"));
+  if (!t.ok()) return invalid_input(source + ": config: " + t.error().message());
+  if (cfg.contains("elem_bytes")) {
+    LIBRA_ASSIGN_OR_RETURN(std::int64_t eb, rd.integer(cfg, "elem_bytes", "config", 1, kI32));
+    if (eb != dtype_bytes(*t)) {
+      return invalid_input(source + ": config: elem_bytes " + std::to_string(eb) + " disagrees with dtype " +
+                           dtype_name(*t) + " (" + std::to_string(dtype_bytes(*t)) + " bytes)");
+    }
+  }
+  return *t;
+}
+
+Result<PlanConfig> read_config(const JsonReader& rd, const OJson& cfg, std::int64_t version) {
+  const std::string& source = rd.source;
+  const std::string w = "config";
   PlanConfig c;
-  {
-    const std::string w = "config";
-    LIBRA_ASSIGN_OR_RETURN(const OJson* mode, rd.field(*cfg, "mode", w));
-    if (!mode->is_string()) return invalid_input(source + ": config: field 'mode' must be a string");
-    auto m = parse_plan_mode(mode->get<std::string>());
-    if (!m.ok()) return invalid_input(source + ": config: " + m.error().message());
-    c.mode = *m;
-    LIBRA_ASSIGN_OR_RETURN(c.seq_len, rd.integer(*cfg, "seq_len", w, 1, kI64));
-    LIBRA_ASSIGN_OR_RETURN(std::int64_t cp, rd.integer(*cfg, "cp", w, 1, kI32));
-    LIBRA_ASSIGN_OR_RETURN(c.block_size, rd.integer(*cfg, "block_size", w, 1, kI64));
-    LIBRA_ASSIGN_OR_RETURN(std::int64_t hs, rd.integer(*cfg, "head_shards", w, 1, kI32));
-    LIBRA_ASSIGN_OR_RETURN(std::int64_t hq, rd.integer(*cfg, "heads_q", w, 1, kI32));
-    LIBRA_ASSIGN_OR_RETURN(std::int64_t hkv, rd.integer(*cfg, "heads_kv", w, 1, kI32));
-    LIBRA_ASSIGN_OR_RETURN(std::int64_t hd, rd.integer(*cfg, "head_dim", w, 1, kI32));
-    LIBRA_ASSIGN_OR_RETURN(std::int64_t chunks, rd.integer(*cfg, "chunks", w, 1, kI32));
-    c.cp = static_cast<int>(cp);
-    c.head_shards = static_cast<int>(hs);
-    c.shape.heads_q = static_cast<int>(hq);
-    c.shape.heads_kv = static_cast<int>(hkv);
-    c.shape.head_dim = static_cast<int>(hd);
-    // Format-1 writers gave only elem_bytes; newer ones give "dtype" (and
-    // elem_bytes for old readers), which must then agree.
-    if (cfg->contains("dtype")) {
-      const OJson& dt = (*cfg)["dtype"];
-      auto t = dt.is_string() ? parse_dtype(dt.get<std::string>()) : Result<DType>(invalid_input("dtype must be a string"));
-      if (!t.ok()) return invalid_input(source + ": config: " + t.error().message());
-      c.shape.dtype = *t;
-      if (cfg->contains("elem_bytes")) {
-        LIBRA_ASSIGN_OR_RETURN(std::int64_t eb, rd.integer(*cfg, "elem_bytes", w, 1, kI32));
-        if (eb != c.shape.elem_bytes()) {
-          return invalid_input(source + ": config: elem_bytes " + std::to_string(eb) + " disagrees with dtype " +
-                               dtype_name(c.shape.dtype) + " (" + std::to_string(c.shape.elem_bytes()) + " bytes)");
-        }
-      }
-    } else {
-      LIBRA_ASSIGN_OR_RETURN(std::int64_t eb, rd.integer(*cfg, "elem_bytes", w, 1, kI32));
-      auto t = dtype_from_elem_bytes(eb, source + ": config");
-      if (!t.ok()) return t.error();
-      c.shape.dtype = *t;
-    }
-    c.chunks = static_cast<int>(chunks);
-    LIBRA_ASSIGN_OR_RETURN(const OJson* win, rd.field(*cfg, "window", w));
-    if (win->is_null()) {
-      c.shape.window = kFullCausal;
-    } else {
-      LIBRA_ASSIGN_OR_RETURN(c.shape.window, rd.integer(*cfg, "window", w, 1, kI64));
-    }
-    LIBRA_ASSIGN_OR_RETURN(const OJson* tau, rd.field(*cfg, "tau", w));
-    if (!tau->is_number()) return invalid_input(source + ": config: field 'tau' must be a number");
-    c.tau = tau->get<double>();
-    LIBRA_ASSIGN_OR_RETURN(const OJson* dedup, rd.field(*cfg, "dedup_per_kv_head", w));
-    if (!dedup->is_boolean()) return invalid_input(source + ": config: field 'dedup_per_kv_head' must be true or false");
-    c.dedup_per_kv_head = dedup->get<bool>();
-    LIBRA_TRY(read_versioned_config(rd, *cfg, version, c));
+  LIBRA_ASSIGN_OR_RETURN(const OJson* mode, rd.field(cfg, "mode", w));
+  if (!mode->is_string()) return invalid_input(source + ": config: field 'mode' must be a string");
+  auto m = parse_plan_mode(mode->get<std::string>());
+  if (!m.ok()) return invalid_input(source + ": config: " + m.error().message());
+  c.mode = *m;
+  LIBRA_ASSIGN_OR_RETURN(c.seq_len, rd.integer(cfg, "seq_len", w, 1, kI64));
+  LIBRA_ASSIGN_OR_RETURN(std::int64_t cp, rd.integer(cfg, "cp", w, 1, kI32));
+  LIBRA_ASSIGN_OR_RETURN(c.block_size, rd.integer(cfg, "block_size", w, 1, kI64));
+  LIBRA_ASSIGN_OR_RETURN(std::int64_t hs, rd.integer(cfg, "head_shards", w, 1, kI32));
+  LIBRA_ASSIGN_OR_RETURN(std::int64_t hq, rd.integer(cfg, "heads_q", w, 1, kI32));
+  LIBRA_ASSIGN_OR_RETURN(std::int64_t hkv, rd.integer(cfg, "heads_kv", w, 1, kI32));
+  LIBRA_ASSIGN_OR_RETURN(std::int64_t hd, rd.integer(cfg, "head_dim", w, 1, kI32));
+  LIBRA_ASSIGN_OR_RETURN(std::int64_t chunks, rd.integer(cfg, "chunks", w, 1, kI32));
+  c.cp = static_cast<int>(cp);
+  c.head_shards = static_cast<int>(hs);
+  c.shape.heads_q = static_cast<int>(hq);
+  c.shape.heads_kv = static_cast<int>(hkv);
+  c.shape.head_dim = static_cast<int>(hd);
+  LIBRA_ASSIGN_OR_RETURN(c.shape.dtype, read_dtype(rd, cfg));
+  c.chunks = static_cast<int>(chunks);
+  LIBRA_ASSIGN_OR_RETURN(const OJson* win, rd.field(cfg, "window", w));
+  if (win->is_null()) {
+    c.shape.window = kFullCausal;
+  } else {
+    LIBRA_ASSIGN_OR_RETURN(c.shape.window, rd.integer(cfg, "window", w, 1, kI64));
   }
+  LIBRA_ASSIGN_OR_RETURN(const OJson* tau, rd.field(cfg, "tau", w));
+  if (!tau->is_number()) return invalid_input(source + ": config: field 'tau' must be a number");
+  c.tau = tau->get<double>();
+  LIBRA_ASSIGN_OR_RETURN(const OJson* dedup, rd.field(cfg, "dedup_per_kv_head", w));
+  if (!dedup->is_boolean()) return invalid_input(source + ": config: field 'dedup_per_kv_head' must be true or false");
+  c.dedup_per_kv_head = dedup->get<bool>();
+  LIBRA_TRY(read_versioned_config(rd, cfg, version, c));
+  return c;
+}
 
+Result<std::vector<PackedSequence>> read_pool(const JsonReader& rd, const OJson& j) {
+  const std::string& source = rd.source;
   LIBRA_ASSIGN_OR_RETURN(const OJson* pj, rd.field(j, "pool", "plan"));
   if (!pj->is_array()) return invalid_input(source + ": field 'pool' must be an array of arrays of lengths");
   std::vector<PackedSequence> pool;
@@ -512,13 +585,16 @@ Result<Plan> plan_from_json(std::string_view text, const std::string& source) {
     }
     pool.push_back(std::move(s));
   }
+  return pool;
+}
 
-  LIBRA_ASSIGN_OR_RETURN(const OJson* tj, rd.field(j, "tiles", "plan"));
-  if (!tj->is_array()) return invalid_input(source + ": field 'tiles' must be an array");
+// The tiles' defining fields (slot, block, shard, worker, rows); the rest is re-derived.
+Result<std::vector<PlacedRows>> read_rows(const JsonReader& rd, const OJson& tj) {
+  if (!tj.is_array()) return invalid_input(rd.source + ": field 'tiles' must be an array");
   std::vector<PlacedRows> rows;
-  rows.reserve(tj->size());
-  for (std::size_t i = 0; i < tj->size(); ++i) {
-    const OJson& t = (*tj)[i];
+  rows.reserve(tj.size());
+  for (std::size_t i = 0; i < tj.size(); ++i) {
+    const OJson& t = tj[i];
     const std::string w = "tiles[" + std::to_string(i) + "]";
     PlacedRows r;
     LIBRA_ASSIGN_OR_RETURN(std::int64_t slot, rd.integer(t, "slot", w, 0, kI32));
@@ -533,12 +609,13 @@ Result<Plan> plan_from_json(std::string_view text, const std::string& source) {
     r.worker = static_cast<std::int32_t>(worker);
     rows.push_back(r);
   }
-  LIBRA_ASSIGN_OR_RETURN(Plan plan, finish(pool, c, std::move(rows), source));
-  LIBRA_TRY(check_fingerprint(plan, stated, source));
+  return rows;
+}
 
-  // Stated summaries, where present, must agree with the re-derived plan.
-  for (std::size_t i = 0; i < tj->size(); ++i) {
-    const OJson& t = (*tj)[i];
+// Stated per-tile summaries, where present, must agree with the re-derived plan.
+Status check_stated_tiles(const std::string& source, const OJson& tj, const Plan& plan) {
+  for (std::size_t i = 0; i < tj.size(); ++i) {
+    const OJson& t = tj[i];
     const Tile& d = plan.tiles()[i];
     for (const auto& [key, want] : {std::pair<const char*, std::int64_t>{"id", d.id}, {"flops", d.flops},
                                     {"home", d.home}, {"piece", d.piece}}) {
@@ -548,39 +625,71 @@ Result<Plan> plan_from_json(std::string_view text, const std::string& source) {
       }
     }
   }
+  return {};
+}
+
+// The byte matrix, where stated, must be the plan's, entry for entry.
+bool same_byte_matrix(const OJson& m, const Plan& plan) {
+  const int W = plan.num_workers();
+  bool same = m.is_array() && m.size() == static_cast<std::size_t>(W);
+  for (int s = 0; same && s < W; ++s) {
+    const OJson& row = m[static_cast<std::size_t>(s)];
+    same = row.is_array() && row.size() == static_cast<std::size_t>(W);
+    for (int d = 0; same && d < W; ++d) same = row[static_cast<std::size_t>(d)] == plan.bytes(s, d);
+  }
+  return same;
+}
+
+// Stated plan-wide summaries, where present, must agree with the re-derived plan.
+Status check_stated_summaries(const std::string& source, const OJson& j, const Plan& plan) {
   for (const auto& [key, want] : {std::pair<const char*, std::int64_t>{"num_workers", plan.num_workers()},
                                   {"pool_size", plan.pool_size()}}) {
-    if (j.contains(key) && (!j[key].is_number_integer() || j[key].get<std::int64_t>() != want)) {
+    if (j.contains(key) && (!j.at(key).is_number_integer() || j.at(key).get<std::int64_t>() != want)) {
       return mismatch_error(source + ": field '" + key + "' disagrees with the plan's tiles (" + std::to_string(want) + ")");
     }
   }
   if (j.contains("imbalance")) {
     // Written with the shortest text that reads back to the same double.
-    const OJson& im = j["imbalance"];
+    const OJson& im = j.at("imbalance");
     const double want = plan.imbalance();
     if (!im.is_number() || std::abs(im.get<double>() - want) > 1e-12 * std::max(1.0, std::abs(want))) {
       return mismatch_error(source + ": field 'imbalance' disagrees with the plan's tiles (" + fmt::format("{}", want) + ")");
     }
   }
-  if (j.contains("comm_bytes") && j["comm_bytes"] != plan.comm_bytes()) {
+  if (j.contains("comm_bytes") && j.at("comm_bytes") != plan.comm_bytes()) {
     return mismatch_error(source + ": field 'comm_bytes' disagrees with the plan (" +
                           std::to_string(plan.comm_bytes()) + ")");
   }
   if (j.contains("worker_flops") &&
-      j["worker_flops"] != OJson(std::vector<std::int64_t>(plan.worker_flops().begin(), plan.worker_flops().end()))) {
+      j.at("worker_flops") != OJson(std::vector<std::int64_t>(plan.worker_flops().begin(), plan.worker_flops().end()))) {
     return mismatch_error(source + ": field 'worker_flops' disagrees with the plan");
   }
-  if (j.contains("byte_matrix")) {
-    const OJson& m = j["byte_matrix"];
-    const int W = plan.num_workers();
-    bool same = m.is_array() && m.size() == static_cast<std::size_t>(W);
-    for (int s = 0; same && s < W; ++s) {
-      const OJson& row = m[static_cast<std::size_t>(s)];
-      same = row.is_array() && row.size() == static_cast<std::size_t>(W);
-      for (int d = 0; same && d < W; ++d) same = row[static_cast<std::size_t>(d)] == plan.bytes(s, d);
-    }
-    if (!same) return mismatch_error(source + ": field 'byte_matrix' disagrees with the plan");
+  if (j.contains("byte_matrix") && !same_byte_matrix(j.at("byte_matrix"), plan)) {
+    return mismatch_error(source + ": field 'byte_matrix' disagrees with the plan");
   }
+  return {};
+}
+
+}  // namespace
+
+Result<Plan> plan_from_json(std::string_view text, const std::string& source) {
+  OJson j;
+  try {
+    j = OJson::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    return invalid_input(source + ": not valid JSON: " + e.what());
+  }
+  const JsonReader rd{source};
+  LIBRA_ASSIGN_OR_RETURN(JsonHeader h, read_json_header(rd, j));
+  LIBRA_ASSIGN_OR_RETURN(const OJson* cfg, rd.field(j, "config", "plan"));
+  LIBRA_ASSIGN_OR_RETURN(PlanConfig c, read_config(rd, *cfg, h.version));
+  LIBRA_ASSIGN_OR_RETURN(std::vector<PackedSequence> pool, read_pool(rd, j));
+  LIBRA_ASSIGN_OR_RETURN(const OJson* tj, rd.field(j, "tiles", "plan"));
+  LIBRA_ASSIGN_OR_RETURN(std::vector<PlacedRows> rows, read_rows(rd, *tj));
+  LIBRA_ASSIGN_OR_RETURN(Plan plan, finish(pool, c, std::move(rows), source));
+  LIBRA_TRY(check_fingerprint(plan, h.stated, source));
+  LIBRA_TRY(check_stated_tiles(source, *tj, plan));
+  LIBRA_TRY(check_stated_summaries(source, j, plan));
   return plan;
 }
 

@@ -83,65 +83,81 @@ std::int64_t sample_start(const PackedSequence& seq, int j) {
   return o;
 }
 
-Result run(const std::vector<PackedSequence>& pool, const PlanConfig& c) {
-  const int P = static_cast<int>(pool.size());
-  const int W = P * c.cp;
-  const int H = c.head_shards;
-  const int hq = c.shape.heads_q, hkv = c.shape.heads_kv;
-  const std::int64_t d = c.shape.head_dim, e = c.shape.elem_bytes();
-  const std::int64_t per_worker = c.seq_len / c.cp;
-  const std::int64_t kappa = H <= hkv ? hkv / H : 1;
-  const std::int64_t v_kv = 2 * kappa * d * e;
-  auto resides = [&](int p, std::int64_t x) { return p * c.cp + static_cast<int>(x / per_worker); };
+// The sizes the reference works with, from the pool and the config.
+struct Dims {
+  const std::vector<PackedSequence>& pool;
+  const PlanConfig& c;
+  int P, W, H, hq;
+  std::int64_t d, e, per_worker, v_kv;
 
-  Result res;
-  for (int p = 0; p < P; ++p) {
-    std::int64_t T = 0;
-    for (std::int64_t l : pool[static_cast<std::size_t>(p)]) T += l;
-    for (int b = 0; static_cast<std::int64_t>(b) * c.block_size < T; ++b) {
-      for (int h = 0; h < H; ++h) {
-        RTile t{p, b, h, b * c.block_size, std::min((b + 1) * c.block_size, T), 0, 0, {}, -1};
-        std::int64_t pairs = 0;
-        for (std::int64_t x = t.begin; x < t.end; ++x) {
-          std::int64_t o = 0;
-          const int j = sample_of(pool[static_cast<std::size_t>(p)], x, &o);
-          pairs += std::min(x - o + 1, c.shape.window);
-          if (std::find(t.samples.begin(), t.samples.end(), j) == t.samples.end()) t.samples.push_back(j);
-        }
-        t.f = (hq / H) * pairs;
-        t.home = p * c.cp + static_cast<int>(b * c.block_size / per_worker);
-        res.tiles.push_back(t);
-      }
-    }
+  Dims(const std::vector<PackedSequence>& pool_, const PlanConfig& c_)
+      : pool(pool_), c(c_), P(static_cast<int>(pool_.size())), W(P * c_.cp), H(c_.head_shards),
+        hq(c_.shape.heads_q), d(c_.shape.head_dim), e(c_.shape.elem_bytes()), per_worker(c_.seq_len / c_.cp) {
+    const std::int64_t kappa = H <= c.shape.heads_kv ? c.shape.heads_kv / H : 1;
+    v_kv = 2 * kappa * d * e;
   }
-  auto V_g = [&](int p, int j, int r) {
+  // The worker whose home holds position x of slot p.
+  int resides(int p, std::int64_t x) const { return p * c.cp + static_cast<int>(x / per_worker); }
+  // Bytes of sample j's KV that worker r lacks.
+  std::int64_t V_g(int p, int j, int r) const {
     const PackedSequence& seq = pool[static_cast<std::size_t>(p)];
     const std::int64_t o = sample_start(seq, j);
     std::int64_t n = 0;
     for (std::int64_t x = o; x < o + seq[static_cast<std::size_t>(j)]; ++x) n += resides(p, x) != r ? 1 : 0;
     return v_kv * n;
-  };
-  auto V_QO = [&](const RTile& t) { return 2 * (t.end - t.begin) * (hq / H) * d * e; };
+  }
+  std::int64_t V_QO(const RTile& t) const { return 2 * (t.end - t.begin) * (hq / H) * d * e; }
+};
 
+// Every (slot, block, head shard) tile with its FLOPs, home and samples.
+std::vector<RTile> make_tiles(const Dims& D) {
+  const PlanConfig& c = D.c;
+  std::vector<RTile> tiles;
+  for (int p = 0; p < D.P; ++p) {
+    std::int64_t T = 0;
+    for (std::int64_t l : D.pool[static_cast<std::size_t>(p)]) T += l;
+    for (int b = 0; static_cast<std::int64_t>(b) * c.block_size < T; ++b) {
+      for (int h = 0; h < D.H; ++h) {
+        RTile t{p, b, h, b * c.block_size, std::min((b + 1) * c.block_size, T), 0, 0, {}, -1};
+        std::int64_t pairs = 0;
+        for (std::int64_t x = t.begin; x < t.end; ++x) {
+          std::int64_t o = 0;
+          const int j = sample_of(D.pool[static_cast<std::size_t>(p)], x, &o);
+          pairs += std::min(x - o + 1, c.shape.window);
+          if (std::find(t.samples.begin(), t.samples.end(), j) == t.samples.end()) t.samples.push_back(j);
+        }
+        t.f = (D.hq / D.H) * pairs;
+        t.home = p * c.cp + static_cast<int>(b * c.block_size / D.per_worker);
+        tiles.push_back(t);
+      }
+    }
+  }
+  return tiles;
+}
+
+using Committed = std::vector<std::vector<std::tuple<int, int, int>>>;  // per worker: (slot, sample, head shard)
+
+// Greedy placement, heaviest tile first: the cheapest worker under the capacity, else the least loaded.
+Committed place(const Dims& D, Result& res) {
   std::int64_t sum = 0;
   for (const RTile& t : res.tiles) sum += t.f;
-  const double C = (1 + c.tau) * static_cast<double>(sum) / W;
+  const double C = (1 + D.c.tau) * static_cast<double>(sum) / D.W;
   std::vector<int> order(res.tiles.size());
   for (std::size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int>(i);
   std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
     return res.tiles[static_cast<std::size_t>(a)].f > res.tiles[static_cast<std::size_t>(b)].f;
   });
-  std::vector<std::vector<std::tuple<int, int, int>>> committed(static_cast<std::size_t>(W));
-  res.loads.assign(static_cast<std::size_t>(W), 0);
+  Committed committed(static_cast<std::size_t>(D.W));
+  res.loads.assign(static_cast<std::size_t>(D.W), 0);
   for (int i : order) {
     RTile& t = res.tiles[static_cast<std::size_t>(i)];
     std::vector<std::tuple<std::int64_t, std::int64_t, int>> head, all;
-    for (int r = 0; r < W; ++r) {
-      std::int64_t dc = r != t.home ? V_QO(t) : 0;
+    for (int r = 0; r < D.W; ++r) {
+      std::int64_t dc = r != t.home ? D.V_QO(t) : 0;
       for (int j : t.samples) {
         const auto g = std::make_tuple(t.p, j, t.h);
         const auto& cr = committed[static_cast<std::size_t>(r)];
-        if (std::find(cr.begin(), cr.end(), g) == cr.end()) dc += V_g(t.p, j, r);
+        if (std::find(cr.begin(), cr.end(), g) == cr.end()) dc += D.V_g(t.p, j, r);
       }
       const std::int64_t load = res.loads[static_cast<std::size_t>(r)];
       if (static_cast<double>(load + t.f) <= C) head.emplace_back(dc, load, r);
@@ -157,25 +173,38 @@ Result run(const std::vector<PackedSequence>& pool, const PlanConfig& c) {
       if (std::find(cr.begin(), cr.end(), g) == cr.end()) cr.push_back(g);
     }
   }
-  res.matrix.assign(static_cast<std::size_t>(W), std::vector<std::int64_t>(static_cast<std::size_t>(W), 0));
-  for (int r = 0; r < W; ++r) {
+  return committed;
+}
+
+// Bytes between workers: each committed group's KV rows from their homes, each remote tile's Q and O.
+void byte_matrix(const Dims& D, const Committed& committed, Result& res) {
+  res.matrix.assign(static_cast<std::size_t>(D.W), std::vector<std::int64_t>(static_cast<std::size_t>(D.W), 0));
+  for (int r = 0; r < D.W; ++r) {
     for (const auto& [p, j, h] : committed[static_cast<std::size_t>(r)]) {
-      const PackedSequence& seq = pool[static_cast<std::size_t>(p)];
+      const PackedSequence& seq = D.pool[static_cast<std::size_t>(p)];
       const std::int64_t o = sample_start(seq, j);
       for (std::int64_t x = o; x < o + seq[static_cast<std::size_t>(j)]; ++x) {
-        const int src = resides(p, x);
-        if (src != r) res.matrix[static_cast<std::size_t>(src)][static_cast<std::size_t>(r)] += v_kv;
+        const int src = D.resides(p, x);
+        if (src != r) res.matrix[static_cast<std::size_t>(src)][static_cast<std::size_t>(r)] += D.v_kv;
       }
     }
   }
   for (const RTile& t : res.tiles) {
     if (t.sigma == t.home) continue;
-    res.matrix[static_cast<std::size_t>(t.home)][static_cast<std::size_t>(t.sigma)] += V_QO(t) / 2;
-    res.matrix[static_cast<std::size_t>(t.sigma)][static_cast<std::size_t>(t.home)] += V_QO(t) / 2;
+    res.matrix[static_cast<std::size_t>(t.home)][static_cast<std::size_t>(t.sigma)] += D.V_QO(t) / 2;
+    res.matrix[static_cast<std::size_t>(t.sigma)][static_cast<std::size_t>(t.home)] += D.V_QO(t) / 2;
   }
   for (const auto& row : res.matrix) {
     for (std::int64_t v : row) res.comm += v;
   }
+}
+
+Result run(const std::vector<PackedSequence>& pool, const PlanConfig& c) {
+  const Dims D(pool, c);
+  Result res;
+  res.tiles = make_tiles(D);
+  const Committed committed = place(D, res);
+  byte_matrix(D, committed, res);
   return res;
 }
 
@@ -459,18 +488,13 @@ RC_GTEST_PROP(TapPlacement, MatchesNaiveReferenceOnRandomPools, ()) {
   }
 }
 
-// Replays a plan like an executor would and checks every invariant the
-// executor relies on. Works for every mode and option.
-void check_plan_invariants(const std::vector<PackedSequence>& pool, const PlanConfig& c, const Plan& plan) {
-  const int P = static_cast<int>(pool.size());
-  const int W = plan.num_workers();
-  const int M = c.chunks;
-  const std::int64_t d = c.shape.head_dim, e = c.shape.elem_bytes();
-  const std::int64_t per_worker = c.seq_len / c.cp;
-  const int group = c.shape.heads_q / c.shape.heads_kv;
-  auto resides = [&](int p, std::int64_t x) { return p * c.cp + static_cast<int>(x / per_worker); };
+// The worker whose home holds row x of slot p.
+int home_of(const PlanConfig& c, int p, std::int64_t x) {
+  return p * c.cp + static_cast<int>(x / (c.seq_len / c.cp));
+}
 
-  // Every (slot, row, query head) of every real token is computed exactly once.
+// Every (slot, row, query head) of every real token is computed exactly once.
+void check_coverage(const std::vector<PackedSequence>& pool, const PlanConfig& c, const Plan& plan) {
   std::map<std::tuple<int, std::int64_t, int>, int> covered;
   for (const Tile& t : plan.tiles()) {
     for (std::int64_t x = t.begin; x < t.end; ++x) {
@@ -478,18 +502,20 @@ void check_plan_invariants(const std::vector<PackedSequence>& pool, const PlanCo
     }
   }
   std::size_t expected = 0;
-  for (int p = 0; p < P; ++p) {
+  for (const PackedSequence& seq : pool) {
     std::int64_t T = 0;
-    for (std::int64_t l : pool[static_cast<std::size_t>(p)]) T += l;
+    for (std::int64_t l : seq) T += l;
     expected += static_cast<std::size_t>(T) * static_cast<std::size_t>(c.shape.heads_q);
   }
   RC_ASSERT(covered.size() == expected);
   for (const auto& [key, n] : covered) RC_ASSERT(n == 1);
+}
 
-  // Tiles in (slot, block, shard, piece) order with ids in that order; the
-  // pieces of a (slot, block, shard) numbered from 0, the first at the
-  // block's first row and each continuing the last (what make_plan takes
-  // from its placers without checking them row by row).
+// Tiles in (slot, block, shard, piece) order with ids in that order; the
+// pieces of a (slot, block, shard) numbered from 0, the first at the
+// block's first row and each continuing the last (what make_plan takes
+// from its placers without checking them row by row).
+void check_tile_order(const PlanConfig& c, const Plan& plan) {
   for (std::size_t i = 0; i < plan.tiles().size(); ++i) {
     const Tile& t = plan.tiles()[i];
     RC_ASSERT(t.id == static_cast<std::int32_t>(i));
@@ -507,8 +533,12 @@ void check_plan_invariants(const std::vector<PackedSequence>& pool, const PlanCo
       RC_ASSERT(std::tie(prev.slot, prev.block, prev.shard, prev.piece) < std::tie(t.slot, t.block, t.shard, t.piece));
     }
   }
+}
 
-  // Loads are the sums of the tiles' FLOPs; compute lists hold each tile once.
+// Loads are the sums of the tiles' FLOPs; compute lists hold each tile once.
+// Byte matrix: diagonal zero, entries = transfer sums, total = comm_bytes.
+void check_loads_and_bytes(const PlanConfig& c, const Plan& plan) {
+  const int W = plan.num_workers();
   std::vector<std::int64_t> loads(static_cast<std::size_t>(W), 0);
   std::size_t listed = 0;
   for (const Tile& t : plan.tiles()) loads[static_cast<std::size_t>(t.worker)] += t.flops;
@@ -518,8 +548,7 @@ void check_plan_invariants(const std::vector<PackedSequence>& pool, const PlanCo
     listed += plan.worker_tiles(r).size();
   }
   RC_ASSERT(listed == plan.tiles().size());
-
-  // Byte matrix: diagonal zero, entries = transfer sums, total = comm_bytes.
+  const std::int64_t d = c.shape.head_dim, e = c.shape.elem_bytes();
   std::int64_t total = 0;
   for (int s = 0; s < W; ++s) {
     for (int t = 0; t < W; ++t) {
@@ -535,24 +564,30 @@ void check_plan_invariants(const std::vector<PackedSequence>& pool, const PlanCo
     }
   }
   RC_ASSERT(total == plan.comm_bytes());
+}
 
-  // Replay: what each worker holds after the exchange.
+// What each worker holds after the exchange, replayed from the transfers.
+struct Held {
   std::set<std::tuple<int, int, std::int64_t, int>> q_at;   // (worker, slot, row, head)
   std::set<std::tuple<int, int, std::int64_t, int>> kv_at;  // (worker, slot, token, kv head)
   std::set<std::tuple<int, int, std::int64_t, int>> o_at;   // (home, slot, row, head)
-  std::set<std::tuple<int, int>> kv_groups_seen;            // (dst, group): fetched once
-  std::map<std::tuple<int, int>, std::int64_t> kv_group_tokens;
+  std::map<std::tuple<int, int>, std::int64_t> kv_group_tokens;  // (dst, group): tokens received
+};
+
+// Replays the transfers: KV from the rows' homes, Q and O between a tile's home and worker.
+Held replay_transfers(const PlanConfig& c, const Plan& plan) {
+  Held held;
   for (const Transfer& x : plan.all_transfers()) {
     for (std::int64_t tok = x.begin; tok < x.end; ++tok) {
       for (int h = x.heads.begin; h < x.heads.end; ++h) {
-        if (x.kind == TransferKind::kQ) q_at.insert({x.dst, x.slot, tok, h});
-        if (x.kind == TransferKind::kKv) kv_at.insert({x.dst, x.slot, tok, h});
-        if (x.kind == TransferKind::kO) o_at.insert({x.dst, x.slot, tok, h});
+        if (x.kind == TransferKind::kQ) held.q_at.insert({x.dst, x.slot, tok, h});
+        if (x.kind == TransferKind::kKv) held.kv_at.insert({x.dst, x.slot, tok, h});
+        if (x.kind == TransferKind::kO) held.o_at.insert({x.dst, x.slot, tok, h});
       }
     }
     if (x.kind == TransferKind::kKv) {
-      RC_ASSERT(resides(x.slot, x.begin) == x.src && resides(x.slot, x.end - 1) == x.src);
-      kv_group_tokens[{x.dst, x.group}] += x.end - x.begin;
+      RC_ASSERT(home_of(c, x.slot, x.begin) == x.src && home_of(c, x.slot, x.end - 1) == x.src);
+      held.kv_group_tokens[{x.dst, x.group}] += x.end - x.begin;
     } else {
       const Tile& t = plan.tiles()[static_cast<std::size_t>(x.tile)];
       RC_ASSERT(t.home != t.worker);
@@ -560,12 +595,17 @@ void check_plan_invariants(const std::vector<PackedSequence>& pool, const PlanCo
                                                            : (x.src == t.worker && x.dst == t.home);
       RC_ASSERT(direction_ok);
       RC_ASSERT(x.begin == t.begin && x.end == t.end && x.heads == t.heads);
-      RC_ASSERT(resides(t.slot, t.begin) == t.home && resides(t.slot, t.end - 1) == t.home);
+      RC_ASSERT(home_of(c, t.slot, t.begin) == t.home && home_of(c, t.slot, t.end - 1) == t.home);
     }
   }
-  // What a worker holds of a group: the whole sample, or with kv_prefix the
-  // keys up to its last query row of the sample, recounted here from the
-  // fragments.
+  return held;
+}
+
+// What a worker holds of a group: the whole sample, or with kv_prefix the
+// keys up to its last query row of the sample, recounted here from the
+// fragments. Each fetched group arrives exactly once: the tokens received
+// equal the held tokens that do not reside on the destination.
+void check_kv_groups(const PlanConfig& c, const Plan& plan, const Held& held) {
   std::map<std::pair<int, std::int32_t>, std::int64_t> held_end;
   for (const libra::Fragment& f : plan.fragments()) {
     const int r = plan.tiles()[static_cast<std::size_t>(f.tile)].worker;
@@ -576,24 +616,28 @@ void check_plan_invariants(const std::vector<PackedSequence>& pool, const PlanCo
     const libra::KvGroup& g = plan.groups()[static_cast<std::size_t>(key.second)];
     RC_ASSERT(plan.kv_span(key.first, key.second) == (libra::TokenSpan{g.begin, end}));
   }
-  // Each fetched group arrives exactly once: the tokens received equal the
-  // held tokens that do not reside on the destination.
-  for (const auto& [key, n] : kv_group_tokens) {
+  for (const auto& [key, n] : held.kv_group_tokens) {
     const auto& [dst, gid] = key;
     const libra::KvGroup& g = plan.groups()[static_cast<std::size_t>(gid)];
     std::int64_t remote = 0;
     const std::int64_t end = held_end.at({dst, gid});
-    for (std::int64_t x = g.begin; x < end; ++x) remote += resides(g.slot, x) != dst ? 1 : 0;
+    for (std::int64_t x = g.begin; x < end; ++x) remote += home_of(c, g.slot, x) != dst ? 1 : 0;
     RC_ASSERT(n == remote);
     const auto wg = plan.worker_groups(dst);
     RC_ASSERT(std::binary_search(wg.begin(), wg.end(), gid));
   }
+}
+
+// Every tile's worker holds its Q rows and the keys its fragments see, its home gets its O back, and its
+// FLOPs are its fragments' (query, key) pairs times its heads.
+void check_tile_inputs(const PlanConfig& c, const Plan& plan, const Held& held) {
+  const int group = c.shape.heads_q / c.shape.heads_kv;
   for (const Tile& t : plan.tiles()) {
     const int r = t.worker;
     for (std::int64_t x = t.begin; x < t.end; ++x) {
       for (int h = t.heads.begin; h < t.heads.end; ++h) {
-        RC_ASSERT(resides(t.slot, x) == r || q_at.count({r, t.slot, x, h}) == 1);
-        RC_ASSERT(t.home == r || o_at.count({t.home, t.slot, x, h}) == 1);
+        RC_ASSERT(home_of(c, t.slot, x) == r || held.q_at.count({r, t.slot, x, h}) == 1);
+        RC_ASSERT(t.home == r || held.o_at.count({t.home, t.slot, x, h}) == 1);
       }
     }
     std::int64_t pairs = 0;
@@ -606,15 +650,19 @@ void check_plan_invariants(const std::vector<PackedSequence>& pool, const PlanCo
         for (int h = t.heads.begin; h < t.heads.end; ++h) {
           const int kvh = h / group;
           RC_ASSERT(kvh >= t.kv_heads.begin && kvh < t.kv_heads.end);
-          RC_ASSERT(resides(t.slot, tok) == r || kv_at.count({r, t.slot, tok, kvh}) == 1);
+          RC_ASSERT(home_of(c, t.slot, tok) == r || held.kv_at.count({r, t.slot, tok, kvh}) == 1);
         }
       }
     }
     RC_ASSERT(t.flops == pairs * t.heads.size());
   }
+}
 
-  // Chunks: each carries 1/M of the Q/O bytes of every pair, the KV bytes
-  // add up to the total, and chunk m's Q/O heads are the m-th slice.
+// Chunks: each carries 1/M of the Q/O bytes of every pair, the KV bytes
+// add up to the total, and chunk m's Q/O heads are the m-th slice.
+void check_chunk_bytes(const PlanConfig& c, const Plan& plan) {
+  const int W = plan.num_workers();
+  const int M = c.chunks;
   for (int s = 0; s < W; ++s) {
     for (int t = 0; t < W; ++t) {
       std::int64_t qo = 0, kv = 0;
@@ -639,6 +687,18 @@ void check_plan_invariants(const std::vector<PackedSequence>& pool, const PlanCo
       RC_ASSERT(all == plan.bytes(s, t));
     }
   }
+}
+
+// Replays a plan like an executor would and checks every invariant the
+// executor relies on. Works for every mode and option.
+void check_plan_invariants(const std::vector<PackedSequence>& pool, const PlanConfig& c, const Plan& plan) {
+  check_coverage(pool, c, plan);
+  check_tile_order(c, plan);
+  check_loads_and_bytes(c, plan);
+  const Held held = replay_transfers(c, plan);
+  check_kv_groups(c, plan, held);
+  check_tile_inputs(c, plan, held);
+  check_chunk_bytes(c, plan);
 }
 
 RC_GTEST_PROP(PlanInvariants, HoldForTapOnRandomPools, ()) {
