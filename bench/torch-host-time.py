@@ -129,7 +129,8 @@ def _warm_meta(plan):
 def build_only(a, pool):
     """Each worker's per-micro-batch build alone, one after another on this thread (no pool running
     beside it): rank_program and the index arrays in C++ (what Planner's thread does without the
-    GIL), then the arrays' layout to Python and the device views (meta), which hold the GIL."""
+    GIL), then the arrays' layout to Python, their expansion and views on the device (meta), which
+    hold the GIL."""
     plan = libra.make_plan(pool, seq_len=a.seq_len, cp=a.cp, block_size=a.block, head_shards=a.head_shards,
                            heads_q=a.heads_q, heads_kv=a.heads_kv, head_dim=a.head_dim, chunks=a.chunks,
                            dtype="bf16", mode=a.mode)

@@ -42,6 +42,7 @@ I32 narrow(I64 v) {
 
 struct Builder {
   IndexArrays& ix;
+  I64 home_q = 0, home_kv = 0;  // the home buffers' vectors: where a joined buffer's compute vectors start
 
   // n entries at the end of data; returns their offset (data may move: write through data after).
   I64 grow(I64 n) {
@@ -143,8 +144,11 @@ struct Builder {
 
   // The calls of one chunk merged per (q_home, kv_home, q heads, kv heads), in descriptors.py's PAIRS
   // order, then by widths in order of first appearance; empty fragments (a >= e) are left out.
-  std::vector<PairRec> varlen(const libra::RankSchedule& s, std::span<const libra::KernelCall> calls) {
-    std::vector<PairRec> out;
+  // Positions are in joined buffers (a field's home vectors, then its compute vectors: function.py),
+  // every pair's q rows before every pair's kv rows, so that consecutive pairs of the same widths
+  // are also one call (`joined`: their rows are contiguous, their cu_seqlens concatenated).
+  void varlen(const libra::RankSchedule& s, std::span<const libra::KernelCall> calls, std::vector<PairRec>& pairs,
+              std::vector<PairRec>& joined) {
     for (int pair = 0; pair < 4; ++pair) {
       const bool qh = pair >= 2, kh = pair % 2 == 1;
       std::vector<std::pair<I64, I64>> widths;
@@ -153,45 +157,86 @@ struct Builder {
         const std::pair<I64, I64> w{c.q.run, c.kv.run};
         if (std::find(widths.begin(), widths.end(), w) == widths.end()) widths.push_back(w);
       }
-      for (const auto& [hq, hkv] : widths) out.push_back(merged(s, calls, qh, kh, hq, hkv));
+      for (const auto& [hq, hkv] : widths) pairs.push_back(PairRec{qh, kh, hq, hkv});
     }
-    return out;
-  }
-
-  PairRec merged(const libra::RankSchedule& s, std::span<const libra::KernelCall> calls, bool qh, bool kh, I64 hq,
-                 I64 hkv) {
-    PairRec r{qh, kh, hq, hkv};
-    auto mine = [&](const libra::KernelCall& c) {
-      return c.q_home == qh && c.kv_home == kh && c.q.run == hq && c.kv.run == hkv;
-    };
-    std::vector<I32> cq{0}, ck{0};
-    r.q_off = ix.rows;  // every fragment's q rows, then every fragment's kv rows
+    std::vector<std::vector<I32>> cq(pairs.size()), ck(pairs.size());
     for (int side = 0; side < 2; ++side) {
-      if (side == 1) r.kv_off = ix.rows;
-      for (const libra::KernelCall& c : calls) {
-        if (!mine(c)) continue;
-        for (const libra::CallFragment& f : s.call_fragments(c)) {
-          if (f.e <= f.a) continue;
-          if (side == 1) {
-            run(c.kv.offset + f.kv_row * c.kv.stride, f.e, hkv, c.kv.stride);
-            continue;
-          }
-          run(c.q.offset + f.q_row * c.q.stride, f.e - f.a, hq, c.q.stride);
-          ++r.seqs;
-          r.total_q += f.e - f.a;
-          r.total_k += f.e;
-          r.max_q = std::max(r.max_q, f.e - f.a);
-          r.max_k = std::max(r.max_k, f.e);
-          cq.push_back(narrow(r.total_q));
-          ck.push_back(narrow(r.total_k));
+      for (std::size_t i = 0; i < pairs.size(); ++i) {
+        if (side == 0) {
+          rows_of(s, calls, pairs[i], cq[i], ck[i]);
+        } else {
+          kv_rows_of(s, calls, pairs[i]);
         }
       }
     }
-    r.cu_q_off = grow(r.seqs + 1);
-    r.cu_k_off = grow(r.seqs + 1);
+    for (std::size_t i = 0; i < pairs.size(); ++i) put_cu(pairs[i], cq[i], ck[i]);
+    for (std::size_t i = 0; i < pairs.size();) {  // runs of consecutive pairs with the same widths
+      std::size_t j = i;
+      PairRec r{true, true, pairs[i].hq, pairs[i].hkv};
+      r.q_off = pairs[i].q_off;
+      r.kv_off = pairs[i].kv_off;
+      std::vector<I32> jq{0}, jk{0};
+      for (; j < pairs.size() && pairs[j].hq == r.hq && pairs[j].hkv == r.hkv; ++j) {
+        for (std::size_t x = 1; x < cq[j].size(); ++x) {
+          jq.push_back(narrow(r.total_q + cq[j][x]));
+          jk.push_back(narrow(r.total_k + ck[j][x]));
+        }
+        r.seqs += pairs[j].seqs;
+        r.total_q += pairs[j].total_q;
+        r.total_k += pairs[j].total_k;
+        r.max_q = std::max(r.max_q, pairs[j].max_q);
+        r.max_k = std::max(r.max_k, pairs[j].max_k);
+      }
+      put_cu(r, jq, jk);
+      joined.push_back(r);
+      i = j;
+    }
+  }
+
+  void put_cu(PairRec& r, const std::vector<I32>& cq, const std::vector<I32>& ck) {
+    r.cu_q_off = grow(static_cast<I64>(cq.size()));
+    r.cu_k_off = grow(static_cast<I64>(ck.size()));
     std::copy(cq.begin(), cq.end(), ix.data.begin() + r.cu_q_off);
     std::copy(ck.begin(), ck.end(), ix.data.begin() + r.cu_k_off);
-    return r;
+  }
+
+  bool mine(const libra::KernelCall& c, const PairRec& r) const {
+    return c.q_home == r.q_home && c.kv_home == r.kv_home && c.q.run == r.hq && c.kv.run == r.hkv;
+  }
+
+  // r's q rows (joined positions), sizes and cu_seqlens.
+  void rows_of(const libra::RankSchedule& s, std::span<const libra::KernelCall> calls, PairRec& r, std::vector<I32>& cq,
+               std::vector<I32>& ck) {
+    const I64 shift = r.q_home ? 0 : home_q;
+    cq = {0};
+    ck = {0};
+    r.q_off = ix.rows;
+    for (const libra::KernelCall& c : calls) {
+      if (!mine(c, r)) continue;
+      for (const libra::CallFragment& f : s.call_fragments(c)) {
+        if (f.e <= f.a) continue;
+        run(shift + c.q.offset + f.q_row * c.q.stride, f.e - f.a, r.hq, c.q.stride);
+        ++r.seqs;
+        r.total_q += f.e - f.a;
+        r.total_k += f.e;
+        r.max_q = std::max(r.max_q, f.e - f.a);
+        r.max_k = std::max(r.max_k, f.e);
+        cq.push_back(narrow(r.total_q));
+        ck.push_back(narrow(r.total_k));
+      }
+    }
+  }
+
+  // r's kv rows (joined positions).
+  void kv_rows_of(const libra::RankSchedule& s, std::span<const libra::KernelCall> calls, PairRec& r) {
+    const I64 shift = r.kv_home ? 0 : home_kv;
+    r.kv_off = ix.rows;
+    for (const libra::KernelCall& c : calls) {
+      if (!mine(c, r)) continue;
+      for (const libra::CallFragment& f : s.call_fragments(c)) {
+        if (f.e > f.a) run(shift + c.kv.offset + f.kv_row * c.kv.stride, f.e, r.hkv, c.kv.stride);
+      }
+    }
   }
 
   // descriptors.py's chunk_descriptors: one int64 row per non-empty fragment, grouped by PAIRS; the
@@ -242,7 +287,7 @@ bool same_calls(const libra::RankSchedule& s, std::span<const libra::KernelCall>
 std::shared_ptr<IndexArrays> build(const ProgramHandle& h) {
   const double t0 = thread_seconds();
   auto ix = std::make_shared<IndexArrays>();
-  Builder b{*ix};
+  Builder b{*ix, h.schedule.home_vectors(libra::Field::kQ), h.schedule.home_vectors(libra::Field::kK)};
   const libra::RankSchedule& s = h.schedule;
   for (int p = 0; p < 2; ++p) {
     const libra::PassProgram& pp = h.program.pass(static_cast<libra::Pass>(p));
@@ -255,10 +300,11 @@ std::shared_ptr<IndexArrays> build(const ProgramHandle& h) {
       // Forward and backward run the same calls (same tiles, same buffers): one set of rows serves both.
       if (p == 1 && same_calls(s, calls, s.calls(libra::Pass::kForward, m))) {
         ix->varlen[p].push_back(ix->varlen[0][static_cast<std::size_t>(m)]);
+        ix->joined[p].push_back(ix->joined[0][static_cast<std::size_t>(m)]);
         ix->descriptors[p].push_back(ix->descriptors[0][static_cast<std::size_t>(m)]);
         continue;
       }
-      ix->varlen[p].push_back(b.varlen(s, calls));
+      b.varlen(s, calls, ix->varlen[p].emplace_back(), ix->joined[p].emplace_back());
       ix->descriptors[p].push_back(b.descriptors(s, calls));
     }
   }
@@ -325,14 +371,20 @@ py::tuple index_arrays_py(std::shared_ptr<const IndexArrays> ix) {
       per[kinds[k]] = chunks;
     }
     per["apply"] = groups_py(ix->apply[p]);
-    py::list varlen, desc;
+    py::list varlen, joined, desc;
     for (const auto& chunk : ix->varlen[p]) {
       py::list pairs;
       for (const PairRec& r : chunk) pairs.append(pair_py(r));
       varlen.append(pairs);
     }
+    for (const auto& chunk : ix->joined[p]) {
+      py::list pairs;
+      for (const PairRec& r : chunk) pairs.append(pair_py(r));
+      joined.append(pairs);
+    }
     for (const DescRec& d : ix->descriptors[p]) desc.append(py::make_tuple(d.table_off, d.rows, d.bounds_off));
     per["varlen"] = varlen;
+    per["joined"] = joined;
     per["descriptors"] = desc;
     passes.append(per);
   }

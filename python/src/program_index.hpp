@@ -60,7 +60,10 @@ struct ExchangeRec {
 };
 
 // The kernel calls of one chunk on one (q buffer, kv buffer) pair and head
-// widths, merged into one varlen call: q vectors [total_q * hq] (row-major:
+// widths, merged into one varlen call, positions in joined buffers (a field's
+// home vectors, then its compute vectors); or (IndexArrays::joined, q_home and
+// kv_home true) consecutive such pairs of the same widths, joined into one
+// call: q vectors [total_q * hq] (row-major:
 // query, head; the LSE's positions are the same, read head-major as flash-attn
 // lays its LSE out), kv vectors [total_k * hkv], cu_seqlens [seqs + 1] at
 // cu_q_off / cu_k_off.
@@ -84,6 +87,7 @@ struct IndexArrays {
   std::array<std::array<std::vector<ExchangeRec>, 3>, 2> exchanges;  // [pass][in, out, stage][chunk]
   std::array<std::vector<GroupRec>, 2> apply;                        // [pass]
   std::array<std::vector<std::vector<PairRec>>, 2> varlen;           // [pass][chunk]
+  std::array<std::vector<std::vector<PairRec>>, 2> joined;           // [pass][chunk]: varlen's, joined
   std::array<std::vector<DescRec>, 2> descriptors;                   // [pass][chunk]
   double build_seconds = 0;                                          // thread CPU time of the build
 };

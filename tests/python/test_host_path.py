@@ -59,9 +59,10 @@ def _from_arrays(data, groups):
     return out
 
 
-def _varlen_reference(calls):
+def _varlen_reference(calls, home_q, home_kv):
     """Per (q_home, kv_home, hq, hkv): q vectors, kv vectors, cu_q, cu_k of the merged varlen call,
-    from the schedule's calls in numpy (what compute.py built per call before)."""
+    from the schedule's calls in numpy (what compute.py built per call before), positions in joined
+    buffers (compute vectors after the home buffer's home_q / home_kv)."""
     out = {}
     for pair in ((False, False), (False, True), (True, False), (True, True)):
         for qp, kp, frags, qh, kh in calls:
@@ -72,8 +73,8 @@ def _varlen_reference(calls):
                 if e <= a:
                     continue
                 rows_q, rows_k = np.arange(q_row, q_row + e - a), np.arange(kv_row, kv_row + e)
-                r[0].extend((qp[0] + rows_q[:, None] * qp[3] + np.arange(qp[2])[None, :]).ravel())
-                r[1].extend((kp[0] + rows_k[:, None] * kp[3] + np.arange(kp[2])[None, :]).ravel())
+                r[0].extend((0 if qh else home_q) + (qp[0] + rows_q[:, None] * qp[3] + np.arange(qp[2])[None, :]).ravel())
+                r[1].extend((0 if kh else home_kv) + (kp[0] + rows_k[:, None] * kp[3] + np.arange(kp[2])[None, :]).ravel())
                 r[2].append(r[2][-1] + e - a)
                 r[3].append(r[3][-1] + e)
     return out
@@ -111,8 +112,10 @@ def test_index_arrays_match_the_program_the_schedule_and_the_descriptor_format(r
                     t, rows, b = per["descriptors"][m]
                     assert np.array_equal(small[t:t + 20 * rows].view(np.int64).reshape(rows, 10), table) and \
                         np.array_equal(small[b:b + 10].view(np.int64), bounds), (kw, w, p, m)
-                    ref = _varlen_reference(calls)
+                    ref = _varlen_reference(calls, info["home_rows"] * info["heads_q"],
+                                            info["home_rows"] * info["heads_kv"])
                     got = per["varlen"][m]
+                    _check_joined(data, small, got, per["joined"][m])
                     assert [(r["q_home"], r["kv_home"], r["hq"], r["hkv"]) for r in got] == list(ref)
                     for r, (qv, kv, cq, ck) in zip(got, ref.values()):
                         assert list(data[r["q_off"]:r["q_off"] + len(qv)]) == qv
@@ -121,6 +124,31 @@ def test_index_arrays_match_the_program_the_schedule_and_the_descriptor_format(r
                         assert list(small[r["cu_k_off"]:r["cu_k_off"] + len(ck)]) == ck
                         assert (r["total_q"], r["total_k"], r["seqs"]) == (cq[-1], ck[-1], len(cq) - 1)
                         assert r["max_q"] == max(np.diff(cq)) and r["max_k"] == max(np.diff(ck))
+
+
+def _check_joined(rows, small, pairs, joined):
+    """The joined calls: consecutive pairs of the same widths, their rows and sequences in order."""
+    at = 0
+    for j in joined:
+        run = []
+        while at < len(pairs) and (pairs[at]["hq"], pairs[at]["hkv"]) == (j["hq"], j["hkv"]):
+            run.append(pairs[at])
+            at += 1
+            if sum(p["total_q"] for p in run) == j["total_q"] and sum(p["seqs"] for p in run) == j["seqs"]:
+                break
+        assert run and j["q_home"] and j["kv_home"]
+        for side, hw, total in (("q_off", "hq", "total_q"), ("kv_off", "hkv", "total_k")):
+            want = np.concatenate([rows[p[side]:p[side] + p[total] * p[hw]] for p in run])
+            assert np.array_equal(rows[j[side]:j[side] + j[total] * j[hw]], want)
+        for cu, total in (("cu_q_off", "total_q"), ("cu_k_off", "total_k")):
+            want, base = [0], 0
+            for p in run:
+                want.extend(base + small[p[cu] + 1:p[cu] + p["seqs"] + 1])
+                base += p[total]
+            assert list(small[j[cu]:j[cu] + j["seqs"] + 1]) == want
+        assert (j["max_q"], j["max_k"]) == (max(p["max_q"] for p in run), max(p["max_k"] for p in run))
+    assert at == len(pairs)
+    assert all((a["hq"], a["hkv"]) != (b["hq"], b["hkv"]) for a, b in zip(joined, joined[1:]))
 
 
 # ---------------------------------------------------------------- meta tensors: no sync, ops per call

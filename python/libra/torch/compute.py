@@ -8,33 +8,16 @@ recomputed forward through autograd (SDPA). Everything here but the backend's ca
 every device, and nothing reads a device value on the host."""
 import torch
 
-from .index import join
 
-
-def _pairs(rt, pass_index, m, device):
-    """Chunk m's merged varlen calls (index.Pair) on ``device``, kept on the runtime by (pass, chunk,
-    device): views of the index arrays copied once per micro-batch."""
-    key = (pass_index, m, device)
+def _pairs(rt, pass_index, m, device, kind):
+    """Chunk m's merged varlen calls (index.Pair) on ``device``, one per buffer pair (kind "varlen")
+    or joined across them ("joined"), kept on the runtime by (pass, chunk, device, kind): views of
+    the index arrays copied once per micro-batch."""
+    key = (pass_index, m, device, kind)
     pairs = rt._varlen_meta.get(key)
     if pairs is None:
-        pairs = rt._varlen_meta[key] = rt.on(device)[pass_index]["varlen"][m]
+        pairs = rt._varlen_meta[key] = rt.on(device)[pass_index][kind][m]
     return pairs
-
-
-def _joined(rt, pass_index, m, device):
-    """Chunk m's merged calls joined across home and compute buffers (index.Joined), on the runtime
-    by the rows they come from (forward and backward share them where their calls are the same)."""
-    pairs = _pairs(rt, pass_index, m, device)
-    key = ("joined", device) + tuple((p.q.storage_offset(), p.kv.storage_offset(), p.q_home, p.kv_home) for p in pairs)
-    calls = rt._varlen_meta.get(key)
-    if calls is None:
-        sd = rt.schedule
-        home_q, home_kv = rt.home_rows * rt.heads_q, rt.home_rows * rt.heads_kv
-        if max(home_q + sd["compute_q_vectors"], home_kv + sd["compute_kv_vectors"]) >= 2 ** 31:
-            raise ValueError(f"libra.torch.attention: {home_q} home and {sd['compute_q_vectors']} compute q vectors "
-                             f"(kv: {home_kv} and {sd['compute_kv_vectors']}): joined buffers need positions < 2^31")
-        calls = rt._varlen_meta[key] = join(pairs, home_q, home_kv)
-    return calls
 
 
 def _inputs(p, bq, bk):
@@ -68,9 +51,9 @@ def _backward_saved(backend, pairs, bufs, window, scale):
 
 
 def _backward_recompute(backend, pairs, bufs, window, scale):
-    """Backward through autograd on a recomputed forward, with one leaf per buffer the calls read
-    (home or compute Q; K and V), each gradient added to the buffer's (backends with no backward of
-    their own: SDPA)."""
+    """Backward through autograd on a recomputed forward, with one leaf per (q_home or kv_home, field)
+    the calls read (Q; K and V of the joined buffers: a pair reads its own half of one), each
+    gradient added to the buffer's (backends with no backward of their own: SDPA)."""
     read = sorted({(p.q_home, "Q") for p in pairs} | {(p.kv_home, n) for p in pairs for n in ("K", "V")})
     with torch.enable_grad():
         leaves = {key: bufs[key[0]][key[1]].detach().requires_grad_() for key in read}
@@ -89,21 +72,18 @@ def _backward_recompute(backend, pairs, bufs, window, scale):
 
 def run_chunk(rt, backend, pass_index, m, home, comp, scale, joined=None):
     """Computes chunk m of a pass (0 forward, 1 backward) on ``backend``. ``scale`` None: 1/sqrt(d).
-    ``joined`` (a varlen backend's buffers, home vectors then compute ones; home and comp their
-    views): the chunk's calls run joined (index.Joined), one varlen call per head widths instead of
-    one per buffer pair, except a recomputed backward, which keeps one autograd leaf per buffer."""
+    ``joined``: a varlen backend's buffers (home vectors, then compute ones; home and comp are their
+    halves), which its calls index: one varlen call per run of the chunk's buffer pairs with the
+    same head widths; a recomputed backward keeps one call and autograd leaf per buffer pair."""
     if backend.kind == "buffers":
         run = backend.forward if pass_index == 0 else backend.backward
         run(rt, pass_index, m, home, comp, scale)
         return
-    device = home["Q"].device
-    if joined is not None and (pass_index == 0 or backend.has_backward()):
-        pairs, bufs = _joined(rt, pass_index, m, device), {True: joined}
-    else:
-        pairs = _pairs(rt, pass_index, m, device)
-        bufs = {True: home, False: comp}  # by a call's q_home / kv_home ("LSE1": the LSE buffer flat)
+    recompute = pass_index == 1 and not backend.has_backward()
+    pairs = _pairs(rt, pass_index, m, home["Q"].device, "varlen" if recompute else "joined")
     if not pairs:
         return
+    bufs = {True: joined, False: joined}  # by a call's q_home / kv_home ("LSE1": the LSE buffer flat)
     if pass_index == 0:
         _forward(backend, pairs, bufs, rt.window, scale)
     elif backend.has_backward():

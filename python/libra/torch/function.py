@@ -128,7 +128,7 @@ def _run_pass(rt, pass_index, home, comp, dt, d, dev, scale, backend, joined=Non
     the C++ engine's among them."""
     prog = rt.on(dev)[pass_index]
     if backend.kind == "varlen":
-        for b in (home, comp) + ((joined,) if joined is not None else ()):  # the LSE buffers flat, as the merged varlen calls index them (compute.py)
+        for b in (home, comp, joined):  # the LSE buffers flat, as the merged varlen calls index them (compute.py)
             b["LSE1"] = b["LSE"].view(-1)
     M = rt.num_chunks
     relayed = bool(prog["stage"])

@@ -28,7 +28,7 @@ def _cutter(rows, layout):
         for groups in [per["apply"]] + [x[k] for kind in _KINDS for x in per[kind] for k in ("gather", "local", "scatter")]:
             for *_, s, d, n, _ident in groups:
                 sides[s] = sides[d] = n
-        for chunk in per["varlen"]:
+        for chunk in per["varlen"]:  # (a joined call's rows span its pairs': cut apart)
             for r in chunk:
                 sides[r["q_off"]] = r["total_q"] * r["hq"]
                 sides[r["kv_off"]] = r["total_k"] * r["hkv"]
@@ -52,7 +52,9 @@ def _i64(t, off, n):
 
 
 class Pair:
-    """One chunk's kernel calls on one (q buffer, kv buffer) pair, merged into one varlen call:
+    """One chunk's kernel calls on one (q buffer, kv buffer) pair, merged into one varlen call, or
+    (``"joined"``) consecutive pairs of the same head widths joined into one; positions in joined
+    buffers (a field's home vectors, then its compute vectors: function.py):
     ``q`` [total_q * hq] and ``kv`` [total_k * hkv] head-vector rows (query- or key-major), ``lse2``
     [hq, total_q] the q vectors head-major (flash-attn's LSE layout: a transposed view of ``q2``),
     ``cu_q`` / ``cu_k`` int32 cu_seqlens on the device and ``cu_host`` the same as numpy arrays (host
@@ -78,62 +80,6 @@ class Pair:
         # Copies: a view would keep the whole host array alive after the runtime lets it go.
         self.cu_host = (host[rec["cu_q_off"]:rec["cu_q_off"] + n].numpy().copy(),
                         host[rec["cu_k_off"]:rec["cu_k_off"] + n].numpy().copy())
-
-
-class Joined:
-    """Consecutive merged calls of one chunk (``Pair``) with the same head widths, joined into one
-    varlen call on joined buffers (a field's home vectors, then its compute vectors: function.py),
-    so that a chunk's calls on home and compute buffers are one call, not one per buffer pair. Its
-    rows are the pairs' rows in order (a compute buffer's shifted by the home buffer's vectors), so
-    the kernel sees the same sequences and the outputs land in the same order. Built on the device
-    once per micro-batch (a few ops per pair); ``q_home`` and ``kv_home`` are True: both read the
-    joined buffers."""
-
-    __slots__ = ("hq", "hkv", "total_q", "total_k", "max_q", "max_k", "seqs", "q2", "kv2", "lse2", "cu_q", "cu_k",
-                 "cu_host", "q_home", "kv_home")
-
-    def __init__(self, pairs, home_q, home_kv):
-        self.q_home = self.kv_home = True
-        self.hq, self.hkv = pairs[0].hq, pairs[0].hkv
-        self.total_q, self.total_k = sum(p.total_q for p in pairs), sum(p.total_k for p in pairs)
-        self.max_q, self.max_k = max(p.max_q for p in pairs), max(p.max_k for p in pairs)
-        self.seqs = sum(p.seqs for p in pairs)
-        if len(pairs) == 1 and pairs[0].q_home and pairs[0].kv_home:
-            p = pairs[0]
-            self.q2, self.kv2, self.cu_q, self.cu_k, self.cu_host = p.q2, p.kv2, p.cu_q, p.cu_k, p.cu_host
-        else:
-            self.q2 = torch.cat([p.q2 if p.q_home else p.q2 + home_q for p in pairs])
-            self.kv2 = torch.cat([p.kv2 if p.kv_home else p.kv2 + home_kv for p in pairs])
-            cu = []
-            for side, attr in ((0, "cu_q"), (1, "cu_k")):
-                dev, host, at = [getattr(pairs[0], attr)], [pairs[0].cu_host[side]], 0
-                for prev, p in zip(pairs, pairs[1:]):
-                    at += prev.total_q if side == 0 else prev.total_k
-                    dev.append(getattr(p, attr)[1:] + at)
-                    host.append(p.cu_host[side][1:] + at)
-                cu.append((torch.cat(dev), np.concatenate(host)))
-            (self.cu_q, cu_qh), (self.cu_k, cu_kh) = cu
-            self.cu_host = (cu_qh, cu_kh)
-        self.lse2 = self.q2.t()
-
-    def nbytes(self):
-        """Device bytes of its own rows (0 where they are a pair's, views of the index arrays)."""
-        return sum(t.numel() * t.element_size() for t in (self.q2, self.kv2, self.cu_q, self.cu_k) if t._base is None)
-
-
-def join(pairs, home_q, home_kv):
-    """A chunk's ``Pair`` s as ``Joined`` calls: runs of consecutive pairs with the same widths (one
-    call where the widths are uniform; pairs keep their order, so the adds into one dK/dV row keep
-    theirs). ``home_q`` / ``home_kv``: the home buffers' vectors (where the compute ones start)."""
-    out, run = [], []
-    for p in pairs:
-        if run and (run[-1].hq, run[-1].hkv) != (p.hq, p.hkv):
-            out.append(Joined(run, home_q, home_kv))
-            run = []
-        run.append(p)
-    if run:
-        out.append(Joined(run, home_q, home_kv))
-    return out
 
 
 def host_arrays(program):
@@ -217,6 +163,7 @@ def to_device(host, layout, device):
                         **{k: _groups(cut, x[k]) for k in ("gather", "local", "scatter")}} for x in per[kind]]
         p["apply"] = _groups(cut, per["apply"])
         p["varlen"] = [[Pair(rec, cut, data, host) for rec in chunk] for chunk in per["varlen"]]
+        p["joined"] = [[Pair(rec, cut, data, host) for rec in chunk] for chunk in per["joined"]]
         p["descriptors"] = [(_i64(data, t, 10 * n).view(n, 10), _i64(data, b, 5)) for t, n, b in per["descriptors"]]
         # The same tables on the host, for what plans launches from them (the triton backend's work
         # rows and grids) without reading the device back; copies off the CPU, as cu_host.

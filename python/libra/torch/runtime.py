@@ -147,7 +147,7 @@ class PlanRuntime:
         self._index_layout = None
         self._on = {}
         self._index_on = {}  # device -> the device copy of the index arrays (the views' storage)
-        self._varlen_meta = {}  # the varlen backends' merged calls (index.Pair), by (pass, chunk, device)
+        self._varlen_meta = {}  # the varlen backends' merged calls (index.Pair), by (pass, chunk, device, kind)
         # What torch.compile's libra::attention op takes in place of this object (ops.py).
         self.op_handle = register(self)
 
@@ -165,12 +165,8 @@ class PlanRuntime:
         return self._on[device]
 
     def index_bytes(self, device):
-        """Device memory the index arrays take on ``device`` (after ``on(device)``), with the joined
-        varlen calls' rows built so far (compute.py; views of the arrays not counted twice)."""
-        device = torch.device(device)
-        joined = sum(c.nbytes() for key, calls in self._varlen_meta.items() if key[:2] == ("joined", device)
-                     for c in calls)
-        return nbytes(self._index_on[device]) + joined
+        """Device memory the index arrays take on ``device`` (after ``on(device)``)."""
+        return nbytes(self._index_on[torch.device(device)])
 
     @property
     def fingerprint(self):
