@@ -147,9 +147,10 @@ def step(replicas, span, allreduce):
 
 def check_costs(doc, explain=False, out=sys.stdout):
     """Recomputes every reported step of a --step-costs-out document; returns the largest
-    relative difference."""
+    relative difference. With explain, prints the DP 1 step taken apart, summed over windows."""
     layers, pp = doc["layers"], doc["pp"]
     worst = 0.0
+    parts = {}
     for w in doc["windows"]:
         for pt in w["points"]:
             reps = {m: [[stage_costs(mb, layers, pp) for mb in r] for r in pt[m]] for m in ("ulysses", "libra")}
@@ -160,33 +161,35 @@ def check_costs(doc, explain=False, out=sys.stdout):
                     ref = step(reps[mode], sp, pt["allreduce_s"])
                     worst = max(worst, abs(ref - st[mode]) / ref)
             if explain and pt["dp"] == 1:
-                explain_dp1(w["window"], pt, layers, pp, out)
+                for mode in ("ulysses", "libra"):
+                    acc = parts.setdefault(mode, [0.0] * 7)
+                    for k, v in enumerate(dp1_parts(pt[mode][0], layers, pp)):
+                        acc[k] += v
+    if explain:
+        print_dp1(parts, len(doc["windows"]), pp, out)
     return worst
 
 
-def explain_dp1(window, pt, layers, pp, out):
-    """The DP 1 step taken apart: work, per-stage bound, 1F1B at the simulator's order, sorted."""
-    print(f"window {window}, DP 1, {pp} stages, {layers} layers:", file=out)
-    rows = {}
-    for mode in ("ulysses", "libra"):
-        mbs = pt[mode][0]
-        attn = sum(layers * (m[0] + m[1]) for m in mbs)
-        lin = sum(m[2] + m[3] for m in mbs)
-        costs = [stage_costs(mb, layers, pp) for mb in mbs]
-        bound = max(sum(c[s][0] + c[s][1] for c in costs) for s in range(pp))
-        path = max(sum(f + b for f, b in c) for c in costs)
-        t = makespan(costs)
-        heavy_first = makespan(sorted(costs, key=lambda c: -sum(f + b for f, b in c)))
-        light_first = makespan(sorted(costs, key=lambda c: sum(f + b for f, b in c)))
-        one = makespan([stage_costs(mb, layers, 1) for mb in mbs])
-        rows[mode] = (attn, lin, bound, t, heavy_first, light_first, one)
-        print(f"  {mode:8s} attention {attn:8.3f} s, linear {lin:7.3f} s, busiest stage {bound:7.3f} s, "
-              f"longest micro-batch {path:6.3f} s; 1F1B {t:7.3f} s (bubble {t / bound - 1:6.1%}), "
-              f"sorted heavy first {heavy_first:7.3f}, light first {light_first:7.3f}, one stage {one:7.3f}",
-              file=out)
-    u, lb = rows["ulysses"], rows["libra"]
-    print(f"  libra / ulysses: attention work {u[0] / lb[0]:.3f}x, one stage {u[6] / lb[6]:.3f}x, "
-          f"{pp} stages in the simulator's order {u[3] / lb[3]:.3f}x, both sorted heavy first {u[4] / lb[4]:.3f}x",
+def dp1_parts(mbs, layers, pp):
+    """One DP 1 replica's step taken apart: attention and linear work, the busiest stage (the
+    1F1B bound), 1F1B in the simulator's order, heaviest first, lightest first, on one stage."""
+    costs = [stage_costs(mb, layers, pp) for mb in mbs]
+    load = lambda c: -sum(f + b for f, b in c)
+    return (sum(layers * (m[0] + m[1]) for m in mbs), sum(m[2] + m[3] for m in mbs),
+            max(sum(c[s][0] + c[s][1] for c in costs) for s in range(pp)), makespan(costs),
+            makespan(sorted(costs, key=load)), makespan(sorted(costs, key=lambda c: -load(c))),
+            makespan([stage_costs(mb, layers, 1) for mb in mbs]))
+
+
+def print_dp1(parts, windows, pp, out):
+    print(f"DP 1, {pp} stages, summed over {windows} windows (seconds):", file=out)
+    for mode, (attn, lin, bound, t, heavy, light, one) in parts.items():
+        print(f"  {mode:8s} attention {attn:9.1f}, linear {lin:7.1f}, busiest stage {bound:8.1f}; 1F1B {t:8.1f} "
+              f"(bubble {t / bound - 1:6.1%}), heaviest first {heavy:8.1f}, lightest first {light:8.1f}, "
+              f"one stage {one:8.1f}", file=out)
+    u, lb = parts["ulysses"], parts["libra"]
+    print(f"  libra / ulysses speedup: attention work {u[0] / lb[0]:.3f}x, one stage {u[6] / lb[6]:.3f}x, "
+          f"{pp} stages in the simulator's order {u[3] / lb[3]:.3f}x, both heaviest first {u[4] / lb[4]:.3f}x",
           file=out)
 
 

@@ -11,10 +11,8 @@ ratio to the first backend measured. A measurement, not a test.
 """
 import argparse
 import os
-import statistics
 import sys
 import tempfile
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[1:1] = [os.path.join(HERE, "..", "build", "release", "python"), os.path.join(HERE, "..", "python")]
@@ -25,6 +23,7 @@ import torch.distributed as dist  # noqa: E402
 import libra  # noqa: E402
 import libra.torch as lt  # noqa: E402
 from libra.torch import backends  # noqa: E402
+from libra.torch.timing import fwd_bwd_medians  # noqa: E402
 
 
 def main():
@@ -56,26 +55,21 @@ def main():
     do = torch.randn(L, a.heads_q, a.head_dim, generator=g).to(dt)
     print(f"torch-backends-bench: L {L} ({len(samples)} samples), h_q {a.heads_q}, h_kv {a.heads_kv}, "
           f"d {a.head_dim}, M {a.chunks}, {a.dtype}, {a.threads} thread(s), torch {torch.__version__}")
+    leaves = []
+
+    def fresh():  # each repetition's q, k, v: new leaves, so that no gradient accumulates
+        leaves[:] = [x.clone().requires_grad_() for x in (q0, k0, v0)]
+
     first = None
     for name in backends.ORDER:
         if backends.get(name).unavailable(torch.device("cpu"), dt):
             continue
         previous = backends.force(name)
-        fw, bw = [], []
         try:
-            for rep in range(a.reps + 1):
-                q, k, v = (x.clone().requires_grad_() for x in (q0, k0, v0))
-                t0 = time.perf_counter()
-                o = lt.attention(q, k, v, rt)
-                t1 = time.perf_counter()
-                o.backward(do)
-                t2 = time.perf_counter()
-                if rep:
-                    fw.append(t1 - t0)
-                    bw.append(t2 - t1)
+            f, b = fwd_bwd_medians(lambda: lt.attention(*leaves, rt), lambda o: o.backward(do), a.reps,
+                                   prepare=fresh)
         finally:
             backends.force(previous)
-        f, b = statistics.median(fw), statistics.median(bw)
         first = first or (name, f, b)
         print(f"  {name:12s} forward {f * 1e3:9.1f} ms  backward {b * 1e3:9.1f} ms  "
               f"(x{f / first[1]:.2f} and x{b / first[2]:.2f} of {first[0]})")

@@ -35,6 +35,7 @@ import libra  # noqa: E402
 import libra.torch as lt  # noqa: E402
 from libra.torch import comms  # noqa: E402
 from libra.torch.comms import inprocess  # noqa: E402
+from libra.torch.timing import fwd_bwd_medians  # noqa: E402
 
 
 def body(rank, world, init_file, a, pool, out_file):
@@ -59,20 +60,11 @@ def body(rank, world, init_file, a, pool, out_file):
     k = torch.randn(n, a.heads_kv, a.head_dim, generator=g).to(dtype).requires_grad_()
     v = torch.randn(n, a.heads_kv, a.head_dim, generator=g).to(dtype).requires_grad_()
     do = torch.randn(n, a.heads_q, a.head_dim, generator=g).to(dtype)
-    fwd, bwd = [], []
-    for rep in range(a.reps + 1):
-        comm.barrier()
-        s = time.perf_counter()
-        o = lt.attention(q, k, v, rt)
-        m = time.perf_counter()
-        o.backward(do)
-        e = time.perf_counter()
-        if rep:
-            fwd.append(m - s)
-            bwd.append(e - m)
-        elif rt.trace is not None:
-            rt.trace.clear()  # trace the timed runs only
-    res = torch.tensor([statistics.median(fwd), statistics.median(bwd), t1 - t0, t2 - t1], dtype=torch.float64)
+    # The trace keeps the timed runs only.
+    warmed = rt.trace.clear if rt.trace is not None else None
+    f, b = fwd_bwd_medians(lambda: lt.attention(q, k, v, rt), lambda o: o.backward(do), a.reps,
+                           prepare=comm.barrier, warmed=warmed)
+    res = torch.tensor([f, b, t1 - t0, t2 - t1], dtype=torch.float64)
     if not init_file:
         return res, rt.trace
     allres = [torch.zeros_like(res) for _ in range(world)]

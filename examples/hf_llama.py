@@ -7,7 +7,7 @@ Launch with torchrun (gloo, CPU), DP x CP = 4 processes (P = 2, CP = 2):
 
 A small Llama (hidden 64, 2 layers, 4 q heads, 2 kv heads: GQA; byte vocabulary
 of 256) is randomly initialised from its config, no download. Data: the bytes of
-/usr/share/common-licenses (examples/byte_corpus.py, as train_tiny.py), one sample
+/usr/share/common-licenses (examples/_common.py, as train_tiny.py), one sample
 per paragraph, packed to --seq-len by libra. Each DP replica draws its packed
 sequences from libra.torch.PlacementBatchSampler (VRSP), each CP rank feeds its
 home rows (libra.hf.shard_batch: input_ids, position_ids restarting per sample,
@@ -24,40 +24,17 @@ parameters and the per-step times.
 """
 import argparse
 import copy
-import csv
 import os
 import statistics
-import sys
 import time
 
+import _common  # noqa: F401  (first: libra from this source tree)
+import libra.hf as lh
+import libra.torch as lt
 import torch
 import torch.distributed as dist
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-BUILT = os.path.join(HERE, "..", "build", "release", "python")
-if os.path.isdir(BUILT):  # a source tree with a release build; otherwise the installed package
-    sys.path[1:1] = [BUILT, os.path.join(HERE, "..", "python")]
-
-import libra.hf as lh  # noqa: E402
-import libra.torch as lt  # noqa: E402
-import transformers  # noqa: E402
-from byte_corpus import load_samples, pack_bytes  # noqa: E402
-
-
-class PackedBytes(torch.utils.data.Dataset):
-    """Packed sequence i as (token ids [seq_len], its sample lengths); padding is token 0."""
-
-    def __init__(self, packed, seq_len):
-        self.packed, self.seq_len = packed, seq_len
-
-    def __len__(self):
-        return len(self.packed)
-
-    def __getitem__(self, i):
-        lengths, data = self.packed[i]
-        ids = torch.zeros(self.seq_len, dtype=torch.long)
-        ids[:len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8).long()
-        return ids, list(lengths)
+import transformers
+from _common import PackedBytes, add_training_args, load_samples, pack_bytes, torchrun_main, write_loss_files
 
 
 def model_config(args):
@@ -130,98 +107,66 @@ def train(args, packed, impl):
 
 
 def write_outputs(out, la, lp, rel, ta, tp):
-    os.makedirs(out, exist_ok=True)
-    tmp = os.path.join(out, ".loss.csv.tmp")
-    with open(tmp, "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["step", "loss_libra", "loss_sdpa", "relative_difference", "seconds_libra", "seconds_sdpa"])
-        for i, row in enumerate(zip(la, lp, rel, ta, tp)):
-            w.writerow([i + 1, f"{row[0]:.12g}", f"{row[1]:.12g}", f"{row[2]:.3e}", f"{row[3]:.4f}", f"{row[4]:.4f}"])
-    os.replace(tmp, os.path.join(out, "loss.csv"))
-    import matplotlib  # noqa: PLC0415
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # noqa: PLC0415
-
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    steps = range(1, len(la) + 1)
-    ax.plot(steps, la, label='attn_implementation="libra" (P=2, CP=2)')
-    ax.plot(steps, lp, "--", label='attn_implementation="sdpa", whole sequences')
-    ax.set_xlabel("optimizer step")
-    ax.set_ylabel("mean next-byte loss")
-    ax.set_title("LlamaForCausalLM (hidden 64, 2 layers, GQA 4/2)")
-    ax.legend()
-    fig.tight_layout()
-    tmp = os.path.join(out, ".loss.png.tmp")
-    fig.savefig(tmp, format="png", dpi=100)
-    os.replace(tmp, os.path.join(out, "loss.png"))
+    rows = [[i + 1, f"{row[0]:.12g}", f"{row[1]:.12g}", f"{row[2]:.3e}", f"{row[3]:.4f}", f"{row[4]:.4f}"]
+            for i, row in enumerate(zip(la, lp, rel, ta, tp))]
+    write_loss_files(out, ["step", "loss_libra", "loss_sdpa", "relative_difference", "seconds_libra", "seconds_sdpa"],
+                     rows, [(la, "-", 'attn_implementation="libra" (P=2, CP=2)'),
+                            (lp, "--", 'attn_implementation="sdpa", whole sequences')],
+                     title="LlamaForCausalLM (hidden 64, 2 layers, GQA 4/2)")
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=50, help="optimizer steps")
-    ap.add_argument("--seq-len", type=int, default=256)
-    ap.add_argument("--block", type=int, default=32, help="query rows per SH-Tile")
-    ap.add_argument("--gbs", type=int, default=4, help="packed sequences per optimizer step")
+    add_training_args(ap, "hf_llama")
     ap.add_argument("--cp", type=int, default=2)
     ap.add_argument("--pool-size", type=int, default=2)
     ap.add_argument("--hidden", type=int, default=64)
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--heads-q", type=int, default=4)
     ap.add_argument("--heads-kv", type=int, default=2)
-    ap.add_argument("--lr", type=float, default=3e-3)
-    ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1, help="torch threads per process")
-    ap.add_argument("--text", default="/usr/share/common-licenses/*", help="glob of text files to train on")
-    ap.add_argument("--out", default="out/hf_llama", help="output folder for loss.csv and loss.png")
     ap.add_argument("--check-loss", type=float, help="exit 1 when the largest relative loss difference exceeds this")
     ap.add_argument("--check-grad", type=float, help="exit 1 when the step-1 relative gradient error exceeds this")
     args = ap.parse_args()
-    if "RANK" not in os.environ:
-        raise SystemExit("hf_llama: launch with torchrun, e.g. .venv/bin/torchrun --standalone --nproc-per-node 4 "
-                         "examples/hf_llama.py")
-    torch.set_num_threads(args.threads)
-    dist.init_process_group("gloo")
-    try:
-        rank, world = dist.get_rank(), dist.get_world_size()
-        if world % (args.cp * args.pool_size):
-            raise SystemExit(f"hf_llama: {world} processes: must be a multiple of --cp x --pool-size "
-                             f"= {args.cp * args.pool_size}")
-        packed = pack_bytes(load_samples(args.text), args.seq_len)
-        need = args.steps * args.gbs
-        if len(packed) < need:
-            raise SystemExit(f"hf_llama: --steps {args.steps} needs {need} packed sequences, the text gives {len(packed)}")
-        la, ta, ga = train(args, packed, "libra")
-        lp, tp, gp = train(args, packed, "sdpa")
-        # Every rank holds the same all-reduced losses and gradients, so every rank decides alike.
-        rel = [abs(a - b) / abs(b) for a, b in zip(la, lp)]
-        grad_err = float((ga - gp).abs().max() / gp.abs().max())
-        worst = max(range(len(rel)), key=rel.__getitem__)
-        if rank == 0:
-            write_outputs(args.out, la, lp, rel, ta, tp)
-            # The first step also builds the planner's first plan and warms caches: left out of the medians.
-            med = lambda t: statistics.median(t[1:] if len(t) > 1 else t)  # noqa: E731
-            print(f"hf_llama: {len(packed)} packed sequences of {args.seq_len} bytes; {world} processes "
-                  f"(DP {world // args.cp} x CP {args.cp}, pools of {args.pool_size}); {args.steps} steps of "
-                  f"{args.gbs} sequences")
-            print(f"hf_llama: loss {la[0]:.4f} -> {la[-1]:.4f} (libra), {lp[0]:.4f} -> {lp[-1]:.4f} (sdpa)")
-            print(f"largest relative loss difference: {rel[worst]:.3e} (step {worst + 1})")
-            print(f"step-1 relative gradient error: {grad_err:.3e} (max |g_libra - g_sdpa| / max |g_sdpa| "
-                  f"over all {ga.numel()} parameter values)")
-            print(f"per-step time, median (rank 0): libra {med(ta) * 1e3:.1f} ms, sdpa {med(tp) * 1e3:.1f} ms")
-            print(f"wrote {os.path.join(args.out, 'loss.csv')} and loss.png")
-        bad = []
-        if args.check_loss is not None and not rel[worst] <= args.check_loss:
-            bad.append(f"the loss difference {rel[worst]:.3e} exceeds --check-loss {args.check_loss}")
-        if args.check_grad is not None and not grad_err <= args.check_grad:
-            bad.append(f"the gradient error {grad_err:.3e} exceeds --check-grad {args.check_grad}")
-        if bad and rank == 0:
-            print("hf_llama: " + "; ".join(bad))
-    finally:
-        dist.barrier()
-        dist.destroy_process_group()
-    if bad:
-        sys.exit(1)
+    torchrun_main("hf_llama", args.threads, lambda: run(args))
+
+
+def run(args):
+    """Both trainings, the outputs (rank 0) and the failed checks."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if world % (args.cp * args.pool_size):
+        raise SystemExit(f"hf_llama: {world} processes: must be a multiple of --cp x --pool-size "
+                         f"= {args.cp * args.pool_size}")
+    packed = pack_bytes(load_samples(args.text), args.seq_len)
+    need = args.steps * args.gbs
+    if len(packed) < need:
+        raise SystemExit(f"hf_llama: --steps {args.steps} needs {need} packed sequences, the text gives {len(packed)}")
+    la, ta, ga = train(args, packed, "libra")
+    lp, tp, gp = train(args, packed, "sdpa")
+    # Every rank holds the same all-reduced losses and gradients, so every rank decides alike.
+    rel = [abs(a - b) / abs(b) for a, b in zip(la, lp)]
+    grad_err = float((ga - gp).abs().max() / gp.abs().max())
+    worst = max(range(len(rel)), key=rel.__getitem__)
+    if rank == 0:
+        write_outputs(args.out, la, lp, rel, ta, tp)
+        # The first step also builds the planner's first plan and warms caches: left out of the medians.
+        med = lambda t: statistics.median(t[1:] if len(t) > 1 else t)  # noqa: E731
+        print(f"hf_llama: {len(packed)} packed sequences of {args.seq_len} bytes; {world} processes "
+              f"(DP {world // args.cp} x CP {args.cp}, pools of {args.pool_size}); {args.steps} steps of "
+              f"{args.gbs} sequences")
+        print(f"hf_llama: loss {la[0]:.4f} -> {la[-1]:.4f} (libra), {lp[0]:.4f} -> {lp[-1]:.4f} (sdpa)")
+        print(f"largest relative loss difference: {rel[worst]:.3e} (step {worst + 1})")
+        print(f"step-1 relative gradient error: {grad_err:.3e} (max |g_libra - g_sdpa| / max |g_sdpa| "
+              f"over all {ga.numel()} parameter values)")
+        print(f"per-step time, median (rank 0): libra {med(ta) * 1e3:.1f} ms, sdpa {med(tp) * 1e3:.1f} ms")
+        print(f"wrote {os.path.join(args.out, 'loss.csv')} and loss.png")
+    bad = []
+    if args.check_loss is not None and not rel[worst] <= args.check_loss:
+        bad.append(f"the loss difference {rel[worst]:.3e} exceeds --check-loss {args.check_loss}")
+    if args.check_grad is not None and not grad_err <= args.check_grad:
+        bad.append(f"the gradient error {grad_err:.3e} exceeds --check-grad {args.check_grad}")
+    return bad
 
 
 if __name__ == "__main__":

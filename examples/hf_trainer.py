@@ -26,36 +26,22 @@ which run 1's synchronised step-1 gradient must equal. Rank 0 prints the figures
 import argparse
 import copy
 import os
-import sys
 
+import _common  # first: libra from this source tree
+import libra.hf as lh
+import libra.torch as lt
 import torch
 import torch.distributed as dist
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-BUILT = os.path.join(HERE, "..", "build", "release", "python")
-if os.path.isdir(BUILT):  # a source tree with a release build; otherwise the installed package
-    sys.path[1:1] = [BUILT, os.path.join(HERE, "..", "python")]
-
-import libra.hf as lh  # noqa: E402
-import libra.torch as lt  # noqa: E402
-import transformers  # noqa: E402
-from byte_corpus import load_samples, pack_bytes  # noqa: E402
+import transformers
+from _common import add_training_args, load_samples, pack_bytes, torchrun_main
 
 
-class PackedBytes(torch.utils.data.Dataset):
+class PackedBytes(_common.PackedBytes):
     """Packed sequence i: {"input_ids": [seq_len] (padding is token 0), "lengths": its sample lengths}."""
 
-    def __init__(self, packed, seq_len):
-        self.packed, self.seq_len = packed, seq_len
-
-    def __len__(self):
-        return len(self.packed)
-
     def __getitem__(self, i):
-        lengths, data = self.packed[i]
-        ids = torch.zeros(self.seq_len, dtype=torch.long)
-        ids[:len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8).long()
-        return {"input_ids": ids, "lengths": list(lengths)}
+        ids, lengths = super().__getitem__(i)
+        return {"input_ids": ids, "lengths": lengths}
 
 
 def model_config(args):
@@ -163,63 +149,50 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--sequences", type=int, default=12, help="packed sequences per epoch (the first of the text)")
-    ap.add_argument("--seq-len", type=int, default=128)
-    ap.add_argument("--block", type=int, default=16)
-    ap.add_argument("--gbs", type=int, default=4, help="packed sequences per optimizer step (GA = gbs / dp)")
+    add_training_args(ap, "hf_trainer", seq_len=128, block=16)  # --out: the runs' Trainer output folders
     ap.add_argument("--cp", type=int, default=2)
     ap.add_argument("--pool-size", type=int, default=2)
-    ap.add_argument("--lr", type=float, default=3e-3)
-    ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--save-steps", type=int, default=2)
     ap.add_argument("--resume-step", type=int, default=4, help="resume from run 1's checkpoint of this step")
-    ap.add_argument("--text", default="/usr/share/common-licenses/*")
-    ap.add_argument("--out", default="out/hf_trainer", help="the runs' Trainer output folders")
     ap.add_argument("--check", type=float, help="exit 1 when a libra-vs-sdpa loss or the step-1 gradient "
                                                 "differs by more than this (relative)")
     args = ap.parse_args()
-    if "RANK" not in os.environ:
-        raise SystemExit("hf_trainer: launch with torchrun, e.g. .venv/bin/torchrun --standalone --nproc-per-node 4 "
-                         "examples/hf_trainer.py")
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo")
+    torchrun_main("hf_trainer", 1, lambda: run(args))
+
+
+def run(args):
+    """The three Trainer runs and the reference gradient, the figures (rank 0) and the failed checks."""
     bad = []
-    try:
-        rank = dist.get_rank()
-        packed = pack_bytes(load_samples(args.text), args.seq_len)[:args.sequences]
-        la, wa, ga = train(args, packed, "libra", os.path.join(args.out, "libra"))
-        ckpt = os.path.join(args.out, "libra", f"checkpoint-{args.resume_step}")
-        lr_, wr, _ = train(args, packed, "libra", os.path.join(args.out, "resumed"), resume=ckpt)
-        lp, wp, _ = train(args, packed, "sdpa", os.path.join(args.out, "sdpa"))
-        gref = reference_step1_grad(args, packed)
-        loss_diff = max(abs(a - b) / abs(b) for a, b in zip(la, lp))
-        resumed_diff = max(abs(a - b) for a, b in zip(la[args.resume_step:], lr_[args.resume_step:]))
-        figures = {"steps": len(la), "loss, libra vs sdpa": loss_diff, "resumed vs uninterrupted loss": resumed_diff,
-                   "resumed vs uninterrupted weights": rel(wr, wa), "step-1 gradient vs single-process sdpa": rel(ga, gref)}
-        if rank == 0:
-            print(f"hf_trainer: {len(packed)} packed sequences of {args.seq_len} bytes, {args.epochs} epochs, GA "
-                  f"{args.gbs // (dist.get_world_size() // args.cp)}: {len(la)} optimizer steps; resumed at step "
-                  f"{args.resume_step}")
-            print("losses libra: " + " ".join(f"{x:.6f}" for x in la))
-            print("losses sdpa:  " + " ".join(f"{x:.6f}" for x in lp))
-            for k, v in figures.items():
-                print(f"{k}: {v:.3e}" if isinstance(v, float) else f"{k}: {v}")
-        want = args.epochs * (args.sequences // args.gbs)
-        if len(la) != want or len(lr_) != want:
-            bad.append(f"{len(la)} and {len(lr_)} optimizer steps, expected {want} ({args.epochs} epochs)")
-        if args.check is not None:
-            for k in ("loss, libra vs sdpa", "step-1 gradient vs single-process sdpa"):
-                if not figures[k] <= args.check:
-                    bad.append(f"{k} {figures[k]:.3e} exceeds --check {args.check}")
-            for k in ("resumed vs uninterrupted loss", "resumed vs uninterrupted weights"):
-                if not figures[k] <= 1e-12:
-                    bad.append(f"{k} {figures[k]:.3e}: resuming must reproduce the uninterrupted run")
-        if bad and rank == 0:
-            print("hf_trainer: " + "; ".join(bad))
-    finally:
-        dist.barrier()
-        dist.destroy_process_group()
-    if bad:
-        sys.exit(1)
+    rank = dist.get_rank()
+    packed = pack_bytes(load_samples(args.text), args.seq_len)[:args.sequences]
+    la, wa, ga = train(args, packed, "libra", os.path.join(args.out, "libra"))
+    ckpt = os.path.join(args.out, "libra", f"checkpoint-{args.resume_step}")
+    lr_, wr, _ = train(args, packed, "libra", os.path.join(args.out, "resumed"), resume=ckpt)
+    lp, wp, _ = train(args, packed, "sdpa", os.path.join(args.out, "sdpa"))
+    gref = reference_step1_grad(args, packed)
+    loss_diff = max(abs(a - b) / abs(b) for a, b in zip(la, lp))
+    resumed_diff = max(abs(a - b) for a, b in zip(la[args.resume_step:], lr_[args.resume_step:]))
+    figures = {"steps": len(la), "loss, libra vs sdpa": loss_diff, "resumed vs uninterrupted loss": resumed_diff,
+               "resumed vs uninterrupted weights": rel(wr, wa), "step-1 gradient vs single-process sdpa": rel(ga, gref)}
+    if rank == 0:
+        print(f"hf_trainer: {len(packed)} packed sequences of {args.seq_len} bytes, {args.epochs} epochs, GA "
+              f"{args.gbs // (dist.get_world_size() // args.cp)}: {len(la)} optimizer steps; resumed at step "
+              f"{args.resume_step}")
+        print("losses libra: " + " ".join(f"{x:.6f}" for x in la))
+        print("losses sdpa:  " + " ".join(f"{x:.6f}" for x in lp))
+        for k, v in figures.items():
+            print(f"{k}: {v:.3e}" if isinstance(v, float) else f"{k}: {v}")
+    want = args.epochs * (args.sequences // args.gbs)
+    if len(la) != want or len(lr_) != want:
+        bad.append(f"{len(la)} and {len(lr_)} optimizer steps, expected {want} ({args.epochs} epochs)")
+    if args.check is not None:
+        for k in ("loss, libra vs sdpa", "step-1 gradient vs single-process sdpa"):
+            if not figures[k] <= args.check:
+                bad.append(f"{k} {figures[k]:.3e} exceeds --check {args.check}")
+        for k in ("resumed vs uninterrupted loss", "resumed vs uninterrupted weights"):
+            if not figures[k] <= 1e-12:
+                bad.append(f"{k} {figures[k]:.3e}: resuming must reproduce the uninterrupted run")
+    return bad
 
 
 if __name__ == "__main__":

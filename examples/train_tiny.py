@@ -15,39 +15,25 @@ OUT/loss.csv and OUT/loss.png and prints the largest relative difference.
     /usr/bin/python3 examples/train_tiny.py --steps 20 --out out/train_tiny
 """
 import argparse
-import csv
 import os
 import sys
 import tempfile
 import time
 
+import _common  # first: libra from this source tree
+import libra.torch as lt
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-BUILT = os.path.join(HERE, "..", "build", "release", "python")
-if os.path.isdir(BUILT):  # a source tree with a release build; otherwise the installed package
-    sys.path[1:1] = [BUILT, os.path.join(HERE, "..", "python")]
-
-import libra.torch as lt  # noqa: E402
-from byte_corpus import load_samples, pack_bytes  # noqa: E402
+from _common import add_training_args, load_samples, pack_bytes, write_loss_files
 
 P, CP = 2, 2
 
 
-class Packed(torch.utils.data.Dataset):
-    def __init__(self, packed, seq_len):
-        self.packed, self.seq_len = packed, seq_len
-
-    def __len__(self):
-        return len(self.packed)
-
+class Packed(_common.PackedBytes):
     def __getitem__(self, i):
-        lengths, data = self.packed[i]
-        tokens = torch.zeros(self.seq_len, dtype=torch.long)
-        tokens[:len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8).long()
+        tokens, lengths = super().__getitem__(i)
         # Targets: the next byte within the same sample; -100 at sample ends and padding.
         target = torch.full((self.seq_len,), -100, dtype=torch.long)
         pos = torch.zeros(self.seq_len, dtype=torch.long)
@@ -178,54 +164,26 @@ def entry(rank, world, init_file, args, data, out_file):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=20, help="optimizer steps")
-    ap.add_argument("--seq-len", type=int, default=256)
-    ap.add_argument("--block", type=int, default=32, help="query rows per SH-Tile")
-    ap.add_argument("--gbs", type=int, default=4, help="packed sequences per optimizer step")
+    add_training_args(ap, "train_tiny")
     ap.add_argument("--d-model", type=int, default=128)
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--heads-q", type=int, default=4)
     ap.add_argument("--heads-kv", type=int, default=2)
-    ap.add_argument("--lr", type=float, default=3e-3)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--text", default="/usr/share/common-licenses/*", help="glob of text files to train on")
-    ap.add_argument("--out", default="out/train_tiny", help="output folder for loss.csv and loss.png")
     ap.add_argument("--check", type=float, help="exit 1 when the largest relative loss difference exceeds this")
     args = ap.parse_args()
     packed = pack_bytes(load_samples(args.text), args.seq_len)
     need = args.steps * args.gbs
     if len(packed) < need:
         raise SystemExit(f"train_tiny: --steps {args.steps} needs {need} packed sequences, the text gives {len(packed)}")
-    os.makedirs(args.out, exist_ok=True)
     with tempfile.TemporaryDirectory() as d:
         res_file = os.path.join(d, "res.pt")
         mp.spawn(entry, args=(P * CP, os.path.join(d, "init"), args, packed, res_file), nprocs=P * CP)
         res = torch.load(res_file)
     (la, ta), (lp, tp) = res["libra"], res["plain"]
     rel = [abs(a - b) / abs(b) for a, b in zip(la, lp)]
-    tmp = os.path.join(args.out, ".loss.csv.tmp")
-    with open(tmp, "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["step", "loss_libra", "loss_plain", "relative_difference"])
-        for i, (a, b, r) in enumerate(zip(la, lp, rel)):
-            w.writerow([i, f"{a:.9g}", f"{b:.9g}", f"{r:.3e}"])
-    os.replace(tmp, os.path.join(args.out, "loss.csv"))
-    try:
-        import matplotlib  # noqa: PLC0415
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt  # noqa: PLC0415
-
-        fig, ax = plt.subplots(figsize=(6, 3.5))
-        ax.plot(la, label="libra attention (P=2, CP=2)")
-        ax.plot(lp, "--", label="plain attention")
-        ax.set_xlabel("optimizer step")
-        ax.set_ylabel("mean next-byte loss")
-        ax.legend()
-        fig.tight_layout()
-        tmp = os.path.join(args.out, ".loss.png.tmp")
-        fig.savefig(tmp, format="png", dpi=100)
-        os.replace(tmp, os.path.join(args.out, "loss.png"))
-    except ImportError:
+    rows = [[i, f"{a:.9g}", f"{b:.9g}", f"{r:.3e}"] for i, (a, b, r) in enumerate(zip(la, lp, rel))]
+    if not write_loss_files(args.out, ["step", "loss_libra", "loss_plain", "relative_difference"], rows,
+                            [(la, "-", "libra attention (P=2, CP=2)"), (lp, "--", "plain attention")], first_step=0):
         print("train_tiny: matplotlib missing; wrote the CSV only")
     print(f"train_tiny: {len(packed)} packed sequences of {args.seq_len} bytes; {args.steps} steps; "
           f"loss {la[0]:.4f} -> {la[-1]:.4f} (libra), {lp[0]:.4f} -> {lp[-1]:.4f} (plain)")

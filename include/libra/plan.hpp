@@ -425,6 +425,9 @@ class Plan {
   // Everything the plan holds, its exchange derived (as by the first
   // exchange accessor).
   const Data& data() const;
+  // The same without deriving the exchange: its fields may be unset (for
+  // src/tiles' own readers that need only what build_plan made).
+  const Data& data_as_built() const;
 
  private:
   std::shared_ptr<const Data> d_;

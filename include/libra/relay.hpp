@@ -24,6 +24,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "libra/plan.hpp"
@@ -60,5 +61,10 @@ class RelayTable {
 };
 
 [[nodiscard]] RelayTable plan_relays(const Plan& plan);
+// The same from each chunk's forward input bytes (Q + K/V) of every pair,
+// [(m * workers + src) * workers + dst] (what plan_relays(plan) sums from
+// Plan::chunk_transfers), on nodes of `gpus_per_node`.
+[[nodiscard]] RelayTable plan_relays(std::span<const std::int64_t> chunk_in_bytes, int workers, int chunks,
+                                     int gpus_per_node);
 
 }  // namespace libra

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "libra/io.hpp"
+#include "sim/alltoall.hpp"
 
 namespace libra {
 
@@ -145,65 +146,99 @@ double compute_seconds(const KernelProfile& profile, double flops, double block_
   return ThroughputTable(profile).seconds(flops, block_len, heads, backward);
 }
 
-std::vector<double> alltoall_seconds(const Interconnect& net, std::span<const std::int64_t> bytes,
-                                     std::span<const std::int64_t> gpu_of_worker) {
-  const std::size_t w = gpu_of_worker.size();
-  // [worker][tier]: bytes sent / received over tier 0 intra-node, 1 same
-  // supernode, 2 across supernodes.
-  std::vector<std::array<double, 3>> sent_b(w, {0, 0, 0}), recv_b(w, {0, 0, 0});
-  std::vector<std::int64_t> sent(w, 0), received(w, 0);
+namespace detail {
+
+AlltoallPricer::AlltoallPricer(const Interconnect& net, std::span<const std::int64_t> gpu_of_worker)
+    : w_(gpu_of_worker.size()), node_(w_), supernode_(w_), sent_b_(w_), recv_b_(w_), sent_(w_), received_(w_) {
+  const std::size_t w = w_;
   const std::int64_t per_sn = net.gpus_per_node * net.nodes_per_supernode;
-  // PXN relays: the worker on each GPU, by GPU id.
-  std::vector<std::pair<std::int64_t, std::size_t>> worker_at;
+  for (std::size_t r = 0; r < w; ++r) {
+    node_[r] = gpu_of_worker[r] / net.gpus_per_node;
+    supernode_[r] = gpu_of_worker[r] / per_sn;
+  }
   if (net.pxn) {
+    // PXN relays: the worker on each GPU, by GPU id.
+    std::vector<std::pair<std::int64_t, std::size_t>> worker_at;
     for (std::size_t r = 0; r < w; ++r) worker_at.emplace_back(gpu_of_worker[r], r);
     std::sort(worker_at.begin(), worker_at.end());
+    auto relay_of = [&](std::size_t s, std::int64_t gs, std::int64_t gd) {
+      const std::int64_t gpu = gs - gs % net.gpus_per_node + gd % net.gpus_per_node;
+      auto it = std::lower_bound(worker_at.begin(), worker_at.end(), std::pair<std::int64_t, std::size_t>{gpu, 0});
+      return it != worker_at.end() && it->first == gpu ? it->second : s;
+    };
+    via_.resize(w * w);
+    for (std::size_t s = 0; s < w; ++s) {
+      for (std::size_t d = 0; d < w; ++d) {
+        via_[s * w + d] = static_cast<std::uint32_t>(
+            node_[s] != node_[d] ? relay_of(s, gpu_of_worker[s], gpu_of_worker[d]) : s);
+      }
+    }
   }
-  auto relay_of = [&](std::size_t s, std::int64_t gs, std::int64_t gd) {
-    const std::int64_t gpu = gs - gs % net.gpus_per_node + gd % net.gpus_per_node;
-    auto it = std::lower_bound(worker_at.begin(), worker_at.end(), std::pair<std::int64_t, std::size_t>{gpu, 0});
-    return it != worker_at.end() && it->first == gpu ? it->second : s;
-  };
-  // Each worker's node and supernode, once (this loop is W x W per matrix).
-  std::vector<std::int64_t> node_of(w), sn_of(w);
-  for (std::size_t r = 0; r < w; ++r) {
-    node_of[r] = gpu_of_worker[r] / net.gpus_per_node;
-    sn_of[r] = gpu_of_worker[r] / per_sn;
+  std::vector<std::int64_t> nodes = node_;
+  std::sort(nodes.begin(), nodes.end());
+  const auto spanned = static_cast<double>(std::unique(nodes.begin(), nodes.end()) - nodes.begin());
+  bi_ = net.intra_node_gbps * 1e9;
+  // Two nodes exchange rail to rail at the NIC's speed; every further node
+  // adds incast and ECMP collisions.
+  be_ = net.inter_node_gbps * 1e9 / (1.0 + net.congestion_per_node * std::max(0.0, spanned - 2));
+  bs_ = net.inter_supernode_gbps * 1e9;
+  latency_us_ = net.latency_us;
+}
+
+// One message of b > 0 bytes from worker s to d (s != d); [worker][tier]:
+// bytes sent / received over tier 0 intra-node, 1 same supernode, 2 across
+// supernodes.
+inline void AlltoallPricer::add(std::size_t s, std::size_t d, std::int64_t b) {
+  const std::size_t tier = node_[s] == node_[d] ? 0 : supernode_[s] == supernode_[d] ? 1 : 2;
+  const std::size_t via = tier > 0 && !via_.empty() ? via_[s * w_ + d] : s;
+  if (via != s) {
+    sent_b_[s][0] += static_cast<double>(b);
+    recv_b_[via][0] += static_cast<double>(b);
   }
+  sent_b_[via][tier] += static_cast<double>(b);
+  recv_b_[d][tier] += static_cast<double>(b);
+  ++sent_[s];
+  ++received_[d];
+}
+
+void AlltoallPricer::finish(std::vector<double>& t) {
+  t.assign(w_, 0);
+  auto link = [&](const std::array<double, 3>& x) { return std::max({x[0] / bi_, (x[1] + x[2]) / be_, x[2] / bs_}); };
+  for (std::size_t r = 0; r < w_; ++r) {
+    t[r] = std::max(link(sent_b_[r]), link(recv_b_[r])) +
+           latency_us_ * 1e-6 * static_cast<double>(std::max(sent_[r], received_[r]));
+  }
+  std::fill(sent_b_.begin(), sent_b_.end(), std::array<double, 3>{0, 0, 0});
+  std::fill(recv_b_.begin(), recv_b_.end(), std::array<double, 3>{0, 0, 0});
+  std::fill(sent_.begin(), sent_.end(), 0);
+  std::fill(received_.begin(), received_.end(), 0);
+}
+
+void AlltoallPricer::seconds(std::span<const std::int64_t> bytes, std::vector<double>& t) {
+  const std::size_t w = w_;
   for (std::size_t s = 0; s < w; ++s) {
     const std::int64_t* row = bytes.data() + s * w;
     for (std::size_t d = 0; d < w; ++d) {
-      const std::int64_t b = row[d];
-      if (b == 0 || s == d) continue;
-      const std::int64_t gs = gpu_of_worker[s], gd = gpu_of_worker[d];
-      const int tier = node_of[s] == node_of[d] ? 0 : sn_of[s] == sn_of[d] ? 1 : 2;
-      const std::size_t via = tier > 0 && net.pxn ? relay_of(s, gs, gd) : s;
-      if (via != s) {
-        sent_b[s][0] += static_cast<double>(b);
-        recv_b[via][0] += static_cast<double>(b);
-      }
-      sent_b[via][static_cast<std::size_t>(tier)] += static_cast<double>(b);
-      recv_b[d][static_cast<std::size_t>(tier)] += static_cast<double>(b);
-      ++sent[s];
-      ++received[d];
+      if (row[d] != 0 && s != d) add(s, d, row[d]);
     }
   }
-  std::vector<double> t(w, 0);
-  std::vector<std::int64_t> nodes(gpu_of_worker.begin(), gpu_of_worker.end());
-  for (auto& n : nodes) n /= net.gpus_per_node;
-  std::sort(nodes.begin(), nodes.end());
-  const auto spanned = static_cast<double>(std::unique(nodes.begin(), nodes.end()) - nodes.begin());
-  const double bi = net.intra_node_gbps * 1e9;
-  // Two nodes exchange rail to rail at the NIC's speed; every further node
-  // adds incast and ECMP collisions.
-  const double be = net.inter_node_gbps * 1e9 / (1.0 + net.congestion_per_node * std::max(0.0, spanned - 2));
-  const double bs = net.inter_supernode_gbps * 1e9;
-  auto link = [&](const std::array<double, 3>& x) { return std::max({x[0] / bi, (x[1] + x[2]) / be, x[2] / bs}); };
-  for (std::size_t r = 0; r < w; ++r) {
-    t[r] = std::max(link(sent_b[r]), link(recv_b[r])) +
-           net.latency_us * 1e-6 * static_cast<double>(std::max(sent[r], received[r]));
+  finish(t);
+}
+
+void AlltoallPricer::seconds(std::span<const std::uint32_t> pairs, std::span<const std::int64_t> bytes,
+                             std::vector<double>& t) {
+  for (std::size_t j = 0; j < pairs.size(); ++j) {
+    const std::size_t s = pairs[j] / w_, d = pairs[j] % w_;
+    if (bytes[j] != 0 && s != d) add(s, d, bytes[j]);
   }
-  return t;
+  finish(t);
+}
+
+}  // namespace detail
+
+std::vector<double> alltoall_seconds(const Interconnect& net, std::span<const std::int64_t> bytes,
+                                     std::span<const std::int64_t> gpu_of_worker) {
+  return detail::AlltoallPricer(net, gpu_of_worker).seconds(bytes);
 }
 
 double serial_seconds(const PhaseSeconds& step) { return step.dispatch + step.compute + step.ret; }

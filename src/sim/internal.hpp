@@ -22,6 +22,7 @@
 #include "libra/relay.hpp"
 #include "libra/simulator.hpp"
 #include "sim/step_model.hpp"
+#include "tiles/plan_internal.hpp"
 
 namespace libra::detail {
 
@@ -109,10 +110,17 @@ struct PhaseBytes {
   std::vector<std::vector<std::int64_t>> fwd_stage, bwd_stage;
 };
 PhaseBytes phase_bytes(const Plan& plan, const RelayTable* relays = nullptr);
+// The same from the plan's exchange sums (tiles/plan_internal.hpp), which
+// the sweep makes once per plan for its relays and its price.
+PhaseBytes phase_bytes(const ExchangeSums& sums, const RelayTable* relays = nullptr);
+// plan_relays of the plan whose sums these are, on `topology`.
+RelayTable relays_of(const ExchangeSums& sums, const PlanTopology& topology);
 
 // A plan's per-worker times on `gpus` (the plan's workers in order).
 // With `relays`, as a relayed schedule sends (ScheduleOptions::relay).
 PlanCost cost_plan(const Ctx& ctx, const Plan& plan, std::span<const std::int64_t> gpus,
+                   const RelayTable* relays = nullptr);
+PlanCost cost_plan(const Ctx& ctx, const Plan& plan, const ExchangeSums& sums, std::span<const std::int64_t> gpus,
                    const RelayTable* relays = nullptr);
 
 // Runs a planner call, counting its thread CPU time under `kind`.

@@ -11,6 +11,7 @@
 #include <numeric>
 #include <tuple>
 
+#include "sim/alltoall.hpp"
 #include "sim/internal.hpp"
 
 namespace libra::detail {
@@ -100,106 +101,200 @@ PlanConfig ulysses_config(const Ctx& ctx) {
 }
 
 PhaseBytes phase_bytes(const Plan& plan, const RelayTable* relays) {
-  const int w = plan.num_workers();
-  const std::size_t ws = static_cast<std::size_t>(w);
-  const PlanConfig& pc = plan.config();
-  const std::int64_t d = pc.shape.head_dim;
-  const int M = pc.chunks;
+  return phase_bytes(exchange_sums(plan.data_as_built()), relays);
+}
+
+PhaseBytes phase_bytes(const ExchangeSums& x, const RelayTable* relays) {
+  const std::size_t W = static_cast<std::size_t>(x.workers), W2 = W * W;
+  const int M = x.chunks;
+  const std::int64_t d = x.head_dim, qo = x.head_dim * x.elem_bytes;
   // Byte matrices of the four phases per chunk (chunk M = the whole step,
   // unpipelined: every chunk's bytes in one exchange).
   const int slices = M > 1 ? M + 1 : 1;
-  std::vector<std::vector<std::int64_t>> df(static_cast<std::size_t>(slices), std::vector<std::int64_t>(ws * ws, 0));
+  std::vector<std::vector<std::int64_t>> df(static_cast<std::size_t>(slices), std::vector<std::int64_t>(W2, 0));
   auto rf = df, db = df, rb = df;
   const bool relayed = relays != nullptr && relays->any();
   std::vector<std::vector<std::int64_t>> sf, sb;
   if (relayed) sf = sb = df;
-  auto at = [&](int s, int t) { return static_cast<std::size_t>(s) * ws + static_cast<std::size_t>(t); };
-  // dK/dV cells (worker, source, begin, end, KV head) -> last chunk; the
-  // executor adds every head shard's partial of one head into one buffer
-  // place, so a cell goes home once.
-  struct Cell {
-    std::int32_t dst, src;
-    std::int64_t begin, end;
-    std::int32_t head;
-    std::int32_t last;
-    std::int64_t bytes;  // fp32 dK + dV of one head
-  };
-  std::vector<Cell> cells;
-  const int whole = slices - 1;
-  // Pair by pair (a cell's worker and source are the pair's), every chunk of
-  // the pair, then its cells: small sorts instead of one over the plan.
-  for (int s = 0; s < w; ++s) {
-    for (int t = 0; t < w; ++t) {
-      if (s == t) continue;
-      cells.clear();
-      for (int k = 0; k < M; ++k) {
-        // Inputs of a relayed pair: sender to relay in the stage, relay to
+  for (int k = 0; k < M; ++k) {
+    const std::size_t m = static_cast<std::size_t>(k);
+    const std::int64_t* q = x.qo_row_heads.data() + m * W2;
+    const std::int64_t* kv = x.kv_token_heads.data() + m * W2;
+    const std::int64_t* dkv = x.dkv_rows.data() + m * W2;
+    for (std::size_t s = 0; s < W; ++s) {
+      for (std::size_t t = 0; t < W; ++t) {
+        const std::size_t st = s * W + t, ts = t * W + s;
+        // Forward in: Q + K/V; backward in: Q, dO, O + LSE (fp32) + K/V.
+        const std::int64_t kv_bytes = 2 * qo * kv[st];
+        const std::int64_t fin = qo * q[st] + kv_bytes;
+        const std::int64_t bin = 3 * qo * q[st] + 4 * q[st] + kv_bytes;
+        // A relayed pair's inputs: sender to relay in the stage, relay to
         // receiver in the chunk's exchange.
-        const int via = relayed ? relays->via(k, s, t) : s;
-        const std::size_t in_at = at(via, t);
-        for (const Transfer& x : plan.chunk_transfers(k, s, t)) {
-          const std::int64_t rows = x.end - x.begin;
-          const std::int64_t heads = x.heads.size();
-          // The chunk's slice and, when pipelined, the whole step's (no
-          // allocation per transfer: this loop is the simulator's hottest).
-          const std::array<std::size_t, 2> both{static_cast<std::size_t>(k), static_cast<std::size_t>(whole)};
-          const std::span<const std::size_t> targets(both.data(), slices > 1 ? 2 : 1);
-          if (x.kind == TransferKind::kQ) {
-            const std::int64_t lse = rows * heads * 4;
-            for (std::size_t i : targets) {
-              df[i][in_at] += x.bytes;
-              db[i][in_at] += 3 * x.bytes + lse;  // Q, dO, O + LSE
-              if (via != s) {
-                sf[i][at(s, via)] += x.bytes;
-                sb[i][at(s, via)] += 3 * x.bytes + lse;
-              }
-            }
-          } else if (x.kind == TransferKind::kO) {
-            const std::int64_t lse = rows * heads * 4;
-            for (std::size_t i : targets) {
-              rf[i][at(s, t)] += x.bytes + lse;
-              rb[i][at(s, t)] += rows * heads * d * 4;  // dQ in fp32
-            }
-          } else {
-            for (std::size_t i : targets) {
-              df[i][in_at] += x.bytes;
-              db[i][in_at] += x.bytes;
-              if (via != s) {
-                sf[i][at(s, via)] += x.bytes;
-                sb[i][at(s, via)] += x.bytes;
-              }
-            }
-            for (std::int32_t kh = x.heads.begin; kh < x.heads.end; ++kh) {
-              const ChunkUse u = plan.kv_use(t, x.group, kh);
-              cells.push_back({t, s, x.begin, x.end, kh, u.used() ? u.last : k, 2 * rows * d * 4});
-            }
-          }
+        const std::size_t via = relayed ? static_cast<std::size_t>(relays->via(k, static_cast<int>(s), static_cast<int>(t))) : s;
+        const std::size_t in_at = via * W + t;
+        df[m][in_at] += fin;
+        db[m][in_at] += bin;
+        if (via != s) {
+          sf[m][s * W + via] += fin;
+          sb[m][s * W + via] += bin;
         }
+        // Out: O + LSE of the tiles s computes for t's rows; backward dQ
+        // (fp32) and the dK/dV partials (fp32) s returns to t.
+        rf[m][st] += qo * q[ts] + 4 * q[ts];
+        rb[m][st] += d * 4 * q[ts] + 2 * d * 4 * dkv[st];
       }
-      // Cells of one (worker, source, first row, head) are one place of the
-      // compute buffer: with kv_prefix, shards sharing a KV head may hold
-      // prefixes of different lengths there, and the longest goes home (as
-      // src/schedule/schedule.cpp returns it).
-      std::sort(cells.begin(), cells.end(), [](const Cell& x, const Cell& y) {
-        return std::tie(x.begin, x.head, x.end, x.last) < std::tie(y.begin, y.head, y.end, y.last);
-      });
-      for (std::size_t i = 0; i < cells.size();) {
-        std::size_t j = i;
-        std::int32_t last = cells[i].last;
-        std::int64_t bytes = 0;
-        while (j < cells.size() && cells[j].begin == cells[i].begin && cells[j].head == cells[i].head) {
-          last = std::max(last, cells[j].last);
-          bytes = std::max(bytes, cells[j].bytes);
-          ++j;
-        }
-        rb[static_cast<std::size_t>(last)][at(t, s)] += bytes;
-        if (slices > 1) rb[static_cast<std::size_t>(whole)][at(t, s)] += bytes;
-        i = j;
+    }
+  }
+  if (slices > 1) {
+    const auto whole = static_cast<std::size_t>(M);
+    for (auto* v : {&df, &rf, &db, &rb, &sf, &sb}) {
+      if (v->empty()) continue;
+      for (std::size_t m = 0; m < whole; ++m) {
+        for (std::size_t i = 0; i < W2; ++i) (*v)[whole][i] += (*v)[m][i];
       }
     }
   }
   return {std::move(df), std::move(rf), std::move(db), std::move(rb), std::move(sf), std::move(sb)};
 }
+
+RelayTable relays_of(const ExchangeSums& x, const PlanTopology& topology) {
+  const std::size_t W2 = static_cast<std::size_t>(x.workers) * static_cast<std::size_t>(x.workers);
+  const std::int64_t qo = x.head_dim * x.elem_bytes;
+  std::vector<std::int64_t> in(static_cast<std::size_t>(x.chunks) * W2);
+  for (std::size_t i = 0; i < in.size(); ++i) in[i] = qo * x.qo_row_heads[i] + 2 * qo * x.kv_token_heads[i];
+  return plan_relays(in, x.workers, x.chunks, topology.gpus_per_node);
+}
+
+namespace {
+
+// A plan's phase bytes over the pairs that can carry any (src * W + dst,
+// increasing): per phase and slice (chunk m; M: the whole step), the bytes
+// of each pair, as phase_bytes' dense matrices hold them there.
+struct SparsePhases {
+  enum Phase : std::size_t { kFwdIn, kFwdOut, kBwdIn, kBwdOut, kFwdStage, kBwdStage, kPhases };
+  std::vector<std::uint32_t> pairs;
+  std::size_t slices = 1;
+  std::vector<std::int64_t> bytes;  // [phase][slice][pair]
+  std::int64_t* at(std::size_t phase, std::size_t slice) {
+    return bytes.data() + (phase * slices + slice) * pairs.size();
+  }
+};
+
+// phase_bytes over the pairs the sums touch and, with relays, the pairs
+// the relays send through (relay to receiver, sender to relay).
+SparsePhases sparse_phases(const ExchangeSums& x, const RelayTable* relays) {
+  const std::size_t W = static_cast<std::size_t>(x.workers), W2 = W * W;
+  const auto M = static_cast<std::size_t>(x.chunks);
+  const std::int64_t d = x.head_dim, qo = x.head_dim * x.elem_bytes;
+  SparsePhases out;
+  out.slices = M > 1 ? M + 1 : 1;
+  std::vector<std::uint32_t> direct;
+  for (std::size_t i = 0; i < W2; ++i) {
+    if (x.touched[i] != 0) direct.push_back(static_cast<std::uint32_t>(i));
+  }
+  out.pairs = direct;
+  std::vector<std::int32_t> index;
+  if (relays != nullptr) {
+    for (std::size_t m = 0; m < M; ++m) {
+      for (std::uint32_t st : direct) {
+        const std::size_t s = st / W, t = st % W;
+        const auto via = static_cast<std::size_t>(relays->via(static_cast<int>(m), static_cast<int>(s), static_cast<int>(t)));
+        if (via == s) continue;
+        out.pairs.push_back(static_cast<std::uint32_t>(via * W + t));
+        out.pairs.push_back(static_cast<std::uint32_t>(s * W + via));
+      }
+    }
+    std::sort(out.pairs.begin(), out.pairs.end());
+    out.pairs.erase(std::unique(out.pairs.begin(), out.pairs.end()), out.pairs.end());
+    index.assign(W2, -1);
+    for (std::size_t j = 0; j < out.pairs.size(); ++j) index[out.pairs[j]] = static_cast<std::int32_t>(j);
+  }
+  const std::size_t n = out.pairs.size();
+  out.bytes.assign(SparsePhases::kPhases * out.slices * n, 0);
+  for (std::size_t m = 0; m < M; ++m) {
+    const std::int64_t* q = x.qo_row_heads.data() + m * W2;
+    const std::int64_t* kv = x.kv_token_heads.data() + m * W2;
+    const std::int64_t* dkv = x.dkv_rows.data() + m * W2;
+    std::int64_t *fin = out.at(SparsePhases::kFwdIn, m), *fout = out.at(SparsePhases::kFwdOut, m);
+    std::int64_t *bin = out.at(SparsePhases::kBwdIn, m), *bout = out.at(SparsePhases::kBwdOut, m);
+    std::int64_t *sf = out.at(SparsePhases::kFwdStage, m), *sb = out.at(SparsePhases::kBwdStage, m);
+    for (std::size_t k = 0; k < direct.size(); ++k) {
+      const std::size_t st = direct[k], s = st / W, t = st % W, ts = t * W + s;
+      // As phase_bytes: in Q (+ dO, O, LSE) + K/V, out O + LSE (dQ + dK/dV).
+      const std::int64_t kv_bytes = 2 * qo * kv[st];
+      const std::int64_t f = qo * q[st] + kv_bytes;
+      const std::int64_t b = 3 * qo * q[st] + 4 * q[st] + kv_bytes;
+      const std::size_t j = relays != nullptr ? static_cast<std::size_t>(index[st]) : k;
+      fout[j] = qo * q[ts] + 4 * q[ts];
+      bout[j] = d * 4 * q[ts] + 2 * d * 4 * dkv[st];
+      const std::size_t via =
+          relays != nullptr ? static_cast<std::size_t>(relays->via(static_cast<int>(m), static_cast<int>(s), static_cast<int>(t))) : s;
+      if (via == s) {
+        fin[j] += f;
+        bin[j] += b;
+        continue;
+      }
+      const auto in_at = static_cast<std::size_t>(index[via * W + t]);
+      const auto stage_at = static_cast<std::size_t>(index[s * W + via]);
+      fin[in_at] += f;
+      bin[in_at] += b;
+      sf[stage_at] += f;
+      sb[stage_at] += b;
+    }
+  }
+  if (out.slices > 1) {
+    for (std::size_t p = 0; p < SparsePhases::kPhases; ++p) {
+      std::int64_t* whole = out.at(p, M);
+      for (std::size_t m = 0; m < M; ++m) {
+        const std::int64_t* part = out.at(p, m);
+        for (std::size_t j = 0; j < n; ++j) whole[j] += part[j];
+      }
+    }
+  }
+  return out;
+}
+
+// The phases' all-to-all times (relayed: each dispatch after its stage).
+void price_phases(PlanCost& c, const ExchangeSums& x, const RelayTable* relays, AlltoallPricer& pricer) {
+  SparsePhases ph = sparse_phases(x, relays);
+  const std::size_t n = ph.pairs.size();
+  auto seconds = [&](std::size_t phase, std::size_t slice) {
+    std::vector<double> t;
+    pricer.seconds(ph.pairs, {ph.at(phase, slice), n}, t);
+    return t;
+  };
+  c.relayed = relays != nullptr;
+  // A relayed dispatch waits for its stage (the executor posts in(m) once
+  // stage(m) landed); priced in series, though the stages of later chunks
+  // run a chunk ahead, under compute, on NVLink.
+  auto dispatch = [&](std::size_t in, std::size_t stage, std::size_t slice, double* staged) {
+    std::vector<double> t = seconds(in, slice);
+    if (!c.relayed) return t;
+    const double s = max_of(seconds(stage, slice));
+    if (staged != nullptr) *staged = s;
+    for (double& y : t) y += s;
+    return t;
+  };
+  using P = SparsePhases;
+  const std::size_t whole = ph.slices - 1;
+  double staged = 0;
+  c.disp_fwd = dispatch(P::kFwdIn, P::kFwdStage, whole, &staged);
+  c.ret_fwd = seconds(P::kFwdOut, whole);
+  c.disp_bwd = dispatch(P::kBwdIn, P::kBwdStage, whole, nullptr);
+  c.ret_bwd = seconds(P::kBwdOut, whole);
+  if (c.relayed && c.chunks <= 1) c.stage_fwd.push_back(staged);
+  if (c.chunks > 1) {
+    for (std::size_t k = 0; k < static_cast<std::size_t>(c.chunks); ++k) {
+      c.cdisp_fwd.push_back(dispatch(P::kFwdIn, P::kFwdStage, k, &staged));
+      if (c.relayed) c.stage_fwd.push_back(staged);
+      c.cret_fwd.push_back(seconds(P::kFwdOut, k));
+      c.cdisp_bwd.push_back(dispatch(P::kBwdIn, P::kBwdStage, k, nullptr));
+      c.cret_bwd.push_back(seconds(P::kBwdOut, k));
+    }
+  }
+}
+
+}  // namespace
 
 // Turns a plan into per-worker compute and communication times, priced as
 // the executor sends them (src/schedule/schedule.cpp, field_dtype): forward in
@@ -208,6 +303,11 @@ PhaseBytes phase_bytes(const Plan& plan, const RelayTable* relays) {
 // type, and a KV head's dK/dV goes home once per (worker, source, rows, head)
 // with the chunk of its last use, not of its first.
 PlanCost cost_plan(const Ctx& ctx, const Plan& plan, std::span<const std::int64_t> gpus, const RelayTable* relays) {
+  return cost_plan(ctx, plan, exchange_sums(plan.data_as_built()), gpus, relays);
+}
+
+PlanCost cost_plan(const Ctx& ctx, const Plan& plan, const ExchangeSums& sums, std::span<const std::int64_t> gpus,
+                   const RelayTable* relays) {
   PlanCost c;
   const int w = plan.num_workers();
   const std::size_t ws = static_cast<std::size_t>(w);
@@ -228,71 +328,66 @@ PlanCost cost_plan(const Ctx& ctx, const Plan& plan, std::span<const std::int64_
     rate.emplace(key, v);
     return v;
   };
+  // Consecutive tiles mostly share their shape (rows, heads): their rates,
+  // whole and per chunk, are looked up once per run of equal shapes.
+  const auto M = static_cast<std::size_t>(c.chunks);
+  std::int64_t shape_rows = -1;
+  std::int32_t shape_heads = -1;
+  std::pair<double, double> full{};
+  std::vector<std::pair<double, double>> part(M);
+  std::vector<double> share(M);
   for (const Tile& t : plan.tiles()) {
     const auto r = static_cast<std::size_t>(t.worker);
     const std::int64_t rows = t.end - t.begin;
     const double heads = static_cast<double>(t.heads.size());
+    if (rows != shape_rows || t.heads.size() != shape_heads) {
+      shape_rows = rows;
+      shape_heads = t.heads.size();
+      full = rates(rows, heads);
+      // Chunks of one width share a rate lookup (every chunk, when equal).
+      double part_width = -1;
+      for (std::size_t k = 0; k < M; ++k) {
+        const double width = static_cast<double>(plan.chunk_heads(t, static_cast<int>(k)).size());
+        if (width != part_width) {
+          part[k] = rates(rows, width);
+          part_width = width;
+        } else {
+          part[k] = part[k - 1];
+        }
+        share[k] = width / heads;
+      }
+    }
     const double fwd = forward_flops(t.flops, ctx.cfg.model.head_dim);
     const double bwd = 2.5 * fwd;  // 10 d vs 4 d FLOPs per pair (workload.hpp)
-    auto full = rates(rows, heads);
     c.comp_fwd[r] += fwd / full.first;
     c.comp_bwd[r] += bwd / full.second;
-    // Chunks of one width share a rate lookup (every chunk, when equal).
-    std::pair<double, double> part{};
-    double part_width = -1;
-    for (int k = 0; k < c.chunks; ++k) {
-      const double width = static_cast<double>(plan.chunk_heads(t, k).size());
-      if (width != part_width) {
-        part = rates(rows, width);
-        part_width = width;
-      }
-      const double share = width / heads;
-      c.chunk_comp_fwd[static_cast<std::size_t>(k)][r] += fwd * share / part.first;
-      c.chunk_comp_bwd[static_cast<std::size_t>(k)][r] += bwd * share / part.second;
+    for (std::size_t k = 0; k < M; ++k) {
+      c.chunk_comp_fwd[k][r] += fwd * share[k] / part[k].first;
+      c.chunk_comp_bwd[k][r] += bwd * share[k] / part[k].second;
     }
   }
-  const PhaseBytes pb = phase_bytes(plan, relays);
-  const auto& df = pb.fwd_in;
-  const auto& rf = pb.fwd_out;
-  const auto& db = pb.bwd_in;
-  const auto& rb = pb.bwd_out;
-  const std::size_t whole = df.size() - 1;
-  auto seconds = [&](const std::vector<std::int64_t>& mtx) { return alltoall_seconds(ctx.cfg.cost.net, mtx, gpus); };
-  c.relayed = !pb.fwd_stage.empty();
-  // A relayed dispatch waits for its stage (the executor posts in(m) once
-  // stage(m) landed); priced in series, though the stages of later chunks
-  // run a chunk ahead, under compute, on NVLink.
-  auto dispatch = [&](const std::vector<std::vector<std::int64_t>>& in,
-                      const std::vector<std::vector<std::int64_t>>& stage, std::size_t i, double* staged) {
-    std::vector<double> t = seconds(in[i]);
-    if (!c.relayed) return t;
-    const double s = max_of(seconds(stage[i]));
-    if (staged != nullptr) *staged = s;
-    for (double& x : t) x += s;
-    return t;
-  };
-  double staged = 0;
-  c.disp_fwd = dispatch(df, pb.fwd_stage, whole, &staged);
-  c.ret_fwd = seconds(rf[whole]);
-  c.disp_bwd = dispatch(db, pb.bwd_stage, whole, nullptr);
-  c.ret_bwd = seconds(rb[whole]);
-  if (c.relayed && c.chunks <= 1) c.stage_fwd.push_back(staged);
-  if (c.chunks > 1) {
-    for (int k = 0; k < c.chunks; ++k) {
-      const auto i = static_cast<std::size_t>(k);
-      c.cdisp_fwd.push_back(dispatch(df, pb.fwd_stage, i, &staged));
-      if (c.relayed) c.stage_fwd.push_back(staged);
-      c.cret_fwd.push_back(seconds(rf[i]));
-      c.cdisp_bwd.push_back(dispatch(db, pb.bwd_stage, i, nullptr));
-      c.cret_bwd.push_back(seconds(rb[i]));
+  AlltoallPricer pricer(ctx.cfg.cost.net, gpus);
+  price_phases(c, sums, relays != nullptr && relays->any() ? relays : nullptr, pricer);
+  // Plan::comm_bytes, send_bytes, recv_bytes and max_recv_cross_node, from
+  // the same byte matrix (without deriving the plan's transfer lists).
+  const PlanTopology& topo = plan.config().topology;
+  std::vector<std::int64_t> recv(ws, 0), recv_cross(ws, 0);
+  for (std::size_t s = 0; s < ws; ++s) {
+    std::int64_t send = 0;
+    for (std::size_t t = 0; t < ws; ++t) {
+      const std::int64_t b = sums.byte_matrix[s * ws + t];
+      if (b == 0) continue;
+      send += b;
+      recv[t] += b;
+      if (detail::topo_tier(topo, static_cast<int>(s), static_cast<int>(t)) != 0) recv_cross[t] += b;
     }
+    c.comm_bytes += send;
+    c.max_send = std::max(c.max_send, send);
   }
-  c.comm_bytes = plan.comm_bytes();
-  for (int r = 0; r < w; ++r) {
-    c.max_send = std::max(c.max_send, plan.send_bytes(r));
-    c.max_recv = std::max(c.max_recv, plan.recv_bytes(r));
+  for (std::size_t t = 0; t < ws; ++t) {
+    c.max_recv = std::max(c.max_recv, recv[t]);
+    c.max_recv_cross_node = std::max(c.max_recv_cross_node, recv_cross[t]);
   }
-  c.max_recv_cross_node = plan.max_recv_cross_node();
   c.imbalance = plan.imbalance();
   return c;
 }
@@ -374,7 +469,7 @@ std::vector<std::int64_t> pool_gpus(std::int64_t first, std::int64_t slots, std:
 
 RelayTable timed_relays(const Plan& plan, Timing& tm) {
   const double t0 = thread_cpu_seconds();
-  RelayTable relays = plan_relays(plan);
+  RelayTable relays = relays_of(exchange_sums(plan.data_as_built()), plan.config().topology);
   tm.cost += thread_cpu_seconds() - t0;
   return relays;
 }

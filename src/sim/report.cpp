@@ -535,9 +535,10 @@ std::string gnuplot_script(const std::vector<std::string>& modes) {
         "title 'libra-full'\nunset logscale\n";
   gp += "set output 'sim-dp-scaling.png'\nset title 'Throughput vs DP at fixed GBS'\nset logscale x 2\nset key top left inside\n"
         "set xlabel 'DP'\nset ylabel 'tokens/s'\n"
-        "plot 'sim-dp-scaling.dat' using 1:3 with linespoints title 'ulysses', 'sim-dp-scaling.dat' using 1:4 with "
-        "linespoints title 'libra-full', 'sim-dp-scaling.dat' using 1:8 with linespoints dt 3 title 'ulysses, uncoupled replicas', "
-        "'sim-dp-scaling.dat' using 1:9 with linespoints dt 3 title 'libra-full, uncoupled replicas', "
+        "plot 'sim-dp-scaling.dat' using 1:3 with linespoints title 'ulysses, configured coupling', 'sim-dp-scaling.dat' "
+        "using 1:4 with linespoints title 'libra (end-to-end variant), configured coupling', 'sim-dp-scaling.dat' using "
+        "1:8 with linespoints dt 3 title 'ulysses, uncoupled replicas', "
+        "'sim-dp-scaling.dat' using 1:9 with linespoints dt 3 title 'libra, uncoupled replicas', "
         "'sim-dp-scaling.dat' using 1:7 with lines dt 2 title 'ideal (libra)'\n"
         "unset logscale\n";
   gp += "set output 'sim-latency.png'\nset title 'Core-attention forward latency per layer-step (mean)'\n"

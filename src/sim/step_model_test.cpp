@@ -1,9 +1,13 @@
-// The step model against hand-computed schedules: 1F1B makespans of small
-// pipelines, coupled replica groups, the all-reduce, the layer split.
+// The step model against hand-computed schedules and closed forms: 1F1B
+// makespans of small pipelines, coupled replica groups, the all-reduce, the
+// layer split; the recommendation's and the paper comparison's coupling
+// statements. (The independent Python reference: tests/python/test_step_model.py.)
 #include "sim/step_model.hpp"
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+
+#include <algorithm>
 
 #include "sim/internal.hpp"
 
@@ -39,6 +43,26 @@ TEST(StepModel, TwoStagesTwoMicroBatchesHandScheduled) {
   // stage 1: F0 [3,6], B0 [6,10], F1 [10,11], B1 [11,13]
   const ReplicaCosts sorted = {{{3, 4}, {3, 4}}, {{1, 2}, {1, 2}}};
   EXPECT_DOUBLE_EQ(one_f_one_b_seconds(sorted), 16);
+}
+
+TEST(StepModel, TwoStagesTwoMicroBatchesClosedForm) {
+  // Stage 0 runs F0 F1 B0 B1, stage 1 F0 B0 F1 B1; micro-batch i costs (f_i, b_i) on each stage.
+  // Stage 1's F1 waits for its B0 and stage 0's F1; stage 0's B1 for stage 1's B1.
+  for (int f0 = 1; f0 <= 4; ++f0) {
+    for (int b0 = 1; b0 <= 4; ++b0) {
+      for (int f1 = 1; f1 <= 4; ++f1) {
+        for (int b1 = 1; b1 <= 4; ++b1) {
+          const double f1_on_1 = std::max(2.0 * f0 + b0, 1.0 * f0 + f1);
+          const double b1_on_1 = f1_on_1 + f1 + b1;
+          const double b0_on_0 = std::max(1.0 * f0 + f1, 2.0 * f0 + b0) + b0;
+          const double expect = std::max(b0_on_0, b1_on_1) + b1;
+          const ReplicaCosts r = {MicroBatchCost(2, StageCost{1.0 * f0, 1.0 * b0}),
+                                  MicroBatchCost(2, StageCost{1.0 * f1, 1.0 * b1})};
+          ASSERT_DOUBLE_EQ(one_f_one_b_seconds(r), expect) << f0 << " " << b0 << " " << f1 << " " << b1;
+        }
+      }
+    }
+  }
 }
 
 TEST(StepModel, CoupledReplicasPayTheirSlowestMemberPerMicroBatch) {

@@ -122,6 +122,24 @@ struct PoolPrices {
   Timing& tm;
   std::map<std::pair<std::int64_t, ChunkSplit>, Plan> plans;
   std::map<std::tuple<std::int64_t, ChunkSplit, bool>, PlanCost> costs;
+  std::map<const Plan*, ExchangeSums> sums;  // each plan's, for its relays and its prices
+
+  const ExchangeSums& sums_of(const Plan* p) {
+    auto it = sums.find(p);
+    if (it == sums.end()) {
+      const double t0 = thread_cpu_seconds();
+      it = sums.emplace(p, exchange_sums(p->data_as_built())).first;
+      tm.cost += thread_cpu_seconds() - t0;
+    }
+    return it->second;
+  }
+  PlanCost cost_of(const Plan* p, const RelayTable* relays) {
+    const ExchangeSums& x = sums_of(p);
+    const double t0 = thread_cpu_seconds();
+    PlanCost c = cost_plan(ctx, *p, x, gpus, relays);
+    tm.cost += thread_cpu_seconds() - t0;
+    return c;
+  }
 
   Result<const Plan*> plan(std::int64_t m, ChunkSplit split, const std::string& kind) {
     if (m == base.config().chunks && split == base.config().chunk_split) return &base;
@@ -143,15 +161,18 @@ struct PoolPrices {
     LIBRA_ASSIGN_OR_RETURN(const Plan* p, plan(m, split, kind));
     PlanCost c;
     if (relayed) {
-      const RelayTable relays = timed_relays(*p, tm);
+      const ExchangeSums& x = sums_of(p);
+      const double t0 = thread_cpu_seconds();
+      const RelayTable relays = relays_of(x, p->config().topology);
+      tm.cost += thread_cpu_seconds() - t0;
       // Nothing to relay: the direct price (cost_plan ignores an empty table).
       if (relays.any()) {
-        c = timed_cost(ctx, *p, gpus, tm, &relays);
+        c = cost_of(p, &relays);
       } else {
         LIBRA_ASSIGN_OR_RETURN(c, price(m, split, false, kind));
       }
     } else {
-      c = timed_cost(ctx, *p, gpus, tm, nullptr);
+      c = cost_of(p, nullptr);
     }
     costs.emplace(key, c);
     return c;
@@ -254,7 +275,7 @@ Status run_pool(WindowRun& run, const PoolRun& pr, std::span<const PackedSequenc
   const std::span<const std::int64_t> gpus = at.gpus;
   LIBRA_ASSIGN_OR_RETURN(auto planned, plan_and_price(run.ctx, pool, pr.pc, gpus, run.tm, kind));
   const PlanCost& c = planned.second;
-  PoolPrices prices{run.ctx, planned.first, c, gpus, run.tm, {}, {}};
+  PoolPrices prices{run.ctx, planned.first, c, gpus, run.tm, {}, {}, {}};
   for (Variant var : pr.variants) {
     if (!variant_pipelined(var)) put_pool(run, at, c, var, 1, false, steps, cw);
   }

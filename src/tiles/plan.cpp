@@ -928,6 +928,111 @@ void derive_exchange(const Plan::Data& data) {
   find_busiest(d);
 }
 
+namespace {
+
+// exchange_sums' K/V part for one worker's groups of one sample (entries
+// [e0, e1) of worker_group_ids): every home run it fetches, per chunk, and
+// each (run, KV head) place of its dK/dV once, with the latest chunk and
+// the longest rows of the groups sharing it (as phase pricing and
+// src/schedule/schedule.cpp return them).
+struct KvSums {
+  const Plan::Data& d;
+  const Geometry& g;
+  const KeyHeads& keys;
+  std::span<const HeadRange> chunk_kv;  // [key * M + m]
+  ExchangeSums& out;
+  std::vector<std::int32_t> cell_last;  // per KV head of the run being summed
+  std::vector<std::int64_t> cell_rows;
+
+  void sample(int to, std::size_t e0, std::size_t e1) {
+    const int M = out.chunks;
+    const std::size_t W = static_cast<std::size_t>(g.workers), W2 = W * W;
+    const std::int32_t gid0 = d.worker_group_ids[e0];
+    const KvGroup& grp0 = d.groups[static_cast<std::size_t>(gid0)];
+    const std::int32_t j = g.sample_base[static_cast<std::size_t>(grp0.slot)] + grp0.sample;
+    for (std::int32_t u = g.run_base[static_cast<std::size_t>(j)]; u < g.run_base[static_cast<std::size_t>(j) + 1]; ++u) {
+      const Geometry::Run& run = g.runs[static_cast<std::size_t>(u)];
+      const int from = grp0.slot * g.cp + run.rank;
+      if (from == to) continue;
+      const std::size_t pair = static_cast<std::size_t>(from) * W + static_cast<std::size_t>(to);
+      // The dK/dV go back: worker `to` to `from`.
+      const std::size_t back = static_cast<std::size_t>(to) * W + static_cast<std::size_t>(from);
+      out.touched[pair] = 1;
+      out.touched[back] = 1;
+      std::fill(cell_last.begin(), cell_last.end(), -1);
+      std::fill(cell_rows.begin(), cell_rows.end(), 0);
+      for (std::size_t e = e0; e < e1; ++e) {
+        const std::int32_t gid = d.worker_group_ids[e];
+        const std::int64_t end = std::min(run.end, d.span_end(e, gid));
+        if (run.begin >= end) continue;
+        const std::int64_t rows = end - run.begin;
+        const std::int32_t key = gid - j * g.keys_per_sample;
+        const HeadRange kv = keys.group[static_cast<std::size_t>(key)].kv_heads;
+        const ChunkUse* uses = d.uses_of(e, key);
+        out.byte_matrix[pair] += kv_bytes(g, rows, kv.size());
+        for (int m = 0; m < M; ++m) {
+          const HeadRange h = chunk_kv[static_cast<std::size_t>(key) * static_cast<std::size_t>(M) + static_cast<std::size_t>(m)];
+          if (h.size() == 0) continue;
+          out.kv_token_heads[static_cast<std::size_t>(m) * W2 + pair] += rows * h.size();
+          for (std::int32_t kh = h.begin; kh < h.end; ++kh) {
+            const ChunkUse use = uses[kh - kv.begin];
+            auto& last = cell_last[static_cast<std::size_t>(kh)];
+            last = std::max(last, use.used() ? use.last : m);
+            cell_rows[static_cast<std::size_t>(kh)] = std::max(cell_rows[static_cast<std::size_t>(kh)], rows);
+          }
+        }
+      }
+      for (std::size_t kh = 0; kh < cell_last.size(); ++kh) {
+        if (cell_last[kh] >= 0) out.dkv_rows[static_cast<std::size_t>(cell_last[kh]) * W2 + back] += cell_rows[kh];
+      }
+    }
+  }
+};
+
+}  // namespace
+
+ExchangeSums exchange_sums(const Plan::Data& d) {
+  const Geometry& g = *d.geometry;
+  const int M = d.config.chunks;
+  const std::size_t W = static_cast<std::size_t>(g.workers), W2 = W * W;
+  ExchangeSums out{.workers = g.workers, .chunks = M, .head_dim = g.head_dim, .elem_bytes = g.elem_bytes,
+                   .qo_row_heads = std::vector<std::int64_t>(static_cast<std::size_t>(M) * W2, 0),
+                   .kv_token_heads = std::vector<std::int64_t>(static_cast<std::size_t>(M) * W2, 0),
+                   .dkv_rows = std::vector<std::int64_t>(static_cast<std::size_t>(M) * W2, 0),
+                   .byte_matrix = std::vector<std::int64_t>(W2, 0),
+                   .touched = std::vector<std::uint8_t>(W2, 0)};
+  const std::vector<std::int32_t> at = chunk_head_table(g, d.config);
+  for (const Tile& t : d.tiles) {
+    if (t.worker == t.home) continue;
+    const std::size_t pair = static_cast<std::size_t>(t.home) * W + static_cast<std::size_t>(t.worker);
+    const std::int64_t rows = t.end - t.begin;
+    const std::int64_t qo = qo_bytes(g, rows, t.heads.size());
+    out.byte_matrix[pair] += qo;
+    out.byte_matrix[static_cast<std::size_t>(t.worker) * W + static_cast<std::size_t>(t.home)] += qo;
+    out.touched[pair] = 1;
+    out.touched[static_cast<std::size_t>(t.worker) * W + static_cast<std::size_t>(t.home)] = 1;
+    for (int m = 0; m < M; ++m) {
+      out.qo_row_heads[static_cast<std::size_t>(m) * W2 + pair] += rows * (at[static_cast<std::size_t>(m) + 1] - at[static_cast<std::size_t>(m)]);
+    }
+  }
+  const KeyHeads keys = key_heads(g);
+  const std::vector<HeadRange> chunk_kv = chunk_kv_table(g, d.config, keys);
+  KvSums kv{d, g, keys, chunk_kv, out, std::vector<std::int32_t>(static_cast<std::size_t>(g.heads_kv)),
+            std::vector<std::int64_t>(static_cast<std::size_t>(g.heads_kv))};
+  for (int r = 0; r < g.workers; ++r) {
+    const std::size_t e1 = d.worker_group_offsets[static_cast<std::size_t>(r) + 1];
+    // A worker's groups are sorted by id, so a sample's keys are consecutive.
+    for (std::size_t e = d.worker_group_offsets[static_cast<std::size_t>(r)]; e < e1;) {
+      const std::int32_t j = d.worker_group_ids[e] / g.keys_per_sample;
+      std::size_t f = e + 1;
+      while (f < e1 && d.worker_group_ids[f] / g.keys_per_sample == j) ++f;
+      kv.sample(r, e, f);
+      e = f;
+    }
+  }
+  return out;
+}
+
 }  // namespace detail
 
 Result<Plan> make_plan(std::span<const PackedSequence> pool, const PlanConfig& config) {
@@ -977,6 +1082,7 @@ const Plan::Data& with_exchange(const Plan::Data& d) {
 }  // namespace
 
 const Plan::Data& Plan::data() const { return with_exchange(*d_); }
+const Plan::Data& Plan::data_as_built() const { return *d_; }
 const PlanConfig& Plan::config() const { return d_->config; }
 int Plan::pool_size() const { return d_->pool_size; }
 int Plan::num_workers() const { return d_->num_workers; }

@@ -277,6 +277,30 @@ void sort_rows(std::vector<PlacedRows>& rows);
 // call it once (Plan::Data::exchange_once).
 void derive_exchange(const Plan::Data& data);
 
+// What the simulator prices of a plan's exchange, summed straight from the
+// built plan: no transfer lists, so far cheaper than derive_exchange. Per
+// chunk m and pair, bucket m * W * W + src * W + dst (W = workers).
+//   auto s = exchange_sums(plan.data_as_built());
+//   // chunk 0's Q bytes from worker 0 to 1: s.qo_row_heads[1] * s.head_dim * s.elem_bytes
+struct ExchangeSums {
+  int workers = 0, chunks = 1;
+  std::int64_t head_dim = 0, elem_bytes = 0;
+  // Tiles away from home, home -> worker: rows x the chunk's query heads
+  // (their Q go there, their O come back the other way).
+  std::vector<std::int64_t> qo_row_heads;
+  // K/V items (Transfer, kind kKv): tokens x the chunk's KV heads.
+  std::vector<std::int64_t> kv_token_heads;
+  // dK/dV partials, worker -> source: the rows of each (worker, source,
+  // first row, KV head) place once, in the chunk of its last use (the
+  // longest rows and latest chunk of the groups that share it).
+  std::vector<std::int64_t> dkv_rows;
+  std::vector<std::int64_t> byte_matrix;  // W * W: Plan::byte_matrix
+  // W * W: 1 where any of the above may be nonzero (either direction of a
+  // pair with a Q/O or K/V item), 0 where all are zero.
+  std::vector<std::uint8_t> touched;
+};
+[[nodiscard]] ExchangeSums exchange_sums(const Plan::Data& d);
+
 // The canonical little-endian 64-bit word encoding of a plan's defining
 // content (config, pool, tiles with placement). The fingerprint hashes it and
 // the binary file stores it.

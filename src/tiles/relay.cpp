@@ -30,7 +30,26 @@ void RelayTable::set(int m, int src, int dst, int v) {
 RelayTable plan_relays(const Plan& plan) {
   const int W = plan.num_workers();
   const int M = plan.config().chunks;
-  const int G = std::max(1, plan.config().topology.gpus_per_node);
+  const auto W2 = static_cast<std::size_t>(W) * static_cast<std::size_t>(W);
+  std::vector<std::int64_t> in(static_cast<std::size_t>(M) * W2, 0);
+  for (int m = 0; m < M; ++m) {
+    for (int s = 0; s < W; ++s) {
+      for (int t = 0; t < W; ++t) {
+        std::int64_t& bytes = in[static_cast<std::size_t>(m) * W2 + static_cast<std::size_t>(s) * static_cast<std::size_t>(W) +
+                                 static_cast<std::size_t>(t)];
+        for (const Transfer& x : plan.chunk_transfers(m, s, t)) {
+          if (x.kind != TransferKind::kO) bytes += x.bytes;
+        }
+      }
+    }
+  }
+  return plan_relays(in, W, M, plan.config().topology.gpus_per_node);
+}
+
+RelayTable plan_relays(std::span<const std::int64_t> chunk_in_bytes, int workers, int chunks, int gpus_per_node) {
+  const int W = workers;
+  const int M = chunks;
+  const int G = std::max(1, gpus_per_node);
   RelayTable table(W, M);
   table.busiest_nic_direct.assign(static_cast<std::size_t>(M), 0);
   table.busiest_nic_relayed.assign(static_cast<std::size_t>(M), 0);
@@ -49,10 +68,9 @@ RelayTable plan_relays(const Plan& plan) {
     for (int s = 0; s < W; ++s) {
       for (int t = 0; t < W; ++t) {
         if (t / G == s / G) continue;
-        std::int64_t& bytes = pair_bytes[static_cast<std::size_t>(s) * ws + static_cast<std::size_t>(t)];
-        for (const Transfer& x : plan.chunk_transfers(m, s, t)) {
-          if (x.kind != TransferKind::kO) bytes += x.bytes;
-        }
+        const std::size_t pair = static_cast<std::size_t>(s) * ws + static_cast<std::size_t>(t);
+        const std::int64_t bytes = chunk_in_bytes[static_cast<std::size_t>(m) * ws * ws + pair];
+        pair_bytes[pair] = bytes;
         received[static_cast<std::size_t>(t)] += bytes;
       }
     }

@@ -755,3 +755,28 @@ def test_both_engines_write_one_trace_format(libra_cli, tmp_path):
             assert transfers and all("wait " + n in names for n in transfers), names
     with pytest.raises(ValueError, match=r"^trace event 'x': lane 3: must be 0 \(compute\), 1 \(transfer\) or 2"):
         lt.write_trace(str(tmp_path / "bad.json"), [(0, "x", 3, 0.0, 1.0)])
+
+
+def test_fwd_bwd_medians_leaves_out_the_warm_up_and_takes_each_phase_median():
+    """libra.torch.timing, which the benchmarks and examples/exec_compare.py report through: on a fake
+    clock, the warm-up's (large) times are left out, prepare runs before every repetition and warmed
+    once after the warm-up."""
+    from libra.torch.timing import fwd_bwd_medians  # noqa: PLC0415
+
+    now, calls = [0.0], []
+    costs = iter([(100.0, 200.0), (1.0, 4.0), (3.0, 2.0), (2.0, 9.0)])  # warm-up, then 3 repetitions
+
+    def forward():
+        f, b = next(costs)
+        now[0] += f
+        return b
+
+    def backward(b):
+        now[0] += b
+
+    got = fwd_bwd_medians(forward, backward, 3, clock=lambda: now[0], prepare=lambda: calls.append("p"),
+                          warmed=lambda: calls.append("w"))
+    assert got == (2.0, 4.0)
+    assert calls == ["p", "w", "p", "p", "p"]
+    with pytest.raises(ValueError, match=r"^libra.torch.timing: reps 0: must be at least 1$"):
+        fwd_bwd_medians(forward, backward, 0)

@@ -109,189 +109,212 @@ def config(head_dim, dtype):
 
 # Every compute kernel walks its inner blocks on one grid (lo + k * block, ascending) in three
 # phases: blocks that may hold a masked pair (causal diagonal, window edge, past the fragment's end)
-# compute the mask; the blocks between them, where every pair is seen, skip it.
+# compute the mask; the blocks between them, where every pair is seen, skip it. Triton inlines the
+# helpers below: the kernels compile to the instructions of the code written out in each.
 
 @triton.jit
-def _key_phases(lo, hi, qs, q_last, window, BLOCK_N: tl.constexpr):
-    """(u0, u1) for the key blocks of queries [qs, q_last]: [lo, u0) and [u1, hi) masked, [u0, u1)
-    unmasked (keys <= qs and >= q_last - window + 1)."""
+def _work_item(desc, work):
+    """This program's first query (or key), its head (q head; KV head for dK/dV) and its fragment's
+    descriptor row as a tuple (descriptors.COLUMNS: q_off, q_stride, kv_off, kv_stride, q_row, kv_row,
+    a, e, hq, hkv; the compiler drops the loads of unused columns)."""
+    wi = tl.program_id(0)
+    f = tl.load(work + 2 * wi)
+    start = tl.load(work + 2 * wi + 1)
+    row = desc + f * 10
+    return start, tl.program_id(1), (tl.load(row), tl.load(row + 1), tl.load(row + 2), tl.load(row + 3), tl.load(row + 4),
+                   tl.load(row + 5), tl.load(row + 6), tl.load(row + 7), tl.load(row + 8), tl.load(row + 9))
+
+
+@triton.jit
+def _tile(start, end, first, a, off, stride, head, BLOCK: tl.constexpr, D: tl.constexpr, HEAD_D: tl.constexpr):
+    """A program's rows [start, start + BLOCK) of one head (rows from ``end`` on masked; row ``a`` is
+    buffer row ``first``): row and column offsets, their masks, the [BLOCK, HEAD_D] mask and the
+    rows' buffer vectors."""
+    offs = start + tl.arange(0, BLOCK)
+    offs_d = tl.arange(0, HEAD_D)
+    d_ok = offs_d < D
+    ok = offs < end
+    return offs, offs_d, d_ok, ok, ok[:, None] & d_ok[None, :], off + (first + offs - a) * stride + head
+
+
+@triton.jit
+def _at(P, vec, stride, offs_d):
+    """Pointers to vectors ``vec`` of buffer P, one row each: [len(vec), HEAD_D]."""
+    return P + vec[:, None] * stride + offs_d[None, :]
+
+
+@triton.jit
+def _at_t(P, vec, stride, offs_d):
+    """The same, transposed: [HEAD_D, len(vec)]."""
+    return P + vec[None, :] * stride + offs_d[:, None]
+
+
+@triton.jit
+def _seen(i, j, window):
+    """Whether query i sees key j (broadcast shapes): j <= i and j > i - window."""
+    return (j <= i) & (j > i - window)
+
+
+@triton.jit
+def _key_phases(qs, e, window, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """(lo, u0, u1, hi) for the key blocks of the queries [qs, min(qs + BLOCK_M, e)): [lo, u0) and
+    [u1, hi) masked, [u0, u1) unmasked (keys <= qs and >= the last query - window + 1)."""
+    hi = tl.minimum(qs + BLOCK_M, e)
+    lo = tl.maximum(qs - window + 1, 0)
+    q_last = hi - 1
     u0 = lo + tl.cdiv(tl.maximum(q_last - window + 1 - lo, 0), BLOCK_N) * BLOCK_N
     u1 = tl.maximum(lo + ((qs + 1 - lo) // BLOCK_N) * BLOCK_N, u0)
-    return u0, u1
+    return lo, u0, u1, hi
 
 
 @triton.jit
-def _fwd_blocks(acc, l_i, m_i, q, K, V, k_base, kv_stride, stride_k, stride_v, offs_m, offs_d, d_ok, scale_log2,
-                window, hi, start_lo, start_hi, BLOCK_N: tl.constexpr, PREC: tl.constexpr, DOT_TY: tl.constexpr,
+def _query_phases(ks, a, e, window, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """(lo, u0, u1, hi) for the query blocks that see a key of [ks, ks + BLOCK_N): i >= j and
+    i < j + window. Unmasked query blocks: all past the block's last key, within the window of its
+    first, before the fragment's end."""
+    lo = tl.maximum(ks, a)
+    hi = tl.minimum(e, ks + BLOCK_N - 1 + window)
+    u0 = tl.minimum(lo + tl.cdiv(tl.maximum(ks + BLOCK_N - 1 - lo, 0), BLOCK_M) * BLOCK_M, hi)
+    u1 = tl.maximum(lo + (tl.maximum(tl.minimum(hi, ks + window) - lo, 0) // BLOCK_M) * BLOCK_M, u0)
+    return lo, u0, u1, hi
+
+
+@triton.jit
+def _query_block(Q, stride_q, qs, frag, h, window, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr,
+                 HEAD_D: tl.constexpr, DOT_TY: tl.constexpr):
+    """A forward or dQ program's query block of head h (one of fragment ``frag``'s): its _tile, its
+    queries, its keys' _key_phases, and the vector of its KV head's first key and the key stride."""
+    q_off, q_stride, kv_off, kv_stride, q_row, kv_row, a, e, hq, hkv = frag
+    g = h // (hq // hkv)
+    offs_m, offs_d, d_ok, m_ok, qmask, q_vec = _tile(qs, e, q_row, a, q_off, q_stride, h, BLOCK_M, D, HEAD_D)
+    q = tl.load(_at(Q, q_vec, stride_q, offs_d), mask=qmask, other=0.0).to(DOT_TY)
+    phases = _key_phases(qs, e, window, BLOCK_M, BLOCK_N)
+    return offs_m, offs_d, d_ok, m_ok, qmask, q_vec, q, phases, kv_off + kv_row * kv_stride + g, kv_stride
+
+
+@triton.jit
+def _phases(BLOCKS: tl.constexpr, acc, args, phases, BLOCK: tl.constexpr, PREC: tl.constexpr,
+            DOT_TY: tl.constexpr):
+    """BLOCKS (a *_blocks loop) over [lo, u0) masked, [u0, u1) unmasked and [u1, hi) masked
+    (``phases``: lo, u0, u1, hi); ``acc``: the tuple of accumulators it carries, ``args``: the tuple
+    of what it reads."""
+    lo, u0, u1, hi = phases
+    acc = BLOCKS(acc, args, lo, u0, BLOCK, PREC, DOT_TY, True)
+    acc = BLOCKS(acc, args, u0, u1, BLOCK, PREC, DOT_TY, False)
+    return BLOCKS(acc, args, u1, hi, BLOCK, PREC, DOT_TY, True)
+
+
+@triton.jit
+def _fwd_blocks(acc, args, start_lo, start_hi, BLOCK_N: tl.constexpr, PREC: tl.constexpr, DOT_TY: tl.constexpr,
                 MASK: tl.constexpr):
+    o, l_i, m_i = acc
+    q, K, V, k_base, kv_stride, stride_k, stride_v, offs_m, offs_d, d_ok, scale_log2, window, hi = args
     for start in range(start_lo, start_hi, BLOCK_N):
         offs_n = start + tl.arange(0, BLOCK_N)
         n_ok = offs_n < hi
         k_vec = k_base + offs_n * kv_stride
-        kt = tl.load(K + k_vec[None, :] * stride_k + offs_d[:, None], mask=n_ok[None, :] & d_ok[:, None],
-                     other=0.0).to(DOT_TY)
+        kt = tl.load(_at_t(K, k_vec, stride_k, offs_d), mask=n_ok[None, :] & d_ok[:, None], other=0.0).to(DOT_TY)
         s = tl.dot(q, kt, input_precision=PREC) * scale_log2
         if MASK:
-            seen = ((offs_n[None, :] <= offs_m[:, None]) & (offs_n[None, :] > offs_m[:, None] - window)
-                    & n_ok[None, :])
-            s = tl.where(seen, s, float("-inf"))
+            s = tl.where(_seen(offs_m[:, None], offs_n[None, :], window) & n_ok[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         # A row whose keys so far are all outside its window keeps -inf; exp2 of 0 keeps it 0.
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.exp2(m_i - m_safe)
         p = tl.exp2(s - m_safe[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(V + k_vec[:, None] * stride_v + offs_d[None, :], mask=n_ok[:, None] & d_ok[None, :],
-                    other=0.0).to(DOT_TY)
-        acc = acc * alpha[:, None] + tl.dot(p.to(V.dtype.element_ty).to(DOT_TY), v, input_precision=PREC)
+        v = tl.load(_at(V, k_vec, stride_v, offs_d), mask=n_ok[:, None] & d_ok[None, :], other=0.0).to(DOT_TY)
+        o = o * alpha[:, None] + tl.dot(p.to(V.dtype.element_ty).to(DOT_TY), v, input_precision=PREC)
         m_i = m_new
-    return acc, l_i, m_i
+    return o, l_i, m_i
 
 
 @triton.jit
 def _fwd_kernel(Q, K, V, O, LSE, desc, work, stride_q, stride_k, stride_v, stride_o, scale_log2, window,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr, HEAD_D: tl.constexpr,
                 PREC: tl.constexpr, DOT_TY: tl.constexpr):
-    wi = tl.program_id(0)
-    h = tl.program_id(1)
-    f = tl.load(work + 2 * wi)
-    qs = tl.load(work + 2 * wi + 1)
-    row = desc + f * 10  # the fragment's descriptor (descriptors.COLUMNS)
-    q_off, q_stride, kv_off, kv_stride = tl.load(row), tl.load(row + 1), tl.load(row + 2), tl.load(row + 3)
-    q_row, kv_row, a, e, hq, hkv = (tl.load(row + 4), tl.load(row + 5), tl.load(row + 6), tl.load(row + 7),
-                                    tl.load(row + 8), tl.load(row + 9))
-    if h < hq:
-        g = h // (hq // hkv)
-        offs_m = qs + tl.arange(0, BLOCK_M)
-        offs_d = tl.arange(0, HEAD_D)
-        d_ok = offs_d < D
-        m_ok = offs_m < e
-        qmask = m_ok[:, None] & d_ok[None, :]
-        q_vec = q_off + (q_row + offs_m - a) * q_stride + h
-        q = tl.load(Q + q_vec[:, None] * stride_q + offs_d[None, :], mask=qmask, other=0.0).to(DOT_TY)
-        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-        l_i = tl.zeros([BLOCK_M], tl.float32)
-        acc = tl.zeros([BLOCK_M, HEAD_D], tl.float32)
-        hi = tl.minimum(qs + BLOCK_M, e)
-        lo = tl.maximum(qs - window + 1, 0)
-        u0, u1 = _key_phases(lo, hi, qs, hi - 1, window, BLOCK_N)
-        k_base = kv_off + kv_row * kv_stride + g
-        acc, l_i, m_i = _fwd_blocks(acc, l_i, m_i, q, K, V, k_base, kv_stride, stride_k, stride_v, offs_m, offs_d,
-                                    d_ok, scale_log2, window, hi, lo, u0, BLOCK_N, PREC, DOT_TY, True)
-        acc, l_i, m_i = _fwd_blocks(acc, l_i, m_i, q, K, V, k_base, kv_stride, stride_k, stride_v, offs_m, offs_d,
-                                    d_ok, scale_log2, window, hi, u0, u1, BLOCK_N, PREC, DOT_TY, False)
-        acc, l_i, m_i = _fwd_blocks(acc, l_i, m_i, q, K, V, k_base, kv_stride, stride_k, stride_v, offs_m, offs_d,
-                                    d_ok, scale_log2, window, hi, u1, hi, BLOCK_N, PREC, DOT_TY, True)
+    qs, h, frag = _work_item(desc, work)
+    if h < frag[8]:  # hq
+        offs_m, offs_d, d_ok, m_ok, qmask, q_vec, q, phases, k_base, kv_stride = _query_block(
+            Q, stride_q, qs, frag, h, window, BLOCK_M, BLOCK_N, D, HEAD_D, DOT_TY)
+        acc = (tl.zeros([BLOCK_M, HEAD_D], tl.float32), tl.zeros([BLOCK_M], tl.float32),
+               tl.full([BLOCK_M], float("-inf"), tl.float32))
+        args = (q, K, V, k_base, kv_stride, stride_k, stride_v, offs_m, offs_d, d_ok, scale_log2, window, phases[3])
+        o, l_i, m_i = _phases(_fwd_blocks, acc, args, phases, BLOCK_N, PREC, DOT_TY)
         l_safe = tl.where(l_i == 0.0, 1.0, l_i)
-        o = acc / l_safe[:, None]
-        tl.store(O + q_vec[:, None] * stride_o + offs_d[None, :], o.to(O.dtype.element_ty), mask=qmask)
+        tl.store(_at(O, q_vec, stride_o, offs_d), (o / l_safe[:, None]).to(O.dtype.element_ty), mask=qmask)
         tl.store(LSE + q_vec, (m_i + tl.log2(l_safe)) * 0.6931471805599453, mask=m_ok)  # natural log
 
 
 @triton.jit
 def _delta_kernel(O, DO, DELTA, desc, work, stride_o, stride_do,
                   BLOCK_M: tl.constexpr, D: tl.constexpr, HEAD_D: tl.constexpr):
-    wi = tl.program_id(0)
-    h = tl.program_id(1)
-    f = tl.load(work + 2 * wi)
-    qs = tl.load(work + 2 * wi + 1)
-    row = desc + f * 10  # the fragment's descriptor (descriptors.COLUMNS)
-    q_off, q_stride, q_row, a, e, hq = (tl.load(row), tl.load(row + 1), tl.load(row + 4), tl.load(row + 6),
-                                        tl.load(row + 7), tl.load(row + 8))
+    qs, h, frag = _work_item(desc, work)
+    q_off, q_stride, _kv_off, _kv_stride, q_row, _kv_row, a, e, hq, _hkv = frag
     if h < hq:
-        offs_m = qs + tl.arange(0, BLOCK_M)
-        offs_d = tl.arange(0, HEAD_D)
-        m_ok = offs_m < e
-        qmask = m_ok[:, None] & (offs_d < D)[None, :]
-        q_vec = q_off + (q_row + offs_m - a) * q_stride + h
-        o = tl.load(O + q_vec[:, None] * stride_o + offs_d[None, :], mask=qmask, other=0.0)
-        do = tl.load(DO + q_vec[:, None] * stride_do + offs_d[None, :], mask=qmask, other=0.0)
+        _offs_m, offs_d, _d_ok, m_ok, qmask, q_vec = _tile(qs, e, q_row, a, q_off, q_stride, h, BLOCK_M, D, HEAD_D)
+        o = tl.load(_at(O, q_vec, stride_o, offs_d), mask=qmask, other=0.0)
+        do = tl.load(_at(DO, q_vec, stride_do, offs_d), mask=qmask, other=0.0)
         delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
         tl.store(DELTA + q_vec, delta, mask=m_ok)
 
 
 @triton.jit
-def _dq_blocks(dq, q, do, lse2, delta, K, V, k_base, kv_stride, stride_k, stride_v, offs_m, offs_d, d_ok,
-               scale_log2, window, hi, start_lo, start_hi, BLOCK_N: tl.constexpr, PREC: tl.constexpr,
-               DOT_TY: tl.constexpr, MASK: tl.constexpr):
+def _dq_blocks(acc, args, start_lo, start_hi, BLOCK_N: tl.constexpr, PREC: tl.constexpr, DOT_TY: tl.constexpr,
+               MASK: tl.constexpr):
+    dq = acc[0]
+    q, do, lse2, delta, K, V, k_base, kv_stride, stride_k, stride_v, offs_m, offs_d, d_ok, scale_log2, window, hi = args
     for start in range(start_lo, start_hi, BLOCK_N):
         offs_n = start + tl.arange(0, BLOCK_N)
         n_ok = offs_n < hi
         k_vec = k_base + offs_n * kv_stride
         kvmask = n_ok[None, :] & d_ok[:, None]
-        kt = tl.load(K + k_vec[None, :] * stride_k + offs_d[:, None], mask=kvmask, other=0.0).to(DOT_TY)
-        vt = tl.load(V + k_vec[None, :] * stride_v + offs_d[:, None], mask=kvmask, other=0.0).to(DOT_TY)
+        kt = tl.load(_at_t(K, k_vec, stride_k, offs_d), mask=kvmask, other=0.0).to(DOT_TY)
+        vt = tl.load(_at_t(V, k_vec, stride_v, offs_d), mask=kvmask, other=0.0).to(DOT_TY)
         s = tl.dot(q, kt, input_precision=PREC) * scale_log2
         p = tl.exp2(s - lse2[:, None])
         if MASK:
-            seen = ((offs_n[None, :] <= offs_m[:, None]) & (offs_n[None, :] > offs_m[:, None] - window)
-                    & n_ok[None, :])
-            p = tl.where(seen, p, 0.0)
+            p = tl.where(_seen(offs_m[:, None], offs_n[None, :], window) & n_ok[None, :], p, 0.0)
         dp = tl.dot(do, vt, input_precision=PREC)
         ds = p * (dp - delta[:, None])
         dq += tl.dot(ds.to(K.dtype.element_ty).to(DOT_TY), tl.trans(kt), input_precision=PREC)
-    return dq
+    return (dq,)
 
 
 @triton.jit
 def _dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, desc, work, stride_q, stride_k, stride_v, stride_do, stride_dq,
                scale, window, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr, HEAD_D: tl.constexpr,
                PREC: tl.constexpr, DOT_TY: tl.constexpr):
-    wi = tl.program_id(0)
-    h = tl.program_id(1)
-    f = tl.load(work + 2 * wi)
-    qs = tl.load(work + 2 * wi + 1)
-    row = desc + f * 10  # the fragment's descriptor (descriptors.COLUMNS)
-    q_off, q_stride, kv_off, kv_stride = tl.load(row), tl.load(row + 1), tl.load(row + 2), tl.load(row + 3)
-    q_row, kv_row, a, e, hq, hkv = (tl.load(row + 4), tl.load(row + 5), tl.load(row + 6), tl.load(row + 7),
-                                    tl.load(row + 8), tl.load(row + 9))
-    if h < hq:
-        g = h // (hq // hkv)
-        offs_m = qs + tl.arange(0, BLOCK_M)
-        offs_d = tl.arange(0, HEAD_D)
-        d_ok = offs_d < D
-        m_ok = offs_m < e
-        qmask = m_ok[:, None] & d_ok[None, :]
-        q_vec = q_off + (q_row + offs_m - a) * q_stride + h
-        q = tl.load(Q + q_vec[:, None] * stride_q + offs_d[None, :], mask=qmask, other=0.0).to(DOT_TY)
-        do = tl.load(DO + q_vec[:, None] * stride_do + offs_d[None, :], mask=qmask, other=0.0).to(DOT_TY)
+    qs, h, frag = _work_item(desc, work)
+    if h < frag[8]:  # hq
+        offs_m, offs_d, d_ok, m_ok, qmask, q_vec, q, phases, k_base, kv_stride = _query_block(
+            Q, stride_q, qs, frag, h, window, BLOCK_M, BLOCK_N, D, HEAD_D, DOT_TY)
+        do = tl.load(_at(DO, q_vec, stride_do, offs_d), mask=qmask, other=0.0).to(DOT_TY)
         lse2 = tl.load(LSE + q_vec, mask=m_ok, other=0.0) * 1.4426950408889634
         delta = tl.load(DELTA + q_vec, mask=m_ok, other=0.0)
-        scale_log2 = scale * 1.4426950408889634
-        dq = tl.zeros([BLOCK_M, HEAD_D], tl.float32)
-        hi = tl.minimum(qs + BLOCK_M, e)
-        lo = tl.maximum(qs - window + 1, 0)
-        u0, u1 = _key_phases(lo, hi, qs, hi - 1, window, BLOCK_N)
-        k_base = kv_off + kv_row * kv_stride + g
-        dq = _dq_blocks(dq, q, do, lse2, delta, K, V, k_base, kv_stride, stride_k, stride_v, offs_m, offs_d, d_ok,
-                        scale_log2, window, hi, lo, u0, BLOCK_N, PREC, DOT_TY, True)
-        dq = _dq_blocks(dq, q, do, lse2, delta, K, V, k_base, kv_stride, stride_k, stride_v, offs_m, offs_d, d_ok,
-                        scale_log2, window, hi, u0, u1, BLOCK_N, PREC, DOT_TY, False)
-        dq = _dq_blocks(dq, q, do, lse2, delta, K, V, k_base, kv_stride, stride_k, stride_v, offs_m, offs_d, d_ok,
-                        scale_log2, window, hi, u1, hi, BLOCK_N, PREC, DOT_TY, True)
-        tl.store(DQ + q_vec[:, None] * stride_dq + offs_d[None, :], dq * scale, mask=qmask)
+        args = (q, do, lse2, delta, K, V, k_base, kv_stride, stride_k, stride_v, offs_m, offs_d, d_ok,
+                scale * 1.4426950408889634, window, phases[3])
+        dq, = _phases(_dq_blocks, (tl.zeros([BLOCK_M, HEAD_D], tl.float32),), args, phases, BLOCK_N, PREC, DOT_TY)
+        tl.store(_at(DQ, q_vec, stride_dq, offs_d), dq * scale, mask=qmask)
 
 
 @triton.jit
-def _dkdv_blocks(dk, dv, k, v, Q, DO, LSE, DELTA, q_base, q_stride, stride_q, stride_do, offs_n, offs_d, d_ok,
-                 scale_log2, window, hi, start_lo, start_hi, BLOCK_M: tl.constexpr, PREC: tl.constexpr,
-                 DOT_TY: tl.constexpr, MASK: tl.constexpr):
+def _dkdv_blocks(acc, args, start_lo, start_hi, BLOCK_M: tl.constexpr, PREC: tl.constexpr, DOT_TY: tl.constexpr,
+                 MASK: tl.constexpr):
+    dk, dv = acc
+    k, v, Q, DO, LSE, DELTA, q_base, q_stride, stride_q, stride_do, offs_n, offs_d, d_ok, scale_log2, window, hi = args
     for start in range(start_lo, start_hi, BLOCK_M):
         offs_m = start + tl.arange(0, BLOCK_M)
         m_ok = offs_m < hi
         q_vec = q_base + offs_m * q_stride
-        qt = tl.load(Q + q_vec[None, :] * stride_q + offs_d[:, None], mask=m_ok[None, :] & d_ok[:, None],
-                     other=0.0).to(DOT_TY)
-        do = tl.load(DO + q_vec[:, None] * stride_do + offs_d[None, :], mask=m_ok[:, None] & d_ok[None, :],
-                     other=0.0).to(DOT_TY)
+        qt = tl.load(_at_t(Q, q_vec, stride_q, offs_d), mask=m_ok[None, :] & d_ok[:, None], other=0.0).to(DOT_TY)
+        do = tl.load(_at(DO, q_vec, stride_do, offs_d), mask=m_ok[:, None] & d_ok[None, :], other=0.0).to(DOT_TY)
         lse2 = tl.load(LSE + q_vec, mask=m_ok, other=0.0) * 1.4426950408889634
         delta = tl.load(DELTA + q_vec, mask=m_ok, other=0.0)
         st = tl.dot(k, qt, input_precision=PREC) * scale_log2  # [N, M]
         pt = tl.exp2(st - lse2[None, :])
         if MASK:
-            seen = ((offs_n[:, None] <= offs_m[None, :]) & (offs_n[:, None] > offs_m[None, :] - window)
-                    & m_ok[None, :])
-            pt = tl.where(seen, pt, 0.0)
+            pt = tl.where(_seen(offs_m[None, :], offs_n[:, None], window) & m_ok[None, :], pt, 0.0)
         dv += tl.dot(pt.to(DO.dtype.element_ty).to(DOT_TY), do, input_precision=PREC)
         dpt = tl.dot(v, tl.trans(do), input_precision=PREC)
         dst = pt * (dpt - delta[None, :])
@@ -304,43 +327,23 @@ def _dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, desc, work, stride_q, stride_k
                  stride_dk, stride_dv, scale, window, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                  D: tl.constexpr, HEAD_D: tl.constexpr, PREC: tl.constexpr, DOT_TY: tl.constexpr,
                  ATOMIC: tl.constexpr):
-    wi = tl.program_id(0)
-    g = tl.program_id(1)
-    f = tl.load(work + 2 * wi)
-    ks = tl.load(work + 2 * wi + 1)
-    row = desc + f * 10  # the fragment's descriptor (descriptors.COLUMNS)
-    q_off, q_stride, kv_off, kv_stride = tl.load(row), tl.load(row + 1), tl.load(row + 2), tl.load(row + 3)
-    q_row, kv_row, a, e, hq, hkv = (tl.load(row + 4), tl.load(row + 5), tl.load(row + 6), tl.load(row + 7),
-                                    tl.load(row + 8), tl.load(row + 9))
+    ks, g, frag = _work_item(desc, work)
+    q_off, q_stride, kv_off, kv_stride, q_row, kv_row, a, e, hq, hkv = frag
     if g < hkv:
         ratio = hq // hkv
-        offs_n = ks + tl.arange(0, BLOCK_N)
-        offs_d = tl.arange(0, HEAD_D)
-        d_ok = offs_d < D
-        n_ok = offs_n < e
-        kmask = n_ok[:, None] & d_ok[None, :]
-        k_vec = kv_off + (kv_row + offs_n) * kv_stride + g
-        k = tl.load(K + k_vec[:, None] * stride_k + offs_d[None, :], mask=kmask, other=0.0).to(DOT_TY)
-        v = tl.load(V + k_vec[:, None] * stride_v + offs_d[None, :], mask=kmask, other=0.0).to(DOT_TY)
+        offs_n, offs_d, d_ok, _n_ok, kmask, k_vec = _tile(ks, e, kv_row, 0, kv_off, kv_stride, g, BLOCK_N, D, HEAD_D)
+        k = tl.load(_at(K, k_vec, stride_k, offs_d), mask=kmask, other=0.0).to(DOT_TY)
+        v = tl.load(_at(V, k_vec, stride_v, offs_d), mask=kmask, other=0.0).to(DOT_TY)
         dk = tl.zeros([BLOCK_N, HEAD_D], tl.float32)
         dv = tl.zeros([BLOCK_N, HEAD_D], tl.float32)
         scale_log2 = scale * 1.4426950408889634
-        # Queries that see a key of this block: i >= j and i < j + window. Unmasked query blocks: all
-        # past the block's last key, within the window of its first, before the fragment's end.
-        lo = tl.maximum(ks, a)
-        hi = tl.minimum(e, ks + BLOCK_N - 1 + window)
-        u0 = tl.minimum(lo + tl.cdiv(tl.maximum(ks + BLOCK_N - 1 - lo, 0), BLOCK_M) * BLOCK_M, hi)
-        u1 = tl.maximum(lo + (tl.maximum(tl.minimum(hi, ks + window) - lo, 0) // BLOCK_M) * BLOCK_M, u0)
+        phases = _query_phases(ks, a, e, window, BLOCK_M, BLOCK_N)
         for h in range(g * ratio, (g + 1) * ratio):
-            q_base = q_off + (q_row - a) * q_stride + h
-            dk, dv = _dkdv_blocks(dk, dv, k, v, Q, DO, LSE, DELTA, q_base, q_stride, stride_q, stride_do, offs_n,
-                                  offs_d, d_ok, scale_log2, window, hi, lo, u0, BLOCK_M, PREC, DOT_TY, True)
-            dk, dv = _dkdv_blocks(dk, dv, k, v, Q, DO, LSE, DELTA, q_base, q_stride, stride_q, stride_do, offs_n,
-                                  offs_d, d_ok, scale_log2, window, hi, u0, u1, BLOCK_M, PREC, DOT_TY, False)
-            dk, dv = _dkdv_blocks(dk, dv, k, v, Q, DO, LSE, DELTA, q_base, q_stride, stride_q, stride_do, offs_n,
-                                  offs_d, d_ok, scale_log2, window, hi, u1, hi, BLOCK_M, PREC, DOT_TY, True)
-        dk_ptr = DK + k_vec[:, None] * stride_dk + offs_d[None, :]
-        dv_ptr = DV + k_vec[:, None] * stride_dv + offs_d[None, :]
+            args = (k, v, Q, DO, LSE, DELTA, q_off + (q_row - a) * q_stride + h, q_stride, stride_q, stride_do,
+                    offs_n, offs_d, d_ok, scale_log2, window, phases[3])
+            dk, dv = _phases(_dkdv_blocks, (dk, dv), args, phases, BLOCK_M, PREC, DOT_TY)
+        dk_ptr = _at(DK, k_vec, stride_dk, offs_d)
+        dv_ptr = _at(DV, k_vec, stride_dv, offs_d)
         if ATOMIC:
             tl.atomic_add(dk_ptr, dk * scale, mask=kmask)
             tl.atomic_add(dv_ptr, dv, mask=kmask)
@@ -483,14 +486,23 @@ def _scale(scale, d):
     return scale
 
 
-def forward(tables, pair, bq, bk, scale):
-    """O and LSE of buffer pair ``pair``'s fragments (bq: the Q family's buffers Q, O, LSE; bk: K, V)."""
+def _pair(tables, pair, bq, bk, scale):
+    """Buffer pair ``pair``'s work (None when it has no fragments), checked against the buffers, its
+    launches' constants and the softmax scale."""
     p = tables.pairs[pair]
     if p is None:
-        return 0
+        return None, None, None
     _check(p, bq, bk)
-    st, cfg = _statics(tables, bq), tables.cfg
-    scale = _scale(scale, st["D"])
+    st = _statics(tables, bq)
+    return p, st, _scale(scale, st["D"])
+
+
+def forward(tables, pair, bq, bk, scale):
+    """O and LSE of buffer pair ``pair``'s fragments (bq: the Q family's buffers Q, O, LSE; bk: K, V)."""
+    p, st, scale = _pair(tables, pair, bq, bk, scale)
+    if p is None:
+        return 0
+    cfg = tables.cfg
     q, k, v, o, lse = bq["Q"], bk["K"], bk["V"], bq["O"], bq["LSE"]
     grid = (p["qwork"].shape[0], p["hq"])
     with _launching():
@@ -502,12 +514,9 @@ def forward(tables, pair, bq, bk, scale):
 def backward(tables, pair, bq, bk, scale):
     """dQ (assigned) and dK, dV (fp32, added) of buffer pair ``pair``'s fragments from Q, K, V, O, dO
     and the LSE. Returns the number of launches."""
-    p = tables.pairs[pair]
+    p, st, scale = _pair(tables, pair, bq, bk, scale)
     if p is None:
         return 0
-    _check(p, bq, bk)
-    st, cfg = _statics(tables, bq), tables.cfg
-    scale = _scale(scale, st["D"])
     q, k, v, o, do, lse = bq["Q"], bk["K"], bk["V"], bq["O"], bq["dO"], bq["LSE"]
     dq, dk, dv = bq["dQ"], bk["dK"], bk["dV"]
     delta = torch.empty(lse.shape[0], dtype=torch.float32, device=lse.device)
