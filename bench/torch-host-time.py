@@ -31,7 +31,6 @@ import threading
 import time
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BUILT = os.path.join(HERE, "..", "build", "release", "python")
@@ -43,6 +42,7 @@ from libra import _libra  # noqa: E402
 import libra.torch as lt  # noqa: E402
 from libra.torch import backends, index  # noqa: E402
 from libra.torch.comms import inprocess  # noqa: E402
+from libra.torch.opcount import CountOps, NoWire, call_ops, meta_inputs  # noqa: E402
 
 
 class NoKernel(backends.Backend):
@@ -65,47 +65,6 @@ class NoKernel(backends.Backend):
         return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
-class CountOps(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.n = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.n += 1
-        return func(*args, **(kwargs or {}))
-
-
-class _Done:
-    def wait(self, timeout=None):
-        return True
-
-
-class NoWire:
-    """The runtime's communicator with the wire taken out: an all-to-all moves nothing and counts as
-    one op (NCCL's all_to_all_single is one op on the host); everything else is the communicator's."""
-
-    def __init__(self, comm):
-        self.comm, self.n = comm, 0
-
-    def __getattr__(self, name):
-        return getattr(self.comm, name)
-
-    def all_to_all(self, out, inp, out_splits, in_splits, group):
-        self.n += 1
-        return _Done()
-
-
-def _count(rt, q, k, v, do):
-    """Ops of one forward and one backward call (the wire counted one op a collective)."""
-    wire = rt.comm
-    wire.n = 0
-    with CountOps() as c:
-        o = lt.attention(q, k, v, rt)
-        fwd, fwd_wire = c.n, wire.n
-        o.backward(do)
-    return fwd + fwd_wire, c.n - fwd + wire.n - fwd_wire
-
-
 _ONE_AT_A_TIME = threading.Lock()
 
 
@@ -120,8 +79,8 @@ def body(rank, world, a, pool):
     t1 = time.thread_time()
     rt = lt.PlanRuntime(plan, group, schedule=prog, check_calls=False, timeout=3600)
     t2 = time.thread_time()
-    # One worker at a time holds its host index arrays (W of them at once would not fit one host's
-    # memory at 1M tokens); the runtime lets them go once on its device.
+    # One worker at a time builds (the build's thread time is then its own, not the other
+    # threads' contention); the runtime lets the host arrays go once on its device.
     with _ONE_AT_A_TIME:
         t3 = time.thread_time()
         index_s = prog.build_index()
@@ -137,12 +96,7 @@ def body(rank, world, a, pool):
     build = dict(program=t1 - t0, index=t4 - t3, index_cpp=index_s, runtime=t2 - t1, views=t5 - t4,
                  on=t6 - t5, index_bytes=rt.index_bytes("meta"))
     rt.comm = NoWire(rt.comm)
-    n = rt.home_rows
-    meta = dict(device="meta", dtype=torch.bfloat16)
-    q = torch.empty(n, a.heads_q, a.head_dim, **meta).requires_grad_()
-    k = torch.empty(n, a.heads_kv, a.head_dim, **meta).requires_grad_()
-    v = torch.empty(n, a.heads_kv, a.head_dim, **meta).requires_grad_()
-    do = torch.empty(n, a.heads_q, a.head_dim, **meta)
+    q, k, v, do = meta_inputs(rt)
     fwd, bwd = [], []
     for rep in range(a.reps + 1):
         s = time.thread_time()
@@ -153,9 +107,9 @@ def body(rank, world, a, pool):
         if rep:
             fwd.append(m - s)
             bwd.append(e - m)
-    f_ops, b_ops = _count(rt, q, k, v, do)
+    f_ops, b_ops = call_ops(rt, q, k, v, do)
     rt.check_calls = True
-    fa_ops, _ = _count(rt, q, k, v, do)
+    fa_ops, _ = call_ops(rt, q, k, v, do)
     return dict(fwd=statistics.median(fwd), bwd=statistics.median(bwd), fwd_ops=f_ops, bwd_ops=b_ops,
                 agree_ops=fa_ops - f_ops, **build)
 
@@ -165,14 +119,23 @@ def _stat(res, key, scale=1e3, fmt=".1f"):
     return f"median {statistics.median(per) * scale:{fmt}}, largest {per[-1] * scale:{fmt}}"
 
 
+def _warm_meta(plan):
+    """Untimed: the first index op on the meta device loads torch's meta kernels (about a second, once
+    per process; a GPU's first op has its own start-up, before any micro-batch)."""
+    warm = _libra.rank_program(plan, 0)
+    index.to_device(*index.host_arrays(warm), torch.device("meta"))
+
+
 def build_only(a, pool):
     """Each worker's per-micro-batch build alone, one after another on this thread (no pool running
     beside it): rank_program and the index arrays in C++ (what Planner's thread does without the
-    GIL), then the arrays' layout to Python and the device views (meta), which hold the GIL."""
+    GIL), then the arrays' layout to Python, their expansion and views on the device (meta), which
+    hold the GIL."""
     plan = libra.make_plan(pool, seq_len=a.seq_len, cp=a.cp, block_size=a.block, head_shards=a.head_shards,
                            heads_q=a.heads_q, heads_kv=a.heads_kv, head_dim=a.head_dim, chunks=a.chunks,
                            dtype="bf16", mode=a.mode)
     res = []
+    _warm_meta(plan)
     for w in range(plan.num_workers):
         t0 = time.thread_time()
         prog = _libra.rank_program(plan, w)
@@ -182,15 +145,18 @@ def build_only(a, pool):
         host, layout = index.host_arrays(prog)
         _views, dev = index.to_device(host, layout, torch.device("meta"))
         t3 = time.thread_time()
-        del host, layout, _views
+        del _views
         prog.drop_index()
         t4 = time.thread_time()
+        with CountOps() as ops:  # the same again, counted
+            index.to_device(host, layout, torch.device("meta"))
+        del host, layout
         res.append(dict(program=t1 - t0, index=t2 - t1, index_cpp=index_s, views=t3 - t2, drop=t4 - t3,
-                        total=t3 - t0, index_bytes=index.nbytes(dev)))
+                        total=t3 - t0, index_bytes=index.nbytes(dev), ops=ops.n, kernels=ops.kernels))
     print(f"each worker alone (W {plan.num_workers}, one after another): rank_program ms {_stat(res, 'program')}; "
           f"index arrays (C++, GIL released) ms {_stat(res, 'index')}; layout and device views (GIL held) ms "
           f"{_stat(res, 'views')}; all three ms {_stat(res, 'total')}; letting the host arrays go (GIL released) ms "
-          f"{_stat(res, 'drop')}; index arrays MiB {_stat(res, 'index_bytes', 1 / 2 ** 20, '.2f')}; "
+          f"{_stat(res, 'drop')}; torch ops of the views and expansion {_stat(res, 'ops', 1, '.0f')}, of them not views (kernels or allocations) {_stat(res, 'kernels', 1, '.0f')}; index arrays MiB {_stat(res, 'index_bytes', 1 / 2 ** 20, '.2f')}; "
           f"load average {os.getloadavg()[0]:.1f}")
 
 
@@ -229,6 +195,9 @@ def main():
     backends.registry()["no-kernel"] = NoKernel()
     backends.force("no-kernel")
     torch.set_num_threads(1)
+    _warm_meta(libra.make_plan(pool, seq_len=a.seq_len, cp=a.cp, block_size=a.block, head_shards=a.head_shards,
+                               heads_q=a.heads_q, heads_kv=a.heads_kv, head_dim=a.head_dim, chunks=a.chunks,
+                               dtype="bf16", mode=a.mode))
     start = time.perf_counter()
     res = inprocess.run(body, W, a, pool)
     wall = time.perf_counter() - start

@@ -9,6 +9,7 @@
 #include <pybind11/stl.h>
 
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 #include <utility>
 #include <vector>
@@ -44,6 +45,13 @@ py::array_t<I64> int_array(std::vector<I64> values, I64 cols = 0);
 // A table: a dict of read-only int64 columns of equal length.
 using Columns = std::vector<std::pair<const char*, std::vector<I64>>>;
 py::dict table(Columns cols);
+
+// A record: a dict of named values, e.g. fields({{"count", py::int_(n)}, {"mean", py::float_(m)}}).
+inline py::dict fields(std::initializer_list<std::pair<const char*, py::object>> values) {
+  py::dict d;
+  for (const auto& [name, value] : values) d[name] = value;
+  return d;
+}
 
 std::vector<libra::PackedSequence> to_sequences(const py::handle& obj, const char* what);
 

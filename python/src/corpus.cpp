@@ -11,15 +11,9 @@ namespace libra_py {
 namespace {
 
 py::dict distribution(const libra::Distribution& d) {
-  py::dict o;
-  o["count"] = d.count;
-  o["mean"] = d.mean;
-  o["median"] = d.median;
-  o["p90"] = d.p90;
-  o["p99"] = d.p99;
-  o["max"] = d.max;
-  o["cv"] = d.cv;
-  return o;
+  return fields({{"count", py::int_(d.count)}, {"mean", py::float_(d.mean)}, {"median", py::float_(d.median)},
+                 {"p90", py::float_(d.p90)}, {"p99", py::float_(d.p99)}, {"max", py::float_(d.max)},
+                 {"cv", py::float_(d.cv)}});
 }
 
 }  // namespace

@@ -41,17 +41,44 @@ I32 narrow(I64 v) {
 }
 
 struct Builder {
-  std::vector<I32>& data;
+  IndexArrays& ix;
+  I64 home_q = 0, home_kv = 0;  // the home buffers' vectors: where a joined buffer's compute vectors start
 
   // n entries at the end of data; returns their offset (data may move: write through data after).
   I64 grow(I64 n) {
-    const auto at = static_cast<I64>(data.size());
-    data.resize(data.size() + static_cast<std::size_t>(n));
+    const auto at = static_cast<I64>(ix.data.size());
+    ix.data.resize(ix.data.size() + static_cast<std::size_t>(n));
     return at;
   }
 
-  // Moves expanded per head vector, grouped by (field, src, dst, add) in move order (so the adds into
-  // one row keep the program's order). `pass` set: an apply list, whose wire sources are positions in
+  // A run of `rows` rows of `len` consecutive positions from base, rows `stride` apart, at the end of the
+  // rows; returns its first entry. Every position it expands to is checked to fit int32.
+  I64 run(I64 base, I64 rows, I64 len, I64 stride) {
+    const I64 first = ix.rows;
+    if (rows > 0 && len > 0) {
+      narrow(base);
+      narrow(base + (rows - 1) * stride + len - 1);
+      narrow(first + rows * len);
+      ix.runs.push_back({static_cast<I32>(first), static_cast<I32>(rows * len), static_cast<I32>(base),
+                         static_cast<I32>(len), static_cast<I32>(stride)});
+      ix.rows += rows * len;
+    }
+    return first;
+  }
+
+  // Whether the runs from index `from` on expand to 0 .. n-1 (what lets the runtime take a slice).
+  bool iota(std::size_t from) const {
+    I64 at = 0;
+    for (std::size_t i = from; i < ix.runs.size(); ++i) {
+      const Run& r = ix.runs[i];
+      if (r.base != at || (r.count > r.len && r.stride != r.len)) return false;
+      at += r.count;
+    }
+    return true;
+  }
+
+  // Moves grouped by (field, src, dst, add) in move order (so the adds into one row keep the program's
+  // order), each side one run per move. `pass` set: an apply list, whose wire sources are positions in
   // every chunk's class messages joined in chunk order and followed by the field's compute buffer.
   std::vector<GroupRec> groups(const libra::PassProgram* pass, const std::vector<libra::Move>& moves) {
     std::vector<std::array<I64, libra::kNumWireClasses>> base;
@@ -64,8 +91,8 @@ struct Builder {
       }
     }
     std::vector<GroupRec> out;
-    std::vector<std::size_t> of(moves.size());
-    for (std::size_t i = 0; i < moves.size(); ++i) {  // first pass: each move's group, each group's size
+    std::vector<std::vector<std::size_t>> members;
+    for (std::size_t i = 0; i < moves.size(); ++i) {  // each move's group, each group's size
       const libra::Move& m = moves[i];
       const int src = pass ? kJoined : static_cast<int>(m.src);
       std::size_t g = 0;
@@ -73,44 +100,34 @@ struct Builder {
                                  out[g].dst == static_cast<int>(m.dst) && out[g].add == m.add)) {
         ++g;
       }
-      if (g == out.size()) out.push_back({static_cast<int>(m.field), src, static_cast<int>(m.dst), libra::wire_class(m.field), m.add});
-      of[i] = g;
+      if (g == out.size()) {
+        out.push_back({static_cast<int>(m.field), src, static_cast<int>(m.dst), libra::wire_class(m.field), m.add});
+        members.emplace_back();
+      }
+      members[g].push_back(i);
       out[g].n += m.rows * m.run;
     }
-    std::vector<I64> fill(out.size());
     for (std::size_t g = 0; g < out.size(); ++g) {
-      out[g].s_off = grow(out[g].n);
-      out[g].d_off = grow(out[g].n);
-    }
-    for (std::size_t i = 0; i < moves.size(); ++i) {
-      const libra::Move& m = moves[i];
-      GroupRec& g = out[of[i]];
-      I64 shift = 0;
-      if (pass) {
-        const auto c = static_cast<std::size_t>(g.cls);
-        shift = m.src == libra::Loc::kWire ? base[static_cast<std::size_t>(m.chunk)][c] : total[c];
-      }
-      I32* s = data.data() + g.s_off + fill[of[i]];
-      I32* d = data.data() + g.d_off + fill[of[i]];
-      for (I64 r = 0; r < m.rows; ++r) {
-        const I64 s0 = shift + m.src_offset + r * m.src_stride, d0 = m.dst_offset + r * m.dst_stride;
-        narrow(s0 + m.run);
-        narrow(d0 + m.run);
-        for (I64 j = 0; j < m.run; ++j) {
-          *s++ = static_cast<I32>(s0 + j);
-          *d++ = static_cast<I32>(d0 + j);
+      GroupRec& r = out[g];
+      std::size_t from = ix.runs.size();
+      r.s_off = ix.rows;
+      for (std::size_t i : members[g]) {
+        const libra::Move& m = moves[i];
+        I64 shift = 0;
+        if (pass) {
+          const auto c = static_cast<std::size_t>(r.cls);
+          shift = m.src == libra::Loc::kWire ? base[static_cast<std::size_t>(m.chunk)][c] : total[c];
         }
+        run(shift + m.src_offset, m.rows, m.run, m.src_stride);
       }
-      fill[of[i]] += m.rows * m.run;
-    }
-    for (GroupRec& g : out) {
-      auto iota = [&](I64 off) {
-        const I32* p = data.data() + off;
-        for (I64 i = 0; i < g.n; ++i)
-          if (p[i] != i) return false;
-        return true;
-      };
-      g.identity = (iota(g.s_off) ? 1 : 0) | (iota(g.d_off) ? 2 : 0);
+      const bool s_iota = iota(from);
+      from = ix.runs.size();
+      r.d_off = ix.rows;
+      for (std::size_t i : members[g]) {
+        const libra::Move& m = moves[i];
+        run(m.dst_offset, m.rows, m.run, m.dst_stride);
+      }
+      r.identity = (s_iota ? 1 : 0) | (iota(from) ? 2 : 0);
     }
     return out;
   }
@@ -127,8 +144,11 @@ struct Builder {
 
   // The calls of one chunk merged per (q_home, kv_home, q heads, kv heads), in descriptors.py's PAIRS
   // order, then by widths in order of first appearance; empty fragments (a >= e) are left out.
-  std::vector<PairRec> varlen(const libra::RankSchedule& s, std::span<const libra::KernelCall> calls) {
-    std::vector<PairRec> out;
+  // Positions are in joined buffers (a field's home vectors, then its compute vectors: function.py),
+  // every pair's q rows before every pair's kv rows, so that consecutive pairs of the same widths
+  // are also one call (`joined`: their rows are contiguous, their cu_seqlens concatenated).
+  void varlen(const libra::RankSchedule& s, std::span<const libra::KernelCall> calls, std::vector<PairRec>& pairs,
+              std::vector<PairRec>& joined) {
     for (int pair = 0; pair < 4; ++pair) {
       const bool qh = pair >= 2, kh = pair % 2 == 1;
       std::vector<std::pair<I64, I64>> widths;
@@ -137,62 +157,86 @@ struct Builder {
         const std::pair<I64, I64> w{c.q.run, c.kv.run};
         if (std::find(widths.begin(), widths.end(), w) == widths.end()) widths.push_back(w);
       }
-      for (const auto& [hq, hkv] : widths) out.push_back(merged(s, calls, qh, kh, hq, hkv));
+      for (const auto& [hq, hkv] : widths) pairs.push_back(PairRec{qh, kh, hq, hkv});
     }
-    return out;
+    std::vector<std::vector<I32>> cq(pairs.size()), ck(pairs.size());
+    for (int side = 0; side < 2; ++side) {
+      for (std::size_t i = 0; i < pairs.size(); ++i) {
+        if (side == 0) {
+          rows_of(s, calls, pairs[i], cq[i], ck[i]);
+        } else {
+          kv_rows_of(s, calls, pairs[i]);
+        }
+      }
+    }
+    for (std::size_t i = 0; i < pairs.size(); ++i) put_cu(pairs[i], cq[i], ck[i]);
+    for (std::size_t i = 0; i < pairs.size();) {  // runs of consecutive pairs with the same widths
+      std::size_t j = i;
+      PairRec r{true, true, pairs[i].hq, pairs[i].hkv};
+      r.q_off = pairs[i].q_off;
+      r.kv_off = pairs[i].kv_off;
+      std::vector<I32> jq{0}, jk{0};
+      for (; j < pairs.size() && pairs[j].hq == r.hq && pairs[j].hkv == r.hkv; ++j) {
+        for (std::size_t x = 1; x < cq[j].size(); ++x) {
+          jq.push_back(narrow(r.total_q + cq[j][x]));
+          jk.push_back(narrow(r.total_k + ck[j][x]));
+        }
+        r.seqs += pairs[j].seqs;
+        r.total_q += pairs[j].total_q;
+        r.total_k += pairs[j].total_k;
+        r.max_q = std::max(r.max_q, pairs[j].max_q);
+        r.max_k = std::max(r.max_k, pairs[j].max_k);
+      }
+      put_cu(r, jq, jk);
+      joined.push_back(r);
+      i = j;
+    }
   }
 
-  PairRec merged(const libra::RankSchedule& s, std::span<const libra::KernelCall> calls, bool qh, bool kh, I64 hq,
-                 I64 hkv) {
-    PairRec r{qh, kh, hq, hkv};
-    auto mine = [&](const libra::KernelCall& c) {
-      return c.q_home == qh && c.kv_home == kh && c.q.run == hq && c.kv.run == hkv;
-    };
-    for (const libra::KernelCall& c : calls) {  // first pass: the sizes
-      if (!mine(c)) continue;
+  void put_cu(PairRec& r, const std::vector<I32>& cq, const std::vector<I32>& ck) {
+    r.cu_q_off = grow(static_cast<I64>(cq.size()));
+    r.cu_k_off = grow(static_cast<I64>(ck.size()));
+    std::copy(cq.begin(), cq.end(), ix.data.begin() + r.cu_q_off);
+    std::copy(ck.begin(), ck.end(), ix.data.begin() + r.cu_k_off);
+  }
+
+  bool mine(const libra::KernelCall& c, const PairRec& r) const {
+    return c.q_home == r.q_home && c.kv_home == r.kv_home && c.q.run == r.hq && c.kv.run == r.hkv;
+  }
+
+  // r's q rows (joined positions), sizes and cu_seqlens.
+  void rows_of(const libra::RankSchedule& s, std::span<const libra::KernelCall> calls, PairRec& r, std::vector<I32>& cq,
+               std::vector<I32>& ck) {
+    const I64 shift = r.q_home ? 0 : home_q;
+    cq = {0};
+    ck = {0};
+    r.q_off = ix.rows;
+    for (const libra::KernelCall& c : calls) {
+      if (!mine(c, r)) continue;
       for (const libra::CallFragment& f : s.call_fragments(c)) {
         if (f.e <= f.a) continue;
+        run(shift + c.q.offset + f.q_row * c.q.stride, f.e - f.a, r.hq, c.q.stride);
         ++r.seqs;
         r.total_q += f.e - f.a;
         r.total_k += f.e;
         r.max_q = std::max(r.max_q, f.e - f.a);
         r.max_k = std::max(r.max_k, f.e);
+        cq.push_back(narrow(r.total_q));
+        ck.push_back(narrow(r.total_k));
       }
     }
-    narrow(r.total_k);
-    r.q_off = grow(r.total_q * hq);
-    r.kv_off = grow(r.total_k * hkv);
-    r.lse_off = grow(r.total_q * hq);
-    r.cu_q_off = grow(r.seqs + 1);
-    r.cu_k_off = grow(r.seqs + 1);
-    I32 *q = data.data() + r.q_off, *kv = data.data() + r.kv_off, *lse = data.data() + r.lse_off;
-    I32 *cq = data.data() + r.cu_q_off, *ck = data.data() + r.cu_k_off;
-    I64 t = 0, tk = 0;
-    *cq++ = 0;
-    *ck++ = 0;
+  }
+
+  // r's kv rows (joined positions).
+  void kv_rows_of(const libra::RankSchedule& s, std::span<const libra::KernelCall> calls, PairRec& r) {
+    const I64 shift = r.kv_home ? 0 : home_kv;
+    r.kv_off = ix.rows;
     for (const libra::KernelCall& c : calls) {
-      if (!mine(c)) continue;
+      if (!mine(c, r)) continue;
       for (const libra::CallFragment& f : s.call_fragments(c)) {
-        if (f.e <= f.a) continue;
-        for (I64 i = 0; i < f.e - f.a; ++i, ++t) {
-          const I64 v0 = c.q.offset + (f.q_row + i) * c.q.stride;
-          narrow(v0 + hq);
-          for (I64 h = 0; h < hq; ++h) {
-            *q++ = static_cast<I32>(v0 + h);
-            lse[h * r.total_q + t] = static_cast<I32>(v0 + h);  // head-major: flash-attn's LSE layout
-          }
-        }
-        for (I64 j = 0; j < f.e; ++j) {
-          const I64 v0 = c.kv.offset + (f.kv_row + j) * c.kv.stride;
-          narrow(v0 + hkv);
-          for (I64 g = 0; g < hkv; ++g) *kv++ = static_cast<I32>(v0 + g);
-        }
-        tk += f.e;
-        *cq++ = static_cast<I32>(t);
-        *ck++ = static_cast<I32>(tk);
+        if (f.e > f.a) run(shift + c.kv.offset + f.kv_row * c.kv.stride, f.e, r.hkv, c.kv.stride);
       }
     }
-    return r;
   }
 
   // descriptors.py's chunk_descriptors: one int64 row per non-empty fragment, grouped by PAIRS; the
@@ -213,11 +257,11 @@ struct Builder {
       bounds[static_cast<std::size_t>(pair) + 1] = static_cast<I64>(rows.size() / 10);
     }
     rows.insert(rows.end(), bounds.begin(), bounds.end());
-    if (data.size() % 2) data.push_back(0);
+    if (ix.data.size() % 2) ix.data.push_back(0);
     DescRec r;
     r.rows = bounds[4];
     r.table_off = grow(2 * static_cast<I64>(rows.size()));
-    std::memcpy(data.data() + r.table_off, rows.data(), rows.size() * sizeof(I64));
+    std::memcpy(ix.data.data() + r.table_off, rows.data(), rows.size() * sizeof(I64));
     r.bounds_off = r.table_off + 20 * r.rows;
     return r;
   }
@@ -240,44 +284,10 @@ bool same_calls(const libra::RankSchedule& s, std::span<const libra::KernelCall>
   return true;
 }
 
-// An upper bound on the int32 entries build() writes, so that the array is allocated once.
-std::size_t capacity(const ProgramHandle& h) {
-  std::size_t n = 0;
-  auto moves = [&](const std::vector<libra::Move>& ms) {
-    for (const libra::Move& m : ms) n += 2 * static_cast<std::size_t>(m.rows * m.run);
-  };
-  for (int p = 0; p < 2; ++p) {
-    const libra::PassProgram& pp = h.program.pass(static_cast<libra::Pass>(p));
-    for (const auto* xs : {&pp.in, &pp.out, &pp.stage}) {
-      for (const libra::ExchangeProgram& x : *xs) {
-        moves(x.gather);
-        moves(x.local);
-        moves(x.scatter);
-      }
-    }
-    moves(pp.apply);
-    for (int m = 0; m < h.schedule.chunks; ++m) {
-      if (p == 1 && same_calls(h.schedule, h.schedule.calls(libra::Pass::kBackward, m),
-                               h.schedule.calls(libra::Pass::kForward, m))) {
-        continue;  // build() reuses forward's rows
-      }
-      n += 8 * (2 + 1 + 10) + 1;  // per pair: two cu_seqlens' leading 0; bounds; alignment
-      for (const libra::KernelCall& c : h.schedule.calls(static_cast<libra::Pass>(p), m)) {
-        for (const libra::CallFragment& f : h.schedule.call_fragments(c)) {
-          if (f.e <= f.a) continue;
-          n += static_cast<std::size_t>(2 * (f.e - f.a) * c.q.run + f.e * c.kv.run + 2 + 20);
-        }
-      }
-    }
-  }
-  return n;
-}
-
 std::shared_ptr<IndexArrays> build(const ProgramHandle& h) {
   const double t0 = thread_seconds();
   auto ix = std::make_shared<IndexArrays>();
-  ix->data.reserve(capacity(h));
-  Builder b{ix->data};
+  Builder b{*ix, h.schedule.home_vectors(libra::Field::kQ), h.schedule.home_vectors(libra::Field::kK)};
   const libra::RankSchedule& s = h.schedule;
   for (int p = 0; p < 2; ++p) {
     const libra::PassProgram& pp = h.program.pass(static_cast<libra::Pass>(p));
@@ -290,10 +300,11 @@ std::shared_ptr<IndexArrays> build(const ProgramHandle& h) {
       // Forward and backward run the same calls (same tiles, same buffers): one set of rows serves both.
       if (p == 1 && same_calls(s, calls, s.calls(libra::Pass::kForward, m))) {
         ix->varlen[p].push_back(ix->varlen[0][static_cast<std::size_t>(m)]);
+        ix->joined[p].push_back(ix->joined[0][static_cast<std::size_t>(m)]);
         ix->descriptors[p].push_back(ix->descriptors[0][static_cast<std::size_t>(m)]);
         continue;
       }
-      ix->varlen[p].push_back(b.varlen(s, calls));
+      b.varlen(s, calls, ix->varlen[p].emplace_back(), ix->joined[p].emplace_back());
       ix->descriptors[p].push_back(b.descriptors(s, calls));
     }
   }
@@ -323,22 +334,11 @@ py::dict exchange_py(const ExchangeRec& x) {
 }
 
 py::dict pair_py(const PairRec& r) {
-  py::dict d;
-  d["q_home"] = r.q_home;
-  d["kv_home"] = r.kv_home;
-  d["hq"] = r.hq;
-  d["hkv"] = r.hkv;
-  d["seqs"] = r.seqs;
-  d["total_q"] = r.total_q;
-  d["total_k"] = r.total_k;
-  d["max_q"] = r.max_q;
-  d["max_k"] = r.max_k;
-  d["q_off"] = r.q_off;
-  d["kv_off"] = r.kv_off;
-  d["lse_off"] = r.lse_off;
-  d["cu_q_off"] = r.cu_q_off;
-  d["cu_k_off"] = r.cu_k_off;
-  return d;
+  return fields({{"q_home", py::bool_(r.q_home)}, {"kv_home", py::bool_(r.kv_home)}, {"hq", py::int_(r.hq)},
+                 {"hkv", py::int_(r.hkv)}, {"seqs", py::int_(r.seqs)}, {"total_q", py::int_(r.total_q)},
+                 {"total_k", py::int_(r.total_k)}, {"max_q", py::int_(r.max_q)}, {"max_k", py::int_(r.max_k)},
+                 {"q_off", py::int_(r.q_off)}, {"kv_off", py::int_(r.kv_off)}, {"cu_q_off", py::int_(r.cu_q_off)},
+                 {"cu_k_off", py::int_(r.cu_k_off)}});
 }
 
 }  // namespace
@@ -350,10 +350,14 @@ std::shared_ptr<const IndexArrays> index_arrays(ProgramHandle& h) {
 }
 
 py::tuple index_arrays_py(std::shared_ptr<const IndexArrays> ix) {
-  // The array shares ix's memory (the capsule keeps ix alive). Writable only so that torch.from_numpy
-  // takes it without a warning: nothing writes it.
+  // The arrays share ix's memory (the capsule keeps ix alive). Writable only so that torch.from_numpy
+  // takes them without a warning: nothing writes them.
   auto* keep = new std::shared_ptr<const IndexArrays>(ix);
   py::capsule owner(keep, [](void* p) { delete static_cast<std::shared_ptr<const IndexArrays>*>(p); });
+  static_assert(sizeof(Run) == 5 * sizeof(std::int32_t));
+  py::array_t<std::int32_t> runs({static_cast<py::ssize_t>(ix->runs.size()), static_cast<py::ssize_t>(5)},
+                                 {static_cast<py::ssize_t>(sizeof(Run)), static_cast<py::ssize_t>(4)},
+                                 reinterpret_cast<std::int32_t*>(const_cast<Run*>(ix->runs.data())), owner);
   py::array_t<std::int32_t> data({static_cast<py::ssize_t>(ix->data.size())}, {static_cast<py::ssize_t>(4)},
                                  const_cast<std::int32_t*>(ix->data.data()), owner);
   py::dict layout;
@@ -367,20 +371,27 @@ py::tuple index_arrays_py(std::shared_ptr<const IndexArrays> ix) {
       per[kinds[k]] = chunks;
     }
     per["apply"] = groups_py(ix->apply[p]);
-    py::list varlen, desc;
+    py::list varlen, joined, desc;
     for (const auto& chunk : ix->varlen[p]) {
       py::list pairs;
       for (const PairRec& r : chunk) pairs.append(pair_py(r));
       varlen.append(pairs);
     }
+    for (const auto& chunk : ix->joined[p]) {
+      py::list pairs;
+      for (const PairRec& r : chunk) pairs.append(pair_py(r));
+      joined.append(pairs);
+    }
     for (const DescRec& d : ix->descriptors[p]) desc.append(py::make_tuple(d.table_off, d.rows, d.bounds_off));
     per["varlen"] = varlen;
+    per["joined"] = joined;
     per["descriptors"] = desc;
     passes.append(per);
   }
   layout["passes"] = passes;
+  layout["rows"] = ix->rows;
   layout["build_seconds"] = ix->build_seconds;
-  return py::make_tuple(data, layout);
+  return py::make_tuple(runs, data, layout);
 }
 
 }  // namespace libra_py

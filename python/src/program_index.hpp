@@ -4,7 +4,8 @@
 //
 //   ProgramHandle h = ...;                       // rank_program's result
 //   std::shared_ptr<const IndexArrays> ix = index_arrays(h);   // GIL released inside
-//   ix->data;                                    // one int32 array; every record below points into it
+//   ix->runs;   // int32 [runs x 5]: the head-vector rows as strided runs, expanded on the device
+//   ix->data;   // int32: cu_seqlens and the descriptor tables, used as they are
 #pragma once
 
 #include <array>
@@ -30,10 +31,19 @@ struct ProgramHandle {
   std::shared_ptr<const IndexArrays> index;
 };
 
-// Offsets and sizes below count int32 entries of IndexArrays::data.
+// The rows: one int32 head-vector position per entry, rows[0 .. IndexArrays::rows), kept on the host
+// as runs, each the entries rows[first .. first + count) = base + (k / len) * stride + k % len for
+// k = 0 .. count - 1 (one Move side, or one fragment's q or kv rows: a few ints where the rows take
+// one per head vector), in rows order. The device expands them once per micro-batch (index.py).
+struct Run {
+  std::int32_t first = 0, count = 0, base = 0, len = 0, stride = 0;
+};
+
+// s_off / d_off, q_off / kv_off below count entries of the rows; cu_*_off, table_off and bounds_off
+// int32 entries of IndexArrays::data.
 //
-// One index op's rows: n source positions at data[s_off..] and n destination
-// positions at data[d_off..], head vectors of `field` (index_select from the
+// One index op's rows: n source positions at rows[s_off..] and n destination
+// positions at rows[d_off..], head vectors of `field` (index_select from the
 // source, index_put_ or index_add_ into the destination, in that order); a
 // side whose rows are 0 .. n-1 is flagged, so the runtime can take a slice
 // (or the whole message) instead.
@@ -50,14 +60,17 @@ struct ExchangeRec {
 };
 
 // The kernel calls of one chunk on one (q buffer, kv buffer) pair and head
-// widths, merged into one varlen call: q vectors [total_q * hq] (row-major:
-// query, head), kv vectors [total_k * hkv], lse positions [hq * total_q]
-// (head-major: flash-attn's LSE layout), cu_seqlens [seqs + 1] at cu_q_off /
-// cu_k_off.
+// widths, merged into one varlen call, positions in joined buffers (a field's
+// home vectors, then its compute vectors); or (IndexArrays::joined, q_home and
+// kv_home true) consecutive such pairs of the same widths, joined into one
+// call: q vectors [total_q * hq] (row-major:
+// query, head; the LSE's positions are the same, read head-major as flash-attn
+// lays its LSE out), kv vectors [total_k * hkv], cu_seqlens [seqs + 1] at
+// cu_q_off / cu_k_off.
 struct PairRec {
   bool q_home = false, kv_home = false;
   I64 hq = 0, hkv = 0, seqs = 0, total_q = 0, total_k = 0, max_q = 0, max_k = 0;
-  I64 q_off = 0, kv_off = 0, lse_off = 0, cu_q_off = 0, cu_k_off = 0;
+  I64 q_off = 0, kv_off = 0, cu_q_off = 0, cu_k_off = 0;
 };
 
 // A chunk's kernel descriptor table (python/libra/torch/descriptors.py):
@@ -68,10 +81,13 @@ struct DescRec {
 };
 
 struct IndexArrays {
+  std::vector<Run> runs;
+  I64 rows = 0;  // entries the runs expand to
   std::vector<std::int32_t> data;
   std::array<std::array<std::vector<ExchangeRec>, 3>, 2> exchanges;  // [pass][in, out, stage][chunk]
   std::array<std::vector<GroupRec>, 2> apply;                        // [pass]
   std::array<std::vector<std::vector<PairRec>>, 2> varlen;           // [pass][chunk]
+  std::array<std::vector<std::vector<PairRec>>, 2> joined;           // [pass][chunk]: varlen's, joined
   std::array<std::vector<DescRec>, 2> descriptors;                   // [pass][chunk]
   double build_seconds = 0;                                          // thread CPU time of the build
 };
@@ -79,7 +95,8 @@ struct IndexArrays {
 // Builds (once; later calls return the same) h's index arrays. Call without the GIL.
 std::shared_ptr<const IndexArrays> index_arrays(ProgramHandle& h);
 
-// The Python view of `ix`: (data as a writable int32 numpy array sharing ix's memory, layout dict).
+// The Python view of `ix`: (runs as an int32 [runs, 5] numpy array, data as an int32 one, layout dict),
+// the arrays writable and sharing ix's memory.
 py::tuple index_arrays_py(std::shared_ptr<const IndexArrays> ix);
 
 }  // namespace libra_py

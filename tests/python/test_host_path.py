@@ -6,14 +6,14 @@ import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 import libra  # noqa: E402
 import libra.torch as lt  # noqa: E402
 from libra import _libra  # noqa: E402
-from libra.torch import backends  # noqa: E402
+from libra.torch import backends, index  # noqa: E402
 from libra.torch.comms import inprocess  # noqa: E402
 from libra.torch.descriptors import chunk_descriptors  # noqa: E402
+from libra.torch.opcount import NoWire, call_ops, meta_inputs  # noqa: E402
 
 POOLS = [[10, 30, 20], [64], [5, 5, 40, 3], [33, 17]]
 SMALL = dict(seq_len=64, cp=2, block_size=8, head_shards=2, heads_q=4, heads_kv=2, head_dim=16)
@@ -31,6 +31,25 @@ def _expand(groups):
     return [(f, s, d, a, c, list(si), list(di)) for f, s, d, a, c, si, di in groups]
 
 
+def _rows(runs, n):
+    """The runs expanded one at a time in numpy (what index.expand does on a device in batches): the
+    runs must tile [0, n) in order."""
+    out, at = np.full(n, -1, dtype=np.int64), 0
+    for first, count, base, ln, stride in runs.tolist():
+        assert first == at and count > 0 and ln > 0
+        k = np.arange(count)
+        out[first:first + count] = base + (k // ln) * stride + k % ln
+        at += count
+    assert at == n
+    return out
+
+
+def _expanded(runs, n):
+    """index.expand's rows on the CPU."""
+    cols, steps = index._run_columns(runs, n)
+    return index.expand(torch.from_numpy(cols), steps, n, torch.device("cpu")).numpy()
+
+
 def _from_arrays(data, groups):
     out = []
     for f, s, d, a, c, so, do, n, ident in groups:
@@ -40,9 +59,10 @@ def _from_arrays(data, groups):
     return out
 
 
-def _varlen_reference(calls):
+def _varlen_reference(calls, home_q, home_kv):
     """Per (q_home, kv_home, hq, hkv): q vectors, kv vectors, cu_q, cu_k of the merged varlen call,
-    from the schedule's calls in numpy (what compute.py built per call before)."""
+    from the schedule's calls in numpy (what compute.py built per call before), positions in joined
+    buffers (compute vectors after the home buffer's home_q / home_kv)."""
     out = {}
     for pair in ((False, False), (False, True), (True, False), (True, True)):
         for qp, kp, frags, qh, kh in calls:
@@ -53,8 +73,8 @@ def _varlen_reference(calls):
                 if e <= a:
                     continue
                 rows_q, rows_k = np.arange(q_row, q_row + e - a), np.arange(kv_row, kv_row + e)
-                r[0].extend((qp[0] + rows_q[:, None] * qp[3] + np.arange(qp[2])[None, :]).ravel())
-                r[1].extend((kp[0] + rows_k[:, None] * kp[3] + np.arange(kp[2])[None, :]).ravel())
+                r[0].extend((0 if qh else home_q) + (qp[0] + rows_q[:, None] * qp[3] + np.arange(qp[2])[None, :]).ravel())
+                r[1].extend((0 if kh else home_kv) + (kp[0] + rows_k[:, None] * kp[3] + np.arange(kp[2])[None, :]).ravel())
                 r[2].append(r[2][-1] + e - a)
                 r[3].append(r[3][-1] + e)
     return out
@@ -66,7 +86,15 @@ def test_index_arrays_match_the_program_the_schedule_and_the_descriptor_format(r
         plan = _plan(POOLS, **kw)
         for w in range(plan.num_workers):
             prog = _libra.rank_program(plan, w, relay=relay)
-            data, layout = prog.index_arrays()
+            runs, small, layout = prog.index_arrays()
+            data = _rows(runs, layout["rows"])
+            assert np.array_equal(_expanded(runs, layout["rows"]), data)
+            if w == 0:  # in steps of a few entries, a run longer than a step alone in its own
+                saved, index._BATCH = index._BATCH, 7
+                try:
+                    assert np.array_equal(_expanded(runs, layout["rows"]), data)
+                finally:
+                    index._BATCH = saved
             info = prog.info
             for p, per in enumerate(layout["passes"]):
                 assert _from_arrays(data, per["apply"]) == _expand(prog.apply(p))
@@ -82,20 +110,45 @@ def test_index_arrays_match_the_program_the_schedule_and_the_descriptor_format(r
                     calls = info["calls"][p][m]
                     table, bounds = chunk_descriptors(calls)
                     t, rows, b = per["descriptors"][m]
-                    assert np.array_equal(data[t:t + 20 * rows].view(np.int64).reshape(rows, 10), table) and \
-                        np.array_equal(data[b:b + 10].view(np.int64), bounds), (kw, w, p, m)
-                    ref = _varlen_reference(calls)
+                    assert np.array_equal(small[t:t + 20 * rows].view(np.int64).reshape(rows, 10), table) and \
+                        np.array_equal(small[b:b + 10].view(np.int64), bounds), (kw, w, p, m)
+                    ref = _varlen_reference(calls, info["home_rows"] * info["heads_q"],
+                                            info["home_rows"] * info["heads_kv"])
                     got = per["varlen"][m]
+                    _check_joined(data, small, got, per["joined"][m])
                     assert [(r["q_home"], r["kv_home"], r["hq"], r["hkv"]) for r in got] == list(ref)
                     for r, (qv, kv, cq, ck) in zip(got, ref.values()):
                         assert list(data[r["q_off"]:r["q_off"] + len(qv)]) == qv
                         assert list(data[r["kv_off"]:r["kv_off"] + len(kv)]) == kv
-                        lse = np.asarray(qv).reshape(-1, r["hq"]).T.ravel()
-                        assert np.array_equal(data[r["lse_off"]:r["lse_off"] + len(qv)], lse)
-                        assert list(data[r["cu_q_off"]:r["cu_q_off"] + len(cq)]) == cq
-                        assert list(data[r["cu_k_off"]:r["cu_k_off"] + len(ck)]) == ck
+                        assert list(small[r["cu_q_off"]:r["cu_q_off"] + len(cq)]) == cq
+                        assert list(small[r["cu_k_off"]:r["cu_k_off"] + len(ck)]) == ck
                         assert (r["total_q"], r["total_k"], r["seqs"]) == (cq[-1], ck[-1], len(cq) - 1)
                         assert r["max_q"] == max(np.diff(cq)) and r["max_k"] == max(np.diff(ck))
+
+
+def _check_joined(rows, small, pairs, joined):
+    """The joined calls: consecutive pairs of the same widths, their rows and sequences in order."""
+    at = 0
+    for j in joined:
+        run = []
+        while at < len(pairs) and (pairs[at]["hq"], pairs[at]["hkv"]) == (j["hq"], j["hkv"]):
+            run.append(pairs[at])
+            at += 1
+            if sum(p["total_q"] for p in run) == j["total_q"] and sum(p["seqs"] for p in run) == j["seqs"]:
+                break
+        assert run and j["q_home"] and j["kv_home"]
+        for side, hw, total in (("q_off", "hq", "total_q"), ("kv_off", "hkv", "total_k")):
+            want = np.concatenate([rows[p[side]:p[side] + p[total] * p[hw]] for p in run])
+            assert np.array_equal(rows[j[side]:j[side] + j[total] * j[hw]], want)
+        for cu, total in (("cu_q_off", "total_q"), ("cu_k_off", "total_k")):
+            want, base = [0], 0
+            for p in run:
+                want.extend(base + small[p[cu] + 1:p[cu] + p["seqs"] + 1])
+                base += p[total]
+            assert list(small[j[cu]:j[cu] + j["seqs"] + 1]) == want
+        assert (j["max_q"], j["max_k"]) == (max(p["max_q"] for p in run), max(p["max_k"] for p in run))
+    assert at == len(pairs)
+    assert all((a["hq"], a["hkv"]) != (b["hq"], b["hkv"]) for a, b in zip(joined, joined[1:]))
 
 
 # ---------------------------------------------------------------- meta tensors: no sync, ops per call
@@ -122,55 +175,16 @@ class NoKernel(backends.Backend):
         return do + o * 0 + lse.sum() * 0, torch.zeros_like(k), torch.zeros_like(v)
 
 
-class CountOps(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.n = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.n += 1
-        return func(*args, **(kwargs or {}))
-
-
-class _Done:
-    def wait(self, timeout=None):
-        return True
-
-
-class NoWire:
-    """The runtime's communicator with the wire taken out: an all-to-all of meta tensors moves nothing
-    (NCCL's is one op on the host: one op counted here), everything else is the communicator's."""
-
-    def __init__(self, comm, count):
-        self.comm, self.count = comm, count
-
-    def __getattr__(self, name):
-        return getattr(self.comm, name)
-
-    def all_to_all(self, out, inp, out_splits, in_splits, group):
-        self.count[0] += 1
-        return _Done()
-
-
 def _meta_body(rank, world, pool, kw, relay):
     group, _ = lt.pool_group(len(pool), kw["cp"])
     plan = libra.make_plan(pool, **kw)
     rt = lt.PlanRuntime(plan, group, relay=relay, check_calls=False)
-    collectives = [0]
-    rt.comm = NoWire(rt.comm, collectives)
-    meta = dict(device="meta", dtype=torch.bfloat16)
-    q = torch.empty(rt.home_rows, rt.heads_q, rt.head_dim, **meta).requires_grad_()
-    k = torch.empty(rt.home_rows, rt.heads_kv, rt.head_dim, **meta).requires_grad_()
-    v = torch.empty(rt.home_rows, rt.heads_kv, rt.head_dim, **meta).requires_grad_()
-    do = torch.empty(rt.home_rows, rt.heads_q, rt.head_dim, **meta)
+    rt.comm = NoWire(rt.comm)
+    q, k, v, do = meta_inputs(rt)
     lt.attention(q, k, v, rt).backward(do)  # the first call copies the index arrays to the device
-    collectives[0] = 0
-    with CountOps() as c:
-        o = lt.attention(q, k, v, rt)
-        fwd = c.n + collectives[0]
-        o.backward(do)
+    fwd, bwd = call_ops(rt, q, k, v, do)
     frags = sum(len(f) for per in rt.schedule["calls"] for chunk in per for _qp, _kp, f, _h, _k in chunk)
-    return fwd, c.n + collectives[0] - fwd, frags, len(plan.tiles["worker"])
+    return fwd, bwd, frags, len(plan.tiles["worker"])
 
 
 def _meta_pool(pool, kw, relay=False):

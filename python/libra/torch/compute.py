@@ -9,13 +9,14 @@ every device, and nothing reads a device value on the host."""
 import torch
 
 
-def _pairs(rt, pass_index, m, device):
-    """Chunk m's merged varlen calls (index.Pair) on ``device``, kept on the runtime by (pass, chunk,
-    device): views of the index arrays copied once per micro-batch."""
-    key = (pass_index, m, device)
+def _pairs(rt, pass_index, m, device, kind):
+    """Chunk m's merged varlen calls (index.Pair) on ``device``, one per buffer pair (kind "varlen")
+    or joined across them ("joined"), kept on the runtime by (pass, chunk, device, kind): views of
+    the index arrays copied once per micro-batch."""
+    key = (pass_index, m, device, kind)
     pairs = rt._varlen_meta.get(key)
     if pairs is None:
-        pairs = rt._varlen_meta[key] = rt.on(device)[pass_index]["varlen"][m]
+        pairs = rt._varlen_meta[key] = rt.on(device)[pass_index][kind][m]
     return pairs
 
 
@@ -50,9 +51,9 @@ def _backward_saved(backend, pairs, bufs, window, scale):
 
 
 def _backward_recompute(backend, pairs, bufs, window, scale):
-    """Backward through autograd on a recomputed forward, with one leaf per buffer the calls read
-    (home or compute Q; K and V), each gradient added to the buffer's (backends with no backward of
-    their own: SDPA)."""
+    """Backward through autograd on a recomputed forward, with one leaf per (q_home or kv_home, field)
+    the calls read (Q; K and V of the joined buffers: a pair reads its own half of one), each
+    gradient added to the buffer's (backends with no backward of their own: SDPA)."""
     read = sorted({(p.q_home, "Q") for p in pairs} | {(p.kv_home, n) for p in pairs for n in ("K", "V")})
     with torch.enable_grad():
         leaves = {key: bufs[key[0]][key[1]].detach().requires_grad_() for key in read}
@@ -69,16 +70,20 @@ def _backward_recompute(backend, pairs, bufs, window, scale):
             bufs[where]["d" + n].add_(g.to(torch.float32))
 
 
-def run_chunk(rt, backend, pass_index, m, home, comp, scale):
-    """Computes chunk m of a pass (0 forward, 1 backward) on ``backend``. ``scale`` None: 1/sqrt(d)."""
+def run_chunk(rt, backend, pass_index, m, home, comp, scale, joined=None):
+    """Computes chunk m of a pass (0 forward, 1 backward) on ``backend``. ``scale`` None: 1/sqrt(d).
+    ``joined``: a varlen backend's buffers (home vectors, then compute ones; home and comp are their
+    halves), which its calls index: one varlen call per run of the chunk's buffer pairs with the
+    same head widths; a recomputed backward keeps one call and autograd leaf per buffer pair."""
     if backend.kind == "buffers":
         run = backend.forward if pass_index == 0 else backend.backward
         run(rt, pass_index, m, home, comp, scale)
         return
-    pairs = _pairs(rt, pass_index, m, home["Q"].device)
+    recompute = pass_index == 1 and not backend.has_backward()
+    pairs = _pairs(rt, pass_index, m, home["Q"].device, "varlen" if recompute else "joined")
     if not pairs:
         return
-    bufs = {True: home, False: comp}  # by a call's q_home / kv_home ("LSE1": the LSE buffer flat)
+    bufs = {True: joined, False: joined}  # by a call's q_home / kv_home ("LSE1": the LSE buffer flat)
     if pass_index == 0:
         _forward(backend, pairs, bufs, rt.window, scale)
     elif backend.has_backward():

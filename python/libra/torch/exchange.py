@@ -4,7 +4,6 @@ communicator, one per element class), the data kept (buffer to buffer), scatter,
 phases' apply list (index_put_ / index_add_ in the program's fixed order). A relayed program
 also has stage exchanges (home -> the relay's staging buffer), which carry an In phase's classes.
 Nothing here derives positions: the binding gives them."""
-import numpy as np
 import torch
 
 from .trace import _watch
@@ -18,32 +17,6 @@ _NAMES = {(0, "in"): "fwd in", (0, "out"): "fwd out", (1, "in"): "bwd in", (1, "
           (0, "stage"): "fwd stage", (1, "stage"): "bwd stage"}
 _TRACE = {"in": "input", "out": "output", "stage": "stage"}  # the C++ engine's trace words
 _HOME, _COMPUTE, _WIRE, _STAGE = range(4)  # the program's Loc (bufs is indexed by it)
-
-
-def _tensors(groups, device):
-    return [(field, src, dst, add, cls, torch.from_numpy(np.array(s, dtype=np.int64)).to(device),
-             torch.from_numpy(np.array(d, dtype=np.int64)).to(device))
-            for field, src, dst, add, cls, s, d in groups]
-
-
-def program_tensors(program, chunks, device):
-    """The program as index tensors on ``device``: [pass] = {"in": [chunk], "out": [chunk], "stage": [chunk]
-    (empty unless the schedule is relayed), "apply"}."""
-    out = []
-    relayed = program.info["relayed"]
-    for p in (0, 1):
-        per = {"apply": _tensors(program.apply(p), device)}
-        for kind in ("in", "out", "stage"):
-            per[kind] = []
-            if kind == "stage" and not relayed:
-                continue
-            for m in range(chunks):
-                x = program.exchange(p, kind, m)
-                per[kind].append({"send": [list(v) for v in x["send_vectors"]],
-                                  "recv": [list(v) for v in x["recv_vectors"]],
-                                  **{k: _tensors(x[k], device) for k in ("gather", "local", "scatter")}})
-        out.append(per)
-    return out
 
 
 def _class_layout(c, dtype, d):

@@ -35,12 +35,23 @@ class _Attention(torch.autograd.Function):
         d, dt, dev = rt.head_dim, q.dtype, q.device
         sd = rt.schedule
         cq, ckv = sd["compute_q_vectors"], sd["compute_kv_vectors"]
-        home = {"Q": q.view(-1, d), "K": k.view(-1, d), "V": v.view(-1, d),
-                "O": torch.zeros_like(q).view(-1, d),
-                "LSE": torch.zeros((q.shape[0] * q.shape[1], 1), dtype=torch.float32, device=dev)}
-        comp = {"Q": q.new_zeros((cq, d)), "K": q.new_zeros((ckv, d)), "V": q.new_zeros((ckv, d)),
-                "O": q.new_zeros((cq, d)), "LSE": torch.zeros((cq, 1), dtype=torch.float32, device=dev)}
-        _run_pass(rt, 0, home, comp, dt, d, dev, scale)
+        backend = backends.select(dev, dt)
+        joined = None
+        if backend.kind == "varlen":
+            # One buffer per field, home vectors first (compute.py runs a chunk's calls on both as one).
+            hq = q.numel() // d
+            joined = {"Q": _join(q.view(-1, d), cq), "K": _join(k.view(-1, d), ckv), "V": _join(v.view(-1, d), ckv),
+                      "O": q.new_zeros((hq + cq, d)), "LSE": torch.zeros((hq + cq, 1), dtype=torch.float32, device=dev)}
+            home, comp = _halves(joined, hq, k.numel() // d)
+        else:
+            home = {"Q": q.view(-1, d), "K": k.view(-1, d), "V": v.view(-1, d),
+                    "O": torch.zeros_like(q).view(-1, d),
+                    "LSE": torch.zeros((q.shape[0] * q.shape[1], 1), dtype=torch.float32, device=dev)}
+            comp = {"Q": q.new_zeros((cq, d)), "K": q.new_zeros((ckv, d)), "V": q.new_zeros((ckv, d)),
+                    "O": q.new_zeros((cq, d)), "LSE": torch.zeros((cq, 1), dtype=torch.float32, device=dev)}
+        _run_pass(rt, 0, home, comp, dt, d, dev, scale, backend, joined)
+        if joined is not None:  # what is kept of the joined buffers: the home halves alone
+            home["O"], home["LSE"] = home["O"].clone(), home["LSE"].clone()
         o = home["O"].view(q.shape)
         ctx.rt, ctx.scale, ctx.lse = rt, scale, home["LSE"]
         ctx.save_for_backward(q, k, v, o)
@@ -60,17 +71,39 @@ class _Attention(torch.autograd.Function):
         sd = rt.schedule
         cq, ckv = sd["compute_q_vectors"], sd["compute_kv_vectors"]
         f32 = dict(dtype=torch.float32, device=dev)
-        home = {"Q": q.view(-1, d), "K": k.view(-1, d), "V": v.view(-1, d), "O": o, "LSE": lse,
-                "dO": do.contiguous().view(-1, d).to(dt), "dQ": torch.zeros((q.numel() // d, d), **f32),
-                "dK": torch.zeros((k.numel() // d, d), **f32), "dV": torch.zeros((v.numel() // d, d), **f32)}
-        comp = {n: q.new_zeros((cq if n in ("Q", "O", "dO") else ckv, d)) for n in ("Q", "K", "V", "O", "dO")}
-        comp["LSE"] = torch.zeros((cq, 1), **f32)
-        comp["dQ"] = torch.zeros((cq, d), **f32)
-        comp["dK"] = torch.zeros((ckv, d), **f32)
-        comp["dV"] = torch.zeros((ckv, d), **f32)
-        _run_pass(rt, 1, home, comp, dt, d, dev, scale)
+        backend = backends.select(dev, dt)
+        joined = None
+        if backend.kind == "varlen":
+            hq, hkv = q.numel() // d, k.numel() // d
+            joined = {"Q": _join(q.view(-1, d), cq), "K": _join(k.view(-1, d), ckv), "V": _join(v.view(-1, d), ckv),
+                      "O": _join(o, cq), "LSE": _join(lse, cq), "dO": _join(do.contiguous().view(-1, d).to(dt), cq),
+                      "dQ": torch.zeros((hq + cq, d), **f32), "dK": torch.zeros((hkv + ckv, d), **f32),
+                      "dV": torch.zeros((hkv + ckv, d), **f32)}
+            home, comp = _halves(joined, hq, hkv)
+        else:
+            home = {"Q": q.view(-1, d), "K": k.view(-1, d), "V": v.view(-1, d), "O": o, "LSE": lse,
+                    "dO": do.contiguous().view(-1, d).to(dt), "dQ": torch.zeros((q.numel() // d, d), **f32),
+                    "dK": torch.zeros((k.numel() // d, d), **f32), "dV": torch.zeros((v.numel() // d, d), **f32)}
+            comp = {n: q.new_zeros((cq if n in ("Q", "O", "dO") else ckv, d)) for n in ("Q", "K", "V", "O", "dO")}
+            comp["LSE"] = torch.zeros((cq, 1), **f32)
+            comp["dQ"] = torch.zeros((cq, d), **f32)
+            comp["dK"] = torch.zeros((ckv, d), **f32)
+            comp["dV"] = torch.zeros((ckv, d), **f32)
+        _run_pass(rt, 1, home, comp, dt, d, dev, scale, backend, joined)
         return (home["dQ"].view(q.shape).to(dt), home["dK"].view(k.shape).to(dt), home["dV"].view(v.shape).to(dt),
                 None, None, None)
+
+
+def _join(home, n):
+    """home's vectors then n zero ones: a joined buffer (compute.py)."""
+    return torch.cat([home, home.new_zeros((n, home.shape[1]))])
+
+
+def _halves(joined, hq, hkv):
+    """(home, compute) buffers as the two halves of the joined ones: q-side fields split at hq
+    vectors, k-side ones (K, V, dK, dV) at hkv."""
+    cut = {n: hkv if n in ("K", "V", "dK", "dV") else hq for n in joined}
+    return {n: t[:cut[n]] for n, t in joined.items()}, {n: t[cut[n]:] for n, t in joined.items()}
 
 
 def _staging(rt, pass_index, home, dev):
@@ -82,7 +115,7 @@ def _staging(rt, pass_index, home, dev):
                                   home[f].shape[1]), device=dev) for f in fields}
 
 
-def _run_pass(rt, pass_index, home, comp, dt, d, dev, scale):
+def _run_pass(rt, pass_index, home, comp, dt, d, dev, scale, backend, joined=None):
     """One pass of the pipelined program, the C++ engine's loop (src/exec/executor.cpp): post chunk
     0's input; per chunk m, post chunk m+1's input, wait for chunk m's only, compute it on the
     selected backend while chunk m+1 arrives and chunk m-1 returns, post chunk m's output; finally
@@ -93,10 +126,9 @@ def _run_pass(rt, pass_index, home, comp, dt, d, dev, scale):
     run a chunk ahead (post and land stage 0, post in 0, post stage 1; per m, land stage m+1 before
     posting in m+1, then post stage m+2). Every rank posts the same collectives in the same order,
     the C++ engine's among them."""
-    backend = backends.select(dev, dt)
     prog = rt.on(dev)[pass_index]
     if backend.kind == "varlen":
-        for b in (home, comp):  # the LSE buffers flat, as the merged varlen calls index them (compute.py)
+        for b in (home, comp, joined):  # the LSE buffers flat, as the merged varlen calls index them (compute.py)
             b["LSE1"] = b["LSE"].view(-1)
     M = rt.num_chunks
     relayed = bool(prog["stage"])
@@ -128,7 +160,7 @@ def _run_pass(rt, pass_index, home, comp, dt, d, dev, scale):
         _scatter(prog["in"][m], posted_in[m], bufs)
         with _compute(rt, f"{'fwd' if pass_index == 0 else 'bwd'} compute chunk {m}"):
             _fault.point("kernel", rt)
-            run_chunk(rt, backend, pass_index, m, home, comp, scale)
+            run_chunk(rt, backend, pass_index, m, home, comp, scale, joined)
         posted_out.append(_post(rt, pass_index, "out", m, prog["out"][m], bufs, dt, d, dev))
     _apply(prog["apply"], posted_out, bufs)
     _fault.point("output", rt)

@@ -147,7 +147,7 @@ class PlanRuntime:
         self._index_layout = None
         self._on = {}
         self._index_on = {}  # device -> the device copy of the index arrays (the views' storage)
-        self._varlen_meta = {}  # the varlen backends' merged calls (index.Pair), by (pass, chunk, device)
+        self._varlen_meta = {}  # the varlen backends' merged calls (index.Pair), by (pass, chunk, device, kind)
         # What torch.compile's libra::attention op takes in place of this object (ops.py).
         self.op_handle = register(self)
 
