@@ -251,8 +251,18 @@ struct WindowResult {
   std::int64_t wlb_split = 0;
   std::vector<CandWindow> cand;
   Timing timing;
+  // The failed candidate's index (-1: the baselines), when status is an error.
+  std::int64_t failed_at = 0;
 };
-WindowResult simulate_window(const Ctx& ctx, std::span<const PackedSequence> window, std::uint64_t w);
+// One window, or with parts > 1 its part `part`: the baselines in part 0
+// and candidates part, part + parts, ... (the rest of cand left empty), so
+// that a few windows' candidates run on several threads. Every candidate's
+// results are the same whichever part runs it.
+WindowResult simulate_window(const Ctx& ctx, std::span<const PackedSequence> window, std::uint64_t w,
+                             std::size_t part = 0, std::size_t parts = 1);
+// Moves part `first`'s candidates (first, first + parts, ...) and timing
+// into `into`; the error of the lowest failing candidate wins.
+void merge_part(WindowResult& into, WindowResult&& part, std::size_t first, std::size_t parts);
 // Mean R-1 of `seeds` random groupings (seeds first .. first + seeds - 1).
 Result<double> mean_random_imbalance(std::span<const std::int64_t> f, std::int64_t pool_size, std::uint64_t first,
                                      std::int64_t seeds);

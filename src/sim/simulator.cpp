@@ -555,10 +555,23 @@ Result<SimResult> simulate(std::span<const PackedSequence> seqs, std::int64_t se
     return seqs.subspan(static_cast<std::size_t>(i * cfg.gbs), static_cast<std::size_t>(cfg.gbs));
   };
 
-  std::vector<WindowResult> wr(static_cast<std::size_t>(windows));
-  for_each_window(threads, windows, "windows", progress, [&](std::int64_t i) {
-    wr[static_cast<std::size_t>(i)] = simulate_window(ctx, window_span(i), static_cast<std::uint64_t>(i));
+  // Fewer windows than threads: each window's candidates are split into
+  // parts that run side by side (results do not depend on the split).
+  const auto parts = static_cast<std::size_t>(std::clamp<std::int64_t>(
+      (threads + windows - 1) / std::max<std::int64_t>(windows, 1), 1,
+      std::max<std::int64_t>(1, static_cast<std::int64_t>(ctx.candidates.size()))));
+  std::vector<WindowResult> wr(static_cast<std::size_t>(windows) * parts);
+  for_each_window(threads, windows * static_cast<std::int64_t>(parts), "windows", progress, [&](std::int64_t k) {
+    const std::int64_t i = k / static_cast<std::int64_t>(parts);
+    wr[static_cast<std::size_t>(k)] = simulate_window(ctx, window_span(i), static_cast<std::uint64_t>(i),
+                                                      static_cast<std::size_t>(k) % parts, parts);
   });
+  for (std::size_t i = 0; parts > 1 && i < static_cast<std::size_t>(windows); ++i) {
+    // Window i's parts sit at i * parts ..; the earlier windows' are merged.
+    if (i > 0) wr[i] = std::move(wr[i * parts]);
+    for (std::size_t p = 1; p < parts; ++p) merge_part(wr[i], std::move(wr[i * parts + p]), p, parts);
+  }
+  wr.resize(static_cast<std::size_t>(windows));
   for (const auto& r : wr) {
     if (!r.status.ok()) return r.status.error();
     add_timing(res.timing, r.timing);

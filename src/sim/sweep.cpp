@@ -402,7 +402,8 @@ Status run_candidate(WindowRun& run, std::size_t ci, CandWindow& cw) {
 
 }  // namespace
 
-WindowResult simulate_window(const Ctx& ctx, std::span<const PackedSequence> window, std::uint64_t w) {
+WindowResult simulate_window(const Ctx& ctx, std::span<const PackedSequence> window, std::uint64_t w,
+                             std::size_t part, std::size_t parts) {
   WindowResult out;
   const double t0 = thread_cpu_seconds();
   auto f = sequence_workloads(window);
@@ -412,11 +413,32 @@ WindowResult simulate_window(const Ctx& ctx, std::span<const PackedSequence> win
     return out;
   }
   WindowRun run{ctx, window, w, std::move(*f), out.timing, {}, {}, {}};
-  Status s = window_baselines(run, out);
+  Status s = part == 0 ? window_baselines(run, out) : Status{};
+  if (!s.ok()) out.failed_at = -1;
   out.cand.resize(ctx.candidates.size());
-  for (std::size_t ci = 0; s.ok() && ci < ctx.candidates.size(); ++ci) s = run_candidate(run, ci, out.cand[ci]);
+  for (std::size_t ci = part; s.ok() && ci < ctx.candidates.size(); ci += parts) {
+    s = run_candidate(run, ci, out.cand[ci]);
+    if (!s.ok()) out.failed_at = static_cast<std::int64_t>(ci);
+  }
   if (!s.ok()) out.status = s;
   return out;
+}
+
+void merge_part(WindowResult& into, WindowResult&& part, std::size_t first, std::size_t parts) {
+  if (!part.status.ok() && (into.status.ok() || part.failed_at < into.failed_at)) {
+    into.status = part.status;
+    into.failed_at = part.failed_at;
+  }
+  for (std::size_t ci = first; ci < part.cand.size(); ci += parts) into.cand[ci] = std::move(part.cand[ci]);
+  Timing& t = into.timing;
+  t.placement += part.timing.placement;
+  t.plan += part.timing.plan;
+  t.cost += part.timing.cost;
+  t.plans += part.timing.plans;
+  for (const auto& [k, v] : part.timing.by_kind) {
+    t.by_kind[k].first += v.first;
+    t.by_kind[k].second += v.second;
+  }
 }
 
 }  // namespace libra::detail
