@@ -231,6 +231,49 @@ SamplerOptions::Placer priced_elastic_placer(ElasticPricer pricer) {
   };
 }
 
+// The windows' statistics, VRSP then elastic, in window order; the first
+// failed window's error.
+static Status add_window_stats(std::span<const WindowOut> wo, double threshold, ElasticSimResult& r) {
+  const std::int64_t windows = r.windows;
+  std::vector<double> pv, pe, wv, we, bv, be, lv, le, tv, te, fv, fe;
+  double lb = 0, speedup = 0;
+  for (const WindowOut& o : wo) {
+    if (!o.status.ok()) return o.status.error();
+    pv.push_back(o.vrsp.placement_imbalance);
+    pe.push_back(o.elastic.placement_imbalance);
+    wv.push_back(o.vrsp.worker_imbalance);
+    we.push_back(o.elastic.worker_imbalance);
+    bv.insert(bv.end(), o.vrsp.bytes.begin(), o.vrsp.bytes.end());
+    be.insert(be.end(), o.elastic.bytes.begin(), o.elastic.bytes.end());
+    lv.insert(lv.end(), o.vrsp.latency.begin(), o.vrsp.latency.end());
+    le.insert(le.end(), o.elastic.latency.begin(), o.elastic.latency.end());
+    for (std::size_t g = 0; g < o.fused_step.size(); ++g) {
+      if (!o.fused_step[g]) continue;
+      fv.push_back(o.vrsp.latency[g]);
+      fe.push_back(o.elastic.latency[g]);
+    }
+    tv.push_back(std::accumulate(o.vrsp.latency.begin(), o.vrsp.latency.end(), 0.0));
+    te.push_back(std::accumulate(o.elastic.latency.begin(), o.elastic.latency.end(), 0.0));
+    speedup += te.back() > 0 ? tv.back() / te.back() : 1.0;
+    r.fused_domains += o.fused_domains;
+    r.fused_steps += o.fused_steps;
+    r.fused_windows += o.fused_domains > 0 ? 1 : 0;
+    r.declined_windows += o.report.candidate && !o.report.fused ? 1 : 0;
+    r.per_window.push_back(o.report);
+    r.lower_bound_windows += o.lower_bound > threshold ? 1 : 0;
+    lb += o.lower_bound;
+  }
+  r.whole_pool_lower_bound = lb / static_cast<double>(windows);
+  r.placement_imbalance = {detail::stat_of(pv), detail::stat_of(pe)};
+  r.worker_imbalance = {detail::stat_of(wv), detail::stat_of(we)};
+  r.step_bytes = {detail::stat_of(bv), detail::stat_of(be)};
+  r.step_latency = {detail::stat_of(lv), detail::stat_of(le)};
+  r.window_latency = {detail::stat_of(tv), detail::stat_of(te)};
+  r.fused_step_latency = {detail::stat_of(fv), detail::stat_of(fe)};
+  r.mean_window_speedup = speedup / static_cast<double>(windows);
+  return {};
+}
+
 Result<ElasticSimResult> simulate_elastic(const SimConfig& cfg, const SimCandidate& cand,
                                           const ElasticOptions& elastic, bool priced, PlanMode plan_mode) {
   LIBRA_TRY(check_config(cfg, cand));
@@ -278,42 +321,7 @@ Result<ElasticSimResult> simulate_elastic(const SimConfig& cfg, const SimCandida
   r.plan_mode = plan_mode;
   r.windows = windows;
   r.steps = windows * (cfg.gbs / cfg.dp);
-  std::vector<double> pv, pe, wv, we, bv, be, lv, le, tv, te, fv, fe;
-  double lb = 0, speedup = 0;
-  for (const WindowOut& o : wo) {
-    if (!o.status.ok()) return o.status.error();
-    pv.push_back(o.vrsp.placement_imbalance);
-    pe.push_back(o.elastic.placement_imbalance);
-    wv.push_back(o.vrsp.worker_imbalance);
-    we.push_back(o.elastic.worker_imbalance);
-    bv.insert(bv.end(), o.vrsp.bytes.begin(), o.vrsp.bytes.end());
-    be.insert(be.end(), o.elastic.bytes.begin(), o.elastic.bytes.end());
-    lv.insert(lv.end(), o.vrsp.latency.begin(), o.vrsp.latency.end());
-    le.insert(le.end(), o.elastic.latency.begin(), o.elastic.latency.end());
-    for (std::size_t g = 0; g < o.fused_step.size(); ++g) {
-      if (!o.fused_step[g]) continue;
-      fv.push_back(o.vrsp.latency[g]);
-      fe.push_back(o.elastic.latency[g]);
-    }
-    tv.push_back(std::accumulate(o.vrsp.latency.begin(), o.vrsp.latency.end(), 0.0));
-    te.push_back(std::accumulate(o.elastic.latency.begin(), o.elastic.latency.end(), 0.0));
-    speedup += te.back() > 0 ? tv.back() / te.back() : 1.0;
-    r.fused_domains += o.fused_domains;
-    r.fused_steps += o.fused_steps;
-    r.fused_windows += o.fused_domains > 0 ? 1 : 0;
-    r.declined_windows += o.report.candidate && !o.report.fused ? 1 : 0;
-    r.per_window.push_back(o.report);
-    r.lower_bound_windows += o.lower_bound > elastic.threshold ? 1 : 0;
-    lb += o.lower_bound;
-  }
-  r.whole_pool_lower_bound = lb / static_cast<double>(windows);
-  r.placement_imbalance = {detail::stat_of(pv), detail::stat_of(pe)};
-  r.worker_imbalance = {detail::stat_of(wv), detail::stat_of(we)};
-  r.step_bytes = {detail::stat_of(bv), detail::stat_of(be)};
-  r.step_latency = {detail::stat_of(lv), detail::stat_of(le)};
-  r.window_latency = {detail::stat_of(tv), detail::stat_of(te)};
-  r.fused_step_latency = {detail::stat_of(fv), detail::stat_of(fe)};
-  r.mean_window_speedup = speedup / static_cast<double>(windows);
+  LIBRA_TRY(add_window_stats(wo, elastic.threshold, r));
   return r;
 }
 

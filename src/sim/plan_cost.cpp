@@ -295,6 +295,29 @@ void price_phases(PlanCost& c, const ExchangeSums& x, const RelayTable* relays, 
   }
 }
 
+// Plan::comm_bytes, send_bytes, recv_bytes and max_recv_cross_node, from
+// the same W x W byte matrix (without deriving the plan's transfer lists).
+void add_byte_totals(PlanCost& c, std::span<const std::int64_t> byte_matrix, const PlanTopology& topo) {
+  const auto ws = static_cast<std::size_t>(c.workers);
+  std::vector<std::int64_t> recv(ws, 0), recv_cross(ws, 0);
+  for (std::size_t s = 0; s < ws; ++s) {
+    std::int64_t send = 0;
+    for (std::size_t t = 0; t < ws; ++t) {
+      const std::int64_t b = byte_matrix[s * ws + t];
+      if (b == 0) continue;
+      send += b;
+      recv[t] += b;
+      if (detail::topo_tier(topo, static_cast<int>(s), static_cast<int>(t)) != 0) recv_cross[t] += b;
+    }
+    c.comm_bytes += send;
+    c.max_send = std::max(c.max_send, send);
+  }
+  for (std::size_t t = 0; t < ws; ++t) {
+    c.max_recv = std::max(c.max_recv, recv[t]);
+    c.max_recv_cross_node = std::max(c.max_recv_cross_node, recv_cross[t]);
+  }
+}
+
 }  // namespace
 
 // Turns a plan into per-worker compute and communication times, priced as
@@ -369,26 +392,7 @@ PlanCost cost_plan(const Ctx& ctx, const Plan& plan, const ExchangeSums& sums, s
   }
   AlltoallPricer pricer(ctx.cfg.cost.net, gpus);
   price_phases(c, sums, relays != nullptr && relays->any() ? relays : nullptr, pricer);
-  // Plan::comm_bytes, send_bytes, recv_bytes and max_recv_cross_node, from
-  // the same byte matrix (without deriving the plan's transfer lists).
-  const PlanTopology& topo = plan.config().topology;
-  std::vector<std::int64_t> recv(ws, 0), recv_cross(ws, 0);
-  for (std::size_t s = 0; s < ws; ++s) {
-    std::int64_t send = 0;
-    for (std::size_t t = 0; t < ws; ++t) {
-      const std::int64_t b = sums.byte_matrix[s * ws + t];
-      if (b == 0) continue;
-      send += b;
-      recv[t] += b;
-      if (detail::topo_tier(topo, static_cast<int>(s), static_cast<int>(t)) != 0) recv_cross[t] += b;
-    }
-    c.comm_bytes += send;
-    c.max_send = std::max(c.max_send, send);
-  }
-  for (std::size_t t = 0; t < ws; ++t) {
-    c.max_recv = std::max(c.max_recv, recv[t]);
-    c.max_recv_cross_node = std::max(c.max_recv_cross_node, recv_cross[t]);
-  }
+  add_byte_totals(c, sums.byte_matrix, plan.config().topology);
   c.imbalance = plan.imbalance();
   return c;
 }

@@ -414,6 +414,54 @@ TEST(Recommend, FlagsAMeanWinnerWithAMuchWorseWorstStep) {
   EXPECT_EQ(result(0.150, 0.120, 1e-9).recommendation_reason.find("worst step is"), std::string::npos);
 }
 
+// The recommendation and the end-to-end model of a list of M run the chosen
+// M: as the single-M run at that M does.
+static void expect_end_to_end_runs_the_chosen_m(const SimResult& r, const std::map<std::int64_t, SimResult>& single) {
+  const CandidateResult& rec = r.candidates[static_cast<std::size_t>(r.recommended)];
+  EXPECT_EQ(r.end_to_end_chunks, rec.find(r.end_to_end_variant)->chunks);
+  const SimResult& at = single.at(r.end_to_end_chunks);
+  ASSERT_EQ(r.dp_scaling.size(), at.dp_scaling.size());
+  if (at.recommended >= 0 && at.candidates[static_cast<std::size_t>(at.recommended)].candidate == rec.candidate &&
+      at.end_to_end_variant == r.end_to_end_variant) {
+    for (std::size_t i = 0; i < at.dp_scaling.size(); ++i) {
+      EXPECT_EQ(r.dp_scaling[i].libra_tokens_per_s, at.dp_scaling[i].libra_tokens_per_s);
+    }
+  }
+  if (variant_pipelined(r.end_to_end_variant) && r.recommended_variant != Variant::kUlysses) {
+    EXPECT_NE(r.recommendation_reason.find("at M = " + std::to_string(r.end_to_end_chunks)), std::string::npos)
+        << r.recommendation_reason;
+  }
+}
+
+// JSON: the chosen and every priced M per candidate; one M (one_m) keeps the
+// old form.
+static void expect_json_reports_every_priced_m(const SimResult& r, const std::vector<std::int64_t>& list,
+                                               const SimResult& one_m) {
+  const auto j = nlohmann::json::parse(sim_json(r));
+  EXPECT_EQ(j["config"]["chunks"], nlohmann::json(list));
+  EXPECT_EQ(j["end_to_end_chunks"], r.end_to_end_chunks);
+  for (std::size_t i = 0; i < r.candidates.size(); ++i) {
+    const auto& e = j["candidates"][i];
+    for (Variant v : candidate_variants()) {
+      const VariantLatency* l = r.candidates[i].find(v);
+      const std::string name(variant_name(v));
+      if (!variant_pipelined(v)) {
+        EXPECT_FALSE(e["chunks"].contains(name));
+        continue;
+      }
+      EXPECT_EQ(e["chunks"][name], l->chunks);
+      EXPECT_EQ(e["latency_by_chunks"][name].size(), l->by_chunks.size());
+      EXPECT_EQ(e["latency_by_chunks"][name][std::to_string(l->chunks)]["mean"].get<double>(), l->seconds.mean);
+    }
+  }
+  EXPECT_EQ(j["skipped"][0]["chunks"], 4);
+  const auto one = nlohmann::json::parse(sim_json(one_m));
+  EXPECT_EQ(one["config"]["chunks"], 2);
+  EXPECT_FALSE(one.contains("end_to_end_chunks"));
+  EXPECT_FALSE(one["candidates"][0].contains("chunks"));
+  EXPECT_FALSE(one["candidates"][0].contains("latency_by_chunks"));
+}
+
 // The independent path: one run per M. A list of M must report, per
 // candidate and pipelined variant, exactly the single-M runs' latencies and
 // keep the M with the least mean + W x worst (ties: the earlier listed).
@@ -488,45 +536,8 @@ TEST(Recommend, ChosenMIsTheArgminOfSeparateSingleMRuns) {
       }
     }
     EXPECT_GT(differ, 0) << "every variant kept the first M: the choice is not exercised";
-    // The recommendation and the end-to-end model run the chosen M.
-    const CandidateResult& rec = r->candidates[static_cast<std::size_t>(r->recommended)];
-    EXPECT_EQ(r->end_to_end_chunks, rec.find(r->end_to_end_variant)->chunks);
-    const SimResult& at = single.at(r->end_to_end_chunks);
-    ASSERT_EQ(r->dp_scaling.size(), at.dp_scaling.size());
-    if (at.recommended >= 0 && at.candidates[static_cast<std::size_t>(at.recommended)].candidate == rec.candidate &&
-        at.end_to_end_variant == r->end_to_end_variant) {
-      for (std::size_t i = 0; i < at.dp_scaling.size(); ++i) {
-        EXPECT_EQ(r->dp_scaling[i].libra_tokens_per_s, at.dp_scaling[i].libra_tokens_per_s);
-      }
-    }
-    if (variant_pipelined(r->end_to_end_variant) && r->recommended_variant != Variant::kUlysses) {
-      EXPECT_NE(r->recommendation_reason.find("at M = " + std::to_string(r->end_to_end_chunks)), std::string::npos)
-          << r->recommendation_reason;
-    }
-    // JSON: the chosen and every priced M per candidate; one M keeps the old form.
-    const auto j = nlohmann::json::parse(sim_json(*r));
-    EXPECT_EQ(j["config"]["chunks"], nlohmann::json(list));
-    EXPECT_EQ(j["end_to_end_chunks"], r->end_to_end_chunks);
-    for (std::size_t i = 0; i < r->candidates.size(); ++i) {
-      const auto& e = j["candidates"][i];
-      for (Variant v : candidate_variants()) {
-        const VariantLatency* l = r->candidates[i].find(v);
-        const std::string name(variant_name(v));
-        if (!variant_pipelined(v)) {
-          EXPECT_FALSE(e["chunks"].contains(name));
-          continue;
-        }
-        EXPECT_EQ(e["chunks"][name], l->chunks);
-        EXPECT_EQ(e["latency_by_chunks"][name].size(), l->by_chunks.size());
-        EXPECT_EQ(e["latency_by_chunks"][name][std::to_string(l->chunks)]["mean"].get<double>(), l->seconds.mean);
-      }
-    }
-    EXPECT_EQ(j["skipped"][0]["chunks"], 4);
-    const auto one = nlohmann::json::parse(sim_json(single.at(2)));
-    EXPECT_EQ(one["config"]["chunks"], 2);
-    EXPECT_FALSE(one.contains("end_to_end_chunks"));
-    EXPECT_FALSE(one["candidates"][0].contains("chunks"));
-    EXPECT_FALSE(one["candidates"][0].contains("latency_by_chunks"));
+    expect_end_to_end_runs_the_chosen_m(*r, single);
+    expect_json_reports_every_priced_m(*r, list, single.at(2));
   }
 }
 
