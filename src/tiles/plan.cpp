@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <bit>
 #include <cassert>
+#include <cstring>
 #include <limits>
 #include <mutex>
 #include <string>
@@ -612,6 +613,44 @@ Plan build_plan(std::span<const PackedSequence> pool, const PlanConfig& config, 
 
 namespace {
 
+template <class T>
+RawArray<T> copy_items(const RawArray<T>& from) {
+  RawArray<T> out(from.size());
+  if (from.size() > 0) std::memcpy(static_cast<void*>(out.data()), from.data(), from.size() * sizeof(T));
+  return out;
+}
+
+// build_plan(pool, config, geometry, rows of `base`) without placing
+// anything again, for a plan whose keys are each one shard's: nothing but
+// the K/V chunk uses and the fingerprint depends on the chunking, so the
+// rest is the base plan's, copied, and the geometry shared.
+Plan rechunk_data(const Plan::Data& base, const PlanConfig& config) {
+  const Geometry& g = *base.geometry;
+  std::shared_ptr<Plan::Data> d = plan_header(base.pool, config, g);
+  d->tiles = copy_items(base.tiles);
+  d->fragments = copy_items(base.fragments);
+  d->groups = copy_items(base.groups);
+  d->worker_tile_offsets = base.worker_tile_offsets;
+  d->worker_tile_ids = base.worker_tile_ids;
+  d->worker_group_offsets = base.worker_group_offsets;
+  d->worker_group_ids = copy_items(base.worker_group_ids);
+  d->kv_span_end = base.kv_span_end;
+  d->worker_flops = base.worker_flops;
+  d->imbalance = base.imbalance;
+  const std::vector<ShardInfo> shards = shard_infos(g);
+  const std::vector<KvGroup> key_group = key_heads(g).group;
+  // Each key is one shard's (rechunk_plan's condition): the shard tables
+  // are the uses of every entry (store_kv_uses).
+  assert(!(g.dedup_per_kv_head && g.shards > g.heads_kv));
+  ShardUses shard_uses = shard_chunk_uses(g, config, shards, key_group);
+  store_kv_uses(*d, shard_uses, /*key_is_shard=*/true);
+  WordHash hash;
+  for_each_canonical_word(config, d->pool, std::span<const Tile>(d->tiles), hash);
+  d->fingerprint = hash.value();
+  d->geometry = base.geometry;
+  return Plan(std::move(d));
+}
+
 // Sections 6 and 7b of the builder. Transfers and their chunks: a bucket
 // (src, dst) lists Q items (by tile), then KV items (by group of dst, then
 // begin), then O items (by tile); chunk m's bucket lists the same items
@@ -1054,7 +1093,11 @@ Result<Plan> rechunk_plan(const Plan& plan, int chunks, ChunkSplit split) {
   // The geometry reads no chunk setting: the plan's own, once the new
   // chunking is checked (make_geometry's first step).
   LIBRA_TRY(validate_plan_config(config));
-  detail::Geometry geo = *plan.data_as_built().geometry;
+  const detail::Geometry& g = *plan.data_as_built().geometry;
+  // Keys that merge shards need every entry's uses again, which the held
+  // bits of a full build find faster than a search per fragment.
+  if (!(g.dedup_per_kv_head && g.shards > g.heads_kv)) return detail::rechunk_data(plan.data_as_built(), config);
+  detail::Geometry geo = g;
   std::vector<detail::PlacedRows> rows;
   rows.reserve(plan.tiles().size());
   for (const Tile& t : plan.tiles()) {
