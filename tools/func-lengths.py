@@ -35,6 +35,15 @@ _IDENT = re.compile(r"[A-Za-z_][A-Za-z_0-9]*")
 _SCOPE_HEAD = re.compile(r"^(?:inline\s+)?(namespace|class|struct|union|enum)\b")
 
 
+def _quoted_end(text, i):
+    """The index just past the literal that opens with the quote at ``text[i]`` (escapes skipped;
+    an unterminated one ends the text)."""
+    j, n = i + 1, len(text)
+    while j < n and text[j] != text[i]:
+        j += 2 if text[j] == "\\" else 1
+    return j + 1
+
+
 def blank_code(text):
     """The text with comments, literals and preprocessor lines replaced by spaces (newlines kept)."""
     out = list(text)
@@ -84,10 +93,7 @@ def blank_code(text):
                 end = text.find(")" + m.group(1) + '"', i)
                 j = n if end < 0 else end + len(m.group(1)) + 2
             else:
-                j = i + 1
-                while j < n and text[j] != '"':
-                    j += 2 if text[j] == "\\" else 1
-                j += 1
+                j = _quoted_end(text, i)
             blank(i, j)
             i = j
         elif c == "'":
@@ -99,10 +105,7 @@ def blank_code(text):
             if token and token[0].isdigit():
                 i += 1
                 continue
-            j = i + 1
-            while j < n and text[j] != "'":
-                j += 2 if text[j] == "\\" else 1
-            j += 1
+            j = _quoted_end(text, i)
             blank(i, j)
             i = j
         else:
