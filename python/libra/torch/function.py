@@ -36,19 +36,10 @@ class _Attention(torch.autograd.Function):
         sd = rt.schedule
         cq, ckv = sd["compute_q_vectors"], sd["compute_kv_vectors"]
         backend = backends.select(dev, dt)
-        joined = None
-        if backend.kind == "varlen":
-            # One buffer per field, home vectors first (compute.py runs a chunk's calls on both as one).
-            hq = q.numel() // d
-            joined = {"Q": _join(q.view(-1, d), cq), "K": _join(k.view(-1, d), ckv), "V": _join(v.view(-1, d), ckv),
-                      "O": q.new_zeros((hq + cq, d)), "LSE": torch.zeros((hq + cq, 1), dtype=torch.float32, device=dev)}
-            home, comp = _halves(joined, hq, k.numel() // d)
-        else:
-            home = {"Q": q.view(-1, d), "K": k.view(-1, d), "V": v.view(-1, d),
-                    "O": torch.zeros_like(q).view(-1, d),
-                    "LSE": torch.zeros((q.shape[0] * q.shape[1], 1), dtype=torch.float32, device=dev)}
-            comp = {"Q": q.new_zeros((cq, d)), "K": q.new_zeros((ckv, d)), "V": q.new_zeros((ckv, d)),
-                    "O": q.new_zeros((cq, d)), "LSE": torch.zeros((cq, 1), dtype=torch.float32, device=dev)}
+        hq = q.numel() // d
+        home, comp, joined = _buffers({"Q": (q.view(-1, d), cq), "K": (k.view(-1, d), ckv), "V": (v.view(-1, d), ckv),
+                                       "O": ((hq, d, dt), cq), "LSE": ((hq, 1, torch.float32), cq)},
+                                      backend.kind == "varlen", dev)
         _run_pass(rt, 0, home, comp, dt, d, dev, scale, backend, joined)
         if joined is not None:  # what is kept of the joined buffers: the home halves alone
             home["O"], home["LSE"] = home["O"].clone(), home["LSE"].clone()
@@ -70,40 +61,36 @@ class _Attention(torch.autograd.Function):
         d, dt, dev = rt.head_dim, q.dtype, q.device
         sd = rt.schedule
         cq, ckv = sd["compute_q_vectors"], sd["compute_kv_vectors"]
-        f32 = dict(dtype=torch.float32, device=dev)
+        f32 = torch.float32
         backend = backends.select(dev, dt)
-        joined = None
-        if backend.kind == "varlen":
-            hq, hkv = q.numel() // d, k.numel() // d
-            joined = {"Q": _join(q.view(-1, d), cq), "K": _join(k.view(-1, d), ckv), "V": _join(v.view(-1, d), ckv),
-                      "O": _join(o, cq), "LSE": _join(lse, cq), "dO": _join(do.contiguous().view(-1, d).to(dt), cq),
-                      "dQ": torch.zeros((hq + cq, d), **f32), "dK": torch.zeros((hkv + ckv, d), **f32),
-                      "dV": torch.zeros((hkv + ckv, d), **f32)}
-            home, comp = _halves(joined, hq, hkv)
-        else:
-            home = {"Q": q.view(-1, d), "K": k.view(-1, d), "V": v.view(-1, d), "O": o, "LSE": lse,
-                    "dO": do.contiguous().view(-1, d).to(dt), "dQ": torch.zeros((q.numel() // d, d), **f32),
-                    "dK": torch.zeros((k.numel() // d, d), **f32), "dV": torch.zeros((v.numel() // d, d), **f32)}
-            comp = {n: q.new_zeros((cq if n in ("Q", "O", "dO") else ckv, d)) for n in ("Q", "K", "V", "O", "dO")}
-            comp["LSE"] = torch.zeros((cq, 1), **f32)
-            comp["dQ"] = torch.zeros((cq, d), **f32)
-            comp["dK"] = torch.zeros((ckv, d), **f32)
-            comp["dV"] = torch.zeros((ckv, d), **f32)
+        hq, hkv = q.numel() // d, k.numel() // d
+        home, comp, joined = _buffers({"Q": (q.view(-1, d), cq), "K": (k.view(-1, d), ckv), "V": (v.view(-1, d), ckv),
+                                       "O": (o, cq), "LSE": (lse, cq), "dO": (do.contiguous().view(-1, d).to(dt), cq),
+                                       "dQ": ((hq, d, f32), cq), "dK": ((hkv, d, f32), ckv), "dV": ((hkv, d, f32), ckv)},
+                                      backend.kind == "varlen", dev)
         _run_pass(rt, 1, home, comp, dt, d, dev, scale, backend, joined)
         return (home["dQ"].view(q.shape).to(dt), home["dK"].view(k.shape).to(dt), home["dV"].view(v.shape).to(dt),
                 None, None, None)
 
 
-def _join(home, n):
-    """home's vectors then n zero ones: a joined buffer (compute.py)."""
-    return torch.cat([home, home.new_zeros((n, home.shape[1]))])
-
-
-def _halves(joined, hq, hkv):
-    """(home, compute) buffers as the two halves of the joined ones: q-side fields split at hq
-    vectors, k-side ones (K, V, dK, dV) at hkv."""
-    cut = {n: hkv if n in ("K", "V", "dK", "dV") else hq for n in joined}
-    return {n: t[:cut[n]] for n, t in joined.items()}, {n: t[cut[n]:] for n, t in joined.items()}
+def _buffers(fields, join, dev):
+    """(home, compute, joined) buffers from {field: (home, n)}: ``home`` is the field's home vectors
+    (a [rows, width] tensor) or (rows, width, dtype) for zeros, and n compute vectors, zeros. Joined
+    (the varlen backends): one buffer per field, home vectors first, and the home and compute
+    buffers are its two halves (compute.py runs a chunk's calls on both as one); else separate
+    buffers, the home tensors themselves, and ``joined`` is None."""
+    home, comp, joined = {}, {}, ({} if join else None)
+    for f, (h, n) in fields.items():
+        given = torch.is_tensor(h)
+        rows, width, dtype = (h.shape[0], h.shape[1], h.dtype) if given else h
+        if join:
+            j = (torch.cat([h, h.new_zeros((n, width))]) if given
+                 else torch.zeros((rows + n, width), dtype=dtype, device=dev))
+            joined[f], home[f], comp[f] = j, j[:rows], j[rows:]
+        else:
+            home[f] = h if given else torch.zeros((rows, width), dtype=dtype, device=dev)
+            comp[f] = torch.zeros((n, width), dtype=dtype, device=dev)
+    return home, comp, joined
 
 
 def _staging(rt, pass_index, home, dev):
