@@ -229,8 +229,13 @@ def main():
                     help="also price ulysses with its GA steps heaviest first (the order libra's layout runs)")
     ap.add_argument("--tolerance", type=float, default=1e-9)
     a = ap.parse_args()
-    with open(a.costs) as f:
-        doc = json.load(f)
+    try:
+        with open(a.costs) as f:
+            doc = json.load(f)
+    except (OSError, ValueError) as e:  # one line, status 2 (not a traceback) for a bad --costs
+        print(f"step_reference: --costs {a.costs}: not a readable `libra simulate --step-costs-out` file"
+              f" ({e.strerror if isinstance(e, OSError) else e})", file=sys.stderr)
+        return 2
     worst = check_costs(doc, a.explain)
     if a.what_if_sorted:
         for c, f in sorted_figures(doc).items():
