@@ -272,6 +272,36 @@ void bind_program(py::module_& m) {
         return h;
       },
       py::arg("plan"), py::arg("worker"), py::arg("order") = py::none(), py::arg("relay") = false);
+  // program_index.hpp's expand_runs: a device without a kernel for it (the CPU) expands the runs here.
+  m.def(
+      "expand_runs",
+      [](const py::array& cols, py::array& out) {
+        const auto c_int32 = [](const py::array& a) {
+          return a.dtype().is(py::dtype::of<std::int32_t>()) && (a.flags() & py::array::c_style);
+        };
+        if (!c_int32(cols) || cols.ndim() != 2 || cols.shape(0) != 5) {
+          bad("expand_runs: cols must be a C-contiguous int32 array [5, runs]");
+        }
+        if (!c_int32(out) || out.ndim() != 1 || !out.writeable()) {
+          bad("expand_runs: out must be a writable C-contiguous int32 array [rows]");
+        }
+        const auto* c = static_cast<const std::int32_t*>(cols.data());
+        auto* o = static_cast<std::int32_t*>(out.mutable_data());
+        const I64 runs = cols.shape(1), n = out.shape(0);
+        std::string problem;
+        {
+          py::gil_scoped_release release;
+          try {
+            expand_runs(c, runs, o, n);
+          } catch (const std::invalid_argument& e) {
+            problem = e.what();
+          }
+        }
+        if (!problem.empty()) bad(problem);
+      },
+      py::arg("cols"), py::arg("out"),
+      "The rows of the index arrays' runs (cols: int32 [5, runs], first, count, base, len, stride) into out "
+      "(int32 [rows]), without the GIL; ValueError unless the runs tile out in order.");
   // libra/relay.hpp: via[m, src, dst], the worker that sends src's chunk-m inputs for dst (src: sent directly).
   m.def(
       "plan_relays",

@@ -11,7 +11,18 @@ import torch
 from .. import _libra
 from . import comms
 from .groups import _POOLS
-from .index import host_arrays, nbytes, to_device
+from .index import ALL_KINDS, EXCHANGE_KINDS, host_arrays, nbytes, to_device
+
+
+def _kinds(backend):
+    """(forward's, backward's) index records a backend reads (index.to_device): a varlen backend the
+    joined calls (the separate pairs where it recomputes the backward), a buffers backend the
+    descriptor tables."""
+    if backend is None:
+        return ALL_KINDS, ALL_KINDS
+    if backend.kind == "buffers":
+        return (EXCHANGE_KINDS + ("descriptors", "descriptors_host"),) * 2
+    return EXCHANGE_KINDS + ("joined",), EXCHANGE_KINDS + ("joined" if backend.has_backward() else "varlen",)
 
 
 def _fingerprint_words(fp):
@@ -151,17 +162,13 @@ class PlanRuntime:
         # What torch.compile's libra::attention op takes in place of this object (ops.py).
         self.op_handle = register(self)
 
-    def on(self, device):
-        """The program's index arrays on ``device`` (one copy per device; index.to_device)."""
+    def on(self, device, backend=None):
+        """The program's index arrays on ``device`` (one copy per device; index.to_device), with the
+        records ``backend`` reads made at once (every kind when None; others when first read)."""
         device = torch.device(device)
         if device not in self._on:
             host, self._index_layout = host_arrays(self.program)
-            self._on[device], self._index_on[device] = to_device(host, self._index_layout, device)
-            del host  # off the CPU the views hold none of it: drop_index frees it, without the GIL
-            if device.type != "cpu":
-                # The device holds its copy (a CUDA copy its pinned source too): the host array goes
-                # (another device builds it again).
-                self.program.drop_index()
+            self._on[device], self._index_on[device] = to_device(host, self._index_layout, device, _kinds(backend))
         return self._on[device]
 
     def index_bytes(self, device):
