@@ -19,7 +19,7 @@ namespace {
 
 // A schedule's sizes and kernel calls (what libra.torch's compute step reads).
 py::dict schedule_dict(const libra::RankSchedule& s, const std::vector<int>& order, std::uint64_t plan_fingerprint,
-                       bool relay) {
+                       bool relay, bool with_calls = true) {
   py::dict o;
   o["order"] = py::cast(order);
   o["worker"] = s.worker;
@@ -41,6 +41,7 @@ py::dict schedule_dict(const libra::RankSchedule& s, const std::vector<int>& ord
   o["relayed"] = s.relayed;       // whether stage exchanges run: asked, and the plan relays something
   o["stage_q_vectors"] = s.stage_q_vectors;
   o["stage_kv_vectors"] = s.stage_kv_vectors;
+  if (!with_calls) return o;
   py::list passes;
   for (int p = 0; p < 2; ++p) {
     py::list chunks;
@@ -199,6 +200,13 @@ void bind_program(py::module_& m) {
                              [](const ProgramHandle& h) {
                                return schedule_dict(h.schedule, h.program.order, h.plan_fingerprint, h.relay);
                              })
+      // info without "calls" (what PlanRuntime reads per micro-batch: sizes, not every fragment).
+      .def_property_readonly("summary",
+                             [](const ProgramHandle& h) {
+                               return schedule_dict(h.schedule, h.program.order, h.plan_fingerprint, h.relay, false);
+                             })
+      // The worker's home rows (binding.hpp's HomeRows; cu_seqlens int32), numpy views of the handle's.
+      .def_property_readonly("home", &home_py)
       // The raw moves of one list: kind "apply", or "<in|out|stage> <gather|local|scatter>" of a chunk.
       .def("moves",
            [](const ProgramHandle& h, int pass, const std::string& kind, int chunk) {
@@ -266,6 +274,11 @@ void bind_program(py::module_& m) {
           if (!prog.ok()) return prog.status();
           h.schedule = std::move(*sched);
           h.program = std::move(*prog);
+          auto home = std::make_shared<HomeArrays>();
+          home->rows = home_rows(plan, worker);
+          for (I64 x : home->rows.cu) home->cu.push_back(static_cast<std::int32_t>(x));
+          for (I64 x : home->rows.packed_cu) home->packed_cu.push_back(static_cast<std::int32_t>(x));
+          h.home = std::move(home);
           return libra::Status();
         }();
         check(st);

@@ -324,7 +324,8 @@ std::shared_ptr<IndexArrays> build(const ProgramHandle& h) {
     for (int m = 0; m < s.chunks; ++m) {
       auto calls = s.calls(static_cast<libra::Pass>(p), m);
       // Forward and backward run the same calls (same tiles, same buffers): one set of rows serves both.
-      if (p == 1 && same_calls(s, calls, s.calls(libra::Pass::kForward, m))) {
+      if (p == 1) ix->shared.push_back(same_calls(s, calls, s.calls(libra::Pass::kForward, m)));
+      if (p == 1 && ix->shared.back()) {
         ix->varlen[p].push_back(ix->varlen[0][static_cast<std::size_t>(m)]);
         ix->joined[p].push_back(ix->joined[0][static_cast<std::size_t>(m)]);
         ix->descriptors[p].push_back(ix->descriptors[0][static_cast<std::size_t>(m)]);
@@ -369,6 +370,28 @@ py::dict pair_py(const PairRec& r) {
 }
 
 }  // namespace
+
+namespace {
+
+// A numpy view of v, kept alive by `owner` (a capsule holding v's owner). Writable only so that
+// torch.from_numpy takes it without a warning (as index_arrays_py's): nothing in libra writes it.
+template <class T>
+py::array_t<T> view_of(const std::vector<T>& v, const py::capsule& owner) {
+  return py::array_t<T>({static_cast<py::ssize_t>(v.size())}, {static_cast<py::ssize_t>(sizeof(T))},
+                        const_cast<T*>(v.data()), owner);
+}
+
+}  // namespace
+
+py::dict home_py(const ProgramHandle& h) {
+  auto* keep = new std::shared_ptr<const HomeArrays>(h.home);
+  py::capsule owner(keep, [](void* p) { delete static_cast<std::shared_ptr<const HomeArrays>*>(p); });
+  const HomeArrays& a = *h.home;
+  return fields({{"home_layout", py::str(a.rows.layout)}, {"home_rows", py::int_(a.rows.rows)},
+                 {"home_tokens", py::int_(a.rows.tokens)}, {"max_seqlen", py::int_(a.rows.max_seqlen)},
+                 {"packed_rows", view_of(a.rows.packed, owner)}, {"position_ids", view_of(a.rows.position, owner)},
+                 {"cu_seqlens", view_of(a.cu, owner)}, {"packed_cu_seqlens", view_of(a.packed_cu, owner)}});
+}
 
 void expand_runs(const std::int32_t* cols, I64 runs, std::int32_t* out, I64 n) {
   const std::int32_t *first = cols, *count = cols + runs, *base = cols + 2 * runs, *len = cols + 3 * runs,
@@ -427,15 +450,18 @@ py::tuple index_arrays_py(std::shared_ptr<const IndexArrays> ix) {
     }
     per["apply"] = groups_py(ix->apply[p]);
     py::list varlen, joined, desc;
-    for (const auto& chunk : ix->varlen[p]) {
-      py::list pairs;
-      for (const PairRec& r : chunk) pairs.append(pair_py(r));
+    for (std::size_t m = 0; m < ix->varlen[p].size(); ++m) {
+      // A backward chunk with forward's calls gets forward's very records (one Pair each on the device).
+      if (p == 1 && ix->shared[m]) {
+        varlen.append(passes[0]["varlen"][py::int_(m)]);
+        joined.append(passes[0]["joined"][py::int_(m)]);
+        continue;
+      }
+      py::list pairs, joins;
+      for (const PairRec& r : ix->varlen[p][m]) pairs.append(pair_py(r));
+      for (const PairRec& r : ix->joined[p][m]) joins.append(pair_py(r));
       varlen.append(pairs);
-    }
-    for (const auto& chunk : ix->joined[p]) {
-      py::list pairs;
-      for (const PairRec& r : chunk) pairs.append(pair_py(r));
-      joined.append(pairs);
+      joined.append(joins);
     }
     for (const DescRec& d : ix->descriptors[p]) desc.append(py::make_tuple(d.table_off, d.rows, d.bounds_off));
     per["varlen"] = varlen;

@@ -22,11 +22,19 @@ namespace libra_py {
 
 struct IndexArrays;
 
+// The worker's home rows (binding.hpp's HomeRows) with the cu_seqlens as int32, what PlanRuntime
+// takes as they are (RankProgram.home: numpy views sharing this memory).
+struct HomeArrays {
+  HomeRows rows;
+  std::vector<std::int32_t> cu, packed_cu;
+};
+
 struct ProgramHandle {
   libra::RankSchedule schedule;
   libra::RankProgram program;
   std::uint64_t plan_fingerprint = 0;
   bool relay = false;
+  std::shared_ptr<const HomeArrays> home;  // built with the program (rank_program, GIL released)
   // index_arrays' result, built once (Planner's thread builds it before the runtime asks).
   std::shared_ptr<std::mutex> index_lock = std::make_shared<std::mutex>();
   std::shared_ptr<const IndexArrays> index;
@@ -97,6 +105,7 @@ struct IndexArrays {
   std::array<std::vector<std::vector<PairRec>>, 2> varlen;           // [pass][chunk]
   std::array<std::vector<std::vector<PairRec>>, 2> joined;           // [pass][chunk]: varlen's, joined
   std::array<std::vector<DescRec>, 2> descriptors;                   // [pass][chunk]
+  std::vector<bool> shared;  // [chunk]: backward's calls are forward's (its varlen, joined, descriptors the same)
   double build_seconds = 0;                                          // thread CPU time of the build
 };
 
@@ -106,6 +115,9 @@ std::shared_ptr<const IndexArrays> index_arrays(ProgramHandle& h);
 // The Python view of `ix`: (runs as an int32 [runs, 5] numpy array (a strided view of data's columns),
 // data as an int32 one, layout dict), the arrays writable and sharing ix's memory.
 py::tuple index_arrays_py(std::shared_ptr<const IndexArrays> ix);
+
+// h.home as a dict of numpy views (program.cpp's RankProgram.home).
+py::dict home_py(const ProgramHandle& h);
 
 // Writes the rows of `runs` runs (cols: five columns of `runs` int32, IndexArrays::data's layout) into
 // out[0 .. n). Throws std::invalid_argument (naming the run) unless the runs tile [0, n) in order

@@ -177,7 +177,7 @@ def to_device(host, layout, device, kinds=(ALL_KINDS, ALL_KINDS)):
     nd, nr = layout["data"], layout["runs"]
     rows = expand(dev[nd:].view(5, nr), host_np[nd:].reshape(5, nr), layout["rows"], device)
     make = functools.partial(_records, cut=_cutter(rows, layout), data=dev[:nd], host_np=host_np,
-                             copy=device.type != "cpu")
+                             copy=device.type != "cpu", pairs={})
     out = []
     for per, want in zip(layout["passes"], kinds):
         p = _Pass(functools.partial(make, per))
@@ -199,15 +199,17 @@ class _Pass(dict):
         return value
 
 
-def _records(per, kind, cut, data, host_np, copy):
-    """One kind of one pass's records (to_device's), from the binding's layout ``per``."""
+def _records(per, kind, cut, data, host_np, copy, pairs):
+    """One kind of one pass's records (to_device's), from the binding's layout ``per``; ``pairs``
+    keeps every Pair made by its record (a backward chunk with forward's calls has forward's very
+    records: the same Pair serves both passes)."""
     if kind in _KINDS:
         return [{"send": x["send"], "recv": x["recv"],
                  **{k: _groups(cut, x[k]) for k in ("gather", "local", "scatter")}} for x in per[kind]]
     if kind == "apply":
         return _groups(cut, per["apply"])
     if kind in ("varlen", "joined"):
-        return [[Pair(rec, cut, data, host_np) for rec in chunk] for chunk in per[kind]]
+        return [[_pair(pairs, rec, cut, data, host_np) for rec in chunk] for chunk in per[kind]]
     if kind == "descriptors":
         return [(_i64(data, t, 10 * n).view(n, 10), _i64(data, b, 5)) for t, n, b in per["descriptors"]]
     if kind == "descriptors_host":
@@ -215,6 +217,14 @@ def _records(per, kind, cut, data, host_np, copy):
         # rows and grids) without reading the device back; copies off the CPU, as cu_host.
         return [_desc_host(host_np, t, n, b, copy) for t, n, b in per["descriptors"]]
     raise KeyError(kind)
+
+
+def _pair(pairs, rec, cut, data, host_np):
+    """The Pair of the record ``rec`` (a dict the layout keeps alive, so its id is its own)."""
+    p = pairs.get(id(rec))
+    if p is None:
+        p = pairs[id(rec)] = Pair(rec, cut, data, host_np)
+    return p
 
 
 def _desc_host(host_np, t, rows, b, copy):
