@@ -14,14 +14,18 @@ Per worker, printed as the median and the largest over the workers:
 - the thread CPU time of each forward and backward pass (median over --reps after one warm-up),
   with the per-call agreement off (check_calls=False), and the torch ops one call dispatches, with
   the agreement (check_calls=True: CPU tensors, a collective per call) counted apart;
-- what each micro-batch builds before its first call: the rank program and its index arrays in
-  C++ (GIL released), then PlanRuntime's construction and the index arrays' device views (GIL held);
+- what each micro-batch builds before its first call (median over --build-reps micro-batches
+  after one more, one worker at a time where nothing is collective): the rank program with its
+  home layout and the index arrays in C++ (GIL released: Planner's thread), then PlanRuntime's
+  construction (the agreement, a collective) and ``PlanRuntime.on`` (the arrays' layout to Python,
+  the one copy, the expansion launch, the records the backend reads), which hold the GIL; the
+  sum of those two is the GIL-held figure;
 - the index arrays' device memory.
 A measurement, not a test.
 
     .venv/bin/python bench/torch-host-time.py                        # builtin:paper-256k, P 4, CP 8, M 4
     .venv/bin/python bench/torch-host-time.py --preset paper-1m      # builtin:paper-1m, P 8, CP 8, M 4
-    .venv/bin/python bench/torch-host-time.py --preset paper-1m --build-only   # the build alone, per worker
+    .venv/bin/python bench/torch-host-time.py --preset paper-1m --build-only   # the build alone (no calls)
 """
 import argparse
 import os
@@ -80,10 +84,15 @@ def build(rank, a, pool):
                            heads_q=a.heads_q, heads_kv=a.heads_kv, head_dim=a.head_dim, chunks=a.chunks,
                            dtype="bf16", mode=a.mode)
     meta = torch.device("meta")
-    # A micro-batch before, untimed: the pool's first collectives and the first index ops warm up.
-    warm = lt.PlanRuntime(plan, group, check_calls=False, timeout=3600)
-    warm.on(meta, BACKEND)
-    del warm
+    runs = []
+    for rep in range(a.build_reps + 1):  # a micro-batch each, the first a warm-up (the pool's first collectives)
+        rt, figures = _micro_batch(plan, group, worker, meta)
+        if rep:
+            runs.append(figures)
+    return rt, {key: statistics.median(r[key] for r in runs) for key in runs[0]}
+
+
+def _micro_batch(plan, group, worker, meta):
     # One worker at a time where nothing is collective (its thread time is then its own, not the
     # other threads' contention on two cores).
     with _ONE_AT_A_TIME:
@@ -157,7 +166,8 @@ def report(res, a, W, wall):
             print(f"{name} pass: host ms {_stat(res, key)} (thread CPU, median of {a.reps}); "
                   f"torch ops {_stat(res, key + '_ops', 1, '.0f')}")
         print(f"the per-call agreement (check_calls=True) adds ops: {_stat(res, 'agree_ops', 1, '.0f')}")
-    print(f"per micro-batch, C++ with the GIL released (Planner's thread): rank_program and home layout ms "
+    print(f"per micro-batch (each worker's median of {a.build_reps}), C++ with the GIL released (Planner's thread): "
+          f"rank_program and home layout ms "
           f"{_stat(res, 'program')}; index arrays ms {_stat(res, 'index')} (of which the C++ build "
           f"{_stat(res, 'index_cpp')})")
     print(f"per micro-batch, GIL held: PlanRuntime ms {_stat(res, 'runtime')}; PlanRuntime.on ms {_stat(res, 'on')} "
@@ -192,7 +202,9 @@ def main():
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--chunks", type=int, default=4)
     ap.add_argument("--mode", default="tap")
-    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--reps", type=int, default=5, help="timed attention calls per worker (after one more)")
+    ap.add_argument("--build-reps", type=int, default=5,
+                    help="timed micro-batch builds per worker (after one more); each figure their median")
     ap.add_argument("--build-only", action="store_true",
                     help="only each worker's per-micro-batch build (no attention calls)")
     a = ap.parse_args()

@@ -159,7 +159,15 @@ HomeRows home_rows(const libra::Plan& plan, int r) {
       position[static_cast<std::size_t>(i)] = x - tokens;
       continue;
     }
-    const auto j = static_cast<I64>(std::upper_bound(starts.begin(), starts.end(), x) - starts.begin()) - 1;
+    // Home rows mostly follow packed rows: the previous row's sample or the next, else a search.
+    const auto in = [&](I64 k) {
+      return k >= 0 && k < static_cast<I64>(starts.size()) && starts[static_cast<std::size_t>(k)] <= x &&
+             (k + 1 == static_cast<I64>(starts.size()) || x < starts[static_cast<std::size_t>(k + 1)]);
+    };
+    const I64 prev = i > 0 ? sample[static_cast<std::size_t>(i - 1)] : -1;
+    const I64 j = in(prev)       ? prev
+                  : in(prev + 1) ? prev + 1
+                                 : static_cast<I64>(std::upper_bound(starts.begin(), starts.end(), x) - starts.begin()) - 1;
     sample[static_cast<std::size_t>(i)] = j;
     position[static_cast<std::size_t>(i)] = x - starts[static_cast<std::size_t>(j)];
     // Padding is a suffix of every home, so token rows are [0, home_tokens).

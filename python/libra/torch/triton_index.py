@@ -16,7 +16,8 @@ import triton.language as tl
 BLOCK = 1024
 
 
-@triton.jit
+# runs and n stay arguments (Triton would make a 1 a constant, and the loops below then constant).
+@triton.jit(do_not_specialize=["runs", "n"])
 def _expand_kernel(cols, runs, n, out, BLOCK: tl.constexpr):
     e0 = tl.program_id(0).to(tl.int64) * BLOCK
     offs = e0 + tl.arange(0, BLOCK)
