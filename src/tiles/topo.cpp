@@ -152,13 +152,10 @@ class TopoPlacer {
     touched_.assign(words_, 0);
   }
 
-  // Loads tile i's sources (KV by CP rank, Q/O from the home); with
-  // `scoring`, also what least_score() needs.
-  void load(std::span<const PlacedRows> tiles, std::size_t i, bool scoring = true) {
-    load_rows(tiles[i], i / static_cast<std::size_t>(geo_.shards), /*piece=*/false, scoring);
-  }
-  // The same for rows [t.begin, t.end) of block `block`; a piece (not the
-  // whole block's rows) touches only the samples its rows overlap.
+  // Loads the sources of rows [t.begin, t.end) of block `block` (KV by CP
+  // rank, Q/O from the home); with `scoring`, also what least_score()
+  // needs. A piece (not the whole block's rows) touches only the samples
+  // its rows overlap.
   void load_rows(const PlacedRows& t, std::size_t block, bool piece, bool scoring = true) {
     p_ = t.slot;
     home_ = piece ? geo_.home(t.slot, t.begin) : blocks_.home[block];
@@ -194,23 +191,20 @@ class TopoPlacer {
     if (!one_node_) return;
     fresh_total_ = 0;
     for (int c = 0; c < geo_.cp; ++c) fresh_total_ += add_[static_cast<std::size_t>(c)];
-    for (std::size_t k = 0; k < 3; ++k) {
-      double worst = 0, cost = 0;
-      for (int c = 0; c < geo_.cp; ++c) {
-        const std::int64_t b = add_[static_cast<std::size_t>(c)];
-        if (b == 0) continue;
-        const int w = base + c;
-        Tiers ws = send_[static_cast<std::size_t>(w)];
-        ws[k] += static_cast<double>(b);
-        Tiers wr = recv_[static_cast<std::size_t>(w)];
-        if (w == home_) wr[k] += static_cast<double>(vqo_);
-        worst = std::max(worst, time(ws, wr));
-        cost += static_cast<double>(b) * per_byte_[k];
+    fresh_worst_ = {0, 0, 0};
+    fresh_cost_ = {0, 0, 0};
+    for (int c = 0; c < geo_.cp; ++c) {
+      const std::int64_t b = add_[static_cast<std::size_t>(c)];
+      if (b == 0) continue;
+      const int w = base + c;
+      const Tiers ts = link_plus(send_[static_cast<std::size_t>(w)], static_cast<double>(b));
+      const Tiers tr = link_plus(recv_[static_cast<std::size_t>(w)], w == home_ ? static_cast<double>(vqo_) : 0.0);
+      for (std::size_t k = 0; k < 3; ++k) {
+        fresh_worst_[k] = std::max(fresh_worst_[k], std::max(ts[k], tr[k]));
+        fresh_cost_[k] += static_cast<double>(b) * per_byte_[k];
       }
-      cost += static_cast<double>(vqo_) * per_byte_[k];
-      fresh_worst_[k] = worst;
-      fresh_cost_[k] = cost;
     }
+    for (std::size_t k = 0; k < 3; ++k) fresh_cost_[k] += static_cast<double>(vqo_) * per_byte_[k];
   }
 
   struct Score {
@@ -311,6 +305,37 @@ class TopoPlacer {
   }
 
 
+  // load() of the whole tile t (of block `block`) with commit() to r, in
+  // one pass over the block's home runs: they come sample by sample, one
+  // group each, so each group's bit is read before its moves and set after
+  // them, and the moves happen in commit()'s order.
+  void commit_tile(const PlacedRows& t, std::size_t block, int r, std::int64_t flops) {
+    loads_[static_cast<std::size_t>(r)] += flops;
+    const int base = t.slot * geo_.cp;
+    const std::int64_t vkv = blocks_.vkv[static_cast<std::size_t>(t.shard)];
+    const std::int32_t key = blocks_.key[static_cast<std::size_t>(t.shard)];
+    const std::uint64_t bit = std::uint64_t{1} << (r % 64);
+    const std::size_t word = static_cast<std::size_t>(r) / 64;
+    const Blocks::Run* runs = blocks_.runs.data();
+    const std::int32_t end = blocks_.run_begin[block + 1];
+    for (std::int32_t k = blocks_.run_begin[block]; k < end;) {
+      const std::int32_t j = runs[k].sample;
+      std::uint64_t& bits = committed_[static_cast<std::size_t>(j * geo_.keys_per_sample + key) * words_ + word];
+      const bool held = (bits & bit) != 0;
+      for (; k < end && runs[k].sample == j; ++k) {
+        const int w = base + runs[k].rank;
+        if (!held && w != r) move(w, r, vkv * runs[k].tokens);
+      }
+      bits |= bit;
+    }
+    const int home = blocks_.home[block];
+    if (r != home) {
+      const std::int64_t vqo = (t.end - t.begin) * geo_.qo_bytes_per_row();
+      move(home, r, vqo);
+      move(r, home, vqo);
+    }
+  }
+
   bool fits(int r, std::int64_t flops) const { return loads_[static_cast<std::size_t>(r)] <= limit_ - flops; }
   bool fits_under(int r, std::int64_t flops, std::int64_t cap) const {
     return loads_[static_cast<std::size_t>(r)] <= std::min(limit_, cap) - flops;
@@ -330,6 +355,14 @@ class TopoPlacer {
   std::int64_t load_of(int r) const { return loads_[static_cast<std::size_t>(r)]; }
 
  private:
+  // link() of x with b more bytes on tier k, for each k: only the terms
+  // that tier k enters are recomputed, with link()'s arithmetic (adding
+  // b = 0 changes nothing, bit for bit).
+  Tiers link_plus(const Tiers& x, double b) const {
+    const double t0 = x[0] * inv_[0], t1 = (x[1] + x[2]) * inv_[1], t2 = x[2] * inv_spine_;
+    return {std::max({(x[0] + b) * inv_[0], t1, t2}), std::max({t0, ((x[1] + b) + x[2]) * inv_[1], t2}),
+            std::max({t0, (x[1] + (x[2] + b)) * inv_[1], (x[2] + b) * inv_spine_})};
+  }
   double time(const Tiers& s, const Tiers& r) const {
     auto link = [&](const Tiers& x) {
       return std::max({x[0] * inv_[0], (x[1] + x[2]) * inv_[1], x[2] * inv_spine_});
@@ -529,8 +562,7 @@ class Candidates {
         const std::int32_t i = order[k];
         const std::int64_t f = flops_[static_cast<std::size_t>(i)];
         if (!full && c.placer->fits_under(h, f, keep_cap)) {
-          c.placer->load(base_, static_cast<std::size_t>(i), /*scoring=*/false);
-          c.placer->commit(h, f);
+          c.placer->commit_tile(base_[static_cast<std::size_t>(i)], static_cast<std::size_t>(i) / S_, h, f);
           c.rows[static_cast<std::size_t>(i)].worker = h;
         } else {
           full = true;
@@ -555,10 +587,7 @@ class Candidates {
   // not depend on the order of the commits).
   Candidate priced(std::vector<PlacedRows> tap) const {
     Candidate c = fresh(std::move(tap));
-    for (std::size_t i = 0; i < base_.size(); ++i) {
-      c.placer->load(base_, i, /*scoring=*/false);
-      c.placer->commit(c.rows[i].worker, flops_[i]);
-    }
+    for (std::size_t i = 0; i < base_.size(); ++i) c.placer->commit_tile(base_[i], i / S_, c.rows[i].worker, flops_[i]);
     return c;
   }
 
