@@ -68,6 +68,7 @@ struct Blocks {
     std::int32_t sample;  // global
     std::int32_t rank;
     std::int64_t tokens;
+    std::int32_t next;  // the first run of the block's next sample
   };
   std::vector<std::int32_t> home;
   std::vector<std::int32_t> run_begin;  // blocks + 1, into runs
@@ -86,7 +87,9 @@ struct Blocks {
       home[b] = geo.home(t.slot, t.begin);
       for (std::int32_t j = geo.block_sample(t.slot, t.block);
            j < geo.sample_base[static_cast<std::size_t>(t.slot) + 1] && geo.starts[static_cast<std::size_t>(j)] < t.end; ++j) {
-        for (const Geometry::Run& run : geo.sample_runs(j)) runs.push_back({j, run.rank, run.end - run.begin});
+        const auto first = runs.size();
+        for (const Geometry::Run& run : geo.sample_runs(j)) runs.push_back({j, run.rank, run.end - run.begin, 0});
+        for (auto k = first; k < runs.size(); ++k) runs[k].next = static_cast<std::int32_t>(runs.size());
       }
       run_begin.push_back(static_cast<std::int32_t>(runs.size()));
     }
@@ -104,6 +107,7 @@ struct Blocks {
 struct Tiering {
   std::vector<int> node, super;
   std::vector<std::uint8_t> slot_tier;  // pool_size x workers
+  std::vector<std::uint8_t> one_node;   // per slot: all its workers in one node
 
   Tiering(const Geometry& geo, const PlanTopology& topo) {
     const auto W = static_cast<std::size_t>(geo.workers);
@@ -115,6 +119,7 @@ struct Tiering {
     }
     slot_tier.resize(static_cast<std::size_t>(geo.pool_size) * W);
     for (int p = 0; p < geo.pool_size; ++p) {
+      one_node.push_back(node[static_cast<std::size_t>(p * geo.cp)] == node[static_cast<std::size_t>(p * geo.cp + geo.cp - 1)]);
       for (int r = 0; r < geo.workers; ++r) {
         slot_tier[static_cast<std::size_t>(p) * W + static_cast<std::size_t>(r)] =
             static_cast<std::uint8_t>(tier(p * geo.cp, r));
@@ -150,6 +155,7 @@ class TopoPlacer {
     // supernode byte uses the NIC and the spine.
     per_byte_ = {inv_[0], inv_[1], inv_[1] + inv_spine_};
     touched_.assign(words_, 0);
+    open_.resize(static_cast<std::size_t>(W_));
   }
 
   // Loads the sources of rows [t.begin, t.end) of block `block` (KV by CP
@@ -178,15 +184,18 @@ class TopoPlacer {
     const int base = p_ * geo_.cp;
     std::fill(add_.begin(), add_.end(), 0);
     std::fill(touched_.begin(), touched_.end(), 0);
+    // A group's sources are consecutive (one per home run of its sample).
+    std::int32_t group = -1;
     for (const Source& s : srcs_) {
       add_[static_cast<std::size_t>(s.rank)] += s.bytes;
+      if (s.group == group) continue;
+      group = s.group;
       const std::uint64_t* bits = &committed_[static_cast<std::size_t>(s.group) * words_];
       for (std::size_t k = 0; k < words_; ++k) touched_[k] |= bits[k];
     }
     add_[static_cast<std::size_t>(home_ - base)] += vqo_;
     for (int c = 0; c < geo_.cp; ++c) mark(base + c);
-    one_node_ = tiering_.node[static_cast<std::size_t>(base)] ==
-                tiering_.node[static_cast<std::size_t>(base + geo_.cp - 1)];
+    one_node_ = tiering_.one_node[static_cast<std::size_t>(p_)] != 0;
     slot_tier_ = tiering_.slot_tier.data() + static_cast<std::size_t>(p_) * static_cast<std::size_t>(W_);
     if (!one_node_) return;
     fresh_total_ = 0;
@@ -215,16 +224,24 @@ class TopoPlacer {
   // The worker of least link score (evaluate) among those with room for
   // `flops`; ties: fewer added link-seconds, lower load, lower id. -1 if
   // none. The same choice as evaluating every worker with room in id
-  // order, but a fresh worker (see load()) is scored inline from its tier,
-  // and skipped unscored when its tier's fixed part alone already loses
-  // (its worst can only be larger).
+  // order, but a fresh worker (see load_rows()) is scored inline from its
+  // tier, and skipped unscored when its tier's fixed part alone already
+  // loses (its worst can only be larger). The workers with room are listed
+  // first without a branch: which have room is all but random, and a
+  // mispredicted test per worker cost more than the scoring.
   int least_score(std::int64_t flops) {
     const std::int64_t room = limit_ - flops;
     const std::int64_t* loads = loads_.data();
+    int* const open = open_.data();
+    int n = 0;
+    for (int r = 0; r < W_; ++r) {
+      open[n] = r;
+      n += loads[r] <= room ? 1 : 0;
+    }
     int best = -1;
     Score bs;
-    for (int r = 0; r < W_; ++r) {
-      if (loads[r] > room) continue;
+    for (int k = 0; k < n; ++k) {
+      const int r = open[k];
       Score s;
       if (fresh(r)) {
         const std::size_t t = slot_tier_[r];
@@ -293,8 +310,12 @@ class TopoPlacer {
       const int w = base + s.rank;
       if (w != r && !is_committed(s.group, r)) move(w, r, s.bytes);
     }
-    // A group spanning ranks has several sources: mark it after all of them.
+    // A group spanning ranks has several sources, consecutive: mark it
+    // after all of them, once (a store per source waited on the last).
+    std::int32_t group = -1;
     for (const Source& s : srcs_) {
+      if (s.group == group) continue;
+      group = s.group;
       committed_[static_cast<std::size_t>(s.group) * words_ + static_cast<std::size_t>(r) / 64] |= std::uint64_t{1}
                                                                                                    << (r % 64);
     }
@@ -305,10 +326,11 @@ class TopoPlacer {
   }
 
 
-  // load() of the whole tile t (of block `block`) with commit() to r, in
-  // one pass over the block's home runs: they come sample by sample, one
+  // load_rows() of the whole tile t (of block `block`) with commit() to r,
+  // in one pass over the block's home runs: they come sample by sample, one
   // group each, so each group's bit is read before its moves and set after
-  // them, and the moves happen in commit()'s order.
+  // them, and the moves happen in commit()'s order. A group r holds already
+  // skips its runs; from a slot in one node every run's tier is the slot's.
   void commit_tile(const PlacedRows& t, std::size_t block, int r, std::int64_t flops) {
     loads_[static_cast<std::size_t>(r)] += flops;
     const int base = t.slot * geo_.cp;
@@ -318,13 +340,23 @@ class TopoPlacer {
     const std::size_t word = static_cast<std::size_t>(r) / 64;
     const Blocks::Run* runs = blocks_.runs.data();
     const std::int32_t end = blocks_.run_begin[block + 1];
-    for (std::int32_t k = blocks_.run_begin[block]; k < end;) {
-      const std::int32_t j = runs[k].sample;
-      std::uint64_t& bits = committed_[static_cast<std::size_t>(j * geo_.keys_per_sample + key) * words_ + word];
-      const bool held = (bits & bit) != 0;
-      for (; k < end && runs[k].sample == j; ++k) {
-        const int w = base + runs[k].rank;
-        if (!held && w != r) move(w, r, vkv * runs[k].tokens);
+    const bool one_node = tiering_.one_node[static_cast<std::size_t>(t.slot)] != 0;
+    const std::size_t tier = tiering_.slot_tier[static_cast<std::size_t>(t.slot) * static_cast<std::size_t>(W_) +
+                                                static_cast<std::size_t>(r)];
+    for (std::int32_t k = blocks_.run_begin[block]; k < end; k = runs[k].next) {
+      std::uint64_t& bits =
+          committed_[static_cast<std::size_t>(runs[k].sample * geo_.keys_per_sample + key) * words_ + word];
+      if ((bits & bit) != 0) continue;
+      for (std::int32_t u = k; u < runs[k].next; ++u) {
+        const int w = base + runs[u].rank;
+        if (w == r) continue;
+        const double b = static_cast<double>(vkv * runs[u].tokens);
+        if (one_node) {
+          send_[static_cast<std::size_t>(w)][tier] += b;
+          recv_[static_cast<std::size_t>(r)][tier] += b;
+        } else {
+          move(w, r, vkv * runs[u].tokens);
+        }
       }
       bits |= bit;
     }
@@ -390,6 +422,7 @@ class TopoPlacer {
   std::vector<Tiers> send_, recv_;
   std::vector<std::uint64_t> committed_;
   std::vector<std::int64_t> add_;
+  std::vector<int> open_;  // least_score's workers with room
   std::array<double, 2> inv_{};
   double inv_spine_ = 0;
   std::array<double, 3> per_byte_{};
