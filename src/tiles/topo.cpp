@@ -155,7 +155,8 @@ class TopoPlacer {
     // supernode byte uses the NIC and the spine.
     per_byte_ = {inv_[0], inv_[1], inv_[1] + inv_spine_};
     touched_.assign(words_, 0);
-    open_.resize(static_cast<std::size_t>(W_));
+    by_load_.resize(static_cast<std::size_t>(W_));
+    place_.resize(static_cast<std::size_t>(W_));
   }
 
   // Loads the sources of rows [t.begin, t.end) of block `block` (KV by CP
@@ -221,31 +222,33 @@ class TopoPlacer {
     double cost = 0;   // link-seconds it adds
   };
 
-  // The worker of least link score (evaluate) among those with room for
-  // `flops`; ties: fewer added link-seconds, lower load, lower id. -1 if
-  // none. The same choice as evaluating every worker with room in id
-  // order, but a fresh worker (see load_rows()) is scored inline from its
-  // tier, and skipped unscored when its tier's fixed part alone already
-  // loses (its worst can only be larger). The workers with room are listed
-  // first without a branch: which have room is all but random, and a
-  // mispredicted test per worker cost more than the scoring.
+  // The worker of least link score among those with room for `flops`;
+  // ties: fewer added link-seconds, lower load, lower id (a strict order,
+  // so the scan order does not matter). -1 if none. The same choice as
+  // scoring every worker with room, but: the workers are kept in order of
+  // load, so those with room are a prefix; a fresh worker (see
+  // load_rows()) is scored inline from its tier; and it is skipped
+  // unscored when its key with its tier's fixed part as the worst (which
+  // its worst can only exceed) already loses. So once a fresh worker of a
+  // tier wins at that tier's fixed part, the tier's later (no less loaded)
+  // workers cost a comparison.
   int least_score(std::int64_t flops) {
+    if (!by_load_ready_) sort_by_load();
     const std::int64_t room = limit_ - flops;
     const std::int64_t* loads = loads_.data();
-    int* const open = open_.data();
-    int n = 0;
-    for (int r = 0; r < W_; ++r) {
-      open[n] = r;
-      n += loads[r] <= room ? 1 : 0;
-    }
     int best = -1;
     Score bs;
-    for (int k = 0; k < n; ++k) {
-      const int r = open[k];
+    auto wins = [&](double worst, double cost, int r) {
+      if (best < 0 || worst != bs.worst) return best < 0 || worst < bs.worst;
+      if (cost != bs.cost) return cost < bs.cost;
+      return loads[r] != loads[best] ? loads[r] < loads[best] : r < best;
+    };
+    for (const int r : by_load_) {
+      if (loads[r] > room) break;
       Score s;
       if (fresh(r)) {
         const std::size_t t = slot_tier_[r];
-        if (best >= 0 && fresh_worst_[t] > bs.worst) continue;
+        if (!wins(fresh_worst_[t], fresh_cost_[t], r)) continue;
         Tiers rs = send_[static_cast<std::size_t>(r)], rr = recv_[static_cast<std::size_t>(r)];
         rr[t] += static_cast<double>(fresh_total_);
         rs[t] += static_cast<double>(vqo_);
@@ -253,8 +256,7 @@ class TopoPlacer {
       } else {
         s = evaluate_touched(r);
       }
-      if (best < 0 || s.worst < bs.worst ||
-          (s.worst == bs.worst && (s.cost < bs.cost || (s.cost == bs.cost && loads[r] < loads[best])))) {
+      if (wins(s.worst, s.cost, r)) {
         best = r;
         bs = s;
       }
@@ -263,6 +265,27 @@ class TopoPlacer {
   }
 
  private:
+  // by_load_: the workers by (load, id), and each one's place in it.
+  void sort_by_load() {
+    std::iota(by_load_.begin(), by_load_.end(), 0);
+    std::sort(by_load_.begin(), by_load_.end(), [&](int a, int b) { return before(a, b); });
+    for (int k = 0; k < W_; ++k) place_[static_cast<std::size_t>(by_load_[static_cast<std::size_t>(k)])] = k;
+    by_load_ready_ = true;
+  }
+  bool before(int a, int b) const {
+    const std::int64_t la = loads_[static_cast<std::size_t>(a)], lb = loads_[static_cast<std::size_t>(b)];
+    return la != lb ? la < lb : a < b;
+  }
+  // r's load grew: it moves up past the workers now before it.
+  void resort(int r) {
+    auto k = static_cast<std::size_t>(place_[static_cast<std::size_t>(r)]);
+    for (; k + 1 < by_load_.size() && before(by_load_[k + 1], r); ++k) {
+      by_load_[k] = by_load_[k + 1];
+      place_[static_cast<std::size_t>(by_load_[k])] = static_cast<int>(k);
+    }
+    by_load_[k] = r;
+    place_[static_cast<std::size_t>(r)] = static_cast<int>(k);
+  }
   bool fresh(int r) const {
     return one_node_ && !((touched_[static_cast<std::size_t>(r) / 64] >> (r % 64)) & 1U);
   }
@@ -305,6 +328,7 @@ class TopoPlacer {
   // Places the loaded tile on r: its bytes join the links, its groups C_r.
   void commit(int r, std::int64_t flops) {
     loads_[static_cast<std::size_t>(r)] += flops;
+    if (by_load_ready_) resort(r);
     const int base = p_ * geo_.cp;
     for (const Source& s : srcs_) {
       const int w = base + s.rank;
@@ -333,6 +357,7 @@ class TopoPlacer {
   // skips its runs; from a slot in one node every run's tier is the slot's.
   void commit_tile(const PlacedRows& t, std::size_t block, int r, std::int64_t flops) {
     loads_[static_cast<std::size_t>(r)] += flops;
+    by_load_ready_ = false;  // re-sorted when least_score needs it
     const int base = t.slot * geo_.cp;
     const std::int64_t vkv = blocks_.vkv[static_cast<std::size_t>(t.shard)];
     const std::int32_t key = blocks_.key[static_cast<std::size_t>(t.shard)];
@@ -422,7 +447,8 @@ class TopoPlacer {
   std::vector<Tiers> send_, recv_;
   std::vector<std::uint64_t> committed_;
   std::vector<std::int64_t> add_;
-  std::vector<int> open_;  // least_score's workers with room
+  std::vector<int> by_load_, place_;  // least_score's order (sort_by_load)
+  bool by_load_ready_ = false;
   std::array<double, 2> inv_{};
   double inv_spine_ = 0;
   std::array<double, 3> per_byte_{};
