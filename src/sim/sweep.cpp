@@ -237,18 +237,18 @@ struct PoolPlace {
   std::span<const std::int64_t> gpus;
   std::int64_t g = 0, first_replica = 0, slots = 0;
   double lin_fwd = 0, lin_bwd = 0;
+  std::vector<double> noise;  // per GPU, this GA step's (the same at every shape and M)
 };
 
-void put_pool(WindowRun& run, const PoolPlace& at, const PlanCost& cost, Variant var, std::int64_t m, bool pipelined,
+void put_pool(const PoolPlace& at, const PlanCost& cost, Variant var, std::int64_t m, bool pipelined,
               PoolSteps& steps, CandWindow& cw, const TopoShape* shape = nullptr) {
-  const NoiseKey key{run.w, static_cast<std::uint64_t>(at.g)};
-  const double t = time_plan(run.ctx, cost, at.gpus, key, pipelined, false);
+  const double t = time_plan(cost, at.noise, pipelined, false);
   auto& into = shape != nullptr ? steps.shaped[*shape] : steps.plain;
   auto it = into.try_emplace({var, m}, StepMax{std::vector<double>(static_cast<std::size_t>(steps.ga), 0.0)}).first;
   it->second.put(at.g, t);
   if (var == Variant::kLibraFull || var == Variant::kLibraTopo || var == Variant::kLibraTapVrsp) {
     const MicroBatch mb{.attn_fwd = t,
-                        .attn_bwd = time_plan(run.ctx, cost, at.gpus, key, pipelined, true),
+                        .attn_bwd = time_plan(cost, at.noise, pipelined, true),
                         .lin_fwd = at.lin_fwd,
                         .lin_bwd = at.lin_bwd};
     (shape != nullptr ? cw.shaped_pools[*shape] : cw.pools)[{var, m}].push_back(
@@ -283,7 +283,7 @@ Status run_pool(WindowRun& run, const PoolRun& pr, std::span<const PackedSequenc
   PoolPrices prices(run.ctx, base, at.gpus, run.tm);
   const PlanCost& c = prices.base_cost;
   for (Variant var : pr.variants) {
-    if (!variant_pipelined(var)) put_pool(run, at, c, var, 1, false, steps, cw);
+    if (!variant_pipelined(var)) put_pool(at, c, var, 1, false, steps, cw);
   }
   const bool any_pipelined = std::any_of(pr.variants.begin(), pr.variants.end(), variant_pipelined);
   for (std::size_t i = 0; any_pipelined && i < pr.chunks.size(); ++i) {
@@ -293,7 +293,7 @@ Status run_pool(WindowRun& run, const PoolRun& pr, std::span<const PackedSequenc
       LIBRA_ASSIGN_OR_RETURN(re, prices.price(m, pr.pc.chunk_split, false, kind));
     }
     for (Variant var : pr.variants) {
-      if (variant_pipelined(var)) put_pool(run, at, *re, var, m, m != 1, steps, cw);
+      if (variant_pipelined(var)) put_pool(at, *re, var, m, m != 1, steps, cw);
     }
     for (std::size_t k = 0; k < pr.shapes.size(); ++k) {
       const TopoShape& sh = pr.shapes[k];
@@ -301,7 +301,7 @@ Status run_pool(WindowRun& run, const PoolRun& pr, std::span<const PackedSequenc
       // Relays are chosen per chunk, so each M (1 too) is relayed afresh.
       LIBRA_ASSIGN_OR_RETURN(const PlanCost* sc, prices.price(m, sh.split, sh.relayed, pr.shape_labels[k]));
       for (Variant var : pr.variants) {
-        if (variant_pipelined(var)) put_pool(run, at, *sc, var, m, m != 1, steps, cw, &sh);
+        if (variant_pipelined(var)) put_pool(at, *sc, var, m, m != 1, steps, cw, &sh);
       }
     }
   }
@@ -319,7 +319,8 @@ Status run_pools(WindowRun& run, const Placed& pl, const PlanConfig& pc, const s
     const auto pool = pool_of(run.window, placement.pools[k]);
     const auto slots = static_cast<std::int64_t>(pool.size());
     const auto gpus = pool_gpus(layout.pool_first_replica[k], slots, run.ctx.cfg.cp);
-    PoolPlace at{gpus, layout.pool_ga[k], layout.pool_first_replica[k], slots, 0, 0};
+    PoolPlace at{gpus, layout.pool_ga[k], layout.pool_first_replica[k], slots, 0, 0,
+                 noise_factors(run.ctx, gpus, {run.w, static_cast<std::uint64_t>(layout.pool_ga[k])})};
     for (const auto& sq : pool) {
       at.lin_fwd = std::max(at.lin_fwd, linear_part(run.ctx, seq_tokens(sq), false));
       at.lin_bwd = std::max(at.lin_bwd, linear_part(run.ctx, seq_tokens(sq), true));
