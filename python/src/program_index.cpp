@@ -45,9 +45,12 @@ struct Builder {
   I64 home_q = 0, home_kv = 0;  // the home buffers' vectors: where a joined buffer's compute vectors start
   std::vector<Run> runs;        // in rows order; data's columns at the end (finish)
 
-  // A side (rows from `at` to the end of the rows) is complete: a cut where it has entries.
-  void side(I64 at) {
-    if (ix.rows > at) ix.cuts.push_back(at);
+  // A side (rows from `at` to the end of the rows) is complete: a cut where it has entries; returns
+  // its index in the cuts, or -1.
+  I64 side(I64 at) {
+    if (ix.rows == at) return -1;
+    ix.cuts.push_back(at);
+    return static_cast<I64>(ix.cuts.size()) - 1;
   }
 
   // n entries at the end of data; returns their offset (data may move: write through data after).
@@ -126,7 +129,7 @@ struct Builder {
         }
         run(shift + m.src_offset, m.rows, m.run, m.src_stride);
       }
-      side(r.s_off);
+      r.s_cut = side(r.s_off);
       const bool s_iota = iota(from);
       from = runs.size();
       r.d_off = ix.rows;
@@ -134,7 +137,7 @@ struct Builder {
         const libra::Move& m = moves[i];
         run(m.dst_offset, m.rows, m.run, m.dst_stride);
       }
-      side(r.d_off);
+      r.d_cut = side(r.d_off);
       r.identity = (s_iota ? 1 : 0) | (iota(from) ? 2 : 0);
     }
     return out;
@@ -195,6 +198,10 @@ struct Builder {
         r.max_q = std::max(r.max_q, pairs[j].max_q);
         r.max_k = std::max(r.max_k, pairs[j].max_k);
       }
+      if (j == i + 1) {  // one pair: its rows are its cuts
+        r.q_cut = pairs[i].q_cut;
+        r.kv_cut = pairs[i].kv_cut;
+      }
       put_cu(r, jq, jk);
       joined.push_back(r);
       i = j;
@@ -233,7 +240,7 @@ struct Builder {
         ck.push_back(narrow(r.total_k));
       }
     }
-    side(r.q_off);
+    r.q_cut = side(r.q_off);
   }
 
   // r's kv rows (joined positions).
@@ -246,7 +253,7 @@ struct Builder {
         if (f.e > f.a) run(shift + c.kv.offset + f.kv_row * c.kv.stride, f.e, r.hkv, c.kv.stride);
       }
     }
-    side(r.kv_off);
+    r.kv_cut = side(r.kv_off);
   }
 
   // descriptors.py's chunk_descriptors: one int64 row per non-empty fragment, grouped by PAIRS; the
@@ -342,7 +349,7 @@ std::shared_ptr<IndexArrays> build(const ProgramHandle& h) {
 
 py::tuple group_py(const GroupRec& g) {
   return py::make_tuple(libra::field_name(static_cast<libra::Field>(g.field)), g.src, g.dst, g.add, g.cls, g.s_off,
-                        g.d_off, g.n, g.identity);
+                        g.d_off, g.n, g.identity, g.s_cut, g.d_cut);
 }
 
 py::list groups_py(const std::vector<GroupRec>& gs) {
@@ -351,10 +358,26 @@ py::list groups_py(const std::vector<GroupRec>& gs) {
   return l;
 }
 
-py::dict exchange_py(const ExchangeRec& x) {
+// Per class the vectors sent to (received from) each peer. Most classes of most exchanges move
+// nothing: those share one list of zeros (`zeros`, made on first use), a fraction of the Python
+// objects one list each takes (nothing writes them).
+py::list counts_py(const std::array<std::vector<I64>, libra::kNumWireClasses>& v, py::object& zeros) {
+  py::list out;
+  for (const std::vector<I64>& c : v) {
+    if (std::any_of(c.begin(), c.end(), [](I64 n) { return n != 0; })) {
+      out.append(py::cast(c));
+      continue;
+    }
+    if (zeros.is_none() || py::len(zeros) != c.size()) zeros = py::cast(c);
+    out.append(zeros);
+  }
+  return out;
+}
+
+py::dict exchange_py(const ExchangeRec& x, py::object& zeros) {
   py::dict d;
-  d["send"] = py::cast(x.send);
-  d["recv"] = py::cast(x.recv);
+  d["send"] = counts_py(x.send, zeros);
+  d["recv"] = counts_py(x.recv, zeros);
   d["gather"] = groups_py(x.gather);
   d["local"] = groups_py(x.local);
   d["scatter"] = groups_py(x.scatter);
@@ -366,7 +389,7 @@ py::dict pair_py(const PairRec& r) {
                  {"hkv", py::int_(r.hkv)}, {"seqs", py::int_(r.seqs)}, {"total_q", py::int_(r.total_q)},
                  {"total_k", py::int_(r.total_k)}, {"max_q", py::int_(r.max_q)}, {"max_k", py::int_(r.max_k)},
                  {"q_off", py::int_(r.q_off)}, {"kv_off", py::int_(r.kv_off)}, {"cu_q_off", py::int_(r.cu_q_off)},
-                 {"cu_k_off", py::int_(r.cu_k_off)}});
+                 {"cu_k_off", py::int_(r.cu_k_off)}, {"q_cut", py::int_(r.q_cut)}, {"kv_cut", py::int_(r.kv_cut)}});
 }
 
 }  // namespace
@@ -440,12 +463,13 @@ py::tuple index_arrays_py(std::shared_ptr<const IndexArrays> ix) {
                                  const_cast<std::int32_t*>(ix->data.data()), owner);
   py::dict layout;
   static const char* kinds[3] = {"in", "out", "stage"};
+  py::object zeros = py::none();
   py::list passes;
   for (int p = 0; p < 2; ++p) {
     py::dict per;
     for (int k = 0; k < 3; ++k) {
       py::list chunks;
-      for (const ExchangeRec& x : ix->exchanges[p][k]) chunks.append(exchange_py(x));
+      for (const ExchangeRec& x : ix->exchanges[p][k]) chunks.append(exchange_py(x, zeros));
       per[kinds[k]] = chunks;
     }
     per["apply"] = groups_py(ix->apply[p]);

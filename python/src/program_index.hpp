@@ -62,6 +62,7 @@ struct GroupRec {
   bool add = false;
   I64 s_off = 0, d_off = 0, n = 0;
   int identity = 0;  // 1: the source rows are 0 .. n-1; 2: the destination rows are (or both)
+  I64 s_cut = -1, d_cut = -1;  // each side's index in IndexArrays::cuts (-1: no entries)
 };
 
 struct ExchangeRec {
@@ -81,6 +82,7 @@ struct PairRec {
   bool q_home = false, kv_home = false;
   I64 hq = 0, hkv = 0, seqs = 0, total_q = 0, total_k = 0, max_q = 0, max_k = 0;
   I64 q_off = 0, kv_off = 0, cu_q_off = 0, cu_k_off = 0;
+  I64 q_cut = -1, kv_cut = -1;  // the q and kv rows' index in IndexArrays::cuts (-1: none, or a joined span)
 };
 
 // A chunk's kernel descriptor table (python/libra/torch/descriptors.py):

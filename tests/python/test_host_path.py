@@ -55,11 +55,15 @@ def _expansions(host, layout):
     return cpu, index.expand_ops(None, cols, n, torch.device("cpu")).numpy()
 
 
-def _from_arrays(data, groups):
+def _from_arrays(data, groups, layout):
+    """The groups' rows read back from the expanded rows, each side checked to be its cut (what the
+    runtime indexes with: one split of the rows, index.sides)."""
     out = []
-    for f, s, d, a, c, so, do, n, ident in groups:
+    for f, s, d, a, c, so, do, n, ident, s_cut, d_cut in groups:
         si, di = list(data[so:so + n]), list(data[do:do + n])
         assert ident == (si == list(range(n))) | 2 * (di == list(range(n)))
+        for off, cut in ((so, s_cut), (do, d_cut)):
+            assert (layout["cuts"][cut], layout["lengths"][cut]) == (off, n) if n else cut == -1
         out.append((f, s, d, a, c, si, di))
     return out
 
@@ -106,7 +110,7 @@ def test_index_arrays_match_the_program_the_schedule_and_the_descriptor_format(r
             assert all(n > 0 for n in lengths)
             info = prog.info
             for p, per in enumerate(layout["passes"]):
-                assert _from_arrays(data, per["apply"]) == _expand(prog.apply(p))
+                assert _from_arrays(data, per["apply"], layout) == _expand(prog.apply(p))
                 for kind in ("in", "out", "stage"):
                     assert len(per[kind]) == (info["chunks"] if kind != "stage" or info["relayed"] else 0)
                     for m, x in enumerate(per[kind]):
@@ -114,7 +118,7 @@ def test_index_arrays_match_the_program_the_schedule_and_the_descriptor_format(r
                         assert x["send"] == [list(v) for v in want["send_vectors"]]
                         assert x["recv"] == [list(v) for v in want["recv_vectors"]]
                         for lst in ("gather", "local", "scatter"):
-                            assert _from_arrays(data, x[lst]) == _expand(want[lst]), (kw, w, p, kind, m, lst)
+                            assert _from_arrays(data, x[lst], layout) == _expand(want[lst]), (kw, w, p, kind, m, lst)
                 for m in range(info["chunks"]):
                     calls = info["calls"][p][m]
                     table, bounds = chunk_descriptors(calls)
@@ -132,6 +136,8 @@ def test_index_arrays_match_the_program_the_schedule_and_the_descriptor_format(r
                         assert list(small[r["cu_q_off"]:r["cu_q_off"] + len(cq)]) == cq
                         assert list(small[r["cu_k_off"]:r["cu_k_off"] + len(ck)]) == ck
                         assert (r["total_q"], r["total_k"], r["seqs"]) == (cq[-1], ck[-1], len(cq) - 1)
+                        for off, cut, n in ((r["q_off"], r["q_cut"], len(qv)), (r["kv_off"], r["kv_cut"], len(kv))):
+                            assert (layout["cuts"][cut], layout["lengths"][cut]) == (off, n) if n else cut == -1
                         assert r["max_q"] == max(np.diff(cq)) and r["max_k"] == max(np.diff(ck))
 
 
@@ -186,6 +192,8 @@ def _check_joined(rows, small, pairs, joined):
                 base += p[total]
             assert list(small[j[cu]:j[cu] + j["seqs"] + 1]) == want
         assert (j["max_q"], j["max_k"]) == (max(p["max_q"] for p in run), max(p["max_k"] for p in run))
+        # One pair's rows are its cuts; a span over several is sliced.
+        assert (j["q_cut"], j["kv_cut"]) == ((run[0]["q_cut"], run[0]["kv_cut"]) if len(run) == 1 else (-1, -1))
     assert at == len(pairs)
     assert all((a["hq"], a["hkv"]) != (b["hq"], b["hkv"]) for a, b in zip(joined, joined[1:]))
 

@@ -149,7 +149,7 @@ def _run_pass(rt, pass_index, home, comp, dt, d, dev, scale, backend, joined=Non
             _fault.point("kernel", rt)
             run_chunk(rt, backend, pass_index, m, home, comp, scale, joined)
         posted_out.append(_post(rt, pass_index, "out", m, prog["out"][m], bufs, dt, d, dev))
-    _apply(prog["apply"], posted_out, bufs)
+    _apply(prog["apply"], posted_out, bufs, prog["sides"])
     _fault.point("output", rt)
 
 

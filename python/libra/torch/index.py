@@ -17,26 +17,14 @@ from .. import _libra
 _KINDS = ("in", "out", "stage")
 
 
-def _groups(cut, groups):
-    """(field, src, dst, add, class, src rows, dst rows) per index op: views of the rows (``cut``); a
-    side whose rows are 0 .. n-1 is the slice ``slice(0, n)`` instead (exchange.py then reads or
-    writes the message's first n rows without an index op)."""
-    return [(field, src, dst, add, cls, slice(0, n) if ident & 1 else cut(s, n),
-             slice(0, n) if ident & 2 else cut(d, n)) for field, src, dst, add, cls, s, d, n, ident in groups]
-
-
-def _cutter(rows, layout):
-    """cut(off, n): rows[off:off + n]. The binding lists where every record's side (a group's source
-    or destination, a merged call's q or kv rows) starts (they tile the rows in order): one split
-    makes all of them; a side that is not one (a joined call's rows span its pairs') is a slice."""
-    cuts, lengths = layout["cuts"], layout["lengths"]
-    views = dict(zip(cuts, rows.split(lengths))) if cuts else {}
-    sizes = dict(zip(cuts, lengths))
-
-    def cut(off, n):
-        view = views.get(off)
-        return view if view is not None and sizes[off] == n else rows[off:off + n]
-    return cut
+def sides(x, g):
+    """(source rows, destination rows) of the exchange group ``g`` (the binding's tuple: field, src,
+    dst, add, class, source offset, destination offset, n, identity, source cut, destination cut):
+    views of the rows, cut once per micro-batch (``x["sides"]``, the pass's ``"sides"``), or
+    ``slice(0, n)`` where the rows are 0 .. n-1 (exchange.py then reads or writes the message's
+    first n rows without an index op). Per call: a tuple lookup, no torch op."""
+    n, ident = g[7], g[8]
+    return slice(0, n) if ident & 1 else x[g[9]], slice(0, n) if ident & 2 else x[g[10]]
 
 
 def _i64(t, off, n):
@@ -56,12 +44,12 @@ class Pair:
     __slots__ = ("q_home", "kv_home", "hq", "hkv", "total_q", "total_k", "max_q", "max_k", "seqs", "q", "kv",
                  "cu_q", "cu_k", "cu_host", "q2", "kv2", "lse2")
 
-    def __init__(self, rec, cut, dev, host):
+    def __init__(self, rec, rows, cuts, dev, host):
         self.q_home, self.kv_home, self.hq, self.hkv = rec["q_home"], rec["kv_home"], rec["hq"], rec["hkv"]
         self.total_q, self.total_k, self.max_q, self.max_k = rec["total_q"], rec["total_k"], rec["max_q"], rec["max_k"]
         self.seqs = rec["seqs"]
-        self.q = cut(rec["q_off"], self.total_q * self.hq)
-        self.kv = cut(rec["kv_off"], self.total_k * self.hkv)
+        self.q = _span(rows, cuts, rec["q_cut"], rec["q_off"], self.total_q * self.hq)
+        self.kv = _span(rows, cuts, rec["kv_cut"], rec["kv_off"], self.total_k * self.hkv)
         # The same rows shaped as the varlen tensors' leading dims, so one advanced-indexing op gathers
         # [total, heads, d] (or writes it back) with no reshape around it.
         self.q2 = self.q.view(self.total_q, self.hq)
@@ -72,6 +60,11 @@ class Pair:
         self.cu_k = dev[ck:ck + n]
         # Copies: a view would keep the whole host array alive after the runtime lets it go.
         self.cu_host = (host[cq:cq + n].copy(), host[ck:ck + n].copy())
+
+
+def _span(rows, cuts, cut, off, n):
+    """A merged call's rows: its cut of the rows, or (a joined call over several pairs) a slice."""
+    return cuts[cut] if cut >= 0 else rows[off:off + n]
 
 
 def host_arrays(program):
@@ -152,13 +145,14 @@ def expand_ops(_cols, host_cols, n, device):
     return out
 
 
-EXCHANGE_KINDS = ("in", "out", "stage", "apply")
+EXCHANGE_KINDS = ("in", "out", "stage", "apply", "sides")
 ALL_KINDS = EXCHANGE_KINDS + ("varlen", "joined", "descriptors", "descriptors_host")
 
 
 def to_device(host, layout, device, kinds=(ALL_KINDS, ALL_KINDS)):
     """The index arrays on ``device``: [pass] = {"in", "out", "stage": [chunk] exchange (send and recv
-    counts per class, gather, local, scatter), "apply": groups, "varlen" and "joined": [chunk] [Pair],
+    counts per class, gather, local, scatter groups, "sides"), "apply": groups, "sides": every group
+    side's rows (``sides``), "varlen" and "joined": [chunk] [Pair],
     "descriptors": [chunk] (table [rows, 10], bounds [5]) (libra.torch.descriptors' format),
     "descriptors_host": the same as numpy int64 arrays}, each pass's ``kinds[pass]`` made here and
     any other kind when first read; and the device tensors the views share (their bytes: the index
@@ -176,7 +170,9 @@ def to_device(host, layout, device, kinds=(ALL_KINDS, ALL_KINDS)):
     host_np = host.numpy()  # numpy slices: a fraction of torch views' host time
     nd, nr = layout["data"], layout["runs"]
     rows = expand(dev[nd:].view(5, nr), host_np[nd:].reshape(5, nr), layout["rows"], device)
-    make = functools.partial(_records, cut=_cutter(rows, layout), data=dev[:nd], host_np=host_np,
+    # One split cuts every record's side (the binding lists them: they tile the rows in order).
+    cuts = rows.split(layout["lengths"]) if layout["lengths"] else ()
+    make = functools.partial(_records, rows=rows, cuts=cuts, data=dev[:nd], host_np=host_np,
                              copy=device.type != "cpu", pairs={})
     out = []
     for per, want in zip(layout["passes"], kinds):
@@ -199,17 +195,21 @@ class _Pass(dict):
         return value
 
 
-def _records(per, kind, cut, data, host_np, copy, pairs):
+def _records(per, kind, rows, cuts, data, host_np, copy, pairs):
     """One kind of one pass's records (to_device's), from the binding's layout ``per``; ``pairs``
     keeps every Pair made by its record (a backward chunk with forward's calls has forward's very
-    records: the same Pair serves both passes)."""
+    records: the same Pair serves both passes). The exchanges and the apply list are the binding's
+    own records, their groups' rows the cuts (``sides``)."""
     if kind in _KINDS:
-        return [{"send": x["send"], "recv": x["recv"],
-                 **{k: _groups(cut, x[k]) for k in ("gather", "local", "scatter")}} for x in per[kind]]
+        for x in per[kind]:
+            x["sides"] = cuts
+        return per[kind]
     if kind == "apply":
-        return _groups(cut, per["apply"])
+        return per["apply"]
+    if kind == "sides":
+        return cuts
     if kind in ("varlen", "joined"):
-        return [[_pair(pairs, rec, cut, data, host_np) for rec in chunk] for chunk in per[kind]]
+        return [[_pair(pairs, rec, rows, cuts, data, host_np) for rec in chunk] for chunk in per[kind]]
     if kind == "descriptors":
         return [(_i64(data, t, 10 * n).view(n, 10), _i64(data, b, 5)) for t, n, b in per["descriptors"]]
     if kind == "descriptors_host":
@@ -219,11 +219,11 @@ def _records(per, kind, cut, data, host_np, copy, pairs):
     raise KeyError(kind)
 
 
-def _pair(pairs, rec, cut, data, host_np):
+def _pair(pairs, rec, rows, cuts, data, host_np):
     """The Pair of the record ``rec`` (a dict the layout keeps alive, so its id is its own)."""
     p = pairs.get(id(rec))
     if p is None:
-        p = pairs[id(rec)] = Pair(rec, cut, data, host_np)
+        p = pairs[id(rec)] = Pair(rec, rows, cuts, data, host_np)
     return p
 
 
