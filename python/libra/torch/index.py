@@ -17,14 +17,14 @@ from .. import _libra
 _KINDS = ("in", "out", "stage")
 
 
-def sides(x, g):
+def sides(cuts, g):
     """(source rows, destination rows) of the exchange group ``g`` (the binding's tuple: field, src,
     dst, add, class, source offset, destination offset, n, identity, source cut, destination cut):
-    views of the rows, cut once per micro-batch (``x["sides"]``, the pass's ``"sides"``), or
-    ``slice(0, n)`` where the rows are 0 .. n-1 (exchange.py then reads or writes the message's
-    first n rows without an index op). Per call: a tuple lookup, no torch op."""
+    views of the rows, ``cuts`` (cut once per micro-batch: an exchange's ``"sides"``, the pass's
+    ``"sides"``), or ``slice(0, n)`` where the rows are 0 .. n-1 (exchange.py then reads or writes
+    the message's first n rows without an index op). Per call: a tuple lookup, no torch op."""
     n, ident = g[7], g[8]
-    return slice(0, n) if ident & 1 else x[g[9]], slice(0, n) if ident & 2 else x[g[10]]
+    return slice(0, n) if ident & 1 else cuts[g[9]], slice(0, n) if ident & 2 else cuts[g[10]]
 
 
 def _i64(t, off, n):
