@@ -1169,9 +1169,9 @@ TEST(PlanCost, SumsAndSparsePricingMatchTheDerivedExchange) {
       const std::string at = std::string(libra::plan_mode_name(mode)) + " M=" + std::to_string(chunks);
       const libra::detail::ExchangeSums x = libra::detail::exchange_sums(plan->data_as_built());
       const int W = plan->num_workers();
-      const auto W2 = static_cast<std::size_t>(W * W);
       // Byte matrix and, per chunk, each kind's bytes as the chunk lists hold them.
-      EXPECT_EQ(x.byte_matrix, std::vector<std::int64_t>(plan->byte_matrix().begin(), plan->byte_matrix().end())) << at;
+      EXPECT_EQ(x.dense(x.bytes, 0), std::vector<std::int64_t>(plan->byte_matrix().begin(), plan->byte_matrix().end())) << at;
+      EXPECT_TRUE(std::is_sorted(x.pairs.begin(), x.pairs.end())) << at;
       for (int m = 0; m < chunks; ++m) {
         for (int s = 0; s < W; ++s) {
           for (int t = 0; t < W; ++t) {
@@ -1179,12 +1179,16 @@ TEST(PlanCost, SumsAndSparsePricingMatchTheDerivedExchange) {
             for (const libra::Transfer& tr : plan->chunk_transfers(m, s, t)) {
               (tr.kind == libra::TransferKind::kKv ? kv : q) += tr.kind == libra::TransferKind::kO ? 0 : tr.bytes;
             }
-            const std::size_t i = static_cast<std::size_t>(m) * W2 + static_cast<std::size_t>(s * W + t);
+            // Off the sums' pairs nothing may be exchanged.
+            const std::ptrdiff_t j = x.find(static_cast<std::uint32_t>(s * W + t));
+            if (j < 0) {
+              EXPECT_EQ(q + kv, 0) << at << " chunk " << m;
+              continue;
+            }
+            EXPECT_EQ(x.reverse[static_cast<std::size_t>(j)], x.find(static_cast<std::uint32_t>(t * W + s))) << at;
+            const std::size_t i = static_cast<std::size_t>(m) * x.pairs.size() + static_cast<std::size_t>(j);
             EXPECT_EQ(x.qo_row_heads[i] * x.head_dim * x.elem_bytes, q) << at << " chunk " << m;
             EXPECT_EQ(2 * x.kv_token_heads[i] * x.head_dim * x.elem_bytes, kv) << at << " chunk " << m;
-            if (q + kv > 0) {
-              EXPECT_EQ(x.touched[static_cast<std::size_t>(s * W + t)], 1) << at;
-            }
           }
         }
       }
