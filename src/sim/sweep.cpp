@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <limits>
 #include <map>
+#include <optional>
 #include <tuple>
 
 #include "libra/workload.hpp"
@@ -123,12 +124,15 @@ struct PoolPrices {
   std::map<std::pair<std::int64_t, ChunkSplit>, Plan> plans;
   std::map<std::tuple<std::int64_t, ChunkSplit, bool>, PlanCost> costs;
   std::map<const Plan*, ExchangeSums> sums;  // each plan's, for its relays and its prices
+  // The base plan's pairs and K/V fetches: every re-chunked plan has the same.
+  std::optional<ExchangeLayout> layout;
 
   const ExchangeSums& sums_of(const Plan* p) {
     auto it = sums.find(p);
     if (it == sums.end()) {
       const double t0 = thread_cpu_seconds();
-      it = sums.emplace(p, exchange_sums(p->data_as_built())).first;
+      if (!layout) layout = exchange_layout(base.data_as_built());
+      it = sums.emplace(p, exchange_sums(p->data_as_built(), *layout)).first;
       tm.cost += thread_cpu_seconds() - t0;
     }
     return it->second;
@@ -275,7 +279,7 @@ Status run_pool(WindowRun& run, const PoolRun& pr, std::span<const PackedSequenc
   const std::span<const std::int64_t> gpus = at.gpus;
   LIBRA_ASSIGN_OR_RETURN(const Plan base, timed_plan(run.tm, kind, [&] { return make_plan(pool, pr.pc); }));
   PlanCost c;
-  PoolPrices prices{run.ctx, base, c, gpus, run.tm, {}, {}, {}};
+  PoolPrices prices{run.ctx, base, c, gpus, run.tm, {}, {}, {}, {}};
   // The base plan's sums serve its direct price and its relays.
   c = prices.cost_of(&base, nullptr);
   for (Variant var : pr.variants) {

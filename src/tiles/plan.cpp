@@ -6,6 +6,7 @@
 #include <cstring>
 #include <limits>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <utility>
 
@@ -969,7 +970,7 @@ void derive_exchange(const Plan::Data& data) {
 
 namespace {
 
-// exchange_sums' pairs: a bitset over the W x W pairs (cleared per plan,
+// exchange_layout's pairs: a bitset over the W x W pairs (cleared per plan,
 // W * W / 8 bytes, where dense sums zeroed 3 M W * W int64), and each
 // marked pair's index. The index array is the thread's and never cleared:
 // only marked pairs are looked up, and number() writes every one of them.
@@ -992,21 +993,21 @@ struct PairIndex {
     marked[q / 64] |= std::uint64_t{1} << (q % 64);
   }
   // The marked pairs in increasing order, numbered; each one's reverse.
-  void number(ExchangeSums& out) {
+  void number(std::vector<std::uint32_t>& pairs, std::vector<std::uint32_t>& reverse) {
     for (std::size_t k = 0; k < marked.size(); ++k) {
       for (std::uint64_t bits = marked[k]; bits != 0; bits &= bits - 1) {
         const std::size_t p = k * 64 + static_cast<std::size_t>(std::countr_zero(bits));
-        at[p] = static_cast<std::int32_t>(out.pairs.size());
-        out.pairs.push_back(static_cast<std::uint32_t>(p));
+        at[p] = static_cast<std::int32_t>(pairs.size());
+        pairs.push_back(static_cast<std::uint32_t>(p));
       }
     }
-    out.reverse.resize(out.pairs.size());
-    for (std::size_t j = 0; j < out.pairs.size(); ++j) {
-      const std::size_t s = out.pairs[j] / W, t = out.pairs[j] % W;
-      out.reverse[j] = static_cast<std::uint32_t>(at[t * W + s]);
+    reverse.resize(pairs.size());
+    for (std::size_t j = 0; j < pairs.size(); ++j) {
+      const std::size_t s = pairs[j] / W, t = pairs[j] % W;
+      reverse[j] = static_cast<std::uint32_t>(at[t * W + s]);
     }
   }
-  std::size_t operator()(std::size_t a, std::size_t b) const { return static_cast<std::size_t>(at[a * W + b]); }
+  std::uint32_t operator()(std::size_t a, std::size_t b) const { return static_cast<std::uint32_t>(at[a * W + b]); }
 };
 
 // One worker's groups of one sample: entries [e0, e1) of worker_group_ids.
@@ -1032,65 +1033,75 @@ std::vector<SampleGroups> sample_groups(const Plan::Data& d, const Geometry& g) 
   return out;
 }
 
-// exchange_sums' K/V part for one worker's groups of one sample: every
-// home run it fetches, per chunk, and each (run, KV head) place of its
-// dK/dV once, with the latest chunk and the longest rows of the groups
-// sharing it (as phase pricing and src/schedule/schedule.cpp return them).
+// The home runs of a worker's sample that other workers hold: f(run, from, j)
+// with the worker `from` holding it and the sample's global index j.
+template <class F>
+void for_fetched_runs(const Plan::Data& d, const Geometry& g, const SampleGroups& s, F&& f) {
+  const KvGroup& grp0 = d.groups[static_cast<std::size_t>(d.worker_group_ids[s.e0])];
+  const std::int32_t j = g.sample_base[static_cast<std::size_t>(grp0.slot)] + grp0.sample;
+  for (const Geometry::Run& run : g.sample_runs(j)) {
+    const int from = grp0.slot * g.cp + run.rank;
+    if (from != s.to) f(run, from, j);
+  }
+}
+
+// The layout's K/V fetches of one worker's groups of one sample: per home
+// run, the rows each group reads of it (up to its span's end).
+void add_fetches(const Plan::Data& d, const Geometry& g, const KeyHeads& keys, const PairIndex& index,
+                 const SampleGroups& s, ExchangeLayout& out) {
+  for_fetched_runs(d, g, s, [&](const Geometry::Run& run, int from, std::int32_t j) {
+    const std::uint32_t pair = index(static_cast<std::size_t>(from), static_cast<std::size_t>(s.to));
+    const auto first = static_cast<std::uint32_t>(out.fetches.size());
+    for (std::size_t e = s.e0; e < s.e1; ++e) {
+      const std::int32_t gid = d.worker_group_ids[e];
+      const std::int64_t end = std::min(run.end, d.span_end(e, gid));
+      if (run.begin >= end) continue;
+      const std::int64_t rows = end - run.begin;
+      const std::int32_t key = gid - j * g.keys_per_sample;
+      out.bytes[pair] += kv_bytes(g, rows, keys.group[static_cast<std::size_t>(key)].kv_heads.size());
+      out.fetches.push_back({rows, key, static_cast<std::uint32_t>(e)});
+    }
+    const auto last = static_cast<std::uint32_t>(out.fetches.size());
+    if (last > first) out.runs.push_back({pair, out.reverse[pair], first, last});
+  });
+}
+
+// exchange_sums' K/V part of one chunking: per fetched run, its tokens x
+// KV heads per chunk, and each (run, KV head) place of its dK/dV once, with
+// the latest chunk and the longest rows of the groups sharing it (as phase
+// pricing and src/schedule/schedule.cpp return them).
 struct KvSums {
   const Plan::Data& d;
-  const Geometry& g;
   const KeyHeads& keys;
   std::span<const HeadRange> chunk_kv;  // [key * M + m]
-  const PairIndex& index;
   ExchangeSums& out;
   std::vector<std::int32_t> cell_last;  // per KV head of the run being summed
   std::vector<std::int64_t> cell_rows;
 
-  // The runs of the sample of entry e0's group, other than worker `to`'s.
-  template <class F>
-  static void for_runs(const Plan::Data& d, const Geometry& g, const SampleGroups& s, F&& f) {
-    const KvGroup& grp0 = d.groups[static_cast<std::size_t>(d.worker_group_ids[s.e0])];
-    const std::int32_t j = g.sample_base[static_cast<std::size_t>(grp0.slot)] + grp0.sample;
-    for (const Geometry::Run& run : g.sample_runs(j)) {
-      const int from = grp0.slot * g.cp + run.rank;
-      if (from != s.to) f(run, from, j);
-    }
-  }
-
-  void sample(const SampleGroups& s) {
+  void run(const ExchangeLayout::Run& r, std::span<const ExchangeLayout::Fetch> fetches) {
     const auto M = static_cast<std::size_t>(out.chunks);
     const std::size_t n = out.pairs.size();
-    for_runs(d, g, s, [&](const Geometry::Run& run, int from, std::int32_t j) {
-      const std::size_t pair = index(static_cast<std::size_t>(from), static_cast<std::size_t>(s.to));
-      std::fill(cell_last.begin(), cell_last.end(), -1);
-      std::fill(cell_rows.begin(), cell_rows.end(), 0);
-      for (std::size_t e = s.e0; e < s.e1; ++e) {
-        const std::int32_t gid = d.worker_group_ids[e];
-        const std::int64_t end = std::min(run.end, d.span_end(e, gid));
-        if (run.begin >= end) continue;
-        const std::int64_t rows = end - run.begin;
-        const std::int32_t key = gid - j * g.keys_per_sample;
-        const HeadRange kv = keys.group[static_cast<std::size_t>(key)].kv_heads;
-        const ChunkUse* uses = d.uses_of(e, key);
-        out.bytes[pair] += kv_bytes(g, rows, kv.size());
-        for (std::size_t m = 0; m < M; ++m) {
-          const HeadRange h = chunk_kv[static_cast<std::size_t>(key) * M + m];
-          if (h.size() == 0) continue;
-          out.kv_token_heads[m * n + pair] += rows * h.size();
-          for (std::int32_t kh = h.begin; kh < h.end; ++kh) {
-            const ChunkUse use = uses[kh - kv.begin];
-            auto& last = cell_last[static_cast<std::size_t>(kh)];
-            last = std::max(last, use.used() ? use.last : static_cast<std::int32_t>(m));
-            cell_rows[static_cast<std::size_t>(kh)] = std::max(cell_rows[static_cast<std::size_t>(kh)], rows);
-          }
+    std::fill(cell_last.begin(), cell_last.end(), -1);
+    std::fill(cell_rows.begin(), cell_rows.end(), 0);
+    for (const ExchangeLayout::Fetch& f : fetches) {
+      const HeadRange kv = keys.group[static_cast<std::size_t>(f.key)].kv_heads;
+      const ChunkUse* uses = d.uses_of(f.entry, f.key);
+      for (std::size_t m = 0; m < M; ++m) {
+        const HeadRange h = chunk_kv[static_cast<std::size_t>(f.key) * M + m];
+        if (h.size() == 0) continue;
+        out.kv_token_heads[m * n + r.pair] += f.rows * h.size();
+        for (std::int32_t kh = h.begin; kh < h.end; ++kh) {
+          const ChunkUse use = uses[kh - kv.begin];
+          auto& last = cell_last[static_cast<std::size_t>(kh)];
+          last = std::max(last, use.used() ? use.last : static_cast<std::int32_t>(m));
+          cell_rows[static_cast<std::size_t>(kh)] = std::max(cell_rows[static_cast<std::size_t>(kh)], f.rows);
         }
       }
-      // The dK/dV go back: worker `to` to `from`.
-      const std::size_t back = out.reverse[pair];
-      for (std::size_t kh = 0; kh < cell_last.size(); ++kh) {
-        if (cell_last[kh] >= 0) out.dkv_rows[static_cast<std::size_t>(cell_last[kh]) * n + back] += cell_rows[kh];
-      }
-    });
+    }
+    // The dK/dV go back: worker `to` to `from`.
+    for (std::size_t kh = 0; kh < cell_last.size(); ++kh) {
+      if (cell_last[kh] >= 0) out.dkv_rows[static_cast<std::size_t>(cell_last[kh]) * n + r.back] += cell_rows[kh];
+    }
   }
 };
 
@@ -1107,15 +1118,13 @@ std::vector<std::int64_t> ExchangeSums::dense(const std::vector<std::int64_t>& p
   return out;
 }
 
-ExchangeSums exchange_sums(const Plan::Data& d) {
+ExchangeLayout exchange_layout(const Plan::Data& d) {
   const Geometry& g = *d.geometry;
-  const auto M = static_cast<std::size_t>(d.config.chunks);
   const auto W = static_cast<std::size_t>(g.workers);
-  ExchangeSums out;
+  ExchangeLayout out;
   out.workers = g.workers;
-  out.chunks = d.config.chunks;
-  out.head_dim = g.head_dim;
-  out.elem_bytes = g.elem_bytes;
+  out.groups = d.groups.size();
+  out.entries = d.worker_group_ids.size();
   // First the pairs (tiles away from home, runs fetched), then the sums.
   PairIndex index(W);
   for (const Tile& t : d.tiles) {
@@ -1123,37 +1132,59 @@ ExchangeSums exchange_sums(const Plan::Data& d) {
   }
   const std::vector<SampleGroups> samples = sample_groups(d, g);
   for (const SampleGroups& s : samples) {
-    KvSums::for_runs(d, g, s, [&](const Geometry::Run&, int from, std::int32_t) {
+    for_fetched_runs(d, g, s, [&](const Geometry::Run&, int from, std::int32_t) {
       index.mark(static_cast<std::size_t>(from), static_cast<std::size_t>(s.to));
     });
   }
-  index.number(out);
-  const std::size_t n = out.pairs.size();
-  out.qo_row_heads.assign(M * n, 0);
-  out.kv_token_heads.assign(M * n, 0);
-  out.dkv_rows.assign(M * n, 0);
-  out.bytes.assign(n, 0);
-  // Every tile has a shard's heads, so a pair's Q/O row-heads in chunk m
-  // are its rows times the chunk's heads (integers: the same sums).
-  std::vector<std::int64_t> qo_rows(n, 0);
+  index.number(out.pairs, out.reverse);
+  out.bytes.assign(out.pairs.size(), 0);
+  out.qo_rows.assign(out.pairs.size(), 0);
   for (const Tile& t : d.tiles) {
     if (t.worker == t.home) continue;
-    const std::size_t pair = index(static_cast<std::size_t>(t.home), static_cast<std::size_t>(t.worker));
+    const std::uint32_t pair = index(static_cast<std::size_t>(t.home), static_cast<std::size_t>(t.worker));
     const std::int64_t rows = t.end - t.begin;
     const std::int64_t qo = qo_bytes(g, rows, t.heads.size());
     out.bytes[pair] += qo;
     out.bytes[out.reverse[pair]] += qo;
-    qo_rows[pair] += rows;
+    out.qo_rows[pair] += rows;
   }
+  const KeyHeads keys = key_heads(g);
+  for (const SampleGroups& s : samples) add_fetches(d, g, keys, index, s, out);
+  return out;
+}
+
+ExchangeSums exchange_sums(const Plan::Data& d) { return exchange_sums(d, exchange_layout(d)); }
+
+ExchangeSums exchange_sums(const Plan::Data& d, const ExchangeLayout& layout) {
+  const Geometry& g = *d.geometry;
+  if (layout.workers != g.workers || layout.groups != d.groups.size() || layout.entries != d.worker_group_ids.size()) {
+    throw std::logic_error("exchange_sums: the layout is another plan's");
+  }
+  const auto M = static_cast<std::size_t>(d.config.chunks);
+  const std::size_t n = layout.pairs.size();
+  ExchangeSums out;
+  out.workers = g.workers;
+  out.chunks = d.config.chunks;
+  out.head_dim = g.head_dim;
+  out.elem_bytes = g.elem_bytes;
+  out.pairs = layout.pairs;
+  out.reverse = layout.reverse;
+  out.bytes = layout.bytes;
+  out.qo_row_heads.resize(M * n);
+  out.kv_token_heads.assign(M * n, 0);
+  out.dkv_rows.assign(M * n, 0);
+  // Every tile has a shard's heads, so a pair's Q/O row-heads in chunk m
+  // are its rows times the chunk's heads (integers: the same sums).
   const std::vector<std::int32_t> at = chunk_head_table(g, d.config);
   for (std::size_t m = 0; m < M; ++m) {
-    for (std::size_t j = 0; j < n; ++j) out.qo_row_heads[m * n + j] = qo_rows[j] * (at[m + 1] - at[m]);
+    for (std::size_t j = 0; j < n; ++j) out.qo_row_heads[m * n + j] = layout.qo_rows[j] * (at[m + 1] - at[m]);
   }
   const KeyHeads keys = key_heads(g);
   const std::vector<HeadRange> chunk_kv = chunk_kv_table(g, d.config, keys);
-  KvSums kv{d, g, keys, chunk_kv, index, out, std::vector<std::int32_t>(static_cast<std::size_t>(g.heads_kv)),
+  KvSums kv{d, keys, chunk_kv, out, std::vector<std::int32_t>(static_cast<std::size_t>(g.heads_kv)),
             std::vector<std::int64_t>(static_cast<std::size_t>(g.heads_kv))};
-  for (const SampleGroups& s : samples) kv.sample(s);
+  const std::span<const ExchangeLayout::Fetch> fetches(layout.fetches);
+  for (const ExchangeLayout::Run& r : layout.runs) kv.run(r, fetches.subspan(r.first, r.last - r.first));
   return out;
 }
 

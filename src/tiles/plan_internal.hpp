@@ -309,6 +309,35 @@ struct ExchangeSums {
 };
 [[nodiscard]] ExchangeSums exchange_sums(const Plan::Data& d);
 
+// What of exchange_sums does not depend on the chunking: the pairs, their
+// bytes and Q/O rows, and every K/V fetch (pair, rows, key, entry). Every
+// chunking of the same tiles (rechunk_plan) has the same, so a pool's
+// shapes sum their chunks from one (the sweep's PoolPrices).
+//   const ExchangeLayout l = exchange_layout(base.data_as_built());
+//   ExchangeSums s = exchange_sums(rechunked.data_as_built(), l);
+struct ExchangeLayout {
+  int workers = 0;
+  std::size_t groups = 0, entries = 0;  // the plan's, to check a chunking against
+  std::vector<std::uint32_t> pairs, reverse;  // as ExchangeSums'
+  std::vector<std::int64_t> bytes, qo_rows;   // per pair
+  // One home run a worker fetches (pair from -> to, back to -> from) and its
+  // fetches [first, last) of `fetches`: the groups that read rows of it.
+  struct Run {
+    std::uint32_t pair, back, first, last;
+  };
+  struct Fetch {
+    std::int64_t rows;
+    std::int32_t key;    // dedup key within the sample
+    std::uint32_t entry;  // in worker_group_ids
+  };
+  std::vector<Run> runs;
+  std::vector<Fetch> fetches;
+};
+[[nodiscard]] ExchangeLayout exchange_layout(const Plan::Data& d);
+// The sums of plan `d`, whose tiles and groups are the layout's (throws
+// std::logic_error where its group counts differ).
+[[nodiscard]] ExchangeSums exchange_sums(const Plan::Data& d, const ExchangeLayout& layout);
+
 // The canonical little-endian 64-bit word encoding of a plan's defining
 // content (config, pool, tiles with placement). The fingerprint hashes it and
 // the binary file stores it.
