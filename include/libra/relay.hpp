@@ -46,6 +46,10 @@ class RelayTable {
   bool any() const { return !moved_.empty(); }
   std::int64_t relayed_pairs() const { return static_cast<std::int64_t>(moved_.size()); }
   void set(int m, int src, int dst, int via);
+  // via() of every chunk m and pair j of `pairs` (src * workers + dst,
+  // increasing) at [m * pairs.size() + j]: one look-up per relayed pair
+  // instead of a search per pair.
+  std::vector<std::int32_t> vias(std::span<const std::uint32_t> pairs) const;
   // Per chunk: the busiest NIC's cross-node input bytes (forward) over all
   // nodes, sent directly and relayed (plan_relays fills them).
   std::vector<std::int64_t> busiest_nic_direct, busiest_nic_relayed;

@@ -187,14 +187,14 @@ struct PhasePairs {
   std::vector<std::uint32_t> pairs;
   std::vector<std::uint32_t> at;
 };
-PhasePairs phase_pairs(const ExchangeSums& x, const RelayTable* relays) {
+PhasePairs phase_pairs(const ExchangeSums& x, std::span<const std::int32_t> vias) {
   PhasePairs out{x.pairs, {}};
-  if (relays == nullptr) return out;
-  const std::size_t W = static_cast<std::size_t>(x.workers);
-  for (int m = 0; m < x.chunks; ++m) {
-    for (std::uint32_t st : x.pairs) {
-      const std::size_t s = st / W, t = st % W;
-      const auto via = static_cast<std::size_t>(relays->via(m, static_cast<int>(s), static_cast<int>(t)));
+  if (vias.empty()) return out;
+  const std::size_t W = static_cast<std::size_t>(x.workers), n = x.pairs.size();
+  for (std::size_t m = 0; m < static_cast<std::size_t>(x.chunks); ++m) {
+    for (std::size_t k = 0; k < n; ++k) {
+      const std::size_t s = x.pairs[k] / W, t = x.pairs[k] % W;
+      const auto via = static_cast<std::size_t>(vias[m * n + k]);
       if (via == s) continue;
       out.pairs.push_back(static_cast<std::uint32_t>(via * W + t));
       out.pairs.push_back(static_cast<std::uint32_t>(s * W + via));
@@ -218,7 +218,8 @@ SparsePhases sparse_phases(const ExchangeSums& x, const RelayTable* relays) {
   const std::int64_t d = x.head_dim, qo = x.head_dim * x.elem_bytes;
   SparsePhases out;
   out.slices = M > 1 ? M + 1 : 1;
-  PhasePairs pp = phase_pairs(x, relays);
+  const std::vector<std::int32_t> vias = relays != nullptr ? relays->vias(x.pairs) : std::vector<std::int32_t>{};
+  PhasePairs pp = phase_pairs(x, vias);
   out.pairs = std::move(pp.pairs);
   auto index = [&](std::size_t pair) {
     return static_cast<std::size_t>(std::lower_bound(out.pairs.begin(), out.pairs.end(), pair) - out.pairs.begin());
@@ -241,8 +242,7 @@ SparsePhases sparse_phases(const ExchangeSums& x, const RelayTable* relays) {
       const std::size_t j = relays != nullptr ? pp.at[k] : k;
       fout[j] = qo * q[ts] + 4 * q[ts];
       bout[j] = d * 4 * q[ts] + 2 * d * 4 * dkv[k];
-      const std::size_t via =
-          relays != nullptr ? static_cast<std::size_t>(relays->via(static_cast<int>(m), static_cast<int>(s), static_cast<int>(t))) : s;
+      const std::size_t via = relays != nullptr ? static_cast<std::size_t>(vias[m * direct + k]) : s;
       if (via == s) {
         fin[j] += f;
         bin[j] += b;

@@ -23,6 +23,21 @@ int RelayTable::find(int m, int src, int dst) const {
   return it != moved_.end() && it->at == k ? it->via : src;
 }
 
+std::vector<std::int32_t> RelayTable::vias(std::span<const std::uint32_t> pairs) const {
+  const std::size_t n = pairs.size();
+  const auto w = static_cast<std::uint64_t>(workers_);
+  std::vector<std::int32_t> out(static_cast<std::size_t>(chunks_) * n);
+  for (std::size_t m = 0; m < static_cast<std::size_t>(chunks_); ++m) {
+    for (std::size_t j = 0; j < n; ++j) out[m * n + j] = static_cast<std::int32_t>(pairs[j] / w);
+  }
+  for (const Moved& x : moved_) {
+    const auto pair = static_cast<std::uint32_t>(x.at % (w * w));
+    const auto it = std::lower_bound(pairs.begin(), pairs.end(), pair);
+    if (it != pairs.end() && *it == pair) out[x.at / (w * w) * n + static_cast<std::size_t>(it - pairs.begin())] = x.via;
+  }
+  return out;
+}
+
 void RelayTable::set(int m, int src, int dst, int v) {
   const std::uint64_t k = key(m, src, dst);
   const auto it = std::lower_bound(moved_.begin(), moved_.end(), k, [](const Moved& x, std::uint64_t y) { return x.at < y; });
