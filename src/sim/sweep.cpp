@@ -78,6 +78,9 @@ struct WindowRun {
   std::map<std::int64_t, Placed> topo_by_p;  // libra-topo's interleaved VRSP pools
   // Per (H, B): distca's steps at each M (the valid M depend on H only).
   std::map<std::pair<std::int64_t, std::int64_t>, StepSeries> distca;
+  // Per (H, B): libra-tap's steps at P = DP, priced with distca's (the same
+  // sampler pools, tap config and M list), and the M list they are for.
+  std::map<std::pair<std::int64_t, std::int64_t>, std::pair<std::vector<std::int64_t>, StepSeries>> tap_at_dp;
 };
 
 Result<Placed> placement_for(WindowRun& run, std::int64_t p, PlacementMode mode, NodeInterleave interleave = {}) {
@@ -362,18 +365,44 @@ Status placement_figures(WindowRun& run, std::int64_t p, CandWindow& cw) {
 }
 
 // DistCA: one pool of P = DP per GA step in loader order; once per (H, B).
+// Its pools, config and M list are libra-tap's at P = DP (the sampler
+// placement, made the same way): one run_pools prices both, and libra-tap's
+// steps are kept for the P = DP candidate (sampler_steps).
 Status distca_steps(WindowRun& run, const SimCandidate& cand, const PlanConfig& tap,
                     const std::vector<std::int64_t>& ms, CandWindow& cw) {
   const auto key = std::make_pair(cand.head_shards, cand.block_size);
   auto d = run.distca.find(key);
   if (d == run.distca.end()) {
     LIBRA_ASSIGN_OR_RETURN(Placed pl, placement_for(run, run.ctx.cfg.dp, PlacementMode::kSampler));
+    const bool tap_too = std::any_of(run.ctx.candidates.begin(), run.ctx.candidates.end(),
+                                     [&](const SimCandidate& c) { return c.pool_size == run.ctx.cfg.dp; });
+    std::vector<Variant> variants{Variant::kDistca};
+    if (tap_too) variants.push_back(Variant::kLibraTap);
     CandWindow tmp;
-    LIBRA_TRY(run_pools(run, pl, tap, {Variant::kDistca}, tmp, Record::kNothing, ms));
-    d = run.distca.emplace(key, std::move(tmp.steps)).first;
+    LIBRA_TRY(run_pools(run, pl, tap, variants, tmp, Record::kNothing, ms));
+    StepSeries distca, libra_tap;
+    for (auto& [k, v] : tmp.steps) (k.first == Variant::kDistca ? distca : libra_tap).emplace(k, std::move(v));
+    run.tap_at_dp.emplace(key, std::make_pair(ms, std::move(libra_tap)));
+    d = run.distca.emplace(key, std::move(distca)).first;
   }
   cw.steps.insert(d->second.begin(), d->second.end());
   return {};
+}
+
+// libra-tap: the sampler placement's pools with the tap config; at P = DP
+// the steps distca_steps made with distca's when they are for the same M.
+Status sampler_steps(WindowRun& run, const SimCandidate& cand, const PlanConfig& tap,
+                     const std::vector<std::int64_t>& ms, CandWindow& cw) {
+  if (cand.pool_size == run.ctx.cfg.dp && distca_skip_reason(run.ctx.cfg).empty()) {
+    LIBRA_TRY(distca_steps(run, cand, tap, ms, cw));
+    const auto& [at_ms, steps] = run.tap_at_dp.at({cand.head_shards, cand.block_size});
+    if (at_ms == ms) {
+      cw.steps.insert(steps.begin(), steps.end());
+      return {};
+    }
+  }
+  return run_pools(run, run.by_p.at(cand.pool_size).at(PlacementMode::kSampler), tap, {Variant::kLibraTap}, cw,
+                   Record::kNothing, ms);
 }
 
 // One candidate of one window: placements, every libra variant, distca.
@@ -390,7 +419,7 @@ Status run_candidate(WindowRun& run, std::size_t ci, CandWindow& cw) {
   const PlanConfig tap = tap_config(ctx, cand.head_shards, cand.block_size, base);
   const PlanConfig plus = plan_config(ctx, cand.head_shards, cand.block_size, base, PlanMode::kTapSplit, true);
   const PlanConfig topo = plan_config(ctx, cand.head_shards, cand.block_size, base, PlanMode::kTapTopo, false);
-  LIBRA_TRY(run_pools(run, placed.at(PlacementMode::kSampler), tap, {Variant::kLibraTap}, cw, Record::kNothing, ms));
+  LIBRA_TRY(sampler_steps(run, cand, tap, ms, cw));
   LIBRA_TRY(run_pools(run, placed.at(PlacementMode::kVrsp), tap, {Variant::kLibraTapVrsp, Variant::kLibraFull}, cw,
                       Record::kTap, ms));
   LIBRA_TRY(run_pools(run, placed.at(PlacementMode::kVrspRefine), plus, {Variant::kLibraPlus}, cw, Record::kPlus, ms));
@@ -416,7 +445,7 @@ WindowResult simulate_window(const Ctx& ctx, std::span<const PackedSequence> win
     out.status = f.error();
     return out;
   }
-  WindowRun run{ctx, window, w, std::move(*f), out.timing, {}, {}, {}};
+  WindowRun run{ctx, window, w, std::move(*f), out.timing, {}, {}, {}, {}};
   Status s = part == 0 ? window_baselines(run, out) : Status{};
   if (!s.ok()) out.failed_at = -1;
   out.cand.resize(ctx.candidates.size());

@@ -614,27 +614,22 @@ Plan build_plan(std::span<const PackedSequence> pool, const PlanConfig& config, 
 
 namespace {
 
-template <class T>
-RawArray<T> copy_items(const RawArray<T>& from) {
-  RawArray<T> out(from.size());
-  if (from.size() > 0) std::memcpy(static_cast<void*>(out.data()), from.data(), from.size() * sizeof(T));
-  return out;
-}
-
 // build_plan(pool, config, geometry, rows of `base`) without placing
 // anything again, for a plan whose keys are each one shard's: nothing but
 // the K/V chunk uses and the fingerprint depends on the chunking, so the
-// rest is the base plan's, copied, and the geometry shared.
+// rest is the base plan's: its item arrays shared (no plan writes them after
+// its build), the small per-worker lists copied, the geometry shared. The
+// fingerprint is hashed on first use (Plan::fingerprint).
 Plan rechunk_data(const Plan::Data& base, const PlanConfig& config) {
   const Geometry& g = *base.geometry;
   std::shared_ptr<Plan::Data> d = plan_header(base.pool, config, g);
-  d->tiles = copy_items(base.tiles);
-  d->fragments = copy_items(base.fragments);
-  d->groups = copy_items(base.groups);
+  d->tiles = base.tiles.share();
+  d->fragments = base.fragments.share();
+  d->groups = base.groups.share();
   d->worker_tile_offsets = base.worker_tile_offsets;
   d->worker_tile_ids = base.worker_tile_ids;
   d->worker_group_offsets = base.worker_group_offsets;
-  d->worker_group_ids = copy_items(base.worker_group_ids);
+  d->worker_group_ids = base.worker_group_ids.share();
   d->kv_span_end = base.kv_span_end;
   d->worker_flops = base.worker_flops;
   d->imbalance = base.imbalance;
@@ -645,9 +640,7 @@ Plan rechunk_data(const Plan::Data& base, const PlanConfig& config) {
   assert(!(g.dedup_per_kv_head && g.shards > g.heads_kv));
   ShardUses shard_uses = shard_chunk_uses(g, config, shards, key_group);
   store_kv_uses(*d, shard_uses, /*key_is_shard=*/true);
-  WordHash hash;
-  for_each_canonical_word(config, d->pool, std::span<const Tile>(d->tiles), hash);
-  d->fingerprint = hash.value();
+  d->fingerprint_deferred = true;
   d->geometry = base.geometry;
   return Plan(std::move(d));
 }
@@ -1338,6 +1331,16 @@ std::int64_t Plan::chunk_bytes(int m, int src, int dst) const {
   const std::size_t W = static_cast<std::size_t>(d.num_workers);
   return d.chunk_byte_matrix[(static_cast<std::size_t>(m) * W + static_cast<std::size_t>(src)) * W + dst];
 }
-std::uint64_t Plan::fingerprint() const { return d_->fingerprint; }
+std::uint64_t Plan::fingerprint() const {
+  const Data& d = *d_;
+  if (d.fingerprint_deferred) {
+    std::call_once(d.fingerprint_once, [&d] {
+      detail::WordHash hash;
+      detail::for_each_canonical_word(d.config, d.pool, std::span<const Tile>(d.tiles), hash);
+      d.fingerprint = hash.value();
+    });
+  }
+  return d.fingerprint;
+}
 
 }  // namespace libra

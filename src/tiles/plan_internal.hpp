@@ -24,13 +24,22 @@ namespace detail {
 // vector, nothing value-initialises the megabytes about to be overwritten.
 // T is an implicit-lifetime type (an aggregate of scalars), so its fields may
 // also be assigned one by one; every field of every item before it is read.
+// share() hands out the same items without copying them (a re-chunked plan
+// reads its base plan's tiles): only for arrays no longer written.
 template <class T>
 class RawArray {
  public:
   RawArray() = default;
-  explicit RawArray(std::size_t n)
-      : items_(static_cast<T*>(std::malloc((n > 0 ? n : 1) * sizeof(T)))), size_(n) {
-    if (!items_) throw std::bad_alloc();
+  explicit RawArray(std::size_t n) : size_(n) {
+    T* items = static_cast<T*>(std::malloc((n > 0 ? n : 1) * sizeof(T)));
+    if (!items) throw std::bad_alloc();
+    items_ = std::shared_ptr<T>(items, Free{});
+  }
+  RawArray share() const {
+    RawArray out;
+    out.items_ = items_;
+    out.size_ = size_;
+    return out;
   }
   // Every index in [0, size) exactly once before the items are read.
   void put(std::size_t i, const T& x) { ::new (static_cast<void*>(items_.get() + i)) T(x); }
@@ -50,7 +59,7 @@ class RawArray {
   struct Free {
     void operator()(T* p) const noexcept { std::free(p); }
   };
-  std::unique_ptr<T, Free> items_;
+  std::shared_ptr<T> items_;
   std::size_t size_ = 0;
 };
 using TransferArray = RawArray<Transfer>;
@@ -110,7 +119,11 @@ struct Plan::Data {
   mutable std::vector<TierBytes> tier_bytes;              // W
   mutable int busiest_receiver = 0;
   mutable std::int64_t max_recv_cross_node = 0;
-  std::uint64_t fingerprint = 0;
+  // A re-chunked plan's fingerprint is hashed on first use (Plan::fingerprint):
+  // the sweep prices thousands of them and reads none.
+  bool fingerprint_deferred = false;
+  mutable std::once_flag fingerprint_once;
+  mutable std::uint64_t fingerprint = 0;
 };
 
 namespace detail {

@@ -97,11 +97,43 @@ struct Blocks {
   }
 };
 
+// Each worker's node and supernode, and the tier from every slot's first
+// worker to every worker: made once per plan, read by every candidate (the
+// fast path of least_score looks a fresh worker's tier up instead of
+// comparing its node and supernode).
+struct Tiering {
+  std::vector<int> node, super;
+  std::vector<std::uint8_t> slot_tier;  // pool_size x workers
+
+  Tiering(const Geometry& geo, const PlanTopology& topo) {
+    const auto W = static_cast<std::size_t>(geo.workers);
+    node.resize(W);
+    super.resize(W);
+    for (int w = 0; w < geo.workers; ++w) {
+      node[static_cast<std::size_t>(w)] = w / topo.gpus_per_node;
+      super[static_cast<std::size_t>(w)] = w / topo.gpus_per_node / topo.nodes_per_supernode;
+    }
+    slot_tier.resize(static_cast<std::size_t>(geo.pool_size) * W);
+    for (int p = 0; p < geo.pool_size; ++p) {
+      for (int r = 0; r < geo.workers; ++r) {
+        slot_tier[static_cast<std::size_t>(p) * W + static_cast<std::size_t>(r)] =
+            static_cast<std::uint8_t>(tier(p * geo.cp, r));
+      }
+    }
+  }
+  int tier(int a, int b) const {
+    if (node[static_cast<std::size_t>(a)] == node[static_cast<std::size_t>(b)]) return 0;
+    return super[static_cast<std::size_t>(a)] == super[static_cast<std::size_t>(b)] ? 1 : 2;
+  }
+};
+
 class TopoPlacer {
  public:
-  TopoPlacer(const Geometry& geo, const Blocks& blocks, const PlanTopology& topo, double capacity)
+  TopoPlacer(const Geometry& geo, const Blocks& blocks, const Tiering& tiering, const PlanTopology& topo,
+             double capacity)
       : geo_(geo),
         blocks_(blocks),
+        tiering_(tiering),
         W_(geo.workers),
         words_((static_cast<std::size_t>(geo.workers) + 63) / 64),
         limit_(capacity_limit(capacity)),
@@ -117,22 +149,13 @@ class TopoPlacer {
     // Link-seconds per byte of each tier, for the tie-break: a cross-
     // supernode byte uses the NIC and the spine.
     per_byte_ = {inv_[0], inv_[1], inv_[1] + inv_spine_};
-    node_.resize(static_cast<std::size_t>(W_));
-    super_.resize(static_cast<std::size_t>(W_));
-    for (int w = 0; w < W_; ++w) {
-      node_[static_cast<std::size_t>(w)] = w / topo.gpus_per_node;
-      super_[static_cast<std::size_t>(w)] = w / topo.gpus_per_node / topo.nodes_per_supernode;
-    }
     touched_.assign(words_, 0);
   }
 
-  // Loads tile i's sources (KV by CP rank, Q/O from the home); with
-  // `scoring`, also what evaluate() needs.
-  void load(std::span<const PlacedRows> tiles, std::size_t i, bool scoring = true) {
-    load_rows(tiles[i], i / static_cast<std::size_t>(geo_.shards), /*piece=*/false, scoring);
-  }
-  // The same for rows [t.begin, t.end) of block `block`; a piece (not the
-  // whole block's rows) touches only the samples its rows overlap.
+  // Loads the sources of rows [t.begin, t.end) of block `block` (KV by CP
+  // rank, Q/O from the home); with `scoring`, also what least_score()
+  // needs. A piece (not the whole block's rows) touches only the samples
+  // its rows overlap.
   void load_rows(const PlacedRows& t, std::size_t block, bool piece, bool scoring = true) {
     p_ = t.slot;
     home_ = piece ? geo_.home(t.slot, t.begin) : blocks_.home[block];
@@ -162,27 +185,26 @@ class TopoPlacer {
     }
     add_[static_cast<std::size_t>(home_ - base)] += vqo_;
     for (int c = 0; c < geo_.cp; ++c) mark(base + c);
-    one_node_ = node_[static_cast<std::size_t>(base)] == node_[static_cast<std::size_t>(base + geo_.cp - 1)];
+    one_node_ = tiering_.node[static_cast<std::size_t>(base)] ==
+                tiering_.node[static_cast<std::size_t>(base + geo_.cp - 1)];
+    slot_tier_ = tiering_.slot_tier.data() + static_cast<std::size_t>(p_) * static_cast<std::size_t>(W_);
     if (!one_node_) return;
     fresh_total_ = 0;
     for (int c = 0; c < geo_.cp; ++c) fresh_total_ += add_[static_cast<std::size_t>(c)];
-    for (std::size_t k = 0; k < 3; ++k) {
-      double worst = 0, cost = 0;
-      for (int c = 0; c < geo_.cp; ++c) {
-        const std::int64_t b = add_[static_cast<std::size_t>(c)];
-        if (b == 0) continue;
-        const int w = base + c;
-        Tiers ws = send_[static_cast<std::size_t>(w)];
-        ws[k] += static_cast<double>(b);
-        Tiers wr = recv_[static_cast<std::size_t>(w)];
-        if (w == home_) wr[k] += static_cast<double>(vqo_);
-        worst = std::max(worst, time(ws, wr));
-        cost += static_cast<double>(b) * per_byte_[k];
+    fresh_worst_ = {0, 0, 0};
+    fresh_cost_ = {0, 0, 0};
+    for (int c = 0; c < geo_.cp; ++c) {
+      const std::int64_t b = add_[static_cast<std::size_t>(c)];
+      if (b == 0) continue;
+      const int w = base + c;
+      const Tiers ts = link_plus(send_[static_cast<std::size_t>(w)], static_cast<double>(b));
+      const Tiers tr = link_plus(recv_[static_cast<std::size_t>(w)], w == home_ ? static_cast<double>(vqo_) : 0.0);
+      for (std::size_t k = 0; k < 3; ++k) {
+        fresh_worst_[k] = std::max(fresh_worst_[k], std::max(ts[k], tr[k]));
+        fresh_cost_[k] += static_cast<double>(b) * per_byte_[k];
       }
-      cost += static_cast<double>(vqo_) * per_byte_[k];
-      fresh_worst_[k] = worst;
-      fresh_cost_[k] = cost;
     }
+    for (std::size_t k = 0; k < 3; ++k) fresh_cost_[k] += static_cast<double>(vqo_) * per_byte_[k];
   }
 
   struct Score {
@@ -190,15 +212,46 @@ class TopoPlacer {
     double cost = 0;   // link-seconds it adds
   };
 
-  // What placing the loaded tile on r does to the links.
-  Score evaluate(int r) {
-    if (one_node_ && !((touched_[static_cast<std::size_t>(r) / 64] >> (r % 64)) & 1U)) {
-      const auto t = static_cast<std::size_t>(tier(p_ * geo_.cp, r));
-      Tiers rs = send_[static_cast<std::size_t>(r)], rr = recv_[static_cast<std::size_t>(r)];
-      rr[t] += static_cast<double>(fresh_total_);
-      rs[t] += static_cast<double>(vqo_);
-      return {std::max(fresh_worst_[t], time(rs, rr)), fresh_cost_[t]};
+  // The worker of least link score (evaluate) among those with room for
+  // `flops`; ties: fewer added link-seconds, lower load, lower id. -1 if
+  // none. The same choice as evaluating every worker with room in id
+  // order, but a fresh worker (see load()) is scored inline from its tier,
+  // and skipped unscored when its tier's fixed part alone already loses
+  // (its worst can only be larger).
+  int least_score(std::int64_t flops) {
+    const std::int64_t room = limit_ - flops;
+    const std::int64_t* loads = loads_.data();
+    int best = -1;
+    Score bs;
+    for (int r = 0; r < W_; ++r) {
+      if (loads[r] > room) continue;
+      Score s;
+      if (fresh(r)) {
+        const std::size_t t = slot_tier_[r];
+        if (best >= 0 && fresh_worst_[t] > bs.worst) continue;
+        Tiers rs = send_[static_cast<std::size_t>(r)], rr = recv_[static_cast<std::size_t>(r)];
+        rr[t] += static_cast<double>(fresh_total_);
+        rs[t] += static_cast<double>(vqo_);
+        s = {std::max(fresh_worst_[t], time(rs, rr)), fresh_cost_[t]};
+      } else {
+        s = evaluate_touched(r);
+      }
+      if (best < 0 || s.worst < bs.worst ||
+          (s.worst == bs.worst && (s.cost < bs.cost || (s.cost == bs.cost && loads[r] < loads[best])))) {
+        best = r;
+        bs = s;
+      }
     }
+    return best;
+  }
+
+ private:
+  bool fresh(int r) const {
+    return one_node_ && !((touched_[static_cast<std::size_t>(r) / 64] >> (r % 64)) & 1U);
+  }
+  // What placing the loaded tile on r does to the links, for a worker off
+  // the fast path: the tile's sources one by one.
+  [[gnu::noinline]] Score evaluate_touched(int r) {
     std::fill(add_.begin(), add_.end(), 0);
     const int base = p_ * geo_.cp;
     for (const Source& s : srcs_) {
@@ -230,6 +283,8 @@ class TopoPlacer {
     return sc;
   }
 
+ public:
+
   // Places the loaded tile on r: its bytes join the links, its groups C_r.
   void commit(int r, std::int64_t flops) {
     loads_[static_cast<std::size_t>(r)] += flops;
@@ -250,6 +305,37 @@ class TopoPlacer {
   }
 
 
+  // load() of the whole tile t (of block `block`) with commit() to r, in
+  // one pass over the block's home runs: they come sample by sample, one
+  // group each, so each group's bit is read before its moves and set after
+  // them, and the moves happen in commit()'s order.
+  void commit_tile(const PlacedRows& t, std::size_t block, int r, std::int64_t flops) {
+    loads_[static_cast<std::size_t>(r)] += flops;
+    const int base = t.slot * geo_.cp;
+    const std::int64_t vkv = blocks_.vkv[static_cast<std::size_t>(t.shard)];
+    const std::int32_t key = blocks_.key[static_cast<std::size_t>(t.shard)];
+    const std::uint64_t bit = std::uint64_t{1} << (r % 64);
+    const std::size_t word = static_cast<std::size_t>(r) / 64;
+    const Blocks::Run* runs = blocks_.runs.data();
+    const std::int32_t end = blocks_.run_begin[block + 1];
+    for (std::int32_t k = blocks_.run_begin[block]; k < end;) {
+      const std::int32_t j = runs[k].sample;
+      std::uint64_t& bits = committed_[static_cast<std::size_t>(j * geo_.keys_per_sample + key) * words_ + word];
+      const bool held = (bits & bit) != 0;
+      for (; k < end && runs[k].sample == j; ++k) {
+        const int w = base + runs[k].rank;
+        if (!held && w != r) move(w, r, vkv * runs[k].tokens);
+      }
+      bits |= bit;
+    }
+    const int home = blocks_.home[block];
+    if (r != home) {
+      const std::int64_t vqo = (t.end - t.begin) * geo_.qo_bytes_per_row();
+      move(home, r, vqo);
+      move(r, home, vqo);
+    }
+  }
+
   bool fits(int r, std::int64_t flops) const { return loads_[static_cast<std::size_t>(r)] <= limit_ - flops; }
   bool fits_under(int r, std::int64_t flops, std::int64_t cap) const {
     return loads_[static_cast<std::size_t>(r)] <= std::min(limit_, cap) - flops;
@@ -269,16 +355,21 @@ class TopoPlacer {
   std::int64_t load_of(int r) const { return loads_[static_cast<std::size_t>(r)]; }
 
  private:
+  // link() of x with b more bytes on tier k, for each k: only the terms
+  // that tier k enters are recomputed, with link()'s arithmetic (adding
+  // b = 0 changes nothing, bit for bit).
+  Tiers link_plus(const Tiers& x, double b) const {
+    const double t0 = x[0] * inv_[0], t1 = (x[1] + x[2]) * inv_[1], t2 = x[2] * inv_spine_;
+    return {std::max({(x[0] + b) * inv_[0], t1, t2}), std::max({t0, ((x[1] + b) + x[2]) * inv_[1], t2}),
+            std::max({t0, (x[1] + (x[2] + b)) * inv_[1], (x[2] + b) * inv_spine_})};
+  }
   double time(const Tiers& s, const Tiers& r) const {
     auto link = [&](const Tiers& x) {
       return std::max({x[0] * inv_[0], (x[1] + x[2]) * inv_[1], x[2] * inv_spine_});
     };
     return std::max(link(s), link(r));
   }
-  int tier(int a, int b) const {
-    if (node_[static_cast<std::size_t>(a)] == node_[static_cast<std::size_t>(b)]) return 0;
-    return super_[static_cast<std::size_t>(a)] == super_[static_cast<std::size_t>(b)] ? 1 : 2;
-  }
+  int tier(int a, int b) const { return tiering_.tier(a, b); }
   void mark(int w) { touched_[static_cast<std::size_t>(w) / 64] |= std::uint64_t{1} << (w % 64); }
   void move(int from, int to, std::int64_t bytes) {
     const auto tier = static_cast<std::size_t>(this->tier(from, to));
@@ -291,6 +382,7 @@ class TopoPlacer {
 
   const Geometry& geo_;
   const Blocks& blocks_;
+  const Tiering& tiering_;
   int W_;
   std::size_t words_;
   std::int64_t limit_;
@@ -305,8 +397,8 @@ class TopoPlacer {
   int p_ = -1, home_ = 0;
   std::int64_t vqo_ = 0;
   std::vector<Source> srcs_;
-  std::vector<int> node_, super_;
-  // The fast path of evaluate() (see load()).
+  const std::uint8_t* slot_tier_ = nullptr;  // tiering_'s row of slot p_
+  // The fast path of least_score() (see load()).
   std::vector<std::uint64_t> touched_;  // candidates that need the general path
   bool one_node_ = false;
   std::int64_t fresh_total_ = 0;
@@ -316,24 +408,6 @@ class TopoPlacer {
 }  // namespace
 
 namespace {
-
-// The worker of least link score among those that `room` admits; ties:
-// fewer added link-seconds, lower load, lower id. -1 if none.
-template <class Room>
-int least_score(TopoPlacer& placer, int workers, Room room) {
-  int best = -1;
-  TopoPlacer::Score bs;
-  for (int r = 0; r < workers; ++r) {
-    if (!room(r)) continue;
-    const TopoPlacer::Score s = placer.evaluate(r);
-    if (best < 0 || s.worst < bs.worst ||
-        (s.worst == bs.worst && (s.cost < bs.cost || (s.cost == bs.cost && placer.load_of(r) < placer.load_of(best))))) {
-      best = r;
-      bs = s;
-    }
-  }
-  return best;
-}
 
 int least_loaded(const TopoPlacer& placer, int workers) {
   int r = 0;
@@ -357,7 +431,7 @@ std::int64_t split_off_suffix(const Geometry& geo, TopoPlacer& placer, std::size
                               std::int64_t f, std::vector<PlacedRows>& pieces) {
   const std::int64_t last = geo.rows_flops(rows.slot, rows.end - 1, rows.end);
   const std::int64_t half = std::max(f / 2, last);
-  int to = least_score(placer, geo.workers, [&](int w) { return placer.fits(w, half); });
+  int to = placer.least_score(half);
   if (to < 0) {
     to = least_loaded(placer, geo.workers);
     if (!placer.fits(to, last)) return 0;
@@ -396,7 +470,7 @@ void place_rest(const Geometry& geo, TopoPlacer& placer, std::span<const PlacedR
     std::int64_t f = flops[static_cast<std::size_t>(i)];
     for (;;) {
       placer.load_rows(rows, block, /*piece=*/rows.end != base[static_cast<std::size_t>(i)].end);
-      int r = least_score(placer, geo.workers, [&](int w) { return placer.fits(w, f); });
+      int r = placer.least_score(f);
       if (r < 0 && rows.end - rows.begin >= 2) {
         if (const std::int64_t pf = split_off_suffix(geo, placer, block, rows, f, pieces); pf > 0) {
           f -= pf;
@@ -471,7 +545,7 @@ class Candidates {
   Candidates(const Geometry& geo, const PlanConfig& config, std::span<const PlacedRows> base,
              std::span<const std::int64_t> flops, double capacity)
       : geo_(geo), config_(config), base_(base), flops_(flops), capacity_(capacity), blocks_(geo, base),
-        S_(static_cast<std::size_t>(geo.shards)), block_order_(blocks_by_home(blocks_, flops, S_)) {}
+        tiering_(geo, config.topology), S_(static_cast<std::size_t>(geo.shards)), block_order_(blocks_by_home(blocks_, flops, S_)) {}
 
   // Home first: each home keeps a prefix of its tiles, lightest first (ties:
   // higher id first), optionally whole head shards first, while they fit
@@ -488,8 +562,7 @@ class Candidates {
         const std::int32_t i = order[k];
         const std::int64_t f = flops_[static_cast<std::size_t>(i)];
         if (!full && c.placer->fits_under(h, f, keep_cap)) {
-          c.placer->load(base_, static_cast<std::size_t>(i), /*scoring=*/false);
-          c.placer->commit(h, f);
+          c.placer->commit_tile(base_[static_cast<std::size_t>(i)], static_cast<std::size_t>(i) / S_, h, f);
           c.rows[static_cast<std::size_t>(i)].worker = h;
         } else {
           full = true;
@@ -514,16 +587,13 @@ class Candidates {
   // not depend on the order of the commits).
   Candidate priced(std::vector<PlacedRows> tap) const {
     Candidate c = fresh(std::move(tap));
-    for (std::size_t i = 0; i < base_.size(); ++i) {
-      c.placer->load(base_, i, /*scoring=*/false);
-      c.placer->commit(c.rows[i].worker, flops_[i]);
-    }
+    for (std::size_t i = 0; i < base_.size(); ++i) c.placer->commit_tile(base_[i], i / S_, c.rows[i].worker, flops_[i]);
     return c;
   }
 
  private:
   Candidate fresh(std::vector<PlacedRows> rows) const {
-    return {std::move(rows), {}, std::make_unique<TopoPlacer>(geo_, blocks_, config_.topology, capacity_)};
+    return {std::move(rows), {}, std::make_unique<TopoPlacer>(geo_, blocks_, tiering_, config_.topology, capacity_)};
   }
   int home_of(std::int32_t i) const { return blocks_.home[static_cast<std::size_t>(i) / S_]; }
   // Each home's tiles from its blocks in block_order_: shard by shard over
@@ -559,6 +629,7 @@ class Candidates {
   std::span<const std::int64_t> flops_;
   double capacity_;
   const Blocks blocks_;
+  const Tiering tiering_;
   std::size_t S_;
   std::vector<std::int32_t> block_order_;
 };
