@@ -164,6 +164,10 @@ struct NoiseKey {
 // does; compute carries each GPU's noise factor for this step.
 double time_plan(const Ctx& ctx, const PlanCost& c, std::span<const std::int64_t> gpus, NoiseKey key, bool pipelined,
                  bool backward);
+// The same with each worker's noise factor given (noise_factors: a pool is
+// timed at many shapes and M with the same GPUs and key).
+double time_plan(const PlanCost& c, std::span<const double> noise, bool pipelined, bool backward);
+std::vector<double> noise_factors(const Ctx& ctx, std::span<const std::int64_t> gpus, NoiseKey key);
 // Where a pool-step's forward time goes (noise-free).
 StepDecomposition decompose(const PlanCost& c, bool pipelined);
 // Forward dispatch + return of the slowest worker, unpipelined (figure 14's

@@ -412,15 +412,24 @@ double max_of(const std::vector<double>& v) { return v.empty() ? 0.0 : *std::max
 
 // Latency of one pool-step: collectives finish when their slowest worker
 // does; compute carries each GPU's noise factor for this step.
+std::vector<double> noise_factors(const Ctx& ctx, std::span<const std::int64_t> gpus, NoiseKey key) {
+  std::vector<double> out(gpus.size());
+  for (std::size_t r = 0; r < gpus.size(); ++r) {
+    out[r] = noise_factor(ctx.cfg.cost.noise, key.window, key.step, static_cast<std::uint64_t>(gpus[r]));
+  }
+  return out;
+}
+
 double time_plan(const Ctx& ctx, const PlanCost& c, std::span<const std::int64_t> gpus, NoiseKey key,
                  bool pipelined, bool backward) {
+  return time_plan(c, noise_factors(ctx, gpus.first(static_cast<std::size_t>(c.workers)), key), pipelined, backward);
+}
+
+double time_plan(const PlanCost& c, std::span<const double> noise, bool pipelined, bool backward) {
   const auto ws = static_cast<std::size_t>(c.workers);
   auto noisy_max = [&](const std::vector<double>& comp) {
     double m = 0;
-    for (std::size_t r = 0; r < ws; ++r) {
-      m = std::max(m, comp[r] * noise_factor(ctx.cfg.cost.noise, key.window, key.step,
-                                              static_cast<std::uint64_t>(gpus[r])));
-    }
+    for (std::size_t r = 0; r < ws; ++r) m = std::max(m, comp[r] * noise[r]);
     return m;
   };
   if (!pipelined || c.chunks <= 1) {

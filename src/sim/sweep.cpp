@@ -117,39 +117,42 @@ Status window_baselines(WindowRun& run, WindowResult& out) {
 
 // One pool's plan and its re-chunked and relayed prices, each made once:
 // libra-topo's shapes share re-chunked plans (relayed or not), and a
-// relayed price of a plan with nothing to relay is its direct price.
+// relayed price of a plan with nothing to relay is its direct price. Each
+// price is one span of cost-model time (sums, relays and cost_plan
+// together: the thread CPU clock is a system call), returned by address
+// (the map keeps it; a PlanCost is a dozen vectors).
 struct PoolPrices {
   const Ctx& ctx;
   const Plan& base;
-  const PlanCost& base_cost;
   std::span<const std::int64_t> gpus;
   Timing& tm;
+  PlanCost base_cost;
   std::map<std::pair<std::int64_t, ChunkSplit>, Plan> plans;
   std::map<std::tuple<std::int64_t, ChunkSplit, bool>, PlanCost> costs;
   std::map<const Plan*, ExchangeSums> sums;  // each plan's, for its relays and its prices
   // The base plan's pairs and K/V fetches: every re-chunked plan has the same.
   std::optional<ExchangeLayout> layout;
 
+  PoolPrices(const Ctx& c, const Plan& b, std::span<const std::int64_t> g, Timing& t)
+      : ctx(c), base(b), gpus(g), tm(t) {
+    const double t0 = thread_cpu_seconds();
+    base_cost = cost_plan(ctx, base, sums_of(&base), gpus, nullptr);
+    tm.cost += thread_cpu_seconds() - t0;
+  }
+  bool is_base(std::int64_t m, ChunkSplit split) const {
+    return m == base.config().chunks && split == base.config().chunk_split;
+  }
   const ExchangeSums& sums_of(const Plan* p) {
     auto it = sums.find(p);
     if (it == sums.end()) {
-      const double t0 = thread_cpu_seconds();
       if (!layout) layout = exchange_layout(base.data_as_built());
       it = sums.emplace(p, exchange_sums(p->data_as_built(), *layout)).first;
-      tm.cost += thread_cpu_seconds() - t0;
     }
     return it->second;
   }
-  PlanCost cost_of(const Plan* p, const RelayTable* relays) {
-    const ExchangeSums& x = sums_of(p);
-    const double t0 = thread_cpu_seconds();
-    PlanCost c = cost_plan(ctx, *p, x, gpus, relays);
-    tm.cost += thread_cpu_seconds() - t0;
-    return c;
-  }
 
   Result<const Plan*> plan(std::int64_t m, ChunkSplit split, const std::string& kind) {
-    if (m == base.config().chunks && split == base.config().chunk_split) return &base;
+    if (is_base(m, split)) return &base;
     auto it = plans.find({m, split});
     if (it == plans.end()) {
       // `kind` names the shape (sweep.cpp: "libra-topo relayed tapered").
@@ -161,28 +164,26 @@ struct PoolPrices {
     }
     return &it->second;
   }
-  Result<PlanCost> price(std::int64_t m, ChunkSplit split, bool relayed, const std::string& kind) {
-    if (!relayed && m == base.config().chunks && split == base.config().chunk_split) return base_cost;
+  // p's price at (m, split), relayed or not; untimed (price times it).
+  const PlanCost& cost_of(const Plan* p, std::int64_t m, ChunkSplit split, bool relayed) {
+    if (!relayed && is_base(m, split)) return base_cost;
     const auto key = std::make_tuple(m, split, relayed);
     if (auto it = costs.find(key); it != costs.end()) return it->second;
+    const ExchangeSums& x = sums_of(p);
+    if (!relayed) return costs.emplace(key, cost_plan(ctx, *p, x, gpus, nullptr)).first->second;
+    const RelayTable relays = relays_of(x, p->config().topology);
+    // Nothing to relay: the direct price (cost_plan ignores an empty table).
+    if (!relays.any()) return costs.emplace(key, cost_of(p, m, split, false)).first->second;
+    return costs.emplace(key, cost_plan(ctx, *p, x, gpus, &relays)).first->second;
+  }
+  Result<const PlanCost*> price(std::int64_t m, ChunkSplit split, bool relayed, const std::string& kind) {
+    if (!relayed && is_base(m, split)) return &base_cost;
+    if (auto it = costs.find({m, split, relayed}); it != costs.end()) return &it->second;
     LIBRA_ASSIGN_OR_RETURN(const Plan* p, plan(m, split, kind));
-    PlanCost c;
-    if (relayed) {
-      const ExchangeSums& x = sums_of(p);
-      const double t0 = thread_cpu_seconds();
-      const RelayTable relays = relays_of(x, p->config().topology);
-      tm.cost += thread_cpu_seconds() - t0;
-      // Nothing to relay: the direct price (cost_plan ignores an empty table).
-      if (relays.any()) {
-        c = cost_of(p, &relays);
-      } else {
-        LIBRA_ASSIGN_OR_RETURN(c, price(m, split, false, kind));
-      }
-    } else {
-      c = cost_of(p, nullptr);
-    }
-    costs.emplace(key, c);
-    return c;
+    const double t0 = thread_cpu_seconds();
+    const PlanCost& c = cost_of(p, m, split, relayed);
+    tm.cost += thread_cpu_seconds() - t0;
+    return &c;
   }
 };
 
@@ -193,6 +194,7 @@ struct PoolRun {
   Record rec;
   const std::vector<std::int64_t>& chunks;
   std::vector<TopoShape> shapes;  // libra-topo's shapes beside the plain one
+  std::vector<std::string> shape_labels;  // per shape: "libra-topo relayed tapered"
   std::vector<bool> tapered_fits;  // per M of chunks
 };
 
@@ -209,12 +211,15 @@ struct PoolSteps {
 // does not admit tapered ones).
 PoolRun pool_run(const Ctx& ctx, const PlanConfig& pc, const std::vector<Variant>& variants, Record rec,
                  const std::vector<std::int64_t>& chunks) {
-  PoolRun r{pc, variants, rec, chunks, {}, {}};
+  PoolRun r{pc, variants, rec, chunks, {}, {}, {}};
   if (rec == Record::kTopo) {
     const auto relay = ctx.cfg.relay == false ? std::optional<bool>(false) : std::nullopt;
     const auto split = ctx.cfg.chunk_split == ChunkSplit::kEqual ? std::optional(ChunkSplit::kEqual) : std::nullopt;
+    const std::string kind(variant_name(variants[0]));
     for (const TopoShape& sh : admitted_shapes(relay, split)) {
-      if (sh != TopoShape{}) r.shapes.push_back(sh);
+      if (sh == TopoShape{}) continue;
+      r.shapes.push_back(sh);
+      r.shape_labels.push_back(kind + (sh.relayed ? " relayed" : "") + (sh.split == ChunkSplit::kTapered ? " tapered" : ""));
     }
   }
   // Tapered chunks need 3 <= M <= the heads of a tile (validate_plan_config).
@@ -238,18 +243,18 @@ struct PoolPlace {
   std::span<const std::int64_t> gpus;
   std::int64_t g = 0, first_replica = 0, slots = 0;
   double lin_fwd = 0, lin_bwd = 0;
+  std::vector<double> noise;  // per GPU, this GA step's (the same at every shape and M)
 };
 
-void put_pool(WindowRun& run, const PoolPlace& at, const PlanCost& cost, Variant var, std::int64_t m, bool pipelined,
+void put_pool(const PoolPlace& at, const PlanCost& cost, Variant var, std::int64_t m, bool pipelined,
               PoolSteps& steps, CandWindow& cw, const TopoShape* shape = nullptr) {
-  const NoiseKey key{run.w, static_cast<std::uint64_t>(at.g)};
-  const double t = time_plan(run.ctx, cost, at.gpus, key, pipelined, false);
+  const double t = time_plan(cost, at.noise, pipelined, false);
   auto& into = shape != nullptr ? steps.shaped[*shape] : steps.plain;
   auto it = into.try_emplace({var, m}, StepMax{std::vector<double>(static_cast<std::size_t>(steps.ga), 0.0)}).first;
   it->second.put(at.g, t);
   if (var == Variant::kLibraFull || var == Variant::kLibraTopo || var == Variant::kLibraTapVrsp) {
     const MicroBatch mb{.attn_fwd = t,
-                        .attn_bwd = time_plan(run.ctx, cost, at.gpus, key, pipelined, true),
+                        .attn_bwd = time_plan(cost, at.noise, pipelined, true),
                         .lin_fwd = at.lin_fwd,
                         .lin_bwd = at.lin_bwd};
     (shape != nullptr ? cw.shaped_pools[*shape] : cw.pools)[{var, m}].push_back(
@@ -279,32 +284,30 @@ void record_pool(Record rec, const PlanCost& c, CandWindow& cw) {
 Status run_pool(WindowRun& run, const PoolRun& pr, std::span<const PackedSequence> pool, const PoolPlace& at,
                 PoolSteps& steps, CandWindow& cw) {
   const std::string kind(variant_name(pr.variants[0]));
-  const std::span<const std::int64_t> gpus = at.gpus;
   LIBRA_ASSIGN_OR_RETURN(const Plan base, timed_plan(run.tm, kind, [&] { return make_plan(pool, pr.pc); }));
-  PlanCost c;
-  PoolPrices prices{run.ctx, base, c, gpus, run.tm, {}, {}, {}, {}};
   // The base plan's sums serve its direct price and its relays.
-  c = prices.cost_of(&base, nullptr);
+  PoolPrices prices(run.ctx, base, at.gpus, run.tm);
+  const PlanCost& c = prices.base_cost;
   for (Variant var : pr.variants) {
-    if (!variant_pipelined(var)) put_pool(run, at, c, var, 1, false, steps, cw);
+    if (!variant_pipelined(var)) put_pool(at, c, var, 1, false, steps, cw);
   }
   const bool any_pipelined = std::any_of(pr.variants.begin(), pr.variants.end(), variant_pipelined);
   for (std::size_t i = 0; any_pipelined && i < pr.chunks.size(); ++i) {
     const std::int64_t m = pr.chunks[i];
-    PlanCost re;
+    const PlanCost* re = &c;
     if (m != 1 && m != pr.pc.chunks) {
       LIBRA_ASSIGN_OR_RETURN(re, prices.price(m, pr.pc.chunk_split, false, kind));
     }
     for (Variant var : pr.variants) {
-      if (variant_pipelined(var)) put_pool(run, at, m == pr.pc.chunks || m == 1 ? c : re, var, m, m != 1, steps, cw);
+      if (variant_pipelined(var)) put_pool(at, *re, var, m, m != 1, steps, cw);
     }
-    for (const TopoShape& sh : pr.shapes) {
+    for (std::size_t k = 0; k < pr.shapes.size(); ++k) {
+      const TopoShape& sh = pr.shapes[k];
       if (sh.split == ChunkSplit::kTapered && !pr.tapered_fits[i]) continue;
       // Relays are chosen per chunk, so each M (1 too) is relayed afresh.
-      const std::string label = kind + (sh.relayed ? " relayed" : "") + (sh.split == ChunkSplit::kTapered ? " tapered" : "");
-      LIBRA_ASSIGN_OR_RETURN(PlanCost sc, prices.price(m, sh.split, sh.relayed, label));
+      LIBRA_ASSIGN_OR_RETURN(const PlanCost* sc, prices.price(m, sh.split, sh.relayed, pr.shape_labels[k]));
       for (Variant var : pr.variants) {
-        if (variant_pipelined(var)) put_pool(run, at, sc, var, m, m != 1, steps, cw, &sh);
+        if (variant_pipelined(var)) put_pool(at, *sc, var, m, m != 1, steps, cw, &sh);
       }
     }
   }
@@ -322,7 +325,8 @@ Status run_pools(WindowRun& run, const Placed& pl, const PlanConfig& pc, const s
     const auto pool = pool_of(run.window, placement.pools[k]);
     const auto slots = static_cast<std::int64_t>(pool.size());
     const auto gpus = pool_gpus(layout.pool_first_replica[k], slots, run.ctx.cfg.cp);
-    PoolPlace at{gpus, layout.pool_ga[k], layout.pool_first_replica[k], slots, 0, 0};
+    PoolPlace at{gpus, layout.pool_ga[k], layout.pool_first_replica[k], slots, 0, 0,
+                 noise_factors(run.ctx, gpus, {run.w, static_cast<std::uint64_t>(layout.pool_ga[k])})};
     for (const auto& sq : pool) {
       at.lin_fwd = std::max(at.lin_fwd, linear_part(run.ctx, seq_tokens(sq), false));
       at.lin_bwd = std::max(at.lin_bwd, linear_part(run.ctx, seq_tokens(sq), true));

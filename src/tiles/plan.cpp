@@ -563,8 +563,8 @@ void merge_uses(ChunkUse* into, const ChunkUse* shard, std::size_t heads) {
 //     query row: a query reads no later key; Plan::Data::kv_span_end); when
 //     keys merge shards, the chunks that read each KV head.
 void record_entries(Plan::Data& d, const EntryIndex& entry, const ChunkUse* shard_uses, std::int32_t stride,
-                    bool key_is_shard) {
-  const bool prefix = d.config.kv_prefix;
+                    bool key_is_shard, bool spans = true) {
+  const bool prefix = d.config.kv_prefix && spans;
   if (prefix) d.kv_span_end.assign(d.worker_group_ids.size(), 0);
   for (const Tile& t : d.tiles) {
     const ChunkUse* su = shard_uses + static_cast<std::size_t>(t.shard) * static_cast<std::size_t>(stride);
@@ -580,6 +580,32 @@ void record_entries(Plan::Data& d, const EntryIndex& entry, const ChunkUse* shar
       merge_uses(d.kv_uses.data() + first, su, d.kv_use_offsets[at + 1] - first);
     }
   }
+}
+
+// The held bits and entry index of a built plan, read back from its group
+// lists (a re-chunked plan's entries are its base plan's).
+HeldBits held_of(const Plan::Data& d, const Geometry& g) {
+  HeldBits held(g.workers, static_cast<std::size_t>(g.sample_base.back()) * static_cast<std::size_t>(g.keys_per_sample));
+  for (int r = 0; r < g.workers; ++r) {
+    std::uint64_t* const row = held.row(r);
+    for (std::size_t i = d.worker_group_offsets[static_cast<std::size_t>(r)];
+         i < d.worker_group_offsets[static_cast<std::size_t>(r) + 1]; ++i) {
+      set_bit(row, d.worker_group_ids[i]);
+    }
+  }
+  return held;
+}
+EntryIndex index_of(const Plan::Data& d, const HeldBits& held) {
+  EntryIndex index(held, held.bits.size());
+  for (int r = 0; r < d.num_workers; ++r) {
+    std::size_t at = d.worker_group_offsets[static_cast<std::size_t>(r)];
+    const std::uint64_t* const row = held.row(r);
+    for (std::size_t k = 0; k < held.words; ++k) {
+      index.set(static_cast<std::size_t>(r) * held.words + k, at);
+      at += static_cast<std::size_t>(bit_count(row[k]));
+    }
+  }
+  return index;
 }
 
 }  // namespace
@@ -615,11 +641,12 @@ Plan build_plan(std::span<const PackedSequence> pool, const PlanConfig& config, 
 namespace {
 
 // build_plan(pool, config, geometry, rows of `base`) without placing
-// anything again, for a plan whose keys are each one shard's: nothing but
-// the K/V chunk uses and the fingerprint depends on the chunking, so the
-// rest is the base plan's: its item arrays shared (no plan writes them after
-// its build), the small per-worker lists copied, the geometry shared. The
-// fingerprint is hashed on first use (Plan::fingerprint).
+// anything again: nothing but the K/V chunk uses and the fingerprint
+// depends on the chunking, so the rest is the base plan's: its item arrays
+// shared (no plan writes them after its build), the small per-worker lists
+// copied, the geometry shared. Keys that merge shards take each entry's uses
+// from its fragments again (record_entries), through the base's entries.
+// The fingerprint is hashed on first use (Plan::fingerprint).
 Plan rechunk_data(const Plan::Data& base, const PlanConfig& config) {
   const Geometry& g = *base.geometry;
   std::shared_ptr<Plan::Data> d = plan_header(base.pool, config, g);
@@ -635,11 +662,13 @@ Plan rechunk_data(const Plan::Data& base, const PlanConfig& config) {
   d->imbalance = base.imbalance;
   const std::vector<ShardInfo> shards = shard_infos(g);
   const std::vector<KvGroup> key_group = key_heads(g).group;
-  // Each key is one shard's (rechunk_plan's condition): the shard tables
-  // are the uses of every entry (store_kv_uses).
-  assert(!(g.dedup_per_kv_head && g.shards > g.heads_kv));
+  const bool key_is_shard = !(g.dedup_per_kv_head && g.shards > g.heads_kv);
   ShardUses shard_uses = shard_chunk_uses(g, config, shards, key_group);
-  store_kv_uses(*d, shard_uses, /*key_is_shard=*/true);
+  const ChunkUse* shard_table = store_kv_uses(*d, shard_uses, key_is_shard);
+  if (!key_is_shard) {
+    const HeldBits held = held_of(*d, g);
+    record_entries(*d, index_of(*d, held), shard_table, shard_uses.stride, false, /*spans=*/false);
+  }
   d->fingerprint_deferred = true;
   d->geometry = base.geometry;
   return Plan(std::move(d));
@@ -1202,20 +1231,7 @@ Result<Plan> rechunk_plan(const Plan& plan, int chunks, ChunkSplit split) {
   // The geometry reads no chunk setting: the plan's own, once the new
   // chunking is checked (make_geometry's first step).
   LIBRA_TRY(validate_plan_config(config));
-  const detail::Geometry& g = *plan.data_as_built().geometry;
-  // Keys that merge shards need every entry's uses again, which the held
-  // bits of a full build find faster than a search per fragment.
-  if (!(g.dedup_per_kv_head && g.shards > g.heads_kv)) return detail::rechunk_data(plan.data_as_built(), config);
-  detail::Geometry geo = g;
-  std::vector<detail::PlacedRows> rows;
-  rows.reserve(plan.tiles().size());
-  for (const Tile& t : plan.tiles()) {
-    rows.push_back({.slot = t.slot, .block = t.block, .shard = t.shard, .begin = t.begin, .end = t.end,
-                    .worker = t.worker});
-  }
-  // A plan's tiles are already in (slot, block, shard, piece) order and cut every block exactly.
-  assert(detail::check_rows(geo, rows, "plan").ok());
-  return detail::build_plan(plan.pool(), config, std::move(geo), rows);
+  return detail::rechunk_data(plan.data_as_built(), config);
 }
 
 // ---- accessors -------------------------------------------------------------

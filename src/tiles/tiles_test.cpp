@@ -1007,6 +1007,41 @@ TEST(PlanChunks, RechunkEqualsPlanningAgainAtThatM) {
   }
 }
 
+// Keys that merge shards (dedup_per_kv_head, H > h_kv): a re-chunked plan's
+// per-entry K/V uses are made again from the base plan's fragments, and
+// equal those of planning again at that M, head by head.
+TEST(PlanChunks, RechunkWithMergedKeysEqualsPlanningAgain) {
+  const std::vector<PackedSequence> pool = {{9, 3, 4}, {16}, {2, 12, 2}, {5, 5}};
+  for (PlanMode mode : {PlanMode::kTap, PlanMode::kTapSplit, PlanMode::kTapTopo}) {
+    for (bool prefix : {false, true}) {
+      PlanConfig c = plan_config(16, 2, 4, 4, 8, 2, 4, 2, 0.03);  // 4 shards of 2 query heads, 2 KV heads
+      c.mode = mode;
+      c.dedup_per_kv_head = true;
+      c.kv_prefix = prefix;
+      c.chunks = 2;
+      const Plan two = plan_or_die(pool, c);
+      c.chunks = 1;
+      const Plan direct = plan_or_die(pool, c);
+      auto re = libra::rechunk_plan(two, 1);
+      ASSERT_TRUE(re.ok()) << re.error().message();
+      EXPECT_EQ(re->fingerprint(), direct.fingerprint()) << libra::plan_mode_name(mode);
+      for (int r = 0; r < direct.num_workers(); ++r) {
+        const auto groups = direct.worker_groups(r);
+        ASSERT_EQ(re->worker_groups(r).size(), groups.size());
+        for (const std::int32_t gid : groups) {
+          const libra::KvGroup& g = direct.groups()[static_cast<std::size_t>(gid)];
+          EXPECT_EQ(re->kv_span(r, gid), direct.kv_span(r, gid));
+          for (std::int32_t k = g.kv_heads.begin; k < g.kv_heads.end; ++k) {
+            const libra::ChunkUse a = re->kv_use(r, gid, k), b = direct.kv_use(r, gid, k);
+            EXPECT_EQ(std::tie(a.first, a.last), std::tie(b.first, b.last)) << r << " " << gid << " " << k;
+          }
+        }
+        for (int d = 0; d < direct.num_workers(); ++d) EXPECT_EQ(re->chunk_bytes(0, r, d), direct.chunk_bytes(0, r, d));
+      }
+    }
+  }
+}
+
 namespace {
 
 // Threads start with different accessors: whichever comes first derives the
