@@ -341,13 +341,11 @@ PlanCost cost_plan(const Ctx& ctx, const Plan& plan, std::span<const std::int64_
   return cost_plan(ctx, plan, exchange_sums(plan.data_as_built()), gpus, relays);
 }
 
-PlanCost cost_plan(const Ctx& ctx, const Plan& plan, const ExchangeSums& sums, std::span<const std::int64_t> gpus,
-                   const RelayTable* relays) {
-  PlanCost c;
-  const int w = plan.num_workers();
-  const std::size_t ws = static_cast<std::size_t>(w);
-  c.workers = w;
-  c.chunks = plan.config().chunks;
+namespace {
+
+// The plan's compute times per worker, whole and per chunk, into c.
+void add_compute(const Ctx& ctx, const Plan& plan, PlanCost& c) {
+  const std::size_t ws = static_cast<std::size_t>(c.workers);
   c.comp_fwd.assign(ws, 0);
   c.comp_bwd.assign(ws, 0);
   c.chunk_comp_fwd.assign(static_cast<std::size_t>(c.chunks), std::vector<double>(ws, 0));
@@ -371,6 +369,9 @@ PlanCost cost_plan(const Ctx& ctx, const Plan& plan, const ExchangeSums& sums, s
   std::pair<double, double> full{};
   std::vector<std::pair<double, double>> part(M);
   std::vector<double> share(M);
+  // A chunk as wide as the one before has its share and rate, hence its
+  // times: computed once (every chunk, when equal).
+  std::vector<char> same(M, 0);
   for (const Tile& t : plan.tiles()) {
     const auto r = static_cast<std::size_t>(t.worker);
     const std::int64_t rows = t.end - t.begin;
@@ -379,11 +380,11 @@ PlanCost cost_plan(const Ctx& ctx, const Plan& plan, const ExchangeSums& sums, s
       shape_rows = rows;
       shape_heads = t.heads.size();
       full = rates(rows, heads);
-      // Chunks of one width share a rate lookup (every chunk, when equal).
       double part_width = -1;
       for (std::size_t k = 0; k < M; ++k) {
         const double width = static_cast<double>(plan.chunk_heads(t, static_cast<int>(k)).size());
-        if (width != part_width) {
+        same[k] = width == part_width;
+        if (!same[k]) {
           part[k] = rates(rows, width);
           part_width = width;
         } else {
@@ -396,11 +397,26 @@ PlanCost cost_plan(const Ctx& ctx, const Plan& plan, const ExchangeSums& sums, s
     const double bwd = 2.5 * fwd;  // 10 d vs 4 d FLOPs per pair (workload.hpp)
     c.comp_fwd[r] += fwd / full.first;
     c.comp_bwd[r] += bwd / full.second;
+    double f = 0, b = 0;
     for (std::size_t k = 0; k < M; ++k) {
-      c.chunk_comp_fwd[k][r] += fwd * share[k] / part[k].first;
-      c.chunk_comp_bwd[k][r] += bwd * share[k] / part[k].second;
+      if (!same[k]) {
+        f = fwd * share[k] / part[k].first;
+        b = bwd * share[k] / part[k].second;
+      }
+      c.chunk_comp_fwd[k][r] += f;
+      c.chunk_comp_bwd[k][r] += b;
     }
   }
+}
+
+}  // namespace
+
+PlanCost cost_plan(const Ctx& ctx, const Plan& plan, const ExchangeSums& sums, std::span<const std::int64_t> gpus,
+                   const RelayTable* relays) {
+  PlanCost c;
+  c.workers = plan.num_workers();
+  c.chunks = plan.config().chunks;
+  add_compute(ctx, plan, c);
   AlltoallPricer pricer(ctx.cfg.cost.net, gpus);
   price_phases(c, sums, relays != nullptr && relays->any() ? relays : nullptr, pricer);
   add_byte_totals(c, sums, plan.config().topology);
