@@ -193,7 +193,7 @@ PhasePairs phase_pairs(const ExchangeSums& x, std::span<const std::int32_t> vias
   const std::size_t W = static_cast<std::size_t>(x.workers), n = x.pairs.size();
   for (std::size_t m = 0; m < static_cast<std::size_t>(x.chunks); ++m) {
     for (std::size_t k = 0; k < n; ++k) {
-      const std::size_t s = x.pairs[k] / W, t = x.pairs[k] % W;
+      const std::size_t s = x.src[k], t = x.dst[k];
       const auto via = static_cast<std::size_t>(vias[m * n + k]);
       if (via == s) continue;
       out.pairs.push_back(static_cast<std::uint32_t>(via * W + t));
@@ -234,7 +234,7 @@ SparsePhases sparse_phases(const ExchangeSums& x, const RelayTable* relays) {
     std::int64_t *bin = out.at(SparsePhases::kBwdIn, m), *bout = out.at(SparsePhases::kBwdOut, m);
     std::int64_t *sf = out.at(SparsePhases::kFwdStage, m), *sb = out.at(SparsePhases::kBwdStage, m);
     for (std::size_t k = 0; k < direct; ++k) {
-      const std::size_t st = x.pairs[k], s = st / W, t = st % W, ts = x.reverse[k];
+      const std::size_t s = x.src[k], t = x.dst[k], ts = x.reverse[k];
       // As phase_bytes: in Q (+ dO, O, LSE) + K/V, out O + LSE (dQ + dK/dV).
       const std::int64_t kv_bytes = 2 * qo * kv[k];
       const std::int64_t f = qo * q[k] + kv_bytes;
@@ -314,12 +314,14 @@ void price_phases(PlanCost& c, const ExchangeSums& x, const RelayTable* relays, 
 void add_byte_totals(PlanCost& c, const ExchangeSums& x, const PlanTopology& topo) {
   const auto ws = static_cast<std::size_t>(c.workers);
   std::vector<std::int64_t> send(ws, 0), recv(ws, 0), recv_cross(ws, 0);
+  std::vector<int> node(ws);  // across nodes: topo_tier != 0
+  for (std::size_t r = 0; r < ws; ++r) node[r] = static_cast<int>(r) / topo.gpus_per_node;
   for (std::size_t j = 0; j < x.pairs.size(); ++j) {
-    const std::size_t s = x.pairs[j] / ws, t = x.pairs[j] % ws;
+    const std::size_t s = x.src[j], t = x.dst[j];
     const std::int64_t b = x.bytes[j];
     send[s] += b;
     recv[t] += b;
-    if (detail::topo_tier(topo, static_cast<int>(s), static_cast<int>(t)) != 0) recv_cross[t] += b;
+    if (node[s] != node[t]) recv_cross[t] += b;
   }
   for (std::size_t r = 0; r < ws; ++r) {
     c.comm_bytes += send[r];
