@@ -174,6 +174,7 @@ struct SparsePhases {
   enum Phase : std::size_t { kFwdIn, kFwdOut, kBwdIn, kBwdOut, kFwdStage, kBwdStage, kPhases };
   std::vector<std::uint32_t> pairs;
   std::size_t slices = 1;
+  std::size_t phases = kPhases;  // the stage phases only with relays
   std::vector<std::int64_t> bytes;  // [phase][slice][pair]
   std::int64_t* at(std::size_t phase, std::size_t slice) {
     return bytes.data() + (phase * slices + slice) * pairs.size();
@@ -225,14 +226,16 @@ SparsePhases sparse_phases(const ExchangeSums& x, const RelayTable* relays) {
     return static_cast<std::size_t>(std::lower_bound(out.pairs.begin(), out.pairs.end(), pair) - out.pairs.begin());
   };
   const std::size_t n = out.pairs.size(), direct = x.pairs.size();
-  out.bytes.assign(SparsePhases::kPhases * out.slices * n, 0);
+  out.phases = relays != nullptr ? SparsePhases::kPhases : SparsePhases::kFwdStage;
+  out.bytes.assign(out.phases * out.slices * n, 0);
   for (std::size_t m = 0; m < M; ++m) {
     const std::int64_t* q = x.qo_row_heads.data() + m * direct;
     const std::int64_t* kv = x.kv_token_heads.data() + m * direct;
     const std::int64_t* dkv = x.dkv_rows.data() + m * direct;
     std::int64_t *fin = out.at(SparsePhases::kFwdIn, m), *fout = out.at(SparsePhases::kFwdOut, m);
     std::int64_t *bin = out.at(SparsePhases::kBwdIn, m), *bout = out.at(SparsePhases::kBwdOut, m);
-    std::int64_t *sf = out.at(SparsePhases::kFwdStage, m), *sb = out.at(SparsePhases::kBwdStage, m);
+    std::int64_t* sf = relays != nullptr ? out.at(SparsePhases::kFwdStage, m) : nullptr;
+    std::int64_t* sb = relays != nullptr ? out.at(SparsePhases::kBwdStage, m) : nullptr;
     for (std::size_t k = 0; k < direct; ++k) {
       const std::size_t s = x.src[k], t = x.dst[k], ts = x.reverse[k];
       // As phase_bytes: in Q (+ dO, O, LSE) + K/V, out O + LSE (dQ + dK/dV).
@@ -256,7 +259,7 @@ SparsePhases sparse_phases(const ExchangeSums& x, const RelayTable* relays) {
     }
   }
   if (out.slices > 1) {
-    for (std::size_t p = 0; p < SparsePhases::kPhases; ++p) {
+    for (std::size_t p = 0; p < out.phases; ++p) {
       std::int64_t* whole = out.at(p, M);
       for (std::size_t m = 0; m < M; ++m) {
         const std::int64_t* part = out.at(p, m);
