@@ -332,16 +332,14 @@ inline std::int32_t write_sample_fragments(const Geometry& g, const PlacedRows& 
 }
 
 // 2. Tiles and fragments in one pass, with the compute-list counts, the
-//    loads, C_r and the fingerprint's tile words (the hash is one serial
-//    chain: beside the pass's own work it costs little, alone it would wait
-//    on every multiply). Consecutive tiles with the same rows (the shards of
+//    loads and C_r. Consecutive tiles with the same rows (the shards of
 //    a tap block) share their samples, FLOPs and home: the rows are looked
 //    up once and the next shard copies the fragments with its own groups.
 //    Storage for the fragments is allocated once, for at most one per tile
 //    plus one per sample start inside a tile's rows (a start lies inside at
 //    most one piece of each (block, shard)), and then trimmed.
 void write_tiles(Plan::Data& d, const Geometry& g, std::span<const ShardInfo> shards, std::span<const PlacedRows> rows,
-                 HeldBits& held, WordHash& hash) {
+                 HeldBits& held) {
   d.tiles = RawArray<Tile>(rows.size());
   d.worker_tile_offsets.assign(static_cast<std::size_t>(g.workers) + 1, 0);
   d.worker_flops.assign(static_cast<std::size_t>(g.workers), 0);
@@ -392,7 +390,6 @@ void write_tiles(Plan::Data& d, const Geometry& g, std::span<const ShardInfo> sh
                                                .worker = r.worker,
                                                .fragment_begin = static_cast<std::int32_t>(count),
                                                .fragment_end = static_cast<std::int32_t>(count) + n};
-    put_tile_words(r.slot, r.block, r.shard, r.worker, r.begin, r.end, hash);
     ++tile_counts[r.worker];
     loads[r.worker] += flops;
     count += static_cast<std::size_t>(n);
@@ -615,11 +612,7 @@ Plan build_plan(std::span<const PackedSequence> pool, const PlanConfig& config, 
   std::shared_ptr<Plan::Data> d = plan_header(pool, config, g);
   const std::vector<ShardInfo> shards = shard_infos(g);
   HeldBits held(g.workers, static_cast<std::size_t>(g.sample_base.back()) * static_cast<std::size_t>(g.keys_per_sample));
-  // 8. The fingerprint of the defining content: the prefix now, the tile
-  //    words in the tile pass.
-  WordHash hash;
-  for_each_canonical_prefix_word(config, pool, rows.size(), hash);
-  write_tiles(*d, g, shards, rows, held, hash);
+  write_tiles(*d, g, shards, rows, held);
   const std::vector<KvGroup> key_group = key_heads(g).group;  // key and KV heads per key
   write_groups(*d, g, key_group);
   write_compute_lists(*d);
@@ -631,8 +624,8 @@ Plan build_plan(std::span<const PackedSequence> pool, const PlanConfig& config, 
   ShardUses shard_uses = shard_chunk_uses(g, config, shards, key_group);
   const ChunkUse* shard_table = store_kv_uses(*d, shard_uses, key_is_shard);
   if (need_entries) record_entries(*d, entries, shard_table, shard_uses.stride, key_is_shard);
-  d->fingerprint = hash.value();
-  // The exchange is derived from the plan on first use (derive_exchange).
+  // 8. The fingerprint and the exchange are derived from the plan on first
+  //    use (Plan::fingerprint, derive_exchange).
   d->geometry = std::make_shared<const Geometry>(std::move(geo));
   return Plan(std::move(d));
 }
@@ -668,7 +661,6 @@ Plan rechunk_data(const Plan::Data& base, const PlanConfig& config) {
     const HeldBits held = held_of(*d, g);
     record_entries(*d, index_of(*d, held), shard_table, shard_uses.stride, false, /*spans=*/false);
   }
-  d->fingerprint_deferred = true;
   d->geometry = base.geometry;
   return Plan(std::move(d));
 }
@@ -1233,13 +1225,11 @@ std::int64_t Plan::chunk_bytes(int m, int src, int dst) const {
 }
 std::uint64_t Plan::fingerprint() const {
   const Data& d = *d_;
-  if (d.fingerprint_deferred) {
-    std::call_once(d.fingerprint_once, [&d] {
-      detail::WordHash hash;
-      detail::for_each_canonical_word(d.config, d.pool, std::span<const Tile>(d.tiles), hash);
-      d.fingerprint = hash.value();
-    });
-  }
+  std::call_once(d.fingerprint_once, [&d] {
+    detail::WordHash hash;
+    detail::for_each_canonical_word(d.config, d.pool, std::span<const Tile>(d.tiles), hash);
+    d.fingerprint = hash.value();
+  });
   return d.fingerprint;
 }
 
