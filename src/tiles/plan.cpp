@@ -288,11 +288,14 @@ std::shared_ptr<Plan::Data> plan_header(std::span<const PackedSequence> pool, co
   return d;
 }
 
-// Another shard of the same rows: the previous tile's n fragments, just
-// written before `out`, with this tile's id and groups.
-inline void copy_shard_fragments(Fragment* out, std::int32_t n, std::int32_t id, std::int32_t shift, std::uint64_t* held) {
+// Another shard of the same rows: the first shard's n fragments `from`,
+// with this tile's id and groups (shifted by the difference of their keys).
+// Read from the first shard's, not the one just written: a load that spans
+// two stores still in the store buffer waits for them to drain.
+inline void copy_shard_fragments(Fragment* out, const Fragment* from, std::int32_t n, std::int32_t id, std::int32_t shift,
+                                 std::uint64_t* held) {
   for (std::int32_t k = 0; k < n; ++k) {
-    Fragment f = out[k - n];
+    Fragment f = from[k];
     f.tile = id;
     f.group += shift;
     set_bit(held, f.group);
@@ -355,7 +358,7 @@ void write_tiles(Plan::Data& d, const Geometry& g, std::span<const ShardInfo> sh
   PlacedRows prev{-1, -1, -1, -1, -1, -1};
   std::int32_t piece = 0, home = 0, key = 0, n = 0;
   std::int64_t flops = 0;
-  std::size_t count = 0;
+  std::size_t count = 0, first_count = 0;  // key, first_count: the key and first fragment of the rows' first shard
   for (std::size_t i = 0; i < rows.size(); ++i) {
     const PlacedRows r = rows[i];
     const auto id = static_cast<std::int32_t>(i);
@@ -366,7 +369,7 @@ void write_tiles(Plan::Data& d, const Geometry& g, std::span<const ShardInfo> sh
     const bool block_start = r.begin == r.block * g.block_size;
     piece = block_start ? 0 : piece + 1;
     if (prev.slot == r.slot && prev.begin == r.begin && prev.end == r.end) {
-      copy_shard_fragments(frags + count, n, id, shard.key - key, row);
+      copy_shard_fragments(frags + count, frags + first_count, n, id, shard.key - key, row);
     } else {
       // A block's first piece starts at the block (every tile but a
       // tap-split piece): its first sample is in a table.
@@ -375,6 +378,8 @@ void write_tiles(Plan::Data& d, const Geometry& g, std::span<const ShardInfo> sh
       std::int64_t pairs = 0;
       n = write_sample_fragments(g, r, id, shard.key, first, frags + count, row, pairs);
       flops = pairs * g.head_width;
+      first_count = count;
+      key = shard.key;
     }
     ::new (static_cast<void*>(tiles + i)) Tile{.id = id,
                                                .slot = r.slot,
@@ -393,7 +398,6 @@ void write_tiles(Plan::Data& d, const Geometry& g, std::span<const ShardInfo> sh
     ++tile_counts[r.worker];
     loads[r.worker] += flops;
     count += static_cast<std::size_t>(n);
-    key = shard.key;
     prev = r;
   }
   fragments.truncate(count);
