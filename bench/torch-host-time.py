@@ -14,14 +14,18 @@ Per worker, printed as the median and the largest over the workers:
 - the thread CPU time of each forward and backward pass (median over --reps after one warm-up),
   with the per-call agreement off (check_calls=False), and the torch ops one call dispatches, with
   the agreement (check_calls=True: CPU tensors, a collective per call) counted apart;
-- what each micro-batch builds before its first call: the rank program and its index arrays in
-  C++ (GIL released), then PlanRuntime's construction and the index arrays' device views (GIL held);
+- what each micro-batch builds before its first call (median over --build-reps micro-batches
+  after one more, one worker at a time where nothing is collective): the rank program with its
+  home layout and the index arrays in C++ (GIL released: Planner's thread), then PlanRuntime's
+  construction (the agreement, a collective) and ``PlanRuntime.on`` (the arrays' layout to Python,
+  the one copy, the expansion launch, the records the backend reads), which hold the GIL; the
+  sum of those two is the GIL-held figure;
 - the index arrays' device memory.
 A measurement, not a test.
 
     .venv/bin/python bench/torch-host-time.py                        # builtin:paper-256k, P 4, CP 8, M 4
     .venv/bin/python bench/torch-host-time.py --preset paper-1m      # builtin:paper-1m, P 8, CP 8, M 4
-    .venv/bin/python bench/torch-host-time.py --preset paper-1m --build-only   # the build alone, per worker
+    .venv/bin/python bench/torch-host-time.py --preset paper-1m --build-only   # the build alone (no calls)
 """
 import argparse
 import os
@@ -40,7 +44,7 @@ if os.path.isdir(BUILT):
 import libra  # noqa: E402
 from libra import _libra  # noqa: E402
 import libra.torch as lt  # noqa: E402
-from libra.torch import backends, index  # noqa: E402
+from libra.torch import backends, index, runtime  # noqa: E402
 from libra.torch.comms import inprocess  # noqa: E402
 from libra.torch.opcount import CountOps, NoWire, call_ops, meta_inputs  # noqa: E402
 
@@ -66,35 +70,64 @@ class NoKernel(backends.Backend):
 
 
 _ONE_AT_A_TIME = threading.Lock()
+BACKEND = NoKernel()
 
 
-def body(rank, world, a, pool):
+def build(rank, a, pool):
+    """One worker's per-micro-batch build, timed in parts (thread CPU): what Planner's thread does in
+    C++ with the GIL released (rank_program, with the home layout; the index arrays), then what the
+    training thread does with the GIL held: PlanRuntime's construction (the agreement, the program's
+    summary and home layout) and the index arrays on the device (``PlanRuntime.on``: their layout
+    to Python, the one copy, the expansion, the records the backend reads). Returns (runtime, figures)."""
     group, worker = lt.pool_group(len(pool), a.cp)
     plan = libra.make_plan(pool, seq_len=a.seq_len, cp=a.cp, block_size=a.block, head_shards=a.head_shards,
                            heads_q=a.heads_q, heads_kv=a.heads_kv, head_dim=a.head_dim, chunks=a.chunks,
                            dtype="bf16", mode=a.mode)
-    # What Planner's thread does (GIL released), then what the training thread does (GIL held).
-    t0 = time.thread_time()
-    prog = _libra.rank_program(plan, worker)
-    t1 = time.thread_time()
+    meta = torch.device("meta")
+    runs = []
+    for rep in range(a.build_reps + 1):  # a micro-batch each, the first a warm-up (the pool's first collectives)
+        rt, figures = _micro_batch(plan, group, worker, meta)
+        if rep:
+            runs.append(figures)
+    return rt, {key: statistics.median(r[key] for r in runs) for key in runs[0]}
+
+
+def _micro_batch(plan, group, worker, meta):
+    # One worker at a time where nothing is collective (its thread time is then its own, not the
+    # other threads' contention on two cores).
+    with _ONE_AT_A_TIME:
+        t0 = time.thread_time()
+        prog = _libra.rank_program(plan, worker)
+        t1 = time.thread_time()
     rt = lt.PlanRuntime(plan, group, schedule=prog, check_calls=False, timeout=3600)
     t2 = time.thread_time()
-    # One worker at a time builds (the build's thread time is then its own, not the other
-    # threads' contention); the runtime lets the host arrays go once on its device.
     with _ONE_AT_A_TIME:
         t3 = time.thread_time()
         index_s = prog.build_index()
         t4 = time.thread_time()
-        # PlanRuntime.on's steps, timed apart: the arrays' layout to Python and the device views hold
-        # the GIL; letting the host arrays go (drop_index) does not.
-        host, layout = index.host_arrays(prog)
-        index.to_device(host, layout, torch.device("meta"))
+        rt.on(meta, BACKEND)  # what the first call would do
         t5 = time.thread_time()
-        del host, layout
-        rt.on("meta")  # the same again, then the host arrays go
+        # The same steps again, timed apart: the layout to Python, the expansion alone, all of it; and
+        # counted (the counting's own dispatch mode slows what it counts: not timed).
+        host, layout = index.host_arrays(prog)
         t6 = time.thread_time()
-    build = dict(program=t1 - t0, index=t4 - t3, index_cpp=index_s, runtime=t2 - t1, views=t5 - t4,
-                 on=t6 - t5, index_bytes=rt.index_bytes("meta"))
+        nd, nr = layout["data"], layout["runs"]
+        index.expand(host[nd:].view(5, nr), host.numpy()[nd:].reshape(5, nr), layout["rows"], meta)
+        t7 = time.thread_time()
+        kinds = runtime._kinds(BACKEND)
+        index.to_device(host, layout, meta, kinds)
+        t8 = time.thread_time()
+        with CountOps() as ops:
+            index.to_device(*index.host_arrays(prog), meta, kinds)
+    return rt, dict(program=t1 - t0, index=t4 - t3, index_cpp=index_s, runtime=t2 - t1, on=t5 - t4,
+                    layout=t6 - t5, expand=t7 - t6, records=(t8 - t7) - (t7 - t6), on_ops=ops.n,
+                    on_kernels=ops.kernels, index_bytes=rt.index_bytes(meta))
+
+
+def body(rank, world, a, pool):
+    rt, res = build(rank, a, pool)
+    if a.build_only:
+        return res
     rt.comm = NoWire(rt.comm)
     q, k, v, do = meta_inputs(rt)
     fwd, bwd = [], []
@@ -110,8 +143,8 @@ def body(rank, world, a, pool):
     f_ops, b_ops = call_ops(rt, q, k, v, do)
     rt.check_calls = True
     fa_ops, _ = call_ops(rt, q, k, v, do)
-    return dict(fwd=statistics.median(fwd), bwd=statistics.median(bwd), fwd_ops=f_ops, bwd_ops=b_ops,
-                agree_ops=fa_ops - f_ops, **build)
+    return dict(res, fwd=statistics.median(fwd), bwd=statistics.median(bwd), fwd_ops=f_ops, bwd_ops=b_ops,
+                agree_ops=fa_ops - f_ops)
 
 
 def _stat(res, key, scale=1e3, fmt=".1f"):
@@ -123,41 +156,30 @@ def _warm_meta(plan):
     """Untimed: the first index op on the meta device loads torch's meta kernels (about a second, once
     per process; a GPU's first op has its own start-up, before any micro-batch)."""
     warm = _libra.rank_program(plan, 0)
-    index.to_device(*index.host_arrays(warm), torch.device("meta"))
+    with CountOps():
+        index.to_device(*index.host_arrays(warm), torch.device("meta"))
 
 
-def build_only(a, pool):
-    """Each worker's per-micro-batch build alone, one after another on this thread (no pool running
-    beside it): rank_program and the index arrays in C++ (what Planner's thread does without the
-    GIL), then the arrays' layout to Python, their expansion and views on the device (meta), which
-    hold the GIL."""
-    plan = libra.make_plan(pool, seq_len=a.seq_len, cp=a.cp, block_size=a.block, head_shards=a.head_shards,
-                           heads_q=a.heads_q, heads_kv=a.heads_kv, head_dim=a.head_dim, chunks=a.chunks,
-                           dtype="bf16", mode=a.mode)
-    res = []
-    _warm_meta(plan)
-    for w in range(plan.num_workers):
-        t0 = time.thread_time()
-        prog = _libra.rank_program(plan, w)
-        t1 = time.thread_time()
-        index_s = prog.build_index()
-        t2 = time.thread_time()
-        host, layout = index.host_arrays(prog)
-        _views, dev = index.to_device(host, layout, torch.device("meta"))
-        t3 = time.thread_time()
-        del _views
-        prog.drop_index()
-        t4 = time.thread_time()
-        with CountOps() as ops:  # the same again, counted
-            index.to_device(host, layout, torch.device("meta"))
-        del host, layout
-        res.append(dict(program=t1 - t0, index=t2 - t1, index_cpp=index_s, views=t3 - t2, drop=t4 - t3,
-                        total=t3 - t0, index_bytes=index.nbytes(dev), ops=ops.n, kernels=ops.kernels))
-    print(f"each worker alone (W {plan.num_workers}, one after another): rank_program ms {_stat(res, 'program')}; "
-          f"index arrays (C++, GIL released) ms {_stat(res, 'index')}; layout and device views (GIL held) ms "
-          f"{_stat(res, 'views')}; all three ms {_stat(res, 'total')}; letting the host arrays go (GIL released) ms "
-          f"{_stat(res, 'drop')}; torch ops of the views and expansion {_stat(res, 'ops', 1, '.0f')}, of them not views (kernels or allocations) {_stat(res, 'kernels', 1, '.0f')}; index arrays MiB {_stat(res, 'index_bytes', 1 / 2 ** 20, '.2f')}; "
-          f"load average {os.getloadavg()[0]:.1f}")
+def report(res, a, W, wall):
+    if not a.build_only:
+        for key, name in (("fwd", "forward"), ("bwd", "backward")):
+            print(f"{name} pass: host ms {_stat(res, key)} (thread CPU, median of {a.reps}); "
+                  f"torch ops {_stat(res, key + '_ops', 1, '.0f')}")
+        print(f"the per-call agreement (check_calls=True) adds ops: {_stat(res, 'agree_ops', 1, '.0f')}")
+    print(f"per micro-batch (each worker's median of {a.build_reps}), C++ with the GIL released (Planner's thread): "
+          f"rank_program and home layout ms "
+          f"{_stat(res, 'program')}; index arrays ms {_stat(res, 'index')} (of which the C++ build "
+          f"{_stat(res, 'index_cpp')})")
+    print(f"per micro-batch, GIL held: PlanRuntime ms {_stat(res, 'runtime')}; PlanRuntime.on ms {_stat(res, 'on')} "
+          f"(timed apart: layout to Python {_stat(res, 'layout', fmt='.2f')}, expansion "
+          f"{_stat(res, 'expand', fmt='.2f')}, records {_stat(res, 'records', fmt='.2f')}); torch ops of on "
+          f"{_stat(res, 'on_ops', 1, '.0f')}, of them not views {_stat(res, 'on_kernels', 1, '.0f')}")
+    for r in res:
+        r["total"] = r["program"] + r["index"] + r["runtime"] + r["on"]
+        r["gil"] = r["runtime"] + r["on"]
+    print(f"per micro-batch in all: ms {_stat(res, 'total')}; GIL held ms {_stat(res, 'gil', fmt='.2f')}")
+    print(f"index arrays per worker: MiB {_stat(res, 'index_bytes', 1 / 2 ** 20, '.2f')}; whole run {wall:.1f} s; "
+          f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
 
 
 PRESETS = {"paper-256k": dict(source="builtin:paper-256k", seq_len=262144, pool_size=4, cp=8, block=16384,
@@ -180,20 +202,19 @@ def main():
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--chunks", type=int, default=4)
     ap.add_argument("--mode", default="tap")
-    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--reps", type=int, default=5, help="timed attention calls per worker (after one more)")
+    ap.add_argument("--build-reps", type=int, default=5,
+                    help="timed micro-batch builds per worker (after one more); each figure their median")
     ap.add_argument("--build-only", action="store_true",
-                    help="only each worker's per-micro-batch build, alone, one worker after another")
+                    help="only each worker's per-micro-batch build (no attention calls)")
     a = ap.parse_args()
     if a.preset:
         for key, value in PRESETS[a.preset].items():
             setattr(a, key, value)
     pool = libra.load_packed_sequences(a.source, a.seq_len)[:a.pool_size]
     W = len(pool) * a.cp
-    if a.build_only:
-        build_only(a, pool)
-        return
-    backends.registry()["no-kernel"] = NoKernel()
-    backends.force("no-kernel")
+    backends.registry()[BACKEND.name] = BACKEND
+    backends.force(BACKEND.name)
     torch.set_num_threads(1)
     _warm_meta(libra.make_plan(pool, seq_len=a.seq_len, cp=a.cp, block_size=a.block, head_shards=a.head_shards,
                                heads_q=a.heads_q, heads_kv=a.heads_kv, head_dim=a.head_dim, chunks=a.chunks,
@@ -202,21 +223,9 @@ def main():
     res = inprocess.run(body, W, a, pool)
     wall = time.perf_counter() - start
     print(f"{a.source}: W {W} (P {len(pool)} x CP {a.cp}), L {a.seq_len}, B {a.block}, H {a.head_shards}, "
-          f"h_q {a.heads_q}, h_kv {a.heads_kv}, d {a.head_dim}, M {a.chunks}, {a.mode}, bf16, meta tensors")
-    for key, name in (("fwd", "forward"), ("bwd", "backward")):
-        print(f"{name} pass: host ms {_stat(res, key)} (thread CPU, median of {a.reps}); "
-              f"torch ops {_stat(res, key + '_ops', 1, '.0f')}")
-    print(f"the per-call agreement (check_calls=True) adds ops: {_stat(res, 'agree_ops', 1, '.0f')}")
-    print(f"per micro-batch, C++ with the GIL released (Planner's thread): rank_program ms {_stat(res, 'program')}; "
-          f"index arrays ms {_stat(res, 'index')} (of which the C++ build {_stat(res, 'index_cpp')})")
-    print(f"per micro-batch, GIL held: PlanRuntime ms {_stat(res, 'runtime')}; the arrays' layout and device views "
-          f"ms {_stat(res, 'views')} (PlanRuntime.on, those again and the host arrays let go: ms {_stat(res, 'on')})")
-    for r in res:
-        r["total"] = r["program"] + r["index"] + r["runtime"] + r["views"]
-        r["gil"] = r["runtime"] + r["views"]
-    print(f"per micro-batch in all: ms {_stat(res, 'total')}; GIL held ms {_stat(res, 'gil')}")
-    print(f"index arrays per worker: MiB {_stat(res, 'index_bytes', 1 / 2 ** 20, '.2f')}; whole run {wall:.1f} s; "
-          f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+          f"h_q {a.heads_q}, h_kv {a.heads_kv}, d {a.head_dim}, M {a.chunks}, {a.mode}, bf16, meta tensors"
+          + (", the build alone" if a.build_only else ""))
+    report(res, a, W, wall)
 
 
 if __name__ == "__main__":

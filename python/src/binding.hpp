@@ -42,6 +42,17 @@ void check(const libra::Status& s);
 // (cols = 0: one dimension).
 py::array_t<I64> int_array(std::vector<I64> values, I64 cols = 0);
 
+// Worker r's home rows as a data pipeline sees them (plan.cpp): the packed row of each home row,
+// its sample (-1 on padding) and position in it (padding counts on from 0 as one more sample),
+// flash-attn cu_seqlens over the token rows (a segment per run of one sample's consecutive packed
+// rows) and its longest segment, and the slot's packed sequence's cu_seqlens.
+struct HomeRows {
+  std::string layout;
+  I64 rows = 0, tokens = 0, max_seqlen = 0;
+  std::vector<I64> packed, sample, position, cu, packed_cu;
+};
+HomeRows home_rows(const libra::Plan& plan, int r);
+
 // A table: a dict of read-only int64 columns of equal length.
 using Columns = std::vector<std::pair<const char*, std::vector<I64>>>;
 py::dict table(Columns cols);

@@ -130,12 +130,10 @@ libra::PlanTopology topology_from(const py::object& obj) {
   return t;
 }
 
-// Worker r's home rows as a data pipeline sees them (HomeMap): the packed
-// row of each home row, its sample (-1 on padding) and position in it
-// (padding counts on from 0 at the first padding row, as one more sample),
-// and flash-attn cu_seqlens over the token rows: a segment per run of one
-// sample's consecutive packed rows.
-py::dict home_layout_dict(const libra::Plan& plan, int r) {
+}  // namespace
+
+// binding.hpp: worker r's home rows, from the plan's HomeMap.
+HomeRows home_rows(const libra::Plan& plan, int r) {
   const libra::PlanConfig& c = plan.config();
   const libra::HomeMap map = c.home_map();
   const libra::PackedSequence& seq = plan.pool()[static_cast<std::size_t>(r / c.cp)];
@@ -146,7 +144,12 @@ py::dict home_layout_dict(const libra::Plan& plan, int r) {
     tokens += l;
   }
   const I64 rows = map.rows();
-  std::vector<I64> packed(static_cast<std::size_t>(rows)), sample(packed.size()), position(packed.size()), cu = {0};
+  HomeRows h;
+  std::vector<I64>&packed = h.packed, &sample = h.sample, &position = h.position, &cu = h.cu;
+  packed.resize(static_cast<std::size_t>(rows));
+  sample.resize(packed.size());
+  position.resize(packed.size());
+  cu = {0};
   I64 home_tokens = 0;
   for (I64 i = 0; i < rows; ++i) {
     const I64 x = map.packed_row(r % c.cp, i);
@@ -156,7 +159,15 @@ py::dict home_layout_dict(const libra::Plan& plan, int r) {
       position[static_cast<std::size_t>(i)] = x - tokens;
       continue;
     }
-    const auto j = static_cast<I64>(std::upper_bound(starts.begin(), starts.end(), x) - starts.begin()) - 1;
+    // Home rows mostly follow packed rows: the previous row's sample or the next, else a search.
+    const auto in = [&](I64 k) {
+      return k >= 0 && k < static_cast<I64>(starts.size()) && starts[static_cast<std::size_t>(k)] <= x &&
+             (k + 1 == static_cast<I64>(starts.size()) || x < starts[static_cast<std::size_t>(k + 1)]);
+    };
+    const I64 prev = i > 0 ? sample[static_cast<std::size_t>(i - 1)] : -1;
+    const I64 j = in(prev)       ? prev
+                  : in(prev + 1) ? prev + 1
+                                 : static_cast<I64>(std::upper_bound(starts.begin(), starts.end(), x) - starts.begin()) - 1;
     sample[static_cast<std::size_t>(i)] = j;
     position[static_cast<std::size_t>(i)] = x - starts[static_cast<std::size_t>(j)];
     // Padding is a suffix of every home, so token rows are [0, home_tokens).
@@ -166,14 +177,28 @@ py::dict home_layout_dict(const libra::Plan& plan, int r) {
     home_tokens = i + 1;
   }
   if (home_tokens > 0) cu.push_back(home_tokens);
+  h.layout = std::string(libra::home_layout_name(c.home_layout));
+  h.rows = rows;
+  h.tokens = home_tokens;
+  for (std::size_t i = 1; i < cu.size(); ++i) h.max_seqlen = std::max(h.max_seqlen, cu[i] - cu[i - 1]);
+  h.packed_cu = {0};
+  for (I64 l : seq) h.packed_cu.push_back(h.packed_cu.back() + l);
+  return h;
+}
+
+namespace {
+
+// home_rows (binding.hpp) as a dict of int64 arrays.
+py::dict home_layout_dict(const libra::Plan& plan, int r) {
+  HomeRows h = home_rows(plan, r);
   py::dict o;
-  o["home_layout"] = std::string(libra::home_layout_name(c.home_layout));
-  o["home_rows"] = rows;
-  o["home_tokens"] = home_tokens;
-  o["packed_rows"] = int_array(std::move(packed));
-  o["sample"] = int_array(std::move(sample));
-  o["position_ids"] = int_array(std::move(position));
-  o["cu_seqlens"] = int_array(std::move(cu));
+  o["home_layout"] = h.layout;
+  o["home_rows"] = h.rows;
+  o["home_tokens"] = h.tokens;
+  o["packed_rows"] = int_array(std::move(h.packed));
+  o["sample"] = int_array(std::move(h.sample));
+  o["position_ids"] = int_array(std::move(h.position));
+  o["cu_seqlens"] = int_array(std::move(h.cu));
   return o;
 }
 

@@ -19,7 +19,7 @@ namespace {
 
 // A schedule's sizes and kernel calls (what libra.torch's compute step reads).
 py::dict schedule_dict(const libra::RankSchedule& s, const std::vector<int>& order, std::uint64_t plan_fingerprint,
-                       bool relay) {
+                       bool relay, bool with_calls = true) {
   py::dict o;
   o["order"] = py::cast(order);
   o["worker"] = s.worker;
@@ -41,6 +41,7 @@ py::dict schedule_dict(const libra::RankSchedule& s, const std::vector<int>& ord
   o["relayed"] = s.relayed;       // whether stage exchanges run: asked, and the plan relays something
   o["stage_q_vectors"] = s.stage_q_vectors;
   o["stage_kv_vectors"] = s.stage_kv_vectors;
+  if (!with_calls) return o;
   py::list passes;
   for (int p = 0; p < 2; ++p) {
     py::list chunks;
@@ -199,6 +200,13 @@ void bind_program(py::module_& m) {
                              [](const ProgramHandle& h) {
                                return schedule_dict(h.schedule, h.program.order, h.plan_fingerprint, h.relay);
                              })
+      // info without "calls" (what PlanRuntime reads per micro-batch: sizes, not every fragment).
+      .def_property_readonly("summary",
+                             [](const ProgramHandle& h) {
+                               return schedule_dict(h.schedule, h.program.order, h.plan_fingerprint, h.relay, false);
+                             })
+      // The worker's home rows (binding.hpp's HomeRows; cu_seqlens int32), numpy views of the handle's.
+      .def_property_readonly("home", &home_py)
       // The raw moves of one list: kind "apply", or "<in|out|stage> <gather|local|scatter>" of a chunk.
       .def("moves",
            [](const ProgramHandle& h, int pass, const std::string& kind, int chunk) {
@@ -266,12 +274,47 @@ void bind_program(py::module_& m) {
           if (!prog.ok()) return prog.status();
           h.schedule = std::move(*sched);
           h.program = std::move(*prog);
+          auto home = std::make_shared<HomeArrays>();
+          home->rows = home_rows(plan, worker);
+          for (I64 x : home->rows.cu) home->cu.push_back(static_cast<std::int32_t>(x));
+          for (I64 x : home->rows.packed_cu) home->packed_cu.push_back(static_cast<std::int32_t>(x));
+          h.home = std::move(home);
           return libra::Status();
         }();
         check(st);
         return h;
       },
       py::arg("plan"), py::arg("worker"), py::arg("order") = py::none(), py::arg("relay") = false);
+  // program_index.hpp's expand_runs: a device without a kernel for it (the CPU) expands the runs here.
+  m.def(
+      "expand_runs",
+      [](const py::array& cols, py::array& out) {
+        const auto c_int32 = [](const py::array& a) {
+          return a.dtype().is(py::dtype::of<std::int32_t>()) && (a.flags() & py::array::c_style);
+        };
+        if (!c_int32(cols) || cols.ndim() != 2 || cols.shape(0) != 5) {
+          bad("expand_runs: cols must be a C-contiguous int32 array [5, runs]");
+        }
+        if (!c_int32(out) || out.ndim() != 1 || !out.writeable()) {
+          bad("expand_runs: out must be a writable C-contiguous int32 array [rows]");
+        }
+        const auto* c = static_cast<const std::int32_t*>(cols.data());
+        auto* o = static_cast<std::int32_t*>(out.mutable_data());
+        const I64 runs = cols.shape(1), n = out.shape(0);
+        std::string problem;
+        {
+          py::gil_scoped_release release;
+          try {
+            expand_runs(c, runs, o, n);
+          } catch (const std::invalid_argument& e) {
+            problem = e.what();
+          }
+        }
+        if (!problem.empty()) bad(problem);
+      },
+      py::arg("cols"), py::arg("out"),
+      "The rows of the index arrays' runs (cols: int32 [5, runs], first, count, base, len, stride) into out "
+      "(int32 [rows]), without the GIL; ValueError unless the runs tile out in order.");
   // libra/relay.hpp: via[m, src, dst], the worker that sends src's chunk-m inputs for dst (src: sent directly).
   m.def(
       "plan_relays",

@@ -43,6 +43,12 @@ I32 narrow(I64 v) {
 struct Builder {
   IndexArrays& ix;
   I64 home_q = 0, home_kv = 0;  // the home buffers' vectors: where a joined buffer's compute vectors start
+  std::vector<Run> runs;        // in rows order; data's columns at the end (finish)
+
+  // A side (rows from `at` to the end of the rows) is complete: a cut where it has entries.
+  void side(I64 at) {
+    if (ix.rows > at) ix.cuts.push_back(at);
+  }
 
   // n entries at the end of data; returns their offset (data may move: write through data after).
   I64 grow(I64 n) {
@@ -59,7 +65,7 @@ struct Builder {
       narrow(base);
       narrow(base + (rows - 1) * stride + len - 1);
       narrow(first + rows * len);
-      ix.runs.push_back({static_cast<I32>(first), static_cast<I32>(rows * len), static_cast<I32>(base),
+      runs.push_back({static_cast<I32>(first), static_cast<I32>(rows * len), static_cast<I32>(base),
                          static_cast<I32>(len), static_cast<I32>(stride)});
       ix.rows += rows * len;
     }
@@ -69,8 +75,8 @@ struct Builder {
   // Whether the runs from index `from` on expand to 0 .. n-1 (what lets the runtime take a slice).
   bool iota(std::size_t from) const {
     I64 at = 0;
-    for (std::size_t i = from; i < ix.runs.size(); ++i) {
-      const Run& r = ix.runs[i];
+    for (std::size_t i = from; i < runs.size(); ++i) {
+      const Run& r = runs[i];
       if (r.base != at || (r.count > r.len && r.stride != r.len)) return false;
       at += r.count;
     }
@@ -109,7 +115,7 @@ struct Builder {
     }
     for (std::size_t g = 0; g < out.size(); ++g) {
       GroupRec& r = out[g];
-      std::size_t from = ix.runs.size();
+      std::size_t from = runs.size();
       r.s_off = ix.rows;
       for (std::size_t i : members[g]) {
         const libra::Move& m = moves[i];
@@ -120,13 +126,15 @@ struct Builder {
         }
         run(shift + m.src_offset, m.rows, m.run, m.src_stride);
       }
+      side(r.s_off);
       const bool s_iota = iota(from);
-      from = ix.runs.size();
+      from = runs.size();
       r.d_off = ix.rows;
       for (std::size_t i : members[g]) {
         const libra::Move& m = moves[i];
         run(m.dst_offset, m.rows, m.run, m.dst_stride);
       }
+      side(r.d_off);
       r.identity = (s_iota ? 1 : 0) | (iota(from) ? 2 : 0);
     }
     return out;
@@ -225,6 +233,7 @@ struct Builder {
         ck.push_back(narrow(r.total_k));
       }
     }
+    side(r.q_off);
   }
 
   // r's kv rows (joined positions).
@@ -237,6 +246,7 @@ struct Builder {
         if (f.e > f.a) run(shift + c.kv.offset + f.kv_row * c.kv.stride, f.e, r.hkv, c.kv.stride);
       }
     }
+    side(r.kv_off);
   }
 
   // descriptors.py's chunk_descriptors: one int64 row per non-empty fragment, grouped by PAIRS; the
@@ -265,6 +275,22 @@ struct Builder {
     r.bounds_off = r.table_off + 20 * r.rows;
     return r;
   }
+
+  // The runs as five columns after the small array (what the device's expansion reads).
+  void finish() {
+    ix.small = static_cast<I64>(ix.data.size());
+    ix.runs = static_cast<I64>(runs.size());
+    ix.data.resize(ix.data.size() + 5 * runs.size());
+    std::int32_t* col = ix.data.data() + ix.small;
+    const std::size_t n = runs.size();
+    for (std::size_t i = 0; i < n; ++i) {
+      col[i] = runs[i].first;
+      col[n + i] = runs[i].count;
+      col[2 * n + i] = runs[i].base;
+      col[3 * n + i] = runs[i].len;
+      col[4 * n + i] = runs[i].stride;
+    }
+  }
 };
 
 bool same_calls(const libra::RankSchedule& s, std::span<const libra::KernelCall> a,
@@ -287,7 +313,7 @@ bool same_calls(const libra::RankSchedule& s, std::span<const libra::KernelCall>
 std::shared_ptr<IndexArrays> build(const ProgramHandle& h) {
   const double t0 = thread_seconds();
   auto ix = std::make_shared<IndexArrays>();
-  Builder b{*ix, h.schedule.home_vectors(libra::Field::kQ), h.schedule.home_vectors(libra::Field::kK)};
+  Builder b{*ix, h.schedule.home_vectors(libra::Field::kQ), h.schedule.home_vectors(libra::Field::kK), {}};
   const libra::RankSchedule& s = h.schedule;
   for (int p = 0; p < 2; ++p) {
     const libra::PassProgram& pp = h.program.pass(static_cast<libra::Pass>(p));
@@ -298,7 +324,8 @@ std::shared_ptr<IndexArrays> build(const ProgramHandle& h) {
     for (int m = 0; m < s.chunks; ++m) {
       auto calls = s.calls(static_cast<libra::Pass>(p), m);
       // Forward and backward run the same calls (same tiles, same buffers): one set of rows serves both.
-      if (p == 1 && same_calls(s, calls, s.calls(libra::Pass::kForward, m))) {
+      if (p == 1) ix->shared.push_back(same_calls(s, calls, s.calls(libra::Pass::kForward, m)));
+      if (p == 1 && ix->shared.back()) {
         ix->varlen[p].push_back(ix->varlen[0][static_cast<std::size_t>(m)]);
         ix->joined[p].push_back(ix->joined[0][static_cast<std::size_t>(m)]);
         ix->descriptors[p].push_back(ix->descriptors[0][static_cast<std::size_t>(m)]);
@@ -308,6 +335,7 @@ std::shared_ptr<IndexArrays> build(const ProgramHandle& h) {
       ix->descriptors[p].push_back(b.descriptors(s, calls));
     }
   }
+  b.finish();
   ix->build_seconds = thread_seconds() - t0;
   return ix;
 }
@@ -343,6 +371,57 @@ py::dict pair_py(const PairRec& r) {
 
 }  // namespace
 
+namespace {
+
+// A numpy view of v, kept alive by `owner` (a capsule holding v's owner). Writable only so that
+// torch.from_numpy takes it without a warning (as index_arrays_py's): nothing in libra writes it.
+template <class T>
+py::array_t<T> view_of(const std::vector<T>& v, const py::capsule& owner) {
+  return py::array_t<T>({static_cast<py::ssize_t>(v.size())}, {static_cast<py::ssize_t>(sizeof(T))},
+                        const_cast<T*>(v.data()), owner);
+}
+
+}  // namespace
+
+py::dict home_py(const ProgramHandle& h) {
+  auto* keep = new std::shared_ptr<const HomeArrays>(h.home);
+  py::capsule owner(keep, [](void* p) { delete static_cast<std::shared_ptr<const HomeArrays>*>(p); });
+  const HomeArrays& a = *h.home;
+  return fields({{"home_layout", py::str(a.rows.layout)}, {"home_rows", py::int_(a.rows.rows)},
+                 {"home_tokens", py::int_(a.rows.tokens)}, {"max_seqlen", py::int_(a.rows.max_seqlen)},
+                 {"packed_rows", view_of(a.rows.packed, owner)}, {"position_ids", view_of(a.rows.position, owner)},
+                 {"cu_seqlens", view_of(a.cu, owner)}, {"packed_cu_seqlens", view_of(a.packed_cu, owner)}});
+}
+
+void expand_runs(const std::int32_t* cols, I64 runs, std::int32_t* out, I64 n) {
+  const std::int32_t *first = cols, *count = cols + runs, *base = cols + 2 * runs, *len = cols + 3 * runs,
+                     *stride = cols + 4 * runs;
+  I64 at = 0;
+  for (I64 i = 0; i < runs; ++i) {
+    const I64 c = count[i], l = len[i], b = base[i], st = stride[i];
+    const I64 last = c > 0 && l > 0 ? b + (c - 1) / l * st + (c - 1) % l : -1;
+    if (first[i] != at || c <= 0 || l <= 0 || at + c > n || b < 0 || last < 0 ||
+        last > std::numeric_limits<I32>::max()) {
+      throw std::invalid_argument("expand_runs: run " + std::to_string(i) + " (first " + std::to_string(first[i]) +
+                                  ", count " + std::to_string(c) + ", base " + std::to_string(b) + ", len " +
+                                  std::to_string(l) + ", stride " + std::to_string(st) +
+                                  "): the runs must tile [0, " + std::to_string(n) +
+                                  ") in order, count and len > 0, positions in [0, 2^31)");
+    }
+    std::int32_t* o = out + at;
+    for (I64 row = 0, k = 0; k < c; ++row) {  // a run's rows: len consecutive positions, stride apart
+      const I64 end = std::min(c, k + l);
+      const I64 start = b + row * st - k;
+      for (; k < end; ++k) o[k] = static_cast<I32>(start + k);
+    }
+    at += c;
+  }
+  if (at != n) {
+    throw std::invalid_argument("expand_runs: the runs cover " + std::to_string(at) + " rows, not " +
+                                std::to_string(n));
+  }
+}
+
 std::shared_ptr<const IndexArrays> index_arrays(ProgramHandle& h) {
   std::lock_guard<std::mutex> lock(*h.index_lock);
   if (!h.index) h.index = build(h);
@@ -354,10 +433,9 @@ py::tuple index_arrays_py(std::shared_ptr<const IndexArrays> ix) {
   // takes them without a warning: nothing writes them.
   auto* keep = new std::shared_ptr<const IndexArrays>(ix);
   py::capsule owner(keep, [](void* p) { delete static_cast<std::shared_ptr<const IndexArrays>*>(p); });
-  static_assert(sizeof(Run) == 5 * sizeof(std::int32_t));
-  py::array_t<std::int32_t> runs({static_cast<py::ssize_t>(ix->runs.size()), static_cast<py::ssize_t>(5)},
-                                 {static_cast<py::ssize_t>(sizeof(Run)), static_cast<py::ssize_t>(4)},
-                                 reinterpret_cast<std::int32_t*>(const_cast<Run*>(ix->runs.data())), owner);
+  auto* cols = const_cast<std::int32_t*>(ix->data.data()) + ix->small;
+  py::array_t<std::int32_t> runs({static_cast<py::ssize_t>(ix->runs), static_cast<py::ssize_t>(5)},
+                                 {static_cast<py::ssize_t>(4), static_cast<py::ssize_t>(4 * ix->runs)}, cols, owner);
   py::array_t<std::int32_t> data({static_cast<py::ssize_t>(ix->data.size())}, {static_cast<py::ssize_t>(4)},
                                  const_cast<std::int32_t*>(ix->data.data()), owner);
   py::dict layout;
@@ -372,15 +450,18 @@ py::tuple index_arrays_py(std::shared_ptr<const IndexArrays> ix) {
     }
     per["apply"] = groups_py(ix->apply[p]);
     py::list varlen, joined, desc;
-    for (const auto& chunk : ix->varlen[p]) {
-      py::list pairs;
-      for (const PairRec& r : chunk) pairs.append(pair_py(r));
+    for (std::size_t m = 0; m < ix->varlen[p].size(); ++m) {
+      // A backward chunk with forward's calls gets forward's very records (one Pair each on the device).
+      if (p == 1 && ix->shared[m]) {
+        varlen.append(passes[0]["varlen"][py::int_(m)]);
+        joined.append(passes[0]["joined"][py::int_(m)]);
+        continue;
+      }
+      py::list pairs, joins;
+      for (const PairRec& r : ix->varlen[p][m]) pairs.append(pair_py(r));
+      for (const PairRec& r : ix->joined[p][m]) joins.append(pair_py(r));
       varlen.append(pairs);
-    }
-    for (const auto& chunk : ix->joined[p]) {
-      py::list pairs;
-      for (const PairRec& r : chunk) pairs.append(pair_py(r));
-      joined.append(pairs);
+      joined.append(joins);
     }
     for (const DescRec& d : ix->descriptors[p]) desc.append(py::make_tuple(d.table_off, d.rows, d.bounds_off));
     per["varlen"] = varlen;
@@ -390,6 +471,14 @@ py::tuple index_arrays_py(std::shared_ptr<const IndexArrays> ix) {
   }
   layout["passes"] = passes;
   layout["rows"] = ix->rows;
+  layout["data"] = ix->small;
+  layout["runs"] = ix->runs;
+  std::vector<I64> lengths(ix->cuts.size());
+  for (std::size_t i = 0; i < ix->cuts.size(); ++i) {
+    lengths[i] = (i + 1 < ix->cuts.size() ? ix->cuts[i + 1] : ix->rows) - ix->cuts[i];
+  }
+  layout["cuts"] = py::cast(ix->cuts);
+  layout["lengths"] = py::cast(lengths);
   layout["build_seconds"] = ix->build_seconds;
   return py::make_tuple(runs, data, layout);
 }

@@ -4,8 +4,9 @@
 //
 //   ProgramHandle h = ...;                       // rank_program's result
 //   std::shared_ptr<const IndexArrays> ix = index_arrays(h);   // GIL released inside
-//   ix->runs;   // int32 [runs x 5]: the head-vector rows as strided runs, expanded on the device
-//   ix->data;   // int32: cu_seqlens and the descriptor tables, used as they are
+//   ix->data;   // int32: cu_seqlens and the descriptor tables (used as they are), then the head-vector
+//               // rows as strided runs, five columns of ix->runs int32 (expanded on the device)
+//   expand_runs(ix->data.data() + ix->small, ix->runs, out, ix->rows);   // the rows, on the host
 #pragma once
 
 #include <array>
@@ -21,11 +22,19 @@ namespace libra_py {
 
 struct IndexArrays;
 
+// The worker's home rows (binding.hpp's HomeRows) with the cu_seqlens as int32, what PlanRuntime
+// takes as they are (RankProgram.home: numpy views sharing this memory).
+struct HomeArrays {
+  HomeRows rows;
+  std::vector<std::int32_t> cu, packed_cu;
+};
+
 struct ProgramHandle {
   libra::RankSchedule schedule;
   libra::RankProgram program;
   std::uint64_t plan_fingerprint = 0;
   bool relay = false;
+  std::shared_ptr<const HomeArrays> home;  // built with the program (rank_program, GIL released)
   // index_arrays' result, built once (Planner's thread builds it before the runtime asks).
   std::shared_ptr<std::mutex> index_lock = std::make_shared<std::mutex>();
   std::shared_ptr<const IndexArrays> index;
@@ -34,7 +43,8 @@ struct ProgramHandle {
 // The rows: one int32 head-vector position per entry, rows[0 .. IndexArrays::rows), kept on the host
 // as runs, each the entries rows[first .. first + count) = base + (k / len) * stride + k % len for
 // k = 0 .. count - 1 (one Move side, or one fragment's q or kv rows: a few ints where the rows take
-// one per head vector), in rows order. The device expands them once per micro-batch (index.py).
+// one per head vector), in rows order. The device expands them once per micro-batch (index.py), in
+// one kernel launch; expand_runs is the same on the host.
 struct Run {
   std::int32_t first = 0, count = 0, base = 0, len = 0, stride = 0;
 };
@@ -81,22 +91,37 @@ struct DescRec {
 };
 
 struct IndexArrays {
-  std::vector<Run> runs;
-  I64 rows = 0;  // entries the runs expand to
+  I64 runs = 0;   // how many
+  I64 rows = 0;   // entries the runs expand to
+  I64 small = 0;  // data's entries before the runs' columns
+  // The small array (cu_seqlens, descriptor tables), then the runs as five columns of `runs` int32
+  // (first, count, base, len, stride): one buffer, so one copy reaches the device.
   std::vector<std::int32_t> data;
+  // Where each side (a group's source or destination rows, a pair's q or kv rows) with entries
+  // starts, in rows order: they tile the rows, so one split cuts them all.
+  std::vector<I64> cuts;
   std::array<std::array<std::vector<ExchangeRec>, 3>, 2> exchanges;  // [pass][in, out, stage][chunk]
   std::array<std::vector<GroupRec>, 2> apply;                        // [pass]
   std::array<std::vector<std::vector<PairRec>>, 2> varlen;           // [pass][chunk]
   std::array<std::vector<std::vector<PairRec>>, 2> joined;           // [pass][chunk]: varlen's, joined
   std::array<std::vector<DescRec>, 2> descriptors;                   // [pass][chunk]
+  std::vector<bool> shared;  // [chunk]: backward's calls are forward's (its varlen, joined, descriptors the same)
   double build_seconds = 0;                                          // thread CPU time of the build
 };
 
 // Builds (once; later calls return the same) h's index arrays. Call without the GIL.
 std::shared_ptr<const IndexArrays> index_arrays(ProgramHandle& h);
 
-// The Python view of `ix`: (runs as an int32 [runs, 5] numpy array, data as an int32 one, layout dict),
-// the arrays writable and sharing ix's memory.
+// The Python view of `ix`: (runs as an int32 [runs, 5] numpy array (a strided view of data's columns),
+// data as an int32 one, layout dict), the arrays writable and sharing ix's memory.
 py::tuple index_arrays_py(std::shared_ptr<const IndexArrays> ix);
+
+// h.home as a dict of numpy views (program.cpp's RankProgram.home).
+py::dict home_py(const ProgramHandle& h);
+
+// Writes the rows of `runs` runs (cols: five columns of `runs` int32, IndexArrays::data's layout) into
+// out[0 .. n). Throws std::invalid_argument (naming the run) unless the runs tile [0, n) in order
+// with count > 0, len > 0 and every position in [0, 2^31). Call without the GIL.
+void expand_runs(const std::int32_t* cols, I64 runs, std::int32_t* out, I64 n);
 
 }  // namespace libra_py

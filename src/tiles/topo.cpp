@@ -68,6 +68,7 @@ struct Blocks {
     std::int32_t sample;  // global
     std::int32_t rank;
     std::int64_t tokens;
+    std::int32_t next;  // the first run of the block's next sample
   };
   std::vector<std::int32_t> home;
   std::vector<std::int32_t> run_begin;  // blocks + 1, into runs
@@ -86,7 +87,9 @@ struct Blocks {
       home[b] = geo.home(t.slot, t.begin);
       for (std::int32_t j = geo.block_sample(t.slot, t.block);
            j < geo.sample_base[static_cast<std::size_t>(t.slot) + 1] && geo.starts[static_cast<std::size_t>(j)] < t.end; ++j) {
-        for (const Geometry::Run& run : geo.sample_runs(j)) runs.push_back({j, run.rank, run.end - run.begin});
+        const auto first = runs.size();
+        for (const Geometry::Run& run : geo.sample_runs(j)) runs.push_back({j, run.rank, run.end - run.begin, 0});
+        for (auto k = first; k < runs.size(); ++k) runs[k].next = static_cast<std::int32_t>(runs.size());
       }
       run_begin.push_back(static_cast<std::int32_t>(runs.size()));
     }
@@ -104,6 +107,9 @@ struct Blocks {
 struct Tiering {
   std::vector<int> node, super;
   std::vector<std::uint8_t> slot_tier;  // pool_size x workers
+  std::vector<std::uint8_t> one_node;   // per slot: all its workers in one node
+  std::size_t words;                    // of a worker bitset
+  std::vector<std::uint64_t> tier_bits; // pool_size x 3 tiers x words: the workers of each tier from the slot
 
   Tiering(const Geometry& geo, const PlanTopology& topo) {
     const auto W = static_cast<std::size_t>(geo.workers);
@@ -114,10 +120,15 @@ struct Tiering {
       super[static_cast<std::size_t>(w)] = w / topo.gpus_per_node / topo.nodes_per_supernode;
     }
     slot_tier.resize(static_cast<std::size_t>(geo.pool_size) * W);
+    words = (W + 63) / 64;
+    tier_bits.assign(static_cast<std::size_t>(geo.pool_size) * 3 * words, 0);
     for (int p = 0; p < geo.pool_size; ++p) {
+      one_node.push_back(node[static_cast<std::size_t>(p * geo.cp)] == node[static_cast<std::size_t>(p * geo.cp + geo.cp - 1)]);
       for (int r = 0; r < geo.workers; ++r) {
-        slot_tier[static_cast<std::size_t>(p) * W + static_cast<std::size_t>(r)] =
-            static_cast<std::uint8_t>(tier(p * geo.cp, r));
+        const int t = tier(p * geo.cp, r);
+        slot_tier[static_cast<std::size_t>(p) * W + static_cast<std::size_t>(r)] = static_cast<std::uint8_t>(t);
+        tier_bits[(static_cast<std::size_t>(p) * 3 + static_cast<std::size_t>(t)) * words +
+                  static_cast<std::size_t>(r) / 64] |= std::uint64_t{1} << (r % 64);
       }
     }
   }
@@ -150,6 +161,8 @@ class TopoPlacer {
     // supernode byte uses the NIC and the spine.
     per_byte_ = {inv_[0], inv_[1], inv_[1] + inv_spine_};
     touched_.assign(words_, 0);
+    by_load_.resize(static_cast<std::size_t>(W_));
+    place_.resize(static_cast<std::size_t>(W_));
   }
 
   // Loads the sources of rows [t.begin, t.end) of block `block` (KV by CP
@@ -178,17 +191,27 @@ class TopoPlacer {
     const int base = p_ * geo_.cp;
     std::fill(add_.begin(), add_.end(), 0);
     std::fill(touched_.begin(), touched_.end(), 0);
+    // A group's sources are consecutive (one per home run of its sample).
+    std::int32_t group = -1;
     for (const Source& s : srcs_) {
       add_[static_cast<std::size_t>(s.rank)] += s.bytes;
+      if (s.group == group) continue;
+      group = s.group;
       const std::uint64_t* bits = &committed_[static_cast<std::size_t>(s.group) * words_];
       for (std::size_t k = 0; k < words_; ++k) touched_[k] |= bits[k];
     }
     add_[static_cast<std::size_t>(home_ - base)] += vqo_;
     for (int c = 0; c < geo_.cp; ++c) mark(base + c);
-    one_node_ = tiering_.node[static_cast<std::size_t>(base)] ==
-                tiering_.node[static_cast<std::size_t>(base + geo_.cp - 1)];
+    one_node_ = tiering_.one_node[static_cast<std::size_t>(p_)] != 0;
     slot_tier_ = tiering_.slot_tier.data() + static_cast<std::size_t>(p_) * static_cast<std::size_t>(W_);
     if (!one_node_) return;
+    // Which tiers hold a fresh worker (least_score's stop test).
+    for (std::size_t k = 0; k < 3; ++k) {
+      const std::uint64_t* bits = &tiering_.tier_bits[(static_cast<std::size_t>(p_) * 3 + k) * words_];
+      std::uint64_t any = 0;
+      for (std::size_t x = 0; x < words_; ++x) any |= bits[x] & ~touched_[x];
+      fresh_tier_[k] = any != 0;
+    }
     fresh_total_ = 0;
     for (int c = 0; c < geo_.cp; ++c) fresh_total_ += add_[static_cast<std::size_t>(c)];
     fresh_worst_ = {0, 0, 0};
@@ -212,40 +235,98 @@ class TopoPlacer {
     double cost = 0;   // link-seconds it adds
   };
 
-  // The worker of least link score (evaluate) among those with room for
-  // `flops`; ties: fewer added link-seconds, lower load, lower id. -1 if
-  // none. The same choice as evaluating every worker with room in id
-  // order, but a fresh worker (see load()) is scored inline from its tier,
-  // and skipped unscored when its tier's fixed part alone already loses
-  // (its worst can only be larger).
+  // The worker of least link score among those with room for `flops`;
+  // ties: fewer added link-seconds, lower load, lower id (a strict order,
+  // so the scan order does not matter). -1 if none. The same choice as
+  // scoring every worker with room, but cheaper: the few workers off the
+  // fast path (see load_rows()) are scored first; then the fresh ones in
+  // order of load (kept on commit), so those with room are a prefix, each
+  // scored inline from its tier. A fresh worker's key with its tier's
+  // fixed part as the worst (its worst can only exceed it) bounds its key
+  // from below: one whose bound already loses is skipped unscored, and the
+  // scan stops once no tier's bound can win (every later worker comes
+  // after the best in (load, id)).
   int least_score(std::int64_t flops) {
-    const std::int64_t room = limit_ - flops;
+    if (!by_load_ready_) sort_by_load();
+    Best b{-1, {}, limit_ - flops};
     const std::int64_t* loads = loads_.data();
-    int best = -1;
-    Score bs;
-    for (int r = 0; r < W_; ++r) {
-      if (loads[r] > room) continue;
-      Score s;
-      if (fresh(r)) {
-        const std::size_t t = slot_tier_[r];
-        if (best >= 0 && fresh_worst_[t] > bs.worst) continue;
-        Tiers rs = send_[static_cast<std::size_t>(r)], rr = recv_[static_cast<std::size_t>(r)];
-        rr[t] += static_cast<double>(fresh_total_);
-        rs[t] += static_cast<double>(vqo_);
-        s = {std::max(fresh_worst_[t], time(rs, rr)), fresh_cost_[t]};
-      } else {
-        s = evaluate_touched(r);
+    if (!one_node_) {
+      for (const int r : by_load_) {
+        if (loads[r] > b.room) break;
+        consider(b, evaluate_touched(r), r);
       }
-      if (best < 0 || s.worst < bs.worst ||
-          (s.worst == bs.worst && (s.cost < bs.cost || (s.cost == bs.cost && loads[r] < loads[best])))) {
-        best = r;
-        bs = s;
+      return b.r;
+    }
+    for (std::size_t k = 0; k < words_; ++k) {
+      for (std::uint64_t word = touched_[k]; word != 0; word &= word - 1) {
+        const int r = static_cast<int>(k * 64 + static_cast<std::size_t>(std::countr_zero(word)));
+        if (loads[r] <= b.room) consider(b, evaluate_touched(r), r);
       }
     }
-    return best;
+    for (const int r : by_load_) {
+      if (loads[r] > b.room) break;
+      if (!fresh(r)) continue;
+      if (b.r >= 0 && fresh_beaten(b, r)) break;
+      const std::size_t t = slot_tier_[r];
+      if (!wins(b, {fresh_worst_[t], fresh_cost_[t]}, r)) continue;
+      Tiers rs = send_[static_cast<std::size_t>(r)], rr = recv_[static_cast<std::size_t>(r)];
+      rr[t] += static_cast<double>(fresh_total_);
+      rs[t] += static_cast<double>(vqo_);
+      consider(b, {std::max(fresh_worst_[t], time(rs, rr)), fresh_cost_[t]}, r);
+    }
+    return b.r;
   }
 
  private:
+  // least_score's best so far and the load a worker needs to be at most.
+  struct Best {
+    int r;
+    Score s;
+    std::int64_t room;
+  };
+  bool wins(const Best& b, const Score& s, int r) const {
+    if (b.r < 0 || s.worst != b.s.worst) return b.r < 0 || s.worst < b.s.worst;
+    if (s.cost != b.s.cost) return s.cost < b.s.cost;
+    return before(r, b.r);
+  }
+  void consider(Best& b, const Score& s, int r) const {
+    if (wins(b, s, r)) {
+      b.r = r;
+      b.s = s;
+    }
+  }
+  // No fresh worker from r on in by_load_ can win: each tier's bound loses.
+  bool fresh_beaten(const Best& b, int r) const {
+    for (std::size_t t = 0; t < 3; ++t) {
+      if (!fresh_tier_[t]) continue;
+      const double w = fresh_worst_[t], c = fresh_cost_[t];
+      if (w < b.s.worst || (w == b.s.worst && (c < b.s.cost || (c == b.s.cost && !before(b.r, r))))) return false;
+    }
+    return true;
+  }
+
+ public:
+  // by_load_: the workers by (load, id), and each one's place in it.
+  void sort_by_load() {
+    std::iota(by_load_.begin(), by_load_.end(), 0);
+    std::sort(by_load_.begin(), by_load_.end(), [&](int a, int b) { return before(a, b); });
+    for (int k = 0; k < W_; ++k) place_[static_cast<std::size_t>(by_load_[static_cast<std::size_t>(k)])] = k;
+    by_load_ready_ = true;
+  }
+  bool before(int a, int b) const {
+    const std::int64_t la = loads_[static_cast<std::size_t>(a)], lb = loads_[static_cast<std::size_t>(b)];
+    return la != lb ? la < lb : a < b;
+  }
+  // r's load grew: it moves up past the workers now before it.
+  void resort(int r) {
+    auto k = static_cast<std::size_t>(place_[static_cast<std::size_t>(r)]);
+    for (; k + 1 < by_load_.size() && before(by_load_[k + 1], r); ++k) {
+      by_load_[k] = by_load_[k + 1];
+      place_[static_cast<std::size_t>(by_load_[k])] = static_cast<int>(k);
+    }
+    by_load_[k] = r;
+    place_[static_cast<std::size_t>(r)] = static_cast<int>(k);
+  }
   bool fresh(int r) const {
     return one_node_ && !((touched_[static_cast<std::size_t>(r) / 64] >> (r % 64)) & 1U);
   }
@@ -288,13 +369,18 @@ class TopoPlacer {
   // Places the loaded tile on r: its bytes join the links, its groups C_r.
   void commit(int r, std::int64_t flops) {
     loads_[static_cast<std::size_t>(r)] += flops;
+    if (by_load_ready_) resort(r);
     const int base = p_ * geo_.cp;
     for (const Source& s : srcs_) {
       const int w = base + s.rank;
       if (w != r && !is_committed(s.group, r)) move(w, r, s.bytes);
     }
-    // A group spanning ranks has several sources: mark it after all of them.
+    // A group spanning ranks has several sources, consecutive: mark it
+    // after all of them, once (a store per source waited on the last).
+    std::int32_t group = -1;
     for (const Source& s : srcs_) {
+      if (s.group == group) continue;
+      group = s.group;
       committed_[static_cast<std::size_t>(s.group) * words_ + static_cast<std::size_t>(r) / 64] |= std::uint64_t{1}
                                                                                                    << (r % 64);
     }
@@ -305,12 +391,14 @@ class TopoPlacer {
   }
 
 
-  // load() of the whole tile t (of block `block`) with commit() to r, in
-  // one pass over the block's home runs: they come sample by sample, one
+  // load_rows() of the whole tile t (of block `block`) with commit() to r,
+  // in one pass over the block's home runs: they come sample by sample, one
   // group each, so each group's bit is read before its moves and set after
-  // them, and the moves happen in commit()'s order.
+  // them, and the moves happen in commit()'s order. A group r holds already
+  // skips its runs; from a slot in one node every run's tier is the slot's.
   void commit_tile(const PlacedRows& t, std::size_t block, int r, std::int64_t flops) {
     loads_[static_cast<std::size_t>(r)] += flops;
+    by_load_ready_ = false;  // re-sorted when least_score needs it
     const int base = t.slot * geo_.cp;
     const std::int64_t vkv = blocks_.vkv[static_cast<std::size_t>(t.shard)];
     const std::int32_t key = blocks_.key[static_cast<std::size_t>(t.shard)];
@@ -318,13 +406,23 @@ class TopoPlacer {
     const std::size_t word = static_cast<std::size_t>(r) / 64;
     const Blocks::Run* runs = blocks_.runs.data();
     const std::int32_t end = blocks_.run_begin[block + 1];
-    for (std::int32_t k = blocks_.run_begin[block]; k < end;) {
-      const std::int32_t j = runs[k].sample;
-      std::uint64_t& bits = committed_[static_cast<std::size_t>(j * geo_.keys_per_sample + key) * words_ + word];
-      const bool held = (bits & bit) != 0;
-      for (; k < end && runs[k].sample == j; ++k) {
-        const int w = base + runs[k].rank;
-        if (!held && w != r) move(w, r, vkv * runs[k].tokens);
+    const bool one_node = tiering_.one_node[static_cast<std::size_t>(t.slot)] != 0;
+    const std::size_t tier = tiering_.slot_tier[static_cast<std::size_t>(t.slot) * static_cast<std::size_t>(W_) +
+                                                static_cast<std::size_t>(r)];
+    for (std::int32_t k = blocks_.run_begin[block]; k < end; k = runs[k].next) {
+      std::uint64_t& bits =
+          committed_[static_cast<std::size_t>(runs[k].sample * geo_.keys_per_sample + key) * words_ + word];
+      if ((bits & bit) != 0) continue;
+      for (std::int32_t u = k; u < runs[k].next; ++u) {
+        const int w = base + runs[u].rank;
+        if (w == r) continue;
+        const double b = static_cast<double>(vkv * runs[u].tokens);
+        if (one_node) {
+          send_[static_cast<std::size_t>(w)][tier] += b;
+          recv_[static_cast<std::size_t>(r)][tier] += b;
+        } else {
+          move(w, r, vkv * runs[u].tokens);
+        }
       }
       bits |= bit;
     }
@@ -390,6 +488,8 @@ class TopoPlacer {
   std::vector<Tiers> send_, recv_;
   std::vector<std::uint64_t> committed_;
   std::vector<std::int64_t> add_;
+  std::vector<int> by_load_, place_;  // least_score's order (sort_by_load)
+  bool by_load_ready_ = false;
   std::array<double, 2> inv_{};
   double inv_spine_ = 0;
   std::array<double, 3> per_byte_{};
@@ -403,6 +503,7 @@ class TopoPlacer {
   bool one_node_ = false;
   std::int64_t fresh_total_ = 0;
   std::array<double, 3> fresh_worst_{}, fresh_cost_{};
+  std::array<bool, 3> fresh_tier_{};  // a tier holds a fresh worker
 };
 
 }  // namespace

@@ -2,6 +2,8 @@
 a whole pool's passes on meta tensors (any host read of a device value raises there), the torch ops
 a call dispatches not growing with the plan's tiles, and the varlen backward from the saved output
 and LSE (flash-attn's contract, a float64 stand-in) against plain attention."""
+import warnings
+
 import numpy as np
 import pytest
 
@@ -32,8 +34,8 @@ def _expand(groups):
 
 
 def _rows(runs, n):
-    """The runs expanded one at a time in numpy (what index.expand does on a device in batches): the
-    runs must tile [0, n) in order."""
+    """The runs expanded one at a time in numpy (what index.expand does on a device in one launch):
+    the runs must tile [0, n) in order."""
     out, at = np.full(n, -1, dtype=np.int64), 0
     for first, count, base, ln, stride in runs.tolist():
         assert first == at and count > 0 and ln > 0
@@ -44,10 +46,13 @@ def _rows(runs, n):
     return out
 
 
-def _expanded(runs, n):
-    """index.expand's rows on the CPU."""
-    cols, steps = index._run_columns(runs, n)
-    return index.expand(torch.from_numpy(cols), steps, n, torch.device("cpu")).numpy()
+def _expansions(host, layout):
+    """index.expand's rows on the CPU (the binding's C++) and expand_ops' (torch ops in steps, the
+    devices with no kernel), from the host array's columns."""
+    nd, nr, n = layout["data"], layout["runs"], layout["rows"]
+    cols = host[nd:].reshape(5, nr)
+    cpu = index.expand(torch.from_numpy(cols), cols, n, torch.device("cpu")).numpy()
+    return cpu, index.expand_ops(None, cols, n, torch.device("cpu")).numpy()
 
 
 def _from_arrays(data, groups):
@@ -88,13 +93,17 @@ def test_index_arrays_match_the_program_the_schedule_and_the_descriptor_format(r
             prog = _libra.rank_program(plan, w, relay=relay)
             runs, small, layout = prog.index_arrays()
             data = _rows(runs, layout["rows"])
-            assert np.array_equal(_expanded(runs, layout["rows"]), data)
+            assert all(np.array_equal(x, data) for x in _expansions(small, layout))
             if w == 0:  # in steps of a few entries, a run longer than a step alone in its own
                 saved, index._BATCH = index._BATCH, 7
                 try:
-                    assert np.array_equal(_expanded(runs, layout["rows"]), data)
+                    assert np.array_equal(_expansions(small, layout)[1], data)
                 finally:
                     index._BATCH = saved
+            # The records' sides tile the rows in order (one split cuts them all).
+            cuts, lengths = layout["cuts"], layout["lengths"]
+            assert cuts == list(np.cumsum([0] + lengths[:-1])) and sum(lengths) == layout["rows"]
+            assert all(n > 0 for n in lengths)
             info = prog.info
             for p, per in enumerate(layout["passes"]):
                 assert _from_arrays(data, per["apply"]) == _expand(prog.apply(p))
@@ -124,6 +133,36 @@ def test_index_arrays_match_the_program_the_schedule_and_the_descriptor_format(r
                         assert list(small[r["cu_k_off"]:r["cu_k_off"] + len(ck)]) == ck
                         assert (r["total_q"], r["total_k"], r["seqs"]) == (cq[-1], ck[-1], len(cq) - 1)
                         assert r["max_q"] == max(np.diff(cq)) and r["max_k"] == max(np.diff(ck))
+
+
+def test_expand_runs_refuses_runs_that_do_not_tile_the_rows():
+    # The binding writes through raw pointers: runs out of order, past the end or short of it, or with
+    # a zero len, are one ValueError line, never a write out of bounds.
+    cols = np.array([[0, 4], [4, 6], [0, 100], [2, 3], [5, 3]], dtype=np.int32)  # 4 + 6 rows
+    out = np.empty(10, dtype=np.int32)
+    _libra.expand_runs(cols, out)
+    assert out.tolist() == [0, 1, 5, 6, 100, 101, 102, 103, 104, 105]
+    for bad, n in ((cols[:, ::-1].copy(), 10), (cols, 9), (cols, 11)):
+        with pytest.raises(ValueError, match="expand_runs: "):
+            _libra.expand_runs(bad, np.empty(n, dtype=np.int32))
+    zero = cols.copy()
+    zero[3, 1] = 0
+    with pytest.raises(ValueError, match=r"expand_runs: run 1 \(first 4, count 6, base 100, len 0"):
+        _libra.expand_runs(zero, out)
+    with pytest.raises(ValueError, match="C-contiguous int32"):
+        _libra.expand_runs(cols.astype(np.int64), out)
+
+
+def test_the_expansion_kernel_compiles_for_a_gpu():
+    # The interpreter (python.triton) checks what the kernel computes; this that Triton's compiler
+    # takes it for sm_80 and sm_90, which the interpreter cannot tell.
+    pytest.importorskip("triton")
+    from libra.torch import triton_attention as ta, triton_index  # noqa: PLC0415
+    _name, kernel, sig, consts, warps, stages = triton_index.aot_variant()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Triton 3.9's note on its FP-fusion default
+        for arch in (80, 90):
+            assert ta.aot_compile(kernel, sig, consts, warps, stages, arch).asm["ptx"]
 
 
 def _check_joined(rows, small, pairs, joined):

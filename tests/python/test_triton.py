@@ -323,3 +323,25 @@ def test_torch_compile_fullgraph_runs_the_triton_kernels_through_the_custom_op()
     r = run("inprocess", compiled_body, 1)[0]
     assert all(r["equal"]), r
     assert r["launches"] == 8, r
+
+
+@pytest.mark.parametrize("block, workers", [(32, [3]), (1024, range(8))])
+def test_the_index_expansion_kernel_matches_numpy(block, workers, monkeypatch):
+    # libra.torch.triton_index (index.expand on CUDA) on a pool's index arrays against the runs
+    # expanded one at a time in numpy; block 32 puts several runs (about 20 entries each) in one
+    # program, 1024 many (a few programs a worker: the interpreter is slow).
+    import libra  # noqa: PLC0415
+    from libra import _libra  # noqa: PLC0415
+    from libra.torch import triton_index  # noqa: PLC0415
+    monkeypatch.setattr(triton_index, "BLOCK", block)
+    plan = libra.make_plan([[10, 30, 20], [64], [5, 5, 40, 3], [33, 17]], seq_len=64, cp=2, block_size=8,
+                           head_shards=2, heads_q=8, heads_kv=2, head_dim=16, chunks=2, mode="tap-topo")
+    for w in workers:
+        runs, host, layout = _libra.rank_program(plan, w).index_arrays()
+        want, at = [], 0
+        for first, count, base, ln, stride in runs.tolist():
+            assert first == at
+            want.extend(base + (k // ln) * stride + k % ln for k in range(count))
+            at += count
+        cols = torch.from_numpy(host[layout["data"]:].reshape(5, layout["runs"]).copy()).to(DEVICE)
+        assert triton_index.expand(cols, layout["rows"]).cpu().tolist() == want, w

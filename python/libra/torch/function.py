@@ -113,7 +113,7 @@ def _run_pass(rt, pass_index, home, comp, dt, d, dev, scale, backend, joined=Non
     run a chunk ahead (post and land stage 0, post in 0, post stage 1; per m, land stage m+1 before
     posting in m+1, then post stage m+2). Every rank posts the same collectives in the same order,
     the C++ engine's among them."""
-    prog = rt.on(dev)[pass_index]
+    prog = rt.on(dev, backend)[pass_index]
     if backend.kind == "varlen":
         for b in (home, comp, joined):  # the LSE buffers flat, as the merged varlen calls index them (compute.py)
             b["LSE1"] = b["LSE"].view(-1)

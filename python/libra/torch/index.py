@@ -1,13 +1,18 @@
 """The worker's index arrays on a device: everything a pass indexes with (every exchange's gather,
 local and scatter rows, the apply rows, every chunk's merged varlen calls and kernel descriptor
 table), built by the binding once per micro-batch (``RankProgram.index_arrays``,
-python/src/program_index.hpp, without the GIL): the head-vector rows as strided runs (a few ints per
-run, not one per row) and a small int32 array (cu_seqlens, the descriptor tables as int64). Both go
-to the device in one copy (from one pinned host buffer, non-blocking, on CUDA); the device expands
-the runs into the rows with a constant number of ops per batch of runs (``expand``), and the records
-are cut into views here. Nothing in a pass builds, copies or reads back an index."""
+python/src/program_index.hpp, without the GIL): one int32 host array, a small part (cu_seqlens, the
+descriptor tables as int64) then the head-vector rows as strided runs (five columns, a few ints per
+run, not one per row). It goes to the device in one copy (from one pinned host buffer, non-blocking,
+on CUDA); one kernel launch expands the runs into the rows there (``expand``: Triton on CUDA, the
+binding's C++ on the CPU), one split cuts every record's rows, and the records are made per pass
+and kind as a backend first reads them. Nothing in a pass builds, copies or reads back an index."""
+import functools
+
 import numpy as np
 import torch
+
+from .. import _libra
 
 _KINDS = ("in", "out", "stage")
 
@@ -21,28 +26,16 @@ def _groups(cut, groups):
 
 
 def _cutter(rows, layout):
-    """cut(off, n): rows[off:off + n]. Every group side and merged call side of ``layout`` is made
-    by one split of the rows (they tile it in order: one op where a slice each would be hundreds)."""
-    sides = {}
-    for per in layout["passes"]:
-        for groups in [per["apply"]] + [x[k] for kind in _KINDS for x in per[kind] for k in ("gather", "local", "scatter")]:
-            for *_, s, d, n, _ident in groups:
-                sides[s] = sides[d] = n
-        for chunk in per["varlen"]:  # (a joined call's rows span its pairs': cut apart)
-            for r in chunk:
-                sides[r["q_off"]] = r["total_q"] * r["hq"]
-                sides[r["kv_off"]] = r["total_k"] * r["hkv"]
-    offs = sorted(o for o, n in sides.items() if n)
-    lengths = [sides[o] for o in offs]
-    if offs and offs[0] == 0 and sum(lengths) == rows.shape[0] and all(
-            b == a + n for a, b, n in zip(offs, offs[1:], lengths)):
-        views = dict(zip(offs, rows.split(lengths)))
-    else:  # not a tiling (no layout the binding makes): a slice each
-        views = {}
+    """cut(off, n): rows[off:off + n]. The binding lists where every record's side (a group's source
+    or destination, a merged call's q or kv rows) starts (they tile the rows in order): one split
+    makes all of them; a side that is not one (a joined call's rows span its pairs') is a slice."""
+    cuts, lengths = layout["cuts"], layout["lengths"]
+    views = dict(zip(cuts, rows.split(lengths))) if cuts else {}
+    sizes = dict(zip(cuts, lengths))
 
     def cut(off, n):
         view = views.get(off)
-        return view if view is not None and n == sides[off] else rows[off:off + n]
+        return view if view is not None and sizes[off] == n else rows[off:off + n]
     return cut
 
 
@@ -64,48 +57,73 @@ class Pair:
                  "cu_q", "cu_k", "cu_host", "q2", "kv2", "lse2")
 
     def __init__(self, rec, cut, dev, host):
-        for name in ("q_home", "kv_home", "hq", "hkv", "total_q", "total_k", "max_q", "max_k", "seqs"):
-            setattr(self, name, rec[name])
-        nq, nk = rec["total_q"] * rec["hq"], rec["total_k"] * rec["hkv"]
-        self.q = cut(rec["q_off"], nq)
-        self.kv = cut(rec["kv_off"], nk)
+        self.q_home, self.kv_home, self.hq, self.hkv = rec["q_home"], rec["kv_home"], rec["hq"], rec["hkv"]
+        self.total_q, self.total_k, self.max_q, self.max_k = rec["total_q"], rec["total_k"], rec["max_q"], rec["max_k"]
+        self.seqs = rec["seqs"]
+        self.q = cut(rec["q_off"], self.total_q * self.hq)
+        self.kv = cut(rec["kv_off"], self.total_k * self.hkv)
         # The same rows shaped as the varlen tensors' leading dims, so one advanced-indexing op gathers
         # [total, heads, d] (or writes it back) with no reshape around it.
-        self.q2 = self.q.view(rec["total_q"], rec["hq"])
-        self.kv2 = self.kv.view(rec["total_k"], rec["hkv"])
+        self.q2 = self.q.view(self.total_q, self.hq)
+        self.kv2 = self.kv.view(self.total_k, self.hkv)
         self.lse2 = self.q2.t()
-        n = rec["seqs"] + 1
-        self.cu_q = dev[rec["cu_q_off"]:rec["cu_q_off"] + n]
-        self.cu_k = dev[rec["cu_k_off"]:rec["cu_k_off"] + n]
+        n, cq, ck = self.seqs + 1, rec["cu_q_off"], rec["cu_k_off"]
+        self.cu_q = dev[cq:cq + n]
+        self.cu_k = dev[ck:ck + n]
         # Copies: a view would keep the whole host array alive after the runtime lets it go.
-        self.cu_host = (host[rec["cu_q_off"]:rec["cu_q_off"] + n].numpy().copy(),
-                        host[rec["cu_k_off"]:rec["cu_k_off"] + n].numpy().copy())
+        self.cu_host = (host[cq:cq + n].copy(), host[ck:ck + n].copy())
 
 
 def host_arrays(program):
     """(host, layout) of ``program``'s index arrays (built once per program, GIL released): host is
-    one int32 CPU tensor, the small array (cu_seqlens, descriptor tables) then what ``expand`` reads
-    of the runs, five columns of R int32; layout["data"] the small array's length, layout["runs"] R
-    and layout["steps"] expand's steps."""
-    runs, data, layout = program.index_arrays()
-    layout["data"], layout["runs"] = len(data), len(runs)
-    cols, layout["steps"] = _run_columns(runs, layout["rows"])
-    # One buffer, so one copy reaches the device; the small array first, so its int64 tables stay
-    # 8-byte aligned. Kilobytes: the runs, not the rows.
-    return torch.from_numpy(np.concatenate([data, cols.reshape(-1)])), layout
+    one int32 CPU tensor sharing the binding's memory, the small array (cu_seqlens, descriptor
+    tables: layout["data"] entries) then the runs' five columns of layout["runs"] entries (first,
+    count, base, len, stride), which expand to layout["rows"] rows; layout["cuts"] and
+    layout["lengths"] the records' sides in the rows."""
+    _runs, host, layout = program.index_arrays()
+    return torch.from_numpy(host), layout
 
 
-# Entries of the rows one expansion step makes: bounds the device's temporaries (about three int32 an entry: 0.75 GiB at most).
+def expand(cols, host_cols, n, device):
+    """The rows, int32 [n] on ``device``, from the runs' columns (int32 [5, R]: first, count, base,
+    len, stride) on the device (``cols``) and on the host (``host_cols``, numpy): entry first + k of
+    a run is base + (k // len) * stride + k % len. One kernel launch on CUDA (Triton), the binding's
+    C++ on the CPU (without the GIL); on meta the launch's output alone; elsewhere torch ops in steps
+    (``expand_ops``). No host read of a device value."""
+    if device.type == "meta":
+        return torch.empty(n, dtype=torch.int32, device=device)
+    if device.type == "cpu":
+        out = torch.empty(n, dtype=torch.int32)
+        _libra.expand_runs(host_cols, out.numpy())
+        return out
+    if device.type == "cuda":
+        kernel = _triton_expand()
+        if kernel is not None:
+            return kernel(cols, n)
+    return expand_ops(cols, host_cols, n, device)
+
+
+@functools.cache
+def _triton_expand():
+    """triton_index.expand, or None where Triton is not installed."""
+    try:
+        from . import triton_index  # noqa: PLC0415 - Triton loads only when a CUDA runtime needs it
+    except ImportError:
+        return None
+    return triton_index.expand
+
+
+# Entries of the rows one step of expand_ops makes: bounds the device's temporaries (about three int32 an entry: 0.75 GiB at most).
 _BATCH = 1 << 26
 
 
-def _run_columns(runs, n):
-    """What ``expand`` reads, per run (int32 [5, R]): its rows (count / len), its first row among all
-    the runs' rows, its len, and d0, d1 such that an entry of its row r holds the entry's own index
-    plus d0 + r * d1 (base - first and stride - len: every value fits int32, as the positions do);
-    and the steps (first run, end run, first row, end row, first entry, end entry), each up to
+def _run_columns(host_cols, n):
+    """What ``expand_ops`` reads, per run (int32 [5, R]): its rows (count / len), its first row among
+    all the runs' rows, its len, and d0, d1 such that an entry of its row r holds the entry's own
+    index plus d0 + r * d1 (base - first and stride - len: every value fits int32, as the positions
+    do); and the steps (first run, end run, first row, end row, first entry, end entry), each up to
     _BATCH entries unless one run is longer. O(runs) numpy on the host."""
-    first, count, base, ln, stride = runs.T.astype(np.int64)
+    first, count, base, ln, stride = host_cols.astype(np.int64)
     nrows = count // ln
     ends = np.cumsum(nrows)
     rowfirst = ends - nrows
@@ -119,13 +137,13 @@ def _run_columns(runs, n):
     return cols, steps
 
 
-def expand(cols, steps, n, device):
-    """The rows, int32 [n] on ``device``, from the runs' columns on the device (``_run_columns``):
-    entry first + k of a run is base + (k // len) * stride + k % len. A constant number of ops per
-    step (one step below 64M entries: two repeat_interleaves, the rest index and add ops; no
-    division), with no host read of a device value (the steps' sizes come from the host)."""
+def expand_ops(_cols, host_cols, n, device):
+    """``expand`` with torch ops, for devices with no kernel for it: a constant number of ops per
+    step of up to _BATCH entries (two repeat_interleaves with their output sizes given, the rest
+    index and add ops, no division); the steps' sizes come from the host."""
+    cols, steps = _run_columns(host_cols, n)
     out = torch.empty(n, dtype=torch.int32, device=device)
-    nrows, rowfirst, ln, d0, d1 = cols.unbind(0)
+    nrows, rowfirst, ln, d0, d1 = torch.from_numpy(cols).to(device).unbind(0)
     for i0, i1, r0, r1, e0, e1 in steps:
         run = torch.repeat_interleave(nrows[i0:i1], output_size=r1 - r0)  # each row's run (in this step)
         r = torch.arange(r0, r1, dtype=torch.int32, device=device) - rowfirst[i0:i1][run]
@@ -134,12 +152,17 @@ def expand(cols, steps, n, device):
     return out
 
 
-def to_device(host, layout, device):
+EXCHANGE_KINDS = ("in", "out", "stage", "apply")
+ALL_KINDS = EXCHANGE_KINDS + ("varlen", "joined", "descriptors", "descriptors_host")
+
+
+def to_device(host, layout, device, kinds=(ALL_KINDS, ALL_KINDS)):
     """The index arrays on ``device``: [pass] = {"in", "out", "stage": [chunk] exchange (send and recv
-    counts per class, gather, local, scatter), "apply": groups, "varlen": [chunk] [Pair],
+    counts per class, gather, local, scatter), "apply": groups, "varlen" and "joined": [chunk] [Pair],
     "descriptors": [chunk] (table [rows, 10], bounds [5]) (libra.torch.descriptors' format),
-    "descriptors_host": the same as numpy int64 arrays}, and
-    the device tensors the views share (their bytes: the index memory of the worker on that device)."""
+    "descriptors_host": the same as numpy int64 arrays}, each pass's ``kinds[pass]`` made here and
+    any other kind when first read; and the device tensors the views share (their bytes: the index
+    memory of the worker on that device)."""
     if device.type == "cpu":
         dev = host
     elif device.type == "cuda":
@@ -152,25 +175,56 @@ def to_device(host, layout, device):
         dev = host.to(device)
     host_np = host.numpy()  # numpy slices: a fraction of torch views' host time
     nd, nr = layout["data"], layout["runs"]
-    data = dev[:nd]
-    rows = expand(dev[nd:].view(5, nr), layout["steps"], layout["rows"], device)
-    cut = _cutter(rows, layout)
+    rows = expand(dev[nd:].view(5, nr), host_np[nd:].reshape(5, nr), layout["rows"], device)
+    make = functools.partial(_records, cut=_cutter(rows, layout), data=dev[:nd], host_np=host_np,
+                             copy=device.type != "cpu", pairs={})
     out = []
-    for per in layout["passes"]:
-        p = {}
-        for kind in _KINDS:
-            p[kind] = [{"send": x["send"], "recv": x["recv"],
-                        **{k: _groups(cut, x[k]) for k in ("gather", "local", "scatter")}} for x in per[kind]]
-        p["apply"] = _groups(cut, per["apply"])
-        p["varlen"] = [[Pair(rec, cut, data, host) for rec in chunk] for chunk in per["varlen"]]
-        p["joined"] = [[Pair(rec, cut, data, host) for rec in chunk] for chunk in per["joined"]]
-        p["descriptors"] = [(_i64(data, t, 10 * n).view(n, 10), _i64(data, b, 5)) for t, n, b in per["descriptors"]]
-        # The same tables on the host, for what plans launches from them (the triton backend's work
-        # rows and grids) without reading the device back; copies off the CPU, as cu_host.
-        copy = device.type != "cpu"
-        p["descriptors_host"] = [_desc_host(host_np, t, n, b, copy) for t, n, b in per["descriptors"]]
+    for per, want in zip(layout["passes"], kinds):
+        p = _Pass(functools.partial(make, per))
+        for kind in want:
+            p[kind]  # noqa: B018 - made now, not in a pass
         out.append(p)
     return out, (dev, rows)
+
+
+class _Pass(dict):
+    """One pass's records on a device, by kind, each made on first read (``_records``) and kept."""
+
+    def __init__(self, make):
+        super().__init__()
+        self._make = make
+
+    def __missing__(self, kind):
+        value = self[kind] = self._make(kind)
+        return value
+
+
+def _records(per, kind, cut, data, host_np, copy, pairs):
+    """One kind of one pass's records (to_device's), from the binding's layout ``per``; ``pairs``
+    keeps every Pair made by its record (a backward chunk with forward's calls has forward's very
+    records: the same Pair serves both passes)."""
+    if kind in _KINDS:
+        return [{"send": x["send"], "recv": x["recv"],
+                 **{k: _groups(cut, x[k]) for k in ("gather", "local", "scatter")}} for x in per[kind]]
+    if kind == "apply":
+        return _groups(cut, per["apply"])
+    if kind in ("varlen", "joined"):
+        return [[_pair(pairs, rec, cut, data, host_np) for rec in chunk] for chunk in per[kind]]
+    if kind == "descriptors":
+        return [(_i64(data, t, 10 * n).view(n, 10), _i64(data, b, 5)) for t, n, b in per["descriptors"]]
+    if kind == "descriptors_host":
+        # The same tables on the host, for what plans launches from them (the triton backend's work
+        # rows and grids) without reading the device back; copies off the CPU, as cu_host.
+        return [_desc_host(host_np, t, n, b, copy) for t, n, b in per["descriptors"]]
+    raise KeyError(kind)
+
+
+def _pair(pairs, rec, cut, data, host_np):
+    """The Pair of the record ``rec`` (a dict the layout keeps alive, so its id is its own)."""
+    p = pairs.get(id(rec))
+    if p is None:
+        p = pairs[id(rec)] = Pair(rec, cut, data, host_np)
+    return p
 
 
 def _desc_host(host_np, t, rows, b, copy):

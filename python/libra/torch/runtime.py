@@ -5,13 +5,38 @@ import math
 import operator
 import weakref
 
-import numpy as np
 import torch
 
 from .. import _libra
 from . import comms
 from .groups import _POOLS
-from .index import host_arrays, nbytes, to_device
+from .index import ALL_KINDS, EXCHANGE_KINDS, host_arrays, nbytes, to_device
+
+
+class _Schedule(dict):
+    """The program's summary (``RankProgram.summary``), with its kernel calls (``info["calls"]``, every
+    fragment: tests and checks read them) fetched on first read."""
+
+    def __init__(self, summary, program):
+        super().__init__(summary)
+        self._program = program
+
+    def __missing__(self, key):
+        if key != "calls":
+            raise KeyError(key)
+        value = self["calls"] = self._program.info["calls"]
+        return value
+
+
+def _kinds(backend):
+    """(forward's, backward's) index records a backend reads (index.to_device): a varlen backend the
+    joined calls (the separate pairs where it recomputes the backward), a buffers backend the
+    descriptor tables."""
+    if backend is None:
+        return ALL_KINDS, ALL_KINDS
+    if backend.kind == "buffers":
+        return (EXCHANGE_KINDS + ("descriptors", "descriptors_host"),) * 2
+    return EXCHANGE_KINDS + ("joined",), EXCHANGE_KINDS + ("joined" if backend.has_backward() else "varlen",)
 
 
 def _fingerprint_words(fp):
@@ -113,33 +138,35 @@ class PlanRuntime:
         # The trace of every attention call under this runtime (trace=True), in the C++ engine's format
         # (trace.py): (worker, name, lane, begin_us, end_us) per chunk's compute, exchange and wait.
         self.trace = [] if trace else None
-        self.window = plan.config["window"]
+        config = plan.config
+        self.window, cp = config["window"], config["cp"]
         # libra's per-rank flat program (libra/program.hpp), the peers in group-rank order (what
         # all_to_all_single's splits follow); Planner may have built it on its thread.
         progs = schedule
         if progs is not None:
-            info = progs.info
+            info = progs.summary
             if (info["order"] != peers or info["worker"] != me or info["plan_fingerprint"] != plan.fingerprint
                     or info["relay"] != relay):
                 progs = None
         if progs is None:
             progs = _libra.rank_program(plan, me, peers, relay=relay)
-            info = progs.info
+            info = progs.summary
         self.relay = relay
         # Whether stage exchanges run: the same on every rank (plan_relays is a function of the plan).
         self.relayed = bool(info["relayed"])
-        self.program, self.schedule = progs, info
+        self.program, self.schedule = progs, _Schedule(info, progs)
         self.home_rows, self.heads_q, self.heads_kv = info["home_rows"], info["heads_q"], info["heads_kv"]
         self.head_dim, self.num_chunks = info["head_dim"], info["chunks"]
-        lay = _libra.home_layout(plan, me)
+        # The home layout, built with the program in C++ (without the GIL): views of its arrays.
+        lay = progs.home
         self.home_layout, self.home_tokens = lay["home_layout"], lay["home_tokens"]
         self.padding_rows = self.home_rows - self.home_tokens
-        self.slot, self.cp_rank = me // plan.config["cp"], me % plan.config["cp"]
-        self.packed_rows = torch.from_numpy(np.array(lay["packed_rows"], dtype=np.int64))
-        self.position_ids = torch.from_numpy(np.array(lay["position_ids"], dtype=np.int64))
-        self.cu_seqlens = torch.from_numpy(np.array(lay["cu_seqlens"], dtype=np.int32))
-        self.max_seqlen = int((self.cu_seqlens[1:] - self.cu_seqlens[:-1]).max()) if len(self.cu_seqlens) > 1 else 0
-        self.packed_cu_seqlens = torch.tensor(np.concatenate([[0], np.cumsum(plan.pool[self.slot])]), dtype=torch.int32)
+        self.slot, self.cp_rank = me // cp, me % cp
+        self.packed_rows = torch.from_numpy(lay["packed_rows"])
+        self.position_ids = torch.from_numpy(lay["position_ids"])
+        self.cu_seqlens = torch.from_numpy(lay["cu_seqlens"])
+        self.max_seqlen = lay["max_seqlen"]
+        self.packed_cu_seqlens = torch.from_numpy(lay["packed_cu_seqlens"])
         self._position_on = {}  # position_ids of the token rows, by device (attention's check)
         self._peers = peers
         # Every index the passes use, as one int32 host array built by the binding without the GIL
@@ -151,17 +178,13 @@ class PlanRuntime:
         # What torch.compile's libra::attention op takes in place of this object (ops.py).
         self.op_handle = register(self)
 
-    def on(self, device):
-        """The program's index arrays on ``device`` (one copy per device; index.to_device)."""
+    def on(self, device, backend=None):
+        """The program's index arrays on ``device`` (one copy per device; index.to_device), with the
+        records ``backend`` reads made at once (every kind when None; others when first read)."""
         device = torch.device(device)
         if device not in self._on:
             host, self._index_layout = host_arrays(self.program)
-            self._on[device], self._index_on[device] = to_device(host, self._index_layout, device)
-            del host  # off the CPU the views hold none of it: drop_index frees it, without the GIL
-            if device.type != "cpu":
-                # The device holds its copy (a CUDA copy its pinned source too): the host array goes
-                # (another device builds it again).
-                self.program.drop_index()
+            self._on[device], self._index_on[device] = to_device(host, self._index_layout, device, _kinds(backend))
         return self._on[device]
 
     def index_bytes(self, device):
@@ -314,14 +337,16 @@ def _agree(comm, group, words, problem, timeout, what, native=False):
     size = comm.size(group)
 
     def gather(mine):
-        everyone = [torch.zeros_like(mine) for _ in range(size)]
-        _Timed(comm, group, comm.all_gather(everyone, mine, group), _next_seq(group), timeout, what, native).wait()
+        # Into the rows of one tensor: one allocation and one tolist, not one per rank.
+        everyone = mine.new_zeros((size, *mine.shape))
+        _Timed(comm, group, comm.all_gather_into(everyone, mine, group), _next_seq(group), timeout, what,
+               native).wait()
         return everyone
 
     gathered = []  # every rank's words, its problem's length last
 
     def gather_words(mine):
-        gathered[:] = [t.tolist() for t in gather(torch.tensor(mine, dtype=torch.int64))]
+        gathered[:] = gather(torch.tensor(mine, dtype=torch.int64)).tolist()
         return gathered
 
     def gather_bytes(mine):

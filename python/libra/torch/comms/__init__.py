@@ -68,6 +68,10 @@ class Communicator:
         """Async: every group rank's ``inp`` into ``outs[rank]`` (group None: the world)."""
         raise NotImplementedError
 
+    def all_gather_into(self, out, inp, group):
+        """``all_gather`` into the rows of one tensor ``out`` ([size, *inp.shape])."""
+        return self.all_gather(list(out.unbind(0)), inp, group)
+
     def set_timeout(self, group, seconds):
         """Makes ``group``'s own operations time out after ``seconds``; True where it takes it (its
         works' plain ``wait()`` then ends), False where only a deadline on ``wait`` bounds them."""

@@ -187,6 +187,12 @@ class InProcess(Communicator):
 
         return _post(group or _ctx().world, inp, take)
 
+    def all_gather_into(self, out, inp, group):
+        def take(payloads):
+            torch.stack(payloads, out=out)
+
+        return _post(group or _ctx().world, inp, take)
+
     def set_timeout(self, group, seconds):
         group.timeout = float(seconds)
         return True
