@@ -212,6 +212,7 @@ class TopoPlacer {
       for (std::size_t x = 0; x < words_; ++x) any |= bits[x] & ~touched_[x];
       fresh_tier_[k] = any != 0;
     }
+    if (!fresh_tier_[0] && !fresh_tier_[1] && !fresh_tier_[2]) return;  // least_score will not ask
     fresh_total_ = 0;
     for (int c = 0; c < geo_.cp; ++c) fresh_total_ += add_[static_cast<std::size_t>(c)];
     fresh_worst_ = {0, 0, 0};
@@ -221,7 +222,9 @@ class TopoPlacer {
       if (b == 0) continue;
       const int w = base + c;
       const Tiers ts = link_plus(send_[static_cast<std::size_t>(w)], static_cast<double>(b));
-      const Tiers tr = link_plus(recv_[static_cast<std::size_t>(w)], w == home_ ? static_cast<double>(vqo_) : 0.0);
+      // Only the home's receive side changes (its O comes back).
+      const Tiers& rw = recv_[static_cast<std::size_t>(w)];
+      const Tiers tr = w == home_ ? link_plus(rw, static_cast<double>(vqo_)) : Tiers{link(rw), link(rw), link(rw)};
       for (std::size_t k = 0; k < 3; ++k) {
         fresh_worst_[k] = std::max(fresh_worst_[k], std::max(ts[k], tr[k]));
         fresh_cost_[k] += static_cast<double>(b) * per_byte_[k];
@@ -461,12 +464,10 @@ class TopoPlacer {
     return {std::max({(x[0] + b) * inv_[0], t1, t2}), std::max({t0, ((x[1] + b) + x[2]) * inv_[1], t2}),
             std::max({t0, (x[1] + (x[2] + b)) * inv_[1], (x[2] + b) * inv_spine_})};
   }
-  double time(const Tiers& s, const Tiers& r) const {
-    auto link = [&](const Tiers& x) {
-      return std::max({x[0] * inv_[0], (x[1] + x[2]) * inv_[1], x[2] * inv_spine_});
-    };
-    return std::max(link(s), link(r));
+  double link(const Tiers& x) const {
+    return std::max({x[0] * inv_[0], (x[1] + x[2]) * inv_[1], x[2] * inv_spine_});
   }
+  double time(const Tiers& s, const Tiers& r) const { return std::max(link(s), link(r)); }
   int tier(int a, int b) const { return tiering_.tier(a, b); }
   void mark(int w) { touched_[static_cast<std::size_t>(w) / 64] |= std::uint64_t{1} << (w % 64); }
   void move(int from, int to, std::int64_t bytes) {
