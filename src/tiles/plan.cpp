@@ -289,11 +289,14 @@ std::shared_ptr<Plan::Data> plan_header(std::span<const PackedSequence> pool, co
   return d;
 }
 
-// Another shard of the same rows: the previous tile's n fragments, just
-// written before `out`, with this tile's id and groups.
-inline void copy_shard_fragments(Fragment* out, std::int32_t n, std::int32_t id, std::int32_t shift, std::uint64_t* held) {
+// Another shard of the same rows: the first shard's n fragments `from`,
+// with this tile's id and groups (shifted by the difference of their keys).
+// Read from the first shard's, not the one just written: a load that spans
+// two stores still in the store buffer waits for them to drain.
+inline void copy_shard_fragments(Fragment* out, const Fragment* from, std::int32_t n, std::int32_t id, std::int32_t shift,
+                                 std::uint64_t* held) {
   for (std::int32_t k = 0; k < n; ++k) {
-    Fragment f = out[k - n];
+    Fragment f = from[k];
     f.tile = id;
     f.group += shift;
     set_bit(held, f.group);
@@ -333,16 +336,14 @@ inline std::int32_t write_sample_fragments(const Geometry& g, const PlacedRows& 
 }
 
 // 2. Tiles and fragments in one pass, with the compute-list counts, the
-//    loads, C_r and the fingerprint's tile words (the hash is one serial
-//    chain: beside the pass's own work it costs little, alone it would wait
-//    on every multiply). Consecutive tiles with the same rows (the shards of
+//    loads and C_r. Consecutive tiles with the same rows (the shards of
 //    a tap block) share their samples, FLOPs and home: the rows are looked
 //    up once and the next shard copies the fragments with its own groups.
 //    Storage for the fragments is allocated once, for at most one per tile
 //    plus one per sample start inside a tile's rows (a start lies inside at
 //    most one piece of each (block, shard)), and then trimmed.
 void write_tiles(Plan::Data& d, const Geometry& g, std::span<const ShardInfo> shards, std::span<const PlacedRows> rows,
-                 HeldBits& held, WordHash& hash) {
+                 HeldBits& held) {
   d.tiles = RawArray<Tile>(rows.size());
   d.worker_tile_offsets.assign(static_cast<std::size_t>(g.workers) + 1, 0);
   d.worker_flops.assign(static_cast<std::size_t>(g.workers), 0);
@@ -358,7 +359,7 @@ void write_tiles(Plan::Data& d, const Geometry& g, std::span<const ShardInfo> sh
   PlacedRows prev{-1, -1, -1, -1, -1, -1};
   std::int32_t piece = 0, home = 0, key = 0, n = 0;
   std::int64_t flops = 0;
-  std::size_t count = 0;
+  std::size_t count = 0, first_count = 0;  // key, first_count: the key and first fragment of the rows' first shard
   for (std::size_t i = 0; i < rows.size(); ++i) {
     const PlacedRows r = rows[i];
     const auto id = static_cast<std::int32_t>(i);
@@ -369,7 +370,7 @@ void write_tiles(Plan::Data& d, const Geometry& g, std::span<const ShardInfo> sh
     const bool block_start = r.begin == r.block * g.block_size;
     piece = block_start ? 0 : piece + 1;
     if (prev.slot == r.slot && prev.begin == r.begin && prev.end == r.end) {
-      copy_shard_fragments(frags + count, n, id, shard.key - key, row);
+      copy_shard_fragments(frags + count, frags + first_count, n, id, shard.key - key, row);
     } else {
       // A block's first piece starts at the block (every tile but a
       // tap-split piece): its first sample is in a table.
@@ -378,6 +379,8 @@ void write_tiles(Plan::Data& d, const Geometry& g, std::span<const ShardInfo> sh
       std::int64_t pairs = 0;
       n = write_sample_fragments(g, r, id, shard.key, first, frags + count, row, pairs);
       flops = pairs * g.head_width;
+      first_count = count;
+      key = shard.key;
     }
     ::new (static_cast<void*>(tiles + i)) Tile{.id = id,
                                                .slot = r.slot,
@@ -393,11 +396,9 @@ void write_tiles(Plan::Data& d, const Geometry& g, std::span<const ShardInfo> sh
                                                .worker = r.worker,
                                                .fragment_begin = static_cast<std::int32_t>(count),
                                                .fragment_end = static_cast<std::int32_t>(count) + n};
-    put_tile_words(r.slot, r.block, r.shard, r.worker, r.begin, r.end, hash);
     ++tile_counts[r.worker];
     loads[r.worker] += flops;
     count += static_cast<std::size_t>(n);
-    key = shard.key;
     prev = r;
   }
   fragments.truncate(count);
@@ -616,11 +617,7 @@ Plan build_plan(std::span<const PackedSequence> pool, const PlanConfig& config, 
   std::shared_ptr<Plan::Data> d = plan_header(pool, config, g);
   const std::vector<ShardInfo> shards = shard_infos(g);
   HeldBits held(g.workers, static_cast<std::size_t>(g.sample_base.back()) * static_cast<std::size_t>(g.keys_per_sample));
-  // 8. The fingerprint of the defining content: the prefix now, the tile
-  //    words in the tile pass.
-  WordHash hash;
-  for_each_canonical_prefix_word(config, pool, rows.size(), hash);
-  write_tiles(*d, g, shards, rows, held, hash);
+  write_tiles(*d, g, shards, rows, held);
   const std::vector<KvGroup> key_group = key_heads(g).group;  // key and KV heads per key
   write_groups(*d, g, key_group);
   write_compute_lists(*d);
@@ -632,8 +629,8 @@ Plan build_plan(std::span<const PackedSequence> pool, const PlanConfig& config, 
   ShardUses shard_uses = shard_chunk_uses(g, config, shards, key_group);
   const ChunkUse* shard_table = store_kv_uses(*d, shard_uses, key_is_shard);
   if (need_entries) record_entries(*d, entries, shard_table, shard_uses.stride, key_is_shard);
-  d->fingerprint = hash.value();
-  // The exchange is derived from the plan on first use (derive_exchange).
+  // 8. The fingerprint and the exchange are derived from the plan on first
+  //    use (Plan::fingerprint, derive_exchange).
   d->geometry = std::make_shared<const Geometry>(std::move(geo));
   return Plan(std::move(d));
 }
@@ -669,7 +666,6 @@ Plan rechunk_data(const Plan::Data& base, const PlanConfig& config) {
     const HeldBits held = held_of(*d, g);
     record_entries(*d, index_of(*d, held), shard_table, shard_uses.stride, false, /*spans=*/false);
   }
-  d->fingerprint_deferred = true;
   d->geometry = base.geometry;
   return Plan(std::move(d));
 }
@@ -1356,13 +1352,11 @@ std::int64_t Plan::chunk_bytes(int m, int src, int dst) const {
 }
 std::uint64_t Plan::fingerprint() const {
   const Data& d = *d_;
-  if (d.fingerprint_deferred) {
-    std::call_once(d.fingerprint_once, [&d] {
-      detail::WordHash hash;
-      detail::for_each_canonical_word(d.config, d.pool, std::span<const Tile>(d.tiles), hash);
-      d.fingerprint = hash.value();
-    });
-  }
+  std::call_once(d.fingerprint_once, [&d] {
+    detail::WordHash hash;
+    detail::for_each_canonical_word(d.config, d.pool, std::span<const Tile>(d.tiles), hash);
+    d.fingerprint = hash.value();
+  });
   return d.fingerprint;
 }
 

@@ -119,9 +119,9 @@ struct Plan::Data {
   mutable std::vector<TierBytes> tier_bytes;              // W
   mutable int busiest_receiver = 0;
   mutable std::int64_t max_recv_cross_node = 0;
-  // A re-chunked plan's fingerprint is hashed on first use (Plan::fingerprint):
-  // the sweep prices thousands of them and reads none.
-  bool fingerprint_deferred = false;
+  // The fingerprint is hashed on first use (Plan::fingerprint), under
+  // fingerprint_once: the simulator builds and prices ~150,000 plans a run
+  // and reads none of their fingerprints.
   mutable std::once_flag fingerprint_once;
   mutable std::uint64_t fingerprint = 0;
 };
