@@ -39,25 +39,33 @@ class RelayTable {
   int chunks() const { return chunks_; }
   // The worker that sends src's chunk-m inputs for dst in the main exchange:
   // src itself unless relayed.
-  int via(int m, int src, int dst) const {
-    return via_[(static_cast<std::size_t>(m) * static_cast<std::size_t>(workers_) + static_cast<std::size_t>(src)) *
-                    static_cast<std::size_t>(workers_) +
-                static_cast<std::size_t>(dst)];
-  }
+  int via(int m, int src, int dst) const { return moved_.empty() ? src : find(m, src, dst); }
   bool relayed(int m, int src, int dst) const { return via(m, src, dst) != src; }
   // Whether any pair of any chunk is relayed; a table without relays runs
   // exactly like no table (no stage exchange is posted).
-  bool any() const { return relayed_pairs_ > 0; }
-  std::int64_t relayed_pairs() const { return relayed_pairs_; }
+  bool any() const { return !moved_.empty(); }
+  std::int64_t relayed_pairs() const { return static_cast<std::int64_t>(moved_.size()); }
   void set(int m, int src, int dst, int via);
+  // via() of every chunk m and pair j of `pairs` (src * workers + dst,
+  // increasing) at [m * pairs.size() + j]: one look-up per relayed pair
+  // instead of a search per pair.
+  std::vector<std::int32_t> vias(std::span<const std::uint32_t> pairs) const;
   // Per chunk: the busiest NIC's cross-node input bytes (forward) over all
   // nodes, sent directly and relayed (plan_relays fills them).
   std::vector<std::int64_t> busiest_nic_direct, busiest_nic_relayed;
 
  private:
   int workers_ = 0, chunks_ = 0;
-  std::int64_t relayed_pairs_ = 0;
-  std::vector<std::int32_t> via_;  // [chunk][src][dst]
+  // The relayed entries only, by (chunk * W + src) * W + dst: most pairs
+  // are direct, and most tables relay nothing, so a dense M x W x W table
+  // would be mostly filled to say so.
+  struct Moved {
+    std::uint64_t at;
+    std::int32_t via;
+  };
+  std::vector<Moved> moved_;
+  std::uint64_t key(int m, int src, int dst) const;
+  int find(int m, int src, int dst) const;
 };
 
 [[nodiscard]] RelayTable plan_relays(const Plan& plan);
@@ -66,5 +74,10 @@ class RelayTable {
 // Plan::chunk_transfers), on nodes of `gpus_per_node`.
 [[nodiscard]] RelayTable plan_relays(std::span<const std::int64_t> chunk_in_bytes, int workers, int chunks,
                                      int gpus_per_node);
+// The same over the pairs that carry anything: `pairs` (src * workers +
+// dst, increasing) and chunk m's bytes of pair j at [m * pairs.size() + j];
+// every other pair's are zero.
+[[nodiscard]] RelayTable plan_relays(std::span<const std::uint32_t> pairs, std::span<const std::int64_t> chunk_in_bytes,
+                                     int workers, int chunks, int gpus_per_node);
 
 }  // namespace libra

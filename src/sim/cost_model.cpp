@@ -123,14 +123,19 @@ ThroughputTable::ThroughputTable(const KernelProfile& profile) {
 
 double ThroughputTable::gflops(double block_len, double heads, bool backward) const {
   if (rows_.empty() || block_len <= 0 || heads <= 0) return 0;
-  std::vector<double> hs, gs;
-  hs.reserve(rows_.size());
-  gs.reserve(rows_.size());
-  for (const auto& r : rows_) {
-    hs.push_back(r.heads);
-    gs.push_back(interp_log(r.len, backward ? r.bwd : r.fwd, block_len));
-  }
-  return interp_log(hs, gs, heads);
+  // interp_log over the rows' rates at block_len, which reads at most the
+  // two rows around `heads`: only those are interpolated (the pricing asks
+  // for every tile shape of every plan).
+  auto at = [&](std::size_t r) { return interp_log(rows_[r].len, backward ? rows_[r].bwd : rows_[r].fwd, block_len); };
+  if (heads <= rows_.front().heads) return at(0) * heads / rows_.front().heads;
+  if (heads >= rows_.back().heads) return at(rows_.size() - 1);
+  const auto i = static_cast<std::size_t>(
+      std::upper_bound(rows_.begin(), rows_.end(), heads, [](double h, const Row& r) { return h < r.heads; }) -
+      rows_.begin());
+  const double h0 = rows_[i - 1].heads, h1 = rows_[i].heads;
+  const double t = (std::log2(heads) - std::log2(h0)) / (std::log2(h1) - std::log2(h0));
+  const double g0 = at(i - 1);
+  return g0 + t * (at(i) - g0);
 }
 
 double ThroughputTable::seconds(double flops, double block_len, double heads, bool backward) const {

@@ -118,9 +118,10 @@ PhaseBytes phase_bytes(const ExchangeSums& x, const RelayTable* relays) {
   if (relayed) sf = sb = df;
   for (int k = 0; k < M; ++k) {
     const std::size_t m = static_cast<std::size_t>(k);
-    const std::int64_t* q = x.qo_row_heads.data() + m * W2;
-    const std::int64_t* kv = x.kv_token_heads.data() + m * W2;
-    const std::int64_t* dkv = x.dkv_rows.data() + m * W2;
+    // Dense on purpose: the tests' reference for the sparse pricing below.
+    const std::vector<std::int64_t> qm = x.dense(x.qo_row_heads, k), kvm = x.dense(x.kv_token_heads, k);
+    const std::vector<std::int64_t> dkvm = x.dense(x.dkv_rows, k);
+    const std::int64_t *q = qm.data(), *kv = kvm.data(), *dkv = dkvm.data();
     for (std::size_t s = 0; s < W; ++s) {
       for (std::size_t t = 0; t < W; ++t) {
         const std::size_t st = s * W + t, ts = t * W + s;
@@ -158,11 +159,10 @@ PhaseBytes phase_bytes(const ExchangeSums& x, const RelayTable* relays) {
 }
 
 RelayTable relays_of(const ExchangeSums& x, const PlanTopology& topology) {
-  const std::size_t W2 = static_cast<std::size_t>(x.workers) * static_cast<std::size_t>(x.workers);
   const std::int64_t qo = x.head_dim * x.elem_bytes;
-  std::vector<std::int64_t> in(static_cast<std::size_t>(x.chunks) * W2);
+  std::vector<std::int64_t> in(x.qo_row_heads.size());
   for (std::size_t i = 0; i < in.size(); ++i) in[i] = qo * x.qo_row_heads[i] + 2 * qo * x.kv_token_heads[i];
-  return plan_relays(in, x.workers, x.chunks, topology.gpus_per_node);
+  return plan_relays(x.pairs, in, x.workers, x.chunks, topology.gpus_per_node);
 }
 
 namespace {
@@ -174,68 +174,84 @@ struct SparsePhases {
   enum Phase : std::size_t { kFwdIn, kFwdOut, kBwdIn, kBwdOut, kFwdStage, kBwdStage, kPhases };
   std::vector<std::uint32_t> pairs;
   std::size_t slices = 1;
+  std::size_t phases = kPhases;  // the stage phases only with relays
   std::vector<std::int64_t> bytes;  // [phase][slice][pair]
   std::int64_t* at(std::size_t phase, std::size_t slice) {
     return bytes.data() + (phase * slices + slice) * pairs.size();
   }
 };
 
+// The phases' pairs: the sums' own and, with relays, the pairs the relays
+// send through (relay to receiver, sender to relay), increasing; at[k]:
+// where the sums' pair k is among them.
+struct PhasePairs {
+  std::vector<std::uint32_t> pairs;
+  std::vector<std::uint32_t> at;
+};
+PhasePairs phase_pairs(const ExchangeSums& x, std::span<const std::int32_t> vias) {
+  PhasePairs out{x.pairs, {}};
+  if (vias.empty()) return out;
+  const std::size_t W = static_cast<std::size_t>(x.workers), n = x.pairs.size();
+  for (std::size_t m = 0; m < static_cast<std::size_t>(x.chunks); ++m) {
+    for (std::size_t k = 0; k < n; ++k) {
+      const std::size_t s = x.src[k], t = x.dst[k];
+      const auto via = static_cast<std::size_t>(vias[m * n + k]);
+      if (via == s) continue;
+      out.pairs.push_back(static_cast<std::uint32_t>(via * W + t));
+      out.pairs.push_back(static_cast<std::uint32_t>(s * W + via));
+    }
+  }
+  std::sort(out.pairs.begin(), out.pairs.end());
+  out.pairs.erase(std::unique(out.pairs.begin(), out.pairs.end()), out.pairs.end());
+  out.at.resize(x.pairs.size());
+  for (std::size_t k = 0, j = 0; k < x.pairs.size(); ++k) {
+    while (out.pairs[j] != x.pairs[k]) ++j;
+    out.at[k] = static_cast<std::uint32_t>(j);
+  }
+  return out;
+}
+
 // phase_bytes over the pairs the sums touch and, with relays, the pairs
-// the relays send through (relay to receiver, sender to relay).
+// the relays send through.
 SparsePhases sparse_phases(const ExchangeSums& x, const RelayTable* relays) {
-  const std::size_t W = static_cast<std::size_t>(x.workers), W2 = W * W;
+  const std::size_t W = static_cast<std::size_t>(x.workers);
   const auto M = static_cast<std::size_t>(x.chunks);
   const std::int64_t d = x.head_dim, qo = x.head_dim * x.elem_bytes;
   SparsePhases out;
   out.slices = M > 1 ? M + 1 : 1;
-  std::vector<std::uint32_t> direct;
-  for (std::size_t i = 0; i < W2; ++i) {
-    if (x.touched[i] != 0) direct.push_back(static_cast<std::uint32_t>(i));
-  }
-  out.pairs = direct;
-  std::vector<std::int32_t> index;
-  if (relays != nullptr) {
-    for (std::size_t m = 0; m < M; ++m) {
-      for (std::uint32_t st : direct) {
-        const std::size_t s = st / W, t = st % W;
-        const auto via = static_cast<std::size_t>(relays->via(static_cast<int>(m), static_cast<int>(s), static_cast<int>(t)));
-        if (via == s) continue;
-        out.pairs.push_back(static_cast<std::uint32_t>(via * W + t));
-        out.pairs.push_back(static_cast<std::uint32_t>(s * W + via));
-      }
-    }
-    std::sort(out.pairs.begin(), out.pairs.end());
-    out.pairs.erase(std::unique(out.pairs.begin(), out.pairs.end()), out.pairs.end());
-    index.assign(W2, -1);
-    for (std::size_t j = 0; j < out.pairs.size(); ++j) index[out.pairs[j]] = static_cast<std::int32_t>(j);
-  }
-  const std::size_t n = out.pairs.size();
-  out.bytes.assign(SparsePhases::kPhases * out.slices * n, 0);
+  const std::vector<std::int32_t> vias = relays != nullptr ? relays->vias(x.pairs) : std::vector<std::int32_t>{};
+  PhasePairs pp = phase_pairs(x, vias);
+  out.pairs = std::move(pp.pairs);
+  auto index = [&](std::size_t pair) {
+    return static_cast<std::size_t>(std::lower_bound(out.pairs.begin(), out.pairs.end(), pair) - out.pairs.begin());
+  };
+  const std::size_t n = out.pairs.size(), direct = x.pairs.size();
+  out.phases = relays != nullptr ? SparsePhases::kPhases : SparsePhases::kFwdStage;
+  out.bytes.assign(out.phases * out.slices * n, 0);
   for (std::size_t m = 0; m < M; ++m) {
-    const std::int64_t* q = x.qo_row_heads.data() + m * W2;
-    const std::int64_t* kv = x.kv_token_heads.data() + m * W2;
-    const std::int64_t* dkv = x.dkv_rows.data() + m * W2;
+    const std::int64_t* q = x.qo_row_heads.data() + m * direct;
+    const std::int64_t* kv = x.kv_token_heads.data() + m * direct;
+    const std::int64_t* dkv = x.dkv_rows.data() + m * direct;
     std::int64_t *fin = out.at(SparsePhases::kFwdIn, m), *fout = out.at(SparsePhases::kFwdOut, m);
     std::int64_t *bin = out.at(SparsePhases::kBwdIn, m), *bout = out.at(SparsePhases::kBwdOut, m);
-    std::int64_t *sf = out.at(SparsePhases::kFwdStage, m), *sb = out.at(SparsePhases::kBwdStage, m);
-    for (std::size_t k = 0; k < direct.size(); ++k) {
-      const std::size_t st = direct[k], s = st / W, t = st % W, ts = t * W + s;
+    std::int64_t* sf = relays != nullptr ? out.at(SparsePhases::kFwdStage, m) : nullptr;
+    std::int64_t* sb = relays != nullptr ? out.at(SparsePhases::kBwdStage, m) : nullptr;
+    for (std::size_t k = 0; k < direct; ++k) {
+      const std::size_t s = x.src[k], t = x.dst[k], ts = x.reverse[k];
       // As phase_bytes: in Q (+ dO, O, LSE) + K/V, out O + LSE (dQ + dK/dV).
-      const std::int64_t kv_bytes = 2 * qo * kv[st];
-      const std::int64_t f = qo * q[st] + kv_bytes;
-      const std::int64_t b = 3 * qo * q[st] + 4 * q[st] + kv_bytes;
-      const std::size_t j = relays != nullptr ? static_cast<std::size_t>(index[st]) : k;
+      const std::int64_t kv_bytes = 2 * qo * kv[k];
+      const std::int64_t f = qo * q[k] + kv_bytes;
+      const std::int64_t b = 3 * qo * q[k] + 4 * q[k] + kv_bytes;
+      const std::size_t j = relays != nullptr ? pp.at[k] : k;
       fout[j] = qo * q[ts] + 4 * q[ts];
-      bout[j] = d * 4 * q[ts] + 2 * d * 4 * dkv[st];
-      const std::size_t via =
-          relays != nullptr ? static_cast<std::size_t>(relays->via(static_cast<int>(m), static_cast<int>(s), static_cast<int>(t))) : s;
+      bout[j] = d * 4 * q[ts] + 2 * d * 4 * dkv[k];
+      const std::size_t via = relays != nullptr ? static_cast<std::size_t>(vias[m * direct + k]) : s;
       if (via == s) {
         fin[j] += f;
         bin[j] += b;
         continue;
       }
-      const auto in_at = static_cast<std::size_t>(index[via * W + t]);
-      const auto stage_at = static_cast<std::size_t>(index[s * W + via]);
+      const std::size_t in_at = index(via * W + t), stage_at = index(s * W + via);
       fin[in_at] += f;
       bin[in_at] += b;
       sf[stage_at] += f;
@@ -243,7 +259,7 @@ SparsePhases sparse_phases(const ExchangeSums& x, const RelayTable* relays) {
     }
   }
   if (out.slices > 1) {
-    for (std::size_t p = 0; p < SparsePhases::kPhases; ++p) {
+    for (std::size_t p = 0; p < out.phases; ++p) {
       std::int64_t* whole = out.at(p, M);
       for (std::size_t m = 0; m < M; ++m) {
         const std::int64_t* part = out.at(p, m);
@@ -296,25 +312,25 @@ void price_phases(PlanCost& c, const ExchangeSums& x, const RelayTable* relays, 
 }
 
 // Plan::comm_bytes, send_bytes, recv_bytes and max_recv_cross_node, from
-// the same W x W byte matrix (without deriving the plan's transfer lists).
-void add_byte_totals(PlanCost& c, std::span<const std::int64_t> byte_matrix, const PlanTopology& topo) {
+// the sums' per-pair bytes (the byte matrix is zero off their pairs;
+// integer sums, so their order is free).
+void add_byte_totals(PlanCost& c, const ExchangeSums& x, const PlanTopology& topo) {
   const auto ws = static_cast<std::size_t>(c.workers);
-  std::vector<std::int64_t> recv(ws, 0), recv_cross(ws, 0);
-  for (std::size_t s = 0; s < ws; ++s) {
-    std::int64_t send = 0;
-    for (std::size_t t = 0; t < ws; ++t) {
-      const std::int64_t b = byte_matrix[s * ws + t];
-      if (b == 0) continue;
-      send += b;
-      recv[t] += b;
-      if (detail::topo_tier(topo, static_cast<int>(s), static_cast<int>(t)) != 0) recv_cross[t] += b;
-    }
-    c.comm_bytes += send;
-    c.max_send = std::max(c.max_send, send);
+  std::vector<std::int64_t> send(ws, 0), recv(ws, 0), recv_cross(ws, 0);
+  std::vector<int> node(ws);  // across nodes: topo_tier != 0
+  for (std::size_t r = 0; r < ws; ++r) node[r] = static_cast<int>(r) / topo.gpus_per_node;
+  for (std::size_t j = 0; j < x.pairs.size(); ++j) {
+    const std::size_t s = x.src[j], t = x.dst[j];
+    const std::int64_t b = x.bytes[j];
+    send[s] += b;
+    recv[t] += b;
+    if (node[s] != node[t]) recv_cross[t] += b;
   }
-  for (std::size_t t = 0; t < ws; ++t) {
-    c.max_recv = std::max(c.max_recv, recv[t]);
-    c.max_recv_cross_node = std::max(c.max_recv_cross_node, recv_cross[t]);
+  for (std::size_t r = 0; r < ws; ++r) {
+    c.comm_bytes += send[r];
+    c.max_send = std::max(c.max_send, send[r]);
+    c.max_recv = std::max(c.max_recv, recv[r]);
+    c.max_recv_cross_node = std::max(c.max_recv_cross_node, recv_cross[r]);
   }
 }
 
@@ -330,13 +346,11 @@ PlanCost cost_plan(const Ctx& ctx, const Plan& plan, std::span<const std::int64_
   return cost_plan(ctx, plan, exchange_sums(plan.data_as_built()), gpus, relays);
 }
 
-PlanCost cost_plan(const Ctx& ctx, const Plan& plan, const ExchangeSums& sums, std::span<const std::int64_t> gpus,
-                   const RelayTable* relays) {
-  PlanCost c;
-  const int w = plan.num_workers();
-  const std::size_t ws = static_cast<std::size_t>(w);
-  c.workers = w;
-  c.chunks = plan.config().chunks;
+namespace {
+
+// The plan's compute times per worker, whole and per chunk, into c.
+void add_compute(const Ctx& ctx, const Plan& plan, PlanCost& c) {
+  const std::size_t ws = static_cast<std::size_t>(c.workers);
   c.comp_fwd.assign(ws, 0);
   c.comp_bwd.assign(ws, 0);
   c.chunk_comp_fwd.assign(static_cast<std::size_t>(c.chunks), std::vector<double>(ws, 0));
@@ -360,6 +374,9 @@ PlanCost cost_plan(const Ctx& ctx, const Plan& plan, const ExchangeSums& sums, s
   std::pair<double, double> full{};
   std::vector<std::pair<double, double>> part(M);
   std::vector<double> share(M);
+  // A chunk as wide as the one before has its share and rate, hence its
+  // times: computed once (every chunk, when equal).
+  std::vector<char> same(M, 0);
   for (const Tile& t : plan.tiles()) {
     const auto r = static_cast<std::size_t>(t.worker);
     const std::int64_t rows = t.end - t.begin;
@@ -368,11 +385,11 @@ PlanCost cost_plan(const Ctx& ctx, const Plan& plan, const ExchangeSums& sums, s
       shape_rows = rows;
       shape_heads = t.heads.size();
       full = rates(rows, heads);
-      // Chunks of one width share a rate lookup (every chunk, when equal).
       double part_width = -1;
       for (std::size_t k = 0; k < M; ++k) {
         const double width = static_cast<double>(plan.chunk_heads(t, static_cast<int>(k)).size());
-        if (width != part_width) {
+        same[k] = width == part_width;
+        if (!same[k]) {
           part[k] = rates(rows, width);
           part_width = width;
         } else {
@@ -385,14 +402,29 @@ PlanCost cost_plan(const Ctx& ctx, const Plan& plan, const ExchangeSums& sums, s
     const double bwd = 2.5 * fwd;  // 10 d vs 4 d FLOPs per pair (workload.hpp)
     c.comp_fwd[r] += fwd / full.first;
     c.comp_bwd[r] += bwd / full.second;
+    double f = 0, b = 0;
     for (std::size_t k = 0; k < M; ++k) {
-      c.chunk_comp_fwd[k][r] += fwd * share[k] / part[k].first;
-      c.chunk_comp_bwd[k][r] += bwd * share[k] / part[k].second;
+      if (!same[k]) {
+        f = fwd * share[k] / part[k].first;
+        b = bwd * share[k] / part[k].second;
+      }
+      c.chunk_comp_fwd[k][r] += f;
+      c.chunk_comp_bwd[k][r] += b;
     }
   }
+}
+
+}  // namespace
+
+PlanCost cost_plan(const Ctx& ctx, const Plan& plan, const ExchangeSums& sums, std::span<const std::int64_t> gpus,
+                   const RelayTable* relays) {
+  PlanCost c;
+  c.workers = plan.num_workers();
+  c.chunks = plan.config().chunks;
+  add_compute(ctx, plan, c);
   AlltoallPricer pricer(ctx.cfg.cost.net, gpus);
   price_phases(c, sums, relays != nullptr && relays->any() ? relays : nullptr, pricer);
-  add_byte_totals(c, sums.byte_matrix, plan.config().topology);
+  add_byte_totals(c, sums, plan.config().topology);
   c.imbalance = plan.imbalance();
   return c;
 }

@@ -1146,6 +1146,31 @@ TEST(SimSettings, ChunkSplitIsAutoEqualOrTaperedAndOnlyLibraTopoTapers) {
 
 }  // namespace libra
 
+// Per chunk and pair, each kind's bytes in `x` as the plan's chunk lists
+// hold them, and nothing off x's pairs.
+static void expect_chunk_lists(const libra::Plan& plan, const libra::detail::ExchangeSums& x, const std::string& at) {
+  const int W = plan.num_workers();
+  for (int m = 0; m < plan.config().chunks; ++m) {
+    for (int s = 0; s < W; ++s) {
+      for (int t = 0; t < W; ++t) {
+        std::int64_t q = 0, kv = 0;
+        for (const libra::Transfer& tr : plan.chunk_transfers(m, s, t)) {
+          (tr.kind == libra::TransferKind::kKv ? kv : q) += tr.kind == libra::TransferKind::kO ? 0 : tr.bytes;
+        }
+        const std::ptrdiff_t j = x.find(static_cast<std::uint32_t>(s * W + t));
+        if (j < 0) {
+          EXPECT_EQ(q + kv, 0) << at << " chunk " << m;
+          continue;
+        }
+        EXPECT_EQ(x.reverse[static_cast<std::size_t>(j)], x.find(static_cast<std::uint32_t>(t * W + s))) << at;
+        const std::size_t i = static_cast<std::size_t>(m) * x.pairs.size() + static_cast<std::size_t>(j);
+        EXPECT_EQ(x.qo_row_heads[i] * x.head_dim * x.elem_bytes, q) << at << " chunk " << m;
+        EXPECT_EQ(2 * x.kv_token_heads[i] * x.head_dim * x.elem_bytes, kv) << at << " chunk " << m;
+      }
+    }
+  }
+}
+
 // The simulator prices a plan from its exchange sums (exchange_sums, no
 // transfer lists) over the pairs they touch: the same bytes as the plan's
 // derived exchange (byte matrix, chunk lists, relays) and the same times
@@ -1169,25 +1194,15 @@ TEST(PlanCost, SumsAndSparsePricingMatchTheDerivedExchange) {
       const std::string at = std::string(libra::plan_mode_name(mode)) + " M=" + std::to_string(chunks);
       const libra::detail::ExchangeSums x = libra::detail::exchange_sums(plan->data_as_built());
       const int W = plan->num_workers();
-      const auto W2 = static_cast<std::size_t>(W * W);
       // Byte matrix and, per chunk, each kind's bytes as the chunk lists hold them.
-      EXPECT_EQ(x.byte_matrix, std::vector<std::int64_t>(plan->byte_matrix().begin(), plan->byte_matrix().end())) << at;
-      for (int m = 0; m < chunks; ++m) {
-        for (int s = 0; s < W; ++s) {
-          for (int t = 0; t < W; ++t) {
-            std::int64_t q = 0, kv = 0;
-            for (const libra::Transfer& tr : plan->chunk_transfers(m, s, t)) {
-              (tr.kind == libra::TransferKind::kKv ? kv : q) += tr.kind == libra::TransferKind::kO ? 0 : tr.bytes;
-            }
-            const std::size_t i = static_cast<std::size_t>(m) * W2 + static_cast<std::size_t>(s * W + t);
-            EXPECT_EQ(x.qo_row_heads[i] * x.head_dim * x.elem_bytes, q) << at << " chunk " << m;
-            EXPECT_EQ(2 * x.kv_token_heads[i] * x.head_dim * x.elem_bytes, kv) << at << " chunk " << m;
-            if (q + kv > 0) {
-              EXPECT_EQ(x.touched[static_cast<std::size_t>(s * W + t)], 1) << at;
-            }
-          }
-        }
-      }
+      EXPECT_EQ(x.dense(x.bytes, 0), std::vector<std::int64_t>(plan->byte_matrix().begin(), plan->byte_matrix().end())) << at;
+      EXPECT_TRUE(std::is_sorted(x.pairs.begin(), x.pairs.end())) << at;
+      expect_chunk_lists(*plan, x, at);
+      // A re-chunked plan's sums from this plan's layout (as PoolPrices makes them).
+      auto re = libra::rechunk_plan(*plan, chunks == 4 ? 2 : 4);
+      ASSERT_TRUE(re.ok()) << re.error().message();
+      const auto layout = libra::detail::exchange_layout(plan->data_as_built());
+      expect_chunk_lists(*re, libra::detail::exchange_sums(re->data_as_built(), layout), at + " re-chunked");
       const libra::RelayTable relays = libra::plan_relays(*plan);
       const libra::RelayTable from_sums = libra::detail::relays_of(x, plan->config().topology);
       for (int m = 0; m < chunks; ++m) {

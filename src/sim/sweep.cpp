@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <limits>
 #include <map>
+#include <optional>
 #include <tuple>
 
 #include "libra/workload.hpp"
@@ -129,6 +130,8 @@ struct PoolPrices {
   std::map<std::pair<std::int64_t, ChunkSplit>, Plan> plans;
   std::map<std::tuple<std::int64_t, ChunkSplit, bool>, PlanCost> costs;
   std::map<const Plan*, ExchangeSums> sums;  // each plan's, for its relays and its prices
+  // The base plan's pairs and K/V fetches: every re-chunked plan has the same.
+  std::optional<ExchangeLayout> layout;
 
   PoolPrices(const Ctx& c, const Plan& b, std::span<const std::int64_t> g, Timing& t)
       : ctx(c), base(b), gpus(g), tm(t) {
@@ -141,7 +144,10 @@ struct PoolPrices {
   }
   const ExchangeSums& sums_of(const Plan* p) {
     auto it = sums.find(p);
-    if (it == sums.end()) it = sums.emplace(p, exchange_sums(p->data_as_built())).first;
+    if (it == sums.end()) {
+      if (!layout) layout = exchange_layout(base.data_as_built());
+      it = sums.emplace(p, exchange_sums(p->data_as_built(), *layout)).first;
+    }
     return it->second;
   }
 

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <limits>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <utility>
 
@@ -288,11 +289,14 @@ std::shared_ptr<Plan::Data> plan_header(std::span<const PackedSequence> pool, co
   return d;
 }
 
-// Another shard of the same rows: the previous tile's n fragments, just
-// written before `out`, with this tile's id and groups.
-inline void copy_shard_fragments(Fragment* out, std::int32_t n, std::int32_t id, std::int32_t shift, std::uint64_t* held) {
+// Another shard of the same rows: the first shard's n fragments `from`,
+// with this tile's id and groups (shifted by the difference of their keys).
+// Read from the first shard's, not the one just written: a load that spans
+// two stores still in the store buffer waits for them to drain.
+inline void copy_shard_fragments(Fragment* out, const Fragment* from, std::int32_t n, std::int32_t id, std::int32_t shift,
+                                 std::uint64_t* held) {
   for (std::int32_t k = 0; k < n; ++k) {
-    Fragment f = out[k - n];
+    Fragment f = from[k];
     f.tile = id;
     f.group += shift;
     set_bit(held, f.group);
@@ -332,16 +336,14 @@ inline std::int32_t write_sample_fragments(const Geometry& g, const PlacedRows& 
 }
 
 // 2. Tiles and fragments in one pass, with the compute-list counts, the
-//    loads, C_r and the fingerprint's tile words (the hash is one serial
-//    chain: beside the pass's own work it costs little, alone it would wait
-//    on every multiply). Consecutive tiles with the same rows (the shards of
+//    loads and C_r. Consecutive tiles with the same rows (the shards of
 //    a tap block) share their samples, FLOPs and home: the rows are looked
 //    up once and the next shard copies the fragments with its own groups.
 //    Storage for the fragments is allocated once, for at most one per tile
 //    plus one per sample start inside a tile's rows (a start lies inside at
 //    most one piece of each (block, shard)), and then trimmed.
 void write_tiles(Plan::Data& d, const Geometry& g, std::span<const ShardInfo> shards, std::span<const PlacedRows> rows,
-                 HeldBits& held, WordHash& hash) {
+                 HeldBits& held) {
   d.tiles = RawArray<Tile>(rows.size());
   d.worker_tile_offsets.assign(static_cast<std::size_t>(g.workers) + 1, 0);
   d.worker_flops.assign(static_cast<std::size_t>(g.workers), 0);
@@ -357,7 +359,7 @@ void write_tiles(Plan::Data& d, const Geometry& g, std::span<const ShardInfo> sh
   PlacedRows prev{-1, -1, -1, -1, -1, -1};
   std::int32_t piece = 0, home = 0, key = 0, n = 0;
   std::int64_t flops = 0;
-  std::size_t count = 0;
+  std::size_t count = 0, first_count = 0;  // key, first_count: the key and first fragment of the rows' first shard
   for (std::size_t i = 0; i < rows.size(); ++i) {
     const PlacedRows r = rows[i];
     const auto id = static_cast<std::int32_t>(i);
@@ -368,7 +370,7 @@ void write_tiles(Plan::Data& d, const Geometry& g, std::span<const ShardInfo> sh
     const bool block_start = r.begin == r.block * g.block_size;
     piece = block_start ? 0 : piece + 1;
     if (prev.slot == r.slot && prev.begin == r.begin && prev.end == r.end) {
-      copy_shard_fragments(frags + count, n, id, shard.key - key, row);
+      copy_shard_fragments(frags + count, frags + first_count, n, id, shard.key - key, row);
     } else {
       // A block's first piece starts at the block (every tile but a
       // tap-split piece): its first sample is in a table.
@@ -377,6 +379,8 @@ void write_tiles(Plan::Data& d, const Geometry& g, std::span<const ShardInfo> sh
       std::int64_t pairs = 0;
       n = write_sample_fragments(g, r, id, shard.key, first, frags + count, row, pairs);
       flops = pairs * g.head_width;
+      first_count = count;
+      key = shard.key;
     }
     ::new (static_cast<void*>(tiles + i)) Tile{.id = id,
                                                .slot = r.slot,
@@ -392,11 +396,9 @@ void write_tiles(Plan::Data& d, const Geometry& g, std::span<const ShardInfo> sh
                                                .worker = r.worker,
                                                .fragment_begin = static_cast<std::int32_t>(count),
                                                .fragment_end = static_cast<std::int32_t>(count) + n};
-    put_tile_words(r.slot, r.block, r.shard, r.worker, r.begin, r.end, hash);
     ++tile_counts[r.worker];
     loads[r.worker] += flops;
     count += static_cast<std::size_t>(n);
-    key = shard.key;
     prev = r;
   }
   fragments.truncate(count);
@@ -615,11 +617,7 @@ Plan build_plan(std::span<const PackedSequence> pool, const PlanConfig& config, 
   std::shared_ptr<Plan::Data> d = plan_header(pool, config, g);
   const std::vector<ShardInfo> shards = shard_infos(g);
   HeldBits held(g.workers, static_cast<std::size_t>(g.sample_base.back()) * static_cast<std::size_t>(g.keys_per_sample));
-  // 8. The fingerprint of the defining content: the prefix now, the tile
-  //    words in the tile pass.
-  WordHash hash;
-  for_each_canonical_prefix_word(config, pool, rows.size(), hash);
-  write_tiles(*d, g, shards, rows, held, hash);
+  write_tiles(*d, g, shards, rows, held);
   const std::vector<KvGroup> key_group = key_heads(g).group;  // key and KV heads per key
   write_groups(*d, g, key_group);
   write_compute_lists(*d);
@@ -631,8 +629,8 @@ Plan build_plan(std::span<const PackedSequence> pool, const PlanConfig& config, 
   ShardUses shard_uses = shard_chunk_uses(g, config, shards, key_group);
   const ChunkUse* shard_table = store_kv_uses(*d, shard_uses, key_is_shard);
   if (need_entries) record_entries(*d, entries, shard_table, shard_uses.stride, key_is_shard);
-  d->fingerprint = hash.value();
-  // The exchange is derived from the plan on first use (derive_exchange).
+  // 8. The fingerprint and the exchange are derived from the plan on first
+  //    use (Plan::fingerprint, derive_exchange).
   d->geometry = std::make_shared<const Geometry>(std::move(geo));
   return Plan(std::move(d));
 }
@@ -668,7 +666,6 @@ Plan rechunk_data(const Plan::Data& base, const PlanConfig& config) {
     const HeldBits held = held_of(*d, g);
     record_entries(*d, index_of(*d, held), shard_table, shard_uses.stride, false, /*spans=*/false);
   }
-  d->fingerprint_deferred = true;
   d->geometry = base.geometry;
   return Plan(std::move(d));
 }
@@ -991,106 +988,228 @@ void derive_exchange(const Plan::Data& data) {
 
 namespace {
 
-// exchange_sums' K/V part for one worker's groups of one sample (entries
-// [e0, e1) of worker_group_ids): every home run it fetches, per chunk, and
-// each (run, KV head) place of its dK/dV once, with the latest chunk and
-// the longest rows of the groups sharing it (as phase pricing and
-// src/schedule/schedule.cpp return them).
+// exchange_layout's pairs: a bitset over the W x W pairs (cleared per plan,
+// W * W / 8 bytes, where dense sums zeroed 3 M W * W int64), and each
+// marked pair's index. The index array is the thread's and never cleared:
+// only marked pairs are looked up, and number() writes every one of them.
+struct PairIndex {
+  std::size_t W;
+  std::vector<std::uint64_t> marked;
+  std::vector<std::int32_t>& at;
+
+  explicit PairIndex(std::size_t workers) : W(workers), marked(W * W / 64 + 1, 0), at(scratch()) {
+    if (at.size() < W * W) at.resize(W * W);
+  }
+  static std::vector<std::int32_t>& scratch() {
+    thread_local std::vector<std::int32_t> v;
+    return v;
+  }
+  // Both directions: what goes one way (Q, K/V) comes back the other.
+  void mark(std::size_t a, std::size_t b) {
+    const std::size_t p = a * W + b, q = b * W + a;
+    marked[p / 64] |= std::uint64_t{1} << (p % 64);
+    marked[q / 64] |= std::uint64_t{1} << (q % 64);
+  }
+  // The marked pairs in increasing order, numbered; each one's reverse.
+  void number(ExchangeLayout& out) {
+    std::vector<std::uint32_t>& pairs = out.pairs;
+    for (std::size_t k = 0; k < marked.size(); ++k) {
+      for (std::uint64_t bits = marked[k]; bits != 0; bits &= bits - 1) {
+        const std::size_t p = k * 64 + static_cast<std::size_t>(std::countr_zero(bits));
+        at[p] = static_cast<std::int32_t>(pairs.size());
+        pairs.push_back(static_cast<std::uint32_t>(p));
+      }
+    }
+    out.reverse.resize(pairs.size());
+    out.src.resize(pairs.size());
+    out.dst.resize(pairs.size());
+    for (std::size_t j = 0; j < pairs.size(); ++j) {
+      const std::size_t s = pairs[j] / W, t = pairs[j] % W;
+      out.reverse[j] = static_cast<std::uint32_t>(at[t * W + s]);
+      out.src[j] = static_cast<std::uint32_t>(s);
+      out.dst[j] = static_cast<std::uint32_t>(t);
+    }
+  }
+  std::uint32_t operator()(std::size_t a, std::size_t b) const { return static_cast<std::uint32_t>(at[a * W + b]); }
+};
+
+// One worker's groups of one sample: entries [e0, e1) of worker_group_ids.
+struct SampleGroups {
+  int to;
+  std::size_t e0, e1;
+};
+
+// Every worker's groups, sample by sample (a worker's groups are sorted by
+// id, so a sample's keys are consecutive).
+std::vector<SampleGroups> sample_groups(const Plan::Data& d, const Geometry& g) {
+  std::vector<SampleGroups> out;
+  for (int r = 0; r < g.workers; ++r) {
+    const std::size_t e1 = d.worker_group_offsets[static_cast<std::size_t>(r) + 1];
+    for (std::size_t e = d.worker_group_offsets[static_cast<std::size_t>(r)]; e < e1;) {
+      const std::int32_t next = (d.worker_group_ids[e] / g.keys_per_sample + 1) * g.keys_per_sample;
+      std::size_t f = e + 1;
+      while (f < e1 && d.worker_group_ids[f] < next) ++f;
+      out.push_back({r, e, f});
+      e = f;
+    }
+  }
+  return out;
+}
+
+// The home runs of a worker's sample that other workers hold: f(run, from, j)
+// with the worker `from` holding it and the sample's global index j.
+template <class F>
+void for_fetched_runs(const Plan::Data& d, const Geometry& g, const SampleGroups& s, F&& f) {
+  const KvGroup& grp0 = d.groups[static_cast<std::size_t>(d.worker_group_ids[s.e0])];
+  const std::int32_t j = g.sample_base[static_cast<std::size_t>(grp0.slot)] + grp0.sample;
+  for (const Geometry::Run& run : g.sample_runs(j)) {
+    const int from = grp0.slot * g.cp + run.rank;
+    if (from != s.to) f(run, from, j);
+  }
+}
+
+// The layout's K/V fetches of one worker's groups of one sample: per home
+// run, the rows each group reads of it (up to its span's end).
+void add_fetches(const Plan::Data& d, const Geometry& g, const KeyHeads& keys, const PairIndex& index,
+                 const SampleGroups& s, ExchangeLayout& out) {
+  for_fetched_runs(d, g, s, [&](const Geometry::Run& run, int from, std::int32_t j) {
+    const std::uint32_t pair = index(static_cast<std::size_t>(from), static_cast<std::size_t>(s.to));
+    const auto first = static_cast<std::uint32_t>(out.fetches.size());
+    for (std::size_t e = s.e0; e < s.e1; ++e) {
+      const std::int32_t gid = d.worker_group_ids[e];
+      const std::int64_t end = std::min(run.end, d.span_end(e, gid));
+      if (run.begin >= end) continue;
+      const std::int64_t rows = end - run.begin;
+      const std::int32_t key = gid - j * g.keys_per_sample;
+      out.bytes[pair] += kv_bytes(g, rows, keys.group[static_cast<std::size_t>(key)].kv_heads.size());
+      out.fetches.push_back({rows, key, static_cast<std::uint32_t>(e)});
+    }
+    const auto last = static_cast<std::uint32_t>(out.fetches.size());
+    if (last > first) out.runs.push_back({pair, out.reverse[pair], first, last});
+  });
+}
+
+// exchange_sums' K/V part of one chunking: per fetched run, its tokens x
+// KV heads per chunk, and each (run, KV head) place of its dK/dV once, with
+// the latest chunk and the longest rows of the groups sharing it (as phase
+// pricing and src/schedule/schedule.cpp return them).
 struct KvSums {
   const Plan::Data& d;
-  const Geometry& g;
   const KeyHeads& keys;
   std::span<const HeadRange> chunk_kv;  // [key * M + m]
   ExchangeSums& out;
   std::vector<std::int32_t> cell_last;  // per KV head of the run being summed
   std::vector<std::int64_t> cell_rows;
 
-  void sample(int to, std::size_t e0, std::size_t e1) {
-    const int M = out.chunks;
-    const std::size_t W = static_cast<std::size_t>(g.workers), W2 = W * W;
-    const std::int32_t gid0 = d.worker_group_ids[e0];
-    const KvGroup& grp0 = d.groups[static_cast<std::size_t>(gid0)];
-    const std::int32_t j = g.sample_base[static_cast<std::size_t>(grp0.slot)] + grp0.sample;
-    for (std::int32_t u = g.run_base[static_cast<std::size_t>(j)]; u < g.run_base[static_cast<std::size_t>(j) + 1]; ++u) {
-      const Geometry::Run& run = g.runs[static_cast<std::size_t>(u)];
-      const int from = grp0.slot * g.cp + run.rank;
-      if (from == to) continue;
-      const std::size_t pair = static_cast<std::size_t>(from) * W + static_cast<std::size_t>(to);
-      // The dK/dV go back: worker `to` to `from`.
-      const std::size_t back = static_cast<std::size_t>(to) * W + static_cast<std::size_t>(from);
-      out.touched[pair] = 1;
-      out.touched[back] = 1;
-      std::fill(cell_last.begin(), cell_last.end(), -1);
-      std::fill(cell_rows.begin(), cell_rows.end(), 0);
-      for (std::size_t e = e0; e < e1; ++e) {
-        const std::int32_t gid = d.worker_group_ids[e];
-        const std::int64_t end = std::min(run.end, d.span_end(e, gid));
-        if (run.begin >= end) continue;
-        const std::int64_t rows = end - run.begin;
-        const std::int32_t key = gid - j * g.keys_per_sample;
-        const HeadRange kv = keys.group[static_cast<std::size_t>(key)].kv_heads;
-        const ChunkUse* uses = d.uses_of(e, key);
-        out.byte_matrix[pair] += kv_bytes(g, rows, kv.size());
-        for (int m = 0; m < M; ++m) {
-          const HeadRange h = chunk_kv[static_cast<std::size_t>(key) * static_cast<std::size_t>(M) + static_cast<std::size_t>(m)];
-          if (h.size() == 0) continue;
-          out.kv_token_heads[static_cast<std::size_t>(m) * W2 + pair] += rows * h.size();
-          for (std::int32_t kh = h.begin; kh < h.end; ++kh) {
-            const ChunkUse use = uses[kh - kv.begin];
-            auto& last = cell_last[static_cast<std::size_t>(kh)];
-            last = std::max(last, use.used() ? use.last : m);
-            cell_rows[static_cast<std::size_t>(kh)] = std::max(cell_rows[static_cast<std::size_t>(kh)], rows);
-          }
+  void run(const ExchangeLayout::Run& r, std::span<const ExchangeLayout::Fetch> fetches) {
+    const auto M = static_cast<std::size_t>(out.chunks);
+    const std::size_t n = out.pairs.size();
+    std::fill(cell_last.begin(), cell_last.end(), -1);
+    std::fill(cell_rows.begin(), cell_rows.end(), 0);
+    for (const ExchangeLayout::Fetch& f : fetches) {
+      const HeadRange kv = keys.group[static_cast<std::size_t>(f.key)].kv_heads;
+      const ChunkUse* uses = d.uses_of(f.entry, f.key);
+      for (std::size_t m = 0; m < M; ++m) {
+        const HeadRange h = chunk_kv[static_cast<std::size_t>(f.key) * M + m];
+        if (h.size() == 0) continue;
+        out.kv_token_heads[m * n + r.pair] += f.rows * h.size();
+        for (std::int32_t kh = h.begin; kh < h.end; ++kh) {
+          const ChunkUse use = uses[kh - kv.begin];
+          auto& last = cell_last[static_cast<std::size_t>(kh)];
+          last = std::max(last, use.used() ? use.last : static_cast<std::int32_t>(m));
+          cell_rows[static_cast<std::size_t>(kh)] = std::max(cell_rows[static_cast<std::size_t>(kh)], f.rows);
         }
       }
-      for (std::size_t kh = 0; kh < cell_last.size(); ++kh) {
-        if (cell_last[kh] >= 0) out.dkv_rows[static_cast<std::size_t>(cell_last[kh]) * W2 + back] += cell_rows[kh];
-      }
+    }
+    // The dK/dV go back: worker `to` to `from`.
+    for (std::size_t kh = 0; kh < cell_last.size(); ++kh) {
+      if (cell_last[kh] >= 0) out.dkv_rows[static_cast<std::size_t>(cell_last[kh]) * n + r.back] += cell_rows[kh];
     }
   }
 };
 
 }  // namespace
 
-ExchangeSums exchange_sums(const Plan::Data& d) {
+std::ptrdiff_t ExchangeSums::find(std::uint32_t pair) const {
+  const auto it = std::lower_bound(pairs.begin(), pairs.end(), pair);
+  return it != pairs.end() && *it == pair ? it - pairs.begin() : -1;
+}
+
+std::vector<std::int64_t> ExchangeSums::dense(const std::vector<std::int64_t>& per_pair, int m) const {
+  std::vector<std::int64_t> out(static_cast<std::size_t>(workers) * static_cast<std::size_t>(workers), 0);
+  for (std::size_t j = 0; j < pairs.size(); ++j) out[pairs[j]] = per_pair[static_cast<std::size_t>(m) * pairs.size() + j];
+  return out;
+}
+
+ExchangeLayout exchange_layout(const Plan::Data& d) {
   const Geometry& g = *d.geometry;
-  const int M = d.config.chunks;
-  const std::size_t W = static_cast<std::size_t>(g.workers), W2 = W * W;
-  ExchangeSums out{.workers = g.workers, .chunks = M, .head_dim = g.head_dim, .elem_bytes = g.elem_bytes,
-                   .qo_row_heads = std::vector<std::int64_t>(static_cast<std::size_t>(M) * W2, 0),
-                   .kv_token_heads = std::vector<std::int64_t>(static_cast<std::size_t>(M) * W2, 0),
-                   .dkv_rows = std::vector<std::int64_t>(static_cast<std::size_t>(M) * W2, 0),
-                   .byte_matrix = std::vector<std::int64_t>(W2, 0),
-                   .touched = std::vector<std::uint8_t>(W2, 0)};
-  const std::vector<std::int32_t> at = chunk_head_table(g, d.config);
+  const auto W = static_cast<std::size_t>(g.workers);
+  ExchangeLayout out;
+  out.workers = g.workers;
+  out.groups = d.groups.size();
+  out.entries = d.worker_group_ids.size();
+  // First the pairs (tiles away from home, runs fetched), then the sums.
+  PairIndex index(W);
+  for (const Tile& t : d.tiles) {
+    if (t.worker != t.home) index.mark(static_cast<std::size_t>(t.home), static_cast<std::size_t>(t.worker));
+  }
+  const std::vector<SampleGroups> samples = sample_groups(d, g);
+  for (const SampleGroups& s : samples) {
+    for_fetched_runs(d, g, s, [&](const Geometry::Run&, int from, std::int32_t) {
+      index.mark(static_cast<std::size_t>(from), static_cast<std::size_t>(s.to));
+    });
+  }
+  index.number(out);
+  out.bytes.assign(out.pairs.size(), 0);
+  out.qo_rows.assign(out.pairs.size(), 0);
   for (const Tile& t : d.tiles) {
     if (t.worker == t.home) continue;
-    const std::size_t pair = static_cast<std::size_t>(t.home) * W + static_cast<std::size_t>(t.worker);
+    const std::uint32_t pair = index(static_cast<std::size_t>(t.home), static_cast<std::size_t>(t.worker));
     const std::int64_t rows = t.end - t.begin;
     const std::int64_t qo = qo_bytes(g, rows, t.heads.size());
-    out.byte_matrix[pair] += qo;
-    out.byte_matrix[static_cast<std::size_t>(t.worker) * W + static_cast<std::size_t>(t.home)] += qo;
-    out.touched[pair] = 1;
-    out.touched[static_cast<std::size_t>(t.worker) * W + static_cast<std::size_t>(t.home)] = 1;
-    for (int m = 0; m < M; ++m) {
-      out.qo_row_heads[static_cast<std::size_t>(m) * W2 + pair] += rows * (at[static_cast<std::size_t>(m) + 1] - at[static_cast<std::size_t>(m)]);
-    }
+    out.bytes[pair] += qo;
+    out.bytes[out.reverse[pair]] += qo;
+    out.qo_rows[pair] += rows;
+  }
+  const KeyHeads keys = key_heads(g);
+  for (const SampleGroups& s : samples) add_fetches(d, g, keys, index, s, out);
+  return out;
+}
+
+ExchangeSums exchange_sums(const Plan::Data& d) { return exchange_sums(d, exchange_layout(d)); }
+
+ExchangeSums exchange_sums(const Plan::Data& d, const ExchangeLayout& layout) {
+  const Geometry& g = *d.geometry;
+  if (layout.workers != g.workers || layout.groups != d.groups.size() || layout.entries != d.worker_group_ids.size()) {
+    throw std::logic_error("exchange_sums: the layout is another plan's");
+  }
+  const auto M = static_cast<std::size_t>(d.config.chunks);
+  const std::size_t n = layout.pairs.size();
+  ExchangeSums out;
+  out.workers = g.workers;
+  out.chunks = d.config.chunks;
+  out.head_dim = g.head_dim;
+  out.elem_bytes = g.elem_bytes;
+  out.pairs = layout.pairs;
+  out.reverse = layout.reverse;
+  out.src = layout.src;
+  out.dst = layout.dst;
+  out.bytes = layout.bytes;
+  out.qo_row_heads.resize(M * n);
+  out.kv_token_heads.assign(M * n, 0);
+  out.dkv_rows.assign(M * n, 0);
+  // Every tile has a shard's heads, so a pair's Q/O row-heads in chunk m
+  // are its rows times the chunk's heads (integers: the same sums).
+  const std::vector<std::int32_t> at = chunk_head_table(g, d.config);
+  for (std::size_t m = 0; m < M; ++m) {
+    for (std::size_t j = 0; j < n; ++j) out.qo_row_heads[m * n + j] = layout.qo_rows[j] * (at[m + 1] - at[m]);
   }
   const KeyHeads keys = key_heads(g);
   const std::vector<HeadRange> chunk_kv = chunk_kv_table(g, d.config, keys);
-  KvSums kv{d, g, keys, chunk_kv, out, std::vector<std::int32_t>(static_cast<std::size_t>(g.heads_kv)),
+  KvSums kv{d, keys, chunk_kv, out, std::vector<std::int32_t>(static_cast<std::size_t>(g.heads_kv)),
             std::vector<std::int64_t>(static_cast<std::size_t>(g.heads_kv))};
-  for (int r = 0; r < g.workers; ++r) {
-    const std::size_t e1 = d.worker_group_offsets[static_cast<std::size_t>(r) + 1];
-    // A worker's groups are sorted by id, so a sample's keys are consecutive.
-    for (std::size_t e = d.worker_group_offsets[static_cast<std::size_t>(r)]; e < e1;) {
-      const std::int32_t next = (d.worker_group_ids[e] / g.keys_per_sample + 1) * g.keys_per_sample;
-      std::size_t f = e + 1;
-      while (f < e1 && d.worker_group_ids[f] < next) ++f;
-      kv.sample(r, e, f);
-      e = f;
-    }
-  }
+  const std::span<const ExchangeLayout::Fetch> fetches(layout.fetches);
+  for (const ExchangeLayout::Run& r : layout.runs) kv.run(r, fetches.subspan(r.first, r.last - r.first));
   return out;
 }
 
@@ -1233,13 +1352,11 @@ std::int64_t Plan::chunk_bytes(int m, int src, int dst) const {
 }
 std::uint64_t Plan::fingerprint() const {
   const Data& d = *d_;
-  if (d.fingerprint_deferred) {
-    std::call_once(d.fingerprint_once, [&d] {
-      detail::WordHash hash;
-      detail::for_each_canonical_word(d.config, d.pool, std::span<const Tile>(d.tiles), hash);
-      d.fingerprint = hash.value();
-    });
-  }
+  std::call_once(d.fingerprint_once, [&d] {
+    detail::WordHash hash;
+    detail::for_each_canonical_word(d.config, d.pool, std::span<const Tile>(d.tiles), hash);
+    d.fingerprint = hash.value();
+  });
   return d.fingerprint;
 }
 

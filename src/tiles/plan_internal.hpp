@@ -119,9 +119,9 @@ struct Plan::Data {
   mutable std::vector<TierBytes> tier_bytes;              // W
   mutable int busiest_receiver = 0;
   mutable std::int64_t max_recv_cross_node = 0;
-  // A re-chunked plan's fingerprint is hashed on first use (Plan::fingerprint):
-  // the sweep prices thousands of them and reads none.
-  bool fingerprint_deferred = false;
+  // The fingerprint is hashed on first use (Plan::fingerprint), under
+  // fingerprint_once: the simulator builds and prices ~150,000 plans a run
+  // and reads none of their fingerprints.
   mutable std::once_flag fingerprint_once;
   mutable std::uint64_t fingerprint = 0;
 };
@@ -291,13 +291,20 @@ void sort_rows(std::vector<PlacedRows>& rows);
 void derive_exchange(const Plan::Data& data);
 
 // What the simulator prices of a plan's exchange, summed straight from the
-// built plan: no transfer lists, so far cheaper than derive_exchange. Per
-// chunk m and pair, bucket m * W * W + src * W + dst (W = workers).
+// built plan: no transfer lists, so far cheaper than derive_exchange. Only
+// the pairs that can carry anything are kept (a pool of 16 replicas touches
+// 5-7% of its W x W pairs), per chunk m and pair j at [m * pairs.size() + j].
 //   auto s = exchange_sums(plan.data_as_built());
-//   // chunk 0's Q bytes from worker 0 to 1: s.qo_row_heads[1] * s.head_dim * s.elem_bytes
+//   // chunk m's Q bytes from worker a to b (pair j = s.find(a * W + b) >= 0):
+//   //   s.qo_row_heads[m * s.pairs.size() + j] * s.head_dim * s.elem_bytes
 struct ExchangeSums {
   int workers = 0, chunks = 1;
   std::int64_t head_dim = 0, elem_bytes = 0;
+  // src * W + dst, increasing: either direction of a pair with a Q/O or K/V
+  // item (the sums are zero off them); reverse[j]: the index of pair j's
+  // (dst, src), which is always a pair too.
+  std::vector<std::uint32_t> pairs, reverse;
+  std::vector<std::uint32_t> src, dst;  // per pair: its workers (no division per use)
   // Tiles away from home, home -> worker: rows x the chunk's query heads
   // (their Q go there, their O come back the other way).
   std::vector<std::int64_t> qo_row_heads;
@@ -307,12 +314,43 @@ struct ExchangeSums {
   // first row, KV head) place once, in the chunk of its last use (the
   // longest rows and latest chunk of the groups that share it).
   std::vector<std::int64_t> dkv_rows;
-  std::vector<std::int64_t> byte_matrix;  // W * W: Plan::byte_matrix
-  // W * W: 1 where any of the above may be nonzero (either direction of a
-  // pair with a Q/O or K/V item), 0 where all are zero.
-  std::vector<std::uint8_t> touched;
+  std::vector<std::int64_t> bytes;  // per pair: Plan::byte_matrix's entry
+  // The index of pair src * W + dst, or -1 where nothing is exchanged.
+  std::ptrdiff_t find(std::uint32_t pair) const;
+  // One chunk's values of `per_pair` (qo_row_heads, ...; m = 0 for bytes)
+  // as a dense W x W matrix [src * W + dst], zero off the pairs.
+  std::vector<std::int64_t> dense(const std::vector<std::int64_t>& per_pair, int m) const;
 };
 [[nodiscard]] ExchangeSums exchange_sums(const Plan::Data& d);
+
+// What of exchange_sums does not depend on the chunking: the pairs, their
+// bytes and Q/O rows, and every K/V fetch (pair, rows, key, entry). Every
+// chunking of the same tiles (rechunk_plan) has the same, so a pool's
+// shapes sum their chunks from one (the sweep's PoolPrices).
+//   const ExchangeLayout l = exchange_layout(base.data_as_built());
+//   ExchangeSums s = exchange_sums(rechunked.data_as_built(), l);
+struct ExchangeLayout {
+  int workers = 0;
+  std::size_t groups = 0, entries = 0;  // the plan's, to check a chunking against
+  std::vector<std::uint32_t> pairs, reverse, src, dst;  // as ExchangeSums'
+  std::vector<std::int64_t> bytes, qo_rows;   // per pair
+  // One home run a worker fetches (pair from -> to, back to -> from) and its
+  // fetches [first, last) of `fetches`: the groups that read rows of it.
+  struct Run {
+    std::uint32_t pair, back, first, last;
+  };
+  struct Fetch {
+    std::int64_t rows;
+    std::int32_t key;    // dedup key within the sample
+    std::uint32_t entry;  // in worker_group_ids
+  };
+  std::vector<Run> runs;
+  std::vector<Fetch> fetches;
+};
+[[nodiscard]] ExchangeLayout exchange_layout(const Plan::Data& d);
+// The sums of plan `d`, whose tiles and groups are the layout's (throws
+// std::logic_error where its group counts differ).
+[[nodiscard]] ExchangeSums exchange_sums(const Plan::Data& d, const ExchangeLayout& layout);
 
 // The canonical little-endian 64-bit word encoding of a plan's defining
 // content (config, pool, tiles with placement). The fingerprint hashes it and

@@ -10,21 +10,45 @@
 
 namespace libra {
 
-RelayTable::RelayTable(int workers, int chunks)
-    : workers_(workers), chunks_(chunks),
-      via_(static_cast<std::size_t>(chunks) * static_cast<std::size_t>(workers) * static_cast<std::size_t>(workers)) {
-  // Every pair direct: entry (m, s, t) holds s.
-  for (std::size_t i = 0; i < via_.size(); ++i) {
-    via_[i] = static_cast<std::int32_t>(i / static_cast<std::size_t>(workers) % static_cast<std::size_t>(workers));
+RelayTable::RelayTable(int workers, int chunks) : workers_(workers), chunks_(chunks) {}
+
+std::uint64_t RelayTable::key(int m, int src, int dst) const {
+  const auto w = static_cast<std::uint64_t>(workers_);
+  return (static_cast<std::uint64_t>(m) * w + static_cast<std::uint64_t>(src)) * w + static_cast<std::uint64_t>(dst);
+}
+
+int RelayTable::find(int m, int src, int dst) const {
+  const std::uint64_t k = key(m, src, dst);
+  const auto it = std::lower_bound(moved_.begin(), moved_.end(), k, [](const Moved& x, std::uint64_t y) { return x.at < y; });
+  return it != moved_.end() && it->at == k ? it->via : src;
+}
+
+std::vector<std::int32_t> RelayTable::vias(std::span<const std::uint32_t> pairs) const {
+  const std::size_t n = pairs.size();
+  const auto w = static_cast<std::uint64_t>(workers_);
+  std::vector<std::int32_t> out(static_cast<std::size_t>(chunks_) * n);
+  for (std::size_t m = 0; m < static_cast<std::size_t>(chunks_); ++m) {
+    for (std::size_t j = 0; j < n; ++j) out[m * n + j] = static_cast<std::int32_t>(pairs[j] / w);
   }
+  for (const Moved& x : moved_) {
+    const auto pair = static_cast<std::uint32_t>(x.at % (w * w));
+    const auto it = std::lower_bound(pairs.begin(), pairs.end(), pair);
+    if (it != pairs.end() && *it == pair) out[x.at / (w * w) * n + static_cast<std::size_t>(it - pairs.begin())] = x.via;
+  }
+  return out;
 }
 
 void RelayTable::set(int m, int src, int dst, int v) {
-  auto& slot = via_[(static_cast<std::size_t>(m) * static_cast<std::size_t>(workers_) + static_cast<std::size_t>(src)) *
-                        static_cast<std::size_t>(workers_) +
-                    static_cast<std::size_t>(dst)];
-  relayed_pairs_ += (v != src) - (slot != src);
-  slot = v;
+  const std::uint64_t k = key(m, src, dst);
+  const auto it = std::lower_bound(moved_.begin(), moved_.end(), k, [](const Moved& x, std::uint64_t y) { return x.at < y; });
+  const bool held = it != moved_.end() && it->at == k;
+  if (v == src) {
+    if (held) moved_.erase(it);
+  } else if (held) {
+    it->via = v;
+  } else {
+    moved_.insert(it, Moved{k, v});
+  }
 }
 
 RelayTable plan_relays(const Plan& plan) {
@@ -47,76 +71,96 @@ RelayTable plan_relays(const Plan& plan) {
 }
 
 RelayTable plan_relays(std::span<const std::int64_t> chunk_in_bytes, int workers, int chunks, int gpus_per_node) {
-  const int W = workers;
-  const int M = chunks;
-  const int G = std::max(1, gpus_per_node);
-  RelayTable table(W, M);
-  table.busiest_nic_direct.assign(static_cast<std::size_t>(M), 0);
-  table.busiest_nic_relayed.assign(static_cast<std::size_t>(M), 0);
-  struct Pair {
-    std::int64_t bytes;
-    int src, dst, via;
-  };
-  const auto ws = static_cast<std::size_t>(W);
-  std::vector<std::int64_t> pair_bytes(ws * ws);
-  for (int m = 0; m < M; ++m) {
-    // Each cross-node pair's input bytes of the chunk (forward: Q + K/V),
-    // and the busiest receiver's sum: a sender's NIC below it no longer
-    // sets the chunk's time, so relaying further only adds stage traffic.
-    std::fill(pair_bytes.begin(), pair_bytes.end(), 0);
-    std::vector<std::int64_t> received(ws, 0);
-    for (int s = 0; s < W; ++s) {
-      for (int t = 0; t < W; ++t) {
-        if (t / G == s / G) continue;
-        const std::size_t pair = static_cast<std::size_t>(s) * ws + static_cast<std::size_t>(t);
-        const std::int64_t bytes = chunk_in_bytes[static_cast<std::size_t>(m) * ws * ws + pair];
-        pair_bytes[pair] = bytes;
-        received[static_cast<std::size_t>(t)] += bytes;
+  std::vector<std::uint32_t> pairs(static_cast<std::size_t>(workers) * static_cast<std::size_t>(workers));
+  for (std::size_t i = 0; i < pairs.size(); ++i) pairs[i] = static_cast<std::uint32_t>(i);
+  return plan_relays(pairs, chunk_in_bytes, workers, chunks, gpus_per_node);
+}
+
+namespace {
+
+struct RelayPair {
+  std::int64_t bytes;
+  int src, dst, via;
+};
+
+// One node's pairs of one chunk (its workers' nonzero cross-node pairs,
+// `load` their NICs' bytes, from the node's first worker node0): moves
+// pairs off the busiest NIC while that helps (the rule in relay.hpp).
+void balance_node(std::vector<RelayPair>& pairs, std::vector<std::int64_t>& load, int node0, std::int64_t floor) {
+  // Largest first; ties by (src, dst): the order moves are tried in.
+  std::sort(pairs.begin(), pairs.end(), [](const RelayPair& a, const RelayPair& b) {
+    return std::tie(b.bytes, a.src, a.dst) < std::tie(a.bytes, b.src, b.dst);
+  });
+  // Each move lowers the sum of squared loads, so this ends; the bound on
+  // moves only caps the time (stopping early leaves a valid, less even
+  // table).
+  for (std::size_t guard = 0; guard < 4 * pairs.size() + 16; ++guard) {
+    const auto hi = static_cast<std::size_t>(std::max_element(load.begin(), load.end()) - load.begin());
+    const auto lo = static_cast<std::size_t>(std::min_element(load.begin(), load.end()) - load.begin());
+    if (load[hi] <= floor) break;
+    const int busy = node0 + static_cast<int>(hi), idle = node0 + static_cast<int>(lo);
+    RelayPair* pick = nullptr;
+    for (RelayPair& p : pairs) {
+      if (p.via == busy && load[lo] + p.bytes < load[hi]) {
+        pick = &p;
+        break;
       }
     }
+    if (pick == nullptr) break;
+    load[hi] -= pick->bytes;
+    load[lo] += pick->bytes;
+    pick->via = idle;
+  }
+}
+
+}  // namespace
+
+RelayTable plan_relays(std::span<const std::uint32_t> pairs, std::span<const std::int64_t> chunk_in_bytes, int workers,
+                       int chunks, int gpus_per_node) {
+  const int W = workers;
+  const int G = std::max(1, gpus_per_node);
+  RelayTable table(W, chunks);
+  table.busiest_nic_direct.assign(static_cast<std::size_t>(chunks), 0);
+  table.busiest_nic_relayed.assign(static_cast<std::size_t>(chunks), 0);
+  const auto ws = static_cast<std::size_t>(W);
+  const std::size_t n = pairs.size();
+  // Each pair's workers and whether it crosses nodes, found once for all chunks.
+  std::vector<int> src(n), dst(n);
+  std::vector<char> crosses(n);
+  for (std::size_t j = 0; j < n; ++j) {
+    src[j] = static_cast<int>(pairs[j] / ws);
+    dst[j] = static_cast<int>(pairs[j] % ws);
+    crosses[j] = src[j] / G != dst[j] / G;
+  }
+  auto cross = [&](std::size_t j) { return crosses[j] != 0; };
+  for (std::size_t m = 0; m < static_cast<std::size_t>(chunks); ++m) {
+    const std::int64_t* in = chunk_in_bytes.data() + m * n;
+    // The busiest cross-node receiver's input bytes (forward: Q + K/V): a
+    // sender's NIC below it no longer sets the chunk's time, so relaying
+    // further only adds stage traffic.
+    std::vector<std::int64_t> received(ws, 0);
+    for (std::size_t j = 0; j < n; ++j) {
+      if (cross(j)) received[static_cast<std::size_t>(dst[j])] += in[j];
+    }
     const std::int64_t floor = *std::max_element(received.begin(), received.end());
+    std::size_t j = 0;  // pairs are by src, so each node's are consecutive
     for (int node0 = 0; node0 < W; node0 += G) {
       const int node1 = std::min(W, node0 + G);
-      std::vector<Pair> pairs;
+      std::vector<RelayPair> node;
       std::vector<std::int64_t> load(static_cast<std::size_t>(node1 - node0), 0);
-      for (int s = node0; s < node1; ++s) {
-        for (int t = 0; t < W; ++t) {
-          const std::int64_t bytes = pair_bytes[static_cast<std::size_t>(s) * ws + static_cast<std::size_t>(t)];
-          if (bytes == 0) continue;  // inside the node, or nothing to send
-          pairs.push_back({bytes, s, t, s});
-          load[static_cast<std::size_t>(s - node0)] += bytes;
-        }
+      for (; j < n && src[j] < node1; ++j) {
+        if (!cross(j) || in[j] == 0) continue;  // inside the node, or nothing to send
+        const int s = src[j], t = dst[j];
+        node.push_back({in[j], s, t, s});
+        load[static_cast<std::size_t>(s - node0)] += in[j];
       }
-      // Largest first; ties by (src, dst): the order moves are tried in.
-      std::sort(pairs.begin(), pairs.end(), [](const Pair& a, const Pair& b) {
-        return std::tie(b.bytes, a.src, a.dst) < std::tie(a.bytes, b.src, b.dst);
-      });
-      auto& direct = table.busiest_nic_direct[static_cast<std::size_t>(m)];
+      auto& direct = table.busiest_nic_direct[m];
       direct = std::max(direct, *std::max_element(load.begin(), load.end()));
-      // Each move lowers the sum of squared loads, so this ends; the bound
-      // on moves only caps the time (stopping early leaves a valid, less
-      // even table).
-      for (std::size_t guard = 0; guard < 4 * pairs.size() + 16; ++guard) {
-        const auto hi = static_cast<std::size_t>(std::max_element(load.begin(), load.end()) - load.begin());
-        const auto lo = static_cast<std::size_t>(std::min_element(load.begin(), load.end()) - load.begin());
-        if (load[hi] <= floor) break;
-        const int busy = node0 + static_cast<int>(hi), idle = node0 + static_cast<int>(lo);
-        Pair* pick = nullptr;
-        for (Pair& p : pairs) {
-          if (p.via == busy && load[lo] + p.bytes < load[hi]) {
-            pick = &p;
-            break;
-          }
-        }
-        if (pick == nullptr) break;
-        load[hi] -= pick->bytes;
-        load[lo] += pick->bytes;
-        pick->via = idle;
+      balance_node(node, load, node0, floor);
+      for (const RelayPair& p : node) {
+        if (p.via != p.src) table.set(static_cast<int>(m), p.src, p.dst, p.via);
       }
-      for (const Pair& p : pairs) {
-        if (p.via != p.src) table.set(m, p.src, p.dst, p.via);
-      }
-      auto& relayed = table.busiest_nic_relayed[static_cast<std::size_t>(m)];
+      auto& relayed = table.busiest_nic_relayed[m];
       relayed = std::max(relayed, *std::max_element(load.begin(), load.end()));
     }
   }

@@ -108,6 +108,8 @@ struct Tiering {
   std::vector<int> node, super;
   std::vector<std::uint8_t> slot_tier;  // pool_size x workers
   std::vector<std::uint8_t> one_node;   // per slot: all its workers in one node
+  std::size_t words;                    // of a worker bitset
+  std::vector<std::uint64_t> tier_bits; // pool_size x 3 tiers x words: the workers of each tier from the slot
 
   Tiering(const Geometry& geo, const PlanTopology& topo) {
     const auto W = static_cast<std::size_t>(geo.workers);
@@ -118,11 +120,15 @@ struct Tiering {
       super[static_cast<std::size_t>(w)] = w / topo.gpus_per_node / topo.nodes_per_supernode;
     }
     slot_tier.resize(static_cast<std::size_t>(geo.pool_size) * W);
+    words = (W + 63) / 64;
+    tier_bits.assign(static_cast<std::size_t>(geo.pool_size) * 3 * words, 0);
     for (int p = 0; p < geo.pool_size; ++p) {
       one_node.push_back(node[static_cast<std::size_t>(p * geo.cp)] == node[static_cast<std::size_t>(p * geo.cp + geo.cp - 1)]);
       for (int r = 0; r < geo.workers; ++r) {
-        slot_tier[static_cast<std::size_t>(p) * W + static_cast<std::size_t>(r)] =
-            static_cast<std::uint8_t>(tier(p * geo.cp, r));
+        const int t = tier(p * geo.cp, r);
+        slot_tier[static_cast<std::size_t>(p) * W + static_cast<std::size_t>(r)] = static_cast<std::uint8_t>(t);
+        tier_bits[(static_cast<std::size_t>(p) * 3 + static_cast<std::size_t>(t)) * words +
+                  static_cast<std::size_t>(r) / 64] |= std::uint64_t{1} << (r % 64);
       }
     }
   }
@@ -199,6 +205,14 @@ class TopoPlacer {
     one_node_ = tiering_.one_node[static_cast<std::size_t>(p_)] != 0;
     slot_tier_ = tiering_.slot_tier.data() + static_cast<std::size_t>(p_) * static_cast<std::size_t>(W_);
     if (!one_node_) return;
+    // Which tiers hold a fresh worker (least_score's stop test).
+    for (std::size_t k = 0; k < 3; ++k) {
+      const std::uint64_t* bits = &tiering_.tier_bits[(static_cast<std::size_t>(p_) * 3 + k) * words_];
+      std::uint64_t any = 0;
+      for (std::size_t x = 0; x < words_; ++x) any |= bits[x] & ~touched_[x];
+      fresh_tier_[k] = any != 0;
+    }
+    if (!fresh_tier_[0] && !fresh_tier_[1] && !fresh_tier_[2]) return;  // least_score will not ask
     fresh_total_ = 0;
     for (int c = 0; c < geo_.cp; ++c) fresh_total_ += add_[static_cast<std::size_t>(c)];
     fresh_worst_ = {0, 0, 0};
@@ -208,7 +222,9 @@ class TopoPlacer {
       if (b == 0) continue;
       const int w = base + c;
       const Tiers ts = link_plus(send_[static_cast<std::size_t>(w)], static_cast<double>(b));
-      const Tiers tr = link_plus(recv_[static_cast<std::size_t>(w)], w == home_ ? static_cast<double>(vqo_) : 0.0);
+      // Only the home's receive side changes (its O comes back).
+      const Tiers& rw = recv_[static_cast<std::size_t>(w)];
+      const Tiers tr = w == home_ ? link_plus(rw, static_cast<double>(vqo_)) : Tiers{link(rw), link(rw), link(rw)};
       for (std::size_t k = 0; k < 3; ++k) {
         fresh_worst_[k] = std::max(fresh_worst_[k], std::max(ts[k], tr[k]));
         fresh_cost_[k] += static_cast<double>(b) * per_byte_[k];
@@ -225,46 +241,74 @@ class TopoPlacer {
   // The worker of least link score among those with room for `flops`;
   // ties: fewer added link-seconds, lower load, lower id (a strict order,
   // so the scan order does not matter). -1 if none. The same choice as
-  // scoring every worker with room, but: the workers are kept in order of
-  // load, so those with room are a prefix; a fresh worker (see
-  // load_rows()) is scored inline from its tier; and it is skipped
-  // unscored when its key with its tier's fixed part as the worst (which
-  // its worst can only exceed) already loses. So once a fresh worker of a
-  // tier wins at that tier's fixed part, the tier's later (no less loaded)
-  // workers cost a comparison.
+  // scoring every worker with room, but cheaper: the few workers off the
+  // fast path (see load_rows()) are scored first; then the fresh ones in
+  // order of load (kept on commit), so those with room are a prefix, each
+  // scored inline from its tier. A fresh worker's key with its tier's
+  // fixed part as the worst (its worst can only exceed it) bounds its key
+  // from below: one whose bound already loses is skipped unscored, and the
+  // scan stops once no tier's bound can win (every later worker comes
+  // after the best in (load, id)).
   int least_score(std::int64_t flops) {
     if (!by_load_ready_) sort_by_load();
-    const std::int64_t room = limit_ - flops;
+    Best b{-1, {}, limit_ - flops};
     const std::int64_t* loads = loads_.data();
-    int best = -1;
-    Score bs;
-    auto wins = [&](double worst, double cost, int r) {
-      if (best < 0 || worst != bs.worst) return best < 0 || worst < bs.worst;
-      if (cost != bs.cost) return cost < bs.cost;
-      return loads[r] != loads[best] ? loads[r] < loads[best] : r < best;
-    };
-    for (const int r : by_load_) {
-      if (loads[r] > room) break;
-      Score s;
-      if (fresh(r)) {
-        const std::size_t t = slot_tier_[r];
-        if (!wins(fresh_worst_[t], fresh_cost_[t], r)) continue;
-        Tiers rs = send_[static_cast<std::size_t>(r)], rr = recv_[static_cast<std::size_t>(r)];
-        rr[t] += static_cast<double>(fresh_total_);
-        rs[t] += static_cast<double>(vqo_);
-        s = {std::max(fresh_worst_[t], time(rs, rr)), fresh_cost_[t]};
-      } else {
-        s = evaluate_touched(r);
+    if (!one_node_) {
+      for (const int r : by_load_) {
+        if (loads[r] > b.room) break;
+        consider(b, evaluate_touched(r), r);
       }
-      if (wins(s.worst, s.cost, r)) {
-        best = r;
-        bs = s;
+      return b.r;
+    }
+    for (std::size_t k = 0; k < words_; ++k) {
+      for (std::uint64_t word = touched_[k]; word != 0; word &= word - 1) {
+        const int r = static_cast<int>(k * 64 + static_cast<std::size_t>(std::countr_zero(word)));
+        if (loads[r] <= b.room) consider(b, evaluate_touched(r), r);
       }
     }
-    return best;
+    for (const int r : by_load_) {
+      if (loads[r] > b.room) break;
+      if (!fresh(r)) continue;
+      if (b.r >= 0 && fresh_beaten(b, r)) break;
+      const std::size_t t = slot_tier_[r];
+      if (!wins(b, {fresh_worst_[t], fresh_cost_[t]}, r)) continue;
+      Tiers rs = send_[static_cast<std::size_t>(r)], rr = recv_[static_cast<std::size_t>(r)];
+      rr[t] += static_cast<double>(fresh_total_);
+      rs[t] += static_cast<double>(vqo_);
+      consider(b, {std::max(fresh_worst_[t], time(rs, rr)), fresh_cost_[t]}, r);
+    }
+    return b.r;
   }
 
  private:
+  // least_score's best so far and the load a worker needs to be at most.
+  struct Best {
+    int r;
+    Score s;
+    std::int64_t room;
+  };
+  bool wins(const Best& b, const Score& s, int r) const {
+    if (b.r < 0 || s.worst != b.s.worst) return b.r < 0 || s.worst < b.s.worst;
+    if (s.cost != b.s.cost) return s.cost < b.s.cost;
+    return before(r, b.r);
+  }
+  void consider(Best& b, const Score& s, int r) const {
+    if (wins(b, s, r)) {
+      b.r = r;
+      b.s = s;
+    }
+  }
+  // No fresh worker from r on in by_load_ can win: each tier's bound loses.
+  bool fresh_beaten(const Best& b, int r) const {
+    for (std::size_t t = 0; t < 3; ++t) {
+      if (!fresh_tier_[t]) continue;
+      const double w = fresh_worst_[t], c = fresh_cost_[t];
+      if (w < b.s.worst || (w == b.s.worst && (c < b.s.cost || (c == b.s.cost && !before(b.r, r))))) return false;
+    }
+    return true;
+  }
+
+ public:
   // by_load_: the workers by (load, id), and each one's place in it.
   void sort_by_load() {
     std::iota(by_load_.begin(), by_load_.end(), 0);
@@ -420,12 +464,10 @@ class TopoPlacer {
     return {std::max({(x[0] + b) * inv_[0], t1, t2}), std::max({t0, ((x[1] + b) + x[2]) * inv_[1], t2}),
             std::max({t0, (x[1] + (x[2] + b)) * inv_[1], (x[2] + b) * inv_spine_})};
   }
-  double time(const Tiers& s, const Tiers& r) const {
-    auto link = [&](const Tiers& x) {
-      return std::max({x[0] * inv_[0], (x[1] + x[2]) * inv_[1], x[2] * inv_spine_});
-    };
-    return std::max(link(s), link(r));
+  double link(const Tiers& x) const {
+    return std::max({x[0] * inv_[0], (x[1] + x[2]) * inv_[1], x[2] * inv_spine_});
   }
+  double time(const Tiers& s, const Tiers& r) const { return std::max(link(s), link(r)); }
   int tier(int a, int b) const { return tiering_.tier(a, b); }
   void mark(int w) { touched_[static_cast<std::size_t>(w) / 64] |= std::uint64_t{1} << (w % 64); }
   void move(int from, int to, std::int64_t bytes) {
@@ -462,6 +504,7 @@ class TopoPlacer {
   bool one_node_ = false;
   std::int64_t fresh_total_ = 0;
   std::array<double, 3> fresh_worst_{}, fresh_cost_{};
+  std::array<bool, 3> fresh_tier_{};  // a tier holds a fresh worker
 };
 
 }  // namespace
