@@ -174,6 +174,7 @@ struct SparsePhases {
   enum Phase : std::size_t { kFwdIn, kFwdOut, kBwdIn, kBwdOut, kFwdStage, kBwdStage, kPhases };
   std::vector<std::uint32_t> pairs;
   std::size_t slices = 1;
+  std::size_t phases = kPhases;  // the stage phases only with relays
   std::vector<std::int64_t> bytes;  // [phase][slice][pair]
   std::int64_t* at(std::size_t phase, std::size_t slice) {
     return bytes.data() + (phase * slices + slice) * pairs.size();
@@ -193,7 +194,7 @@ PhasePairs phase_pairs(const ExchangeSums& x, std::span<const std::int32_t> vias
   const std::size_t W = static_cast<std::size_t>(x.workers), n = x.pairs.size();
   for (std::size_t m = 0; m < static_cast<std::size_t>(x.chunks); ++m) {
     for (std::size_t k = 0; k < n; ++k) {
-      const std::size_t s = x.pairs[k] / W, t = x.pairs[k] % W;
+      const std::size_t s = x.src[k], t = x.dst[k];
       const auto via = static_cast<std::size_t>(vias[m * n + k]);
       if (via == s) continue;
       out.pairs.push_back(static_cast<std::uint32_t>(via * W + t));
@@ -225,16 +226,18 @@ SparsePhases sparse_phases(const ExchangeSums& x, const RelayTable* relays) {
     return static_cast<std::size_t>(std::lower_bound(out.pairs.begin(), out.pairs.end(), pair) - out.pairs.begin());
   };
   const std::size_t n = out.pairs.size(), direct = x.pairs.size();
-  out.bytes.assign(SparsePhases::kPhases * out.slices * n, 0);
+  out.phases = relays != nullptr ? SparsePhases::kPhases : SparsePhases::kFwdStage;
+  out.bytes.assign(out.phases * out.slices * n, 0);
   for (std::size_t m = 0; m < M; ++m) {
     const std::int64_t* q = x.qo_row_heads.data() + m * direct;
     const std::int64_t* kv = x.kv_token_heads.data() + m * direct;
     const std::int64_t* dkv = x.dkv_rows.data() + m * direct;
     std::int64_t *fin = out.at(SparsePhases::kFwdIn, m), *fout = out.at(SparsePhases::kFwdOut, m);
     std::int64_t *bin = out.at(SparsePhases::kBwdIn, m), *bout = out.at(SparsePhases::kBwdOut, m);
-    std::int64_t *sf = out.at(SparsePhases::kFwdStage, m), *sb = out.at(SparsePhases::kBwdStage, m);
+    std::int64_t* sf = relays != nullptr ? out.at(SparsePhases::kFwdStage, m) : nullptr;
+    std::int64_t* sb = relays != nullptr ? out.at(SparsePhases::kBwdStage, m) : nullptr;
     for (std::size_t k = 0; k < direct; ++k) {
-      const std::size_t st = x.pairs[k], s = st / W, t = st % W, ts = x.reverse[k];
+      const std::size_t s = x.src[k], t = x.dst[k], ts = x.reverse[k];
       // As phase_bytes: in Q (+ dO, O, LSE) + K/V, out O + LSE (dQ + dK/dV).
       const std::int64_t kv_bytes = 2 * qo * kv[k];
       const std::int64_t f = qo * q[k] + kv_bytes;
@@ -256,7 +259,7 @@ SparsePhases sparse_phases(const ExchangeSums& x, const RelayTable* relays) {
     }
   }
   if (out.slices > 1) {
-    for (std::size_t p = 0; p < SparsePhases::kPhases; ++p) {
+    for (std::size_t p = 0; p < out.phases; ++p) {
       std::int64_t* whole = out.at(p, M);
       for (std::size_t m = 0; m < M; ++m) {
         const std::int64_t* part = out.at(p, m);
@@ -314,12 +317,14 @@ void price_phases(PlanCost& c, const ExchangeSums& x, const RelayTable* relays, 
 void add_byte_totals(PlanCost& c, const ExchangeSums& x, const PlanTopology& topo) {
   const auto ws = static_cast<std::size_t>(c.workers);
   std::vector<std::int64_t> send(ws, 0), recv(ws, 0), recv_cross(ws, 0);
+  std::vector<int> node(ws);  // across nodes: topo_tier != 0
+  for (std::size_t r = 0; r < ws; ++r) node[r] = static_cast<int>(r) / topo.gpus_per_node;
   for (std::size_t j = 0; j < x.pairs.size(); ++j) {
-    const std::size_t s = x.pairs[j] / ws, t = x.pairs[j] % ws;
+    const std::size_t s = x.src[j], t = x.dst[j];
     const std::int64_t b = x.bytes[j];
     send[s] += b;
     recv[t] += b;
-    if (detail::topo_tier(topo, static_cast<int>(s), static_cast<int>(t)) != 0) recv_cross[t] += b;
+    if (node[s] != node[t]) recv_cross[t] += b;
   }
   for (std::size_t r = 0; r < ws; ++r) {
     c.comm_bytes += send[r];
@@ -341,13 +346,11 @@ PlanCost cost_plan(const Ctx& ctx, const Plan& plan, std::span<const std::int64_
   return cost_plan(ctx, plan, exchange_sums(plan.data_as_built()), gpus, relays);
 }
 
-PlanCost cost_plan(const Ctx& ctx, const Plan& plan, const ExchangeSums& sums, std::span<const std::int64_t> gpus,
-                   const RelayTable* relays) {
-  PlanCost c;
-  const int w = plan.num_workers();
-  const std::size_t ws = static_cast<std::size_t>(w);
-  c.workers = w;
-  c.chunks = plan.config().chunks;
+namespace {
+
+// The plan's compute times per worker, whole and per chunk, into c.
+void add_compute(const Ctx& ctx, const Plan& plan, PlanCost& c) {
+  const std::size_t ws = static_cast<std::size_t>(c.workers);
   c.comp_fwd.assign(ws, 0);
   c.comp_bwd.assign(ws, 0);
   c.chunk_comp_fwd.assign(static_cast<std::size_t>(c.chunks), std::vector<double>(ws, 0));
@@ -371,6 +374,9 @@ PlanCost cost_plan(const Ctx& ctx, const Plan& plan, const ExchangeSums& sums, s
   std::pair<double, double> full{};
   std::vector<std::pair<double, double>> part(M);
   std::vector<double> share(M);
+  // A chunk as wide as the one before has its share and rate, hence its
+  // times: computed once (every chunk, when equal).
+  std::vector<char> same(M, 0);
   for (const Tile& t : plan.tiles()) {
     const auto r = static_cast<std::size_t>(t.worker);
     const std::int64_t rows = t.end - t.begin;
@@ -379,11 +385,11 @@ PlanCost cost_plan(const Ctx& ctx, const Plan& plan, const ExchangeSums& sums, s
       shape_rows = rows;
       shape_heads = t.heads.size();
       full = rates(rows, heads);
-      // Chunks of one width share a rate lookup (every chunk, when equal).
       double part_width = -1;
       for (std::size_t k = 0; k < M; ++k) {
         const double width = static_cast<double>(plan.chunk_heads(t, static_cast<int>(k)).size());
-        if (width != part_width) {
+        same[k] = width == part_width;
+        if (!same[k]) {
           part[k] = rates(rows, width);
           part_width = width;
         } else {
@@ -396,11 +402,26 @@ PlanCost cost_plan(const Ctx& ctx, const Plan& plan, const ExchangeSums& sums, s
     const double bwd = 2.5 * fwd;  // 10 d vs 4 d FLOPs per pair (workload.hpp)
     c.comp_fwd[r] += fwd / full.first;
     c.comp_bwd[r] += bwd / full.second;
+    double f = 0, b = 0;
     for (std::size_t k = 0; k < M; ++k) {
-      c.chunk_comp_fwd[k][r] += fwd * share[k] / part[k].first;
-      c.chunk_comp_bwd[k][r] += bwd * share[k] / part[k].second;
+      if (!same[k]) {
+        f = fwd * share[k] / part[k].first;
+        b = bwd * share[k] / part[k].second;
+      }
+      c.chunk_comp_fwd[k][r] += f;
+      c.chunk_comp_bwd[k][r] += b;
     }
   }
+}
+
+}  // namespace
+
+PlanCost cost_plan(const Ctx& ctx, const Plan& plan, const ExchangeSums& sums, std::span<const std::int64_t> gpus,
+                   const RelayTable* relays) {
+  PlanCost c;
+  c.workers = plan.num_workers();
+  c.chunks = plan.config().chunks;
+  add_compute(ctx, plan, c);
   AlltoallPricer pricer(ctx.cfg.cost.net, gpus);
   price_phases(c, sums, relays != nullptr && relays->any() ? relays : nullptr, pricer);
   add_byte_totals(c, sums, plan.config().topology);

@@ -1014,7 +1014,8 @@ struct PairIndex {
     marked[q / 64] |= std::uint64_t{1} << (q % 64);
   }
   // The marked pairs in increasing order, numbered; each one's reverse.
-  void number(std::vector<std::uint32_t>& pairs, std::vector<std::uint32_t>& reverse) {
+  void number(ExchangeLayout& out) {
+    std::vector<std::uint32_t>& pairs = out.pairs;
     for (std::size_t k = 0; k < marked.size(); ++k) {
       for (std::uint64_t bits = marked[k]; bits != 0; bits &= bits - 1) {
         const std::size_t p = k * 64 + static_cast<std::size_t>(std::countr_zero(bits));
@@ -1022,10 +1023,14 @@ struct PairIndex {
         pairs.push_back(static_cast<std::uint32_t>(p));
       }
     }
-    reverse.resize(pairs.size());
+    out.reverse.resize(pairs.size());
+    out.src.resize(pairs.size());
+    out.dst.resize(pairs.size());
     for (std::size_t j = 0; j < pairs.size(); ++j) {
       const std::size_t s = pairs[j] / W, t = pairs[j] % W;
-      reverse[j] = static_cast<std::uint32_t>(at[t * W + s]);
+      out.reverse[j] = static_cast<std::uint32_t>(at[t * W + s]);
+      out.src[j] = static_cast<std::uint32_t>(s);
+      out.dst[j] = static_cast<std::uint32_t>(t);
     }
   }
   std::uint32_t operator()(std::size_t a, std::size_t b) const { return static_cast<std::uint32_t>(at[a * W + b]); }
@@ -1157,7 +1162,7 @@ ExchangeLayout exchange_layout(const Plan::Data& d) {
       index.mark(static_cast<std::size_t>(from), static_cast<std::size_t>(s.to));
     });
   }
-  index.number(out.pairs, out.reverse);
+  index.number(out);
   out.bytes.assign(out.pairs.size(), 0);
   out.qo_rows.assign(out.pairs.size(), 0);
   for (const Tile& t : d.tiles) {
@@ -1190,6 +1195,8 @@ ExchangeSums exchange_sums(const Plan::Data& d, const ExchangeLayout& layout) {
   out.elem_bytes = g.elem_bytes;
   out.pairs = layout.pairs;
   out.reverse = layout.reverse;
+  out.src = layout.src;
+  out.dst = layout.dst;
   out.bytes = layout.bytes;
   out.qo_row_heads.resize(M * n);
   out.kv_token_heads.assign(M * n, 0);

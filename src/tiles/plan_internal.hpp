@@ -304,6 +304,7 @@ struct ExchangeSums {
   // item (the sums are zero off them); reverse[j]: the index of pair j's
   // (dst, src), which is always a pair too.
   std::vector<std::uint32_t> pairs, reverse;
+  std::vector<std::uint32_t> src, dst;  // per pair: its workers (no division per use)
   // Tiles away from home, home -> worker: rows x the chunk's query heads
   // (their Q go there, their O come back the other way).
   std::vector<std::int64_t> qo_row_heads;
@@ -331,7 +332,7 @@ struct ExchangeSums {
 struct ExchangeLayout {
   int workers = 0;
   std::size_t groups = 0, entries = 0;  // the plan's, to check a chunking against
-  std::vector<std::uint32_t> pairs, reverse;  // as ExchangeSums'
+  std::vector<std::uint32_t> pairs, reverse, src, dst;  // as ExchangeSums'
   std::vector<std::int64_t> bytes, qo_rows;   // per pair
   // One home run a worker fetches (pair from -> to, back to -> from) and its
   // fetches [first, last) of `fetches`: the groups that read rows of it.

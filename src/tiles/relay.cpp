@@ -124,7 +124,15 @@ RelayTable plan_relays(std::span<const std::uint32_t> pairs, std::span<const std
   table.busiest_nic_relayed.assign(static_cast<std::size_t>(chunks), 0);
   const auto ws = static_cast<std::size_t>(W);
   const std::size_t n = pairs.size();
-  auto cross = [&](std::size_t j) { return pairs[j] / ws / static_cast<std::size_t>(G) != pairs[j] % ws / static_cast<std::size_t>(G); };
+  // Each pair's workers and whether it crosses nodes, found once for all chunks.
+  std::vector<int> src(n), dst(n);
+  std::vector<char> crosses(n);
+  for (std::size_t j = 0; j < n; ++j) {
+    src[j] = static_cast<int>(pairs[j] / ws);
+    dst[j] = static_cast<int>(pairs[j] % ws);
+    crosses[j] = src[j] / G != dst[j] / G;
+  }
+  auto cross = [&](std::size_t j) { return crosses[j] != 0; };
   for (std::size_t m = 0; m < static_cast<std::size_t>(chunks); ++m) {
     const std::int64_t* in = chunk_in_bytes.data() + m * n;
     // The busiest cross-node receiver's input bytes (forward: Q + K/V): a
@@ -132,7 +140,7 @@ RelayTable plan_relays(std::span<const std::uint32_t> pairs, std::span<const std
     // further only adds stage traffic.
     std::vector<std::int64_t> received(ws, 0);
     for (std::size_t j = 0; j < n; ++j) {
-      if (cross(j)) received[pairs[j] % ws] += in[j];
+      if (cross(j)) received[static_cast<std::size_t>(dst[j])] += in[j];
     }
     const std::int64_t floor = *std::max_element(received.begin(), received.end());
     std::size_t j = 0;  // pairs are by src, so each node's are consecutive
@@ -140,9 +148,9 @@ RelayTable plan_relays(std::span<const std::uint32_t> pairs, std::span<const std
       const int node1 = std::min(W, node0 + G);
       std::vector<RelayPair> node;
       std::vector<std::int64_t> load(static_cast<std::size_t>(node1 - node0), 0);
-      for (; j < n && pairs[j] / ws < static_cast<std::size_t>(node1); ++j) {
+      for (; j < n && src[j] < node1; ++j) {
         if (!cross(j) || in[j] == 0) continue;  // inside the node, or nothing to send
-        const int s = static_cast<int>(pairs[j] / ws), t = static_cast<int>(pairs[j] % ws);
+        const int s = src[j], t = dst[j];
         node.push_back({in[j], s, t, s});
         load[static_cast<std::size_t>(s - node0)] += in[j];
       }
