@@ -35,6 +35,12 @@ class RawArray {
     if (!items) throw std::bad_alloc();
     items_ = std::shared_ptr<T>(items, Free{});
   }
+  // Moved, or shared on purpose (share()): never copied by accident.
+  RawArray(const RawArray&) = delete;
+  RawArray& operator=(const RawArray&) = delete;
+  RawArray(RawArray&&) noexcept = default;
+  RawArray& operator=(RawArray&&) noexcept = default;
+  ~RawArray() = default;
   RawArray share() const {
     RawArray out;
     out.items_ = items_;
