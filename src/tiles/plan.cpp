@@ -435,7 +435,7 @@ void write_groups(Plan::Data& d, const Geometry& g, std::span<const KvGroup> key
 void write_compute_lists(Plan::Data& d) {
   const std::size_t W = d.worker_flops.size();
   for (std::size_t r = 0; r < W; ++r) d.worker_tile_offsets[r + 1] += d.worker_tile_offsets[r];
-  d.worker_tile_ids.resize(d.tiles.size());
+  d.worker_tile_ids = RawArray<std::int32_t>(d.tiles.size());  // every tile's id once, below
   std::vector<std::size_t> at(d.worker_tile_offsets.begin(), d.worker_tile_offsets.end() - 1);
   for (const Tile& t : d.tiles) d.worker_tile_ids[at[static_cast<std::size_t>(t.worker)]++] = t.id;
   std::int64_t total_flops = 0, max_flops = 0;
@@ -566,7 +566,10 @@ void merge_uses(ChunkUse* into, const ChunkUse* shard, std::size_t heads) {
 void record_entries(Plan::Data& d, const EntryIndex& entry, const ChunkUse* shard_uses, std::int32_t stride,
                     bool key_is_shard, bool spans = true) {
   const bool prefix = d.config.kv_prefix && spans;
-  if (prefix) d.kv_span_end.assign(d.worker_group_ids.size(), 0);
+  if (prefix) {
+    d.kv_span_end = RawArray<std::int64_t>(d.worker_group_ids.size());
+    std::fill_n(d.kv_span_end.data(), d.kv_span_end.size(), std::int64_t{0});
+  }
   for (const Tile& t : d.tiles) {
     const ChunkUse* su = shard_uses + static_cast<std::size_t>(t.shard) * static_cast<std::size_t>(stride);
     for (std::int32_t fi = t.fragment_begin; fi < t.fragment_end; ++fi) {
@@ -651,10 +654,10 @@ Plan rechunk_data(const Plan::Data& base, const PlanConfig& config) {
   d->fragments = base.fragments.share();
   d->groups = base.groups.share();
   d->worker_tile_offsets = base.worker_tile_offsets;
-  d->worker_tile_ids = base.worker_tile_ids;
+  d->worker_tile_ids = base.worker_tile_ids.share();
   d->worker_group_offsets = base.worker_group_offsets;
   d->worker_group_ids = base.worker_group_ids.share();
-  d->kv_span_end = base.kv_span_end;
+  d->kv_span_end = base.kv_span_end.share();
   d->worker_flops = base.worker_flops;
   d->imbalance = base.imbalance;
   const std::vector<ShardInfo> shards = shard_infos(g);

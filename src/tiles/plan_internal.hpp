@@ -35,6 +35,12 @@ class RawArray {
     if (!items) throw std::bad_alloc();
     items_ = std::shared_ptr<T>(items, Free{});
   }
+  // Moved, or shared on purpose (share()): never copied by accident.
+  RawArray(const RawArray&) = delete;
+  RawArray& operator=(const RawArray&) = delete;
+  RawArray(RawArray&&) noexcept = default;
+  RawArray& operator=(RawArray&&) noexcept = default;
+  ~RawArray() = default;
   RawArray share() const {
     RawArray out;
     out.items_ = items_;
@@ -76,7 +82,7 @@ struct Plan::Data {
   detail::RawArray<Fragment> fragments;
   detail::RawArray<KvGroup> groups;
   std::vector<std::size_t> worker_tile_offsets;  // W + 1
-  std::vector<std::int32_t> worker_tile_ids;
+  detail::RawArray<std::int32_t> worker_tile_ids;
   std::vector<std::size_t> worker_group_offsets;  // W + 1
   detail::RawArray<std::int32_t> worker_group_ids;
   // The chunks that read each KV head of each entry of worker_group_ids
@@ -90,7 +96,7 @@ struct Plan::Data {
   std::vector<ChunkUse> kv_uses;
   // With kv_prefix, per entry of worker_group_ids: the end of the causal
   // prefix the worker holds (Plan::kv_span); without, empty (the whole sample).
-  std::vector<std::int64_t> kv_span_end;
+  detail::RawArray<std::int64_t> kv_span_end;
   const ChunkUse* uses_of(std::size_t entry, std::int32_t key) const {
     return kv_uses_by_key ? kv_uses.data() + static_cast<std::size_t>(key) * static_cast<std::size_t>(kv_use_stride)
                           : kv_uses.data() + kv_use_offsets[entry];
