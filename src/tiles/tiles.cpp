@@ -418,6 +418,7 @@ class Placer {
       for (std::size_t i = leaves_ - 1; i >= 1; --i) least_[i] = lesser(least_[2 * i], least_[2 * i + 1]);
     }
     touched_.resize(static_cast<std::size_t>(geo.workers) + 1);
+    kept_.resize(static_cast<std::size_t>(geo.workers) + 1);
   }
 
   struct Choice {
@@ -467,6 +468,10 @@ class Placer {
       const std::uint64_t* bits = committed + static_cast<std::size_t>(first * keys + key) * words;
       for (std::int32_t j = first; j < last; ++j, bits += step) {
         const std::int64_t full = vkv * lengths[j];
+        // With one word, the runs below test it from a register: the
+        // stores into saved (int64_t) may alias the bits (uint64_t), so a
+        // test through `bits` reloads the word after every saving.
+        const std::uint64_t word0 = bits[0];
         for (std::size_t w = 0; w < words; ++w) {
           for (std::uint64_t word = bits[w]; word != 0; word &= word - 1) {
             save(static_cast<int>(w * 64 + static_cast<std::size_t>(std::countr_zero(word))), full);
@@ -475,7 +480,8 @@ class Placer {
         const HomeRun* const runs_end = home_runs + run_base[j + 1];
         for (const HomeRun* run = home_runs + run_base[j]; run != runs_end; ++run) {
           const std::uint32_t r = run->worker;
-          if (!((bits[r / 64] >> (r % 64)) & 1U)) save(static_cast<int>(r), vkv * run->tokens);
+          const std::uint64_t held = words == 1 ? word0 >> (r % 64) : bits[r / 64] >> (r % 64);
+          if (!(held & 1U)) save(static_cast<int>(r), vkv * run->tokens);
         }
       }
     };
@@ -484,9 +490,7 @@ class Placer {
     } else {
       load_samples(words_);
     }
-    const Choice c = choose(saved, touched, touched_count, flops);
-    for (std::size_t i = 0; i < touched_count; ++i) saved[touched[i]] = 0;
-    return c;
+    return choose(saved, touched, touched_count, flops);
   }
 
   // The shards of a block come one after another with the same rows: the
@@ -504,18 +508,25 @@ class Placer {
 
   // The choice among the `touched_count` savers (`saved` bytes each) for a
   // tile of `flops`, else the least-loaded worker, else the fallback.
-  Choice choose(const std::int64_t* saved, const std::int32_t* touched, std::size_t touched_count, std::int64_t flops) {
+  // Leaves `saved` zero again: each saving is read once, into `kept`.
+  Choice choose(std::int64_t* saved, const std::int32_t* touched, std::size_t touched_count, std::int64_t flops) {
     Choice c;
     const std::int64_t room = limit_ - flops;  // headroom: load <= room
     const std::int64_t* loads = loads_.data();
+    std::int64_t* const kept = kept_.data();  // touched[i]'s saving
     // Among the savers with headroom: the largest saving (least dcomm),
     // then the lowest (load, r).
+    std::int64_t best = 0;
     for (std::size_t i = 0; i < touched_count; ++i) {
       const std::int32_t r = touched[i];
+      const std::int64_t x = saved[r];
+      kept[i] = x;
+      saved[r] = 0;
       if (loads[r] > room) continue;
-      if (c.worker < 0 || saved[r] > saved[c.worker] ||
-          (saved[r] == saved[c.worker] && (loads[r] < loads[c.worker] || (loads[r] == loads[c.worker] && r < c.worker)))) {
+      if (c.worker < 0 || x > best ||
+          (x == best && (loads[r] < loads[c.worker] || (loads[r] == loads[c.worker] && r < c.worker)))) {
         c.worker = r;
+        best = x;
       }
     }
     if (c.worker < 0) {
@@ -528,10 +539,17 @@ class Placer {
         // those, and only a saver among them has a lower dcomm.
         const std::int64_t least_load = loads[least];
         c.fallback = least;
+        std::int64_t fallback_saved = 0;  // `least` saves nothing unless it is a saver
+        for (std::size_t i = 0; i < touched_count; ++i) {
+          if (touched[i] == least) fallback_saved = kept[i];
+        }
         for (std::size_t i = 0; i < touched_count; ++i) {
           const std::int32_t r = touched[i];
           if (loads[r] != least_load) continue;
-          if (saved[r] > saved[c.fallback] || (saved[r] == saved[c.fallback] && r < c.fallback)) c.fallback = r;
+          if (kept[i] > fallback_saved || (kept[i] == fallback_saved && r < c.fallback)) {
+            c.fallback = r;
+            fallback_saved = kept[i];
+          }
         }
       }
     }
@@ -627,6 +645,7 @@ class Placer {
   std::vector<std::uint64_t> committed_;
   std::vector<std::int64_t> saved_;     // per worker, zero outside evaluate()
   std::vector<std::int32_t> touched_;   // within evaluate(): the workers with saved_ > 0
+  std::vector<std::int64_t> kept_;      // within choose(): touched_[i]'s saving
   std::size_t leaves_;
   bool tree_;                          // least_ is kept (more than kScanWorkers workers)
   std::vector<std::int32_t> run_least_;  // without the tree: per run of kRunWorkers workers, its least (scan_least)
