@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <chrono>
 #include <cmath>
 #include <ctime>
@@ -201,8 +202,23 @@ PhasePairs phase_pairs(const ExchangeSums& x, std::span<const std::int32_t> vias
       out.pairs.push_back(static_cast<std::uint32_t>(s * W + via));
     }
   }
-  std::sort(out.pairs.begin(), out.pairs.end());
-  out.pairs.erase(std::unique(out.pairs.begin(), out.pairs.end()), out.pairs.end());
+  const std::size_t cells = W * W, words = (cells + 63) / 64;
+  if (words <= 4 * out.pairs.size()) {
+    // Few workers for the pairs listed: marked in a W x W bitset and read
+    // back in order (the same sorted set as sort and unique, without a sort
+    // of mostly repeated relay pairs).
+    std::vector<std::uint64_t> bits(words, 0);
+    for (const std::uint32_t p : out.pairs) bits[p / 64] |= std::uint64_t{1} << (p % 64);
+    out.pairs.clear();
+    for (std::size_t k = 0; k < words; ++k) {
+      for (std::uint64_t w = bits[k]; w != 0; w &= w - 1) {
+        out.pairs.push_back(static_cast<std::uint32_t>(k * 64 + static_cast<std::size_t>(std::countr_zero(w))));
+      }
+    }
+  } else {
+    std::sort(out.pairs.begin(), out.pairs.end());
+    out.pairs.erase(std::unique(out.pairs.begin(), out.pairs.end()), out.pairs.end());
+  }
   out.at.resize(x.pairs.size());
   for (std::size_t k = 0, j = 0; k < x.pairs.size(); ++k) {
     while (out.pairs[j] != x.pairs[k]) ++j;
