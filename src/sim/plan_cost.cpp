@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <chrono>
 #include <cmath>
 #include <ctime>
@@ -201,8 +202,23 @@ PhasePairs phase_pairs(const ExchangeSums& x, std::span<const std::int32_t> vias
       out.pairs.push_back(static_cast<std::uint32_t>(s * W + via));
     }
   }
-  std::sort(out.pairs.begin(), out.pairs.end());
-  out.pairs.erase(std::unique(out.pairs.begin(), out.pairs.end()), out.pairs.end());
+  const std::size_t cells = W * W, words = (cells + 63) / 64;
+  if (words <= 4 * out.pairs.size()) {
+    // Few workers for the pairs listed: marked in a W x W bitset and read
+    // back in order (the same sorted set as sort and unique, without a sort
+    // of mostly repeated relay pairs).
+    std::vector<std::uint64_t> bits(words, 0);
+    for (const std::uint32_t p : out.pairs) bits[p / 64] |= std::uint64_t{1} << (p % 64);
+    out.pairs.clear();
+    for (std::size_t k = 0; k < words; ++k) {
+      for (std::uint64_t w = bits[k]; w != 0; w &= w - 1) {
+        out.pairs.push_back(static_cast<std::uint32_t>(k * 64 + static_cast<std::size_t>(std::countr_zero(w))));
+      }
+    }
+  } else {
+    std::sort(out.pairs.begin(), out.pairs.end());
+    out.pairs.erase(std::unique(out.pairs.begin(), out.pairs.end()), out.pairs.end());
+  }
   out.at.resize(x.pairs.size());
   for (std::size_t k = 0, j = 0; k < x.pairs.size(); ++k) {
     while (out.pairs[j] != x.pairs[k]) ++j;
@@ -417,11 +433,18 @@ void add_compute(const Ctx& ctx, const Plan& plan, PlanCost& c) {
 }  // namespace
 
 PlanCost cost_plan(const Ctx& ctx, const Plan& plan, const ExchangeSums& sums, std::span<const std::int64_t> gpus,
-                   const RelayTable* relays) {
+                   const RelayTable* relays, const PlanCost* compute) {
   PlanCost c;
   c.workers = plan.num_workers();
   c.chunks = plan.config().chunks;
-  add_compute(ctx, plan, c);
+  if (compute != nullptr) {
+    c.comp_fwd = compute->comp_fwd;
+    c.comp_bwd = compute->comp_bwd;
+    c.chunk_comp_fwd = compute->chunk_comp_fwd;
+    c.chunk_comp_bwd = compute->chunk_comp_bwd;
+  } else {
+    add_compute(ctx, plan, c);
+  }
   AlltoallPricer pricer(ctx.cfg.cost.net, gpus);
   price_phases(c, sums, relays != nullptr && relays->any() ? relays : nullptr, pricer);
   add_byte_totals(c, sums, plan.config().topology);
