@@ -120,8 +120,10 @@ RelayTable relays_of(const ExchangeSums& sums, const PlanTopology& topology);
 // With `relays`, as a relayed schedule sends (ScheduleOptions::relay).
 PlanCost cost_plan(const Ctx& ctx, const Plan& plan, std::span<const std::int64_t> gpus,
                    const RelayTable* relays = nullptr);
+// `compute`: a price of the same plan whose compute times are taken as they
+// are (they do not depend on the relays), instead of timing every tile again.
 PlanCost cost_plan(const Ctx& ctx, const Plan& plan, const ExchangeSums& sums, std::span<const std::int64_t> gpus,
-                   const RelayTable* relays = nullptr);
+                   const RelayTable* relays = nullptr, const PlanCost* compute = nullptr);
 
 // Runs a planner call, counting its thread CPU time under `kind`.
 template <class F>

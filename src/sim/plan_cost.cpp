@@ -433,11 +433,18 @@ void add_compute(const Ctx& ctx, const Plan& plan, PlanCost& c) {
 }  // namespace
 
 PlanCost cost_plan(const Ctx& ctx, const Plan& plan, const ExchangeSums& sums, std::span<const std::int64_t> gpus,
-                   const RelayTable* relays) {
+                   const RelayTable* relays, const PlanCost* compute) {
   PlanCost c;
   c.workers = plan.num_workers();
   c.chunks = plan.config().chunks;
-  add_compute(ctx, plan, c);
+  if (compute != nullptr) {
+    c.comp_fwd = compute->comp_fwd;
+    c.comp_bwd = compute->comp_bwd;
+    c.chunk_comp_fwd = compute->chunk_comp_fwd;
+    c.chunk_comp_bwd = compute->chunk_comp_bwd;
+  } else {
+    add_compute(ctx, plan, c);
+  }
   AlltoallPricer pricer(ctx.cfg.cost.net, gpus);
   price_phases(c, sums, relays != nullptr && relays->any() ? relays : nullptr, pricer);
   add_byte_totals(c, sums, plan.config().topology);

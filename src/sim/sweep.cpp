@@ -173,8 +173,11 @@ struct PoolPrices {
     if (!relayed) return costs.emplace(key, cost_plan(ctx, *p, x, gpus, nullptr)).first->second;
     const RelayTable relays = relays_of(x, p->config().topology);
     // Nothing to relay: the direct price (cost_plan ignores an empty table).
+    // Otherwise the compute times are the direct price's, if made already.
+    const auto direct = costs.find({m, split, false});
+    const PlanCost* compute = is_base(m, split) ? &base_cost : direct != costs.end() ? &direct->second : nullptr;
     if (!relays.any()) return costs.emplace(key, cost_of(p, m, split, false)).first->second;
-    return costs.emplace(key, cost_plan(ctx, *p, x, gpus, &relays)).first->second;
+    return costs.emplace(key, cost_plan(ctx, *p, x, gpus, &relays, compute)).first->second;
   }
   Result<const PlanCost*> price(std::int64_t m, ChunkSplit split, bool relayed, const std::string& kind) {
     if (!relayed && is_base(m, split)) return &base_cost;

@@ -1056,6 +1056,7 @@ struct PairIndex {
     }
   }
   std::uint32_t operator()(std::size_t a, std::size_t b) const { return static_cast<std::uint32_t>(at[a * W + b]); }
+  std::uint32_t operator()(std::size_t pair) const { return static_cast<std::uint32_t>(at[pair]); }
 };
 
 // One worker's groups of one sample: entries [e0, e1) of worker_group_ids.
@@ -1094,23 +1095,29 @@ void for_fetched_runs(const Plan::Data& d, const Geometry& g, const SampleGroups
 }
 
 // The layout's K/V fetches of one worker's groups of one sample: per home
-// run, the rows each group reads of it (up to its span's end).
-void add_fetches(const Plan::Data& d, const Geometry& g, const KeyHeads& keys, const PairIndex& index,
-                 const SampleGroups& s, ExchangeLayout& out) {
+// run, the rows each group reads of it (up to its span's end). Made in the
+// pass that marks the pairs, so each run names its pair as from * W + to
+// (numbered later) and its K/V bytes are kept in run_bytes until then.
+void add_fetches(const Plan::Data& d, const Geometry& g, const KeyHeads& keys, PairIndex& index,
+                 const SampleGroups& s, ExchangeLayout& out, std::vector<std::int64_t>& run_bytes) {
   for_fetched_runs(d, g, s, [&](const Geometry::Run& run, int from, std::int32_t j) {
-    const std::uint32_t pair = index(static_cast<std::size_t>(from), static_cast<std::size_t>(s.to));
+    index.mark(static_cast<std::size_t>(from), static_cast<std::size_t>(s.to));
     const auto first = static_cast<std::uint32_t>(out.fetches.size());
+    std::int64_t bytes = 0;
     for (std::size_t e = s.e0; e < s.e1; ++e) {
       const std::int32_t gid = d.worker_group_ids[e];
       const std::int64_t end = std::min(run.end, d.span_end(e, gid));
       if (run.begin >= end) continue;
       const std::int64_t rows = end - run.begin;
       const std::int32_t key = gid - j * g.keys_per_sample;
-      out.bytes[pair] += kv_bytes(g, rows, keys.group[static_cast<std::size_t>(key)].kv_heads.size());
+      bytes += kv_bytes(g, rows, keys.group[static_cast<std::size_t>(key)].kv_heads.size());
       out.fetches.push_back({rows, key, static_cast<std::uint32_t>(e)});
     }
     const auto last = static_cast<std::uint32_t>(out.fetches.size());
-    if (last > first) out.runs.push_back({pair, out.reverse[pair], first, last});
+    if (last == first) return;
+    const std::size_t pair = static_cast<std::size_t>(from) * index.W + static_cast<std::size_t>(s.to);
+    out.runs.push_back({static_cast<std::uint32_t>(pair), 0, first, last});
+    run_bytes.push_back(bytes);
   });
 }
 
@@ -1123,20 +1130,23 @@ struct KvSums {
   const KeyHeads& keys;
   std::span<const HeadRange> chunk_kv;  // [key * M + m]
   ExchangeSums& out;
-  std::vector<std::int32_t> cell_last;  // per KV head of the run being summed
+  // Per KV head of the run being summed: -1 and 0 between runs (each run
+  // resets the heads it touched, [lo, hi): a key holds a shard's heads).
+  std::vector<std::int32_t> cell_last;
   std::vector<std::int64_t> cell_rows;
 
   void run(const ExchangeLayout::Run& r, std::span<const ExchangeLayout::Fetch> fetches) {
     const auto M = static_cast<std::size_t>(out.chunks);
     const std::size_t n = out.pairs.size();
-    std::fill(cell_last.begin(), cell_last.end(), -1);
-    std::fill(cell_rows.begin(), cell_rows.end(), 0);
+    std::int32_t lo = std::numeric_limits<std::int32_t>::max(), hi = 0;
     for (const ExchangeLayout::Fetch& f : fetches) {
       const HeadRange kv = keys.group[static_cast<std::size_t>(f.key)].kv_heads;
       const ChunkUse* uses = d.uses_of(f.entry, f.key);
       for (std::size_t m = 0; m < M; ++m) {
         const HeadRange h = chunk_kv[static_cast<std::size_t>(f.key) * M + m];
         if (h.size() == 0) continue;
+        lo = std::min(lo, h.begin);
+        hi = std::max(hi, h.end);
         out.kv_token_heads[m * n + r.pair] += f.rows * h.size();
         for (std::int32_t kh = h.begin; kh < h.end; ++kh) {
           const ChunkUse use = uses[kh - kv.begin];
@@ -1147,8 +1157,10 @@ struct KvSums {
       }
     }
     // The dK/dV go back: worker `to` to `from`.
-    for (std::size_t kh = 0; kh < cell_last.size(); ++kh) {
+    for (auto kh = static_cast<std::size_t>(std::max(lo, 0)); kh < static_cast<std::size_t>(hi); ++kh) {
       if (cell_last[kh] >= 0) out.dkv_rows[static_cast<std::size_t>(cell_last[kh]) * n + r.back] += cell_rows[kh];
+      cell_last[kh] = -1;
+      cell_rows[kh] = 0;
     }
   }
 };
@@ -1178,12 +1190,10 @@ ExchangeLayout exchange_layout(const Plan::Data& d) {
   for (const Tile& t : d.tiles) {
     if (t.worker != t.home) index.mark(static_cast<std::size_t>(t.home), static_cast<std::size_t>(t.worker));
   }
-  const std::vector<SampleGroups> samples = sample_groups(d, g);
-  for (const SampleGroups& s : samples) {
-    for_fetched_runs(d, g, s, [&](const Geometry::Run&, int from, std::int32_t) {
-      index.mark(static_cast<std::size_t>(from), static_cast<std::size_t>(s.to));
-    });
-  }
+  // One pass over the samples: their runs' pairs and fetches together.
+  const KeyHeads keys = key_heads(g);
+  std::vector<std::int64_t> run_bytes;
+  for (const SampleGroups& s : sample_groups(d, g)) add_fetches(d, g, keys, index, s, out, run_bytes);
   index.number(out);
   out.bytes.assign(out.pairs.size(), 0);
   out.qo_rows.assign(out.pairs.size(), 0);
@@ -1196,8 +1206,13 @@ ExchangeLayout exchange_layout(const Plan::Data& d) {
     out.bytes[out.reverse[pair]] += qo;
     out.qo_rows[pair] += rows;
   }
-  const KeyHeads keys = key_heads(g);
-  for (const SampleGroups& s : samples) add_fetches(d, g, keys, index, s, out);
+  // The runs' pairs numbered (integer byte sums: their order is free).
+  for (std::size_t i = 0; i < out.runs.size(); ++i) {
+    ExchangeLayout::Run& r = out.runs[i];
+    r.pair = index(r.pair);
+    r.back = out.reverse[r.pair];
+    out.bytes[r.pair] += run_bytes[i];
+  }
   return out;
 }
 
@@ -1231,8 +1246,8 @@ ExchangeSums exchange_sums(const Plan::Data& d, const ExchangeLayout& layout) {
   }
   const KeyHeads keys = key_heads(g);
   const std::vector<HeadRange> chunk_kv = chunk_kv_table(g, d.config, keys);
-  KvSums kv{d, keys, chunk_kv, out, std::vector<std::int32_t>(static_cast<std::size_t>(g.heads_kv)),
-            std::vector<std::int64_t>(static_cast<std::size_t>(g.heads_kv))};
+  KvSums kv{d, keys, chunk_kv, out, std::vector<std::int32_t>(static_cast<std::size_t>(g.heads_kv), -1),
+            std::vector<std::int64_t>(static_cast<std::size_t>(g.heads_kv), 0)};
   const std::span<const ExchangeLayout::Fetch> fetches(layout.fetches);
   for (const ExchangeLayout::Run& r : layout.runs) kv.run(r, fetches.subspan(r.first, r.last - r.first));
   return out;
