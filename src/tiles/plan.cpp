@@ -564,7 +564,7 @@ void merge_uses(ChunkUse* into, const ChunkUse* shard, std::size_t heads) {
 //     query row: a query reads no later key; Plan::Data::kv_span_end); when
 //     keys merge shards, the chunks that read each KV head.
 void record_entries(Plan::Data& d, const EntryIndex& entry, const ChunkUse* shard_uses, std::int32_t stride,
-                    bool key_is_shard, bool spans = true) {
+                    bool key_is_shard, bool spans = true, std::uint64_t* entry_shards = nullptr) {
   const bool prefix = d.config.kv_prefix && spans;
   if (prefix) {
     d.kv_span_end = RawArray<std::int64_t>(d.worker_group_ids.size());
@@ -580,8 +580,21 @@ void record_entries(Plan::Data& d, const EntryIndex& entry, const ChunkUse* shar
         span_end = std::max(span_end, frag.sample_start + frag.e);
       }
       if (key_is_shard) continue;
+      if (entry_shards != nullptr) entry_shards[at] |= std::uint64_t{1} << t.shard;
       const std::size_t first = d.kv_use_offsets[at];
       merge_uses(d.kv_uses.data() + first, su, d.kv_use_offsets[at + 1] - first);
+    }
+  }
+}
+
+// record_entries' K/V uses from the shards that read each entry
+// (entry_shards): the same unions, as merging is order-free.
+void merge_entry_uses(Plan::Data& d, const ChunkUse* shard_uses, std::int32_t stride) {
+  for (std::size_t at = 0; at < d.entry_shards.size(); ++at) {
+    const std::size_t first = d.kv_use_offsets[at], heads = d.kv_use_offsets[at + 1] - first;
+    for (std::uint64_t w = d.entry_shards[at]; w != 0; w &= w - 1) {
+      const auto s = static_cast<std::size_t>(std::countr_zero(w));
+      merge_uses(d.kv_uses.data() + first, shard_uses + s * static_cast<std::size_t>(stride), heads);
     }
   }
 }
@@ -631,7 +644,13 @@ Plan build_plan(std::span<const PackedSequence> pool, const PlanConfig& config, 
   const EntryIndex entries = read_group_lists(*d, held, need_entries);
   ShardUses shard_uses = shard_chunk_uses(g, config, shards, key_group);
   const ChunkUse* shard_table = store_kv_uses(*d, shard_uses, key_is_shard);
-  if (need_entries) record_entries(*d, entries, shard_table, shard_uses.stride, key_is_shard);
+  std::uint64_t* entry_shards = nullptr;
+  if (!key_is_shard && g.shards <= 64) {
+    d->entry_shards = RawArray<std::uint64_t>(d->worker_group_ids.size());
+    entry_shards = d->entry_shards.data();
+    std::fill_n(entry_shards, d->entry_shards.size(), std::uint64_t{0});
+  }
+  if (need_entries) record_entries(*d, entries, shard_table, shard_uses.stride, key_is_shard, true, entry_shards);
   // 8. The fingerprint and the exchange are derived from the plan on first
   //    use (Plan::fingerprint, derive_exchange).
   d->geometry = std::make_shared<const Geometry>(std::move(geo));
@@ -665,7 +684,10 @@ Plan rechunk_data(const Plan::Data& base, const PlanConfig& config) {
   const bool key_is_shard = !(g.dedup_per_kv_head && g.shards > g.heads_kv);
   ShardUses shard_uses = shard_chunk_uses(g, config, shards, key_group);
   const ChunkUse* shard_table = store_kv_uses(*d, shard_uses, key_is_shard);
-  if (!key_is_shard) {
+  if (!key_is_shard && base.entry_shards.size() == base.worker_group_ids.size()) {
+    d->entry_shards = base.entry_shards.share();
+    merge_entry_uses(*d, shard_table, shard_uses.stride);
+  } else if (!key_is_shard) {
     const HeldBits held = held_of(*d, g);
     record_entries(*d, index_of(*d, held), shard_table, shard_uses.stride, false, /*spans=*/false);
   }

@@ -97,6 +97,10 @@ struct Plan::Data {
   // With kv_prefix, per entry of worker_group_ids: the end of the causal
   // prefix the worker holds (Plan::kv_span); without, empty (the whole sample).
   detail::RawArray<std::int64_t> kv_span_end;
+  // Without kv_uses_by_key and with at most 64 shards, per entry of
+  // worker_group_ids: the shards whose tiles read it (bit s), so that a
+  // re-chunking merges their tables without walking the fragments again.
+  detail::RawArray<std::uint64_t> entry_shards;
   const ChunkUse* uses_of(std::size_t entry, std::int32_t key) const {
     return kv_uses_by_key ? kv_uses.data() + static_cast<std::size_t>(key) * static_cast<std::size_t>(kv_use_stride)
                           : kv_uses.data() + kv_use_offsets[entry];
