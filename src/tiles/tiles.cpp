@@ -1,6 +1,7 @@
 // SH-Tiles and their placement: configuration checks, pool geometry, and
 // the three placers (tap, ulysses, tap-split).
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cmath>
 #include <limits>
@@ -676,11 +677,19 @@ class Placer {
 // skipping a byte every key shares (a comparison sort mispredicts about
 // every other branch on these keys).
 void stable_radix_sort(std::vector<std::pair<std::uint64_t, std::int32_t>>& items) {
+  if (items.empty()) return;
+  // Every byte's histogram in one pass over the keys (a byte's counts do
+  // not change as the passes reorder the items).
+  // Counts fit 32 bits: check_totals bounds the tiles by 2^30.
+  std::array<std::array<std::uint32_t, 257>, 8> counts{};
+  for (const auto& x : items) {
+    for (int d = 0; d < 8; ++d) ++counts[static_cast<std::size_t>(d)][((x.first >> (8 * d)) & 0xff) + 1];
+  }
   std::vector<std::pair<std::uint64_t, std::int32_t>> scratch(items.size());
-  for (int shift = 0; shift < 64; shift += 8) {
-    std::size_t count[257] = {};
-    for (const auto& x : items) ++count[((x.first >> shift) & 0xff) + 1];
-    if (count[((items.empty() ? 0 : items[0].first >> shift) & 0xff) + 1] == items.size()) continue;
+  for (int d = 0; d < 8; ++d) {
+    const int shift = 8 * d;
+    std::array<std::uint32_t, 257>& count = counts[static_cast<std::size_t>(d)];
+    if (count[((items[0].first >> shift) & 0xff) + 1] == items.size()) continue;
     for (int b = 0; b < 256; ++b) count[b + 1] += count[b];
     for (const auto& x : items) scratch[count[(x.first >> shift) & 0xff]++] = x;
     items.swap(scratch);
