@@ -16,6 +16,19 @@ import triton.language as tl
 BLOCK = 1024
 
 
+@triton.jit
+def _run_at(cols, lo, runs, e):
+    """The last run in [lo, runs) whose first entry (cols[run]) is at most e; cols[lo] <= e."""
+    top = runs + 0
+    while top - lo > 1:
+        mid = (lo + top) // 2
+        if tl.load(cols + mid) <= e:
+            lo = mid
+        else:
+            top = mid
+    return lo
+
+
 # runs and n stay arguments (Triton would make a 1 a constant, and the loops below then constant).
 @triton.jit(do_not_specialize=["runs", "n"])
 def _expand_kernel(cols, runs, n, out, BLOCK: tl.constexpr):
@@ -24,22 +37,8 @@ def _expand_kernel(cols, runs, n, out, BLOCK: tl.constexpr):
     mask = offs < n
     e1 = tl.minimum(e0 + BLOCK, n) - 1
     # The runs lo and hi hold e0 and e1: first[lo] <= e0 < first[lo + 1] (first[runs] reads as n).
-    lo = runs * 0
-    top = runs + 0
-    while top - lo > 1:
-        mid = (lo + top) // 2
-        if tl.load(cols + mid) <= e0:
-            lo = mid
-        else:
-            top = mid
-    hi = lo + 0
-    top = runs + 0
-    while top - hi > 1:
-        mid = (hi + top) // 2
-        if tl.load(cols + mid) <= e1:
-            hi = mid
-        else:
-            top = mid
+    lo = _run_at(cols, runs * 0, runs, e0)
+    hi = _run_at(cols, lo, runs, e1)
     # Each entry's run in [lo, hi]: every interval [a, b) halves (or less) per step.
     a = tl.zeros([BLOCK], dtype=tl.int32) + lo
     b = tl.zeros([BLOCK], dtype=tl.int32) + hi + 1
