@@ -423,7 +423,8 @@ class TopoPlacer {
   // group each, so each group's bit is read before its moves and set after
   // them, and the moves happen in commit()'s order. A group r holds already
   // skips its runs; from a slot in one node every run's tier is the slot's.
-  void commit_tile(const PlacedRows& t, std::size_t block, int r, std::int64_t flops) {
+  // Returns whether any K/V moved.
+  bool commit_tile(const PlacedRows& t, std::size_t block, int r, std::int64_t flops) {
     loads_[static_cast<std::size_t>(r)] += flops;
     by_load_ready_ = false;  // re-sorted when least_score needs it
     const int base = t.slot * geo_.cp;
@@ -436,6 +437,7 @@ class TopoPlacer {
     const bool one_node = tiering_.one_node[static_cast<std::size_t>(t.slot)] != 0;
     const std::size_t tier = tiering_.slot_tier[static_cast<std::size_t>(t.slot) * static_cast<std::size_t>(W_) +
                                                 static_cast<std::size_t>(r)];
+    bool kv = false;
     for (std::int32_t k = blocks_.run_begin[block]; k < end; k = runs[k].next) {
       std::uint64_t& bits =
           committed_[static_cast<std::size_t>(runs[k].sample * geo_.keys_per_sample + key) * words_ + word];
@@ -443,6 +445,7 @@ class TopoPlacer {
       for (std::int32_t u = k; u < runs[k].next; ++u) {
         const int w = base + runs[u].rank;
         if (w == r) continue;
+        kv = true;
         const double b = static_cast<double>(vkv * runs[u].tokens);
         if (one_node) {
           send_[static_cast<std::size_t>(w)][tier] += b;
@@ -459,15 +462,19 @@ class TopoPlacer {
       move(home, r, vqo);
       move(r, home, vqo);
     }
+    return kv;
   }
 
-  // The slowest link among the workers commit_tile(t, .., r, ..) changed:
-  // r and the workers of t's slot (its sources and its home).
-  double touched_worst(const PlacedRows& t, int r) const {
-    double worst = time(send_[static_cast<std::size_t>(r)], recv_[static_cast<std::size_t>(r)]);
-    for (int w = t.slot * geo_.cp; w < (t.slot + 1) * geo_.cp; ++w) {
-      worst = std::max(worst, time(send_[static_cast<std::size_t>(w)], recv_[static_cast<std::size_t>(w)]));
-    }
+  // The slowest link among the workers commit_tile(t, block, r, ..)
+  // changed (0 if none): r and t's home, with `kv` (K/V moved) the workers
+  // of t's slot too.
+  double touched_worst(const PlacedRows& t, std::size_t block, int r, bool kv) const {
+    const int home = blocks_.home[block];
+    if (!kv && r == home) return 0;
+    auto at = [this](int w) { return time(send_[static_cast<std::size_t>(w)], recv_[static_cast<std::size_t>(w)]); };
+    double worst = std::max(at(r), at(home));
+    if (!kv) return worst;
+    for (int w = t.slot * geo_.cp; w < (t.slot + 1) * geo_.cp; ++w) worst = std::max(worst, at(w));
     return worst;
   }
 
@@ -738,8 +745,8 @@ class Candidates {
     while (tap.next(i, r)) {
       const auto k = static_cast<std::size_t>(i);
       c.rows[k].worker = r;
-      c.placer->commit_tile(base_[k], k / S_, r, flops_[k]);
-      if (c.placer->touched_worst(base_[k], r) > beat) return std::nullopt;
+      const bool kv = c.placer->commit_tile(base_[k], k / S_, r, flops_[k]);
+      if (c.placer->touched_worst(base_[k], k / S_, r, kv) > beat) return std::nullopt;
     }
     return c;
   }
