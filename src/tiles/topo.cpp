@@ -494,7 +494,11 @@ class TopoPlacer {
     }
     return {worst, sum};
   }
-  std::int64_t load_of(int r) const { return loads_[static_cast<std::size_t>(r)]; }
+  // The least-loaded worker, lowest id on ties: the first by (load, id).
+  int least_loaded() {
+    if (!by_load_ready_) sort_by_load();
+    return by_load_[0];
+  }
 
  private:
   // link() of x with b more bytes on tier k, for each k: only the terms
@@ -552,14 +556,6 @@ class TopoPlacer {
 
 namespace {
 
-int least_loaded(const TopoPlacer& placer, int workers) {
-  int r = 0;
-  for (int w = 1; w < workers; ++w) {
-    if (placer.load_of(w) < placer.load_of(r)) r = w;
-  }
-  return r;
-}
-
 // No worker has room for the rows. With few, heavy tiles per worker (large
 // blocks, few head shards) the greedy leaves the headroom in gaps just short
 // of the last tiles; falling back to TAP's overflow, or to TAP's placement,
@@ -576,7 +572,7 @@ std::int64_t split_off_suffix(const Geometry& geo, TopoPlacer& placer, std::size
   const std::int64_t half = std::max(f / 2, last);
   int to = placer.least_score(half);
   if (to < 0) {
-    to = least_loaded(placer, geo.workers);
+    to = placer.least_loaded();
     if (!placer.fits(to, last)) return 0;
   }
   // The least y in (begin, end) whose suffix [y, end) fits `to`: the suffix
@@ -621,7 +617,7 @@ void place_rest(const Geometry& geo, TopoPlacer& placer, std::span<const PlacedR
         }
       }
       // Not one row fits anywhere: the least-loaded worker, as TAP does.
-      if (r < 0) r = least_loaded(placer, geo.workers);
+      if (r < 0) r = placer.least_loaded();
       placer.commit(r, f);
       rows.worker = r;
       out[static_cast<std::size_t>(i)] = rows;
