@@ -424,13 +424,11 @@ void write_groups(Plan::Data& d, const Geometry& g, std::span<const KvGroup> key
   }
 }
 
-// 4. Compute lists (from the counts of the tile pass) and the imbalance.
+// 4. Compute list offsets (from the counts of the tile pass; the lists on
+//    first use: list_worker_tiles) and the imbalance.
 void write_compute_lists(Plan::Data& d) {
   const std::size_t W = d.worker_flops.size();
   for (std::size_t r = 0; r < W; ++r) d.worker_tile_offsets[r + 1] += d.worker_tile_offsets[r];
-  d.worker_tile_ids = RawArray<std::int32_t>(d.tiles.size());  // every tile's id once, below
-  std::vector<std::size_t> at(d.worker_tile_offsets.begin(), d.worker_tile_offsets.end() - 1);
-  for (const Tile& t : d.tiles) d.worker_tile_ids[at[static_cast<std::size_t>(t.worker)]++] = t.id;
   std::int64_t total_flops = 0, max_flops = 0;
   for (std::int64_t f : d.worker_flops) {
     total_flops += f;
@@ -555,15 +553,16 @@ void merge_uses(ChunkUse* into, const ChunkUse* shard, std::size_t heads) {
 
 // What tile t adds to the groups of its rows' run's fragments (the run's
 // first tile's, `f` one of them): the difference of the two shards' keys.
-std::int32_t key_shift(const Plan::Data& d, const Geometry& g, const Tile& t, const Fragment& f) {
-  return g.key_index(t.shard) - g.key_index(d.tiles[static_cast<std::size_t>(f.tile)].shard);
+std::int32_t key_shift(const Plan::Data& d, std::span<const ShardInfo> shards, const Tile& t, const Fragment& f) {
+  return shards[static_cast<std::size_t>(t.shard)].key -
+         shards[static_cast<std::size_t>(d.tiles[static_cast<std::size_t>(f.tile)].shard)].key;
 }
 
 // 5c. Per entry of worker_group_ids, from every fragment: with kv_prefix,
 //     the causal prefix of the sample the worker holds (up to its last
 //     query row: a query reads no later key; Plan::Data::kv_span_end); when
 //     keys merge shards, the chunks that read each KV head.
-void record_entries(Plan::Data& d, const Geometry& g, const EntryIndex& entry, const ChunkUse* shard_uses,
+void record_entries(Plan::Data& d, std::span<const ShardInfo> shards, const EntryIndex& entry, const ChunkUse* shard_uses,
                     std::int32_t stride, bool key_is_shard, bool spans = true, std::uint64_t* entry_shards = nullptr) {
   const bool prefix = d.config.kv_prefix && spans;
   if (prefix) {
@@ -574,7 +573,7 @@ void record_entries(Plan::Data& d, const Geometry& g, const EntryIndex& entry, c
     const std::int32_t n = t.fragment_end - t.fragment_begin;
     if (n == 0) return;
     const ChunkUse* su = shard_uses + static_cast<std::size_t>(t.shard) * static_cast<std::size_t>(stride);
-    const std::int32_t shift = key_shift(d, g, t, frags[0]);
+    const std::int32_t shift = key_shift(d, shards, t, frags[0]);
     for (std::int32_t k = 0; k < n; ++k) {
       const Fragment& frag = frags[k];
       const std::size_t at = entry(t.worker, frag.group + shift);
@@ -653,7 +652,7 @@ Plan build_plan(std::span<const PackedSequence> pool, const PlanConfig& config, 
     entry_shards = d->entry_shards.data();
     std::fill_n(entry_shards, d->entry_shards.size(), std::uint64_t{0});
   }
-  if (need_entries) record_entries(*d, g, entries, shard_table, shard_uses.stride, key_is_shard, true, entry_shards);
+  if (need_entries) record_entries(*d, shards, entries, shard_table, shard_uses.stride, key_is_shard, true, entry_shards);
   // 8. The fingerprint and the exchange are derived from the plan on first
   //    use (Plan::fingerprint, derive_exchange).
   d->geometry = std::make_shared<const Geometry>(std::move(geo));
@@ -676,7 +675,6 @@ Plan rechunk_data(const Plan::Data& base, const PlanConfig& config) {
   d->row_fragments = base.row_fragments.share();
   d->groups = base.groups.share();
   d->worker_tile_offsets = base.worker_tile_offsets;
-  d->worker_tile_ids = base.worker_tile_ids.share();
   d->worker_group_offsets = base.worker_group_offsets;
   d->worker_group_ids = base.worker_group_ids.share();
   d->kv_span_end = base.kv_span_end.share();
@@ -692,7 +690,7 @@ Plan rechunk_data(const Plan::Data& base, const PlanConfig& config) {
     merge_entry_uses(*d, shard_table, shard_uses.stride);
   } else if (!key_is_shard) {
     const HeldBits held = held_of(*d, g);
-    record_entries(*d, g, index_of(*d, held), shard_table, shard_uses.stride, false, /*spans=*/false);
+    record_entries(*d, shards, index_of(*d, held), shard_table, shard_uses.stride, false, /*spans=*/false);
   }
   d->geometry = base.geometry;
   return Plan(std::move(d));
@@ -983,13 +981,20 @@ void find_busiest(const Plan::Data& d) {
 
 }  // namespace
 
+void list_worker_tiles(const Plan::Data& d) {
+  RawArray<std::int32_t> ids(d.tiles.size());  // every tile's id once, below
+  std::vector<std::size_t> at(d.worker_tile_offsets.begin(), d.worker_tile_offsets.end() - 1);
+  for (const Tile& t : d.tiles) ids[at[static_cast<std::size_t>(t.worker)]++] = t.id;
+  d.worker_tile_ids = std::move(ids);
+}
+
 void spell_fragments(const Plan::Data& d) {
-  const Geometry& g = *d.geometry;
+  const std::vector<ShardInfo> shards = shard_infos(*d.geometry);
   RawArray<Fragment> out(d.tiles.size() > 0 ? static_cast<std::size_t>(d.tiles[d.tiles.size() - 1].fragment_end) : 0);
   for_each_tile_fragments(d, [&](const Tile& t, const Fragment* frags) {
     const std::int32_t n = t.fragment_end - t.fragment_begin;
     if (n == 0) return;
-    const std::int32_t shift = key_shift(d, g, t, frags[0]);
+    const std::int32_t shift = key_shift(d, shards, t, frags[0]);
     for (std::int32_t k = 0; k < n; ++k) {
       Fragment f = frags[k];
       f.tile = t.id;
@@ -1331,8 +1336,10 @@ std::span<const Fragment> Plan::fragments() const {
 std::span<const KvGroup> Plan::groups() const { return {d_->groups.data(), d_->groups.size()}; }
 
 std::span<const std::int32_t> Plan::worker_tiles(int r) const {
-  const auto& o = d_->worker_tile_offsets;
-  return std::span<const std::int32_t>(d_->worker_tile_ids).subspan(o[r], o[r + 1] - o[r]);
+  const Data& d = *d_;
+  std::call_once(d.worker_tiles_once, [&d] { detail::list_worker_tiles(d); });
+  const auto& o = d.worker_tile_offsets;
+  return std::span<const std::int32_t>(d.worker_tile_ids).subspan(o[r], o[r + 1] - o[r]);
 }
 std::span<const std::int32_t> Plan::worker_groups(int r) const {
   const auto& o = d_->worker_group_offsets;

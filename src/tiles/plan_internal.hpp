@@ -90,7 +90,10 @@ struct Plan::Data {
   mutable detail::RawArray<Fragment> fragments;
   detail::RawArray<KvGroup> groups;
   std::vector<std::size_t> worker_tile_offsets;  // W + 1
-  detail::RawArray<std::int32_t> worker_tile_ids;
+  // Listed on first use (Plan::worker_tiles: detail::list_worker_tiles,
+  // under worker_tiles_once): the simulator reads none of them.
+  mutable std::once_flag worker_tiles_once;
+  mutable detail::RawArray<std::int32_t> worker_tile_ids;
   std::vector<std::size_t> worker_group_offsets;  // W + 1
   detail::RawArray<std::int32_t> worker_group_ids;
   // The chunks that read each KV head of each entry of worker_group_ids
@@ -321,6 +324,9 @@ void for_each_tile_fragments(const Plan::Data& d, Visit&& visit) {
     prev = &t;
   }
 }
+// Fills Plan::Data::worker_tile_ids from the tiles and the offsets;
+// Plan::worker_tiles calls it once (Plan::Data::worker_tiles_once).
+void list_worker_tiles(const Plan::Data& d);
 // Fills Plan::Data::fragments from the row runs; Plan::fragments calls it
 // once (Plan::Data::fragments_once).
 void spell_fragments(const Plan::Data& d);
