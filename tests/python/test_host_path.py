@@ -342,3 +342,38 @@ def test_the_varlen_backward_from_saved_output_and_lse_matches_plain_attention()
         for name, (dtype, errs, padded) in r.items():
             assert max(errs.values()) < TOL[dtype], (name, errs)
             assert padded, name
+
+
+def test_the_construction_agreement_checks_every_rank_s_words():
+    """PlanRuntime's checks on the gathered words (runtime._check_agreed: numpy where the ranks agree)
+    raise the lines the per-rank Python checks raised, in their order; and the binding's agreement
+    hands an array gather back as an array, the same words as a list gather."""
+    from libra.torch import runtime  # noqa: PLC0415
+
+    def words(fps, workers, nw=3, relay=0):
+        return np.array([[fp >> 32, fp & 0xFFFFFFFF, w, nw, relay] for fp, w in zip(fps, workers)], dtype=np.int64)
+
+    def line(e, size=3):
+        try:
+            runtime._check_agreed(e, e[:, 2].tolist(), size)
+        except ValueError as err:
+            return str(err)
+        return None
+
+    fp, other = 0xDEADBEEF12345678, 0x0123456789ABCDEF
+    assert line(words([fp] * 3, [2, 0, 1])) is None
+    assert line(words([fp] * 3, [0, 1, 2], nw=4)) == "PlanRuntime: the group has 3 ranks but the plan has 4 workers"
+    assert line(words([fp, other, fp], [0, 1, 2])) == (f"plan fingerprint mismatch across the pool group: group ranks "
+                                                       f"[1] hold {other:016x}; group ranks [0, 2] hold {fp:016x}")
+    mixed = words([fp] * 3, [0, 1, 2])
+    mixed[1, 4] = 1
+    assert line(mixed) == ("PlanRuntime: relay differs across the pool group (group ranks [0, 2] pass relay=False; "
+                           "group ranks [1] pass relay=True): every rank must pass the same value")
+    for bad in ([0, 0, 1], [0, 1, 3], [-1, 1, 2]):
+        assert line(words([fp] * 3, bad)) == (f"PlanRuntime: the group's worker indices {bad} are not a permutation "
+                                              f"of 0..2")
+    rows = [[5, 6, 0], [7, 8, 0]]
+    as_list = _libra.agree([1, 2], b"", lambda mine: rows, print)
+    as_array = _libra.agree([1, 2], b"", lambda mine: np.array(rows, dtype=np.int64), print)
+    assert as_list[0] == [[5, 6], [7, 8]] and as_list[1:] == as_array[1:]
+    assert isinstance(as_array[0], np.ndarray) and as_array[0].tolist() == as_list[0]

@@ -47,6 +47,7 @@ class _Op:
         self.joined = [False] * n
         self.count = 0  # ranks joined
         self.done = 0  # ranks that took their part
+        self.shared = None  # what every rank's part is made from, made once (all_gather_into's stack)
 
 
 class Group:
@@ -188,10 +189,20 @@ class InProcess(Communicator):
         return _post(group or _ctx().world, inp, take)
 
     def all_gather_into(self, out, inp, group):
-        def take(payloads):
-            torch.stack(payloads, out=out)
+        box = []  # the op's _Op, known once posted
 
-        return _post(group or _ctx().world, inp, take)
+        def take(payloads):
+            # One stack per collective, shared by its ranks (each then copies it: one small op, where a
+            # stack per rank reads every rank's tensor again).
+            op = box[0]
+            stacked = op.shared
+            if stacked is None:
+                stacked = op.shared = torch.stack(payloads)
+            out.copy_(stacked)
+
+        work = _post(group or _ctx().world, inp, take)
+        box.append(work.op)
+        return work
 
     def set_timeout(self, group, seconds):
         group.timeout = float(seconds)
