@@ -347,14 +347,24 @@ std::shared_ptr<IndexArrays> build(const ProgramHandle& h) {
   return ix;
 }
 
-py::tuple group_py(const GroupRec& g) {
-  return py::make_tuple(libra::field_name(static_cast<libra::Field>(g.field)), g.src, g.dst, g.add, g.cls, g.s_off,
-                        g.d_off, g.n, g.identity, g.s_cut, g.d_cut);
+// The fields' names as Python strings, made once per layout (a group's tuple takes its field's, not a
+// string of its own).
+using FieldNames = std::array<py::str, libra::kNumFields>;
+
+FieldNames field_names() {
+  FieldNames names;
+  for (int f = 0; f < libra::kNumFields; ++f) names[static_cast<std::size_t>(f)] = py::str(libra::field_name(static_cast<libra::Field>(f)));
+  return names;
 }
 
-py::list groups_py(const std::vector<GroupRec>& gs) {
-  py::list l;
-  for (const GroupRec& g : gs) l.append(group_py(g));
+py::tuple group_py(const GroupRec& g, const FieldNames& names) {
+  return py::make_tuple(names[static_cast<std::size_t>(g.field)], g.src, g.dst, g.add, g.cls, g.s_off, g.d_off, g.n,
+                        g.identity, g.s_cut, g.d_cut);
+}
+
+py::list groups_py(const std::vector<GroupRec>& gs, const FieldNames& names) {
+  py::list l(gs.size());
+  for (std::size_t i = 0; i < gs.size(); ++i) l[i] = group_py(gs[i], names);
   return l;
 }
 
@@ -374,13 +384,13 @@ py::list counts_py(const std::array<std::vector<I64>, libra::kNumWireClasses>& v
   return out;
 }
 
-py::dict exchange_py(const ExchangeRec& x, py::object& zeros) {
+py::dict exchange_py(const ExchangeRec& x, py::object& zeros, const FieldNames& names) {
   py::dict d;
   d["send"] = counts_py(x.send, zeros);
   d["recv"] = counts_py(x.recv, zeros);
-  d["gather"] = groups_py(x.gather);
-  d["local"] = groups_py(x.local);
-  d["scatter"] = groups_py(x.scatter);
+  d["gather"] = groups_py(x.gather, names);
+  d["local"] = groups_py(x.local, names);
+  d["scatter"] = groups_py(x.scatter, names);
   return d;
 }
 
@@ -451,7 +461,7 @@ std::shared_ptr<const IndexArrays> index_arrays(ProgramHandle& h) {
   return h.index;
 }
 
-py::tuple index_arrays_py(std::shared_ptr<const IndexArrays> ix) {
+py::tuple index_arrays_py(std::shared_ptr<const IndexArrays> ix, unsigned kinds) {
   // The arrays share ix's memory (the capsule keeps ix alive). Writable only so that torch.from_numpy
   // takes them without a warning: nothing writes them.
   auto* keep = new std::shared_ptr<const IndexArrays>(ix);
@@ -462,35 +472,43 @@ py::tuple index_arrays_py(std::shared_ptr<const IndexArrays> ix) {
   py::array_t<std::int32_t> data({static_cast<py::ssize_t>(ix->data.size())}, {static_cast<py::ssize_t>(4)},
                                  const_cast<std::int32_t*>(ix->data.data()), owner);
   py::dict layout;
-  static const char* kinds[3] = {"in", "out", "stage"};
+  static const char* kinds_of[3] = {"in", "out", "stage"};
+  const FieldNames names = field_names();
   py::object zeros = py::none();
   py::list passes;
   for (int p = 0; p < 2; ++p) {
     py::dict per;
     for (int k = 0; k < 3; ++k) {
       py::list chunks;
-      for (const ExchangeRec& x : ix->exchanges[p][k]) chunks.append(exchange_py(x, zeros));
-      per[kinds[k]] = chunks;
+      for (const ExchangeRec& x : ix->exchanges[p][k]) chunks.append(exchange_py(x, zeros, names));
+      per[kinds_of[k]] = chunks;
     }
-    per["apply"] = groups_py(ix->apply[p]);
-    py::list varlen, joined, desc;
-    for (std::size_t m = 0; m < ix->varlen[p].size(); ++m) {
-      // A backward chunk with forward's calls gets forward's very records (one Pair each on the device).
-      if (p == 1 && ix->shared[m]) {
-        varlen.append(passes[0]["varlen"][py::int_(m)]);
-        joined.append(passes[0]["joined"][py::int_(m)]);
-        continue;
+    per["apply"] = groups_py(ix->apply[p], names);
+    // The merged calls' records a kind of backend reads (kinds' bits: varlen, joined, descriptors);
+    // the others are left out (index.py asks for them if it ever reads them).
+    const std::array<std::pair<const char*, const std::vector<std::vector<PairRec>>*>, 2> pair_kinds{
+        {{"varlen", &ix->varlen[p]}, {"joined", &ix->joined[p]}}};
+    for (std::size_t k = 0; k < pair_kinds.size(); ++k) {
+      if (!(kinds & (1U << k))) continue;
+      const auto& [name, recs] = pair_kinds[k];
+      py::list chunks;
+      for (std::size_t m = 0; m < recs->size(); ++m) {
+        // A backward chunk with forward's calls gets forward's very records (one Pair each on the device).
+        if (p == 1 && ix->shared[m]) {
+          chunks.append(passes[0][name][py::int_(m)]);
+          continue;
+        }
+        py::list pairs;
+        for (const PairRec& r : (*recs)[m]) pairs.append(pair_py(r));
+        chunks.append(pairs);
       }
-      py::list pairs, joins;
-      for (const PairRec& r : ix->varlen[p][m]) pairs.append(pair_py(r));
-      for (const PairRec& r : ix->joined[p][m]) joins.append(pair_py(r));
-      varlen.append(pairs);
-      joined.append(joins);
+      per[name] = chunks;
     }
-    for (const DescRec& d : ix->descriptors[p]) desc.append(py::make_tuple(d.table_off, d.rows, d.bounds_off));
-    per["varlen"] = varlen;
-    per["joined"] = joined;
-    per["descriptors"] = desc;
+    if (kinds & 4U) {
+      py::list desc;
+      for (const DescRec& d : ix->descriptors[p]) desc.append(py::make_tuple(d.table_off, d.rows, d.bounds_off));
+      per["descriptors"] = desc;
+    }
     passes.append(per);
   }
   layout["passes"] = passes;

@@ -168,8 +168,10 @@ class PlanRuntime:
         records ``backend`` reads made at once (every kind when None; others when first read)."""
         device = torch.device(device)
         if device not in self._on:
-            host, self._index_layout = host_arrays(self.program)
-            self._on[device], self._index_on[device] = to_device(host, self._index_layout, device, _kinds(backend))
+            kinds = _kinds(backend)
+            host, self._index_layout = host_arrays(self.program, kinds)
+            self._on[device], self._index_on[device] = to_device(host, self._index_layout, device, kinds,
+                                                                 self.program)
         return self._on[device]
 
     def index_bytes(self, device):
@@ -234,7 +236,8 @@ def register(runtime):
     """Gives ``runtime`` its handle, a 0-dim int64 CPU tensor (PlanRuntime's constructor calls this)."""
     n = next(_NEXT)
     _RUNTIMES[n] = runtime
-    return torch.tensor(n, dtype=torch.int64)
+    # From numpy: the same 0-dim int64 CPU tensor as torch.tensor(n), a fraction of its host time.
+    return torch.from_numpy(np.array(n, dtype=np.int64))
 
 
 def runtime_of(handle):
@@ -350,9 +353,10 @@ def _agree(comm, group, words, problem, timeout, what, native=False, array=False
     size = comm.size(group)
 
     def gather(mine):
-        # Into the rows of one tensor: one allocation, not one per rank.
-        everyone = mine.new_zeros((size, *mine.shape))
-        _Timed(comm, group, comm.all_gather_into(everyone, mine, group), _next_seq(group), timeout, what,
+        # numpy arrays (the communicator's all_gather_array): one allocation, and no torch op where the
+        # communicator moves them as they are (the in-process one).
+        everyone = np.zeros((size, *mine.shape), dtype=mine.dtype)
+        _Timed(comm, group, comm.all_gather_array(everyone, mine, group), _next_seq(group), timeout, what,
                native).wait()
         return everyone
 
@@ -360,16 +364,15 @@ def _agree(comm, group, words, problem, timeout, what, native=False, array=False
 
     def gather_words(mine):
         # An array goes to the binding as it is (no Python int per word); lists where the caller wants them.
-        got = gather(torch.tensor(mine, dtype=torch.int64)).numpy()
+        got = gather(np.array(mine, dtype=np.int64))
         lengths[:] = got[:, -1].tolist()
         return got if array else got.tolist()
 
     def gather_bytes(mine):
         # all_gather moves equal sizes: padded to the longest, whose length came with the words.
-        buf = torch.zeros(max(lengths), dtype=torch.uint8)
-        if mine:
-            buf[:len(mine)] = torch.frombuffer(bytearray(mine), dtype=torch.uint8)
-        return [bytes(t[:n].tolist()) for t, n in zip(gather(buf), lengths)]
+        buf = np.zeros(max(lengths), dtype=np.uint8)
+        buf[:len(mine)] = np.frombuffer(mine, dtype=np.uint8)
+        return [t[:n].tobytes() for t, n in zip(gather(buf), lengths)]
 
     msg = b"" if problem is None else str(problem).encode("utf-8", "replace")
     everyone, problems, failed = _libra.agree([int(w) for w in words], msg, gather_words, gather_bytes)
