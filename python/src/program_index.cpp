@@ -11,9 +11,12 @@
 #include <cstring>
 #include <ctime>
 #include <limits>
+#include <map>
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <tuple>
+#include <unordered_map>
 
 namespace libra_py {
 
@@ -51,6 +54,33 @@ struct Builder {
     if (ix.rows == at) return -1;
     ix.cuts.push_back(at);
     return static_cast<I64>(ix.cuts.size()) - 1;
+  }
+
+  // Group sides already cut, by their runs' (count, base, len, stride): a group side whose runs equal
+  // an earlier one's takes that side's cut and rows instead of its own (K's and V's groups move the
+  // same positions, O's and LSE's too; at 1M two sides in three repeat one). Merged calls' sides are
+  // not shared: consecutive pairs' rows must stay contiguous (a joined call spans them).
+  std::unordered_map<std::string, std::pair<I64, I64>> seen;  // runs -> (cut, its first entry)
+
+  // A group's side, the runs from index `from` on (its rows from entry `at`) complete: (its cut,
+  // its first entry), an earlier identical side's (the runs just added dropped) or a new cut's;
+  // (-1, at) where it has no entries.
+  std::pair<I64, I64> group_side(std::size_t from, I64 at) {
+    if (ix.rows == at) return {-1, at};
+    std::string key;
+    key.reserve((runs.size() - from) * 4 * sizeof(I32));
+    for (std::size_t i = from; i < runs.size(); ++i) {
+      const std::array<I32, 4> r{runs[i].count, runs[i].base, runs[i].len, runs[i].stride};
+      key.append(reinterpret_cast<const char*>(r.data()), sizeof(r));
+    }
+    auto [it, fresh] = seen.try_emplace(std::move(key), static_cast<I64>(ix.cuts.size()), at);
+    if (fresh) {
+      ix.cuts.push_back(at);
+    } else {
+      runs.resize(from);
+      ix.rows = at;
+    }
+    return it->second;
   }
 
   // n entries at the end of data; returns their offset (data may move: write through data after).
@@ -119,7 +149,7 @@ struct Builder {
     for (std::size_t g = 0; g < out.size(); ++g) {
       GroupRec& r = out[g];
       std::size_t from = runs.size();
-      r.s_off = ix.rows;
+      I64 at = ix.rows;
       for (std::size_t i : members[g]) {
         const libra::Move& m = moves[i];
         I64 shift = 0;
@@ -129,16 +159,17 @@ struct Builder {
         }
         run(shift + m.src_offset, m.rows, m.run, m.src_stride);
       }
-      r.s_cut = side(r.s_off);
       const bool s_iota = iota(from);
+      std::tie(r.s_cut, r.s_off) = group_side(from, at);
       from = runs.size();
-      r.d_off = ix.rows;
+      at = ix.rows;
       for (std::size_t i : members[g]) {
         const libra::Move& m = moves[i];
         run(m.dst_offset, m.rows, m.run, m.dst_stride);
       }
-      r.d_cut = side(r.d_off);
-      r.identity = (s_iota ? 1 : 0) | (iota(from) ? 2 : 0);
+      const bool d_iota = iota(from);
+      std::tie(r.d_cut, r.d_off) = group_side(from, at);
+      r.identity = (s_iota ? 1 : 0) | (d_iota ? 2 : 0);
     }
     return out;
   }
@@ -320,7 +351,7 @@ bool same_calls(const libra::RankSchedule& s, std::span<const libra::KernelCall>
 std::shared_ptr<IndexArrays> build(const ProgramHandle& h) {
   const double t0 = thread_seconds();
   auto ix = std::make_shared<IndexArrays>();
-  Builder b{*ix, h.schedule.home_vectors(libra::Field::kQ), h.schedule.home_vectors(libra::Field::kK), {}};
+  Builder b{*ix, h.schedule.home_vectors(libra::Field::kQ), h.schedule.home_vectors(libra::Field::kK), {}, {}};
   const libra::RankSchedule& s = h.schedule;
   for (int p = 0; p < 2; ++p) {
     const libra::PassProgram& pp = h.program.pass(static_cast<libra::Pass>(p));
@@ -369,25 +400,25 @@ py::list groups_py(const std::vector<GroupRec>& gs, const FieldNames& names) {
 }
 
 // Per class the vectors sent to (received from) each peer. Most classes of most exchanges move
-// nothing: those share one list of zeros (`zeros`, made on first use), a fraction of the Python
-// objects one list each takes (nothing writes them).
-py::list counts_py(const std::array<std::vector<I64>, libra::kNumWireClasses>& v, py::object& zeros) {
-  py::list out;
-  for (const std::vector<I64>& c : v) {
-    if (std::any_of(c.begin(), c.end(), [](I64 n) { return n != 0; })) {
-      out.append(py::cast(c));
-      continue;
-    }
-    if (zeros.is_none() || py::len(zeros) != c.size()) zeros = py::cast(c);
-    out.append(zeros);
+// nothing, and classes of one exchange often move the same counts (O's and LSE's): equal lists are one
+// list (`made`, by value: at 1M 49 lists of 64 ints are 9), a fraction of the Python objects one list
+// each takes (nothing writes them).
+using CountLists = std::map<std::vector<I64>, py::list>;
+
+py::list counts_py(const std::array<std::vector<I64>, libra::kNumWireClasses>& v, CountLists& made) {
+  py::list out(v.size());
+  for (std::size_t c = 0; c < v.size(); ++c) {
+    auto it = made.find(v[c]);
+    if (it == made.end()) it = made.emplace(v[c], py::cast(v[c])).first;
+    out[c] = it->second;
   }
   return out;
 }
 
-py::dict exchange_py(const ExchangeRec& x, py::object& zeros, const FieldNames& names) {
+py::dict exchange_py(const ExchangeRec& x, CountLists& made, const FieldNames& names) {
   py::dict d;
-  d["send"] = counts_py(x.send, zeros);
-  d["recv"] = counts_py(x.recv, zeros);
+  d["send"] = counts_py(x.send, made);
+  d["recv"] = counts_py(x.recv, made);
   d["gather"] = groups_py(x.gather, names);
   d["local"] = groups_py(x.local, names);
   d["scatter"] = groups_py(x.scatter, names);
@@ -474,13 +505,13 @@ py::tuple index_arrays_py(std::shared_ptr<const IndexArrays> ix, unsigned kinds)
   py::dict layout;
   static const char* kinds_of[3] = {"in", "out", "stage"};
   const FieldNames names = field_names();
-  py::object zeros = py::none();
+  CountLists made;
   py::list passes;
   for (int p = 0; p < 2; ++p) {
     py::dict per;
     for (int k = 0; k < 3; ++k) {
       py::list chunks;
-      for (const ExchangeRec& x : ix->exchanges[p][k]) chunks.append(exchange_py(x, zeros, names));
+      for (const ExchangeRec& x : ix->exchanges[p][k]) chunks.append(exchange_py(x, made, names));
       per[kinds_of[k]] = chunks;
     }
     per["apply"] = groups_py(ix->apply[p], names);

@@ -231,7 +231,15 @@ def _meta_body(rank, world, pool, kw, relay):
     lt.attention(q, k, v, rt).backward(do)  # the first call copies the index arrays to the device
     fwd, bwd = call_ops(rt, q, k, v, do)
     frags = sum(len(f) for per in rt.schedule["calls"] for chunk in per for _qp, _kp, f, _h, _k in chunk)
-    return fwd, bwd, frags, len(plan.tiles["worker"])
+    # A backward chunk with forward's calls (the binding gave it forward's records) has forward's very
+    # Pairs on the device, whichever kind (made now or when first read, as here).
+    on, lay, shared = rt.on(q.device), rt._index_layout["passes"], 0
+    for kind in ("joined", "varlen"):
+        for m, chunk in enumerate(lay[1].get(kind, ())):
+            if chunk is lay[0][kind][m]:
+                shared += 1
+                assert all(a is b for a, b in zip(on[1][kind][m], on[0][kind][m], strict=True)), (kind, m)
+    return fwd, bwd, frags, len(plan.tiles["worker"]), shared
 
 
 def _meta_pool(pool, kw, relay=False):
@@ -260,6 +268,7 @@ def test_passes_on_meta_tensors_do_not_sync_and_their_ops_do_not_grow_with_the_t
     for i in (0, 1):  # forward, backward: the busiest worker's ops (a merged call more or less: 12 ops)
         assert max(r[i] for r in fine) <= max(r[i] for r in coarse) + 12, (i, coarse, fine)
     assert all(r[0] > 0 and r[1] > 0 for r in relayed)
+    assert sum(r[4] for r in coarse + fine + relayed) > 0  # some chunk's Pairs were shared
 
 
 # ---------------------------------------------------------------- backward from the saved O and LSE
