@@ -120,10 +120,23 @@ RelayTable relays_of(const ExchangeSums& sums, const PlanTopology& topology);
 // With `relays`, as a relayed schedule sends (ScheduleOptions::relay).
 PlanCost cost_plan(const Ctx& ctx, const Plan& plan, std::span<const std::int64_t> gpus,
                    const RelayTable* relays = nullptr);
-// `compute`: a price of the same plan whose compute times are taken as they
-// are (they do not depend on the relays), instead of timing every tile again.
+// What a price may take from prices already made instead of computing it
+// again; each part is what it would compute, bit for bit.
+//   PriceReuse r{.direct = &unrelayed};   // a relayed price of the same plan
+struct PriceReuse {
+  // The same plan's unrelayed price: its compute and return times and its
+  // byte totals (relays reroute only the inputs).
+  const PlanCost* direct = nullptr;
+  // A price of the same tiles at another chunking (rechunk_plan): its
+  // whole-step compute times (a tile at full width ignores the chunks).
+  const PlanCost* same_tiles = nullptr;
+  // false: a chunked price (M > 1) leaves the whole-step exchange unpriced
+  // (disp_fwd, ret_fwd, disp_bwd, ret_bwd empty), for a price only timed
+  // pipelined (time_plan and decompose then read its chunks alone).
+  bool whole_step = true;
+};
 PlanCost cost_plan(const Ctx& ctx, const Plan& plan, const ExchangeSums& sums, std::span<const std::int64_t> gpus,
-                   const RelayTable* relays = nullptr, const PlanCost* compute = nullptr);
+                   const RelayTable* relays = nullptr, const PriceReuse& reuse = {});
 
 // Runs a planner call, counting its thread CPU time under `kind`.
 template <class F>

@@ -170,15 +170,18 @@ namespace {
 
 // A plan's phase bytes over the pairs that can carry any (src * W + dst,
 // increasing): per phase and slice (chunk m; M: the whole step), the bytes
-// of each pair, as phase_bytes' dense matrices hold them there.
+// of each pair, as phase_bytes' dense matrices hold them there. Only the
+// phases and slices the price reads are kept: the stage phases with relays,
+// the return phases unless taken from the direct price, the whole step
+// unless left unpriced.
 struct SparsePhases {
   enum Phase : std::size_t { kFwdIn, kFwdOut, kBwdIn, kBwdOut, kFwdStage, kBwdStage, kPhases };
   std::vector<std::uint32_t> pairs;
-  std::size_t slices = 1;
-  std::size_t phases = kPhases;  // the stage phases only with relays
-  std::vector<std::int64_t> bytes;  // [phase][slice][pair]
+  std::size_t slices = 1;  // kept: M (+ 1 with the whole step)
+  std::array<std::size_t, kPhases> slot{};  // where each kept phase's slices start
+  std::vector<std::int64_t> bytes;  // [slot][slice][pair]
   std::int64_t* at(std::size_t phase, std::size_t slice) {
-    return bytes.data() + (phase * slices + slice) * pairs.size();
+    return bytes.data() + (slot[phase] * slices + slice) * pairs.size();
   }
 };
 
@@ -227,14 +230,20 @@ PhasePairs phase_pairs(const ExchangeSums& x, std::span<const std::int32_t> vias
   return out;
 }
 
+// Which of a price's phases are priced here (the rest are taken or unread).
+struct PhaseSet {
+  bool rets = true;   // the return phases
+  bool whole = true;  // the whole step's slice (M > 1)
+};
+
 // phase_bytes over the pairs the sums touch and, with relays, the pairs
 // the relays send through.
-SparsePhases sparse_phases(const ExchangeSums& x, const RelayTable* relays) {
+SparsePhases sparse_phases(const ExchangeSums& x, const RelayTable* relays, PhaseSet set) {
   const std::size_t W = static_cast<std::size_t>(x.workers);
   const auto M = static_cast<std::size_t>(x.chunks);
   const std::int64_t d = x.head_dim, qo = x.head_dim * x.elem_bytes;
   SparsePhases out;
-  out.slices = M > 1 ? M + 1 : 1;
+  out.slices = M > 1 && set.whole ? M + 1 : M;
   const std::vector<std::int32_t> vias = relays != nullptr ? relays->vias(x.pairs) : std::vector<std::int32_t>{};
   PhasePairs pp = phase_pairs(x, vias);
   out.pairs = std::move(pp.pairs);
@@ -242,16 +251,23 @@ SparsePhases sparse_phases(const ExchangeSums& x, const RelayTable* relays) {
     return static_cast<std::size_t>(std::lower_bound(out.pairs.begin(), out.pairs.end(), pair) - out.pairs.begin());
   };
   const std::size_t n = out.pairs.size(), direct = x.pairs.size();
-  out.phases = relays != nullptr ? SparsePhases::kPhases : SparsePhases::kFwdStage;
-  out.bytes.assign(out.phases * out.slices * n, 0);
+  std::size_t kept = 0;
+  using P = SparsePhases;
+  for (std::size_t p = 0; p < P::kPhases; ++p) {
+    const bool ret = p == P::kFwdOut || p == P::kBwdOut, stage = p == P::kFwdStage || p == P::kBwdStage;
+    if ((ret && !set.rets) || (stage && relays == nullptr)) continue;
+    out.slot[p] = kept++;
+  }
+  out.bytes.assign(kept * out.slices * n, 0);
   for (std::size_t m = 0; m < M; ++m) {
     const std::int64_t* q = x.qo_row_heads.data() + m * direct;
     const std::int64_t* kv = x.kv_token_heads.data() + m * direct;
     const std::int64_t* dkv = x.dkv_rows.data() + m * direct;
-    std::int64_t *fin = out.at(SparsePhases::kFwdIn, m), *fout = out.at(SparsePhases::kFwdOut, m);
-    std::int64_t *bin = out.at(SparsePhases::kBwdIn, m), *bout = out.at(SparsePhases::kBwdOut, m);
-    std::int64_t* sf = relays != nullptr ? out.at(SparsePhases::kFwdStage, m) : nullptr;
-    std::int64_t* sb = relays != nullptr ? out.at(SparsePhases::kBwdStage, m) : nullptr;
+    std::int64_t *fin = out.at(P::kFwdIn, m), *bin = out.at(P::kBwdIn, m);
+    std::int64_t* fout = set.rets ? out.at(P::kFwdOut, m) : nullptr;
+    std::int64_t* bout = set.rets ? out.at(P::kBwdOut, m) : nullptr;
+    std::int64_t* sf = relays != nullptr ? out.at(P::kFwdStage, m) : nullptr;
+    std::int64_t* sb = relays != nullptr ? out.at(P::kBwdStage, m) : nullptr;
     for (std::size_t k = 0; k < direct; ++k) {
       const std::size_t s = x.src[k], t = x.dst[k], ts = x.reverse[k];
       // As phase_bytes: in Q (+ dO, O, LSE) + K/V, out O + LSE (dQ + dK/dV).
@@ -259,8 +275,10 @@ SparsePhases sparse_phases(const ExchangeSums& x, const RelayTable* relays) {
       const std::int64_t f = qo * q[k] + kv_bytes;
       const std::int64_t b = 3 * qo * q[k] + 4 * q[k] + kv_bytes;
       const std::size_t j = relays != nullptr ? pp.at[k] : k;
-      fout[j] = qo * q[ts] + 4 * q[ts];
-      bout[j] = d * 4 * q[ts] + 2 * d * 4 * dkv[k];
+      if (set.rets) {
+        fout[j] = qo * q[ts] + 4 * q[ts];
+        bout[j] = d * 4 * q[ts] + 2 * d * 4 * dkv[k];
+      }
       const std::size_t via = relays != nullptr ? static_cast<std::size_t>(vias[m * direct + k]) : s;
       if (via == s) {
         fin[j] += f;
@@ -274,8 +292,10 @@ SparsePhases sparse_phases(const ExchangeSums& x, const RelayTable* relays) {
       sb[stage_at] += b;
     }
   }
-  if (out.slices > 1) {
-    for (std::size_t p = 0; p < out.phases; ++p) {
+  if (out.slices > M) {
+    for (std::size_t p = 0; p < P::kPhases; ++p) {
+      const bool ret = p == P::kFwdOut || p == P::kBwdOut, stage = p == P::kFwdStage || p == P::kBwdStage;
+      if ((ret && !set.rets) || (stage && relays == nullptr)) continue;
       std::int64_t* whole = out.at(p, M);
       for (std::size_t m = 0; m < M; ++m) {
         const std::int64_t* part = out.at(p, m);
@@ -286,9 +306,15 @@ SparsePhases sparse_phases(const ExchangeSums& x, const RelayTable* relays) {
   return out;
 }
 
-// The phases' all-to-all times (relayed: each dispatch after its stage).
-void price_phases(PlanCost& c, const ExchangeSums& x, const RelayTable* relays, AlltoallPricer& pricer) {
-  SparsePhases ph = sparse_phases(x, relays);
+// The phases' all-to-all times (relayed: each dispatch after its stage);
+// the return times are `direct`'s where given (the same plan unrelayed),
+// and the whole step only with set.whole.
+void price_phases(PlanCost& c, const ExchangeSums& x, const RelayTable* relays, AlltoallPricer& pricer,
+                  const PlanCost* direct, bool whole) {
+  const bool chunked = c.chunks > 1;
+  whole = whole || !chunked;
+  const PhaseSet set{.rets = direct == nullptr, .whole = whole};
+  SparsePhases ph = sparse_phases(x, relays, set);
   const std::size_t n = ph.pairs.size();
   const AlltoallPricer::Pairs pairs = pricer.pairs(ph.pairs);
   auto seconds = [&](std::size_t phase, std::size_t slice) {
@@ -309,20 +335,22 @@ void price_phases(PlanCost& c, const ExchangeSums& x, const RelayTable* relays, 
     return t;
   };
   using P = SparsePhases;
-  const std::size_t whole = ph.slices - 1;
   double staged = 0;
-  c.disp_fwd = dispatch(P::kFwdIn, P::kFwdStage, whole, &staged);
-  c.ret_fwd = seconds(P::kFwdOut, whole);
-  c.disp_bwd = dispatch(P::kBwdIn, P::kBwdStage, whole, nullptr);
-  c.ret_bwd = seconds(P::kBwdOut, whole);
-  if (c.relayed && c.chunks <= 1) c.stage_fwd.push_back(staged);
-  if (c.chunks > 1) {
+  if (whole) {
+    const std::size_t at = ph.slices - 1;
+    c.disp_fwd = dispatch(P::kFwdIn, P::kFwdStage, at, &staged);
+    c.ret_fwd = set.rets ? seconds(P::kFwdOut, at) : direct->ret_fwd;
+    c.disp_bwd = dispatch(P::kBwdIn, P::kBwdStage, at, nullptr);
+    c.ret_bwd = set.rets ? seconds(P::kBwdOut, at) : direct->ret_bwd;
+  }
+  if (c.relayed && !chunked) c.stage_fwd.push_back(staged);
+  if (chunked) {
     for (std::size_t k = 0; k < static_cast<std::size_t>(c.chunks); ++k) {
       c.cdisp_fwd.push_back(dispatch(P::kFwdIn, P::kFwdStage, k, &staged));
       if (c.relayed) c.stage_fwd.push_back(staged);
-      c.cret_fwd.push_back(seconds(P::kFwdOut, k));
+      c.cret_fwd.push_back(set.rets ? seconds(P::kFwdOut, k) : direct->cret_fwd[k]);
       c.cdisp_bwd.push_back(dispatch(P::kBwdIn, P::kBwdStage, k, nullptr));
-      c.cret_bwd.push_back(seconds(P::kBwdOut, k));
+      c.cret_bwd.push_back(set.rets ? seconds(P::kBwdOut, k) : direct->cret_bwd[k]);
     }
   }
 }
@@ -364,11 +392,37 @@ PlanCost cost_plan(const Ctx& ctx, const Plan& plan, std::span<const std::int64_
 
 namespace {
 
-// The plan's compute times per worker, whole and per chunk, into c.
-void add_compute(const Ctx& ctx, const Plan& plan, PlanCost& c) {
+// Every tile's heads count, or -1 where they differ.
+std::int32_t common_heads(std::span<const Tile> tiles) {
+  if (tiles.empty()) return -1;
+  const std::int32_t h = tiles.front().heads.size();
+  for (const Tile& t : tiles) {
+    if (t.heads.size() != h) return -1;
+  }
+  return h;
+}
+
+// Each chunk marked `same` (as wide as the one before, in every tile) has
+// the chunk before's compute sums.
+void copy_same_chunks(const std::vector<char>& same, PlanCost& c) {
+  for (std::size_t k = 1; k < same.size(); ++k) {
+    if (!same[k]) continue;
+    c.chunk_comp_fwd[k] = c.chunk_comp_fwd[k - 1];
+    c.chunk_comp_bwd[k] = c.chunk_comp_bwd[k - 1];
+  }
+}
+
+// The plan's compute times per worker, whole and per chunk, into c; the
+// whole ones `whole`'s where given (a price of the same tiles).
+void add_compute(const Ctx& ctx, const Plan& plan, PlanCost& c, const PlanCost* whole) {
   const std::size_t ws = static_cast<std::size_t>(c.workers);
-  c.comp_fwd.assign(ws, 0);
-  c.comp_bwd.assign(ws, 0);
+  if (whole != nullptr) {
+    c.comp_fwd = whole->comp_fwd;
+    c.comp_bwd = whole->comp_bwd;
+  } else {
+    c.comp_fwd.assign(ws, 0);
+    c.comp_bwd.assign(ws, 0);
+  }
   c.chunk_comp_fwd.assign(static_cast<std::size_t>(c.chunks), std::vector<double>(ws, 0));
   c.chunk_comp_bwd = c.chunk_comp_fwd;
   // Calls of the same shape repeat (every full block); cache their rates.
@@ -391,8 +445,11 @@ void add_compute(const Ctx& ctx, const Plan& plan, PlanCost& c) {
   std::vector<std::pair<double, double>> part(M);
   std::vector<double> share(M);
   // A chunk as wide as the one before has its share and rate, hence its
-  // times: computed once (every chunk, when equal).
+  // times: computed once (every chunk, when equal). A chunk's width depends
+  // on the tile's heads alone, so where every tile has as many heads, such
+  // a chunk's sums are the chunk before's, term by term: copied at the end.
   std::vector<char> same(M, 0);
+  const bool same_is_plan_wide = common_heads(plan.tiles()) >= 0;
   for (const Tile& t : plan.tiles()) {
     const auto r = static_cast<std::size_t>(t.worker);
     const std::int64_t rows = t.end - t.begin;
@@ -400,7 +457,7 @@ void add_compute(const Ctx& ctx, const Plan& plan, PlanCost& c) {
     if (rows != shape_rows || t.heads.size() != shape_heads) {
       shape_rows = rows;
       shape_heads = t.heads.size();
-      full = rates(rows, heads);
+      if (whole == nullptr) full = rates(rows, heads);
       double part_width = -1;
       for (std::size_t k = 0; k < M; ++k) {
         const double width = static_cast<double>(plan.chunk_heads(t, static_cast<int>(k)).size());
@@ -416,38 +473,56 @@ void add_compute(const Ctx& ctx, const Plan& plan, PlanCost& c) {
     }
     const double fwd = forward_flops(t.flops, ctx.cfg.model.head_dim);
     const double bwd = 2.5 * fwd;  // 10 d vs 4 d FLOPs per pair (workload.hpp)
-    c.comp_fwd[r] += fwd / full.first;
-    c.comp_bwd[r] += bwd / full.second;
+    if (whole == nullptr) {
+      c.comp_fwd[r] += fwd / full.first;
+      c.comp_bwd[r] += bwd / full.second;
+    }
     double f = 0, b = 0;
     for (std::size_t k = 0; k < M; ++k) {
       if (!same[k]) {
         f = fwd * share[k] / part[k].first;
         b = bwd * share[k] / part[k].second;
+      } else if (same_is_plan_wide) {
+        continue;
       }
       c.chunk_comp_fwd[k][r] += f;
       c.chunk_comp_bwd[k][r] += b;
     }
   }
+  if (same_is_plan_wide) copy_same_chunks(same, c);
 }
 
 }  // namespace
 
 PlanCost cost_plan(const Ctx& ctx, const Plan& plan, const ExchangeSums& sums, std::span<const std::int64_t> gpus,
-                   const RelayTable* relays, const PlanCost* compute) {
+                   const RelayTable* relays, const PriceReuse& reuse) {
   PlanCost c;
   c.workers = plan.num_workers();
   c.chunks = plan.config().chunks;
-  if (compute != nullptr) {
-    c.comp_fwd = compute->comp_fwd;
-    c.comp_bwd = compute->comp_bwd;
-    c.chunk_comp_fwd = compute->chunk_comp_fwd;
-    c.chunk_comp_bwd = compute->chunk_comp_bwd;
+  const PlanCost* direct = reuse.direct;
+  if (direct != nullptr && (direct->workers != c.workers || direct->chunks != c.chunks)) {
+    throw std::logic_error("cost_plan: the direct price is another plan's");
+  }
+  // Its whole-step returns are taken only where it has them.
+  if (direct != nullptr && (reuse.whole_step || c.chunks <= 1) && direct->ret_fwd.empty()) direct = nullptr;
+  if (reuse.direct != nullptr) {
+    c.comp_fwd = reuse.direct->comp_fwd;
+    c.comp_bwd = reuse.direct->comp_bwd;
+    c.chunk_comp_fwd = reuse.direct->chunk_comp_fwd;
+    c.chunk_comp_bwd = reuse.direct->chunk_comp_bwd;
   } else {
-    add_compute(ctx, plan, c);
+    add_compute(ctx, plan, c, reuse.same_tiles);
   }
   AlltoallPricer pricer(ctx.cfg.cost.net, gpus);
-  price_phases(c, sums, relays != nullptr && relays->any() ? relays : nullptr, pricer);
-  add_byte_totals(c, sums, plan.config().topology);
+  price_phases(c, sums, relays != nullptr && relays->any() ? relays : nullptr, pricer, direct, reuse.whole_step);
+  if (reuse.direct != nullptr) {
+    c.comm_bytes = reuse.direct->comm_bytes;
+    c.max_send = reuse.direct->max_send;
+    c.max_recv = reuse.direct->max_recv;
+    c.max_recv_cross_node = reuse.direct->max_recv_cross_node;
+  } else {
+    add_byte_totals(c, sums, plan.config().topology);
+  }
   c.imbalance = plan.imbalance();
   return c;
 }
@@ -553,10 +628,15 @@ PlanCost timed_cost(const Ctx& ctx, const Plan& plan, std::span<const std::int64
 
 namespace {
 
+// Relayed: the plan's sums serve its relays and its price.
 PlanCost timed_cost(const Ctx& ctx, const Plan& plan, std::span<const std::int64_t> gpus, Timing& tm, bool relay) {
   if (!relay) return timed_cost(ctx, plan, gpus, tm, nullptr);
-  const RelayTable relays = timed_relays(plan, tm);
-  return timed_cost(ctx, plan, gpus, tm, &relays);
+  const double t0 = thread_cpu_seconds();
+  const ExchangeSums sums = exchange_sums(plan.data_as_built());
+  const RelayTable relays = relays_of(sums, plan.config().topology);
+  PlanCost c = cost_plan(ctx, plan, sums, gpus, &relays);
+  tm.cost += thread_cpu_seconds() - t0;
+  return c;
 }
 
 }  // namespace

@@ -1244,3 +1244,83 @@ TEST(PlanCost, SumsAndSparsePricingMatchTheDerivedExchange) {
   }
   EXPECT_GT(relayed, 0) << "no relayed plan: the relayed path went unchecked";
 }
+
+namespace {
+
+// Two prices of one plan agree field by field; `whole`: the whole step
+// too, else `reused` left it unpriced.
+void expect_same_price(const libra::detail::PlanCost& fresh, const libra::detail::PlanCost& reused, bool whole,
+                       const std::string& at) {
+  EXPECT_EQ(reused.comp_fwd, fresh.comp_fwd) << at;
+  EXPECT_EQ(reused.comp_bwd, fresh.comp_bwd) << at;
+  EXPECT_EQ(reused.chunk_comp_fwd, fresh.chunk_comp_fwd) << at;
+  EXPECT_EQ(reused.chunk_comp_bwd, fresh.chunk_comp_bwd) << at;
+  EXPECT_EQ(reused.cdisp_fwd, fresh.cdisp_fwd) << at;
+  EXPECT_EQ(reused.cret_fwd, fresh.cret_fwd) << at;
+  EXPECT_EQ(reused.cdisp_bwd, fresh.cdisp_bwd) << at;
+  EXPECT_EQ(reused.cret_bwd, fresh.cret_bwd) << at;
+  EXPECT_EQ(reused.relayed, fresh.relayed) << at;
+  EXPECT_EQ(reused.stage_fwd, fresh.stage_fwd) << at;
+  EXPECT_EQ(reused.comm_bytes, fresh.comm_bytes) << at;
+  EXPECT_EQ(reused.max_send, fresh.max_send) << at;
+  EXPECT_EQ(reused.max_recv, fresh.max_recv) << at;
+  EXPECT_EQ(reused.max_recv_cross_node, fresh.max_recv_cross_node) << at;
+  const std::vector<double> none;
+  EXPECT_EQ(reused.disp_fwd, whole ? fresh.disp_fwd : none) << at;
+  EXPECT_EQ(reused.ret_fwd, whole ? fresh.ret_fwd : none) << at;
+  EXPECT_EQ(reused.disp_bwd, whole ? fresh.disp_bwd : none) << at;
+  EXPECT_EQ(reused.ret_bwd, whole ? fresh.ret_bwd : none) << at;
+}
+
+}  // namespace
+
+// What cost_plan takes from prices already made (PriceReuse: a relayed
+// price's compute and returns from the direct price, a re-chunking's whole
+// compute from another chunking's, the whole step left unpriced) is what it
+// computes afresh; and a plan's whole-step compute and returns are its M = 1
+// re-chunking's (the sweep prices M = 1 relayed from the base price's).
+TEST(PlanCost, ReusedPartsEqualPricingAfresh) {
+  const std::vector<libra::PackedSequence> pool = {
+      {256}, {128, 100, 28}, std::vector<std::int64_t>(8, 32), {30, 100, 90, 36}};
+  libra::SimConfig cfg;
+  cfg.cost.net.gpus_per_node = 2;
+  cfg.cost.net.nodes_per_supernode = 2;
+  const libra::detail::Ctx ctx{cfg, 256, libra::ThroughputTable(cfg.cost.kernel), {}, {}};
+  const std::vector<std::int64_t> gpus = libra::detail::pool_gpus(0, 4, 2);
+  int relayed = 0;  // relayed prices checked
+  for (libra::PlanMode mode : {libra::PlanMode::kTap, libra::PlanMode::kTapSplit, libra::PlanMode::kTapTopo}) {
+    for (int chunks : {2, 4}) {
+      const bool topo = mode == libra::PlanMode::kTapTopo;
+      libra::PlanConfig pc = priced_config(mode, topo ? libra::HomeLayout::kZigzag : libra::HomeLayout::kContiguous, topo, chunks);
+      pc.dedup_per_kv_head = mode == libra::PlanMode::kTapSplit;
+      auto plan = libra::make_plan(pool, pc);
+      ASSERT_TRUE(plan.ok()) << plan.error().message();
+      const auto base = libra::detail::cost_plan(ctx, *plan, gpus);
+      for (int other : {1, chunks == 4 ? 2 : 4}) {
+        const std::string at = std::string(libra::plan_mode_name(mode)) + " M=" + std::to_string(chunks) + " as " +
+                                std::to_string(other);
+        auto re = libra::rechunk_plan(*plan, other);
+        ASSERT_TRUE(re.ok()) << re.error().message();
+        const libra::detail::ExchangeSums x = libra::detail::exchange_sums(re->data_as_built());
+        const bool whole = other <= 1;
+        const auto fresh = libra::detail::cost_plan(ctx, *re, x, gpus);
+        expect_same_price(fresh, libra::detail::cost_plan(ctx, *re, x, gpus, nullptr, {.same_tiles = &base, .whole_step = whole}),
+                          whole, at);
+        if (other == 1) {
+          EXPECT_EQ(fresh.comp_fwd, base.comp_fwd) << at;
+          EXPECT_EQ(fresh.chunk_comp_fwd.at(0), base.comp_fwd) << at;
+          EXPECT_EQ(fresh.chunk_comp_bwd.at(0), base.comp_bwd) << at;
+          EXPECT_EQ(fresh.ret_fwd, base.ret_fwd) << at;
+          EXPECT_EQ(fresh.ret_bwd, base.ret_bwd) << at;
+        }
+        const libra::RelayTable relays = libra::detail::relays_of(x, re->config().topology);
+        if (!relays.any()) continue;
+        ++relayed;
+        expect_same_price(libra::detail::cost_plan(ctx, *re, x, gpus, &relays),
+                          libra::detail::cost_plan(ctx, *re, x, gpus, &relays, {.direct = &fresh, .whole_step = whole}),
+                          whole, at + " relayed");
+      }
+    }
+  }
+  EXPECT_GT(relayed, 0) << "no relayed plan: the relayed path went unchecked";
+}

@@ -132,6 +132,7 @@ struct PoolPrices {
   std::map<const Plan*, ExchangeSums> sums;  // each plan's, for its relays and its prices
   // The base plan's pairs and K/V fetches: every re-chunked plan has the same.
   std::optional<ExchangeLayout> layout;
+  std::optional<PlanCost> unchunked;  // base_unchunked()
 
   PoolPrices(const Ctx& c, const Plan& b, std::span<const std::int64_t> g, Timing& t)
       : ctx(c), base(b), gpus(g), tm(t) {
@@ -165,19 +166,48 @@ struct PoolPrices {
     return &it->second;
   }
   // p's price at (m, split), relayed or not; untimed (price times it).
+  // The base price as the M = 1 re-chunking of its tiles prices itself:
+  // one chunk of every head (its compute the whole step's; its returns the
+  // whole step's, integer byte sums over the chunks).
+  const PlanCost& base_unchunked() {
+    if (!unchunked) {
+      PlanCost u;
+      u.workers = base_cost.workers;
+      u.comp_fwd = base_cost.comp_fwd;
+      u.comp_bwd = base_cost.comp_bwd;
+      u.chunk_comp_fwd = {base_cost.comp_fwd};
+      u.chunk_comp_bwd = {base_cost.comp_bwd};
+      u.ret_fwd = base_cost.ret_fwd;
+      u.ret_bwd = base_cost.ret_bwd;
+      u.comm_bytes = base_cost.comm_bytes;
+      u.max_send = base_cost.max_send;
+      u.max_recv = base_cost.max_recv;
+      u.max_recv_cross_node = base_cost.max_recv_cross_node;
+      unchunked = std::move(u);
+    }
+    return *unchunked;
+  }
+  // The unrelayed price of p at (m, split) if made already.
+  const PlanCost* direct_of(std::int64_t m, ChunkSplit split) {
+    if (is_base(m, split)) return &base_cost;
+    if (m == 1) return &base_unchunked();
+    const auto it = costs.find({m, split, false});
+    return it != costs.end() ? &it->second : nullptr;
+  }
   const PlanCost& cost_of(const Plan* p, std::int64_t m, ChunkSplit split, bool relayed) {
     if (!relayed && is_base(m, split)) return base_cost;
     const auto key = std::make_tuple(m, split, relayed);
     if (auto it = costs.find(key); it != costs.end()) return it->second;
     const ExchangeSums& x = sums_of(p);
-    if (!relayed) return costs.emplace(key, cost_plan(ctx, *p, x, gpus, nullptr)).first->second;
+    // Priced here at M > 1 only to be timed pipelined (put_pool): the
+    // whole step is left unpriced; the tiles' whole compute is the base's.
+    PriceReuse reuse{.direct = nullptr, .same_tiles = &base_cost, .whole_step = m <= 1};
+    if (!relayed) return costs.emplace(key, cost_plan(ctx, *p, x, gpus, nullptr, reuse)).first->second;
     const RelayTable relays = relays_of(x, p->config().topology);
     // Nothing to relay: the direct price (cost_plan ignores an empty table).
-    // Otherwise the compute times are the direct price's, if made already.
-    const auto direct = costs.find({m, split, false});
-    const PlanCost* compute = is_base(m, split) ? &base_cost : direct != costs.end() ? &direct->second : nullptr;
     if (!relays.any()) return costs.emplace(key, cost_of(p, m, split, false)).first->second;
-    return costs.emplace(key, cost_plan(ctx, *p, x, gpus, &relays, compute)).first->second;
+    reuse.direct = direct_of(m, split);
+    return costs.emplace(key, cost_plan(ctx, *p, x, gpus, &relays, reuse)).first->second;
   }
   Result<const PlanCost*> price(std::int64_t m, ChunkSplit split, bool relayed, const std::string& kind) {
     if (!relayed && is_base(m, split)) return &base_cost;

@@ -262,14 +262,26 @@ struct PlacedRows {
 // (slot, block, shard, begin) order.
 [[nodiscard]] Result<std::vector<PlacedRows>> place_tiles(const Geometry& geo, const PlanConfig& config);
 
+// Plain TAP's placement one tile at a time, in TAP's order (tiles.cpp),
+// so that tap-topo can stop it once it cannot win:
+//   std::int32_t tile; int worker;
+//   while (steps.next(tile, worker)) ...  // tile: a base tile id
+class TapSteps {
+ public:
+  virtual ~TapSteps() = default;
+  // Places the next tile; false when every tile is placed.
+  virtual bool next(std::int32_t& tile, int& worker) = 0;
+};
+
 // tap-topo's placer (topo.cpp): the tiles `base` (one per (slot, block,
 // shard), flops beside) placed within the contract's capacity C where it
 // can, least slowest-worker transfer time on config.topology.
-// `tap` is plain TAP's placement of the same tiles, the last candidate.
+// `tap` places the same tiles by plain TAP, the last candidate; it is
+// stepped only as far as that candidate can still win.
 [[nodiscard]] std::vector<PlacedRows> place_topo(const Geometry& geo, const PlanConfig& config,
                                                  std::span<const PlacedRows> base,
                                                  std::span<const std::int64_t> flops, double capacity,
-                                                 std::vector<PlacedRows> tap);
+                                                 TapSteps& tap);
 // Tier of the link between workers a and b: 0 same node, 1 same supernode, 2 across.
 inline int topo_tier(const PlanTopology& t, int a, int b) {
   const int na = a / t.gpus_per_node, nb = b / t.gpus_per_node;

@@ -805,6 +805,40 @@ std::vector<std::pair<std::uint64_t, std::int32_t>> blocks_by_flops(const std::v
   return keyed;
 }
 
+using Keyed = std::vector<std::pair<std::uint64_t, std::int32_t>>;
+
+// Plain TAP (contract section 6) one tile at a time: the blocks in the
+// order `keyed` gives, each block's shards in order.
+class TapOrder final : public TapSteps {
+ public:
+  TapOrder(const Geometry& geo, const std::vector<Block>& blocks, const Keyed& keyed, double capacity)
+      : blocks_(blocks), keyed_(keyed), placer_(geo, capacity), shards_(geo.shards) {}
+
+  bool next(std::int32_t& tile, int& worker) override {
+    if (k_ == keyed_.size()) return false;
+    const std::int32_t i = keyed_[k_].second;
+    const Block& b = blocks_[static_cast<std::size_t>(i)];
+    const Placer::Choice c = placer_.evaluate(b.slot, b.block, shard_, b.begin, b.end, b.flops);
+    worker = c.worker >= 0 ? c.worker : c.fallback;
+    placer_.commit(worker, b.flops);
+    tile = i * shards_ + shard_;
+    if (++shard_ == shards_) {
+      shard_ = 0;
+      ++k_;
+    }
+    return true;
+  }
+  const Placer& placer() const { return placer_; }
+
+ private:
+  const std::vector<Block>& blocks_;
+  const Keyed& keyed_;
+  Placer placer_;
+  std::int32_t shards_;
+  std::size_t k_ = 0;  // into keyed_
+  std::int32_t shard_ = 0;
+};
+
 // TAP's placement of the tiles in the order `keyed` gives (contract
 // section 6), or with `split` tap-split's, and the largest load it leaves.
 struct TapPlacement {
@@ -812,44 +846,44 @@ struct TapPlacement {
   std::int64_t max_load = 0;
 };
 
-TapPlacement place_in_order(const Geometry& geo, const std::vector<Block>& blocks,
-                            const std::vector<std::pair<std::uint64_t, std::int32_t>>& keyed, double capacity,
-                            bool split) {
-  const std::size_t S = static_cast<std::size_t>(geo.shards);
-  Placer placer(geo, capacity);
+TapPlacement place_in_order(const Geometry& geo, const std::vector<Block>& blocks, const Keyed& keyed,
+                            double capacity, bool split) {
   TapPlacement out;
-  if (split) {
-    out.rows.reserve(blocks.size() * S);
-  } else {
+  auto max_load = [&](const Placer& placer) {
+    for (int r = 0; r < geo.workers; ++r) out.max_load = std::max(out.max_load, placer.load(r));
+  };
+  if (!split) {
     out.rows = unplaced_rows(blocks, geo.shards);  // the loop sets the workers
+    TapOrder tap(geo, blocks, keyed, capacity);
+    std::int32_t tile = 0;
+    int worker = 0;
+    while (tap.next(tile, worker)) out.rows[static_cast<std::size_t>(tile)].worker = worker;
+    max_load(tap.placer());
+    return out;
   }
+  Placer placer(geo, capacity);
+  out.rows.reserve(blocks.size() * static_cast<std::size_t>(geo.shards));
   for (const auto& [key, i] : keyed) {
     const Block& k = blocks[static_cast<std::size_t>(i)];
-    for (std::size_t s = 0; s < S; ++s) {
-      const auto shard = static_cast<std::int32_t>(s);
-      if (split) {
-        place_split(geo, placer, {{k.slot, k.block, shard, k.begin, k.end, -1}, k.flops}, out.rows);
-        continue;
-      }
-      const Placer::Choice c = placer.evaluate(k.slot, k.block, shard, k.begin, k.end, k.flops);
-      const int r = c.worker >= 0 ? c.worker : c.fallback;
-      placer.commit(r, k.flops);
-      out.rows[static_cast<std::size_t>(i) * S + s].worker = r;
+    for (std::int32_t s = 0; s < geo.shards; ++s) {
+      place_split(geo, placer, {{k.slot, k.block, s, k.begin, k.end, -1}, k.flops}, out.rows);
     }
   }
-  for (int r = 0; r < geo.workers; ++r) out.max_load = std::max(out.max_load, placer.load(r));
+  max_load(placer);
   return out;
 }
 
-// tap-topo: from TAP's placement, within tau of balance, the least
-// slowest-worker transfer time (topo.cpp); its split pieces come last.
+// tap-topo: from TAP's placement (stepped as far as tap-topo needs it),
+// within tau of balance, the least slowest-worker transfer time
+// (topo.cpp); its split pieces come last.
 std::vector<PlacedRows> place_tap_topo(const Geometry& geo, const PlanConfig& config, const std::vector<Block>& blocks,
-                                       double capacity, std::vector<PlacedRows> tap) {
+                                       const Keyed& keyed, double capacity) {
   const std::vector<PlacedRows> base = unplaced_rows(blocks, geo.shards);
   std::vector<std::int64_t> flops;
   flops.reserve(base.size());
   for (const Block& k : blocks) flops.insert(flops.end(), static_cast<std::size_t>(geo.shards), k.flops);
-  std::vector<PlacedRows> topo = place_topo(geo, config, base, flops, capacity, std::move(tap));
+  TapOrder tap(geo, blocks, keyed, capacity);
+  std::vector<PlacedRows> topo = place_topo(geo, config, base, flops, capacity, tap);
   sort_rows(topo);
   return topo;
 }
@@ -865,11 +899,11 @@ Result<std::vector<PlacedRows>> place_tiles(const Geometry& geo, const PlanConfi
   // Contract section 6, in this order of evaluation.
   const double capacity = (1.0 + config.tau) * static_cast<double>(total) / static_cast<double>(geo.workers);
   const auto keyed = blocks_by_flops(blocks);
+  if (config.mode == PlanMode::kTapTopo) return place_tap_topo(geo, config, blocks, keyed, capacity);
   // Plain TAP first. tap-split keeps it when it already meets tau (then it
   // equals `tap` tile for tile) and otherwise splits; it returns whichever
   // of the two has the lower maximum load, so it is never worse than tap.
   TapPlacement tap = place_in_order(geo, blocks, keyed, capacity, false);
-  if (config.mode == PlanMode::kTapTopo) return place_tap_topo(geo, config, blocks, capacity, std::move(tap.rows));
   if (config.mode == PlanMode::kTap || static_cast<double>(tap.max_load) <= capacity) return std::move(tap.rows);
   TapPlacement split = place_in_order(geo, blocks, keyed, capacity, true);
   if (split.max_load >= tap.max_load) return std::move(tap.rows);

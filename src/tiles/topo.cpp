@@ -35,6 +35,7 @@
 #include <limits>
 #include <memory>
 #include <numeric>
+#include <optional>
 
 #include "tiles/plan_internal.hpp"
 
@@ -75,6 +76,10 @@ struct Blocks {
   std::vector<Run> runs;
   std::vector<std::int32_t> key;
   std::vector<std::int64_t> vkv;
+  // Every byte count a candidate adds to a link, and every partial sum, is
+  // an integer below 2^53: a double holds each exactly, so a link's final
+  // bytes do not depend on the order of the commits.
+  bool exact = false;
 
   Blocks(const Geometry& geo, std::span<const PlacedRows> base) {
     const std::size_t S = static_cast<std::size_t>(geo.shards);
@@ -97,6 +102,25 @@ struct Blocks {
       key.push_back(geo.key_index(s));
       vkv.push_back(geo.kv_bytes_per_token(s));
     }
+    exact = moved_bound(geo, base) < 0x1p52;
+  }
+
+ private:
+  // At least all the bytes the tiles could move together (each tile its
+  // samples' whole K/V and its Q and O), in doubles: the bound only needs
+  // to be within a factor of two.
+  double moved_bound(const Geometry& geo, std::span<const PlacedRows> base) const {
+    double kv_per_token = 0;
+    for (const std::int64_t v : vkv) kv_per_token += static_cast<double>(v);
+    const double qo = 2.0 * static_cast<double>(geo.shards) * static_cast<double>(geo.qo_bytes_per_row());
+    double total = 0;
+    for (std::size_t b = 0; b < home.size(); ++b) {
+      double tokens = 0;
+      for (std::int32_t k = run_begin[b]; k < run_begin[b + 1]; ++k) tokens += static_cast<double>(runs[static_cast<std::size_t>(k)].tokens);
+      const PlacedRows& t = base[b * static_cast<std::size_t>(geo.shards)];
+      total += tokens * kv_per_token + qo * static_cast<double>(t.end - t.begin);
+    }
+    return total;
   }
 };
 
@@ -437,6 +461,16 @@ class TopoPlacer {
     }
   }
 
+  // The slowest link among the workers commit_tile(t, .., r, ..) changed:
+  // r and the workers of t's slot (its sources and its home).
+  double touched_worst(const PlacedRows& t, int r) const {
+    double worst = time(send_[static_cast<std::size_t>(r)], recv_[static_cast<std::size_t>(r)]);
+    for (int w = t.slot * geo_.cp; w < (t.slot + 1) * geo_.cp; ++w) {
+      worst = std::max(worst, time(send_[static_cast<std::size_t>(w)], recv_[static_cast<std::size_t>(w)]));
+    }
+    return worst;
+  }
+
   bool fits(int r, std::int64_t flops) const { return loads_[static_cast<std::size_t>(r)] <= limit_ - flops; }
   bool fits_under(int r, std::int64_t flops, std::int64_t cap) const {
     return loads_[static_cast<std::size_t>(r)] <= std::min(limit_, cap) - flops;
@@ -685,11 +719,28 @@ class Candidates {
     return c;
   }
 
-  // TAP's own placement, priced the same way (the links' final state does
-  // not depend on the order of the commits).
-  Candidate priced(std::vector<PlacedRows> tap) const {
-    Candidate c = fresh(std::move(tap));
-    for (std::size_t i = 0; i < base_.size(); ++i) c.placer->commit_tile(base_[i], i / S_, c.rows[i].worker, flops_[i]);
+  // TAP's own placement, priced the same way. A link's time only grows as
+  // tiles commit (bytes are added, never removed), so once TAP's slowest
+  // link exceeds `beat` (a candidate's within C) it cannot win: TAP stops
+  // there and there is no candidate. Priced as TAP places, in its order:
+  // where the byte counts are exact (Blocks::exact) the links end the same
+  // as committed in tile order; elsewhere every tile is placed first, then
+  // priced in tile order.
+  std::optional<Candidate> priced(TapSteps& tap, double beat) const {
+    Candidate c = fresh(std::vector<PlacedRows>(base_.begin(), base_.end()));
+    std::int32_t i = 0;
+    int r = 0;
+    if (!blocks_.exact) {
+      while (tap.next(i, r)) c.rows[static_cast<std::size_t>(i)].worker = r;
+      for (std::size_t k = 0; k < base_.size(); ++k) c.placer->commit_tile(base_[k], k / S_, c.rows[k].worker, flops_[k]);
+      return c;
+    }
+    while (tap.next(i, r)) {
+      const auto k = static_cast<std::size_t>(i);
+      c.rows[k].worker = r;
+      c.placer->commit_tile(base_[k], k / S_, r, flops_[k]);
+      if (c.placer->touched_worst(base_[k], r) > beat) return std::nullopt;
+    }
     return c;
   }
 
@@ -747,7 +798,7 @@ bool none_within(const std::vector<Candidate>& cands) {
 
 std::vector<PlacedRows> place_topo(const Geometry& geo, const PlanConfig& config, std::span<const PlacedRows> base,
                                    std::span<const std::int64_t> flops, double capacity,
-                                   std::vector<PlacedRows> tap) {
+                                   TapSteps& tap) {
   const Candidates make(geo, config, base, flops, capacity);
   constexpr bool lightest = false, by_shard = true;
   constexpr std::int64_t kNoCap = std::numeric_limits<std::int64_t>::max();
@@ -773,15 +824,21 @@ std::vector<PlacedRows> place_topo(const Geometry& geo, const PlanConfig& config
   //    same link score: where the home-first passes cannot fit their moved
   //    tiles under C, this one usually can. Only then is it worth its time.
   if (none_within(cands)) cands.push_back(make.heaviest_all());
-  // D. TAP itself, so tap-topo's links are never slower than tap's where
-  //    both fit under C.
-  cands.push_back(make.priced(std::move(tap)));
   // Ties: the earlier candidate.
-  std::size_t best = 0;
-  for (std::size_t k = 1; k < cands.size(); ++k) {
-    if (cands[k].better_than(cands[best])) best = k;
-  }
-  return std::move(cands[best]).result();
+  auto best_of = [&cands] {
+    std::size_t best = 0;
+    for (std::size_t k = 1; k < cands.size(); ++k) {
+      if (cands[k].better_than(cands[best])) best = k;
+    }
+    return best;
+  };
+  // D. TAP itself, so tap-topo's links are never slower than tap's where
+  //    both fit under C: it wins only with a lower slowest link than the
+  //    best so far when that one is within C.
+  const TopoPlacer& lead = *cands[best_of()].placer;
+  const double beat = lead.within_capacity() ? lead.link_times().first : std::numeric_limits<double>::infinity();
+  if (std::optional<Candidate> d = make.priced(tap, beat)) cands.push_back(std::move(*d));
+  return std::move(cands[best_of()]).result();
 }
 
 }  // namespace libra::detail
