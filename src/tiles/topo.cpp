@@ -423,7 +423,8 @@ class TopoPlacer {
   // group each, so each group's bit is read before its moves and set after
   // them, and the moves happen in commit()'s order. A group r holds already
   // skips its runs; from a slot in one node every run's tier is the slot's.
-  void commit_tile(const PlacedRows& t, std::size_t block, int r, std::int64_t flops) {
+  // Returns whether any K/V moved.
+  bool commit_tile(const PlacedRows& t, std::size_t block, int r, std::int64_t flops) {
     loads_[static_cast<std::size_t>(r)] += flops;
     by_load_ready_ = false;  // re-sorted when least_score needs it
     const int base = t.slot * geo_.cp;
@@ -436,6 +437,7 @@ class TopoPlacer {
     const bool one_node = tiering_.one_node[static_cast<std::size_t>(t.slot)] != 0;
     const std::size_t tier = tiering_.slot_tier[static_cast<std::size_t>(t.slot) * static_cast<std::size_t>(W_) +
                                                 static_cast<std::size_t>(r)];
+    bool kv = false;
     for (std::int32_t k = blocks_.run_begin[block]; k < end; k = runs[k].next) {
       std::uint64_t& bits =
           committed_[static_cast<std::size_t>(runs[k].sample * geo_.keys_per_sample + key) * words_ + word];
@@ -443,6 +445,7 @@ class TopoPlacer {
       for (std::int32_t u = k; u < runs[k].next; ++u) {
         const int w = base + runs[u].rank;
         if (w == r) continue;
+        kv = true;
         const double b = static_cast<double>(vkv * runs[u].tokens);
         if (one_node) {
           send_[static_cast<std::size_t>(w)][tier] += b;
@@ -459,15 +462,19 @@ class TopoPlacer {
       move(home, r, vqo);
       move(r, home, vqo);
     }
+    return kv;
   }
 
-  // The slowest link among the workers commit_tile(t, .., r, ..) changed:
-  // r and the workers of t's slot (its sources and its home).
-  double touched_worst(const PlacedRows& t, int r) const {
-    double worst = time(send_[static_cast<std::size_t>(r)], recv_[static_cast<std::size_t>(r)]);
-    for (int w = t.slot * geo_.cp; w < (t.slot + 1) * geo_.cp; ++w) {
-      worst = std::max(worst, time(send_[static_cast<std::size_t>(w)], recv_[static_cast<std::size_t>(w)]));
-    }
+  // The slowest link among the workers commit_tile(t, block, r, ..)
+  // changed (0 if none): r and t's home, with `kv` (K/V moved) the workers
+  // of t's slot too.
+  double touched_worst(const PlacedRows& t, std::size_t block, int r, bool kv) const {
+    const int home = blocks_.home[block];
+    if (!kv && r == home) return 0;
+    auto at = [this](int w) { return time(send_[static_cast<std::size_t>(w)], recv_[static_cast<std::size_t>(w)]); };
+    double worst = std::max(at(r), at(home));
+    if (!kv) return worst;
+    for (int w = t.slot * geo_.cp; w < (t.slot + 1) * geo_.cp; ++w) worst = std::max(worst, at(w));
     return worst;
   }
 
@@ -487,7 +494,11 @@ class TopoPlacer {
     }
     return {worst, sum};
   }
-  std::int64_t load_of(int r) const { return loads_[static_cast<std::size_t>(r)]; }
+  // The least-loaded worker, lowest id on ties: the first by (load, id).
+  int least_loaded() {
+    if (!by_load_ready_) sort_by_load();
+    return by_load_[0];
+  }
 
  private:
   // link() of x with b more bytes on tier k, for each k: only the terms
@@ -545,14 +556,6 @@ class TopoPlacer {
 
 namespace {
 
-int least_loaded(const TopoPlacer& placer, int workers) {
-  int r = 0;
-  for (int w = 1; w < workers; ++w) {
-    if (placer.load_of(w) < placer.load_of(r)) r = w;
-  }
-  return r;
-}
-
 // No worker has room for the rows. With few, heavy tiles per worker (large
 // blocks, few head shards) the greedy leaves the headroom in gaps just short
 // of the last tiles; falling back to TAP's overflow, or to TAP's placement,
@@ -569,7 +572,7 @@ std::int64_t split_off_suffix(const Geometry& geo, TopoPlacer& placer, std::size
   const std::int64_t half = std::max(f / 2, last);
   int to = placer.least_score(half);
   if (to < 0) {
-    to = least_loaded(placer, geo.workers);
+    to = placer.least_loaded();
     if (!placer.fits(to, last)) return 0;
   }
   // The least y in (begin, end) whose suffix [y, end) fits `to`: the suffix
@@ -614,7 +617,7 @@ void place_rest(const Geometry& geo, TopoPlacer& placer, std::span<const PlacedR
         }
       }
       // Not one row fits anywhere: the least-loaded worker, as TAP does.
-      if (r < 0) r = least_loaded(placer, geo.workers);
+      if (r < 0) r = placer.least_loaded();
       placer.commit(r, f);
       rows.worker = r;
       out[static_cast<std::size_t>(i)] = rows;
@@ -738,8 +741,8 @@ class Candidates {
     while (tap.next(i, r)) {
       const auto k = static_cast<std::size_t>(i);
       c.rows[k].worker = r;
-      c.placer->commit_tile(base_[k], k / S_, r, flops_[k]);
-      if (c.placer->touched_worst(base_[k], r) > beat) return std::nullopt;
+      const bool kv = c.placer->commit_tile(base_[k], k / S_, r, flops_[k]);
+      if (c.placer->touched_worst(base_[k], k / S_, r, kv) > beat) return std::nullopt;
     }
     return c;
   }
