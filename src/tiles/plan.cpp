@@ -1146,14 +1146,52 @@ void add_fetches(const Plan::Data& d, const Geometry& g, const KeyHeads& keys, P
   });
 }
 
+// What a key's fetches add whatever their rows, per chunking: the chunks
+// it has KV heads in (m, how many), the KV heads any of them has [lo, hi),
+// and each such head's last chunk (-1: none has it).
+struct KeyChunks {
+  std::vector<std::pair<std::uint32_t, std::int32_t>> chunks;
+  std::vector<std::uint32_t> chunks_at;  // key k's: chunks[chunks_at[k], chunks_at[k + 1])
+  std::vector<HeadRange> heads;          // per key
+  std::vector<std::int32_t> last;        // key k's heads from last[last_at[k]]
+  std::vector<std::uint32_t> last_at;
+
+  KeyChunks(std::span<const HeadRange> chunk_kv, std::size_t keys, std::size_t M) {
+    chunks_at.push_back(0);
+    for (std::size_t k = 0; k < keys; ++k) {
+      std::int32_t lo = std::numeric_limits<std::int32_t>::max(), hi = 0;
+      for (std::size_t m = 0; m < M; ++m) {
+        const HeadRange h = chunk_kv[k * M + m];
+        if (h.size() == 0) continue;
+        chunks.emplace_back(static_cast<std::uint32_t>(m), h.size());
+        lo = std::min(lo, h.begin);
+        hi = std::max(hi, h.end);
+      }
+      chunks_at.push_back(static_cast<std::uint32_t>(chunks.size()));
+      heads.push_back(lo < hi ? HeadRange{lo, hi} : HeadRange{});
+      last_at.push_back(static_cast<std::uint32_t>(last.size()));
+      last.resize(last.size() + static_cast<std::size_t>(heads.back().size()), -1);
+      for (std::size_t m = 0; m < M; ++m) {
+        const HeadRange h = chunk_kv[k * M + m];
+        for (std::int32_t kh = h.begin; kh < h.end; ++kh) {
+          last[last_at.back() + static_cast<std::size_t>(kh - lo)] = static_cast<std::int32_t>(m);
+        }
+      }
+    }
+  }
+};
+
 // exchange_sums' K/V part of one chunking: per fetched run, its tokens x
 // KV heads per chunk, and each (run, KV head) place of its dK/dV once, with
 // the latest chunk and the longest rows of the groups sharing it (as phase
-// pricing and src/schedule/schedule.cpp return them).
+// pricing and src/schedule/schedule.cpp return them). A head's place is the
+// largest over the chunks that have it of its last use, or of the chunk
+// where unused: its last use, or its last such chunk (integer maxima and
+// sums, in any order).
 struct KvSums {
   const Plan::Data& d;
   const KeyHeads& keys;
-  std::span<const HeadRange> chunk_kv;  // [key * M + m]
+  const KeyChunks& kc;
   ExchangeSums& out;
   // Per KV head of the run being summed: -1 and 0 between runs (each run
   // resets the heads it touched, [lo, hi): a key holds a shard's heads).
@@ -1161,24 +1199,27 @@ struct KvSums {
   std::vector<std::int64_t> cell_rows;
 
   void run(const ExchangeLayout::Run& r, std::span<const ExchangeLayout::Fetch> fetches) {
-    const auto M = static_cast<std::size_t>(out.chunks);
     const std::size_t n = out.pairs.size();
+    std::int64_t* const kv_token_heads = out.kv_token_heads.data() + r.pair;
     std::int32_t lo = std::numeric_limits<std::int32_t>::max(), hi = 0;
     for (const ExchangeLayout::Fetch& f : fetches) {
-      const HeadRange kv = keys.group[static_cast<std::size_t>(f.key)].kv_heads;
+      const auto k = static_cast<std::size_t>(f.key);
+      for (std::size_t c = kc.chunks_at[k]; c < kc.chunks_at[k + 1]; ++c) {
+        kv_token_heads[kc.chunks[c].first * n] += f.rows * kc.chunks[c].second;
+      }
+      const HeadRange h = kc.heads[k];
+      if (h.size() == 0) continue;
+      lo = std::min(lo, h.begin);
+      hi = std::max(hi, h.end);
+      const HeadRange kv = keys.group[k].kv_heads;
       const ChunkUse* uses = d.uses_of(f.entry, f.key);
-      for (std::size_t m = 0; m < M; ++m) {
-        const HeadRange h = chunk_kv[static_cast<std::size_t>(f.key) * M + m];
-        if (h.size() == 0) continue;
-        lo = std::min(lo, h.begin);
-        hi = std::max(hi, h.end);
-        out.kv_token_heads[m * n + r.pair] += f.rows * h.size();
-        for (std::int32_t kh = h.begin; kh < h.end; ++kh) {
-          const ChunkUse use = uses[kh - kv.begin];
-          auto& last = cell_last[static_cast<std::size_t>(kh)];
-          last = std::max(last, use.used() ? use.last : static_cast<std::int32_t>(m));
-          cell_rows[static_cast<std::size_t>(kh)] = std::max(cell_rows[static_cast<std::size_t>(kh)], f.rows);
-        }
+      const std::int32_t* last_chunk = kc.last.data() + kc.last_at[k] - h.begin;
+      for (std::int32_t kh = h.begin; kh < h.end; ++kh) {
+        if (last_chunk[kh] < 0) continue;
+        const ChunkUse use = uses[kh - kv.begin];
+        auto& last = cell_last[static_cast<std::size_t>(kh)];
+        last = std::max(last, use.used() ? use.last : last_chunk[kh]);
+        cell_rows[static_cast<std::size_t>(kh)] = std::max(cell_rows[static_cast<std::size_t>(kh)], f.rows);
       }
     }
     // The dK/dV go back: worker `to` to `from`.
@@ -1271,7 +1312,8 @@ ExchangeSums exchange_sums(const Plan::Data& d, const ExchangeLayout& layout) {
   }
   const KeyHeads keys = key_heads(g);
   const std::vector<HeadRange> chunk_kv = chunk_kv_table(g, d.config, keys);
-  KvSums kv{d, keys, chunk_kv, out, std::vector<std::int32_t>(static_cast<std::size_t>(g.heads_kv), -1),
+  const KeyChunks kc(chunk_kv, static_cast<std::size_t>(g.keys_per_sample), M);
+  KvSums kv{d, keys, kc, out, std::vector<std::int32_t>(static_cast<std::size_t>(g.heads_kv), -1),
             std::vector<std::int64_t>(static_cast<std::size_t>(g.heads_kv), 0)};
   const std::span<const ExchangeLayout::Fetch> fetches(layout.fetches);
   for (const ExchangeLayout::Run& r : layout.runs) kv.run(r, fetches.subspan(r.first, r.last - r.first));
