@@ -1259,7 +1259,20 @@ ExchangeLayout exchange_layout(const Plan::Data& d) {
   // One pass over the samples: their runs' pairs and fetches together.
   const KeyHeads keys = key_heads(g);
   std::vector<std::int64_t> run_bytes;
-  for (const SampleGroups& s : sample_groups(d, g)) add_fetches(d, g, keys, index, s, out, run_bytes);
+  const std::vector<SampleGroups> samples = sample_groups(d, g);
+  // At most every run of a sample for each of its groups: reserved, so the
+  // lists are not copied as they grow.
+  std::size_t most_runs = 0, most_fetches = 0;
+  for (const SampleGroups& s : samples) {
+    const KvGroup& grp0 = d.groups[static_cast<std::size_t>(d.worker_group_ids[s.e0])];
+    const std::size_t runs = g.sample_runs(g.sample_base[static_cast<std::size_t>(grp0.slot)] + grp0.sample).size();
+    most_runs += runs;
+    most_fetches += runs * (s.e1 - s.e0);
+  }
+  out.runs.reserve(most_runs);
+  run_bytes.reserve(most_runs);
+  out.fetches.reserve(most_fetches);
+  for (const SampleGroups& s : samples) add_fetches(d, g, keys, index, s, out, run_bytes);
   index.number(out);
   out.bytes.assign(out.pairs.size(), 0);
   out.qo_rows.assign(out.pairs.size(), 0);
