@@ -289,19 +289,11 @@ std::shared_ptr<Plan::Data> plan_header(std::span<const PackedSequence> pool, co
   return d;
 }
 
-// Another shard of the same rows: the first shard's n fragments `from`,
-// with this tile's id and groups (shifted by the difference of their keys).
-// Read from the first shard's, not the one just written: a load that spans
-// two stores still in the store buffer waits for them to drain.
-inline void copy_shard_fragments(Fragment* out, const Fragment* from, std::int32_t n, std::int32_t id, std::int32_t shift,
-                                 std::uint64_t* held) {
-  for (std::int32_t k = 0; k < n; ++k) {
-    Fragment f = from[k];
-    f.tile = id;
-    f.group += shift;
-    set_bit(held, f.group);
-    ::new (static_cast<void*>(out + k)) Fragment(f);
-  }
+// Another shard of the same rows holds the groups of the same n samples
+// from `first` on, with its own key: C_r's bits for them.
+inline void set_shard_groups(std::uint64_t* held, std::int32_t first, std::int32_t keys, std::int32_t key,
+                             std::int32_t n) {
+  for (std::int32_t k = 0, gid = first * keys + key; k < n; ++k, gid += keys) set_bit(held, gid);
 }
 
 // The fragments of rows `r` (tile `id`, dedup key `key`), one per sample
@@ -338,10 +330,11 @@ inline std::int32_t write_sample_fragments(const Geometry& g, const PlacedRows& 
 // 2. Tiles and fragments in one pass, with the compute-list counts, the
 //    loads and C_r. Consecutive tiles with the same rows (the shards of
 //    a tap block) share their samples, FLOPs and home: the rows are looked
-//    up once and the next shard copies the fragments with its own groups.
-//    Storage for the fragments is allocated once, for at most one per tile
-//    plus one per sample start inside a tile's rows (a start lies inside at
-//    most one piece of each (block, shard)), and then trimmed.
+//    up once and their fragments written once (Plan::Data::row_fragments);
+//    the next shard only marks its own groups. Storage for them is
+//    allocated once, for at most one per tile plus one per sample start
+//    inside a tile's rows (a start lies inside at most one piece of each
+//    (block, shard)), and then trimmed.
 void write_tiles(Plan::Data& d, const Geometry& g, std::span<const ShardInfo> shards, std::span<const PlacedRows> rows,
                  HeldBits& held) {
   d.tiles = RawArray<Tile>(rows.size());
@@ -354,12 +347,13 @@ void write_tiles(Plan::Data& d, const Geometry& g, std::span<const ShardInfo> sh
   Fragment* const frags = fragments.data();
   std::uint64_t* const held_bits = held.bits.data();
   const std::size_t words = held.words;
+  const std::int32_t keys = g.keys_per_sample;
   std::size_t* const tile_counts = d.worker_tile_offsets.data() + 1;
   std::int64_t* const loads = d.worker_flops.data();
   PlacedRows prev{-1, -1, -1, -1, -1, -1};
-  std::int32_t piece = 0, home = 0, key = 0, n = 0;
+  std::int32_t piece = 0, home = 0, first = 0, n = 0;
   std::int64_t flops = 0;
-  std::size_t count = 0, first_count = 0;  // key, first_count: the key and first fragment of the rows' first shard
+  std::size_t count = 0, written = 0;  // every tile's fragments so far; the runs' (written)
   for (std::size_t i = 0; i < rows.size(); ++i) {
     const PlacedRows r = rows[i];
     const auto id = static_cast<std::int32_t>(i);
@@ -370,17 +364,16 @@ void write_tiles(Plan::Data& d, const Geometry& g, std::span<const ShardInfo> sh
     const bool block_start = r.begin == r.block * g.block_size;
     piece = block_start ? 0 : piece + 1;
     if (prev.slot == r.slot && prev.begin == r.begin && prev.end == r.end) {
-      copy_shard_fragments(frags + count, frags + first_count, n, id, shard.key - key, row);
+      set_shard_groups(row, first, keys, shard.key, n);
     } else {
       // A block's first piece starts at the block (every tile but a
       // tap-split piece): its first sample is in a table.
-      const std::int32_t first = block_start ? g.block_sample(r.slot, r.block) : g.sample_at(r.slot, r.begin);
+      first = block_start ? g.block_sample(r.slot, r.block) : g.sample_at(r.slot, r.begin);
       home = g.home(r.slot, r.begin);
       std::int64_t pairs = 0;
-      n = write_sample_fragments(g, r, id, shard.key, first, frags + count, row, pairs);
+      n = write_sample_fragments(g, r, id, shard.key, first, frags + written, row, pairs);
       flops = pairs * g.head_width;
-      first_count = count;
-      key = shard.key;
+      written += static_cast<std::size_t>(n);
     }
     ::new (static_cast<void*>(tiles + i)) Tile{.id = id,
                                                .slot = r.slot,
@@ -401,8 +394,8 @@ void write_tiles(Plan::Data& d, const Geometry& g, std::span<const ShardInfo> sh
     count += static_cast<std::size_t>(n);
     prev = r;
   }
-  fragments.truncate(count);
-  d.fragments = std::move(fragments);
+  fragments.truncate(written);
+  d.row_fragments = std::move(fragments);
 }
 
 // 3. KV groups, densely numbered (global sample, key): group j * keys + k
@@ -431,13 +424,11 @@ void write_groups(Plan::Data& d, const Geometry& g, std::span<const KvGroup> key
   }
 }
 
-// 4. Compute lists (from the counts of the tile pass) and the imbalance.
+// 4. Compute list offsets (from the counts of the tile pass; the lists on
+//    first use: list_worker_tiles) and the imbalance.
 void write_compute_lists(Plan::Data& d) {
   const std::size_t W = d.worker_flops.size();
   for (std::size_t r = 0; r < W; ++r) d.worker_tile_offsets[r + 1] += d.worker_tile_offsets[r];
-  d.worker_tile_ids = RawArray<std::int32_t>(d.tiles.size());  // every tile's id once, below
-  std::vector<std::size_t> at(d.worker_tile_offsets.begin(), d.worker_tile_offsets.end() - 1);
-  for (const Tile& t : d.tiles) d.worker_tile_ids[at[static_cast<std::size_t>(t.worker)]++] = t.id;
   std::int64_t total_flops = 0, max_flops = 0;
   for (std::int64_t f : d.worker_flops) {
     total_flops += f;
@@ -470,7 +461,8 @@ class EntryIndex {
 EntryIndex read_group_lists(Plan::Data& d, const HeldBits& held, bool entries) {
   const int W = d.num_workers;
   EntryIndex index(held, entries ? held.bits.size() : 0);
-  RawArray<std::int32_t> ids(d.fragments.size());
+  // At most one entry per fragment of every tile.
+  RawArray<std::int32_t> ids(d.tiles.size() > 0 ? static_cast<std::size_t>(d.tiles[d.tiles.size() - 1].fragment_end) : 0);
   std::int32_t* const out = ids.data();
   std::size_t at = 0;
   d.worker_group_offsets.assign(static_cast<std::size_t>(W) + 1, 0);
@@ -559,22 +551,32 @@ void merge_uses(ChunkUse* into, const ChunkUse* shard, std::size_t heads) {
   }
 }
 
+// What tile t adds to the groups of its rows' run's fragments (the run's
+// first tile's, `f` one of them): the difference of the two shards' keys.
+std::int32_t key_shift(const Plan::Data& d, std::span<const ShardInfo> shards, const Tile& t, const Fragment& f) {
+  return shards[static_cast<std::size_t>(t.shard)].key -
+         shards[static_cast<std::size_t>(d.tiles[static_cast<std::size_t>(f.tile)].shard)].key;
+}
+
 // 5c. Per entry of worker_group_ids, from every fragment: with kv_prefix,
 //     the causal prefix of the sample the worker holds (up to its last
 //     query row: a query reads no later key; Plan::Data::kv_span_end); when
 //     keys merge shards, the chunks that read each KV head.
-void record_entries(Plan::Data& d, const EntryIndex& entry, const ChunkUse* shard_uses, std::int32_t stride,
-                    bool key_is_shard, bool spans = true, std::uint64_t* entry_shards = nullptr) {
+void record_entries(Plan::Data& d, std::span<const ShardInfo> shards, const EntryIndex& entry, const ChunkUse* shard_uses,
+                    std::int32_t stride, bool key_is_shard, bool spans = true, std::uint64_t* entry_shards = nullptr) {
   const bool prefix = d.config.kv_prefix && spans;
   if (prefix) {
     d.kv_span_end = RawArray<std::int64_t>(d.worker_group_ids.size());
     std::fill_n(d.kv_span_end.data(), d.kv_span_end.size(), std::int64_t{0});
   }
-  for (const Tile& t : d.tiles) {
+  for_each_tile_fragments(d, [&](const Tile& t, const Fragment* frags) {
+    const std::int32_t n = t.fragment_end - t.fragment_begin;
+    if (n == 0) return;
     const ChunkUse* su = shard_uses + static_cast<std::size_t>(t.shard) * static_cast<std::size_t>(stride);
-    for (std::int32_t fi = t.fragment_begin; fi < t.fragment_end; ++fi) {
-      const Fragment& frag = d.fragments[static_cast<std::size_t>(fi)];
-      const std::size_t at = entry(t.worker, frag.group);
+    const std::int32_t shift = key_shift(d, shards, t, frags[0]);
+    for (std::int32_t k = 0; k < n; ++k) {
+      const Fragment& frag = frags[k];
+      const std::size_t at = entry(t.worker, frag.group + shift);
       if (prefix) {
         std::int64_t& span_end = d.kv_span_end[at];
         span_end = std::max(span_end, frag.sample_start + frag.e);
@@ -584,7 +586,7 @@ void record_entries(Plan::Data& d, const EntryIndex& entry, const ChunkUse* shar
       const std::size_t first = d.kv_use_offsets[at];
       merge_uses(d.kv_uses.data() + first, su, d.kv_use_offsets[at + 1] - first);
     }
-  }
+  });
 }
 
 // record_entries' K/V uses from the shards that read each entry
@@ -650,7 +652,7 @@ Plan build_plan(std::span<const PackedSequence> pool, const PlanConfig& config, 
     entry_shards = d->entry_shards.data();
     std::fill_n(entry_shards, d->entry_shards.size(), std::uint64_t{0});
   }
-  if (need_entries) record_entries(*d, entries, shard_table, shard_uses.stride, key_is_shard, true, entry_shards);
+  if (need_entries) record_entries(*d, shards, entries, shard_table, shard_uses.stride, key_is_shard, true, entry_shards);
   // 8. The fingerprint and the exchange are derived from the plan on first
   //    use (Plan::fingerprint, derive_exchange).
   d->geometry = std::make_shared<const Geometry>(std::move(geo));
@@ -670,10 +672,9 @@ Plan rechunk_data(const Plan::Data& base, const PlanConfig& config) {
   const Geometry& g = *base.geometry;
   std::shared_ptr<Plan::Data> d = plan_header(base.pool, config, g);
   d->tiles = base.tiles.share();
-  d->fragments = base.fragments.share();
+  d->row_fragments = base.row_fragments.share();
   d->groups = base.groups.share();
   d->worker_tile_offsets = base.worker_tile_offsets;
-  d->worker_tile_ids = base.worker_tile_ids.share();
   d->worker_group_offsets = base.worker_group_offsets;
   d->worker_group_ids = base.worker_group_ids.share();
   d->kv_span_end = base.kv_span_end.share();
@@ -689,7 +690,7 @@ Plan rechunk_data(const Plan::Data& base, const PlanConfig& config) {
     merge_entry_uses(*d, shard_table, shard_uses.stride);
   } else if (!key_is_shard) {
     const HeldBits held = held_of(*d, g);
-    record_entries(*d, index_of(*d, held), shard_table, shard_uses.stride, false, /*spans=*/false);
+    record_entries(*d, shards, index_of(*d, held), shard_table, shard_uses.stride, false, /*spans=*/false);
   }
   d->geometry = base.geometry;
   return Plan(std::move(d));
@@ -980,6 +981,30 @@ void find_busiest(const Plan::Data& d) {
 
 }  // namespace
 
+void list_worker_tiles(const Plan::Data& d) {
+  RawArray<std::int32_t> ids(d.tiles.size());  // every tile's id once, below
+  std::vector<std::size_t> at(d.worker_tile_offsets.begin(), d.worker_tile_offsets.end() - 1);
+  for (const Tile& t : d.tiles) ids[at[static_cast<std::size_t>(t.worker)]++] = t.id;
+  d.worker_tile_ids = std::move(ids);
+}
+
+void spell_fragments(const Plan::Data& d) {
+  const std::vector<ShardInfo> shards = shard_infos(*d.geometry);
+  RawArray<Fragment> out(d.tiles.size() > 0 ? static_cast<std::size_t>(d.tiles[d.tiles.size() - 1].fragment_end) : 0);
+  for_each_tile_fragments(d, [&](const Tile& t, const Fragment* frags) {
+    const std::int32_t n = t.fragment_end - t.fragment_begin;
+    if (n == 0) return;
+    const std::int32_t shift = key_shift(d, shards, t, frags[0]);
+    for (std::int32_t k = 0; k < n; ++k) {
+      Fragment f = frags[k];
+      f.tile = t.id;
+      f.group += shift;
+      out.put(static_cast<std::size_t>(t.fragment_begin + k), f);
+    }
+  });
+  d.fragments = std::move(out);
+}
+
 // Sections 6 and 7b of the builder: the transfers, chunk lists, byte
 // matrices and bytes by tier of a built plan (Plan::Data's exchange).
 void derive_exchange(const Plan::Data& data) {
@@ -1121,14 +1146,52 @@ void add_fetches(const Plan::Data& d, const Geometry& g, const KeyHeads& keys, P
   });
 }
 
+// What a key's fetches add whatever their rows, per chunking: the chunks
+// it has KV heads in (m, how many), the KV heads any of them has [lo, hi),
+// and each such head's last chunk (-1: none has it).
+struct KeyChunks {
+  std::vector<std::pair<std::uint32_t, std::int32_t>> chunks;
+  std::vector<std::uint32_t> chunks_at;  // key k's: chunks[chunks_at[k], chunks_at[k + 1])
+  std::vector<HeadRange> heads;          // per key
+  std::vector<std::int32_t> last;        // key k's heads from last[last_at[k]]
+  std::vector<std::uint32_t> last_at;
+
+  KeyChunks(std::span<const HeadRange> chunk_kv, std::size_t keys, std::size_t M) {
+    chunks_at.push_back(0);
+    for (std::size_t k = 0; k < keys; ++k) {
+      std::int32_t lo = std::numeric_limits<std::int32_t>::max(), hi = 0;
+      for (std::size_t m = 0; m < M; ++m) {
+        const HeadRange h = chunk_kv[k * M + m];
+        if (h.size() == 0) continue;
+        chunks.emplace_back(static_cast<std::uint32_t>(m), h.size());
+        lo = std::min(lo, h.begin);
+        hi = std::max(hi, h.end);
+      }
+      chunks_at.push_back(static_cast<std::uint32_t>(chunks.size()));
+      heads.push_back(lo < hi ? HeadRange{lo, hi} : HeadRange{});
+      last_at.push_back(static_cast<std::uint32_t>(last.size()));
+      last.resize(last.size() + static_cast<std::size_t>(heads.back().size()), -1);
+      for (std::size_t m = 0; m < M; ++m) {
+        const HeadRange h = chunk_kv[k * M + m];
+        for (std::int32_t kh = h.begin; kh < h.end; ++kh) {
+          last[last_at.back() + static_cast<std::size_t>(kh - lo)] = static_cast<std::int32_t>(m);
+        }
+      }
+    }
+  }
+};
+
 // exchange_sums' K/V part of one chunking: per fetched run, its tokens x
 // KV heads per chunk, and each (run, KV head) place of its dK/dV once, with
 // the latest chunk and the longest rows of the groups sharing it (as phase
-// pricing and src/schedule/schedule.cpp return them).
+// pricing and src/schedule/schedule.cpp return them). A head's place is the
+// largest over the chunks that have it of its last use, or of the chunk
+// where unused: its last use, or its last such chunk (integer maxima and
+// sums, in any order).
 struct KvSums {
   const Plan::Data& d;
   const KeyHeads& keys;
-  std::span<const HeadRange> chunk_kv;  // [key * M + m]
+  const KeyChunks& kc;
   ExchangeSums& out;
   // Per KV head of the run being summed: -1 and 0 between runs (each run
   // resets the heads it touched, [lo, hi): a key holds a shard's heads).
@@ -1136,24 +1199,27 @@ struct KvSums {
   std::vector<std::int64_t> cell_rows;
 
   void run(const ExchangeLayout::Run& r, std::span<const ExchangeLayout::Fetch> fetches) {
-    const auto M = static_cast<std::size_t>(out.chunks);
     const std::size_t n = out.pairs.size();
+    std::int64_t* const kv_token_heads = out.kv_token_heads.data() + r.pair;
     std::int32_t lo = std::numeric_limits<std::int32_t>::max(), hi = 0;
     for (const ExchangeLayout::Fetch& f : fetches) {
-      const HeadRange kv = keys.group[static_cast<std::size_t>(f.key)].kv_heads;
+      const auto k = static_cast<std::size_t>(f.key);
+      for (std::size_t c = kc.chunks_at[k]; c < kc.chunks_at[k + 1]; ++c) {
+        kv_token_heads[kc.chunks[c].first * n] += f.rows * kc.chunks[c].second;
+      }
+      const HeadRange h = kc.heads[k];
+      if (h.size() == 0) continue;
+      lo = std::min(lo, h.begin);
+      hi = std::max(hi, h.end);
+      const HeadRange kv = keys.group[k].kv_heads;
       const ChunkUse* uses = d.uses_of(f.entry, f.key);
-      for (std::size_t m = 0; m < M; ++m) {
-        const HeadRange h = chunk_kv[static_cast<std::size_t>(f.key) * M + m];
-        if (h.size() == 0) continue;
-        lo = std::min(lo, h.begin);
-        hi = std::max(hi, h.end);
-        out.kv_token_heads[m * n + r.pair] += f.rows * h.size();
-        for (std::int32_t kh = h.begin; kh < h.end; ++kh) {
-          const ChunkUse use = uses[kh - kv.begin];
-          auto& last = cell_last[static_cast<std::size_t>(kh)];
-          last = std::max(last, use.used() ? use.last : static_cast<std::int32_t>(m));
-          cell_rows[static_cast<std::size_t>(kh)] = std::max(cell_rows[static_cast<std::size_t>(kh)], f.rows);
-        }
+      const std::int32_t* last_chunk = kc.last.data() + kc.last_at[k] - h.begin;
+      for (std::int32_t kh = h.begin; kh < h.end; ++kh) {
+        if (last_chunk[kh] < 0) continue;
+        const ChunkUse use = uses[kh - kv.begin];
+        auto& last = cell_last[static_cast<std::size_t>(kh)];
+        last = std::max(last, use.used() ? use.last : last_chunk[kh]);
+        cell_rows[static_cast<std::size_t>(kh)] = std::max(cell_rows[static_cast<std::size_t>(kh)], f.rows);
       }
     }
     // The dK/dV go back: worker `to` to `from`.
@@ -1246,7 +1312,8 @@ ExchangeSums exchange_sums(const Plan::Data& d, const ExchangeLayout& layout) {
   }
   const KeyHeads keys = key_heads(g);
   const std::vector<HeadRange> chunk_kv = chunk_kv_table(g, d.config, keys);
-  KvSums kv{d, keys, chunk_kv, out, std::vector<std::int32_t>(static_cast<std::size_t>(g.heads_kv), -1),
+  const KeyChunks kc(chunk_kv, static_cast<std::size_t>(g.keys_per_sample), M);
+  KvSums kv{d, keys, kc, out, std::vector<std::int32_t>(static_cast<std::size_t>(g.heads_kv), -1),
             std::vector<std::int64_t>(static_cast<std::size_t>(g.heads_kv), 0)};
   const std::span<const ExchangeLayout::Fetch> fetches(layout.fetches);
   for (const ExchangeLayout::Run& r : layout.runs) kv.run(r, fetches.subspan(r.first, r.last - r.first));
@@ -1303,12 +1370,18 @@ int Plan::num_workers() const { return d_->num_workers; }
 int Plan::head_width() const { return d_->head_width; }
 std::span<const PackedSequence> Plan::pool() const { return d_->pool; }
 std::span<const Tile> Plan::tiles() const { return d_->tiles; }
-std::span<const Fragment> Plan::fragments() const { return {d_->fragments.data(), d_->fragments.size()}; }
+std::span<const Fragment> Plan::fragments() const {
+  const Data& d = *d_;
+  std::call_once(d.fragments_once, [&d] { detail::spell_fragments(d); });
+  return {d.fragments.data(), d.fragments.size()};
+}
 std::span<const KvGroup> Plan::groups() const { return {d_->groups.data(), d_->groups.size()}; }
 
 std::span<const std::int32_t> Plan::worker_tiles(int r) const {
-  const auto& o = d_->worker_tile_offsets;
-  return std::span<const std::int32_t>(d_->worker_tile_ids).subspan(o[r], o[r + 1] - o[r]);
+  const Data& d = *d_;
+  std::call_once(d.worker_tiles_once, [&d] { detail::list_worker_tiles(d); });
+  const auto& o = d.worker_tile_offsets;
+  return std::span<const std::int32_t>(d.worker_tile_ids).subspan(o[r], o[r + 1] - o[r]);
 }
 std::span<const std::int32_t> Plan::worker_groups(int r) const {
   const auto& o = d_->worker_group_offsets;

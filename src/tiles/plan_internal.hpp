@@ -79,10 +79,21 @@ struct Plan::Data {
   int num_workers = 0;
   int head_width = 0;
   detail::RawArray<Tile> tiles;
-  detail::RawArray<Fragment> fragments;
+  // The fragments of the first tile of every run of consecutive tiles with
+  // the same rows (a block's S shards read the same samples): each tile's
+  // own (Plan::fragments, its tile id and groups) are spelled out from them
+  // on first use (detail::spell_fragments, under fragments_once), as the
+  // simulator reads none of them. Readers inside src/tiles walk these
+  // (detail::for_each_tile_fragments).
+  detail::RawArray<Fragment> row_fragments;
+  mutable std::once_flag fragments_once;
+  mutable detail::RawArray<Fragment> fragments;
   detail::RawArray<KvGroup> groups;
   std::vector<std::size_t> worker_tile_offsets;  // W + 1
-  detail::RawArray<std::int32_t> worker_tile_ids;
+  // Listed on first use (Plan::worker_tiles: detail::list_worker_tiles,
+  // under worker_tiles_once): the simulator reads none of them.
+  mutable std::once_flag worker_tiles_once;
+  mutable detail::RawArray<std::int32_t> worker_tile_ids;
   std::vector<std::size_t> worker_group_offsets;  // W + 1
   detail::RawArray<std::int32_t> worker_group_ids;
   // The chunks that read each KV head of each entry of worker_group_ids
@@ -307,6 +318,30 @@ void sort_rows(std::vector<PlacedRows>& rows);
 // move it in).
 [[nodiscard]] Plan build_plan(std::span<const PackedSequence> pool, const PlanConfig& config, Geometry geo,
                               std::span<const PlacedRows> rows);
+
+// Every tile of `d` in order with the fragments of its rows' run
+// (Plan::Data::row_fragments): the tile's own but for their tile id and, for
+// another shard, their groups (shifted by the difference of the keys).
+//   for_each_tile_fragments(d, [&](const Tile& t, const Fragment* f) { ... f[0 .. n) ... });
+template <class Visit>
+void for_each_tile_fragments(const Plan::Data& d, Visit&& visit) {
+  const Fragment* at = d.row_fragments.data();
+  const Tile* prev = nullptr;
+  for (const Tile& t : d.tiles) {
+    // build_plan's rule: a tile with its predecessor's rows copies its fragments.
+    if (prev != nullptr && !(prev->slot == t.slot && prev->begin == t.begin && prev->end == t.end)) {
+      at += prev->fragment_end - prev->fragment_begin;
+    }
+    visit(t, at);
+    prev = &t;
+  }
+}
+// Fills Plan::Data::worker_tile_ids from the tiles and the offsets;
+// Plan::worker_tiles calls it once (Plan::Data::worker_tiles_once).
+void list_worker_tiles(const Plan::Data& d);
+// Fills Plan::Data::fragments from the row runs; Plan::fragments calls it
+// once (Plan::Data::fragments_once).
+void spell_fragments(const Plan::Data& d);
 
 // Fills the exchange of a plan build_plan made; Plan's exchange accessors
 // call it once (Plan::Data::exchange_once).
