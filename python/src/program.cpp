@@ -237,14 +237,23 @@ void bind_program(py::module_& m) {
       }, py::arg("pass"))
       // Everything libra.torch indexes with in this micro-batch (program_index.hpp), built once, with
       // the GIL released: (data, layout), data one int64 array, layout the records pointing into it.
-      .def("index_arrays", [](ProgramHandle& h) {
+      // kinds: the merged calls' and descriptor records to include ("varlen", "joined", "descriptors"; all
+      // by default), so a runtime makes only the Python objects its backend reads.
+      .def("index_arrays", [](ProgramHandle& h, std::optional<std::vector<std::string>> kinds) {
+        unsigned mask = kinds ? 0U : 7U;
+        for (const std::string& k : kinds.value_or(std::vector<std::string>{})) {
+          if (k == "varlen") mask |= 1U;
+          else if (k == "joined") mask |= 2U;
+          else if (k == "descriptors") mask |= 4U;
+          else bad("index_arrays: kind " + k + ": must be varlen, joined or descriptors");
+        }
         std::shared_ptr<const IndexArrays> ix;
         {
           py::gil_scoped_release release;
           ix = index_arrays(h);
         }
-        return index_arrays_py(std::move(ix));
-      })
+        return index_arrays_py(std::move(ix), mask);
+      }, py::arg("kinds") = py::none())
       // Builds the index arrays without returning them (Planner's thread); the C++ build's thread CPU seconds.
       .def("build_index", [](ProgramHandle& h) {
         py::gil_scoped_release release;

@@ -11,9 +11,12 @@
 #include <cstring>
 #include <ctime>
 #include <limits>
+#include <map>
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <tuple>
+#include <unordered_map>
 
 namespace libra_py {
 
@@ -51,6 +54,33 @@ struct Builder {
     if (ix.rows == at) return -1;
     ix.cuts.push_back(at);
     return static_cast<I64>(ix.cuts.size()) - 1;
+  }
+
+  // Group sides already cut, by their runs' (count, base, len, stride): a group side whose runs equal
+  // an earlier one's takes that side's cut and rows instead of its own (K's and V's groups move the
+  // same positions, O's and LSE's too; at 1M two sides in three repeat one). Merged calls' sides are
+  // not shared: consecutive pairs' rows must stay contiguous (a joined call spans them).
+  std::unordered_map<std::string, std::pair<I64, I64>> seen;  // runs -> (cut, its first entry)
+
+  // A group's side, the runs from index `from` on (its rows from entry `at`) complete: (its cut,
+  // its first entry), an earlier identical side's (the runs just added dropped) or a new cut's;
+  // (-1, at) where it has no entries.
+  std::pair<I64, I64> group_side(std::size_t from, I64 at) {
+    if (ix.rows == at) return {-1, at};
+    std::string key;
+    key.reserve((runs.size() - from) * 4 * sizeof(I32));
+    for (std::size_t i = from; i < runs.size(); ++i) {
+      const std::array<I32, 4> r{runs[i].count, runs[i].base, runs[i].len, runs[i].stride};
+      key.append(reinterpret_cast<const char*>(r.data()), sizeof(r));
+    }
+    auto [it, fresh] = seen.try_emplace(std::move(key), static_cast<I64>(ix.cuts.size()), at);
+    if (fresh) {
+      ix.cuts.push_back(at);
+    } else {
+      runs.resize(from);
+      ix.rows = at;
+    }
+    return it->second;
   }
 
   // n entries at the end of data; returns their offset (data may move: write through data after).
@@ -119,7 +149,7 @@ struct Builder {
     for (std::size_t g = 0; g < out.size(); ++g) {
       GroupRec& r = out[g];
       std::size_t from = runs.size();
-      r.s_off = ix.rows;
+      I64 at = ix.rows;
       for (std::size_t i : members[g]) {
         const libra::Move& m = moves[i];
         I64 shift = 0;
@@ -129,16 +159,17 @@ struct Builder {
         }
         run(shift + m.src_offset, m.rows, m.run, m.src_stride);
       }
-      r.s_cut = side(r.s_off);
       const bool s_iota = iota(from);
+      std::tie(r.s_cut, r.s_off) = group_side(from, at);
       from = runs.size();
-      r.d_off = ix.rows;
+      at = ix.rows;
       for (std::size_t i : members[g]) {
         const libra::Move& m = moves[i];
         run(m.dst_offset, m.rows, m.run, m.dst_stride);
       }
-      r.d_cut = side(r.d_off);
-      r.identity = (s_iota ? 1 : 0) | (iota(from) ? 2 : 0);
+      const bool d_iota = iota(from);
+      std::tie(r.d_cut, r.d_off) = group_side(from, at);
+      r.identity = (s_iota ? 1 : 0) | (d_iota ? 2 : 0);
     }
     return out;
   }
@@ -320,7 +351,7 @@ bool same_calls(const libra::RankSchedule& s, std::span<const libra::KernelCall>
 std::shared_ptr<IndexArrays> build(const ProgramHandle& h) {
   const double t0 = thread_seconds();
   auto ix = std::make_shared<IndexArrays>();
-  Builder b{*ix, h.schedule.home_vectors(libra::Field::kQ), h.schedule.home_vectors(libra::Field::kK), {}};
+  Builder b{*ix, h.schedule.home_vectors(libra::Field::kQ), h.schedule.home_vectors(libra::Field::kK), {}, {}};
   const libra::RankSchedule& s = h.schedule;
   for (int p = 0; p < 2; ++p) {
     const libra::PassProgram& pp = h.program.pass(static_cast<libra::Pass>(p));
@@ -347,40 +378,50 @@ std::shared_ptr<IndexArrays> build(const ProgramHandle& h) {
   return ix;
 }
 
-py::tuple group_py(const GroupRec& g) {
-  return py::make_tuple(libra::field_name(static_cast<libra::Field>(g.field)), g.src, g.dst, g.add, g.cls, g.s_off,
-                        g.d_off, g.n, g.identity, g.s_cut, g.d_cut);
+// The fields' names as Python strings, made once per layout (a group's tuple takes its field's, not a
+// string of its own).
+using FieldNames = std::array<py::str, libra::kNumFields>;
+
+FieldNames field_names() {
+  FieldNames names;
+  for (int f = 0; f < libra::kNumFields; ++f) names[static_cast<std::size_t>(f)] = py::str(libra::field_name(static_cast<libra::Field>(f)));
+  return names;
 }
 
-py::list groups_py(const std::vector<GroupRec>& gs) {
-  py::list l;
-  for (const GroupRec& g : gs) l.append(group_py(g));
+py::tuple group_py(const GroupRec& g, const FieldNames& names) {
+  return py::make_tuple(names[static_cast<std::size_t>(g.field)], g.src, g.dst, g.add, g.cls, g.s_off, g.d_off, g.n,
+                        g.identity, g.s_cut, g.d_cut);
+}
+
+py::list groups_py(const std::vector<GroupRec>& gs, const FieldNames& names) {
+  py::list l(gs.size());
+  for (std::size_t i = 0; i < gs.size(); ++i) l[i] = group_py(gs[i], names);
   return l;
 }
 
 // Per class the vectors sent to (received from) each peer. Most classes of most exchanges move
-// nothing: those share one list of zeros (`zeros`, made on first use), a fraction of the Python
-// objects one list each takes (nothing writes them).
-py::list counts_py(const std::array<std::vector<I64>, libra::kNumWireClasses>& v, py::object& zeros) {
-  py::list out;
-  for (const std::vector<I64>& c : v) {
-    if (std::any_of(c.begin(), c.end(), [](I64 n) { return n != 0; })) {
-      out.append(py::cast(c));
-      continue;
-    }
-    if (zeros.is_none() || py::len(zeros) != c.size()) zeros = py::cast(c);
-    out.append(zeros);
+// nothing, and classes of one exchange often move the same counts (O's and LSE's): equal lists are one
+// list (`made`, by value: at 1M 49 lists of 64 ints are 9), a fraction of the Python objects one list
+// each takes (nothing writes them).
+using CountLists = std::map<std::vector<I64>, py::list>;
+
+py::list counts_py(const std::array<std::vector<I64>, libra::kNumWireClasses>& v, CountLists& made) {
+  py::list out(v.size());
+  for (std::size_t c = 0; c < v.size(); ++c) {
+    auto it = made.find(v[c]);
+    if (it == made.end()) it = made.emplace(v[c], py::cast(v[c])).first;
+    out[c] = it->second;
   }
   return out;
 }
 
-py::dict exchange_py(const ExchangeRec& x, py::object& zeros) {
+py::dict exchange_py(const ExchangeRec& x, CountLists& made, const FieldNames& names) {
   py::dict d;
-  d["send"] = counts_py(x.send, zeros);
-  d["recv"] = counts_py(x.recv, zeros);
-  d["gather"] = groups_py(x.gather);
-  d["local"] = groups_py(x.local);
-  d["scatter"] = groups_py(x.scatter);
+  d["send"] = counts_py(x.send, made);
+  d["recv"] = counts_py(x.recv, made);
+  d["gather"] = groups_py(x.gather, names);
+  d["local"] = groups_py(x.local, names);
+  d["scatter"] = groups_py(x.scatter, names);
   return d;
 }
 
@@ -451,7 +492,7 @@ std::shared_ptr<const IndexArrays> index_arrays(ProgramHandle& h) {
   return h.index;
 }
 
-py::tuple index_arrays_py(std::shared_ptr<const IndexArrays> ix) {
+py::tuple index_arrays_py(std::shared_ptr<const IndexArrays> ix, unsigned kinds) {
   // The arrays share ix's memory (the capsule keeps ix alive). Writable only so that torch.from_numpy
   // takes them without a warning: nothing writes them.
   auto* keep = new std::shared_ptr<const IndexArrays>(ix);
@@ -462,35 +503,43 @@ py::tuple index_arrays_py(std::shared_ptr<const IndexArrays> ix) {
   py::array_t<std::int32_t> data({static_cast<py::ssize_t>(ix->data.size())}, {static_cast<py::ssize_t>(4)},
                                  const_cast<std::int32_t*>(ix->data.data()), owner);
   py::dict layout;
-  static const char* kinds[3] = {"in", "out", "stage"};
-  py::object zeros = py::none();
+  static const char* kinds_of[3] = {"in", "out", "stage"};
+  const FieldNames names = field_names();
+  CountLists made;
   py::list passes;
   for (int p = 0; p < 2; ++p) {
     py::dict per;
     for (int k = 0; k < 3; ++k) {
       py::list chunks;
-      for (const ExchangeRec& x : ix->exchanges[p][k]) chunks.append(exchange_py(x, zeros));
-      per[kinds[k]] = chunks;
+      for (const ExchangeRec& x : ix->exchanges[p][k]) chunks.append(exchange_py(x, made, names));
+      per[kinds_of[k]] = chunks;
     }
-    per["apply"] = groups_py(ix->apply[p]);
-    py::list varlen, joined, desc;
-    for (std::size_t m = 0; m < ix->varlen[p].size(); ++m) {
-      // A backward chunk with forward's calls gets forward's very records (one Pair each on the device).
-      if (p == 1 && ix->shared[m]) {
-        varlen.append(passes[0]["varlen"][py::int_(m)]);
-        joined.append(passes[0]["joined"][py::int_(m)]);
-        continue;
+    per["apply"] = groups_py(ix->apply[p], names);
+    // The merged calls' records a kind of backend reads (kinds' bits: varlen, joined, descriptors);
+    // the others are left out (index.py asks for them if it ever reads them).
+    const std::array<std::pair<const char*, const std::vector<std::vector<PairRec>>*>, 2> pair_kinds{
+        {{"varlen", &ix->varlen[p]}, {"joined", &ix->joined[p]}}};
+    for (std::size_t k = 0; k < pair_kinds.size(); ++k) {
+      if (!(kinds & (1U << k))) continue;
+      const auto& [name, recs] = pair_kinds[k];
+      py::list chunks;
+      for (std::size_t m = 0; m < recs->size(); ++m) {
+        // A backward chunk with forward's calls gets forward's very records (one Pair each on the device).
+        if (p == 1 && ix->shared[m]) {
+          chunks.append(passes[0][name][py::int_(m)]);
+          continue;
+        }
+        py::list pairs;
+        for (const PairRec& r : (*recs)[m]) pairs.append(pair_py(r));
+        chunks.append(pairs);
       }
-      py::list pairs, joins;
-      for (const PairRec& r : ix->varlen[p][m]) pairs.append(pair_py(r));
-      for (const PairRec& r : ix->joined[p][m]) joins.append(pair_py(r));
-      varlen.append(pairs);
-      joined.append(joins);
+      per[name] = chunks;
     }
-    for (const DescRec& d : ix->descriptors[p]) desc.append(py::make_tuple(d.table_off, d.rows, d.bounds_off));
-    per["varlen"] = varlen;
-    per["joined"] = joined;
-    per["descriptors"] = desc;
+    if (kinds & 4U) {
+      py::list desc;
+      for (const DescRec& d : ix->descriptors[p]) desc.append(py::make_tuple(d.table_off, d.rows, d.bounds_off));
+      per["descriptors"] = desc;
+    }
     passes.append(per);
   }
   layout["passes"] = passes;

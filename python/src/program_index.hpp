@@ -115,8 +115,10 @@ struct IndexArrays {
 std::shared_ptr<const IndexArrays> index_arrays(ProgramHandle& h);
 
 // The Python view of `ix`: (runs as an int32 [runs, 5] numpy array (a strided view of data's columns),
-// data as an int32 one, layout dict), the arrays writable and sharing ix's memory.
-py::tuple index_arrays_py(std::shared_ptr<const IndexArrays> ix);
+// data as an int32 one, layout dict), the arrays writable and sharing ix's memory; the layout's
+// passes hold the merged calls' and descriptor records only of the kinds in `kinds` (bits: 1 varlen,
+// 2 joined, 4 descriptors).
+py::tuple index_arrays_py(std::shared_ptr<const IndexArrays> ix, unsigned kinds = 7);
 
 // h.home as a dict of numpy views (program.cpp's RankProgram.home).
 py::dict home_py(const ProgramHandle& h);

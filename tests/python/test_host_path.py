@@ -231,7 +231,15 @@ def _meta_body(rank, world, pool, kw, relay):
     lt.attention(q, k, v, rt).backward(do)  # the first call copies the index arrays to the device
     fwd, bwd = call_ops(rt, q, k, v, do)
     frags = sum(len(f) for per in rt.schedule["calls"] for chunk in per for _qp, _kp, f, _h, _k in chunk)
-    return fwd, bwd, frags, len(plan.tiles["worker"])
+    # A backward chunk with forward's calls (the binding gave it forward's records) has forward's very
+    # Pairs on the device, whichever kind (made now or when first read, as here).
+    on, lay, shared = rt.on(q.device), rt._index_layout["passes"], 0
+    for kind in ("joined", "varlen"):
+        for m, chunk in enumerate(lay[1].get(kind, ())):
+            if chunk is lay[0][kind][m]:
+                shared += 1
+                assert all(a is b for a, b in zip(on[1][kind][m], on[0][kind][m], strict=True)), (kind, m)
+    return fwd, bwd, frags, len(plan.tiles["worker"]), shared
 
 
 def _meta_pool(pool, kw, relay=False):
@@ -260,6 +268,7 @@ def test_passes_on_meta_tensors_do_not_sync_and_their_ops_do_not_grow_with_the_t
     for i in (0, 1):  # forward, backward: the busiest worker's ops (a merged call more or less: 12 ops)
         assert max(r[i] for r in fine) <= max(r[i] for r in coarse) + 12, (i, coarse, fine)
     assert all(r[0] > 0 and r[1] > 0 for r in relayed)
+    assert sum(r[4] for r in coarse + fine + relayed) > 0  # some chunk's Pairs were shared
 
 
 # ---------------------------------------------------------------- backward from the saved O and LSE
@@ -342,3 +351,38 @@ def test_the_varlen_backward_from_saved_output_and_lse_matches_plain_attention()
         for name, (dtype, errs, padded) in r.items():
             assert max(errs.values()) < TOL[dtype], (name, errs)
             assert padded, name
+
+
+def test_the_construction_agreement_checks_every_rank_s_words():
+    """PlanRuntime's checks on the gathered words (runtime._check_agreed: numpy where the ranks agree)
+    raise the lines the per-rank Python checks raised, in their order; and the binding's agreement
+    hands an array gather back as an array, the same words as a list gather."""
+    from libra.torch import runtime  # noqa: PLC0415
+
+    def words(fps, workers, nw=3, relay=0):
+        return np.array([[fp >> 32, fp & 0xFFFFFFFF, w, nw, relay] for fp, w in zip(fps, workers)], dtype=np.int64)
+
+    def line(e, size=3):
+        try:
+            runtime._check_agreed(e, e[:, 2].tolist(), size)
+        except ValueError as err:
+            return str(err)
+        return None
+
+    fp, other = 0xDEADBEEF12345678, 0x0123456789ABCDEF
+    assert line(words([fp] * 3, [2, 0, 1])) is None
+    assert line(words([fp] * 3, [0, 1, 2], nw=4)) == "PlanRuntime: the group has 3 ranks but the plan has 4 workers"
+    assert line(words([fp, other, fp], [0, 1, 2])) == (f"plan fingerprint mismatch across the pool group: group ranks "
+                                                       f"[1] hold {other:016x}; group ranks [0, 2] hold {fp:016x}")
+    mixed = words([fp] * 3, [0, 1, 2])
+    mixed[1, 4] = 1
+    assert line(mixed) == ("PlanRuntime: relay differs across the pool group (group ranks [0, 2] pass relay=False; "
+                           "group ranks [1] pass relay=True): every rank must pass the same value")
+    for bad in ([0, 0, 1], [0, 1, 3], [-1, 1, 2]):
+        assert line(words([fp] * 3, bad)) == (f"PlanRuntime: the group's worker indices {bad} are not a permutation "
+                                              f"of 0..2")
+    rows = [[5, 6, 0], [7, 8, 0]]
+    as_list = _libra.agree([1, 2], b"", lambda mine: rows, print)
+    as_array = _libra.agree([1, 2], b"", lambda mine: np.array(rows, dtype=np.int64), print)
+    assert as_list[0] == [[5, 6], [7, 8]] and as_list[1:] == as_array[1:]
+    assert isinstance(as_array[0], np.ndarray) and as_array[0].tolist() == as_list[0]

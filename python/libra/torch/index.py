@@ -44,12 +44,15 @@ class Pair:
     __slots__ = ("q_home", "kv_home", "hq", "hkv", "total_q", "total_k", "max_q", "max_k", "seqs", "q", "kv",
                  "cu_q", "cu_k", "cu_host", "q2", "kv2", "lse2")
 
-    def __init__(self, rec, rows, cuts, dev, host):
+    def __init__(self, rec, rows, cuts, dev, small):
         self.q_home, self.kv_home, self.hq, self.hkv = rec["q_home"], rec["kv_home"], rec["hq"], rec["hkv"]
         self.total_q, self.total_k, self.max_q, self.max_k = rec["total_q"], rec["total_k"], rec["max_q"], rec["max_k"]
         self.seqs = rec["seqs"]
-        self.q = _span(rows, cuts, rec["q_cut"], rec["q_off"], self.total_q * self.hq)
-        self.kv = _span(rows, cuts, rec["kv_cut"], rec["kv_off"], self.total_k * self.hkv)
+        # Its cut of the rows, or (a joined call over several pairs) a slice.
+        cut, off, n = rec["q_cut"], rec["q_off"], self.total_q * self.hq
+        self.q = cuts[cut] if cut >= 0 else rows[off:off + n]
+        cut, off, n = rec["kv_cut"], rec["kv_off"], self.total_k * self.hkv
+        self.kv = cuts[cut] if cut >= 0 else rows[off:off + n]
         # The same rows shaped as the varlen tensors' leading dims, so one advanced-indexing op gathers
         # [total, heads, d] (or writes it back) with no reshape around it.
         self.q2 = self.q.view(self.total_q, self.hq)
@@ -58,22 +61,26 @@ class Pair:
         n, cq, ck = self.seqs + 1, rec["cu_q_off"], rec["cu_k_off"]
         self.cu_q = dev[cq:cq + n]
         self.cu_k = dev[ck:ck + n]
-        # Copies: a view would keep the whole host array alive after the runtime lets it go.
-        self.cu_host = (host[cq:cq + n].copy(), host[ck:ck + n].copy())
+        # Views of the small array's host copy (to_device's: it keeps the binding's whole array alive
+        # no longer than the runtime does).
+        self.cu_host = (small[cq:cq + n], small[ck:ck + n])
 
 
-def _span(rows, cuts, cut, off, n):
-    """A merged call's rows: its cut of the rows, or (a joined call over several pairs) a slice."""
-    return cuts[cut] if cut >= 0 else rows[off:off + n]
+_PAIR_KINDS = ("varlen", "joined", "descriptors")
 
 
-def host_arrays(program):
+def host_arrays(program, kinds=None):
     """(host, layout) of ``program``'s index arrays (built once per program, GIL released): host is
     one int32 CPU tensor sharing the binding's memory, the small array (cu_seqlens, descriptor
     tables: layout["data"] entries) then the runs' five columns of layout["runs"] entries (first,
     count, base, len, stride), which expand to layout["rows"] rows; layout["cuts"] and
-    layout["lengths"] the records' sides in the rows."""
-    _runs, host, layout = program.index_arrays()
+    layout["lengths"] the records' sides in the rows. ``kinds`` (to_device's, per pass): the merged
+    calls' and descriptor records the layout holds are those these name (all when None); to_device
+    asks the program for others when first read."""
+    if kinds is not None:
+        want = {"descriptors" if k == "descriptors_host" else k for per in kinds for k in per}
+        kinds = [k for k in _PAIR_KINDS if k in want]
+    _runs, host, layout = program.index_arrays(kinds)
     return torch.from_numpy(host), layout
 
 
@@ -149,14 +156,15 @@ EXCHANGE_KINDS = ("in", "out", "stage", "apply", "sides")
 ALL_KINDS = EXCHANGE_KINDS + ("varlen", "joined", "descriptors", "descriptors_host")
 
 
-def to_device(host, layout, device, kinds=(ALL_KINDS, ALL_KINDS)):
+def to_device(host, layout, device, kinds=(ALL_KINDS, ALL_KINDS), program=None):
     """The index arrays on ``device``: [pass] = {"in", "out", "stage": [chunk] exchange (send and recv
     counts per class, gather, local, scatter groups, "sides"), "apply": groups, "sides": every group
     side's rows (``sides``), "varlen" and "joined": [chunk] [Pair],
     "descriptors": [chunk] (table [rows, 10], bounds [5]) (libra.torch.descriptors' format),
     "descriptors_host": the same as numpy int64 arrays}, each pass's ``kinds[pass]`` made here and
-    any other kind when first read; and the device tensors the views share (their bytes: the index
-    memory of the worker on that device)."""
+    any other kind when first read (from ``program``'s whole layout where ``layout`` left its
+    records out: host_arrays' ``kinds``); and the device tensors the views share (their bytes: the
+    index memory of the worker on that device)."""
     if device.type == "cpu":
         dev = host
     elif device.type == "cuda":
@@ -172,14 +180,24 @@ def to_device(host, layout, device, kinds=(ALL_KINDS, ALL_KINDS)):
     rows = expand(dev[nd:].view(5, nr), host_np[nd:].reshape(5, nr), layout["rows"], device)
     # One split cuts every record's side (the binding lists them: they tile the rows in order).
     cuts = rows.split(layout["lengths"]) if layout["lengths"] else ()
-    make = functools.partial(_records, rows=rows, cuts=cuts, data=dev[:nd], host_np=host_np,
-                             copy=device.type != "cpu", pairs={})
-    out = []
-    for per, want in zip(layout["passes"], kinds):
-        p = _Pass(functools.partial(make, per))
+    # The small array's host part (cu_seqlens, descriptor tables), copied once: the records' host
+    # views share it, not the binding's whole array (on the CPU, where the device array is the host
+    # one, the views share that).
+    small = host_np[:nd] if device.type == "cpu" else host_np[:nd].copy()
+    whole = []  # program's whole layout, fetched when a kind left out of ``layout`` is first read
+
+    def passes(p):
+        if not whole:
+            whole.append(program.index_arrays()[2])
+        return whole[0]["passes"][p]
+
+    out, data, pairs = [], dev[:nd], {}  # pairs: shared by the passes (a backward chunk may have forward's)
+    for p, (per, want) in enumerate(zip(layout["passes"], kinds)):
+        rec = _Pass(functools.partial(_records, per, p, passes, rows=rows, cuts=cuts, data=data, small=small,
+                                      pairs=pairs))
         for kind in want:
-            p[kind]  # noqa: B018 - made now, not in a pass
-        out.append(p)
+            rec[kind]  # noqa: B018 - made now, not in a pass
+        out.append(rec)
     return out, (dev, rows)
 
 
@@ -195,11 +213,12 @@ class _Pass(dict):
         return value
 
 
-def _records(per, kind, rows, cuts, data, host_np, copy, pairs):
-    """One kind of one pass's records (to_device's), from the binding's layout ``per``; ``pairs``
-    keeps every Pair made by its record (a backward chunk with forward's calls has forward's very
-    records: the same Pair serves both passes). The exchanges and the apply list are the binding's
-    own records, their groups' rows the cuts (``sides``)."""
+def _records(per, p, passes, kind, rows, cuts, data, small, pairs):
+    """One kind of pass p's records (to_device's), from the binding's layout ``per`` (or, for a kind
+    it left out, ``passes(p)``: the program's whole layout); ``pairs`` keeps every Pair made by its
+    record (a backward chunk with forward's calls has forward's very records: the same Pair serves
+    both passes). The exchanges and the apply list are the binding's own records, their groups'
+    rows the cuts (``sides``)."""
     if kind in _KINDS:
         for x in per[kind]:
             x["sides"] = cuts
@@ -208,22 +227,25 @@ def _records(per, kind, rows, cuts, data, host_np, copy, pairs):
         return per["apply"]
     if kind == "sides":
         return cuts
+    if kind not in ("varlen", "joined", "descriptors", "descriptors_host"):
+        raise KeyError(kind)
+    src = "descriptors" if kind == "descriptors_host" else kind
+    if src not in per:
+        per = passes(p)
     if kind in ("varlen", "joined"):
-        return [[_pair(pairs, rec, rows, cuts, data, host_np) for rec in chunk] for chunk in per[kind]]
+        return [[_pair(pairs, rec, rows, cuts, data, small) for rec in chunk] for chunk in per[kind]]
     if kind == "descriptors":
         return [(_i64(data, t, 10 * n).view(n, 10), _i64(data, b, 5)) for t, n, b in per["descriptors"]]
-    if kind == "descriptors_host":
-        # The same tables on the host, for what plans launches from them (the triton backend's work
-        # rows and grids) without reading the device back; copies off the CPU, as cu_host.
-        return [_desc_host(host_np, t, n, b, copy) for t, n, b in per["descriptors"]]
-    raise KeyError(kind)
+    # The same tables on the host, for what plans launches from them (the triton backend's work rows
+    # and grids) without reading the device back: views of the small array's host copy.
+    return [_desc_host(small, t, n, b, False) for t, n, b in per["descriptors"]]
 
 
-def _pair(pairs, rec, rows, cuts, data, host_np):
+def _pair(pairs, rec, rows, cuts, data, small):
     """The Pair of the record ``rec`` (a dict the layout keeps alive, so its id is its own)."""
     p = pairs.get(id(rec))
     if p is None:
-        p = pairs[id(rec)] = Pair(rec, rows, cuts, data, host_np)
+        p = pairs[id(rec)] = Pair(rec, rows, cuts, data, small)
     return p
 
 

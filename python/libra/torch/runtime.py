@@ -5,6 +5,7 @@ import math
 import operator
 import weakref
 
+import numpy as np
 import torch
 
 from .. import _libra
@@ -105,28 +106,12 @@ class PlanRuntime:
         # agreed on with the plan: a rank alone with it would post collectives no peer joins.
         relay_word = int(relay) if isinstance(relay, bool) else -1
         everyone, first = _agree(comm, group, _fingerprint_words(fp) + [me, nw, relay_word], problem, timeout,
-                                 "PlanRuntime", self._native_timeout)
+                                 "PlanRuntime", self._native_timeout, array=True)
         if first is not None:
             raise ValueError(f"PlanRuntime: group rank {first[0]}: {first[1]}")
         # Every check below runs on what all ranks gathered, so they all raise the same line.
-        fps = [(int(t[0]) << 32) | int(t[1]) for t in everyone]
-        peers = [int(t[2]) for t in everyone]
-        if len(set(fps)) == 1 and int(everyone[0][3]) != size:
-            raise ValueError(f"PlanRuntime: the group has {size} ranks but the plan has {int(everyone[0][3])} workers")
-        if len(set(fps)) != 1:
-            counts = {}
-            for i, f in enumerate(fps):
-                counts.setdefault(f, []).append(i)
-            parts = "; ".join(f"group ranks {r} hold {f:016x}" for f, r in sorted(counts.items()))
-            raise ValueError(f"plan fingerprint mismatch across the pool group: {parts}")
-        relays = [int(t[4]) for t in everyone]
-        if len(set(relays)) != 1:
-            parts = "; ".join(f"group ranks {[i for i, x in enumerate(relays) if x == v]} pass relay={bool(v)}"
-                              for v in sorted(set(relays)))
-            raise ValueError(f"PlanRuntime: relay differs across the pool group ({parts}): every rank must pass "
-                             f"the same value")
-        if sorted(peers) != list(range(size)):
-            raise ValueError(f"PlanRuntime: the group's worker indices {peers} are not a permutation of 0..{size - 1}")
+        peers = everyone[:, 2].tolist()
+        _check_agreed(everyone, peers, size)
         self.timeout = timeout
         self.plan = plan
         self.group = group
@@ -183,8 +168,10 @@ class PlanRuntime:
         records ``backend`` reads made at once (every kind when None; others when first read)."""
         device = torch.device(device)
         if device not in self._on:
-            host, self._index_layout = host_arrays(self.program)
-            self._on[device], self._index_on[device] = to_device(host, self._index_layout, device, _kinds(backend))
+            kinds = _kinds(backend)
+            host, self._index_layout = host_arrays(self.program, kinds)
+            self._on[device], self._index_on[device] = to_device(host, self._index_layout, device, kinds,
+                                                                 self.program)
         return self._on[device]
 
     def index_bytes(self, device):
@@ -212,6 +199,33 @@ class PlanRuntime:
         return _agree(self.comm, self.group, words, problem, self.timeout, what, self._native_timeout)
 
 
+def _check_agreed(everyone, peers, size):
+    """Raises the same line on every rank unless the ranks' gathered words (int64 [size, 5]: the plan
+    fingerprint's halves, the worker, the plan's workers, relay) hold one plan of ``size`` workers,
+    one relay value, and a permutation of the workers; one pass of numpy over the words where they
+    agree (the usual case), Python over them only to name a disagreement."""
+    fp_same = bool((everyone[:, :2] == everyone[0, :2]).all())
+    if fp_same and (everyone[:, 4] == everyone[0, 4]).all() and everyone[0, 3] == size and (
+            np.sort(everyone[:, 2]) == np.arange(size)).all():
+        return
+    rows = everyone.tolist()
+    if fp_same and rows[0][3] != size:
+        raise ValueError(f"PlanRuntime: the group has {size} ranks but the plan has {rows[0][3]} workers")
+    if not fp_same:
+        counts = {}
+        for i, t in enumerate(rows):
+            counts.setdefault((t[0] << 32) | t[1], []).append(i)
+        parts = "; ".join(f"group ranks {r} hold {f:016x}" for f, r in sorted(counts.items()))
+        raise ValueError(f"plan fingerprint mismatch across the pool group: {parts}")
+    relays = [t[4] for t in rows]
+    if len(set(relays)) != 1:
+        parts = "; ".join(f"group ranks {[i for i, x in enumerate(relays) if x == v]} pass relay={bool(v)}"
+                          for v in sorted(set(relays)))
+        raise ValueError(f"PlanRuntime: relay differs across the pool group ({parts}): every rank must pass "
+                         f"the same value")
+    raise ValueError(f"PlanRuntime: the group's worker indices {peers} are not a permutation of 0..{size - 1}")
+
+
 # ---- handles: what torch.compile's custom op (ops.py) takes in place of a runtime
 
 _RUNTIMES = weakref.WeakValueDictionary()  # handle -> PlanRuntime; a runtime dies with its micro-batch
@@ -222,7 +236,8 @@ def register(runtime):
     """Gives ``runtime`` its handle, a 0-dim int64 CPU tensor (PlanRuntime's constructor calls this)."""
     n = next(_NEXT)
     _RUNTIMES[n] = runtime
-    return torch.tensor(n, dtype=torch.int64)
+    # From numpy: the same 0-dim int64 CPU tensor as torch.tensor(n), a fraction of its host time.
+    return torch.from_numpy(np.array(n, dtype=np.int64))
 
 
 def runtime_of(handle):
@@ -328,33 +343,36 @@ def _silent_peers(timed, err):
     return TimeoutError(f"{what}: a peer sent nothing within {t} ({first})")
 
 
-def _agree(comm, group, words, problem, timeout, what, native=False):
+def _agree(comm, group, words, problem, timeout, what, native=False, array=False):
     """Collective: gathers every rank's int64 ``words`` and its problem line (or None). Returns (the
-    gathered words by group rank, the first (group rank, line) of a rank with a problem, or None).
+    gathered words by group rank: lists, or with ``array`` one int64 numpy array [ranks, words], the
+    first (group rank, line) of a rank with a problem, or None).
     The protocol is the C++ engine's (libra::agree, through the binding: the lengths with the words,
     the lines only when some rank has one); here its two gathers are all-gathers on the group's
     communicator, each with the deadline."""
     size = comm.size(group)
 
     def gather(mine):
-        # Into the rows of one tensor: one allocation and one tolist, not one per rank.
-        everyone = mine.new_zeros((size, *mine.shape))
-        _Timed(comm, group, comm.all_gather_into(everyone, mine, group), _next_seq(group), timeout, what,
+        # numpy arrays (the communicator's all_gather_array): one allocation, and no torch op where the
+        # communicator moves them as they are (the in-process one).
+        everyone = np.zeros((size, *mine.shape), dtype=mine.dtype)
+        _Timed(comm, group, comm.all_gather_array(everyone, mine, group), _next_seq(group), timeout, what,
                native).wait()
         return everyone
 
-    gathered = []  # every rank's words, its problem's length last
+    lengths = []  # every rank's problem length (its last word)
 
     def gather_words(mine):
-        gathered[:] = gather(torch.tensor(mine, dtype=torch.int64)).tolist()
-        return gathered
+        # An array goes to the binding as it is (no Python int per word); lists where the caller wants them.
+        got = gather(np.array(mine, dtype=np.int64))
+        lengths[:] = got[:, -1].tolist()
+        return got if array else got.tolist()
 
     def gather_bytes(mine):
         # all_gather moves equal sizes: padded to the longest, whose length came with the words.
-        buf = torch.zeros(max(w[-1] for w in gathered), dtype=torch.uint8)
-        if mine:
-            buf[:len(mine)] = torch.frombuffer(bytearray(mine), dtype=torch.uint8)
-        return [bytes(t[:w[-1]].tolist()) for t, w in zip(gather(buf), gathered)]
+        buf = np.zeros(max(lengths), dtype=np.uint8)
+        buf[:len(mine)] = np.frombuffer(mine, dtype=np.uint8)
+        return [t[:n].tobytes() for t, n in zip(gather(buf), lengths)]
 
     msg = b"" if problem is None else str(problem).encode("utf-8", "replace")
     everyone, problems, failed = _libra.agree([int(w) for w in words], msg, gather_words, gather_bytes)

@@ -72,6 +72,13 @@ class Communicator:
         """``all_gather`` into the rows of one tensor ``out`` ([size, *inp.shape])."""
         return self.all_gather(list(out.unbind(0)), inp, group)
 
+    def all_gather_array(self, out, inp, group):
+        """``all_gather_into`` of numpy arrays (``out`` [size, *inp.shape]: the agreements' few words
+        and bytes); here through CPU tensors sharing the arrays' memory."""
+        import torch  # noqa: PLC0415 - this package's modules load without torch until a group is used
+
+        return self.all_gather_into(torch.from_numpy(out), torch.from_numpy(inp), group)
+
     def set_timeout(self, group, seconds):
         """Makes ``group``'s own operations time out after ``seconds``; True where it takes it (its
         works' plain ``wait()`` then ends), False where only a deadline on ``wait`` bounds them."""

@@ -14,9 +14,11 @@ A worker's backward runs on its own thread (autograd's device threads are off fo
 GPU the workers' backward passes, which wait on each other, do not queue behind one device thread.
 A worker that raises ends every wait of the others at once; ``run`` then raises its exception.
 """
+import itertools
 import threading
 import time
 
+import numpy as np
 import torch
 
 from . import Communicator
@@ -26,6 +28,16 @@ _LOCAL = threading.local()  # .ctx: the calling worker's _Worker
 
 class _Pool:
     """The shared state of one ``run``: its groups by creation order, and the first failure."""
+
+    def fail(self, rank):
+        """Records ``rank`` as the first failure (unless one is already) and ends every wait: each pending
+        collective's gate opens. Call with ``cond`` held."""
+        if self.failed is None:
+            self.failed = rank
+        for state in [self.world, *self.groups]:
+            for op in state.ops.values():
+                op.open()
+        self.cond.notify_all()
 
     def __init__(self, size):
         self.size = size
@@ -46,7 +58,20 @@ class _Op:
         self.payload = [None] * n
         self.joined = [False] * n
         self.count = 0  # ranks joined
-        self.done = 0  # ranks that took their part
+        # Closed until every rank joined (or the pool failed). A waiter passes it on (acquires, then
+        # releases it): each wakes once, where a condition's notify_all woke every waiter at once to
+        # contend for one lock again.
+        self.gate = threading.Lock()
+        self.gate.acquire()
+        self.opened = False
+        self.taken = itertools.count(1)  # next(): how many ranks took their part (atomic under the GIL)
+        self.shared = None  # what every rank's part is made from, made once (all_gather_into's stack)
+
+    def open(self):
+        """Opens the gate (once). Call with the pool's ``cond`` held."""
+        if not self.opened:
+            self.opened = True
+            self.gate.release()
 
 
 class Group:
@@ -78,17 +103,19 @@ class _Work:
         state, op = self.group.state, self.op
         pool = state.pool
         n = len(state.ranks)
-        with pool.cond:
-            ready = pool.cond.wait_for(lambda: op.count == n or pool.failed is not None, timeout)
-            if pool.failed is not None and op.count < n:
-                raise RuntimeError(f"in-process pool: worker {pool.failed} failed")
-            if not ready:
-                raise RuntimeError(f"in-process pool: collective {self.seq} not joined by every rank within "
-                                   f"{timeout:g} s")
+        ready = op.count == n
+        if not ready:
+            ready = op.gate.acquire(True, -1 if timeout is None else timeout)
+            if ready:
+                op.gate.release()  # the next waiter's turn
+        if pool.failed is not None and op.count < n:
+            raise RuntimeError(f"in-process pool: worker {pool.failed} failed")
+        if not ready:
+            raise RuntimeError(f"in-process pool: collective {self.seq} not joined by every rank within "
+                               f"{timeout:g} s")
         self.take(op.payload)
-        with pool.cond:
-            op.done += 1
-            if op.done == n:
+        if next(op.taken) == n:
+            with pool.cond:
                 state.ops.pop(self.seq, None)
         self._done = True
         return True
@@ -115,11 +142,13 @@ def _post(group, payload, take):
         op = state.ops.get(seq)
         if op is None:
             op = state.ops[seq] = _Op(len(state.ranks))
+            if state.pool.failed is not None:
+                op.open()  # a wait on it ends at once, as the failure ended every earlier one
         op.payload[group._rank] = payload
         op.joined[group._rank] = True
         op.count += 1
         if op.count == len(state.ranks):
-            state.pool.cond.notify_all()
+            op.open()
     return _Work(group, seq, op, take)
 
 
@@ -188,10 +217,35 @@ class InProcess(Communicator):
         return _post(group or _ctx().world, inp, take)
 
     def all_gather_into(self, out, inp, group):
-        def take(payloads):
-            torch.stack(payloads, out=out)
+        box = []  # the op's _Op, known once posted
 
-        return _post(group or _ctx().world, inp, take)
+        def take(payloads):
+            # One stack per collective, shared by its ranks (each then copies it: one small op, where a
+            # stack per rank reads every rank's tensor again).
+            op = box[0]
+            stacked = op.shared
+            if stacked is None:
+                stacked = op.shared = torch.stack(payloads)
+            out.copy_(stacked)
+
+        work = _post(group or _ctx().world, inp, take)
+        box.append(work.op)
+        return work
+
+    def all_gather_array(self, out, inp, group):
+        # numpy, no torch op: the agreements' words travel between threads as they are.
+        box = []
+
+        def take(payloads):
+            op = box[0]
+            stacked = op.shared
+            if stacked is None:
+                stacked = op.shared = np.stack(payloads)
+            np.copyto(out, stacked)
+
+        work = _post(group or _ctx().world, inp, take)
+        box.append(work.op)
+        return work
 
     def set_timeout(self, group, seconds):
         group.timeout = float(seconds)
@@ -236,9 +290,7 @@ def run(fn, world, *args, timeout=None):
         except BaseException as e:  # noqa: BLE001 - handed to the caller below
             errors[rank] = e
             with pool.cond:
-                if pool.failed is None:
-                    pool.failed = rank
-                pool.cond.notify_all()
+                pool.fail(rank)
         finally:
             _LOCAL.ctx = None
 
@@ -252,9 +304,7 @@ def run(fn, world, *args, timeout=None):
     running = [r for r, t in enumerate(threads) if t.is_alive()]
     if running:
         with pool.cond:
-            if pool.failed is None:
-                pool.failed = running[0]
-            pool.cond.notify_all()
+            pool.fail(running[0])
         raise TimeoutError(f"inprocess.run: workers {running} still running after {timeout:g} s")
     if pool.failed is not None:
         raise errors[pool.failed]
