@@ -21,6 +21,7 @@
 #include "libra/plan.hpp"
 #include "libra/relay.hpp"
 #include "libra/simulator.hpp"
+#include "sim/alltoall.hpp"
 #include "sim/step_model.hpp"
 #include "tiles/plan_internal.hpp"
 
@@ -134,6 +135,9 @@ struct PriceReuse {
   // (disp_fwd, ret_fwd, disp_bwd, ret_bwd empty), for a price only timed
   // pipelined (time_plan and decompose then read its chunks alone).
   bool whole_step = true;
+  // AlltoallPricer::pairs of the sums' pairs on these GPUs (the same for
+  // every chunking of a pool's tiles), for an unrelayed price.
+  const AlltoallPricer::Pairs* pairs = nullptr;
 };
 PlanCost cost_plan(const Ctx& ctx, const Plan& plan, const ExchangeSums& sums, std::span<const std::int64_t> gpus,
                    const RelayTable* relays = nullptr, const PriceReuse& reuse = {});

@@ -310,13 +310,16 @@ SparsePhases sparse_phases(const ExchangeSums& x, const RelayTable* relays, Phas
 // the return times are `direct`'s where given (the same plan unrelayed),
 // and the whole step only with set.whole.
 void price_phases(PlanCost& c, const ExchangeSums& x, const RelayTable* relays, AlltoallPricer& pricer,
-                  const PlanCost* direct, bool whole) {
+                  const PlanCost* direct, bool whole, const AlltoallPricer::Pairs* known_pairs) {
   const bool chunked = c.chunks > 1;
   whole = whole || !chunked;
   const PhaseSet set{.rets = direct == nullptr, .whole = whole};
   SparsePhases ph = sparse_phases(x, relays, set);
   const std::size_t n = ph.pairs.size();
-  const AlltoallPricer::Pairs pairs = pricer.pairs(ph.pairs);
+  // Unrelayed, the phases' pairs are the sums' own.
+  const bool known = known_pairs != nullptr && relays == nullptr && known_pairs->src.size() == ph.pairs.size();
+  const AlltoallPricer::Pairs made = known ? AlltoallPricer::Pairs{} : pricer.pairs(ph.pairs);
+  const AlltoallPricer::Pairs& pairs = known ? *known_pairs : made;
   auto seconds = [&](std::size_t phase, std::size_t slice) {
     std::vector<double> t;
     pricer.seconds(pairs, {ph.at(phase, slice), n}, t);
@@ -514,7 +517,8 @@ PlanCost cost_plan(const Ctx& ctx, const Plan& plan, const ExchangeSums& sums, s
     add_compute(ctx, plan, c, reuse.same_tiles);
   }
   AlltoallPricer pricer(ctx.cfg.cost.net, gpus);
-  price_phases(c, sums, relays != nullptr && relays->any() ? relays : nullptr, pricer, direct, reuse.whole_step);
+  price_phases(c, sums, relays != nullptr && relays->any() ? relays : nullptr, pricer, direct, reuse.whole_step,
+               reuse.pairs);
   if (reuse.direct != nullptr) {
     c.comm_bytes = reuse.direct->comm_bytes;
     c.max_send = reuse.direct->max_send;

@@ -133,11 +133,14 @@ struct PoolPrices {
   // The base plan's pairs and K/V fetches: every re-chunked plan has the same.
   std::optional<ExchangeLayout> layout;
   std::optional<PlanCost> unchunked;  // base_unchunked()
+  AlltoallPricer::Pairs pairs;  // the layout's pairs on gpus: every unrelayed price's
 
   PoolPrices(const Ctx& c, const Plan& b, std::span<const std::int64_t> g, Timing& t)
       : ctx(c), base(b), gpus(g), tm(t) {
     const double t0 = thread_cpu_seconds();
-    base_cost = cost_plan(ctx, base, sums_of(&base), gpus, nullptr);
+    const ExchangeSums& x = sums_of(&base);
+    pairs = AlltoallPricer(ctx.cfg.cost.net, gpus).pairs(x.pairs);
+    base_cost = cost_plan(ctx, base, x, gpus, nullptr, {.pairs = &pairs});
     tm.cost += thread_cpu_seconds() - t0;
   }
   bool is_base(std::int64_t m, ChunkSplit split) const {
@@ -201,7 +204,7 @@ struct PoolPrices {
     const ExchangeSums& x = sums_of(p);
     // Priced here at M > 1 only to be timed pipelined (put_pool): the
     // whole step is left unpriced; the tiles' whole compute is the base's.
-    PriceReuse reuse{.direct = nullptr, .same_tiles = &base_cost, .whole_step = m <= 1};
+    PriceReuse reuse{.direct = nullptr, .same_tiles = &base_cost, .whole_step = m <= 1, .pairs = &pairs};
     if (!relayed) return costs.emplace(key, cost_plan(ctx, *p, x, gpus, nullptr, reuse)).first->second;
     const RelayTable relays = relays_of(x, p->config().topology);
     // Nothing to relay: the direct price (cost_plan ignores an empty table).
