@@ -1084,48 +1084,52 @@ struct PairIndex {
   std::uint32_t operator()(std::size_t pair) const { return static_cast<std::uint32_t>(at[pair]); }
 };
 
-// One worker's groups of one sample: entries [e0, e1) of worker_group_ids.
+// One worker's groups of one sample (global index j): entries [e0, e1) of
+// worker_group_ids.
 struct SampleGroups {
   int to;
+  std::int32_t j;
   std::size_t e0, e1;
 };
 
 // Every worker's groups, sample by sample (a worker's groups are sorted by
-// id, so a sample's keys are consecutive).
-std::vector<SampleGroups> sample_groups(const Plan::Data& d, const Geometry& g) {
-  std::vector<SampleGroups> out;
+// id, so a sample's keys are consecutive), into the thread's list (reused
+// across plans); with the bounds of the layout's runs and fetches (every
+// run of a sample, for each of its groups).
+std::span<const SampleGroups> sample_groups(const Plan::Data& d, const Geometry& g, std::size_t& most_runs,
+                                            std::size_t& most_fetches) {
+  thread_local std::vector<SampleGroups> out;
+  out.clear();
+  most_runs = most_fetches = 0;
   for (int r = 0; r < g.workers; ++r) {
     const std::size_t e1 = d.worker_group_offsets[static_cast<std::size_t>(r) + 1];
     for (std::size_t e = d.worker_group_offsets[static_cast<std::size_t>(r)]; e < e1;) {
       const std::int32_t next = (d.worker_group_ids[e] / g.keys_per_sample + 1) * g.keys_per_sample;
       std::size_t f = e + 1;
       while (f < e1 && d.worker_group_ids[f] < next) ++f;
-      out.push_back({r, e, f});
+      const KvGroup& grp0 = d.groups[static_cast<std::size_t>(d.worker_group_ids[e])];
+      const std::int32_t j = g.sample_base[static_cast<std::size_t>(grp0.slot)] + grp0.sample;
+      const std::size_t runs = g.sample_runs(j).size();
+      most_runs += runs;
+      most_fetches += runs * (f - e);
+      out.push_back({r, j, e, f});
       e = f;
     }
   }
   return out;
 }
 
-// The home runs of a worker's sample that other workers hold: f(run, from, j)
-// with the worker `from` holding it and the sample's global index j.
-template <class F>
-void for_fetched_runs(const Plan::Data& d, const Geometry& g, const SampleGroups& s, F&& f) {
-  const KvGroup& grp0 = d.groups[static_cast<std::size_t>(d.worker_group_ids[s.e0])];
-  const std::int32_t j = g.sample_base[static_cast<std::size_t>(grp0.slot)] + grp0.sample;
-  for (const Geometry::Run& run : g.sample_runs(j)) {
-    const int from = grp0.slot * g.cp + run.rank;
-    if (from != s.to) f(run, from, j);
-  }
-}
-
 // The layout's K/V fetches of one worker's groups of one sample: per home
-// run, the rows each group reads of it (up to its span's end). Made in the
-// pass that marks the pairs, so each run names its pair as from * W + to
-// (numbered later) and its K/V bytes are kept in run_bytes until then.
+// run other workers hold, the rows each group reads of it (up to its span's
+// end). Made in the pass that marks the pairs, so each run names its pair
+// as from * W + to (numbered later) and its K/V bytes are kept in run_bytes
+// until then.
 void add_fetches(const Plan::Data& d, const Geometry& g, const KeyHeads& keys, PairIndex& index,
                  const SampleGroups& s, ExchangeLayout& out, std::vector<std::int64_t>& run_bytes) {
-  for_fetched_runs(d, g, s, [&](const Geometry::Run& run, int from, std::int32_t j) {
+  const KvGroup& grp0 = d.groups[static_cast<std::size_t>(d.worker_group_ids[s.e0])];
+  for (const Geometry::Run& run : g.sample_runs(s.j)) {
+    const int from = grp0.slot * g.cp + run.rank;
+    if (from == s.to) continue;
     index.mark(static_cast<std::size_t>(from), static_cast<std::size_t>(s.to));
     const auto first = static_cast<std::uint32_t>(out.fetches.size());
     std::int64_t bytes = 0;
@@ -1134,16 +1138,16 @@ void add_fetches(const Plan::Data& d, const Geometry& g, const KeyHeads& keys, P
       const std::int64_t end = std::min(run.end, d.span_end(e, gid));
       if (run.begin >= end) continue;
       const std::int64_t rows = end - run.begin;
-      const std::int32_t key = gid - j * g.keys_per_sample;
+      const std::int32_t key = gid - s.j * g.keys_per_sample;
       bytes += kv_bytes(g, rows, keys.group[static_cast<std::size_t>(key)].kv_heads.size());
       out.fetches.push_back({rows, key, static_cast<std::uint32_t>(e)});
     }
     const auto last = static_cast<std::uint32_t>(out.fetches.size());
-    if (last == first) return;
+    if (last == first) continue;
     const std::size_t pair = static_cast<std::size_t>(from) * index.W + static_cast<std::size_t>(s.to);
     out.runs.push_back({static_cast<std::uint32_t>(pair), 0, first, last});
     run_bytes.push_back(bytes);
-  });
+  }
 }
 
 // What a key's fetches add whatever their rows, per chunking: the chunks
@@ -1258,17 +1262,13 @@ ExchangeLayout exchange_layout(const Plan::Data& d) {
   }
   // One pass over the samples: their runs' pairs and fetches together.
   const KeyHeads keys = key_heads(g);
-  std::vector<std::int64_t> run_bytes;
-  const std::vector<SampleGroups> samples = sample_groups(d, g);
+  // The thread's (reused across plans: only this call reads it).
+  thread_local std::vector<std::int64_t> run_bytes;
+  run_bytes.clear();
   // At most every run of a sample for each of its groups: reserved, so the
   // lists are not copied as they grow.
   std::size_t most_runs = 0, most_fetches = 0;
-  for (const SampleGroups& s : samples) {
-    const KvGroup& grp0 = d.groups[static_cast<std::size_t>(d.worker_group_ids[s.e0])];
-    const std::size_t runs = g.sample_runs(g.sample_base[static_cast<std::size_t>(grp0.slot)] + grp0.sample).size();
-    most_runs += runs;
-    most_fetches += runs * (s.e1 - s.e0);
-  }
+  const std::span<const SampleGroups> samples = sample_groups(d, g, most_runs, most_fetches);
   out.runs.reserve(most_runs);
   run_bytes.reserve(most_runs);
   out.fetches.reserve(most_fetches);
