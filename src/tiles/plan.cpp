@@ -1104,11 +1104,12 @@ std::span<const SampleGroups> sample_groups(const Plan::Data& d, const Geometry&
   for (int r = 0; r < g.workers; ++r) {
     const std::size_t e1 = d.worker_group_offsets[static_cast<std::size_t>(r) + 1];
     for (std::size_t e = d.worker_group_offsets[static_cast<std::size_t>(r)]; e < e1;) {
-      const std::int32_t next = (d.worker_group_ids[e] / g.keys_per_sample + 1) * g.keys_per_sample;
-      std::size_t f = e + 1;
-      while (f < e1 && d.worker_group_ids[f] < next) ++f;
+      // Group ids are j * keys_per_sample + key: the sample's end without a division.
       const KvGroup& grp0 = d.groups[static_cast<std::size_t>(d.worker_group_ids[e])];
       const std::int32_t j = g.sample_base[static_cast<std::size_t>(grp0.slot)] + grp0.sample;
+      const std::int32_t next = (j + 1) * g.keys_per_sample;
+      std::size_t f = e + 1;
+      while (f < e1 && d.worker_group_ids[f] < next) ++f;
       const std::size_t runs = g.sample_runs(j).size();
       most_runs += runs;
       most_fetches += runs * (f - e);
@@ -1257,8 +1258,20 @@ ExchangeLayout exchange_layout(const Plan::Data& d) {
   out.entries = d.worker_group_ids.size();
   // First the pairs (tiles away from home, runs fetched), then the sums.
   PairIndex index(W);
+  // The tiles away from home, kept (the thread's list) for their bytes once
+  // the pairs are numbered: the tiles are walked once.
+  struct Away {
+    std::uint32_t pair;
+    std::int32_t heads;
+    std::int64_t rows;
+  };
+  thread_local std::vector<Away> away;
+  away.clear();
   for (const Tile& t : d.tiles) {
-    if (t.worker != t.home) index.mark(static_cast<std::size_t>(t.home), static_cast<std::size_t>(t.worker));
+    if (t.worker == t.home) continue;
+    index.mark(static_cast<std::size_t>(t.home), static_cast<std::size_t>(t.worker));
+    away.push_back({static_cast<std::uint32_t>(static_cast<std::size_t>(t.home) * W + static_cast<std::size_t>(t.worker)),
+                    t.heads.size(), t.end - t.begin});
   }
   // One pass over the samples: their runs' pairs and fetches together.
   const KeyHeads keys = key_heads(g);
@@ -1276,14 +1289,12 @@ ExchangeLayout exchange_layout(const Plan::Data& d) {
   index.number(out);
   out.bytes.assign(out.pairs.size(), 0);
   out.qo_rows.assign(out.pairs.size(), 0);
-  for (const Tile& t : d.tiles) {
-    if (t.worker == t.home) continue;
-    const std::uint32_t pair = index(static_cast<std::size_t>(t.home), static_cast<std::size_t>(t.worker));
-    const std::int64_t rows = t.end - t.begin;
-    const std::int64_t qo = qo_bytes(g, rows, t.heads.size());
+  for (const Away& t : away) {
+    const std::uint32_t pair = index(t.pair);
+    const std::int64_t qo = qo_bytes(g, t.rows, t.heads);
     out.bytes[pair] += qo;
     out.bytes[out.reverse[pair]] += qo;
-    out.qo_rows[pair] += rows;
+    out.qo_rows[pair] += t.rows;
   }
   // The runs' pairs numbered (integer byte sums: their order is free).
   for (std::size_t i = 0; i < out.runs.size(); ++i) {
