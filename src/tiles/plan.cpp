@@ -1125,8 +1125,8 @@ std::span<const SampleGroups> sample_groups(const Plan::Data& d, const Geometry&
 // end). Made in the pass that marks the pairs, so each run names its pair
 // as from * W + to (numbered later) and its K/V bytes are kept in run_bytes
 // until then.
-void add_fetches(const Plan::Data& d, const Geometry& g, const KeyHeads& keys, PairIndex& index,
-                 const SampleGroups& s, ExchangeLayout& out, std::vector<std::int64_t>& run_bytes) {
+void add_fetches(const Plan::Data& d, const Geometry& g, std::span<const std::int64_t> key_row_bytes,
+                 PairIndex& index, const SampleGroups& s, ExchangeLayout& out, std::vector<std::int64_t>& run_bytes) {
   const KvGroup& grp0 = d.groups[static_cast<std::size_t>(d.worker_group_ids[s.e0])];
   for (const Geometry::Run& run : g.sample_runs(s.j)) {
     const int from = grp0.slot * g.cp + run.rank;
@@ -1140,7 +1140,7 @@ void add_fetches(const Plan::Data& d, const Geometry& g, const KeyHeads& keys, P
       if (run.begin >= end) continue;
       const std::int64_t rows = end - run.begin;
       const std::int32_t key = gid - s.j * g.keys_per_sample;
-      bytes += kv_bytes(g, rows, keys.group[static_cast<std::size_t>(key)].kv_heads.size());
+      bytes += rows * key_row_bytes[static_cast<std::size_t>(key)];
       out.fetches.push_back({rows, key, static_cast<std::uint32_t>(e)});
     }
     const auto last = static_cast<std::uint32_t>(out.fetches.size());
@@ -1274,7 +1274,10 @@ ExchangeLayout exchange_layout(const Plan::Data& d) {
                     t.heads.size(), t.end - t.begin});
   }
   // One pass over the samples: their runs' pairs and fetches together.
+  // A key's K/V bytes per row (integer products: the same bytes).
   const KeyHeads keys = key_heads(g);
+  std::vector<std::int64_t> key_row_bytes;
+  for (const KvGroup& k : keys.group) key_row_bytes.push_back(kv_bytes(g, 1, k.kv_heads.size()));
   // The thread's (reused across plans: only this call reads it).
   thread_local std::vector<std::int64_t> run_bytes;
   run_bytes.clear();
@@ -1285,7 +1288,7 @@ ExchangeLayout exchange_layout(const Plan::Data& d) {
   out.runs.reserve(most_runs);
   run_bytes.reserve(most_runs);
   out.fetches.reserve(most_fetches);
-  for (const SampleGroups& s : samples) add_fetches(d, g, keys, index, s, out, run_bytes);
+  for (const SampleGroups& s : samples) add_fetches(d, g, key_row_bytes, index, s, out, run_bytes);
   index.number(out);
   out.bytes.assign(out.pairs.size(), 0);
   out.qo_rows.assign(out.pairs.size(), 0);
