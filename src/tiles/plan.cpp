@@ -1084,48 +1084,53 @@ struct PairIndex {
   std::uint32_t operator()(std::size_t pair) const { return static_cast<std::uint32_t>(at[pair]); }
 };
 
-// One worker's groups of one sample: entries [e0, e1) of worker_group_ids.
+// One worker's groups of one sample (global index j): entries [e0, e1) of
+// worker_group_ids.
 struct SampleGroups {
   int to;
+  std::int32_t j;
   std::size_t e0, e1;
 };
 
 // Every worker's groups, sample by sample (a worker's groups are sorted by
-// id, so a sample's keys are consecutive).
-std::vector<SampleGroups> sample_groups(const Plan::Data& d, const Geometry& g) {
-  std::vector<SampleGroups> out;
+// id, so a sample's keys are consecutive), into the thread's list (reused
+// across plans); with the bounds of the layout's runs and fetches (every
+// run of a sample, for each of its groups).
+std::span<const SampleGroups> sample_groups(const Plan::Data& d, const Geometry& g, std::size_t& most_runs,
+                                            std::size_t& most_fetches) {
+  thread_local std::vector<SampleGroups> out;
+  out.clear();
+  most_runs = most_fetches = 0;
   for (int r = 0; r < g.workers; ++r) {
     const std::size_t e1 = d.worker_group_offsets[static_cast<std::size_t>(r) + 1];
     for (std::size_t e = d.worker_group_offsets[static_cast<std::size_t>(r)]; e < e1;) {
-      const std::int32_t next = (d.worker_group_ids[e] / g.keys_per_sample + 1) * g.keys_per_sample;
+      // Group ids are j * keys_per_sample + key: the sample's end without a division.
+      const KvGroup& grp0 = d.groups[static_cast<std::size_t>(d.worker_group_ids[e])];
+      const std::int32_t j = g.sample_base[static_cast<std::size_t>(grp0.slot)] + grp0.sample;
+      const std::int32_t next = (j + 1) * g.keys_per_sample;
       std::size_t f = e + 1;
       while (f < e1 && d.worker_group_ids[f] < next) ++f;
-      out.push_back({r, e, f});
+      const std::size_t runs = g.sample_runs(j).size();
+      most_runs += runs;
+      most_fetches += runs * (f - e);
+      out.push_back({r, j, e, f});
       e = f;
     }
   }
   return out;
 }
 
-// The home runs of a worker's sample that other workers hold: f(run, from, j)
-// with the worker `from` holding it and the sample's global index j.
-template <class F>
-void for_fetched_runs(const Plan::Data& d, const Geometry& g, const SampleGroups& s, F&& f) {
-  const KvGroup& grp0 = d.groups[static_cast<std::size_t>(d.worker_group_ids[s.e0])];
-  const std::int32_t j = g.sample_base[static_cast<std::size_t>(grp0.slot)] + grp0.sample;
-  for (const Geometry::Run& run : g.sample_runs(j)) {
-    const int from = grp0.slot * g.cp + run.rank;
-    if (from != s.to) f(run, from, j);
-  }
-}
-
 // The layout's K/V fetches of one worker's groups of one sample: per home
-// run, the rows each group reads of it (up to its span's end). Made in the
-// pass that marks the pairs, so each run names its pair as from * W + to
-// (numbered later) and its K/V bytes are kept in run_bytes until then.
-void add_fetches(const Plan::Data& d, const Geometry& g, const KeyHeads& keys, PairIndex& index,
-                 const SampleGroups& s, ExchangeLayout& out, std::vector<std::int64_t>& run_bytes) {
-  for_fetched_runs(d, g, s, [&](const Geometry::Run& run, int from, std::int32_t j) {
+// run other workers hold, the rows each group reads of it (up to its span's
+// end). Made in the pass that marks the pairs, so each run names its pair
+// as from * W + to (numbered later) and its K/V bytes are kept in run_bytes
+// until then.
+void add_fetches(const Plan::Data& d, const Geometry& g, std::span<const std::int64_t> key_row_bytes,
+                 PairIndex& index, const SampleGroups& s, ExchangeLayout& out, std::vector<std::int64_t>& run_bytes) {
+  const KvGroup& grp0 = d.groups[static_cast<std::size_t>(d.worker_group_ids[s.e0])];
+  for (const Geometry::Run& run : g.sample_runs(s.j)) {
+    const int from = grp0.slot * g.cp + run.rank;
+    if (from == s.to) continue;
     index.mark(static_cast<std::size_t>(from), static_cast<std::size_t>(s.to));
     const auto first = static_cast<std::uint32_t>(out.fetches.size());
     std::int64_t bytes = 0;
@@ -1134,16 +1139,16 @@ void add_fetches(const Plan::Data& d, const Geometry& g, const KeyHeads& keys, P
       const std::int64_t end = std::min(run.end, d.span_end(e, gid));
       if (run.begin >= end) continue;
       const std::int64_t rows = end - run.begin;
-      const std::int32_t key = gid - j * g.keys_per_sample;
-      bytes += kv_bytes(g, rows, keys.group[static_cast<std::size_t>(key)].kv_heads.size());
+      const std::int32_t key = gid - s.j * g.keys_per_sample;
+      bytes += rows * key_row_bytes[static_cast<std::size_t>(key)];
       out.fetches.push_back({rows, key, static_cast<std::uint32_t>(e)});
     }
     const auto last = static_cast<std::uint32_t>(out.fetches.size());
-    if (last == first) return;
+    if (last == first) continue;
     const std::size_t pair = static_cast<std::size_t>(from) * index.W + static_cast<std::size_t>(s.to);
     out.runs.push_back({static_cast<std::uint32_t>(pair), 0, first, last});
     run_bytes.push_back(bytes);
-  });
+  }
 }
 
 // What a key's fetches add whatever their rows, per chunking: the chunks
@@ -1253,37 +1258,46 @@ ExchangeLayout exchange_layout(const Plan::Data& d) {
   out.entries = d.worker_group_ids.size();
   // First the pairs (tiles away from home, runs fetched), then the sums.
   PairIndex index(W);
+  // The tiles away from home, kept (the thread's list) for their bytes once
+  // the pairs are numbered: the tiles are walked once.
+  struct Away {
+    std::uint32_t pair;
+    std::int32_t heads;
+    std::int64_t rows;
+  };
+  thread_local std::vector<Away> away;
+  away.clear();
   for (const Tile& t : d.tiles) {
-    if (t.worker != t.home) index.mark(static_cast<std::size_t>(t.home), static_cast<std::size_t>(t.worker));
+    if (t.worker == t.home) continue;
+    index.mark(static_cast<std::size_t>(t.home), static_cast<std::size_t>(t.worker));
+    away.push_back({static_cast<std::uint32_t>(static_cast<std::size_t>(t.home) * W + static_cast<std::size_t>(t.worker)),
+                    t.heads.size(), t.end - t.begin});
   }
   // One pass over the samples: their runs' pairs and fetches together.
+  // A key's K/V bytes per row (integer products: the same bytes).
   const KeyHeads keys = key_heads(g);
-  std::vector<std::int64_t> run_bytes;
-  const std::vector<SampleGroups> samples = sample_groups(d, g);
+  std::vector<std::int64_t> key_row_bytes;
+  for (const KvGroup& k : keys.group) key_row_bytes.push_back(kv_bytes(g, 1, k.kv_heads.size()));
+  // The thread's (reused across plans: only this call reads it).
+  thread_local std::vector<std::int64_t> run_bytes;
+  run_bytes.clear();
   // At most every run of a sample for each of its groups: reserved, so the
   // lists are not copied as they grow.
   std::size_t most_runs = 0, most_fetches = 0;
-  for (const SampleGroups& s : samples) {
-    const KvGroup& grp0 = d.groups[static_cast<std::size_t>(d.worker_group_ids[s.e0])];
-    const std::size_t runs = g.sample_runs(g.sample_base[static_cast<std::size_t>(grp0.slot)] + grp0.sample).size();
-    most_runs += runs;
-    most_fetches += runs * (s.e1 - s.e0);
-  }
+  const std::span<const SampleGroups> samples = sample_groups(d, g, most_runs, most_fetches);
   out.runs.reserve(most_runs);
   run_bytes.reserve(most_runs);
   out.fetches.reserve(most_fetches);
-  for (const SampleGroups& s : samples) add_fetches(d, g, keys, index, s, out, run_bytes);
+  for (const SampleGroups& s : samples) add_fetches(d, g, key_row_bytes, index, s, out, run_bytes);
   index.number(out);
   out.bytes.assign(out.pairs.size(), 0);
   out.qo_rows.assign(out.pairs.size(), 0);
-  for (const Tile& t : d.tiles) {
-    if (t.worker == t.home) continue;
-    const std::uint32_t pair = index(static_cast<std::size_t>(t.home), static_cast<std::size_t>(t.worker));
-    const std::int64_t rows = t.end - t.begin;
-    const std::int64_t qo = qo_bytes(g, rows, t.heads.size());
+  for (const Away& t : away) {
+    const std::uint32_t pair = index(t.pair);
+    const std::int64_t qo = qo_bytes(g, t.rows, t.heads);
     out.bytes[pair] += qo;
     out.bytes[out.reverse[pair]] += qo;
-    out.qo_rows[pair] += rows;
+    out.qo_rows[pair] += t.rows;
   }
   // The runs' pairs numbered (integer byte sums: their order is free).
   for (std::size_t i = 0; i < out.runs.size(); ++i) {

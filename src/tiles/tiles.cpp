@@ -444,6 +444,8 @@ class Placer {
     key_ = shard_key_[static_cast<std::size_t>(s)];
     const std::int64_t vkv = shard_vkv_[static_cast<std::size_t>(s)];
     const std::int64_t vqo = 2 * (end - begin) * geo_.qo_bytes_per_row();
+    if (words_ == 1) return evaluate_few<1>(vkv, vqo, flops);
+    if (words_ == 2) return evaluate_few<2>(vkv, vqo, flops);
     // Locals, not members: the stores into saved_ and touched_ could alias
     // them (size_t and int64_t may alias), one reload per saving.
     std::int64_t* const saved = saved_.data();
@@ -458,40 +460,121 @@ class Placer {
     };
     save(rows_home_, vqo);
     const std::int32_t first = first_, last = last_, keys = geo_.keys_per_sample, key = key_;
+    const std::size_t words = words_;
     const std::int64_t* lengths = geo_.lengths.data();
-    const std::uint64_t* committed = committed_.data();
     const std::int32_t* const run_base = geo_.run_base.data();
     const HomeRun* const home_runs = home_runs_.data();
-    // Inlined twice: with up to 64 workers (words == 1, the paper's scale)
-    // the word loop disappears.
-    auto load_samples = [&](const std::size_t words) __attribute__((always_inline)) {
-      const std::size_t step = static_cast<std::size_t>(keys) * words;  // group j * keys + key
-      const std::uint64_t* bits = committed + static_cast<std::size_t>(first * keys + key) * words;
-      for (std::int32_t j = first; j < last; ++j, bits += step) {
-        const std::int64_t full = vkv * lengths[j];
-        // With one word, the runs below test it from a register: the
-        // stores into saved (int64_t) may alias the bits (uint64_t), so a
-        // test through `bits` reloads the word after every saving.
-        const std::uint64_t word0 = bits[0];
-        for (std::size_t w = 0; w < words; ++w) {
-          for (std::uint64_t word = bits[w]; word != 0; word &= word - 1) {
-            save(static_cast<int>(w * 64 + static_cast<std::size_t>(std::countr_zero(word))), full);
-          }
-        }
-        const HomeRun* const runs_end = home_runs + run_base[j + 1];
-        for (const HomeRun* run = home_runs + run_base[j]; run != runs_end; ++run) {
-          const std::uint32_t r = run->worker;
-          const std::uint64_t held = words == 1 ? word0 >> (r % 64) : bits[r / 64] >> (r % 64);
-          if (!(held & 1U)) save(static_cast<int>(r), vkv * run->tokens);
+    const std::size_t step = static_cast<std::size_t>(keys) * words;  // group j * keys + key
+    const std::uint64_t* bits = committed_.data() + static_cast<std::size_t>(first * keys + key) * words;
+    for (std::int32_t j = first; j < last; ++j, bits += step) {
+      const std::int64_t full = vkv * lengths[j];
+      for (std::size_t w = 0; w < words; ++w) {
+        for (std::uint64_t word = bits[w]; word != 0; word &= word - 1) {
+          save(static_cast<int>(w * 64 + static_cast<std::size_t>(std::countr_zero(word))), full);
         }
       }
-    };
-    if (words_ == 1) {
-      load_samples(1);
-    } else {
-      load_samples(words_);
+      const HomeRun* const runs_end = home_runs + run_base[j + 1];
+      for (const HomeRun* run = home_runs + run_base[j]; run != runs_end; ++run) {
+        const std::uint32_t r = run->worker;
+        if (!((bits[r / 64] >> (r % 64)) & 1U)) save(static_cast<int>(r), vkv * run->tokens);
+      }
     }
     return choose(saved, touched, touched_count, flops);
+  }
+
+  // evaluate() with up to 64 * NW workers (the paper's scale): the savers
+  // are kept as a bitmask in registers instead of a list, and chosen in id
+  // order, which settles the last tie (lowest id) without a comparison.
+  template <std::size_t NW>
+  Choice evaluate_few(std::int64_t vkv, std::int64_t vqo, std::int64_t flops) {
+    std::int64_t* const saved = saved_.data();
+    std::array<std::uint64_t, NW> mask{};
+    auto mark = [&mask](std::uint32_t r) { mask[r / 64] |= std::uint64_t{1} << (r % 64); };
+    saved[rows_home_] += vqo;
+    mark(static_cast<std::uint32_t>(rows_home_));
+    const std::int32_t first = first_, last = last_, keys = geo_.keys_per_sample, key = key_;
+    const std::int64_t* lengths = geo_.lengths.data();
+    const std::int32_t* const run_base = geo_.run_base.data();
+    const HomeRun* const home_runs = home_runs_.data();
+    const std::size_t step = static_cast<std::size_t>(keys) * NW;  // group j * keys + key
+    const std::uint64_t* bits = committed_.data() + static_cast<std::size_t>(first * keys + key) * NW;
+    for (std::int32_t j = first; j < last; ++j, bits += step) {
+      const std::int64_t full = vkv * lengths[j];
+      // Copied first: the stores into saved (int64_t) may alias the bits.
+      std::array<std::uint64_t, NW> held;
+      for (std::size_t w = 0; w < NW; ++w) held[w] = bits[w];
+      for (std::size_t w = 0; w < NW; ++w) {
+        mask[w] |= held[w];
+        for (std::uint64_t word = held[w]; word != 0; word &= word - 1) {
+          saved[w * 64 + static_cast<std::size_t>(std::countr_zero(word))] += full;
+        }
+      }
+      const HomeRun* const runs_end = home_runs + run_base[j + 1];
+      for (const HomeRun* run = home_runs + run_base[j]; run != runs_end; ++run) {
+        const std::uint32_t r = run->worker;
+        if (!((held[r / 64] >> (r % 64)) & 1U)) {
+          saved[r] += vkv * run->tokens;
+          mark(r);
+        }
+      }
+    }
+    return choose_few<NW>(saved, mask, flops);
+  }
+
+  // choose() over the savers in `mask`, in id order.
+  template <std::size_t NW>
+  Choice choose_few(std::int64_t* saved, const std::array<std::uint64_t, NW>& mask, std::int64_t flops) {
+    Choice c;
+    const std::int64_t room = limit_ - flops;
+    const std::int64_t* loads = loads_.data();
+    std::int64_t* const kept = kept_.data();  // the i-th saver's saving, in id order
+    std::int64_t best = 0, best_load = 0;
+    std::size_t i = 0;
+    for (std::size_t w = 0; w < NW; ++w) {
+      for (std::uint64_t m = mask[w]; m != 0; m &= m - 1, ++i) {
+        const auto r = static_cast<std::int32_t>(w * 64 + static_cast<std::size_t>(std::countr_zero(m)));
+        const std::int64_t x = saved[r];
+        kept[i] = x;
+        saved[r] = 0;
+        const std::int64_t load = loads[r];
+        if (load > room) continue;
+        // Ids ascend: on equal (saving, load) the earlier worker stays.
+        if (c.worker < 0 || x > best || (x == best && load < best_load)) {
+          c.worker = r;
+          best = x;
+          best_load = load;
+        }
+      }
+    }
+    if (c.worker >= 0) return c;
+    const std::int32_t least = tree_ ? least_[1].id : scan_least();
+    if (loads[least] <= room) {
+      c.worker = least;
+      return c;
+    }
+    // Nobody has headroom: as in choose(), the minimum of (load, dcomm, r).
+    const std::int64_t least_load = loads[least];
+    c.fallback = least;
+    std::int64_t fallback_saved = 0;
+    i = 0;
+    for (std::size_t w = 0; w < NW; ++w) {
+      for (std::uint64_t m = mask[w]; m != 0; m &= m - 1, ++i) {
+        const auto r = static_cast<std::int32_t>(w * 64 + static_cast<std::size_t>(std::countr_zero(m)));
+        if (r == least) fallback_saved = kept[i];
+      }
+    }
+    i = 0;
+    for (std::size_t w = 0; w < NW; ++w) {
+      for (std::uint64_t m = mask[w]; m != 0; m &= m - 1, ++i) {
+        const auto r = static_cast<std::int32_t>(w * 64 + static_cast<std::size_t>(std::countr_zero(m)));
+        if (loads[r] != least_load) continue;
+        if (kept[i] > fallback_saved || (kept[i] == fallback_saved && r < c.fallback)) {
+          c.fallback = r;
+          fallback_saved = kept[i];
+        }
+      }
+    }
+    return c;
   }
 
   // The shards of a block come one after another with the same rows: the
