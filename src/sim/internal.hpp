@@ -80,6 +80,15 @@ struct PlanCost {
   std::int64_t comm_bytes = 0, max_send = 0, max_recv = 0;
   std::int64_t max_recv_cross_node = 0;  // the busiest cross-node receiver's bytes
   double imbalance = 0;
+
+  // The byte totals of another price of the same tiles: a re-chunking or a
+  // relaying moves the same bytes between the same workers.
+  void take_byte_totals(const PlanCost& o) {
+    comm_bytes = o.comm_bytes;
+    max_send = o.max_send;
+    max_recv = o.max_recv;
+    max_recv_cross_node = o.max_recv_cross_node;
+  }
 };
 
 PlanConfig plan_config(const Ctx& ctx, std::int64_t h, std::int64_t b, std::int64_t chunks, PlanMode mode,

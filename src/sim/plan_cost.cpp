@@ -520,10 +520,7 @@ PlanCost cost_plan(const Ctx& ctx, const Plan& plan, const ExchangeSums& sums, s
   price_phases(c, sums, relays != nullptr && relays->any() ? relays : nullptr, pricer, direct, reuse.whole_step,
                reuse.pairs);
   if (reuse.direct != nullptr) {
-    c.comm_bytes = reuse.direct->comm_bytes;
-    c.max_send = reuse.direct->max_send;
-    c.max_recv = reuse.direct->max_recv;
-    c.max_recv_cross_node = reuse.direct->max_recv_cross_node;
+    c.take_byte_totals(*reuse.direct);
   } else {
     add_byte_totals(c, sums, plan.config().topology);
   }

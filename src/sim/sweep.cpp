@@ -182,10 +182,7 @@ struct PoolPrices {
       u.chunk_comp_bwd = {base_cost.comp_bwd};
       u.ret_fwd = base_cost.ret_fwd;
       u.ret_bwd = base_cost.ret_bwd;
-      u.comm_bytes = base_cost.comm_bytes;
-      u.max_send = base_cost.max_send;
-      u.max_recv = base_cost.max_recv;
-      u.max_recv_cross_node = base_cost.max_recv_cross_node;
+      u.take_byte_totals(base_cost);
       unchunked = std::move(u);
     }
     return *unchunked;
