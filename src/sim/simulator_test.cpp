@@ -879,6 +879,32 @@ libra::PlanConfig priced_config(libra::PlanMode mode, libra::HomeLayout layout, 
   return c;
 }
 
+// The PlanCost tests' setting: a pool of mixed lengths on 4 workers (P 2,
+// CP 2) in nodes of two GPUs and supernodes of two nodes, and each mode's
+// plan at M = chunks as the sweep configures it (tap-topo: zigzag homes and
+// kv_prefix; tap-split: dedup per KV head).
+struct PricedPool {
+  std::vector<libra::PackedSequence> pool = {
+      {256}, {128, 100, 28}, std::vector<std::int64_t>(8, 32), {30, 100, 90, 36}};
+  libra::SimConfig cfg = two_gpu_nodes();
+  libra::detail::Ctx ctx{cfg, 256, libra::ThroughputTable(cfg.cost.kernel), {}, {}};
+  std::vector<std::int64_t> gpus = libra::detail::pool_gpus(0, 4, 2);
+
+  static libra::SimConfig two_gpu_nodes() {
+    libra::SimConfig c;
+    c.cost.net.gpus_per_node = 2;
+    c.cost.net.nodes_per_supernode = 2;
+    return c;
+  }
+  libra::Result<libra::Plan> plan(libra::PlanMode mode, int chunks) const {
+    const bool topo = mode == libra::PlanMode::kTapTopo;
+    libra::PlanConfig pc =
+        priced_config(mode, topo ? libra::HomeLayout::kZigzag : libra::HomeLayout::kContiguous, topo, chunks);
+    pc.dedup_per_kv_head = mode == libra::PlanMode::kTapSplit;
+    return libra::make_plan(pool, pc);
+  }
+};
+
 }  // namespace
 
 TEST(PlanCost, PricesTheBytesTheExecutorSends) {
@@ -1176,20 +1202,14 @@ static void expect_chunk_lists(const libra::Plan& plan, const libra::detail::Exc
 // derived exchange (byte matrix, chunk lists, relays) and the same times
 // as alltoall_seconds over phase_bytes' dense matrices, bit for bit.
 TEST(PlanCost, SumsAndSparsePricingMatchTheDerivedExchange) {
-  const std::vector<libra::PackedSequence> pool = {
-      {256}, {128, 100, 28}, std::vector<std::int64_t>(8, 32), {30, 100, 90, 36}};
-  libra::SimConfig cfg;
-  cfg.cost.net.gpus_per_node = 2;
-  cfg.cost.net.nodes_per_supernode = 2;
-  const libra::detail::Ctx ctx{cfg, 256, libra::ThroughputTable(cfg.cost.kernel), {}, {}};
-  const std::vector<std::int64_t> gpus = libra::detail::pool_gpus(0, 4, 2);
+  const PricedPool pp;
+  const libra::detail::Ctx& ctx = pp.ctx;
+  const libra::SimConfig& cfg = pp.cfg;
+  const std::vector<std::int64_t>& gpus = pp.gpus;
   int relayed = 0;  // relayed prices checked
   for (libra::PlanMode mode : {libra::PlanMode::kTap, libra::PlanMode::kTapSplit, libra::PlanMode::kTapTopo}) {
     for (int chunks : {1, 2, 4}) {
-      const bool topo = mode == libra::PlanMode::kTapTopo;
-      libra::PlanConfig pc = priced_config(mode, topo ? libra::HomeLayout::kZigzag : libra::HomeLayout::kContiguous, topo, chunks);
-      pc.dedup_per_kv_head = mode == libra::PlanMode::kTapSplit;
-      auto plan = libra::make_plan(pool, pc);
+      auto plan = pp.plan(mode, chunks);
       ASSERT_TRUE(plan.ok()) << plan.error().message();
       const std::string at = std::string(libra::plan_mode_name(mode)) + " M=" + std::to_string(chunks);
       const libra::detail::ExchangeSums x = libra::detail::exchange_sums(plan->data_as_built());
@@ -1280,20 +1300,13 @@ void expect_same_price(const libra::detail::PlanCost& fresh, const libra::detail
 // computes afresh; and a plan's whole-step compute and returns are its M = 1
 // re-chunking's (the sweep prices M = 1 relayed from the base price's).
 TEST(PlanCost, ReusedPartsEqualPricingAfresh) {
-  const std::vector<libra::PackedSequence> pool = {
-      {256}, {128, 100, 28}, std::vector<std::int64_t>(8, 32), {30, 100, 90, 36}};
-  libra::SimConfig cfg;
-  cfg.cost.net.gpus_per_node = 2;
-  cfg.cost.net.nodes_per_supernode = 2;
-  const libra::detail::Ctx ctx{cfg, 256, libra::ThroughputTable(cfg.cost.kernel), {}, {}};
-  const std::vector<std::int64_t> gpus = libra::detail::pool_gpus(0, 4, 2);
+  const PricedPool pp;
+  const libra::detail::Ctx& ctx = pp.ctx;
+  const std::vector<std::int64_t>& gpus = pp.gpus;
   int relayed = 0;  // relayed prices checked
   for (libra::PlanMode mode : {libra::PlanMode::kTap, libra::PlanMode::kTapSplit, libra::PlanMode::kTapTopo}) {
     for (int chunks : {2, 4}) {
-      const bool topo = mode == libra::PlanMode::kTapTopo;
-      libra::PlanConfig pc = priced_config(mode, topo ? libra::HomeLayout::kZigzag : libra::HomeLayout::kContiguous, topo, chunks);
-      pc.dedup_per_kv_head = mode == libra::PlanMode::kTapSplit;
-      auto plan = libra::make_plan(pool, pc);
+      auto plan = pp.plan(mode, chunks);
       ASSERT_TRUE(plan.ok()) << plan.error().message();
       const auto base = libra::detail::cost_plan(ctx, *plan, gpus);
       for (int other : {1, chunks == 4 ? 2 : 4}) {
