@@ -151,6 +151,14 @@ struct PriceReuse {
 PlanCost cost_plan(const Ctx& ctx, const Plan& plan, const ExchangeSums& sums, std::span<const std::int64_t> gpus,
                    const RelayTable* relays = nullptr, const PriceReuse& reuse = {});
 
+// The split that names the cut of `split` at M = chunks of tiles `width`
+// heads wide: kEqual where the tapered cut is the equal one (4 heads in 4
+// chunks: one each), so a tapered shape there is the equal shape's plan and
+// price; else `split`.
+//   cut_split(4, 4, ChunkSplit::kTapered) == ChunkSplit::kEqual
+//   cut_split(8, 4, ChunkSplit::kTapered) == ChunkSplit::kTapered  // 1,3,3,1
+ChunkSplit cut_split(std::int32_t width, std::int64_t chunks, ChunkSplit split);
+
 // Runs a planner call, counting its thread CPU time under `kind`.
 template <class F>
 Result<Plan> timed_plan(Timing& tm, const std::string& kind, F&& f) {

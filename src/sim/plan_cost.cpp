@@ -528,6 +528,18 @@ PlanCost cost_plan(const Ctx& ctx, const Plan& plan, const ExchangeSums& sums, s
   return c;
 }
 
+ChunkSplit cut_split(std::int32_t width, std::int64_t chunks, ChunkSplit split) {
+  // Tapered needs 3 <= M <= width, equal M | width (validate_plan_config).
+  if (split != ChunkSplit::kTapered || chunks < 3 || chunks > width || width % chunks != 0) return split;
+  const int m = static_cast<int>(chunks);
+  for (int k = 1; k < m; ++k) {
+    if (chunk_head_offset(width, m, ChunkSplit::kTapered, k) != chunk_head_offset(width, m, ChunkSplit::kEqual, k)) {
+      return split;
+    }
+  }
+  return ChunkSplit::kEqual;
+}
+
 double max_of(const std::vector<double>& v) { return v.empty() ? 0.0 : *std::max_element(v.begin(), v.end()); }
 
 // Latency of one pool-step: collectives finish when their slowest worker

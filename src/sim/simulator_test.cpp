@@ -1337,3 +1337,63 @@ TEST(PlanCost, ReusedPartsEqualPricingAfresh) {
   }
   EXPECT_GT(relayed, 0) << "no relayed plan: the relayed path went unchecked";
 }
+
+// A tapered cut that cuts the tiles as the equal one does (cut_split says
+// kEqual) prices as the equal chunking, afresh and relayed: the sweep
+// prices libra-topo's tapered shape there as its equal shape. Where the cuts
+// differ (8 heads in 4 chunks: 1, 3, 3, 1), the prices differ too.
+TEST(PlanCost, TaperedCutLikeEqualPricesAsEqual) {
+  using libra::ChunkSplit;
+  using libra::detail::cut_split;
+  EXPECT_EQ(cut_split(4, 4, ChunkSplit::kTapered), ChunkSplit::kEqual);
+  EXPECT_EQ(cut_split(5, 5, ChunkSplit::kTapered), ChunkSplit::kEqual);
+  EXPECT_EQ(cut_split(8, 4, ChunkSplit::kTapered), ChunkSplit::kTapered);
+  EXPECT_EQ(cut_split(4, 3, ChunkSplit::kTapered), ChunkSplit::kTapered);  // 1, 2, 1; equal needs 3 | 4
+  EXPECT_EQ(cut_split(6, 3, ChunkSplit::kTapered), ChunkSplit::kEqual);    // 2, 2, 2
+  EXPECT_EQ(cut_split(8, 2, ChunkSplit::kEqual), ChunkSplit::kEqual);
+  const PricedPool pp;
+  int same = 0, differ = 0, relayed = 0;
+  for (libra::PlanMode mode : {libra::PlanMode::kTap, libra::PlanMode::kTapSplit, libra::PlanMode::kTapTopo}) {
+    for (int shards : {2, 4}) {  // 8 and 4 heads a tile (16 query heads)
+      const bool topo = mode == libra::PlanMode::kTapTopo;
+      libra::PlanConfig pc =
+          priced_config(mode, topo ? libra::HomeLayout::kZigzag : libra::HomeLayout::kContiguous, topo, 2);
+      pc.dedup_per_kv_head = mode == libra::PlanMode::kTapSplit;
+      pc.head_shards = shards;
+      auto plan = libra::make_plan(pp.pool, pc);
+      ASSERT_TRUE(plan.ok()) << plan.error().message();
+      const int width = plan->head_width();
+      for (int m = 3; m <= width; ++m) {
+        const std::string at = std::string(libra::plan_mode_name(mode)) + " width " + std::to_string(width) +
+                               " M=" + std::to_string(m);
+        auto tapered = libra::rechunk_plan(*plan, m, ChunkSplit::kTapered);
+        ASSERT_TRUE(tapered.ok()) << tapered.error().message();
+        const auto xt = libra::detail::exchange_sums(tapered->data_as_built());
+        const auto ct = libra::detail::cost_plan(pp.ctx, *tapered, xt, pp.gpus);
+        if (cut_split(width, m, ChunkSplit::kTapered) != ChunkSplit::kEqual) {
+          if (width % m != 0) continue;
+          auto equal = libra::rechunk_plan(*plan, m, ChunkSplit::kEqual);
+          ASSERT_TRUE(equal.ok()) << equal.error().message();
+          EXPECT_NE(libra::detail::cost_plan(pp.ctx, *equal, pp.gpus).chunk_comp_fwd, ct.chunk_comp_fwd) << at;
+          ++differ;
+          continue;
+        }
+        ++same;
+        auto equal = libra::rechunk_plan(*plan, m, ChunkSplit::kEqual);
+        ASSERT_TRUE(equal.ok()) << equal.error().message();
+        const auto xe = libra::detail::exchange_sums(equal->data_as_built());
+        expect_same_price(ct, libra::detail::cost_plan(pp.ctx, *equal, xe, pp.gpus), true, at);
+        EXPECT_EQ(xe.dkv_rows, xt.dkv_rows) << at;
+        const libra::RelayTable rt = libra::detail::relays_of(xt, tapered->config().topology);
+        const libra::RelayTable re = libra::detail::relays_of(xe, equal->config().topology);
+        if (!rt.any()) continue;
+        ++relayed;
+        expect_same_price(libra::detail::cost_plan(pp.ctx, *tapered, xt, pp.gpus, &rt),
+                          libra::detail::cost_plan(pp.ctx, *equal, xe, pp.gpus, &re), true, at + " relayed");
+      }
+    }
+  }
+  EXPECT_GT(same, 0);
+  EXPECT_GT(differ, 0);
+  EXPECT_GT(relayed, 0) << "no relayed plan: the relayed path went unchecked";
+}

@@ -116,8 +116,10 @@ Status window_baselines(WindowRun& run, WindowResult& out) {
 }
 
 // One pool's plan and its re-chunked and relayed prices, each made once:
-// libra-topo's shapes share re-chunked plans (relayed or not), and a
-// relayed price of a plan with nothing to relay is its direct price. Each
+// libra-topo's shapes share re-chunked plans (relayed or not), a tapered
+// shape that cuts the tiles as the equal one does is the equal shape
+// (cut_split: H 8 of 32 heads at M 4), and a relayed price of a plan with
+// nothing to relay is its direct price. Each
 // price is one span of cost-model time (sums, relays and cost_plan
 // together: the thread CPU clock is a system call), returned by address
 // (the map keeps it; a PlanCost is a dozen vectors).
@@ -143,8 +145,11 @@ struct PoolPrices {
     base_cost = cost_plan(ctx, base, x, gpus, nullptr, {.pairs = &pairs});
     tm.cost += thread_cpu_seconds() - t0;
   }
+  // The split naming (m, split)'s cut of the base's tiles (the plans' and
+  // prices' key).
+  ChunkSplit cut(std::int64_t m, ChunkSplit split) const { return cut_split(base.head_width(), m, split); }
   bool is_base(std::int64_t m, ChunkSplit split) const {
-    return m == base.config().chunks && split == base.config().chunk_split;
+    return m == base.config().chunks && cut(m, split) == cut(m, base.config().chunk_split);
   }
   const ExchangeSums& sums_of(const Plan* p) {
     auto it = sums.find(p);
@@ -210,6 +215,7 @@ struct PoolPrices {
     return costs.emplace(key, cost_plan(ctx, *p, x, gpus, &relays, reuse)).first->second;
   }
   Result<const PlanCost*> price(std::int64_t m, ChunkSplit split, bool relayed, const std::string& kind) {
+    split = cut(m, split);
     if (!relayed && is_base(m, split)) return &base_cost;
     if (auto it = costs.find({m, split, relayed}); it != costs.end()) return &it->second;
     LIBRA_ASSIGN_OR_RETURN(const Plan* p, plan(m, split, kind));
