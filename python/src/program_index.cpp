@@ -48,18 +48,10 @@ struct Builder {
   I64 home_q = 0, home_kv = 0;  // the home buffers' vectors: where a joined buffer's compute vectors start
   std::vector<Run> runs;        // in rows order; data's columns at the end (finish)
 
-  // A side (rows from `at` to the end of the rows) is complete: a cut where it has entries; returns
-  // its index in the cuts, or -1.
-  I64 side(I64 at) {
-    if (ix.rows == at) return -1;
-    ix.cuts.push_back(at);
-    return static_cast<I64>(ix.cuts.size()) - 1;
-  }
-
   // Group sides already cut, by their runs' (count, base, len, stride): a group side whose runs equal
   // an earlier one's takes that side's cut and rows instead of its own (K's and V's groups move the
-  // same positions, O's and LSE's too; at 1M two sides in three repeat one). Merged calls' sides are
-  // not shared: consecutive pairs' rows must stay contiguous (a joined call spans them).
+  // same positions, O's and LSE's too; at 1M two sides in three repeat one). Merged calls' rows are
+  // not cut: they follow every group's, and the runtime views them by offset.
   std::unordered_map<std::string, std::pair<I64, I64>> seen;  // runs -> (cut, its first entry)
 
   // A group's side, the runs from index `from` on (its rows from entry `at`) complete: (its cut,
@@ -241,10 +233,6 @@ struct Builder {
         r.max_q = std::max(r.max_q, pairs[j].max_q);
         r.max_k = std::max(r.max_k, pairs[j].max_k);
       }
-      if (j == i + 1) {  // one pair: its rows are its cuts
-        r.q_cut = pairs[i].q_cut;
-        r.kv_cut = pairs[i].kv_cut;
-      }
       put_cu(r, jq, jk);
       joined.push_back(r);
       i = j;
@@ -283,7 +271,6 @@ struct Builder {
         ck.push_back(narrow(r.total_k));
       }
     }
-    r.q_cut = side(r.q_off);
   }
 
   // r's kv rows (joined positions).
@@ -296,7 +283,6 @@ struct Builder {
         if (f.e > f.a) run(shift + c.kv.offset + f.kv_row * c.kv.stride, f.e, r.hkv, c.kv.stride);
       }
     }
-    r.kv_cut = side(r.kv_off);
   }
 
   // descriptors.py's chunk_descriptors: one int64 row per non-empty fragment, grouped by PAIRS; the
@@ -371,6 +357,11 @@ std::shared_ptr<IndexArrays> build(const ProgramHandle& h) {
     for (int k = 0; k < 3; ++k)
       for (const libra::ExchangeProgram& x : *kinds[k]) ix->exchanges[p][k].push_back(b.exchange(x));
     ix->apply[p] = b.groups(&pp, pp.apply);
+  }
+  // Every merged call's rows after every group's, as one last piece of the cuts (no record takes it:
+  // a Pair views its rows by offset), so that the split makes one view per group side only.
+  const I64 calls_from = ix->rows;
+  for (int p = 0; p < 2; ++p) {
     for (int m = 0; m < s.chunks; ++m) {
       auto calls = s.calls(static_cast<libra::Pass>(p), m);
       // Forward and backward run the same calls (same tiles, same buffers): one set of rows serves both.
@@ -385,6 +376,7 @@ std::shared_ptr<IndexArrays> build(const ProgramHandle& h) {
       ix->descriptors[p].push_back(b.descriptors(s, calls));
     }
   }
+  if (ix->rows > calls_from) ix->cuts.push_back(calls_from);
   b.finish();
   ix->build_seconds = thread_seconds() - t0;
   return ix;
@@ -435,7 +427,7 @@ py::dict pair_py(const PairRec& r) {
                  {"hkv", py::int_(r.hkv)}, {"seqs", py::int_(r.seqs)}, {"total_q", py::int_(r.total_q)},
                  {"total_k", py::int_(r.total_k)}, {"max_q", py::int_(r.max_q)}, {"max_k", py::int_(r.max_k)},
                  {"q_off", py::int_(r.q_off)}, {"kv_off", py::int_(r.kv_off)}, {"cu_q_off", py::int_(r.cu_q_off)},
-                 {"cu_k_off", py::int_(r.cu_k_off)}, {"q_cut", py::int_(r.q_cut)}, {"kv_cut", py::int_(r.kv_cut)}});
+                 {"cu_k_off", py::int_(r.cu_k_off)}});
 }
 
 }  // namespace

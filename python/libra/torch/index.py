@@ -5,8 +5,8 @@ python/src/program_index.hpp, without the GIL): one int32 host array, a small pa
 descriptor tables as int64) then the head-vector rows as strided runs (five columns, a few ints per
 run, not one per row). It goes to the device in one copy (from one pinned host buffer, non-blocking,
 on CUDA); one kernel launch expands the runs into the rows there (``expand``: Triton on CUDA, the
-binding's C++ on the CPU), one split cuts every record's rows, and the records are made per pass
-and kind as a backend first reads them. Nothing in a pass builds, copies or reads back an index."""
+binding's C++ on the CPU), one split cuts every exchange group's rows (a merged call's are views by
+offset), and the records are made per pass and kind as a backend first reads them. Nothing in a pass builds, copies or reads back an index."""
 import functools
 
 import numpy as np
@@ -44,20 +44,18 @@ class Pair:
     __slots__ = ("q_home", "kv_home", "hq", "hkv", "total_q", "total_k", "max_q", "max_k", "seqs",
                  "cu_q", "cu_k", "cu_host", "q2", "kv2", "lse2")
 
-    def __init__(self, rec, rows, cuts, dev, small):
+    def __init__(self, rec, rows, dev, small):
         self.q_home, self.kv_home, hq, hkv = rec["q_home"], rec["kv_home"], rec["hq"], rec["hkv"]
         tq, tk = rec["total_q"], rec["total_k"]
         self.hq, self.hkv, self.total_q, self.total_k = hq, hkv, tq, tk
         self.max_q, self.max_k, self.seqs = rec["max_q"], rec["max_k"], rec["seqs"]
         # The rows shaped as the varlen tensors' leading dims (one advanced-indexing op gathers
-        # [total, heads, d], or writes it back, with no reshape around it): one view each, of its cut
-        # or (a joined call over several pairs) straight from the rows.
-        cut = rec["q_cut"]
+        # [total, heads, d], or writes it back, with no reshape around it): one view each, straight
+        # from the rows (the merged calls' rows are not cut: the split's last piece spans them all).
         at = rows.storage_offset()
-        self.q2 = cuts[cut].view(tq, hq) if cut >= 0 else rows.as_strided((tq, hq), (hq, 1), at + rec["q_off"])
+        self.q2 = rows.as_strided((tq, hq), (hq, 1), at + rec["q_off"])
         self.lse2 = self.q2.t()
-        cut = rec["kv_cut"]
-        self.kv2 = cuts[cut].view(tk, hkv) if cut >= 0 else rows.as_strided((tk, hkv), (hkv, 1), at + rec["kv_off"])
+        self.kv2 = rows.as_strided((tk, hkv), (hkv, 1), at + rec["kv_off"])
         n, cq, ck = self.seqs + 1, rec["cu_q_off"], rec["cu_k_off"]
         self.cu_q = dev[cq:cq + n]
         self.cu_k = dev[ck:ck + n]
@@ -74,7 +72,8 @@ def host_arrays(program, kinds=None):
     one int32 CPU tensor sharing the binding's memory, the small array (cu_seqlens, descriptor
     tables: layout["data"] entries) then the runs' five columns of layout["runs"] entries (first,
     count, base, len, stride), which expand to layout["rows"] rows; layout["cuts"] and
-    layout["lengths"] the records' sides in the rows. ``kinds`` (to_device's, per pass): the merged
+    layout["lengths"] the exchange groups' sides in the rows, then the merged calls' rows as one last
+    piece (they tile the rows). ``kinds`` (to_device's, per pass): the merged
     calls' and descriptor records the layout holds are those these name (all when None); to_device
     asks the program for others when first read."""
     if kinds is not None:
@@ -178,8 +177,9 @@ def to_device(host, layout, device, kinds=(ALL_KINDS, ALL_KINDS), program=None):
     host_np = host.numpy()  # numpy slices: a fraction of torch views' host time
     nd, nr = layout["data"], layout["runs"]
     rows = expand(dev[nd:].view(5, nr), host_np[nd:].reshape(5, nr), layout["rows"], device)
-    # One split cuts every record's side (the binding lists them: they tile the rows in order).
-    cuts = rows.split(layout["lengths"]) if layout["lengths"] else ()
+    # One split cuts every group side (the binding lists them, then the merged calls' rows as one last
+    # piece: they tile the rows in order).
+    cuts = rows.split_with_sizes(layout["lengths"]) if layout["lengths"] else ()
     # The small array's host part (cu_seqlens, descriptor tables): the records' host views are views of
     # the binding's array (the program, which the runtime holds, keeps it alive anyway).
     small = host_np[:nd]
@@ -217,7 +217,7 @@ class _Pass(dict):
         elif kind == "sides":
             value = cuts
         elif kind in _RECORD_KINDS:
-            value = _records(per, p, program, kind, rows, cuts, data, small, pairs)
+            value = _records(per, p, program, kind, rows, data, small, pairs)
         else:
             raise KeyError(kind)
         self[kind] = value
@@ -227,7 +227,7 @@ class _Pass(dict):
 _RECORD_KINDS = ("varlen", "joined", "descriptors", "descriptors_host")
 
 
-def _records(per, p, program, kind, rows, cuts, data, small, pairs):
+def _records(per, p, program, kind, rows, data, small, pairs):
     """The merged calls or descriptor tables of pass p (_Pass's), from the binding's layout ``per`` or
     (a kind it left out) the program's whole layout (``program``: the program and a list keeping that
     layout once fetched)."""
@@ -238,7 +238,7 @@ def _records(per, p, program, kind, rows, cuts, data, small, pairs):
             whole.append(prog.index_arrays()[2])
         per = whole[0]["passes"][p]
     if kind in ("varlen", "joined"):
-        return [[_pair(pairs, rec, rows, cuts, data, small) for rec in chunk] for chunk in per[kind]]
+        return [[_pair(pairs, rec, rows, data, small) for rec in chunk] for chunk in per[kind]]
     if kind == "descriptors":
         return [(_i64(data, t, 10 * n).view(n, 10), _i64(data, b, 5)) for t, n, b in per["descriptors"]]
     # The same tables on the host, for what plans launches from them (the triton backend's work rows
@@ -246,11 +246,11 @@ def _records(per, p, program, kind, rows, cuts, data, small, pairs):
     return [_desc_host(small, t, n, b, False) for t, n, b in per["descriptors"]]
 
 
-def _pair(pairs, rec, rows, cuts, data, small):
+def _pair(pairs, rec, rows, data, small):
     """The Pair of the record ``rec`` (a dict the layout keeps alive, so its id is its own)."""
     p = pairs.get(id(rec))
     if p is None:
-        p = pairs[id(rec)] = Pair(rec, rows, cuts, data, small)
+        p = pairs[id(rec)] = Pair(rec, rows, data, small)
     return p
 
 
