@@ -174,10 +174,22 @@ struct Builder {
     return out;
   }
 
+  // Each distinct per-peer count vector's index in ix.counts (found here, without the GIL: the
+  // layout's Python lists are then made once each, with no comparison of vectors under the GIL).
+  std::map<std::vector<I64>, std::size_t> count_at;
+
+  std::size_t counts(const std::vector<I64>& v) {
+    auto [it, fresh] = count_at.try_emplace(v, ix.counts.size());
+    if (fresh) ix.counts.push_back(v);
+    return it->second;
+  }
+
   ExchangeRec exchange(const libra::ExchangeProgram& x) {
     ExchangeRec r;
-    r.send = x.send_vectors;
-    r.recv = x.recv_vectors;
+    for (std::size_t c = 0; c < libra::kNumWireClasses; ++c) {
+      r.send[c] = counts(x.send_vectors[c]);
+      r.recv[c] = counts(x.recv_vectors[c]);
+    }
     r.gather = groups(nullptr, x.gather);
     r.local = groups(nullptr, x.local);
     r.scatter = groups(nullptr, x.scatter);
@@ -351,7 +363,7 @@ bool same_calls(const libra::RankSchedule& s, std::span<const libra::KernelCall>
 std::shared_ptr<IndexArrays> build(const ProgramHandle& h) {
   const double t0 = thread_seconds();
   auto ix = std::make_shared<IndexArrays>();
-  Builder b{*ix, h.schedule.home_vectors(libra::Field::kQ), h.schedule.home_vectors(libra::Field::kK), {}, {}};
+  Builder b{*ix, h.schedule.home_vectors(libra::Field::kQ), h.schedule.home_vectors(libra::Field::kK), {}, {}, {}};
   const libra::RankSchedule& s = h.schedule;
   for (int p = 0; p < 2; ++p) {
     const libra::PassProgram& pp = h.program.pass(static_cast<libra::Pass>(p));
@@ -399,26 +411,19 @@ py::list groups_py(const std::vector<GroupRec>& gs, const FieldNames& names) {
   return l;
 }
 
-// Per class the vectors sent to (received from) each peer. Most classes of most exchanges move
-// nothing, and classes of one exchange often move the same counts (O's and LSE's): equal lists are one
-// list (`made`, by value: at 1M 49 lists of 64 ints are 9), a fraction of the Python objects one list
-// each takes (nothing writes them).
-using CountLists = std::map<std::vector<I64>, py::list>;
-
-py::list counts_py(const std::array<std::vector<I64>, libra::kNumWireClasses>& v, CountLists& made) {
-  py::list out(v.size());
-  for (std::size_t c = 0; c < v.size(); ++c) {
-    auto it = made.find(v[c]);
-    if (it == made.end()) it = made.emplace(v[c], py::cast(v[c])).first;
-    out[c] = it->second;
-  }
+// Per class the vectors sent to (received from) each peer: the layout's list of each distinct count
+// vector (`lists`, made once per layout: at 1M 49 lists of 64 ints are 9), a fraction of the Python
+// objects one list each takes (nothing writes them).
+py::list counts_py(const std::array<std::size_t, libra::kNumWireClasses>& at, const std::vector<py::list>& lists) {
+  py::list out(at.size());
+  for (std::size_t c = 0; c < at.size(); ++c) out[c] = lists[at[c]];
   return out;
 }
 
-py::dict exchange_py(const ExchangeRec& x, CountLists& made, const FieldNames& names) {
+py::dict exchange_py(const ExchangeRec& x, const std::vector<py::list>& lists, const FieldNames& names) {
   py::dict d;
-  d["send"] = counts_py(x.send, made);
-  d["recv"] = counts_py(x.recv, made);
+  d["send"] = counts_py(x.send, lists);
+  d["recv"] = counts_py(x.recv, lists);
   d["gather"] = groups_py(x.gather, names);
   d["local"] = groups_py(x.local, names);
   d["scatter"] = groups_py(x.scatter, names);
@@ -505,13 +510,15 @@ py::tuple index_arrays_py(std::shared_ptr<const IndexArrays> ix, unsigned kinds)
   py::dict layout;
   static const char* kinds_of[3] = {"in", "out", "stage"};
   const FieldNames names = field_names();
-  CountLists made;
+  std::vector<py::list> lists;
+  lists.reserve(ix->counts.size());
+  for (const std::vector<I64>& v : ix->counts) lists.push_back(py::cast(v));
   py::list passes;
   for (int p = 0; p < 2; ++p) {
     py::dict per;
     for (int k = 0; k < 3; ++k) {
       py::list chunks;
-      for (const ExchangeRec& x : ix->exchanges[p][k]) chunks.append(exchange_py(x, made, names));
+      for (const ExchangeRec& x : ix->exchanges[p][k]) chunks.append(exchange_py(x, lists, names));
       per[kinds_of[k]] = chunks;
     }
     per["apply"] = groups_py(ix->apply[p], names);

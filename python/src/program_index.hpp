@@ -65,8 +65,11 @@ struct GroupRec {
   I64 s_cut = -1, d_cut = -1;  // each side's index in IndexArrays::cuts (-1: no entries)
 };
 
+// send / recv: per class, the index in IndexArrays::counts of the vectors sent to (received from)
+// each peer (equal count vectors are one entry: most classes of most exchanges move nothing, and O's
+// and LSE's move the same counts).
 struct ExchangeRec {
-  std::array<std::vector<I64>, libra::kNumWireClasses> send, recv;
+  std::array<std::size_t, libra::kNumWireClasses> send{}, recv{};
   std::vector<GroupRec> gather, local, scatter;
 };
 
@@ -108,6 +111,7 @@ struct IndexArrays {
   std::array<std::vector<std::vector<PairRec>>, 2> joined;           // [pass][chunk]: varlen's, joined
   std::array<std::vector<DescRec>, 2> descriptors;                   // [pass][chunk]
   std::vector<bool> shared;  // [chunk]: backward's calls are forward's (its varlen, joined, descriptors the same)
+  std::vector<std::vector<I64>> counts;  // the distinct per-peer count vectors (ExchangeRec::send, recv)
   double build_seconds = 0;                                          // thread CPU time of the build
 };
 

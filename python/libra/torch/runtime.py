@@ -202,12 +202,11 @@ class PlanRuntime:
 def _check_agreed(everyone, peers, size):
     """Raises the same line on every rank unless the ranks' gathered words (int64 [size, 5]: the plan
     fingerprint's halves, the worker, the plan's workers, relay) hold one plan of ``size`` workers,
-    one relay value, and a permutation of the workers; one pass of numpy over the words where they
-    agree (the usual case), Python over them only to name a disagreement."""
-    fp_same = bool((everyone[:, :2] == everyone[0, :2]).all())
-    if fp_same and (everyone[:, 4] == everyone[0, 4]).all() and everyone[0, 3] == size and (
-            np.sort(everyone[:, 2]) == np.arange(size)).all():
+    one relay value, and a permutation of the workers; one pass of the binding's C++ over the words
+    where they agree (the usual case), Python over them only to name a disagreement."""
+    if _libra.plan_words_agree(everyone, size):
         return
+    fp_same = bool((everyone[:, :2] == everyone[0, :2]).all())
     rows = everyone.tolist()
     if fp_same and rows[0][3] != size:
         raise ValueError(f"PlanRuntime: the group has {size} ranks but the plan has {rows[0][3]} workers")
