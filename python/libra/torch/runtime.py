@@ -147,7 +147,7 @@ class PlanRuntime:
         self.relay = relay
         # Whether stage exchanges run: the same on every rank (plan_relays is a function of the plan).
         self.relayed = bool(info["relayed"])
-        self.program, self.schedule = progs, _Schedule(info, progs)
+        self.program, self.schedule = progs, info
         self.home_rows, self.heads_q, self.heads_kv = info["home_rows"], info["heads_q"], info["heads_kv"]
         self.head_dim, self.num_chunks = info["head_dim"], info["chunks"]
         self.home_layout, self.home_tokens = lay["home_layout"], lay["home_tokens"]
@@ -200,11 +200,12 @@ class PlanRuntime:
 
 
 def _program_views(program):
-    """(the program's summary, its home layout, and the layout's packed_rows, position_ids, cu_seqlens
-    and packed_cu_seqlens as CPU tensors): built with the program in C++ (without the GIL), taken as
-    views of its arrays."""
+    """(the program's summary as the runtime's ``schedule``, its home layout, and the layout's
+    packed_rows, position_ids, cu_seqlens and packed_cu_seqlens as CPU tensors): built with the
+    program in C++ (without the GIL), taken as views of its arrays."""
     lay = program.home
-    return (program.summary, lay, torch.from_numpy(lay["packed_rows"]), torch.from_numpy(lay["position_ids"]),
+    return (_Schedule(program.summary, program), lay, torch.from_numpy(lay["packed_rows"]),
+            torch.from_numpy(lay["position_ids"]),
             torch.from_numpy(lay["cu_seqlens"]), torch.from_numpy(lay["packed_cu_seqlens"]))
 
 
