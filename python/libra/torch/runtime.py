@@ -384,7 +384,20 @@ def _agree(comm, group, words, problem, timeout, what, native=False, array=False
         return [t[:n].tobytes() for t, n in zip(gather(buf), lengths)]
 
     msg = b"" if problem is None else str(problem).encode("utf-8", "replace")
-    everyone, problems, failed = _libra.agree([int(w) for w in words], msg, gather_words, gather_bytes)
+    words = [int(w) for w in words]
+    if array:
+        # The protocol's first gather done here (the words, then the problem's length): where no rank
+        # has a problem (the usual case) that is all of it, read with no Python int per word and no
+        # call into the binding; where one has, the binding goes on from these gathered words.
+        got = gather(np.array(words + [len(msg)], dtype=np.int64))
+        if not got[:, -1].any():
+            return got[:, :-1], None
+        lengths[:] = got[:, -1].tolist()
+
+        def gather_words(_mine):
+            return got
+
+    everyone, problems, failed = _libra.agree(words, msg, gather_words, gather_bytes)
     if not failed:
         return everyone, None
     return everyone, (failed[0], problems[failed[0]].decode("utf-8", "replace"))
