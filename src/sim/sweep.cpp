@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <limits>
 #include <map>
+#include <memory>
 #include <optional>
 #include <tuple>
 
@@ -311,15 +312,11 @@ void record_pool(Record rec, const PlanCost& c, CandWindow& cw) {
   }
 }
 
-// One pool through make_plan (pc, at one of `chunks`); its step latencies,
-// the pipelined variants at every M of `chunks`: the same tiles re-chunked
-// (no placement reads M), and M = 1 is the unpipelined timing of any of them.
-Status run_pool(WindowRun& run, const PoolRun& pr, std::span<const PackedSequence> pool, const PoolPlace& at,
-                PoolSteps& steps, CandWindow& cw) {
+// One pool's step latencies from its plan's prices: the pipelined variants
+// at every M of `chunks`: the same tiles re-chunked (no placement reads M),
+// and M = 1 is the unpipelined timing of any of them.
+Status time_pool(const PoolRun& pr, PoolPrices& prices, const PoolPlace& at, PoolSteps& steps, CandWindow& cw) {
   const std::string kind(variant_name(pr.variants[0]));
-  LIBRA_ASSIGN_OR_RETURN(const Plan base, timed_plan(run.tm, kind, [&] { return make_plan(pool, pr.pc); }));
-  // The base plan's sums serve its direct price and its relays.
-  PoolPrices prices(run.ctx, base, at.gpus, run.tm);
   const PlanCost& c = prices.base_cost;
   for (Variant var : pr.variants) {
     if (!variant_pipelined(var)) put_pool(at, c, var, 1, false, steps, cw);
@@ -348,9 +345,59 @@ Status run_pool(WindowRun& run, const PoolRun& pr, std::span<const PackedSequenc
   return {};
 }
 
+// One pool through make_plan (pc, at one of `chunks`) and time_pool.
+Status run_pool(WindowRun& run, const PoolRun& pr, std::span<const PackedSequence> pool, const PoolPlace& at,
+                PoolSteps& steps, CandWindow& cw) {
+  LIBRA_ASSIGN_OR_RETURN(const Plan base, timed_plan(run.tm, std::string(variant_name(pr.variants[0])),
+                                                     [&] { return make_plan(pool, pr.pc); }));
+  // The base plan's sums serve its direct price and its relays.
+  PoolPrices prices(run.ctx, base, at.gpus, run.tm);
+  return time_pool(pr, prices, at, steps, cw);
+}
+
+// A VRSP pool's plan and prices, kept for libra-plus where its VRSP-refine
+// pool of the same index has the same sequences and GPUs and tap-split
+// makes TAP's plan of them (detail::same_tap_plan): then the prices are the
+// same, and are made once. Not moved once priced (prices point into it).
+struct KeptPool {
+  Plan plan;
+  std::vector<std::int64_t> gpus;
+  std::optional<PoolPrices> prices;
+};
+
+// One candidate's kept VRSP pools, by pool index: `want` marks those
+// libra-plus may reuse (filled in the candidate's own fixed order, so the
+// same whatever thread runs it).
+struct SharedPools {
+  std::vector<bool> want;
+  std::vector<std::unique_ptr<KeptPool>> kept;
+};
+
+// Pool k of a placement through run_pool, or (libra-tap-vrsp) kept for
+// libra-plus, or (libra-plus) timed with the kept prices where they fit.
+Status shared_pool(WindowRun& run, const PoolRun& pr, std::size_t k, std::span<const PackedSequence> pool,
+                   const PoolPlace& at, PoolSteps& steps, CandWindow& cw, SharedPools* shared) {
+  if (shared != nullptr && pr.rec == Record::kPlus) {
+    KeptPool* kp = k < shared->kept.size() ? shared->kept[k].get() : nullptr;
+    if (kp != nullptr && std::ranges::equal(kp->gpus, at.gpus) && same_tap_plan(kp->plan, pool, pr.pc)) {
+      return time_pool(pr, *kp->prices, at, steps, cw);
+    }
+  } else if (shared != nullptr && pr.rec == Record::kTap && k < shared->want.size() && shared->want[k]) {
+    LIBRA_ASSIGN_OR_RETURN(Plan base, timed_plan(run.tm, std::string(variant_name(pr.variants[0])),
+                                                 [&] { return make_plan(pool, pr.pc); }));
+    auto kp = std::make_unique<KeptPool>(KeptPool{std::move(base), {at.gpus.begin(), at.gpus.end()}, std::nullopt});
+    kp->prices.emplace(run.ctx, kp->plan, kp->gpus, run.tm);
+    LIBRA_TRY(time_pool(pr, *kp->prices, at, steps, cw));
+    if (shared->kept.size() <= k) shared->kept.resize(k + 1);
+    shared->kept[k] = std::move(kp);
+    return {};
+  }
+  return run_pool(run, pr, pool, at, steps, cw);
+}
+
 // Every pool of a placement through run_pool; the step maxima into cw.
 Status run_pools(WindowRun& run, const Placed& pl, const PlanConfig& pc, const std::vector<Variant>& variants,
-                 CandWindow& cw, Record rec, const std::vector<std::int64_t>& chunks) {
+                 CandWindow& cw, Record rec, const std::vector<std::int64_t>& chunks, SharedPools* shared = nullptr) {
   const auto& [placement, layout] = pl;
   const PoolRun pr = pool_run(run.ctx, pc, variants, rec, chunks);
   PoolSteps steps{.ga = run.ctx.cfg.gbs / run.ctx.cfg.dp, .plain = {}, .shaped = {}};
@@ -364,7 +411,7 @@ Status run_pools(WindowRun& run, const Placed& pl, const PlanConfig& pc, const s
       at.lin_fwd = std::max(at.lin_fwd, linear_part(run.ctx, seq_tokens(sq), false));
       at.lin_bwd = std::max(at.lin_bwd, linear_part(run.ctx, seq_tokens(sq), true));
     }
-    LIBRA_TRY(run_pool(run, pr, pool, at, steps, cw));
+    LIBRA_TRY(shared_pool(run, pr, k, pool, at, steps, cw, shared));
   }
   for (auto& [key, sm] : steps.plain) cw.steps[key] = std::move(sm.step);
   for (auto& [sh, by] : steps.shaped) {
@@ -442,6 +489,22 @@ Status sampler_steps(WindowRun& run, const SimCandidate& cand, const PlanConfig&
                    Record::kNothing, ms);
 }
 
+// The VRSP pools whose plan and prices libra-plus may reuse: tap-split
+// reads what tap reads (same_tap_inputs), and its VRSP-refine pool of the
+// same index holds the same sequences on the same GPUs (VRSP-refine often
+// moves nothing at small P).
+SharedPools shared_pools(const Placed& vrsp, const Placed& refine, const PlanConfig& tap, const PlanConfig& plus) {
+  SharedPools out;
+  if (!same_tap_inputs(tap, plus)) return out;
+  const auto& [v, vl] = vrsp;
+  const auto& [r, rl] = refine;
+  out.want.resize(v.pools.size());
+  for (std::size_t k = 0; k < v.pools.size() && k < r.pools.size(); ++k) {
+    out.want[k] = v.pools[k] == r.pools[k] && vl.pool_first_replica[k] == rl.pool_first_replica[k];
+  }
+  return out;
+}
+
 // One candidate of one window: placements, every libra variant, distca.
 Status run_candidate(WindowRun& run, std::size_t ci, CandWindow& cw) {
   const Ctx& ctx = run.ctx;
@@ -457,9 +520,11 @@ Status run_candidate(WindowRun& run, std::size_t ci, CandWindow& cw) {
   const PlanConfig plus = plan_config(ctx, cand.head_shards, cand.block_size, base, PlanMode::kTapSplit, true);
   const PlanConfig topo = plan_config(ctx, cand.head_shards, cand.block_size, base, PlanMode::kTapTopo, false);
   LIBRA_TRY(sampler_steps(run, cand, tap, ms, cw));
+  SharedPools shared = shared_pools(placed.at(PlacementMode::kVrsp), placed.at(PlacementMode::kVrspRefine), tap, plus);
   LIBRA_TRY(run_pools(run, placed.at(PlacementMode::kVrsp), tap, {Variant::kLibraTapVrsp, Variant::kLibraFull}, cw,
-                      Record::kTap, ms));
-  LIBRA_TRY(run_pools(run, placed.at(PlacementMode::kVrspRefine), plus, {Variant::kLibraPlus}, cw, Record::kPlus, ms));
+                      Record::kTap, ms, &shared));
+  LIBRA_TRY(run_pools(run, placed.at(PlacementMode::kVrspRefine), plus, {Variant::kLibraPlus}, cw, Record::kPlus, ms,
+                      &shared));
   auto tp = run.topo_by_p.find(cand.pool_size);
   if (tp == run.topo_by_p.end()) {
     LIBRA_ASSIGN_OR_RETURN(Placed pl, placement_for(run, cand.pool_size, PlacementMode::kVrsp, topo_interleave(ctx)));
