@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <limits>
 #include <map>
-#include <memory>
 #include <optional>
 #include <tuple>
 
@@ -312,10 +311,12 @@ void record_pool(Record rec, const PlanCost& c, CandWindow& cw) {
   }
 }
 
-// One pool's step latencies from its plan's prices: the pipelined variants
-// at every M of `chunks`: the same tiles re-chunked (no placement reads M),
-// and M = 1 is the unpipelined timing of any of them.
-Status time_pool(const PoolRun& pr, PoolPrices& prices, const PoolPlace& at, PoolSteps& steps, CandWindow& cw) {
+// One pool's step latencies from its plan's prices (PoolPrices, or a
+// KeptPool): the pipelined variants at every M of `chunks`: the same tiles
+// re-chunked (no placement reads M), and M = 1 is the unpipelined timing of
+// any of them.
+template <class Prices>
+Status time_pool(const PoolRun& pr, Prices& prices, const PoolPlace& at, PoolSteps& steps, CandWindow& cw) {
   const std::string kind(variant_name(pr.variants[0]));
   const PlanCost& c = prices.base_cost;
   for (Variant var : pr.variants) {
@@ -345,54 +346,61 @@ Status time_pool(const PoolRun& pr, PoolPrices& prices, const PoolPlace& at, Poo
   return {};
 }
 
-// One pool through make_plan (pc, at one of `chunks`) and time_pool.
-Status run_pool(WindowRun& run, const PoolRun& pr, std::span<const PackedSequence> pool, const PoolPlace& at,
-                PoolSteps& steps, CandWindow& cw) {
-  LIBRA_ASSIGN_OR_RETURN(const Plan base, timed_plan(run.tm, std::string(variant_name(pr.variants[0])),
-                                                     [&] { return make_plan(pool, pr.pc); }));
+// A libra-tap-vrsp pool's prices, kept for libra-plus where its VRSP-refine
+// pool of the same index is the same sequences on the same GPUs and
+// tap-split makes TAP's plan of them (detail::same_tap_plan): the same plan
+// on the same GPUs has the same prices, made once. libra-plus reads the
+// base price and the unrelayed ones at the other M of `chunks` (libra-full's,
+// pipelined at the same M).
+struct KeptPool {
+  PlanCost base_cost;
+  ChunkSplit split = ChunkSplit::kEqual;
+  std::map<std::int64_t, PlanCost> at_m;
+
+  Result<const PlanCost*> price(std::int64_t m, ChunkSplit s, bool relayed, const std::string& kind) const {
+    const auto it = at_m.find(m);
+    if (relayed || s != split || it == at_m.end()) {
+      return internal_error(kind + " (M " + std::to_string(m) + "): not among the kept prices");
+    }
+    return &it->second;
+  }
+};
+
+// One candidate's kept pools, by VRSP pool index, filled in the
+// candidate's own fixed order (the same whatever thread runs it). `want`:
+// the VRSP-refine pool of that index is the same sequences on the same GPUs.
+struct SharedPools {
+  const PlanConfig* plus = nullptr;
+  std::vector<bool> want;
+  std::vector<std::optional<KeptPool>> kept;
+};
+
+// Pool k of a placement: libra-plus's from the kept prices where there are
+// some; libra-tap-vrsp's through make_plan and kept where libra-plus makes
+// the same plan; else through make_plan (pc, at one of `chunks`).
+Status run_pool(WindowRun& run, const PoolRun& pr, std::size_t k, std::span<const PackedSequence> pool,
+                const PoolPlace& at, PoolSteps& steps, CandWindow& cw, SharedPools* shared) {
+  if (shared != nullptr && pr.rec == Record::kPlus && k < shared->kept.size() && shared->kept[k]) {
+    return time_pool(pr, *shared->kept[k], at, steps, cw);
+  }
+  const std::string kind(variant_name(pr.variants[0]));
+  LIBRA_ASSIGN_OR_RETURN(const Plan base, timed_plan(run.tm, kind, [&] { return make_plan(pool, pr.pc); }));
   // The base plan's sums serve its direct price and its relays.
   PoolPrices prices(run.ctx, base, at.gpus, run.tm);
-  return time_pool(pr, prices, at, steps, cw);
-}
-
-// A VRSP pool's plan and prices, kept for libra-plus where its VRSP-refine
-// pool of the same index has the same sequences and GPUs and tap-split
-// makes TAP's plan of them (detail::same_tap_plan): then the prices are the
-// same, and are made once. Not moved once priced (prices point into it).
-struct KeptPool {
-  Plan plan;
-  std::vector<std::int64_t> gpus;
-  std::optional<PoolPrices> prices;
-};
-
-// One candidate's kept VRSP pools, by pool index: `want` marks those
-// libra-plus may reuse (filled in the candidate's own fixed order, so the
-// same whatever thread runs it).
-struct SharedPools {
-  std::vector<bool> want;
-  std::vector<std::unique_ptr<KeptPool>> kept;
-};
-
-// Pool k of a placement through run_pool, or (libra-tap-vrsp) kept for
-// libra-plus, or (libra-plus) timed with the kept prices where they fit.
-Status shared_pool(WindowRun& run, const PoolRun& pr, std::size_t k, std::span<const PackedSequence> pool,
-                   const PoolPlace& at, PoolSteps& steps, CandWindow& cw, SharedPools* shared) {
-  if (shared != nullptr && pr.rec == Record::kPlus) {
-    KeptPool* kp = k < shared->kept.size() ? shared->kept[k].get() : nullptr;
-    if (kp != nullptr && std::ranges::equal(kp->gpus, at.gpus) && same_tap_plan(kp->plan, pool, pr.pc)) {
-      return time_pool(pr, *kp->prices, at, steps, cw);
-    }
-  } else if (shared != nullptr && pr.rec == Record::kTap && k < shared->want.size() && shared->want[k]) {
-    LIBRA_ASSIGN_OR_RETURN(Plan base, timed_plan(run.tm, std::string(variant_name(pr.variants[0])),
-                                                 [&] { return make_plan(pool, pr.pc); }));
-    auto kp = std::make_unique<KeptPool>(KeptPool{std::move(base), {at.gpus.begin(), at.gpus.end()}, std::nullopt});
-    kp->prices.emplace(run.ctx, kp->plan, kp->gpus, run.tm);
-    LIBRA_TRY(time_pool(pr, *kp->prices, at, steps, cw));
-    if (shared->kept.size() <= k) shared->kept.resize(k + 1);
-    shared->kept[k] = std::move(kp);
-    return {};
+  LIBRA_TRY(time_pool(pr, prices, at, steps, cw));
+  const bool keep = shared != nullptr && pr.rec == Record::kTap && k < shared->want.size() && shared->want[k] &&
+                    same_tap_plan(base, pool, *shared->plus);
+  if (!keep) return {};
+  KeptPool kp{std::move(prices.base_cost), pr.pc.chunk_split, {}};
+  for (std::int64_t m : pr.chunks) {
+    if (m == 1 || m == pr.pc.chunks) continue;
+    const auto it = prices.costs.find({m, pr.pc.chunk_split, false});
+    if (it == prices.costs.end()) return {};  // not priced here: libra-plus prices its own
+    kp.at_m.emplace(m, std::move(it->second));
   }
-  return run_pool(run, pr, pool, at, steps, cw);
+  if (shared->kept.size() <= k) shared->kept.resize(k + 1);
+  shared->kept[k] = std::move(kp);
+  return {};
 }
 
 // Every pool of a placement through run_pool; the step maxima into cw.
@@ -411,7 +419,7 @@ Status run_pools(WindowRun& run, const Placed& pl, const PlanConfig& pc, const s
       at.lin_fwd = std::max(at.lin_fwd, linear_part(run.ctx, seq_tokens(sq), false));
       at.lin_bwd = std::max(at.lin_bwd, linear_part(run.ctx, seq_tokens(sq), true));
     }
-    LIBRA_TRY(shared_pool(run, pr, k, pool, at, steps, cw, shared));
+    LIBRA_TRY(run_pool(run, pr, k, pool, at, steps, cw, shared));
   }
   for (auto& [key, sm] : steps.plain) cw.steps[key] = std::move(sm.step);
   for (auto& [sh, by] : steps.shaped) {
@@ -494,7 +502,7 @@ Status sampler_steps(WindowRun& run, const SimCandidate& cand, const PlanConfig&
 // same index holds the same sequences on the same GPUs (VRSP-refine often
 // moves nothing at small P).
 SharedPools shared_pools(const Placed& vrsp, const Placed& refine, const PlanConfig& tap, const PlanConfig& plus) {
-  SharedPools out;
+  SharedPools out{.plus = &plus, .want = {}, .kept = {}};
   if (!same_tap_inputs(tap, plus)) return out;
   const auto& [v, vl] = vrsp;
   const auto& [r, rl] = refine;
