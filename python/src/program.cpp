@@ -294,6 +294,30 @@ void bind_program(py::module_& m) {
         return h;
       },
       py::arg("plan"), py::arg("worker"), py::arg("order") = py::none(), py::arg("relay") = false);
+  // PlanRuntime's agreement (runtime.py): whether the gathered words (int64 [ranks, 5]: the plan
+  // fingerprint's halves, the worker, the plan's workers, relay) hold one plan of `size` workers, one
+  // relay value and a permutation of the workers; one pass over a few hundred words, where numpy
+  // took several reductions (the caller names any disagreement).
+  m.def(
+      "plan_words_agree",
+      [](const py::array_t<I64, py::array::c_style>& words, I64 size) {
+        if (words.ndim() != 2 || words.shape(1) != 5) {
+          bad("plan_words_agree: words must be an int64 array [ranks, 5]");
+        }
+        const I64 n = words.shape(0);
+        const I64* w = words.data();
+        if (n != size || n == 0 || w[3] != size) return false;
+        std::vector<char> seen(static_cast<std::size_t>(n), 0);
+        for (I64 r = 0; r < n; ++r) {
+          const I64* x = w + 5 * r;
+          if (x[0] != w[0] || x[1] != w[1] || x[4] != w[4] || x[2] < 0 || x[2] >= n) return false;
+          char& s = seen[static_cast<std::size_t>(x[2])];
+          if (s) return false;
+          s = 1;
+        }
+        return true;
+      },
+      py::arg("words"), py::arg("size"));
   // program_index.hpp's expand_runs: a device without a kernel for it (the CPU) expands the runs here.
   m.def(
       "expand_runs",

@@ -48,18 +48,10 @@ struct Builder {
   I64 home_q = 0, home_kv = 0;  // the home buffers' vectors: where a joined buffer's compute vectors start
   std::vector<Run> runs;        // in rows order; data's columns at the end (finish)
 
-  // A side (rows from `at` to the end of the rows) is complete: a cut where it has entries; returns
-  // its index in the cuts, or -1.
-  I64 side(I64 at) {
-    if (ix.rows == at) return -1;
-    ix.cuts.push_back(at);
-    return static_cast<I64>(ix.cuts.size()) - 1;
-  }
-
   // Group sides already cut, by their runs' (count, base, len, stride): a group side whose runs equal
   // an earlier one's takes that side's cut and rows instead of its own (K's and V's groups move the
-  // same positions, O's and LSE's too; at 1M two sides in three repeat one). Merged calls' sides are
-  // not shared: consecutive pairs' rows must stay contiguous (a joined call spans them).
+  // same positions, O's and LSE's too; at 1M two sides in three repeat one). Merged calls' rows are
+  // not cut: they follow every group's, and the runtime views them by offset.
   std::unordered_map<std::string, std::pair<I64, I64>> seen;  // runs -> (cut, its first entry)
 
   // A group's side, the runs from index `from` on (its rows from entry `at`) complete: (its cut,
@@ -174,10 +166,22 @@ struct Builder {
     return out;
   }
 
+  // Each distinct per-peer count vector's index in ix.counts (found here, without the GIL: the
+  // layout's Python lists are then made once each, with no comparison of vectors under the GIL).
+  std::map<std::vector<I64>, std::size_t> count_at;
+
+  std::size_t counts(const std::vector<I64>& v) {
+    auto [it, fresh] = count_at.try_emplace(v, ix.counts.size());
+    if (fresh) ix.counts.push_back(v);
+    return it->second;
+  }
+
   ExchangeRec exchange(const libra::ExchangeProgram& x) {
     ExchangeRec r;
-    r.send = x.send_vectors;
-    r.recv = x.recv_vectors;
+    for (std::size_t c = 0; c < libra::kNumWireClasses; ++c) {
+      r.send[c] = counts(x.send_vectors[c]);
+      r.recv[c] = counts(x.recv_vectors[c]);
+    }
     r.gather = groups(nullptr, x.gather);
     r.local = groups(nullptr, x.local);
     r.scatter = groups(nullptr, x.scatter);
@@ -229,10 +233,6 @@ struct Builder {
         r.max_q = std::max(r.max_q, pairs[j].max_q);
         r.max_k = std::max(r.max_k, pairs[j].max_k);
       }
-      if (j == i + 1) {  // one pair: its rows are its cuts
-        r.q_cut = pairs[i].q_cut;
-        r.kv_cut = pairs[i].kv_cut;
-      }
       put_cu(r, jq, jk);
       joined.push_back(r);
       i = j;
@@ -271,7 +271,6 @@ struct Builder {
         ck.push_back(narrow(r.total_k));
       }
     }
-    r.q_cut = side(r.q_off);
   }
 
   // r's kv rows (joined positions).
@@ -284,7 +283,6 @@ struct Builder {
         if (f.e > f.a) run(shift + c.kv.offset + f.kv_row * c.kv.stride, f.e, r.hkv, c.kv.stride);
       }
     }
-    r.kv_cut = side(r.kv_off);
   }
 
   // descriptors.py's chunk_descriptors: one int64 row per non-empty fragment, grouped by PAIRS; the
@@ -351,7 +349,7 @@ bool same_calls(const libra::RankSchedule& s, std::span<const libra::KernelCall>
 std::shared_ptr<IndexArrays> build(const ProgramHandle& h) {
   const double t0 = thread_seconds();
   auto ix = std::make_shared<IndexArrays>();
-  Builder b{*ix, h.schedule.home_vectors(libra::Field::kQ), h.schedule.home_vectors(libra::Field::kK), {}, {}};
+  Builder b{*ix, h.schedule.home_vectors(libra::Field::kQ), h.schedule.home_vectors(libra::Field::kK), {}, {}, {}};
   const libra::RankSchedule& s = h.schedule;
   for (int p = 0; p < 2; ++p) {
     const libra::PassProgram& pp = h.program.pass(static_cast<libra::Pass>(p));
@@ -359,6 +357,11 @@ std::shared_ptr<IndexArrays> build(const ProgramHandle& h) {
     for (int k = 0; k < 3; ++k)
       for (const libra::ExchangeProgram& x : *kinds[k]) ix->exchanges[p][k].push_back(b.exchange(x));
     ix->apply[p] = b.groups(&pp, pp.apply);
+  }
+  // Every merged call's rows after every group's, as one last piece of the cuts (no record takes it:
+  // a Pair views its rows by offset), so that the split makes one view per group side only.
+  const I64 calls_from = ix->rows;
+  for (int p = 0; p < 2; ++p) {
     for (int m = 0; m < s.chunks; ++m) {
       auto calls = s.calls(static_cast<libra::Pass>(p), m);
       // Forward and backward run the same calls (same tiles, same buffers): one set of rows serves both.
@@ -373,24 +376,57 @@ std::shared_ptr<IndexArrays> build(const ProgramHandle& h) {
       ix->descriptors[p].push_back(b.descriptors(s, calls));
     }
   }
+  if (ix->rows > calls_from) ix->cuts.push_back(calls_from);
   b.finish();
   ix->build_seconds = thread_seconds() - t0;
   return ix;
 }
 
-// The fields' names as Python strings, made once per layout (a group's tuple takes its field's, not a
-// string of its own).
+// The fields' names and the layout's dict keys as Python strings, made once (a group's tuple takes
+// its field's name and a dict its keys, not strings of their own: a string made per insertion was a
+// good part of the layout to Python) and never freed (no Python object released after the
+// interpreter ends).
 using FieldNames = std::array<py::str, libra::kNumFields>;
 
-FieldNames field_names() {
-  FieldNames names;
-  for (int f = 0; f < libra::kNumFields; ++f) names[static_cast<std::size_t>(f)] = py::str(libra::field_name(static_cast<libra::Field>(f)));
-  return names;
+struct Keys {
+  FieldNames fields;
+  py::str send{"send"}, recv{"recv"}, gather{"gather"}, local{"local"}, scatter{"scatter"};
+  std::array<py::str, 3> exchange_kinds{py::str("in"), py::str("out"), py::str("stage")};
+  py::str apply{"apply"}, varlen{"varlen"}, joined{"joined"}, descriptors{"descriptors"};
+  py::str passes{"passes"}, rows{"rows"}, data{"data"}, runs{"runs"}, cuts{"cuts"}, lengths{"lengths"};
+  py::str build_seconds{"build_seconds"};
+  // pair_py's keys, in its order.
+  std::array<py::str, 13> pair{py::str("q_home"), py::str("kv_home"), py::str("hq"), py::str("hkv"),
+                               py::str("seqs"), py::str("total_q"), py::str("total_k"), py::str("max_q"),
+                               py::str("max_k"), py::str("q_off"), py::str("kv_off"), py::str("cu_q_off"),
+                               py::str("cu_k_off")};
+
+  Keys() {
+    for (int f = 0; f < libra::kNumFields; ++f) {
+      fields[static_cast<std::size_t>(f)] = py::str(libra::field_name(static_cast<libra::Field>(f)));
+    }
+  }
+};
+
+// Call with the GIL held.
+const Keys& keys() {
+  static const Keys* const k = new Keys();
+  return *k;
 }
 
+// (field name, src, dst, add, class, source offset, destination offset, n, identity, source cut,
+// destination cut): filled in place (py::make_tuple's casts per item took twice as long).
 py::tuple group_py(const GroupRec& g, const FieldNames& names) {
-  return py::make_tuple(names[static_cast<std::size_t>(g.field)], g.src, g.dst, g.add, g.cls, g.s_off, g.d_off, g.n,
-                        g.identity, g.s_cut, g.d_cut);
+  const std::array<I64, 10> ints{g.src, g.dst, 0, g.cls, g.s_off, g.d_off, g.n, g.identity, g.s_cut, g.d_cut};
+  py::tuple t(ints.size() + 1);
+  PyObject* o = t.ptr();
+  PyTuple_SET_ITEM(o, 0, names[static_cast<std::size_t>(g.field)].inc_ref().ptr());
+  for (std::size_t i = 0; i < ints.size(); ++i) {
+    PyObject* v = i == 2 ? PyBool_FromLong(g.add ? 1 : 0) : PyLong_FromLongLong(ints[i]);
+    if (v == nullptr) throw py::error_already_set();
+    PyTuple_SET_ITEM(o, static_cast<py::ssize_t>(i) + 1, v);
+  }
+  return t;
 }
 
 py::list groups_py(const std::vector<GroupRec>& gs, const FieldNames& names) {
@@ -399,38 +435,34 @@ py::list groups_py(const std::vector<GroupRec>& gs, const FieldNames& names) {
   return l;
 }
 
-// Per class the vectors sent to (received from) each peer. Most classes of most exchanges move
-// nothing, and classes of one exchange often move the same counts (O's and LSE's): equal lists are one
-// list (`made`, by value: at 1M 49 lists of 64 ints are 9), a fraction of the Python objects one list
-// each takes (nothing writes them).
-using CountLists = std::map<std::vector<I64>, py::list>;
-
-py::list counts_py(const std::array<std::vector<I64>, libra::kNumWireClasses>& v, CountLists& made) {
-  py::list out(v.size());
-  for (std::size_t c = 0; c < v.size(); ++c) {
-    auto it = made.find(v[c]);
-    if (it == made.end()) it = made.emplace(v[c], py::cast(v[c])).first;
-    out[c] = it->second;
-  }
+// Per class the vectors sent to (received from) each peer: the layout's list of each distinct count
+// vector (`lists`, made once per layout: at 1M 49 lists of 64 ints are 9), a fraction of the Python
+// objects one list each takes (nothing writes them).
+py::list counts_py(const std::array<std::size_t, libra::kNumWireClasses>& at, const std::vector<py::list>& lists) {
+  py::list out(at.size());
+  for (std::size_t c = 0; c < at.size(); ++c) out[c] = lists[at[c]];
   return out;
 }
 
-py::dict exchange_py(const ExchangeRec& x, CountLists& made, const FieldNames& names) {
+py::dict exchange_py(const ExchangeRec& x, const std::vector<py::list>& lists, const Keys& k) {
   py::dict d;
-  d["send"] = counts_py(x.send, made);
-  d["recv"] = counts_py(x.recv, made);
-  d["gather"] = groups_py(x.gather, names);
-  d["local"] = groups_py(x.local, names);
-  d["scatter"] = groups_py(x.scatter, names);
+  d[k.send] = counts_py(x.send, lists);
+  d[k.recv] = counts_py(x.recv, lists);
+  d[k.gather] = groups_py(x.gather, k.fields);
+  d[k.local] = groups_py(x.local, k.fields);
+  d[k.scatter] = groups_py(x.scatter, k.fields);
   return d;
 }
 
-py::dict pair_py(const PairRec& r) {
-  return fields({{"q_home", py::bool_(r.q_home)}, {"kv_home", py::bool_(r.kv_home)}, {"hq", py::int_(r.hq)},
-                 {"hkv", py::int_(r.hkv)}, {"seqs", py::int_(r.seqs)}, {"total_q", py::int_(r.total_q)},
-                 {"total_k", py::int_(r.total_k)}, {"max_q", py::int_(r.max_q)}, {"max_k", py::int_(r.max_k)},
-                 {"q_off", py::int_(r.q_off)}, {"kv_off", py::int_(r.kv_off)}, {"cu_q_off", py::int_(r.cu_q_off)},
-                 {"cu_k_off", py::int_(r.cu_k_off)}, {"q_cut", py::int_(r.q_cut)}, {"kv_cut", py::int_(r.kv_cut)}});
+py::dict pair_py(const PairRec& r, const Keys& k) {
+  const std::array<py::object, 13> values{py::bool_(r.q_home), py::bool_(r.kv_home), py::int_(r.hq),
+                                          py::int_(r.hkv),      py::int_(r.seqs),     py::int_(r.total_q),
+                                          py::int_(r.total_k),  py::int_(r.max_q),    py::int_(r.max_k),
+                                          py::int_(r.q_off),    py::int_(r.kv_off),   py::int_(r.cu_q_off),
+                                          py::int_(r.cu_k_off)};
+  py::dict d;
+  for (std::size_t i = 0; i < values.size(); ++i) d[k.pair[i]] = values[i];
+  return d;
 }
 
 }  // namespace
@@ -503,22 +535,23 @@ py::tuple index_arrays_py(std::shared_ptr<const IndexArrays> ix, unsigned kinds)
   py::array_t<std::int32_t> data({static_cast<py::ssize_t>(ix->data.size())}, {static_cast<py::ssize_t>(4)},
                                  const_cast<std::int32_t*>(ix->data.data()), owner);
   py::dict layout;
-  static const char* kinds_of[3] = {"in", "out", "stage"};
-  const FieldNames names = field_names();
-  CountLists made;
+  const Keys& key = keys();
+  std::vector<py::list> lists;
+  lists.reserve(ix->counts.size());
+  for (const std::vector<I64>& v : ix->counts) lists.push_back(py::cast(v));
   py::list passes;
   for (int p = 0; p < 2; ++p) {
     py::dict per;
     for (int k = 0; k < 3; ++k) {
       py::list chunks;
-      for (const ExchangeRec& x : ix->exchanges[p][k]) chunks.append(exchange_py(x, made, names));
-      per[kinds_of[k]] = chunks;
+      for (const ExchangeRec& x : ix->exchanges[p][k]) chunks.append(exchange_py(x, lists, key));
+      per[key.exchange_kinds[static_cast<std::size_t>(k)]] = chunks;
     }
-    per["apply"] = groups_py(ix->apply[p], names);
+    per[key.apply] = groups_py(ix->apply[p], key.fields);
     // The merged calls' records a kind of backend reads (kinds' bits: varlen, joined, descriptors);
     // the others are left out (index.py asks for them if it ever reads them).
-    const std::array<std::pair<const char*, const std::vector<std::vector<PairRec>>*>, 2> pair_kinds{
-        {{"varlen", &ix->varlen[p]}, {"joined", &ix->joined[p]}}};
+    const std::array<std::pair<const py::str*, const std::vector<std::vector<PairRec>>*>, 2> pair_kinds{
+        {{&key.varlen, &ix->varlen[p]}, {&key.joined, &ix->joined[p]}}};
     for (std::size_t k = 0; k < pair_kinds.size(); ++k) {
       if (!(kinds & (1U << k))) continue;
       const auto& [name, recs] = pair_kinds[k];
@@ -526,33 +559,33 @@ py::tuple index_arrays_py(std::shared_ptr<const IndexArrays> ix, unsigned kinds)
       for (std::size_t m = 0; m < recs->size(); ++m) {
         // A backward chunk with forward's calls gets forward's very records (one Pair each on the device).
         if (p == 1 && ix->shared[m]) {
-          chunks.append(passes[0][name][py::int_(m)]);
+          chunks.append(passes[0][*name][py::int_(m)]);
           continue;
         }
         py::list pairs;
-        for (const PairRec& r : (*recs)[m]) pairs.append(pair_py(r));
+        for (const PairRec& r : (*recs)[m]) pairs.append(pair_py(r, key));
         chunks.append(pairs);
       }
-      per[name] = chunks;
+      per[*name] = chunks;
     }
     if (kinds & 4U) {
       py::list desc;
       for (const DescRec& d : ix->descriptors[p]) desc.append(py::make_tuple(d.table_off, d.rows, d.bounds_off));
-      per["descriptors"] = desc;
+      per[key.descriptors] = desc;
     }
     passes.append(per);
   }
-  layout["passes"] = passes;
-  layout["rows"] = ix->rows;
-  layout["data"] = ix->small;
-  layout["runs"] = ix->runs;
+  layout[key.passes] = passes;
+  layout[key.rows] = ix->rows;
+  layout[key.data] = ix->small;
+  layout[key.runs] = ix->runs;
   std::vector<I64> lengths(ix->cuts.size());
   for (std::size_t i = 0; i < ix->cuts.size(); ++i) {
     lengths[i] = (i + 1 < ix->cuts.size() ? ix->cuts[i + 1] : ix->rows) - ix->cuts[i];
   }
-  layout["cuts"] = py::cast(ix->cuts);
-  layout["lengths"] = py::cast(lengths);
-  layout["build_seconds"] = ix->build_seconds;
+  layout[key.cuts] = py::cast(ix->cuts);
+  layout[key.lengths] = py::cast(lengths);
+  layout[key.build_seconds] = ix->build_seconds;
   return py::make_tuple(runs, data, layout);
 }
 

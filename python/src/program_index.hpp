@@ -65,8 +65,11 @@ struct GroupRec {
   I64 s_cut = -1, d_cut = -1;  // each side's index in IndexArrays::cuts (-1: no entries)
 };
 
+// send / recv: per class, the index in IndexArrays::counts of the vectors sent to (received from)
+// each peer (equal count vectors are one entry: most classes of most exchanges move nothing, and O's
+// and LSE's move the same counts).
 struct ExchangeRec {
-  std::array<std::vector<I64>, libra::kNumWireClasses> send, recv;
+  std::array<std::size_t, libra::kNumWireClasses> send{}, recv{};
   std::vector<GroupRec> gather, local, scatter;
 };
 
@@ -82,7 +85,6 @@ struct PairRec {
   bool q_home = false, kv_home = false;
   I64 hq = 0, hkv = 0, seqs = 0, total_q = 0, total_k = 0, max_q = 0, max_k = 0;
   I64 q_off = 0, kv_off = 0, cu_q_off = 0, cu_k_off = 0;
-  I64 q_cut = -1, kv_cut = -1;  // the q and kv rows' index in IndexArrays::cuts (-1: none, or a joined span)
 };
 
 // A chunk's kernel descriptor table (python/libra/torch/descriptors.py):
@@ -99,8 +101,9 @@ struct IndexArrays {
   // The small array (cu_seqlens, descriptor tables), then the runs as five columns of `runs` int32
   // (first, count, base, len, stride): one buffer, so one copy reaches the device.
   std::vector<std::int32_t> data;
-  // Where each side (a group's source or destination rows, a pair's q or kv rows) with entries
-  // starts, in rows order: they tile the rows, so one split cuts them all.
+  // Where each group side (a group's source or destination rows) with entries starts, in rows order,
+  // then where the merged calls' rows start (they follow every group's: one last piece, which no
+  // record takes; a pair's rows are viewed by offset): they tile the rows, so one split cuts them all.
   std::vector<I64> cuts;
   std::array<std::array<std::vector<ExchangeRec>, 3>, 2> exchanges;  // [pass][in, out, stage][chunk]
   std::array<std::vector<GroupRec>, 2> apply;                        // [pass]
@@ -108,6 +111,7 @@ struct IndexArrays {
   std::array<std::vector<std::vector<PairRec>>, 2> joined;           // [pass][chunk]: varlen's, joined
   std::array<std::vector<DescRec>, 2> descriptors;                   // [pass][chunk]
   std::vector<bool> shared;  // [chunk]: backward's calls are forward's (its varlen, joined, descriptors the same)
+  std::vector<std::vector<I64>> counts;  // the distinct per-peer count vectors (ExchangeRec::send, recv)
   double build_seconds = 0;                                          // thread CPU time of the build
 };
 

@@ -80,6 +80,11 @@ struct PlanCost {
   std::int64_t comm_bytes = 0, max_send = 0, max_recv = 0;
   std::int64_t max_recv_cross_node = 0;  // the busiest cross-node receiver's bytes
   double imbalance = 0;
+  // Parts left unpriced because no reader of this price reads them
+  // (PriceReuse::backward, ::chunks): time_plan and decompose throw
+  // std::logic_error when asked for them.
+  bool has_backward = true;  // false: comp_bwd, chunk_comp_bwd, *disp_bwd, *ret_bwd empty
+  bool has_chunks = true;    // false (M > 1): chunk_comp_*, cdisp_*, cret_* empty
 
   // The byte totals of another price of the same tiles: a re-chunking or a
   // relaying moves the same bytes between the same workers.
@@ -147,9 +152,24 @@ struct PriceReuse {
   // AlltoallPricer::pairs of the sums' pairs on these GPUs (the same for
   // every chunking of a pool's tiles), for an unrelayed price.
   const AlltoallPricer::Pairs* pairs = nullptr;
+  // What the price's readers read, for a price whose readers read less (the
+  // sweep: a pool timed forward only, or unpipelined only). false leaves
+  // the backward compute and phases, or the chunks of a chunked price,
+  // unpriced (PlanCost::has_backward, ::has_chunks); the rest is bit for
+  // bit the full price's. No chunks needs the whole step (whole_step).
+  bool backward = true;
+  bool chunks = true;
 };
 PlanCost cost_plan(const Ctx& ctx, const Plan& plan, const ExchangeSums& sums, std::span<const std::int64_t> gpus,
                    const RelayTable* relays = nullptr, const PriceReuse& reuse = {});
+
+// The split that names the cut of `split` at M = chunks of tiles `width`
+// heads wide: kEqual where the tapered cut is the equal one (4 heads in 4
+// chunks: one each), so a tapered shape there is the equal shape's plan and
+// price; else `split`.
+//   cut_split(4, 4, ChunkSplit::kTapered) == ChunkSplit::kEqual
+//   cut_split(8, 4, ChunkSplit::kTapered) == ChunkSplit::kTapered  // 1,3,3,1
+ChunkSplit cut_split(std::int32_t width, std::int64_t chunks, ChunkSplit split);
 
 // Runs a planner call, counting its thread CPU time under `kind`.
 template <class F>

@@ -10,6 +10,8 @@
 #include <cmath>
 #include <ctime>
 #include <numeric>
+#include <stdexcept>
+#include <string>
 #include <tuple>
 
 #include "sim/alltoall.hpp"
@@ -172,8 +174,9 @@ namespace {
 // increasing): per phase and slice (chunk m; M: the whole step), the bytes
 // of each pair, as phase_bytes' dense matrices hold them there. Only the
 // phases and slices the price reads are kept: the stage phases with relays,
-// the return phases unless taken from the direct price, the whole step
-// unless left unpriced.
+// the return phases unless taken from the direct price, the backward ones
+// unless left unpriced, the whole step unless left unpriced, the chunks
+// unless left unpriced (then slice 0 is the whole step).
 struct SparsePhases {
   enum Phase : std::size_t { kFwdIn, kFwdOut, kBwdIn, kBwdOut, kFwdStage, kBwdStage, kPhases };
   std::vector<std::uint32_t> pairs;
@@ -232,9 +235,19 @@ PhasePairs phase_pairs(const ExchangeSums& x, std::span<const std::int32_t> vias
 
 // Which of a price's phases are priced here (the rest are taken or unread).
 struct PhaseSet {
-  bool rets = true;   // the return phases
-  bool whole = true;  // the whole step's slice (M > 1)
+  bool rets = true;      // the return phases
+  bool whole = true;     // the whole step's slice (M > 1)
+  bool backward = true;  // the backward phases
+  bool chunks = true;    // the chunks' slices (else the whole step's alone)
+  bool keeps(std::size_t phase, bool relayed) const;
 };
+
+bool PhaseSet::keeps(std::size_t phase, bool relayed) const {
+  using P = SparsePhases;
+  const bool ret = phase == P::kFwdOut || phase == P::kBwdOut, stage = phase == P::kFwdStage || phase == P::kBwdStage;
+  const bool bwd = phase == P::kBwdIn || phase == P::kBwdOut || phase == P::kBwdStage;
+  return (!ret || rets) && (!stage || relayed) && (!bwd || backward);
+}
 
 // phase_bytes over the pairs the sums touch and, with relays, the pairs
 // the relays send through.
@@ -243,7 +256,9 @@ SparsePhases sparse_phases(const ExchangeSums& x, const RelayTable* relays, Phas
   const auto M = static_cast<std::size_t>(x.chunks);
   const std::int64_t d = x.head_dim, qo = x.head_dim * x.elem_bytes;
   SparsePhases out;
-  out.slices = M > 1 && set.whole ? M + 1 : M;
+  // Without the chunks every chunk adds into slice 0, the whole step
+  // (integer sums: the same bytes as summing the chunks' slices).
+  out.slices = !set.chunks ? 1 : M > 1 && set.whole ? M + 1 : M;
   const std::vector<std::int32_t> vias = relays != nullptr ? relays->vias(x.pairs) : std::vector<std::int32_t>{};
   PhasePairs pp = phase_pairs(x, vias);
   out.pairs = std::move(pp.pairs);
@@ -253,49 +268,51 @@ SparsePhases sparse_phases(const ExchangeSums& x, const RelayTable* relays, Phas
   const std::size_t n = out.pairs.size(), direct = x.pairs.size();
   std::size_t kept = 0;
   using P = SparsePhases;
+  const bool relayed = relays != nullptr, bwd = set.backward;
   for (std::size_t p = 0; p < P::kPhases; ++p) {
-    const bool ret = p == P::kFwdOut || p == P::kBwdOut, stage = p == P::kFwdStage || p == P::kBwdStage;
-    if ((ret && !set.rets) || (stage && relays == nullptr)) continue;
-    out.slot[p] = kept++;
+    if (set.keeps(p, relayed)) out.slot[p] = kept++;
   }
   out.bytes.assign(kept * out.slices * n, 0);
   for (std::size_t m = 0; m < M; ++m) {
+    const std::size_t slice = set.chunks ? m : 0;
     const std::int64_t* q = x.qo_row_heads.data() + m * direct;
     const std::int64_t* kv = x.kv_token_heads.data() + m * direct;
-    const std::int64_t* dkv = x.dkv_rows.data() + m * direct;
-    std::int64_t *fin = out.at(P::kFwdIn, m), *bin = out.at(P::kBwdIn, m);
-    std::int64_t* fout = set.rets ? out.at(P::kFwdOut, m) : nullptr;
-    std::int64_t* bout = set.rets ? out.at(P::kBwdOut, m) : nullptr;
-    std::int64_t* sf = relays != nullptr ? out.at(P::kFwdStage, m) : nullptr;
-    std::int64_t* sb = relays != nullptr ? out.at(P::kBwdStage, m) : nullptr;
+    const std::int64_t* dkv = bwd && set.rets ? x.dkv_rows.data() + m * direct : nullptr;
+    std::int64_t *fin = out.at(P::kFwdIn, slice), *bin = bwd ? out.at(P::kBwdIn, slice) : nullptr;
+    std::int64_t* fout = set.rets ? out.at(P::kFwdOut, slice) : nullptr;
+    std::int64_t* bout = bwd && set.rets ? out.at(P::kBwdOut, slice) : nullptr;
+    std::int64_t* sf = relayed ? out.at(P::kFwdStage, slice) : nullptr;
+    std::int64_t* sb = relayed && bwd ? out.at(P::kBwdStage, slice) : nullptr;
     for (std::size_t k = 0; k < direct; ++k) {
       const std::size_t s = x.src[k], t = x.dst[k], ts = x.reverse[k];
       // As phase_bytes: in Q (+ dO, O, LSE) + K/V, out O + LSE (dQ + dK/dV).
       const std::int64_t kv_bytes = 2 * qo * kv[k];
       const std::int64_t f = qo * q[k] + kv_bytes;
       const std::int64_t b = 3 * qo * q[k] + 4 * q[k] + kv_bytes;
-      const std::size_t j = relays != nullptr ? pp.at[k] : k;
+      const std::size_t j = relayed ? pp.at[k] : k;
+      // Without the chunks a pair's out bytes add up over them in slice 0.
       if (set.rets) {
-        fout[j] = qo * q[ts] + 4 * q[ts];
-        bout[j] = d * 4 * q[ts] + 2 * d * 4 * dkv[k];
+        fout[j] += qo * q[ts] + 4 * q[ts];
+        if (bwd) bout[j] += d * 4 * q[ts] + 2 * d * 4 * dkv[k];
       }
-      const std::size_t via = relays != nullptr ? static_cast<std::size_t>(vias[m * direct + k]) : s;
+      const std::size_t via = relayed ? static_cast<std::size_t>(vias[m * direct + k]) : s;
       if (via == s) {
         fin[j] += f;
-        bin[j] += b;
+        if (bwd) bin[j] += b;
         continue;
       }
       const std::size_t in_at = index(via * W + t), stage_at = index(s * W + via);
       fin[in_at] += f;
-      bin[in_at] += b;
       sf[stage_at] += f;
-      sb[stage_at] += b;
+      if (bwd) {
+        bin[in_at] += b;
+        sb[stage_at] += b;
+      }
     }
   }
   if (out.slices > M) {
     for (std::size_t p = 0; p < P::kPhases; ++p) {
-      const bool ret = p == P::kFwdOut || p == P::kBwdOut, stage = p == P::kFwdStage || p == P::kBwdStage;
-      if ((ret && !set.rets) || (stage && relays == nullptr)) continue;
+      if (!set.keeps(p, relayed)) continue;
       std::int64_t* whole = out.at(p, M);
       for (std::size_t m = 0; m < M; ++m) {
         const std::int64_t* part = out.at(p, m);
@@ -307,13 +324,14 @@ SparsePhases sparse_phases(const ExchangeSums& x, const RelayTable* relays, Phas
 }
 
 // The phases' all-to-all times (relayed: each dispatch after its stage);
-// the return times are `direct`'s where given (the same plan unrelayed),
-// and the whole step only with set.whole.
+// the return times are `direct`'s where given (the same plan unrelayed);
+// the whole step, the backward phases and the chunks only as `want` says
+// (its rets unread).
 void price_phases(PlanCost& c, const ExchangeSums& x, const RelayTable* relays, AlltoallPricer& pricer,
-                  const PlanCost* direct, bool whole, const AlltoallPricer::Pairs* known_pairs) {
-  const bool chunked = c.chunks > 1;
-  whole = whole || !chunked;
-  const PhaseSet set{.rets = direct == nullptr, .whole = whole};
+                  const PlanCost* direct, PhaseSet want, const AlltoallPricer::Pairs* known_pairs) {
+  const bool chunked = c.chunks > 1 && want.chunks;
+  const bool whole = want.whole || !chunked, bwd = want.backward;
+  const PhaseSet set{.rets = direct == nullptr, .whole = whole, .backward = bwd, .chunks = c.chunks > 1 && want.chunks};
   SparsePhases ph = sparse_phases(x, relays, set);
   const std::size_t n = ph.pairs.size();
   // Unrelayed, the phases' pairs are the sums' own.
@@ -343,15 +361,18 @@ void price_phases(PlanCost& c, const ExchangeSums& x, const RelayTable* relays, 
     const std::size_t at = ph.slices - 1;
     c.disp_fwd = dispatch(P::kFwdIn, P::kFwdStage, at, &staged);
     c.ret_fwd = set.rets ? seconds(P::kFwdOut, at) : direct->ret_fwd;
-    c.disp_bwd = dispatch(P::kBwdIn, P::kBwdStage, at, nullptr);
-    c.ret_bwd = set.rets ? seconds(P::kBwdOut, at) : direct->ret_bwd;
+    if (bwd) {
+      c.disp_bwd = dispatch(P::kBwdIn, P::kBwdStage, at, nullptr);
+      c.ret_bwd = set.rets ? seconds(P::kBwdOut, at) : direct->ret_bwd;
+    }
   }
-  if (c.relayed && !chunked) c.stage_fwd.push_back(staged);
+  if (c.relayed && c.chunks <= 1) c.stage_fwd.push_back(staged);
   if (chunked) {
     for (std::size_t k = 0; k < static_cast<std::size_t>(c.chunks); ++k) {
       c.cdisp_fwd.push_back(dispatch(P::kFwdIn, P::kFwdStage, k, &staged));
       if (c.relayed) c.stage_fwd.push_back(staged);
       c.cret_fwd.push_back(set.rets ? seconds(P::kFwdOut, k) : direct->cret_fwd[k]);
+      if (!bwd) continue;
       c.cdisp_bwd.push_back(dispatch(P::kBwdIn, P::kBwdStage, k, nullptr));
       c.cret_bwd.push_back(set.rets ? seconds(P::kBwdOut, k) : direct->cret_bwd[k]);
     }
@@ -411,23 +432,59 @@ void copy_same_chunks(const std::vector<char>& same, PlanCost& c) {
   for (std::size_t k = 1; k < same.size(); ++k) {
     if (!same[k]) continue;
     c.chunk_comp_fwd[k] = c.chunk_comp_fwd[k - 1];
-    c.chunk_comp_bwd[k] = c.chunk_comp_bwd[k - 1];
+    if (c.has_backward) c.chunk_comp_bwd[k] = c.chunk_comp_bwd[k - 1];
   }
 }
 
-// The plan's compute times per worker, whole and per chunk, into c; the
-// whole ones `whole`'s where given (a price of the same tiles).
-void add_compute(const Ctx& ctx, const Plan& plan, PlanCost& c, const PlanCost* whole) {
+// add_compute's whole-tile times alone (a price with no chunks): the same
+// terms in the same order, so the same sums.
+void add_whole_compute(const Ctx& ctx, const Plan& plan, PlanCost& c) {
+  std::int64_t shape_rows = -1;
+  std::int32_t shape_heads = -1;
+  double rate_fwd = 0, rate_bwd = 0;
+  for (const Tile& t : plan.tiles()) {
+    const auto r = static_cast<std::size_t>(t.worker);
+    const std::int64_t rows = t.end - t.begin;
+    if (rows != shape_rows || t.heads.size() != shape_heads) {
+      shape_rows = rows;
+      shape_heads = t.heads.size();
+      const double heads = static_cast<double>(t.heads.size());
+      rate_fwd = ctx.table.gflops(static_cast<double>(rows), heads, false) * 1e9;
+      if (c.has_backward) rate_bwd = ctx.table.gflops(static_cast<double>(rows), heads, true) * 1e9;
+    }
+    const double fwd = forward_flops(t.flops, ctx.cfg.model.head_dim);
+    c.comp_fwd[r] += fwd / rate_fwd;
+    if (c.has_backward) c.comp_bwd[r] += 2.5 * fwd / rate_bwd;
+  }
+}
+
+// c's compute times zeroed, the whole ones `whole`'s where given, for the
+// parts c has.
+void zero_compute(PlanCost& c, const PlanCost* whole) {
   const std::size_t ws = static_cast<std::size_t>(c.workers);
   if (whole != nullptr) {
     c.comp_fwd = whole->comp_fwd;
-    c.comp_bwd = whole->comp_bwd;
+    if (c.has_backward) c.comp_bwd = whole->comp_bwd;
   } else {
     c.comp_fwd.assign(ws, 0);
-    c.comp_bwd.assign(ws, 0);
+    if (c.has_backward) c.comp_bwd.assign(ws, 0);
   }
+  if (!c.has_chunks) return;
   c.chunk_comp_fwd.assign(static_cast<std::size_t>(c.chunks), std::vector<double>(ws, 0));
-  c.chunk_comp_bwd = c.chunk_comp_fwd;
+  if (c.has_backward) c.chunk_comp_bwd = c.chunk_comp_fwd;
+}
+
+// The plan's compute times per worker, whole and per chunk, into c; the
+// whole ones `whole`'s where given (a price of the same tiles); the
+// backward ones and the chunks' only where c has them (has_backward,
+// has_chunks).
+void add_compute(const Ctx& ctx, const Plan& plan, PlanCost& c, const PlanCost* whole) {
+  zero_compute(c, whole);
+  if (!c.has_chunks) {
+    if (whole == nullptr) add_whole_compute(ctx, plan, c);
+    return;
+  }
+  const bool with_bwd = c.has_backward;
   // Calls of the same shape repeat (every full block); cache their rates.
   std::map<std::pair<std::int64_t, std::int32_t>, std::pair<double, double>> rate;
   auto rates = [&](std::int64_t rows, double heads) {
@@ -478,21 +535,33 @@ void add_compute(const Ctx& ctx, const Plan& plan, PlanCost& c, const PlanCost* 
     const double bwd = 2.5 * fwd;  // 10 d vs 4 d FLOPs per pair (workload.hpp)
     if (whole == nullptr) {
       c.comp_fwd[r] += fwd / full.first;
-      c.comp_bwd[r] += bwd / full.second;
+      if (with_bwd) c.comp_bwd[r] += bwd / full.second;
     }
     double f = 0, b = 0;
     for (std::size_t k = 0; k < M; ++k) {
       if (!same[k]) {
         f = fwd * share[k] / part[k].first;
-        b = bwd * share[k] / part[k].second;
+        if (with_bwd) b = bwd * share[k] / part[k].second;
       } else if (same_is_plan_wide) {
         continue;
       }
       c.chunk_comp_fwd[k][r] += f;
-      c.chunk_comp_bwd[k][r] += b;
+      if (with_bwd) c.chunk_comp_bwd[k][r] += b;
     }
   }
   if (same_is_plan_wide) copy_same_chunks(same, c);
+}
+
+// The parts c is priced with are in the prices it takes them from, and a
+// price with no chunks has the whole step.
+void check_parts(const PlanCost& c, const PriceReuse& reuse) {
+  if (!c.has_chunks && !reuse.whole_step) throw std::logic_error("cost_plan: a price with no chunks needs the whole step");
+  const auto lacks = [&](const PlanCost* o, bool chunks_too) {
+    return o != nullptr && ((c.has_backward && !o->has_backward) || (chunks_too && c.has_chunks && !o->has_chunks));
+  };
+  if (lacks(reuse.direct, true) || lacks(reuse.same_tiles, false)) {
+    throw std::logic_error("cost_plan: a reused price lacks a part this one prices");
+  }
 }
 
 }  // namespace
@@ -502,23 +571,31 @@ PlanCost cost_plan(const Ctx& ctx, const Plan& plan, const ExchangeSums& sums, s
   PlanCost c;
   c.workers = plan.num_workers();
   c.chunks = plan.config().chunks;
+  c.has_backward = reuse.backward;
+  c.has_chunks = reuse.chunks || c.chunks <= 1;
   const PlanCost* direct = reuse.direct;
   if (direct != nullptr && (direct->workers != c.workers || direct->chunks != c.chunks)) {
     throw std::logic_error("cost_plan: the direct price is another plan's");
   }
+  check_parts(c, reuse);
   // Its whole-step returns are taken only where it has them.
   if (direct != nullptr && (reuse.whole_step || c.chunks <= 1) && direct->ret_fwd.empty()) direct = nullptr;
+  if (direct == nullptr && c.has_backward && sums.dkv_rows.size() != sums.qo_row_heads.size()) {
+    throw std::logic_error("cost_plan: the backward returns need the sums' dK/dV rows");
+  }
   if (reuse.direct != nullptr) {
     c.comp_fwd = reuse.direct->comp_fwd;
-    c.comp_bwd = reuse.direct->comp_bwd;
-    c.chunk_comp_fwd = reuse.direct->chunk_comp_fwd;
-    c.chunk_comp_bwd = reuse.direct->chunk_comp_bwd;
+    if (c.has_chunks) c.chunk_comp_fwd = reuse.direct->chunk_comp_fwd;
+    if (c.has_backward) {
+      c.comp_bwd = reuse.direct->comp_bwd;
+      if (c.has_chunks) c.chunk_comp_bwd = reuse.direct->chunk_comp_bwd;
+    }
   } else {
     add_compute(ctx, plan, c, reuse.same_tiles);
   }
   AlltoallPricer pricer(ctx.cfg.cost.net, gpus);
-  price_phases(c, sums, relays != nullptr && relays->any() ? relays : nullptr, pricer, direct, reuse.whole_step,
-               reuse.pairs);
+  price_phases(c, sums, relays != nullptr && relays->any() ? relays : nullptr, pricer, direct,
+               {.whole = reuse.whole_step, .backward = c.has_backward, .chunks = c.has_chunks}, reuse.pairs);
   if (reuse.direct != nullptr) {
     c.take_byte_totals(*reuse.direct);
   } else {
@@ -526,6 +603,18 @@ PlanCost cost_plan(const Ctx& ctx, const Plan& plan, const ExchangeSums& sums, s
   }
   c.imbalance = plan.imbalance();
   return c;
+}
+
+ChunkSplit cut_split(std::int32_t width, std::int64_t chunks, ChunkSplit split) {
+  // Tapered needs 3 <= M <= width, equal M | width (validate_plan_config).
+  if (split != ChunkSplit::kTapered || chunks < 3 || chunks > width || width % chunks != 0) return split;
+  const int m = static_cast<int>(chunks);
+  for (int k = 1; k < m; ++k) {
+    if (chunk_head_offset(width, m, ChunkSplit::kTapered, k) != chunk_head_offset(width, m, ChunkSplit::kEqual, k)) {
+      return split;
+    }
+  }
+  return ChunkSplit::kEqual;
 }
 
 double max_of(const std::vector<double>& v) { return v.empty() ? 0.0 : *std::max_element(v.begin(), v.end()); }
@@ -545,7 +634,18 @@ double time_plan(const Ctx& ctx, const PlanCost& c, std::span<const std::int64_t
   return time_plan(c, noise_factors(ctx, gpus.first(static_cast<std::size_t>(c.workers)), key), pipelined, backward);
 }
 
+namespace {
+
+// Throws where `c` was priced without what a timing reads (PriceReuse).
+void check_priced(const PlanCost& c, bool pipelined, bool backward, const char* what) {
+  if (backward && !c.has_backward) throw std::logic_error(std::string(what) + ": the price has no backward part");
+  if (pipelined && c.chunks > 1 && !c.has_chunks) throw std::logic_error(std::string(what) + ": the price has no chunks");
+}
+
+}  // namespace
+
 double time_plan(const PlanCost& c, std::span<const double> noise, bool pipelined, bool backward) {
+  check_priced(c, pipelined, backward, "time_plan");
   const auto ws = static_cast<std::size_t>(c.workers);
   auto noisy_max = [&](const std::vector<double>& comp) {
     double m = 0;
@@ -567,6 +667,7 @@ double time_plan(const PlanCost& c, std::span<const double> noise, bool pipeline
 }
 
 StepDecomposition decompose(const PlanCost& c, bool pipelined) {
+  check_priced(c, pipelined, false, "decompose");
   StepDecomposition d;
   const double whole = max_of(c.comp_fwd);
   double sum = 0;

@@ -1337,3 +1337,173 @@ TEST(PlanCost, ReusedPartsEqualPricingAfresh) {
   }
   EXPECT_GT(relayed, 0) << "no relayed plan: the relayed path went unchecked";
 }
+
+// A tapered cut that cuts the tiles as the equal one does (cut_split says
+// kEqual) prices as the equal chunking, afresh and relayed: the sweep
+// prices libra-topo's tapered shape there as its equal shape. Where the cuts
+// differ (8 heads in 4 chunks: 1, 3, 3, 1), the prices differ too.
+TEST(PlanCost, TaperedCutLikeEqualPricesAsEqual) {
+  using libra::ChunkSplit;
+  using libra::detail::cut_split;
+  EXPECT_EQ(cut_split(4, 4, ChunkSplit::kTapered), ChunkSplit::kEqual);
+  EXPECT_EQ(cut_split(5, 5, ChunkSplit::kTapered), ChunkSplit::kEqual);
+  EXPECT_EQ(cut_split(8, 4, ChunkSplit::kTapered), ChunkSplit::kTapered);
+  EXPECT_EQ(cut_split(4, 3, ChunkSplit::kTapered), ChunkSplit::kTapered);  // 1, 2, 1; equal needs 3 | 4
+  EXPECT_EQ(cut_split(6, 3, ChunkSplit::kTapered), ChunkSplit::kEqual);    // 2, 2, 2
+  EXPECT_EQ(cut_split(8, 2, ChunkSplit::kEqual), ChunkSplit::kEqual);
+  const PricedPool pp;
+  int same = 0, differ = 0, relayed = 0;
+  for (libra::PlanMode mode : {libra::PlanMode::kTap, libra::PlanMode::kTapSplit, libra::PlanMode::kTapTopo}) {
+    for (int shards : {2, 4}) {  // 8 and 4 heads a tile (16 query heads)
+      const bool topo = mode == libra::PlanMode::kTapTopo;
+      libra::PlanConfig pc =
+          priced_config(mode, topo ? libra::HomeLayout::kZigzag : libra::HomeLayout::kContiguous, topo, 2);
+      pc.dedup_per_kv_head = mode == libra::PlanMode::kTapSplit;
+      pc.head_shards = shards;
+      auto plan = libra::make_plan(pp.pool, pc);
+      ASSERT_TRUE(plan.ok()) << plan.error().message();
+      const int width = plan->head_width();
+      for (int m = 3; m <= width; ++m) {
+        const std::string at = std::string(libra::plan_mode_name(mode)) + " width " + std::to_string(width) +
+                               " M=" + std::to_string(m);
+        auto tapered = libra::rechunk_plan(*plan, m, ChunkSplit::kTapered);
+        ASSERT_TRUE(tapered.ok()) << tapered.error().message();
+        const auto xt = libra::detail::exchange_sums(tapered->data_as_built());
+        const auto ct = libra::detail::cost_plan(pp.ctx, *tapered, xt, pp.gpus);
+        if (cut_split(width, m, ChunkSplit::kTapered) != ChunkSplit::kEqual) {
+          if (width % m != 0) continue;
+          auto equal = libra::rechunk_plan(*plan, m, ChunkSplit::kEqual);
+          ASSERT_TRUE(equal.ok()) << equal.error().message();
+          EXPECT_NE(libra::detail::cost_plan(pp.ctx, *equal, pp.gpus).chunk_comp_fwd, ct.chunk_comp_fwd) << at;
+          ++differ;
+          continue;
+        }
+        ++same;
+        auto equal = libra::rechunk_plan(*plan, m, ChunkSplit::kEqual);
+        ASSERT_TRUE(equal.ok()) << equal.error().message();
+        const auto xe = libra::detail::exchange_sums(equal->data_as_built());
+        expect_same_price(ct, libra::detail::cost_plan(pp.ctx, *equal, xe, pp.gpus), true, at);
+        EXPECT_EQ(xe.dkv_rows, xt.dkv_rows) << at;
+        const libra::RelayTable rt = libra::detail::relays_of(xt, tapered->config().topology);
+        const libra::RelayTable re = libra::detail::relays_of(xe, equal->config().topology);
+        if (!rt.any()) continue;
+        ++relayed;
+        expect_same_price(libra::detail::cost_plan(pp.ctx, *tapered, xt, pp.gpus, &rt),
+                          libra::detail::cost_plan(pp.ctx, *equal, xe, pp.gpus, &re), true, at + " relayed");
+      }
+    }
+  }
+  EXPECT_GT(same, 0);
+  EXPECT_GT(differ, 0);
+  EXPECT_GT(relayed, 0) << "no relayed plan: the relayed path went unchecked";
+}
+
+namespace {
+
+// `part` (priced with PriceReuse::backward bwd, ::chunks ch) is `full` in
+// every part it has, and times as it; the parts it lacks are empty, and
+// timing them throws.
+void expect_part_of(const libra::detail::PlanCost& full, const libra::detail::PlanCost& part, bool bwd, bool ch,
+                    const std::string& at) {
+  const std::vector<double> none;
+  const std::vector<std::vector<double>> no_chunks;
+  EXPECT_EQ(part.comp_fwd, full.comp_fwd) << at;
+  EXPECT_EQ(part.disp_fwd, full.disp_fwd) << at;
+  EXPECT_EQ(part.ret_fwd, full.ret_fwd) << at;
+  EXPECT_EQ(part.comp_bwd, bwd ? full.comp_bwd : none) << at;
+  EXPECT_EQ(part.disp_bwd, bwd ? full.disp_bwd : none) << at;
+  EXPECT_EQ(part.ret_bwd, bwd ? full.ret_bwd : none) << at;
+  EXPECT_EQ(part.chunk_comp_fwd, ch ? full.chunk_comp_fwd : no_chunks) << at;
+  EXPECT_EQ(part.cdisp_fwd, ch ? full.cdisp_fwd : no_chunks) << at;
+  EXPECT_EQ(part.cret_fwd, ch ? full.cret_fwd : no_chunks) << at;
+  EXPECT_EQ(part.chunk_comp_bwd, ch && bwd ? full.chunk_comp_bwd : no_chunks) << at;
+  EXPECT_EQ(part.cdisp_bwd, ch && bwd ? full.cdisp_bwd : no_chunks) << at;
+  EXPECT_EQ(part.cret_bwd, ch && bwd ? full.cret_bwd : no_chunks) << at;
+  EXPECT_EQ(part.comm_bytes, full.comm_bytes) << at;
+  EXPECT_EQ(part.max_send, full.max_send) << at;
+  EXPECT_EQ(part.max_recv, full.max_recv) << at;
+  EXPECT_EQ(part.max_recv_cross_node, full.max_recv_cross_node) << at;
+  EXPECT_EQ(part.imbalance, full.imbalance) << at;
+  const std::vector<double> noise{1.0, 1.25, 0.75, 1.5};
+  for (const bool pipelined : {false, true}) {
+    for (const bool backward : {false, true}) {
+      if ((backward && !bwd) || (pipelined && !ch)) {
+        EXPECT_THROW((void)libra::detail::time_plan(part, noise, pipelined, backward), std::logic_error) << at;
+        continue;
+      }
+      EXPECT_EQ(libra::detail::time_plan(part, noise, pipelined, backward),
+                libra::detail::time_plan(full, noise, pipelined, backward))
+          << at;
+    }
+    if (pipelined && !ch) {
+      EXPECT_THROW((void)libra::detail::decompose(part, pipelined), std::logic_error) << at;
+    } else {
+      EXPECT_EQ(libra::detail::decompose(part, pipelined).total, libra::detail::decompose(full, pipelined).total) << at;
+    }
+  }
+}
+
+}  // namespace
+
+// A price made for readers that read less (PriceReuse::backward false: a
+// pool timed forward only; ::chunks false: one timed unpipelined only) is
+// the full price's in every part it has, bit for bit, with its sums made
+// without the dK/dV rows where it has no backward; its timings are the full
+// price's, and a timing of a part it lacks throws.
+TEST(PlanCost, PricesForFewerReadersArePartsOfTheFullPrice) {
+  const PricedPool pp;
+  const std::vector<double> noise{1.0, 1.25, 0.75, 1.5};
+  int relayed = 0;
+  for (libra::PlanMode mode : {libra::PlanMode::kTap, libra::PlanMode::kTapSplit, libra::PlanMode::kTapTopo}) {
+    for (int chunks : {2, 4}) {
+      auto plan = pp.plan(mode, chunks);
+      ASSERT_TRUE(plan.ok()) << plan.error().message();
+      const libra::Plan::Data& d = plan->data_as_built();
+      const libra::detail::ExchangeLayout layout = libra::detail::exchange_layout(d);
+      const libra::detail::ExchangeSums full_sums = libra::detail::exchange_sums(d, layout);
+      const libra::detail::ExchangeSums fwd_sums = libra::detail::exchange_sums(d, layout, false);
+      EXPECT_TRUE(fwd_sums.dkv_rows.empty());
+      EXPECT_EQ(fwd_sums.kv_token_heads, full_sums.kv_token_heads);
+      EXPECT_EQ(fwd_sums.qo_row_heads, full_sums.qo_row_heads);
+      const libra::RelayTable relays = libra::detail::relays_of(full_sums, plan->config().topology);
+      relayed += relays.any() ? 1 : 0;
+      for (const libra::RelayTable* r : {static_cast<const libra::RelayTable*>(nullptr), &relays}) {
+        const auto full = libra::detail::cost_plan(pp.ctx, *plan, full_sums, pp.gpus, r);
+        for (const bool bwd : {false, true}) {
+          for (const bool ch : {false, true}) {
+            const std::string at = std::string(libra::plan_mode_name(mode)) + " M=" + std::to_string(chunks) +
+                                   (r != nullptr ? " relayed" : "") + (bwd ? "" : " forward only") +
+                                   (ch ? "" : " whole only");
+            const auto c = libra::detail::cost_plan(pp.ctx, *plan, bwd ? full_sums : fwd_sums, pp.gpus, r,
+                                                    {.backward = bwd, .chunks = ch});
+            expect_part_of(full, c, bwd, ch, at);
+            const std::vector<std::vector<double>> no_chunks;
+            if (!bwd) {
+              // The backward returns cannot be priced from sums without dK/dV rows.
+              EXPECT_THROW((void)libra::detail::cost_plan(pp.ctx, *plan, fwd_sums, pp.gpus, r), std::logic_error) << at;
+            }
+            if (r != nullptr || !ch) continue;
+            // A re-chunking priced forward only from this forward-only price
+            // (the sweep's libra-plus and distca at M = 4 or 2).
+            auto re = libra::rechunk_plan(*plan, chunks == 4 ? 2 : 4);
+            ASSERT_TRUE(re.ok()) << re.error().message();
+            const auto rx = libra::detail::exchange_sums(re->data_as_built(), layout, bwd);
+            const auto fresh = libra::detail::cost_plan(pp.ctx, *re, libra::detail::exchange_sums(re->data_as_built()),
+                                                        pp.gpus);
+            const auto reused = libra::detail::cost_plan(
+                pp.ctx, *re, rx, pp.gpus, nullptr, {.same_tiles = &c, .whole_step = false, .backward = bwd});
+            EXPECT_EQ(reused.comp_fwd, fresh.comp_fwd) << at;
+            EXPECT_EQ(reused.chunk_comp_fwd, fresh.chunk_comp_fwd) << at;
+            EXPECT_EQ(reused.cdisp_fwd, fresh.cdisp_fwd) << at;
+            EXPECT_EQ(reused.cret_fwd, fresh.cret_fwd) << at;
+            EXPECT_EQ(reused.cdisp_bwd, bwd ? fresh.cdisp_bwd : no_chunks) << at;
+            EXPECT_EQ(libra::detail::time_plan(reused, noise, true, false),
+                      libra::detail::time_plan(fresh, noise, true, false))
+                << at;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(relayed, 0) << "no relayed plan: the relayed path went unchecked";
+}

@@ -66,6 +66,19 @@ using Placed = std::pair<WindowPlacement, StepLayout>;
 // What run_pools records per pool besides step latencies.
 enum class Record { kNothing, kTap, kPlus, kTopo };
 
+// The variants whose pools are also timed backward and decomposed
+// (put_pool); the others' prices are read forward only.
+bool timed_backward(Variant v) {
+  return v == Variant::kLibraFull || v == Variant::kLibraTopo || v == Variant::kLibraTapVrsp;
+}
+
+// What a pool's prices are read for (PriceReuse::backward, ::chunks): the
+// backward where a variant is timed backward, the chunks where one is
+// pipelined; record_pool reads the whole step forward and the bytes.
+struct PriceReads {
+  bool backward = true, chunks = true;
+};
+
 // Everything one window's planners share: the window, its workloads, the
 // placements made so far (by P; each is made once per window).
 struct WindowRun {
@@ -116,8 +129,10 @@ Status window_baselines(WindowRun& run, WindowResult& out) {
 }
 
 // One pool's plan and its re-chunked and relayed prices, each made once:
-// libra-topo's shapes share re-chunked plans (relayed or not), and a
-// relayed price of a plan with nothing to relay is its direct price. Each
+// libra-topo's shapes share re-chunked plans (relayed or not), a tapered
+// shape that cuts the tiles as the equal one does is the equal shape
+// (cut_split: H 8 of 32 heads at M 4), and a relayed price of a plan with
+// nothing to relay is its direct price. Each
 // price is one span of cost-model time (sums, relays and cost_plan
 // together: the thread CPU clock is a system call), returned by address
 // (the map keeps it; a PlanCost is a dozen vectors).
@@ -132,25 +147,33 @@ struct PoolPrices {
   std::map<const Plan*, ExchangeSums> sums;  // each plan's, for its relays and its prices
   // The base plan's pairs and K/V fetches: every re-chunked plan has the same.
   std::optional<ExchangeLayout> layout;
+  PriceReads reads;  // every price's
   std::optional<PlanCost> unchunked;  // base_unchunked()
   AlltoallPricer::Pairs pairs;  // the layout's pairs on gpus: every unrelayed price's
 
-  PoolPrices(const Ctx& c, const Plan& b, std::span<const std::int64_t> g, Timing& t)
-      : ctx(c), base(b), gpus(g), tm(t) {
+  PoolPrices(const Ctx& c, const Plan& b, std::span<const std::int64_t> g, Timing& t, PriceReads r)
+      : ctx(c), base(b), gpus(g), tm(t), reads(r) {
     const double t0 = thread_cpu_seconds();
     const ExchangeSums& x = sums_of(&base);
     pairs = AlltoallPricer(ctx.cfg.cost.net, gpus).pairs(x.pairs);
-    base_cost = cost_plan(ctx, base, x, gpus, nullptr, {.pairs = &pairs});
+    base_cost = cost_plan(ctx, base, x, gpus, nullptr, reuse(nullptr, nullptr, true));
     tm.cost += thread_cpu_seconds() - t0;
   }
+  PriceReuse reuse(const PlanCost* direct, const PlanCost* same_tiles, bool whole_step) const {
+    return {.direct = direct, .same_tiles = same_tiles, .whole_step = whole_step, .pairs = &pairs,
+            .backward = reads.backward, .chunks = reads.chunks};
+  }
+  // The split naming (m, split)'s cut of the base's tiles (the plans' and
+  // prices' key).
+  ChunkSplit cut(std::int64_t m, ChunkSplit split) const { return cut_split(base.head_width(), m, split); }
   bool is_base(std::int64_t m, ChunkSplit split) const {
-    return m == base.config().chunks && split == base.config().chunk_split;
+    return m == base.config().chunks && cut(m, split) == cut(m, base.config().chunk_split);
   }
   const ExchangeSums& sums_of(const Plan* p) {
     auto it = sums.find(p);
     if (it == sums.end()) {
       if (!layout) layout = exchange_layout(base.data_as_built());
-      it = sums.emplace(p, exchange_sums(p->data_as_built(), *layout)).first;
+      it = sums.emplace(p, exchange_sums(p->data_as_built(), *layout, reads.backward)).first;
     }
     return it->second;
   }
@@ -176,6 +199,7 @@ struct PoolPrices {
     if (!unchunked) {
       PlanCost u;
       u.workers = base_cost.workers;
+      u.has_backward = base_cost.has_backward;
       u.comp_fwd = base_cost.comp_fwd;
       u.comp_bwd = base_cost.comp_bwd;
       u.chunk_comp_fwd = {base_cost.comp_fwd};
@@ -201,15 +225,16 @@ struct PoolPrices {
     const ExchangeSums& x = sums_of(p);
     // Priced here at M > 1 only to be timed pipelined (put_pool): the
     // whole step is left unpriced; the tiles' whole compute is the base's.
-    PriceReuse reuse{.direct = nullptr, .same_tiles = &base_cost, .whole_step = m <= 1, .pairs = &pairs};
-    if (!relayed) return costs.emplace(key, cost_plan(ctx, *p, x, gpus, nullptr, reuse)).first->second;
+    PriceReuse re = reuse(nullptr, &base_cost, m <= 1);
+    if (!relayed) return costs.emplace(key, cost_plan(ctx, *p, x, gpus, nullptr, re)).first->second;
     const RelayTable relays = relays_of(x, p->config().topology);
     // Nothing to relay: the direct price (cost_plan ignores an empty table).
     if (!relays.any()) return costs.emplace(key, cost_of(p, m, split, false)).first->second;
-    reuse.direct = direct_of(m, split);
-    return costs.emplace(key, cost_plan(ctx, *p, x, gpus, &relays, reuse)).first->second;
+    re.direct = direct_of(m, split);
+    return costs.emplace(key, cost_plan(ctx, *p, x, gpus, &relays, re)).first->second;
   }
   Result<const PlanCost*> price(std::int64_t m, ChunkSplit split, bool relayed, const std::string& kind) {
+    split = cut(m, split);
     if (!relayed && is_base(m, split)) return &base_cost;
     if (auto it = costs.find({m, split, relayed}); it != costs.end()) return &it->second;
     LIBRA_ASSIGN_OR_RETURN(const Plan* p, plan(m, split, kind));
@@ -229,6 +254,7 @@ struct PoolRun {
   std::vector<TopoShape> shapes;  // libra-topo's shapes beside the plain one
   std::vector<std::string> shape_labels;  // per shape: "libra-topo relayed tapered"
   std::vector<bool> tapered_fits;  // per M of chunks
+  PriceReads reads;
 };
 
 // Step maxima of one placement's pools, by (variant, M) and by shape.
@@ -244,7 +270,9 @@ struct PoolSteps {
 // does not admit tapered ones).
 PoolRun pool_run(const Ctx& ctx, const PlanConfig& pc, const std::vector<Variant>& variants, Record rec,
                  const std::vector<std::int64_t>& chunks) {
-  PoolRun r{pc, variants, rec, chunks, {}, {}, {}};
+  PoolRun r{pc, variants, rec, chunks, {}, {}, {}, {}};
+  r.reads.backward = std::any_of(variants.begin(), variants.end(), timed_backward);
+  r.reads.chunks = std::any_of(variants.begin(), variants.end(), variant_pipelined);
   if (rec == Record::kTopo) {
     const auto relay = ctx.cfg.relay == false ? std::optional<bool>(false) : std::nullopt;
     const auto split = ctx.cfg.chunk_split == ChunkSplit::kEqual ? std::optional(ChunkSplit::kEqual) : std::nullopt;
@@ -285,7 +313,7 @@ void put_pool(const PoolPlace& at, const PlanCost& cost, Variant var, std::int64
   auto& into = shape != nullptr ? steps.shaped[*shape] : steps.plain;
   auto it = into.try_emplace({var, m}, StepMax{std::vector<double>(static_cast<std::size_t>(steps.ga), 0.0)}).first;
   it->second.put(at.g, t);
-  if (var == Variant::kLibraFull || var == Variant::kLibraTopo || var == Variant::kLibraTapVrsp) {
+  if (timed_backward(var)) {
     const MicroBatch mb{.attn_fwd = t,
                         .attn_bwd = time_plan(cost, at.noise, pipelined, true),
                         .lin_fwd = at.lin_fwd,
@@ -355,6 +383,7 @@ Status time_pool(const PoolRun& pr, Prices& prices, const PoolPlace& at, PoolSte
 struct KeptPool {
   PlanCost base_cost;
   ChunkSplit split = ChunkSplit::kEqual;
+  PriceReads reads;  // what the prices hold (libra-tap-vrsp's: all)
   std::map<std::int64_t, PlanCost> at_m;
 
   Result<const PlanCost*> price(std::int64_t m, ChunkSplit s, bool relayed, const std::string& kind) const {
@@ -381,20 +410,24 @@ struct SharedPools {
 Status run_pool(WindowRun& run, const PoolRun& pr, std::size_t k, std::span<const PackedSequence> pool,
                 const PoolPlace& at, PoolSteps& steps, CandWindow& cw, SharedPools* shared) {
   if (shared != nullptr && pr.rec == Record::kPlus && k < shared->kept.size() && shared->kept[k]) {
-    return time_pool(pr, *shared->kept[k], at, steps, cw);
+    KeptPool& kp = *shared->kept[k];
+    // A price read for more holds the same figures for fewer readers.
+    if ((kp.reads.backward || !pr.reads.backward) && (kp.reads.chunks || !pr.reads.chunks)) {
+      return time_pool(pr, kp, at, steps, cw);
+    }
   }
   const std::string kind(variant_name(pr.variants[0]));
   LIBRA_ASSIGN_OR_RETURN(const Plan base, timed_plan(run.tm, kind, [&] { return make_plan(pool, pr.pc); }));
   // The base plan's sums serve its direct price and its relays.
-  PoolPrices prices(run.ctx, base, at.gpus, run.tm);
+  PoolPrices prices(run.ctx, base, at.gpus, run.tm, pr.reads);
   LIBRA_TRY(time_pool(pr, prices, at, steps, cw));
   const bool keep = shared != nullptr && pr.rec == Record::kTap && k < shared->want.size() && shared->want[k] &&
                     same_tap_plan(base, pool, *shared->plus);
   if (!keep) return {};
-  KeptPool kp{std::move(prices.base_cost), pr.pc.chunk_split, {}};
+  KeptPool kp{std::move(prices.base_cost), pr.pc.chunk_split, pr.reads, {}};
   for (std::int64_t m : pr.chunks) {
     if (m == 1 || m == pr.pc.chunks) continue;
-    const auto it = prices.costs.find({m, pr.pc.chunk_split, false});
+    const auto it = prices.costs.find({m, prices.cut(m, pr.pc.chunk_split), false});
     if (it == prices.costs.end()) return {};  // not priced here: libra-plus prices its own
     kp.at_m.emplace(m, std::move(it->second));
   }

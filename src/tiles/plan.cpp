@@ -1203,6 +1203,8 @@ struct KvSums {
   std::vector<std::int32_t> cell_last;
   std::vector<std::int64_t> cell_rows;
 
+  // kDkv false: the K/V tokens x heads alone (no dK/dV places).
+  template <bool kDkv>
   void run(const ExchangeLayout::Run& r, std::span<const ExchangeLayout::Fetch> fetches) {
     const std::size_t n = out.pairs.size();
     std::int64_t* const kv_token_heads = out.kv_token_heads.data() + r.pair;
@@ -1212,6 +1214,7 @@ struct KvSums {
       for (std::size_t c = kc.chunks_at[k]; c < kc.chunks_at[k + 1]; ++c) {
         kv_token_heads[kc.chunks[c].first * n] += f.rows * kc.chunks[c].second;
       }
+      if constexpr (!kDkv) continue;
       const HeadRange h = kc.heads[k];
       if (h.size() == 0) continue;
       lo = std::min(lo, h.begin);
@@ -1227,6 +1230,7 @@ struct KvSums {
         cell_rows[static_cast<std::size_t>(kh)] = std::max(cell_rows[static_cast<std::size_t>(kh)], f.rows);
       }
     }
+    if constexpr (!kDkv) return;
     // The dK/dV go back: worker `to` to `from`.
     for (auto kh = static_cast<std::size_t>(std::max(lo, 0)); kh < static_cast<std::size_t>(hi); ++kh) {
       if (cell_last[kh] >= 0) out.dkv_rows[static_cast<std::size_t>(cell_last[kh]) * n + r.back] += cell_rows[kh];
@@ -1311,7 +1315,7 @@ ExchangeLayout exchange_layout(const Plan::Data& d) {
 
 ExchangeSums exchange_sums(const Plan::Data& d) { return exchange_sums(d, exchange_layout(d)); }
 
-ExchangeSums exchange_sums(const Plan::Data& d, const ExchangeLayout& layout) {
+ExchangeSums exchange_sums(const Plan::Data& d, const ExchangeLayout& layout, bool dkv) {
   const Geometry& g = *d.geometry;
   if (layout.workers != g.workers || layout.groups != d.groups.size() || layout.entries != d.worker_group_ids.size()) {
     throw std::logic_error("exchange_sums: the layout is another plan's");
@@ -1330,7 +1334,7 @@ ExchangeSums exchange_sums(const Plan::Data& d, const ExchangeLayout& layout) {
   out.bytes = layout.bytes;
   out.qo_row_heads.resize(M * n);
   out.kv_token_heads.assign(M * n, 0);
-  out.dkv_rows.assign(M * n, 0);
+  if (dkv) out.dkv_rows.assign(M * n, 0);
   // Every tile has a shard's heads, so a pair's Q/O row-heads in chunk m
   // are its rows times the chunk's heads (integers: the same sums).
   const std::vector<std::int32_t> at = chunk_head_table(g, d.config);
@@ -1343,7 +1347,13 @@ ExchangeSums exchange_sums(const Plan::Data& d, const ExchangeLayout& layout) {
   KvSums kv{d, keys, kc, out, std::vector<std::int32_t>(static_cast<std::size_t>(g.heads_kv), -1),
             std::vector<std::int64_t>(static_cast<std::size_t>(g.heads_kv), 0)};
   const std::span<const ExchangeLayout::Fetch> fetches(layout.fetches);
-  for (const ExchangeLayout::Run& r : layout.runs) kv.run(r, fetches.subspan(r.first, r.last - r.first));
+  for (const ExchangeLayout::Run& r : layout.runs) {
+    if (dkv) {
+      kv.run<true>(r, fetches.subspan(r.first, r.last - r.first));
+    } else {
+      kv.run<false>(r, fetches.subspan(r.first, r.last - r.first));
+    }
+  }
   return out;
 }
 

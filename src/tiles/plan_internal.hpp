@@ -426,8 +426,10 @@ struct ExchangeLayout {
 };
 [[nodiscard]] ExchangeLayout exchange_layout(const Plan::Data& d);
 // The sums of plan `d`, whose tiles and groups are the layout's (throws
-// std::logic_error where its group counts differ).
-[[nodiscard]] ExchangeSums exchange_sums(const Plan::Data& d, const ExchangeLayout& layout);
+// std::logic_error where its group counts differ). dkv false: dkv_rows is
+// left empty (only the backward returns read it; a price with no backward
+// part, PriceReuse::backward, has none to make).
+[[nodiscard]] ExchangeSums exchange_sums(const Plan::Data& d, const ExchangeLayout& layout, bool dkv = true);
 
 // The canonical little-endian 64-bit word encoding of a plan's defining
 // content (config, pool, tiles with placement). The fingerprint hashes it and

@@ -5,8 +5,8 @@ python/src/program_index.hpp, without the GIL): one int32 host array, a small pa
 descriptor tables as int64) then the head-vector rows as strided runs (five columns, a few ints per
 run, not one per row). It goes to the device in one copy (from one pinned host buffer, non-blocking,
 on CUDA); one kernel launch expands the runs into the rows there (``expand``: Triton on CUDA, the
-binding's C++ on the CPU), one split cuts every record's rows, and the records are made per pass
-and kind as a backend first reads them. Nothing in a pass builds, copies or reads back an index."""
+binding's C++ on the CPU), one split cuts every exchange group's rows (a merged call's are views by
+offset), and the records are made per pass and kind as a backend first reads them. Nothing in a pass builds, copies or reads back an index."""
 import functools
 
 import numpy as np
@@ -36,33 +36,31 @@ class Pair:
     """One chunk's kernel calls on one (q buffer, kv buffer) pair, merged into one varlen call, or
     (``"joined"``) consecutive pairs of the same head widths joined into one; positions in joined
     buffers (a field's home vectors, then its compute vectors: function.py):
-    ``q`` [total_q * hq] and ``kv`` [total_k * hkv] head-vector rows (query- or key-major), ``lse2``
-    [hq, total_q] the q vectors head-major (flash-attn's LSE layout: a transposed view of ``q2``),
+    ``q2`` [total_q, hq] and ``kv2`` [total_k, hkv] the head-vector rows (query- or key-major),
+    ``lse2`` [hq, total_q] the q vectors head-major (flash-attn's LSE layout: ``q2`` transposed),
     ``cu_q`` / ``cu_k`` int32 cu_seqlens on the device and ``cu_host`` the same as numpy arrays (host
     loops, no sync)."""
 
-    __slots__ = ("q_home", "kv_home", "hq", "hkv", "total_q", "total_k", "max_q", "max_k", "seqs", "q", "kv",
+    __slots__ = ("q_home", "kv_home", "hq", "hkv", "total_q", "total_k", "max_q", "max_k", "seqs",
                  "cu_q", "cu_k", "cu_host", "q2", "kv2", "lse2")
 
-    def __init__(self, rec, rows, cuts, dev, small):
-        self.q_home, self.kv_home, self.hq, self.hkv = rec["q_home"], rec["kv_home"], rec["hq"], rec["hkv"]
-        self.total_q, self.total_k, self.max_q, self.max_k = rec["total_q"], rec["total_k"], rec["max_q"], rec["max_k"]
-        self.seqs = rec["seqs"]
-        # Its cut of the rows, or (a joined call over several pairs) a slice.
-        cut, off, n = rec["q_cut"], rec["q_off"], self.total_q * self.hq
-        self.q = cuts[cut] if cut >= 0 else rows[off:off + n]
-        cut, off, n = rec["kv_cut"], rec["kv_off"], self.total_k * self.hkv
-        self.kv = cuts[cut] if cut >= 0 else rows[off:off + n]
-        # The same rows shaped as the varlen tensors' leading dims, so one advanced-indexing op gathers
-        # [total, heads, d] (or writes it back) with no reshape around it.
-        self.q2 = self.q.view(self.total_q, self.hq)
-        self.kv2 = self.kv.view(self.total_k, self.hkv)
+    def __init__(self, rec, rows, dev, small):
+        self.q_home, self.kv_home, hq, hkv = rec["q_home"], rec["kv_home"], rec["hq"], rec["hkv"]
+        tq, tk = rec["total_q"], rec["total_k"]
+        self.hq, self.hkv, self.total_q, self.total_k = hq, hkv, tq, tk
+        self.max_q, self.max_k, self.seqs = rec["max_q"], rec["max_k"], rec["seqs"]
+        # The rows shaped as the varlen tensors' leading dims (one advanced-indexing op gathers
+        # [total, heads, d], or writes it back, with no reshape around it): one view each, straight
+        # from the rows (the merged calls' rows are not cut: the split's last piece spans them all).
+        at = rows.storage_offset()
+        self.q2 = rows.as_strided((tq, hq), (hq, 1), at + rec["q_off"])
         self.lse2 = self.q2.t()
+        self.kv2 = rows.as_strided((tk, hkv), (hkv, 1), at + rec["kv_off"])
         n, cq, ck = self.seqs + 1, rec["cu_q_off"], rec["cu_k_off"]
         self.cu_q = dev[cq:cq + n]
         self.cu_k = dev[ck:ck + n]
-        # Views of the small array's host copy (to_device's: it keeps the binding's whole array alive
-        # no longer than the runtime does).
+        # Views of the small array on the host (no copy: the program the runtime holds keeps the
+        # binding's array, about a MiB at 1M, alive anyway).
         self.cu_host = (small[cq:cq + n], small[ck:ck + n])
 
 
@@ -74,7 +72,8 @@ def host_arrays(program, kinds=None):
     one int32 CPU tensor sharing the binding's memory, the small array (cu_seqlens, descriptor
     tables: layout["data"] entries) then the runs' five columns of layout["runs"] entries (first,
     count, base, len, stride), which expand to layout["rows"] rows; layout["cuts"] and
-    layout["lengths"] the records' sides in the rows. ``kinds`` (to_device's, per pass): the merged
+    layout["lengths"] the exchange groups' sides in the rows, then the merged calls' rows as one last
+    piece (they tile the rows). ``kinds`` (to_device's, per pass): the merged
     calls' and descriptor records the layout holds are those these name (all when None); to_device
     asks the program for others when first read."""
     if kinds is not None:
@@ -178,23 +177,17 @@ def to_device(host, layout, device, kinds=(ALL_KINDS, ALL_KINDS), program=None):
     host_np = host.numpy()  # numpy slices: a fraction of torch views' host time
     nd, nr = layout["data"], layout["runs"]
     rows = expand(dev[nd:].view(5, nr), host_np[nd:].reshape(5, nr), layout["rows"], device)
-    # One split cuts every record's side (the binding lists them: they tile the rows in order).
-    cuts = rows.split(layout["lengths"]) if layout["lengths"] else ()
-    # The small array's host part (cu_seqlens, descriptor tables), copied once: the records' host
-    # views share it, not the binding's whole array (on the CPU, where the device array is the host
-    # one, the views share that).
-    small = host_np[:nd] if device.type == "cpu" else host_np[:nd].copy()
-    whole = []  # program's whole layout, fetched when a kind left out of ``layout`` is first read
-
-    def passes(p):
-        if not whole:
-            whole.append(program.index_arrays()[2])
-        return whole[0]["passes"][p]
-
-    out, data, pairs = [], dev[:nd], {}  # pairs: shared by the passes (a backward chunk may have forward's)
+    # One split cuts every group side (the binding lists them, then the merged calls' rows as one last
+    # piece: they tile the rows in order).
+    cuts = rows.split_with_sizes(layout["lengths"]) if layout["lengths"] else ()
+    # The small array's host part (cu_seqlens, descriptor tables): the records' host views are views of
+    # the binding's array (the program, which the runtime holds, keeps it alive anyway).
+    small = host_np[:nd]
+    # pairs: shared by the passes (a backward chunk may have forward's); whole: program's whole layout,
+    # fetched when a kind left out of ``layout`` is first read, and kept (the Pairs' keys are its records' ids).
+    out, data, pairs, whole = [], dev[:nd], {}, []
     for p, (per, want) in enumerate(zip(layout["passes"], kinds)):
-        rec = _Pass(functools.partial(_records, per, p, passes, rows=rows, cuts=cuts, data=data, small=small,
-                                      pairs=pairs))
+        rec = _Pass(per, p, (program, whole), rows, cuts, data, small, pairs)
         for kind in want:
             rec[kind]  # noqa: B018 - made now, not in a pass
         out.append(rec)
@@ -202,50 +195,62 @@ def to_device(host, layout, device, kinds=(ALL_KINDS, ALL_KINDS), program=None):
 
 
 class _Pass(dict):
-    """One pass's records on a device, by kind, each made on first read (``_records``) and kept."""
+    """One pass's records on a device, by kind, each made on first read and kept: the exchanges and
+    the apply list are the binding's own records (``per``), their groups' rows the cuts (``sides``);
+    the merged calls and descriptor tables are made from ``per``, or for a kind the binding's layout
+    left out (host_arrays' ``kinds``) from ``program``'s whole layout. ``pairs`` keeps every Pair made
+    by its record (a backward chunk with forward's calls has forward's very records: the same Pair
+    serves both passes)."""
 
-    def __init__(self, make):
+    def __init__(self, per, p, program, rows, cuts, data, small, pairs):
         super().__init__()
-        self._make = make
+        self._args = per, p, program, rows, cuts, data, small, pairs
 
     def __missing__(self, kind):
-        value = self[kind] = self._make(kind)
+        per, p, program, rows, cuts, data, small, pairs = self._args
+        if kind in _KINDS:
+            value = per[kind]
+            for x in value:
+                x["sides"] = cuts
+        elif kind == "apply":
+            value = per["apply"]
+        elif kind == "sides":
+            value = cuts
+        elif kind in _RECORD_KINDS:
+            value = _records(per, p, program, kind, rows, data, small, pairs)
+        else:
+            raise KeyError(kind)
+        self[kind] = value
         return value
 
 
-def _records(per, p, passes, kind, rows, cuts, data, small, pairs):
-    """One kind of pass p's records (to_device's), from the binding's layout ``per`` (or, for a kind
-    it left out, ``passes(p)``: the program's whole layout); ``pairs`` keeps every Pair made by its
-    record (a backward chunk with forward's calls has forward's very records: the same Pair serves
-    both passes). The exchanges and the apply list are the binding's own records, their groups'
-    rows the cuts (``sides``)."""
-    if kind in _KINDS:
-        for x in per[kind]:
-            x["sides"] = cuts
-        return per[kind]
-    if kind == "apply":
-        return per["apply"]
-    if kind == "sides":
-        return cuts
-    if kind not in ("varlen", "joined", "descriptors", "descriptors_host"):
-        raise KeyError(kind)
+_RECORD_KINDS = ("varlen", "joined", "descriptors", "descriptors_host")
+
+
+def _records(per, p, program, kind, rows, data, small, pairs):
+    """The merged calls or descriptor tables of pass p (_Pass's), from the binding's layout ``per`` or
+    (a kind it left out) the program's whole layout (``program``: the program and a list keeping that
+    layout once fetched)."""
     src = "descriptors" if kind == "descriptors_host" else kind
     if src not in per:
-        per = passes(p)
+        prog, whole = program
+        if not whole:
+            whole.append(prog.index_arrays()[2])
+        per = whole[0]["passes"][p]
     if kind in ("varlen", "joined"):
-        return [[_pair(pairs, rec, rows, cuts, data, small) for rec in chunk] for chunk in per[kind]]
+        return [[_pair(pairs, rec, rows, data, small) for rec in chunk] for chunk in per[kind]]
     if kind == "descriptors":
         return [(_i64(data, t, 10 * n).view(n, 10), _i64(data, b, 5)) for t, n, b in per["descriptors"]]
     # The same tables on the host, for what plans launches from them (the triton backend's work rows
-    # and grids) without reading the device back: views of the small array's host copy.
+    # and grids) without reading the device back: views of the small array on the host.
     return [_desc_host(small, t, n, b, False) for t, n, b in per["descriptors"]]
 
 
-def _pair(pairs, rec, rows, cuts, data, small):
+def _pair(pairs, rec, rows, data, small):
     """The Pair of the record ``rec`` (a dict the layout keeps alive, so its id is its own)."""
     p = pairs.get(id(rec))
     if p is None:
-        p = pairs[id(rec)] = Pair(rec, rows, cuts, data, small)
+        p = pairs[id(rec)] = Pair(rec, rows, data, small)
     return p
 
 

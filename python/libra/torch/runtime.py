@@ -105,6 +105,14 @@ class PlanRuntime:
         # relay changes every rank's exchanges (the C++ schedule fingerprint mixes it in), so it is
         # agreed on with the plan: a rank alone with it would post collectives no peer joins.
         relay_word = int(relay) if isinstance(relay, bool) else -1
+        # What needs no peer is read before the agreement (the plan's settings, Planner's program's
+        # summary and home layout views, the handle): a rank waits on its peers with it done, and
+        # leaves the wait with little left to do (an in-process pool's threads, released together,
+        # then contend less for the GIL).
+        if problem is None:
+            config = plan.config
+            views = _program_views(schedule) if schedule is not None else None
+        self.op_handle = register(self)  # what torch.compile's libra::attention op takes in its place (ops.py)
         everyone, first = _agree(comm, group, _fingerprint_words(fp) + [me, nw, relay_word], problem, timeout,
                                  "PlanRuntime", self._native_timeout, array=True)
         if first is not None:
@@ -123,35 +131,29 @@ class PlanRuntime:
         # The trace of every attention call under this runtime (trace=True), in the C++ engine's format
         # (trace.py): (worker, name, lane, begin_us, end_us) per chunk's compute, exchange and wait.
         self.trace = [] if trace else None
-        config = plan.config
         self.window, cp = config["window"], config["cp"]
         # libra's per-rank flat program (libra/program.hpp), the peers in group-rank order (what
         # all_to_all_single's splits follow); Planner may have built it on its thread.
         progs = schedule
         if progs is not None:
-            info = progs.summary
+            info = views[0]
             if (info["order"] != peers or info["worker"] != me or info["plan_fingerprint"] != plan.fingerprint
                     or info["relay"] != relay):
                 progs = None
         if progs is None:
             progs = _libra.rank_program(plan, me, peers, relay=relay)
-            info = progs.summary
+            views = _program_views(progs)
+        info, lay, self.packed_rows, self.position_ids, self.cu_seqlens, self.packed_cu_seqlens = views
         self.relay = relay
         # Whether stage exchanges run: the same on every rank (plan_relays is a function of the plan).
         self.relayed = bool(info["relayed"])
         self.program, self.schedule = progs, _Schedule(info, progs)
         self.home_rows, self.heads_q, self.heads_kv = info["home_rows"], info["heads_q"], info["heads_kv"]
         self.head_dim, self.num_chunks = info["head_dim"], info["chunks"]
-        # The home layout, built with the program in C++ (without the GIL): views of its arrays.
-        lay = progs.home
         self.home_layout, self.home_tokens = lay["home_layout"], lay["home_tokens"]
         self.padding_rows = self.home_rows - self.home_tokens
         self.slot, self.cp_rank = me // cp, me % cp
-        self.packed_rows = torch.from_numpy(lay["packed_rows"])
-        self.position_ids = torch.from_numpy(lay["position_ids"])
-        self.cu_seqlens = torch.from_numpy(lay["cu_seqlens"])
         self.max_seqlen = lay["max_seqlen"]
-        self.packed_cu_seqlens = torch.from_numpy(lay["packed_cu_seqlens"])
         self._position_on = {}  # position_ids of the token rows, by device (attention's check)
         self._peers = peers
         # Every index the passes use, as one int32 host array built by the binding without the GIL
@@ -160,8 +162,6 @@ class PlanRuntime:
         self._on = {}
         self._index_on = {}  # device -> the device copy of the index arrays (the views' storage)
         self._varlen_meta = {}  # the varlen backends' merged calls (index.Pair), by (pass, chunk, device, kind)
-        # What torch.compile's libra::attention op takes in place of this object (ops.py).
-        self.op_handle = register(self)
 
     def on(self, device, backend=None):
         """The program's index arrays on ``device`` (one copy per device; index.to_device), with the
@@ -199,15 +199,23 @@ class PlanRuntime:
         return _agree(self.comm, self.group, words, problem, self.timeout, what, self._native_timeout)
 
 
+def _program_views(program):
+    """(the program's summary, its home layout, and the layout's packed_rows, position_ids, cu_seqlens
+    and packed_cu_seqlens as CPU tensors): built with the program in C++ (without the GIL), taken as
+    views of its arrays."""
+    lay = program.home
+    return (program.summary, lay, torch.from_numpy(lay["packed_rows"]), torch.from_numpy(lay["position_ids"]),
+            torch.from_numpy(lay["cu_seqlens"]), torch.from_numpy(lay["packed_cu_seqlens"]))
+
+
 def _check_agreed(everyone, peers, size):
     """Raises the same line on every rank unless the ranks' gathered words (int64 [size, 5]: the plan
     fingerprint's halves, the worker, the plan's workers, relay) hold one plan of ``size`` workers,
-    one relay value, and a permutation of the workers; one pass of numpy over the words where they
-    agree (the usual case), Python over them only to name a disagreement."""
-    fp_same = bool((everyone[:, :2] == everyone[0, :2]).all())
-    if fp_same and (everyone[:, 4] == everyone[0, 4]).all() and everyone[0, 3] == size and (
-            np.sort(everyone[:, 2]) == np.arange(size)).all():
+    one relay value, and a permutation of the workers; one pass of the binding's C++ over the words
+    where they agree (the usual case), Python over them only to name a disagreement."""
+    if _libra.plan_words_agree(everyone, size):
         return
+    fp_same = bool((everyone[:, :2] == everyone[0, :2]).all())
     rows = everyone.tolist()
     if fp_same and rows[0][3] != size:
         raise ValueError(f"PlanRuntime: the group has {size} ranks but the plan has {rows[0][3]} workers")
