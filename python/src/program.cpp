@@ -247,8 +247,10 @@ void bind_program(py::module_& m) {
           else if (k == "descriptors") mask |= 4U;
           else bad("index_arrays: kind " + k + ": must be varlen, joined or descriptors");
         }
-        std::shared_ptr<const IndexArrays> ix;
-        {
+        // Built already (Planner's thread, build_index): taken without letting go of the GIL (each
+        // release lets a waiting thread take it, and this one then waits to get it back).
+        std::shared_ptr<const IndexArrays> ix = built_index(h);
+        if (!ix) {
           py::gil_scoped_release release;
           ix = index_arrays(h);
         }
@@ -300,18 +302,19 @@ void bind_program(py::module_& m) {
   // took several reductions (the caller names any disagreement).
   m.def(
       "plan_words_agree",
-      [](const py::array_t<I64, py::array::c_style>& words, I64 size) {
+      [](const py::array_t<I64>& words, I64 size) {
         if (words.ndim() != 2 || words.shape(1) != 5) {
           bad("plan_words_agree: words must be an int64 array [ranks, 5]");
         }
-        const I64 n = words.shape(0);
-        const I64* w = words.data();
-        if (n != size || n == 0 || w[3] != size) return false;
+        const auto w = words.unchecked<2>();  // any strides (the agreement's words are a view)
+        const I64 n = w.shape(0);
+        if (n != size || n == 0 || w(0, 3) != size) return false;
         std::vector<char> seen(static_cast<std::size_t>(n), 0);
         for (I64 r = 0; r < n; ++r) {
-          const I64* x = w + 5 * r;
-          if (x[0] != w[0] || x[1] != w[1] || x[4] != w[4] || x[2] < 0 || x[2] >= n) return false;
-          char& s = seen[static_cast<std::size_t>(x[2])];
+          if (w(r, 0) != w(0, 0) || w(r, 1) != w(0, 1) || w(r, 4) != w(0, 4) || w(r, 2) < 0 || w(r, 2) >= n) {
+            return false;
+          }
+          char& s = seen[static_cast<std::size_t>(w(r, 2))];
           if (s) return false;
           s = 1;
         }

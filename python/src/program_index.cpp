@@ -524,6 +524,11 @@ std::shared_ptr<const IndexArrays> index_arrays(ProgramHandle& h) {
   return h.index;
 }
 
+std::shared_ptr<const IndexArrays> built_index(ProgramHandle& h) {
+  std::unique_lock<std::mutex> lock(*h.index_lock, std::try_to_lock);
+  return lock.owns_lock() ? h.index : nullptr;
+}
+
 py::tuple index_arrays_py(std::shared_ptr<const IndexArrays> ix, unsigned kinds) {
   // The arrays share ix's memory (the capsule keeps ix alive). Writable only so that torch.from_numpy
   // takes them without a warning: nothing writes them.

@@ -118,6 +118,10 @@ struct IndexArrays {
 // Builds (once; later calls return the same) h's index arrays. Call without the GIL.
 std::shared_ptr<const IndexArrays> index_arrays(ProgramHandle& h);
 
+// h's index arrays if they are built and no thread is building them now, else null; never waits
+// (callable with the GIL held).
+std::shared_ptr<const IndexArrays> built_index(ProgramHandle& h);
+
 // The Python view of `ix`: (runs as an int32 [runs, 5] numpy array (a strided view of data's columns),
 // data as an int32 one, layout dict), the arrays writable and sharing ix's memory; the layout's
 // passes hold the merged calls' and descriptor records only of the kinds in `kinds` (bits: 1 varlen,

@@ -339,15 +339,13 @@ void record_pool(Record rec, const PlanCost& c, CandWindow& cw) {
   }
 }
 
-// One pool through make_plan (pc, at one of `chunks`); its step latencies,
-// the pipelined variants at every M of `chunks`: the same tiles re-chunked
-// (no placement reads M), and M = 1 is the unpipelined timing of any of them.
-Status run_pool(WindowRun& run, const PoolRun& pr, std::span<const PackedSequence> pool, const PoolPlace& at,
-                PoolSteps& steps, CandWindow& cw) {
+// One pool's step latencies from its plan's prices (PoolPrices, or a
+// KeptPool): the pipelined variants at every M of `chunks`: the same tiles
+// re-chunked (no placement reads M), and M = 1 is the unpipelined timing of
+// any of them.
+template <class Prices>
+Status time_pool(const PoolRun& pr, Prices& prices, const PoolPlace& at, PoolSteps& steps, CandWindow& cw) {
   const std::string kind(variant_name(pr.variants[0]));
-  LIBRA_ASSIGN_OR_RETURN(const Plan base, timed_plan(run.tm, kind, [&] { return make_plan(pool, pr.pc); }));
-  // The base plan's sums serve its direct price and its relays.
-  PoolPrices prices(run.ctx, base, at.gpus, run.tm, pr.reads);
   const PlanCost& c = prices.base_cost;
   for (Variant var : pr.variants) {
     if (!variant_pipelined(var)) put_pool(at, c, var, 1, false, steps, cw);
@@ -376,9 +374,71 @@ Status run_pool(WindowRun& run, const PoolRun& pr, std::span<const PackedSequenc
   return {};
 }
 
+// A libra-tap-vrsp pool's prices, kept for libra-plus where its VRSP-refine
+// pool of the same index is the same sequences on the same GPUs and
+// tap-split makes TAP's plan of them (detail::same_tap_plan): the same plan
+// on the same GPUs has the same prices, made once. libra-plus reads the
+// base price and the unrelayed ones at the other M of `chunks` (libra-full's,
+// pipelined at the same M).
+struct KeptPool {
+  PlanCost base_cost;
+  ChunkSplit split = ChunkSplit::kEqual;
+  PriceReads reads;  // what the prices hold (libra-tap-vrsp's: all)
+  std::map<std::int64_t, PlanCost> at_m;
+
+  Result<const PlanCost*> price(std::int64_t m, ChunkSplit s, bool relayed, const std::string& kind) const {
+    const auto it = at_m.find(m);
+    if (relayed || s != split || it == at_m.end()) {
+      return internal_error(kind + " (M " + std::to_string(m) + "): not among the kept prices");
+    }
+    return &it->second;
+  }
+};
+
+// One candidate's kept pools, by VRSP pool index, filled in the
+// candidate's own fixed order (the same whatever thread runs it). `want`:
+// the VRSP-refine pool of that index is the same sequences on the same GPUs.
+struct SharedPools {
+  const PlanConfig* plus = nullptr;
+  std::vector<bool> want;
+  std::vector<std::optional<KeptPool>> kept;
+};
+
+// Pool k of a placement: libra-plus's from the kept prices where there are
+// some; libra-tap-vrsp's through make_plan and kept where libra-plus makes
+// the same plan; else through make_plan (pc, at one of `chunks`).
+Status run_pool(WindowRun& run, const PoolRun& pr, std::size_t k, std::span<const PackedSequence> pool,
+                const PoolPlace& at, PoolSteps& steps, CandWindow& cw, SharedPools* shared) {
+  if (shared != nullptr && pr.rec == Record::kPlus && k < shared->kept.size() && shared->kept[k]) {
+    KeptPool& kp = *shared->kept[k];
+    // A price read for more holds the same figures for fewer readers.
+    if ((kp.reads.backward || !pr.reads.backward) && (kp.reads.chunks || !pr.reads.chunks)) {
+      return time_pool(pr, kp, at, steps, cw);
+    }
+  }
+  const std::string kind(variant_name(pr.variants[0]));
+  LIBRA_ASSIGN_OR_RETURN(const Plan base, timed_plan(run.tm, kind, [&] { return make_plan(pool, pr.pc); }));
+  // The base plan's sums serve its direct price and its relays.
+  PoolPrices prices(run.ctx, base, at.gpus, run.tm, pr.reads);
+  LIBRA_TRY(time_pool(pr, prices, at, steps, cw));
+  const bool keep = shared != nullptr && pr.rec == Record::kTap && k < shared->want.size() && shared->want[k] &&
+                    same_tap_plan(base, pool, *shared->plus);
+  if (!keep) return {};
+  KeptPool kp{std::move(prices.base_cost), pr.pc.chunk_split, pr.reads, {}};
+  for (std::int64_t m : pr.chunks) {
+    if (m == 1 || m == pr.pc.chunks) continue;
+    const auto it = prices.costs.find({m, prices.cut(m, pr.pc.chunk_split), false});
+    if (it == prices.costs.end()) return {};  // not priced here: libra-plus prices its own
+    kp.at_m.emplace(m, std::move(it->second));
+  }
+  if (shared->kept.size() <= k) shared->kept.resize(k + 1);
+  shared->kept[k] = std::move(kp);
+  return {};
+}
+
 // Every pool of a placement through run_pool; the step maxima into cw.
 Status run_pools(WindowRun& run, const Placed& pl, const PlanConfig& pc, const std::vector<Variant>& variants,
-                 CandWindow& cw, Record rec, const std::vector<std::int64_t>& chunks) {
+                 CandWindow& cw, Record rec, const std::vector<std::int64_t>& chunks, SharedPools* shared = nullptr) {
   const auto& [placement, layout] = pl;
   const PoolRun pr = pool_run(run.ctx, pc, variants, rec, chunks);
   PoolSteps steps{.ga = run.ctx.cfg.gbs / run.ctx.cfg.dp, .plain = {}, .shaped = {}};
@@ -392,7 +452,7 @@ Status run_pools(WindowRun& run, const Placed& pl, const PlanConfig& pc, const s
       at.lin_fwd = std::max(at.lin_fwd, linear_part(run.ctx, seq_tokens(sq), false));
       at.lin_bwd = std::max(at.lin_bwd, linear_part(run.ctx, seq_tokens(sq), true));
     }
-    LIBRA_TRY(run_pool(run, pr, pool, at, steps, cw));
+    LIBRA_TRY(run_pool(run, pr, k, pool, at, steps, cw, shared));
   }
   for (auto& [key, sm] : steps.plain) cw.steps[key] = std::move(sm.step);
   for (auto& [sh, by] : steps.shaped) {
@@ -470,6 +530,22 @@ Status sampler_steps(WindowRun& run, const SimCandidate& cand, const PlanConfig&
                    Record::kNothing, ms);
 }
 
+// The VRSP pools whose plan and prices libra-plus may reuse: tap-split
+// reads what tap reads (same_tap_inputs), and its VRSP-refine pool of the
+// same index holds the same sequences on the same GPUs (VRSP-refine often
+// moves nothing at small P).
+SharedPools shared_pools(const Placed& vrsp, const Placed& refine, const PlanConfig& tap, const PlanConfig& plus) {
+  SharedPools out{.plus = &plus, .want = {}, .kept = {}};
+  if (!same_tap_inputs(tap, plus)) return out;
+  const auto& [v, vl] = vrsp;
+  const auto& [r, rl] = refine;
+  out.want.resize(v.pools.size());
+  for (std::size_t k = 0; k < v.pools.size() && k < r.pools.size(); ++k) {
+    out.want[k] = v.pools[k] == r.pools[k] && vl.pool_first_replica[k] == rl.pool_first_replica[k];
+  }
+  return out;
+}
+
 // One candidate of one window: placements, every libra variant, distca.
 Status run_candidate(WindowRun& run, std::size_t ci, CandWindow& cw) {
   const Ctx& ctx = run.ctx;
@@ -485,9 +561,11 @@ Status run_candidate(WindowRun& run, std::size_t ci, CandWindow& cw) {
   const PlanConfig plus = plan_config(ctx, cand.head_shards, cand.block_size, base, PlanMode::kTapSplit, true);
   const PlanConfig topo = plan_config(ctx, cand.head_shards, cand.block_size, base, PlanMode::kTapTopo, false);
   LIBRA_TRY(sampler_steps(run, cand, tap, ms, cw));
+  SharedPools shared = shared_pools(placed.at(PlacementMode::kVrsp), placed.at(PlacementMode::kVrspRefine), tap, plus);
   LIBRA_TRY(run_pools(run, placed.at(PlacementMode::kVrsp), tap, {Variant::kLibraTapVrsp, Variant::kLibraFull}, cw,
-                      Record::kTap, ms));
-  LIBRA_TRY(run_pools(run, placed.at(PlacementMode::kVrspRefine), plus, {Variant::kLibraPlus}, cw, Record::kPlus, ms));
+                      Record::kTap, ms, &shared));
+  LIBRA_TRY(run_pools(run, placed.at(PlacementMode::kVrspRefine), plus, {Variant::kLibraPlus}, cw, Record::kPlus, ms,
+                      &shared));
   auto tp = run.topo_by_p.find(cand.pool_size);
   if (tp == run.topo_by_p.end()) {
     LIBRA_ASSIGN_OR_RETURN(Placed pl, placement_for(run, cand.pool_size, PlacementMode::kVrsp, topo_interleave(ctx)));

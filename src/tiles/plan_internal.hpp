@@ -273,6 +273,26 @@ struct PlacedRows {
 // (slot, block, shard, begin) order.
 [[nodiscard]] Result<std::vector<PlacedRows>> place_tiles(const Geometry& geo, const PlanConfig& config);
 
+// The contract's soft target C: (1 + tau) times the mean load of `total`
+// FLOPs over `workers` (section 6; tap-split keeps TAP where it meets C).
+inline double tap_capacity(std::int64_t total, int workers, double tau) {
+  return (1.0 + tau) * static_cast<double>(total) / static_cast<double>(workers);
+}
+
+// Whether make_plan(pool, config) gives the tiles of `tap` (a kTap plan) on
+// the same workers with the same exchange, so that one plan and its prices
+// serve both: the same pool, every setting plain TAP and the builder read
+// the same (a dedup_per_kv_head that merges no shards and renames no KV key
+// reads as off), and config asks for tap, or for tap-split where tap's
+// placement meets C (tap-split then keeps it: place_tiles). The plans
+// differ only in their config words (the fingerprint).
+//   if (detail::same_tap_plan(tap_plan, pool, plus_config)) price tap_plan for both;
+[[nodiscard]] bool same_tap_plan(const Plan& tap, std::span<const PackedSequence> pool, const PlanConfig& config);
+// The settings part of same_tap_plan, before any plan is made: whether
+// config (tap or tap-split) can make the plan `tap_config` (tap) makes of
+// the same pool.
+[[nodiscard]] bool same_tap_inputs(const PlanConfig& tap_config, const PlanConfig& config);
+
 // Plain TAP's placement one tile at a time, in TAP's order (tiles.cpp),
 // so that tap-topo can stop it once it cannot win:
 //   std::int32_t tile; int worker;

@@ -980,7 +980,7 @@ Result<std::vector<PlacedRows>> place_tiles(const Geometry& geo, const PlanConfi
     return tile_rows(blocks, geo.shards, [&](std::int32_t p, std::int32_t s) { return p * geo.cp + s; });
   }
   // Contract section 6, in this order of evaluation.
-  const double capacity = (1.0 + config.tau) * static_cast<double>(total) / static_cast<double>(geo.workers);
+  const double capacity = tap_capacity(total, geo.workers, config.tau);
   const auto keyed = blocks_by_flops(blocks);
   if (config.mode == PlanMode::kTapTopo) return place_tap_topo(geo, config, blocks, keyed, capacity);
   // Plain TAP first. tap-split keeps it when it already meets tau (then it
@@ -992,6 +992,53 @@ Result<std::vector<PlacedRows>> place_tiles(const Geometry& geo, const PlanConfi
   if (split.max_load >= tap.max_load) return std::move(tap.rows);
   sort_rows(split.rows);  // in placement order
   return std::move(split.rows);
+}
+
+namespace {
+
+// Whether c's dedup keys are those with dedup_per_kv_head off (its
+// geometry and the builder's KV groups): no shards merged (S <= h_kv) and
+// every shard's key its own index.
+bool dedup_renames_nothing(const PlanConfig& c) {
+  if (!c.dedup_per_kv_head) return true;
+  if (c.head_shards < 1 || c.shape.heads_kv < 1 || c.shape.heads_q < 1) return false;  // not validated
+  const Geometry g = geometry_shape(1, c);
+  if (g.keys_per_sample != g.shards) return false;
+  for (int s = 0; s < g.shards; ++s) {
+    if (g.key_index(s) != s || g.shard_kv_heads(s).begin != s) return false;
+  }
+  return true;
+}
+
+// Every PlanConfig field but the mode; dedup_per_kv_head the same or
+// inert in both.
+bool same_but_mode(const PlanConfig& a, const PlanConfig& b) {
+  const AttentionShape &x = a.shape, &y = b.shape;
+  return a.seq_len == b.seq_len && a.cp == b.cp && a.block_size == b.block_size && a.head_shards == b.head_shards &&
+         x.heads_q == y.heads_q && x.heads_kv == y.heads_kv && x.head_dim == y.head_dim && x.dtype == y.dtype &&
+         x.window == y.window && a.tau == b.tau && a.chunks == b.chunks && a.chunk_split == b.chunk_split &&
+         a.home_layout == b.home_layout && a.kv_prefix == b.kv_prefix && a.topology == b.topology &&
+         (a.dedup_per_kv_head == b.dedup_per_kv_head || (dedup_renames_nothing(a) && dedup_renames_nothing(b)));
+}
+
+}  // namespace
+
+bool same_tap_inputs(const PlanConfig& tap_config, const PlanConfig& config) {
+  return tap_config.mode == PlanMode::kTap && (config.mode == PlanMode::kTap || config.mode == PlanMode::kTapSplit) &&
+         same_but_mode(tap_config, config);
+}
+
+bool same_tap_plan(const Plan& tap, std::span<const PackedSequence> pool, const PlanConfig& config) {
+  if (!same_tap_inputs(tap.config(), config) || !std::ranges::equal(tap.pool(), pool)) return false;
+  if (config.mode == PlanMode::kTap) return true;
+  // tap's worker loads are TAP's (a tile's FLOPs, summed on its worker).
+  const std::span<const std::int64_t> loads = tap.worker_flops();
+  std::int64_t total = 0, max_load = 0;
+  for (std::int64_t f : loads) {
+    total += f;
+    max_load = std::max(max_load, f);
+  }
+  return static_cast<double>(max_load) <= tap_capacity(total, tap.num_workers(), config.tau);
 }
 
 }  // namespace detail

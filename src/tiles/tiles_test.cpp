@@ -18,6 +18,7 @@
 
 #include "libra/corpus.hpp"
 #include "libra/plan.hpp"
+#include "tiles/plan_internal.hpp"
 #include "tiles/plan_test_util.hpp"
 
 namespace {
@@ -790,6 +791,93 @@ RC_GTEST_PROP(TapSplitPlacement, NeverWorseThanTapAndTapUnchangedByOption, ()) {
     RC_ASSERT(tap.comm_bytes() == split.comm_bytes());
   }
   RC_ASSERT(split.imbalance() <= tap.imbalance());
+}
+
+// What the simulator prices of a plan: its tiles, loads and exchange sums
+// (at its own M and re-chunked to one chunk).
+void expect_same_priced(const Plan& a, const Plan& b) {
+  RC_ASSERT(workers_of(a) == workers_of(b));
+  RC_ASSERT(a.tiles().size() == b.tiles().size());
+  for (std::size_t i = 0; i < a.tiles().size(); ++i) {
+    const Tile &x = a.tiles()[i], &y = b.tiles()[i];
+    RC_ASSERT(std::tie(x.slot, x.block, x.shard, x.piece, x.begin, x.end, x.flops, x.home) ==
+              std::tie(y.slot, y.block, y.shard, y.piece, y.begin, y.end, y.flops, y.home));
+  }
+  RC_ASSERT(std::ranges::equal(a.worker_flops(), b.worker_flops()));
+  RC_ASSERT(a.comm_bytes() == b.comm_bytes());
+  auto sums_equal = [](const Plan& p, const Plan& q) {
+    const libra::detail::ExchangeSums x = libra::detail::exchange_sums(p.data_as_built());
+    const libra::detail::ExchangeSums y = libra::detail::exchange_sums(q.data_as_built());
+    return x.pairs == y.pairs && x.reverse == y.reverse && x.qo_row_heads == y.qo_row_heads &&
+           x.kv_token_heads == y.kv_token_heads && x.dkv_rows == y.dkv_rows && x.bytes == y.bytes;
+  };
+  RC_ASSERT(sums_equal(a, b));
+  const auto a1 = libra::rechunk_plan(a, 1), b1 = libra::rechunk_plan(b, 1);
+  RC_ASSERT(a1.ok() && b1.ok());
+  RC_ASSERT(sums_equal(*a1, *b1));
+}
+
+// The simulator prices one plan for libra-tap-vrsp and libra-plus where
+// same_tap_plan says tap-split (or tap) makes tap's plan: planning again
+// must give the same tiles and exchange. Drawn near the rule's edges: tau
+// 0 (TAP often misses C, and tap-split then splits), dedup_per_kv_head at
+// H < h_kv (renames keys), H = h_kv (inert) and H > h_kv (merges), another
+// pool or setting.
+RC_GTEST_PROP(SameTapPlan, SaysSameOnlyWherePlanningAgainGivesTapsPlan, ()) {
+  const Case k = *gen_case(PlanMode::kTap);
+  const Plan tap = plan_or_die(k.pool, k.config);
+  PlanConfig c = k.config;
+  c.mode = *rc::gen::element(PlanMode::kTap, PlanMode::kTapSplit, PlanMode::kTapTopo);
+  c.dedup_per_kv_head = *rc::gen::arbitrary<bool>();
+  std::vector<PackedSequence> pool = k.pool;
+  switch (*rc::gen::inRange(0, 6)) {
+    case 0: c.tau = c.tau == 0 ? 0.03 : 0; break;
+    case 1: pool.back() = draw_packed_sequence(c.seq_len); break;
+    case 2: c.kv_prefix = true; break;
+    default: break;
+  }
+  const bool same = libra::detail::same_tap_plan(tap, pool, c);
+  const bool inputs = libra::detail::same_tap_inputs(k.config, c) && pool == k.pool;
+  RC_ASSERT(inputs || !same);
+  if (c.mode == PlanMode::kTap) RC_ASSERT(same == inputs);
+  RC_CLASSIFY(same, "same");
+  RC_CLASSIFY(!same && c.mode == PlanMode::kTapSplit && c.dedup_per_kv_head == false && c.tau == k.config.tau &&
+                  pool == k.pool && !c.kv_prefix,
+              "tap-split splits");
+  if (!same) return;
+  expect_same_priced(plan_or_die(pool, c), tap);
+}
+
+// The rule's cases by hand: tap-split with dedup_per_kv_head at H = h_kv on
+// a pool TAP balances within C; with H > h_kv (merged keys); with tau 0
+// where TAP misses C and tap-split cuts a tile.
+TEST(SameTapPlan, HandPickedCases) {
+  const std::vector<PackedSequence> pool = {{9, 3, 4}, {16}, {2, 12, 2}, {5, 5}};
+  PlanConfig tc = plan_config(16, 2, 4, 2, 8, 2, 4, 2, 0.5);
+  const Plan tap = plan_or_die(pool, tc);
+  PlanConfig plus = tc;
+  plus.mode = PlanMode::kTapSplit;
+  plus.dedup_per_kv_head = true;
+  EXPECT_TRUE(libra::detail::same_tap_plan(tap, pool, plus));
+  EXPECT_EQ(workers_of(plan_or_die(pool, plus)), workers_of(tap));
+  std::vector<PackedSequence> other = pool;
+  other[3] = {4, 6};
+  EXPECT_FALSE(libra::detail::same_tap_plan(tap, other, plus));
+  PlanConfig merged = tc;
+  merged.head_shards = 4;
+  const Plan tap4 = plan_or_die(pool, merged);
+  merged.mode = PlanMode::kTapSplit;
+  merged.dedup_per_kv_head = true;
+  EXPECT_FALSE(libra::detail::same_tap_plan(tap4, pool, merged));
+  EXPECT_NE(plan_or_die(pool, merged).comm_bytes(), tap4.comm_bytes());
+  // One slot of one 12-token sample on 2 workers in blocks of 4: 10, 26
+  // and 42 pairs, so TAP's 42 misses C = 39 at tau 0, and tap-split cuts it.
+  PlanConfig tight = plan_config(16, 2, 4, 1, 2, 2, 4, 2, 0.0);
+  const std::vector<PackedSequence> one = {{12}};
+  const Plan tap0 = plan_or_die(one, tight);
+  tight.mode = PlanMode::kTapSplit;
+  EXPECT_FALSE(libra::detail::same_tap_plan(tap0, one, tight));
+  EXPECT_NE(plan_or_die(one, tight).tiles().size(), tap0.tiles().size());
 }
 
 RC_GTEST_PROP(DedupPerKvHead, NeverMoreBytesWhenSharedHeadsAreOnlyGrouped, ()) {

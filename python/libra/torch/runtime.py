@@ -147,7 +147,7 @@ class PlanRuntime:
         self.relay = relay
         # Whether stage exchanges run: the same on every rank (plan_relays is a function of the plan).
         self.relayed = bool(info["relayed"])
-        self.program, self.schedule = progs, _Schedule(info, progs)
+        self.program, self.schedule = progs, info
         self.home_rows, self.heads_q, self.heads_kv = info["home_rows"], info["heads_q"], info["heads_kv"]
         self.head_dim, self.num_chunks = info["head_dim"], info["chunks"]
         self.home_layout, self.home_tokens = lay["home_layout"], lay["home_tokens"]
@@ -200,11 +200,12 @@ class PlanRuntime:
 
 
 def _program_views(program):
-    """(the program's summary, its home layout, and the layout's packed_rows, position_ids, cu_seqlens
-    and packed_cu_seqlens as CPU tensors): built with the program in C++ (without the GIL), taken as
-    views of its arrays."""
+    """(the program's summary as the runtime's ``schedule``, its home layout, and the layout's
+    packed_rows, position_ids, cu_seqlens and packed_cu_seqlens as CPU tensors): built with the
+    program in C++ (without the GIL), taken as views of its arrays."""
     lay = program.home
-    return (program.summary, lay, torch.from_numpy(lay["packed_rows"]), torch.from_numpy(lay["position_ids"]),
+    return (_Schedule(program.summary, program), lay, torch.from_numpy(lay["packed_rows"]),
+            torch.from_numpy(lay["position_ids"]),
             torch.from_numpy(lay["cu_seqlens"]), torch.from_numpy(lay["packed_cu_seqlens"]))
 
 
@@ -383,7 +384,20 @@ def _agree(comm, group, words, problem, timeout, what, native=False, array=False
         return [t[:n].tobytes() for t, n in zip(gather(buf), lengths)]
 
     msg = b"" if problem is None else str(problem).encode("utf-8", "replace")
-    everyone, problems, failed = _libra.agree([int(w) for w in words], msg, gather_words, gather_bytes)
+    words = [int(w) for w in words]
+    if array:
+        # The protocol's first gather done here (the words, then the problem's length): where no rank
+        # has a problem (the usual case) that is all of it, read with no Python int per word and no
+        # call into the binding; where one has, the binding goes on from these gathered words.
+        got = gather(np.array(words + [len(msg)], dtype=np.int64))
+        if not got[:, -1].any():
+            return got[:, :-1], None
+        lengths[:] = got[:, -1].tolist()
+
+        def gather_words(_mine):
+            return got
+
+    everyone, problems, failed = _libra.agree(words, msg, gather_words, gather_bytes)
     if not failed:
         return everyone, None
     return everyone, (failed[0], problems[failed[0]].decode("utf-8", "replace"))
