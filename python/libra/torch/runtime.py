@@ -105,13 +105,11 @@ class PlanRuntime:
         # relay changes every rank's exchanges (the C++ schedule fingerprint mixes it in), so it is
         # agreed on with the plan: a rank alone with it would post collectives no peer joins.
         relay_word = int(relay) if isinstance(relay, bool) else -1
-        # What needs no peer is read before the agreement (the plan's settings, Planner's program's
-        # summary and home layout views, the handle): a rank waits on its peers with it done, and
-        # leaves the wait with little left to do (an in-process pool's threads, released together,
-        # then contend less for the GIL).
-        if problem is None:
-            config = plan.config
-            views = _program_views(schedule) if schedule is not None else None
+        # What needs no peer is read before the agreement (Planner's program's summary and home layout
+        # views, the handle): a rank waits on its peers with it done, and leaves the wait with little
+        # left to do (an in-process pool's threads, released together, then contend less for the GIL).
+        if problem is None and schedule is not None:
+            views = _program_views(schedule)
         self.op_handle = register(self)  # what torch.compile's libra::attention op takes in its place (ops.py)
         everyone, first = _agree(comm, group, _fingerprint_words(fp) + [me, nw, relay_word], problem, timeout,
                                  "PlanRuntime", self._native_timeout, array=True)
@@ -131,7 +129,7 @@ class PlanRuntime:
         # The trace of every attention call under this runtime (trace=True), in the C++ engine's format
         # (trace.py): (worker, name, lane, begin_us, end_us) per chunk's compute, exchange and wait.
         self.trace = [] if trace else None
-        self.window, cp = config["window"], config["cp"]
+        cp = plan.num_workers // plan.pool_size  # the plan's cp (its workers are pool_size x cp)
         # libra's per-rank flat program (libra/program.hpp), the peers in group-rank order (what
         # all_to_all_single's splits follow); Planner may have built it on its thread.
         progs = schedule
@@ -147,6 +145,7 @@ class PlanRuntime:
         self.relay = relay
         # Whether stage exchanges run: the same on every rank (plan_relays is a function of the plan).
         self.relayed = bool(info["relayed"])
+        self.window = info["window"]  # the plan's (None: full causal), as its schedule holds it
         self.program, self.schedule = progs, info
         self.home_rows, self.heads_q, self.heads_kv = info["home_rows"], info["heads_q"], info["heads_kv"]
         self.head_dim, self.num_chunks = info["head_dim"], info["chunks"]
