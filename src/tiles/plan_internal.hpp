@@ -313,6 +313,9 @@ class TapSteps {
                                                  std::span<const PlacedRows> base,
                                                  std::span<const std::int64_t> flops, double capacity,
                                                  TapSteps& tap);
+// Whether place_topo's later candidates stop once they cannot win (true;
+// the tests compare against every candidate run to its end).
+extern std::atomic<bool> topo_stops_early;
 // Tier of the link between workers a and b: 0 same node, 1 same supernode, 2 across.
 inline int topo_tier(const PlanTopology& t, int a, int b) {
   const int na = a / t.gpus_per_node, nb = b / t.gpus_per_node;

@@ -30,6 +30,7 @@
 // result is deterministic tile for tile.
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <bit>
 #include <cmath>
 #include <limits>
@@ -478,6 +479,15 @@ class TopoPlacer {
     return worst;
   }
 
+  // The slowest link among r and the loaded tile's slot: every worker a
+  // commit(r, ..) of it changes (its home and its K/V sources are in the slot).
+  double slot_worst(int r) const {
+    auto at = [this](int w) { return time(send_[static_cast<std::size_t>(w)], recv_[static_cast<std::size_t>(w)]); };
+    double worst = at(r);
+    for (int w = p_ * geo_.cp; w < (p_ + 1) * geo_.cp; ++w) worst = std::max(worst, at(w));
+    return worst;
+  }
+
   bool fits(int r, std::int64_t flops) const { return loads_[static_cast<std::size_t>(r)] <= limit_ - flops; }
   bool fits_under(int r, std::int64_t flops, std::int64_t cap) const {
     return loads_[static_cast<std::size_t>(r)] <= std::min(limit_, cap) - flops;
@@ -556,6 +566,27 @@ class TopoPlacer {
 
 namespace {
 
+// When a candidate may stop before it has placed every tile. It can win
+// only by ending within C with strictly lower link_times() than the best
+// candidate before it, which is within C with slowest link `beat`. A link's
+// time only grows as tiles commit (bytes are only added, x + b >= x for
+// b >= 0 in doubles, and link() is a max of products by positive factors),
+// so once one of its links is slower than `beat` it has lost and its
+// remaining tiles would change nothing, unless a later none_within() reads
+// it: then (`needs_pieces`) it stops only once it has split a tile, which
+// none_within() ignores.
+struct Stop {
+  double beat = std::numeric_limits<double>::infinity();
+  bool needs_pieces = false;
+  bool active(const std::vector<PlacedRows>& pieces) const {
+    return beat < std::numeric_limits<double>::infinity() && (!needs_pieces || !pieces.empty());
+  }
+  // After a commit to r of the placer's loaded tile.
+  bool met(const TopoPlacer& placer, int r, const std::vector<PlacedRows>& pieces) const {
+    return active(pieces) && placer.slot_worst(r) > beat;
+  }
+};
+
 // No worker has room for the rows. With few, heavy tiles per worker (large
 // blocks, few head shards) the greedy leaves the headroom in gaps just short
 // of the last tiles; falling back to TAP's overflow, or to TAP's placement,
@@ -598,11 +629,14 @@ std::int64_t split_off_suffix(const Geometry& geo, TopoPlacer& placer, std::size
 }
 
 // Steps 2 and 3 for the tiles `order` (heaviest first). Whole tiles go to
-// `out` (indexed by tile), the pieces split off them to `pieces`.
-void place_rest(const Geometry& geo, TopoPlacer& placer, std::span<const PlacedRows> base,
+// `out` (indexed by tile), the pieces split off them to `pieces`. False
+// when `stop` is met (see Stop) before the last tile.
+bool place_rest(const Geometry& geo, TopoPlacer& placer, std::span<const PlacedRows> base,
                 std::span<const std::int64_t> flops, std::span<const std::int32_t> order, std::vector<PlacedRows>& out,
-                std::vector<PlacedRows>& pieces) {
+                std::vector<PlacedRows>& pieces, const Stop& stop) {
   const std::size_t S = static_cast<std::size_t>(geo.shards);
+  // Links the home pass made slower than `beat` need not be touched again.
+  if (stop.active(pieces) && placer.link_times().first > stop.beat) return false;
   for (std::int32_t i : order) {
     const std::size_t block = static_cast<std::size_t>(i) / S;
     PlacedRows rows = base[static_cast<std::size_t>(i)];
@@ -613,6 +647,7 @@ void place_rest(const Geometry& geo, TopoPlacer& placer, std::span<const PlacedR
       if (r < 0 && rows.end - rows.begin >= 2) {
         if (const std::int64_t pf = split_off_suffix(geo, placer, block, rows, f, pieces); pf > 0) {
           f -= pf;
+          if (stop.met(placer, pieces.back().worker, pieces)) return false;
           continue;
         }
       }
@@ -621,9 +656,11 @@ void place_rest(const Geometry& geo, TopoPlacer& placer, std::span<const PlacedR
       placer.commit(r, f);
       rows.worker = r;
       out[static_cast<std::size_t>(i)] = rows;
+      if (stop.met(placer, r, pieces)) return false;
       break;
     }
   }
+  return true;
 }
 
 // Heaviest first, ties lower id, as sortable keys (one array, no
@@ -689,8 +726,8 @@ class Candidates {
   // Home first: each home keeps a prefix of its tiles, lightest first (ties:
   // higher id first), optionally whole head shards first, while they fit
   // under keep_cap and C; the rest go heaviest first where the links suffer
-  // least.
-  Candidate home_first(bool whole_shards, std::int64_t keep_cap) const {
+  // least. None when `stop` is met first.
+  std::optional<Candidate> home_first(bool whole_shards, std::int64_t keep_cap, const Stop& stop = {}) const {
     Candidate c = fresh(std::vector<PlacedRows>(base_.begin(), base_.end()));
     const std::vector<std::int32_t> order = home_order(whole_shards);
     std::vector<std::int32_t> moved;
@@ -709,16 +746,21 @@ class Candidates {
         }
       }
     }
-    place_rest(geo_, *c.placer, base_, flops_, heaviest_first(flops_, moved), c.rows, c.pieces);
+    if (!place_rest(geo_, *c.placer, base_, flops_, heaviest_first(flops_, moved), c.rows, c.pieces, stop)) {
+      return std::nullopt;
+    }
     return c;
   }
 
-  // Every tile heaviest first (TAP's order), by the link score.
-  Candidate heaviest_all() const {
+  // Every tile heaviest first (TAP's order), by the link score. None when
+  // `stop` is met first.
+  std::optional<Candidate> heaviest_all(const Stop& stop) const {
     Candidate c = fresh(std::vector<PlacedRows>(base_.begin(), base_.end()));
     std::vector<std::int32_t> all(base_.size());
     std::iota(all.begin(), all.end(), 0);
-    place_rest(geo_, *c.placer, base_, flops_, heaviest_first(flops_, all), c.rows, c.pieces);
+    if (!place_rest(geo_, *c.placer, base_, flops_, heaviest_first(flops_, all), c.rows, c.pieces, stop)) {
+      return std::nullopt;
+    }
     return c;
   }
 
@@ -746,6 +788,7 @@ class Candidates {
     }
     return c;
   }
+  bool exact() const { return blocks_.exact; }
 
  private:
   Candidate fresh(std::vector<PlacedRows> rows) const {
@@ -799,34 +842,20 @@ bool none_within(const std::vector<Candidate>& cands) {
 
 }  // namespace
 
+std::atomic<bool> topo_stops_early{true};
+
 std::vector<PlacedRows> place_topo(const Geometry& geo, const PlanConfig& config, std::span<const PlacedRows> base,
                                    std::span<const std::int64_t> flops, double capacity,
                                    TapSteps& tap) {
   const Candidates make(geo, config, base, flops, capacity);
   constexpr bool lightest = false, by_shard = true;
   constexpr std::int64_t kNoCap = std::numeric_limits<std::int64_t>::max();
+  constexpr double kNone = std::numeric_limits<double>::infinity();
+  const bool stops = topo_stops_early.load(std::memory_order_relaxed);
   std::vector<Candidate> cands;
   // A. Lightest first: a light tile moves the most bytes per FLOP.
-  cands.push_back(make.home_first(lightest, kNoCap));
+  cands.push_back(*make.home_first(lightest, kNoCap));
   if (cands[0].placer->within_capacity() && cands[0].placer->link_times().first == 0) return std::move(cands[0]).result();
-  // B. Whole head shards first, lightest first within a shard: the tiles
-  //    that leave then share fewer KV groups (a long sample's KV goes out
-  //    once per moved shard and destination, not once per shard).
-  cands.push_back(make.home_first(by_shard, kNoCap));
-  // When neither fits its moved tiles under C, the homes kept too much: the
-  //    same with each home keeping at most the mean load leaves the room the
-  //    moved tiles need, and still keeps most of the FLOPs home.
-  if (none_within(cands)) {
-    std::int64_t total = 0;
-    for (std::int64_t f : flops) total += f;
-    const std::int64_t mean = total / geo.workers;
-    cands.push_back(make.home_first(lightest, mean));
-    cands.push_back(make.home_first(by_shard, mean));
-  }
-  // C. Every tile heaviest first (TAP's order, which packs tightest), by the
-  //    same link score: where the home-first passes cannot fit their moved
-  //    tiles under C, this one usually can. Only then is it worth its time.
-  if (none_within(cands)) cands.push_back(make.heaviest_all());
   // Ties: the earlier candidate.
   auto best_of = [&cands] {
     std::size_t best = 0;
@@ -835,12 +864,41 @@ std::vector<PlacedRows> place_topo(const Geometry& geo, const PlanConfig& config
     }
     return best;
   };
+  // The slowest link a later candidate must beat: the best's so far where
+  // that one is within C.
+  auto beat = [&] {
+    const TopoPlacer& lead = *cands[best_of()].placer;
+    return stops && lead.within_capacity() ? lead.link_times().first : kNone;
+  };
+  // A stopped candidate (see Stop) is left out: it would not have won. Only
+  // where the byte counts are exact, as for D. `read`: a later none_within()
+  // reads the candidate.
+  auto stop = [&](bool read) { return Stop{make.exact() ? beat() : kNone, read && none_within(cands)}; };
+  auto add = [&cands](std::optional<Candidate> c) {
+    if (c) cands.push_back(std::move(*c));
+  };
+  // B. Whole head shards first, lightest first within a shard: the tiles
+  //    that leave then share fewer KV groups (a long sample's KV goes out
+  //    once per moved shard and destination, not once per shard).
+  add(make.home_first(by_shard, kNoCap, stop(true)));
+  // When neither fits its moved tiles under C, the homes kept too much: the
+  //    same with each home keeping at most the mean load leaves the room the
+  //    moved tiles need, and still keeps most of the FLOPs home.
+  if (none_within(cands)) {
+    std::int64_t total = 0;
+    for (std::int64_t f : flops) total += f;
+    const std::int64_t mean = total / geo.workers;
+    add(make.home_first(lightest, mean, stop(true)));
+    add(make.home_first(by_shard, mean, stop(true)));
+  }
+  // C. Every tile heaviest first (TAP's order, which packs tightest), by the
+  //    same link score: where the home-first passes cannot fit their moved
+  //    tiles under C, this one usually can. Only then is it worth its time.
+  if (none_within(cands)) add(make.heaviest_all(stop(false)));
   // D. TAP itself, so tap-topo's links are never slower than tap's where
   //    both fit under C: it wins only with a lower slowest link than the
   //    best so far when that one is within C.
-  const TopoPlacer& lead = *cands[best_of()].placer;
-  const double beat = lead.within_capacity() ? lead.link_times().first : std::numeric_limits<double>::infinity();
-  if (std::optional<Candidate> d = make.priced(tap, beat)) cands.push_back(std::move(*d));
+  add(make.priced(tap, beat()));
   return std::move(cands[best_of()]).result();
 }
 
