@@ -11,8 +11,8 @@ work taken out; on meta tensors any host read of a device value raises, so it al
 pass never synchronises.
 
 Per worker, printed as the median and the largest over the workers:
-- the thread CPU time of each forward and backward pass (median over --reps after one warm-up),
-  with the per-call agreement off (check_calls=False), and the torch ops one call dispatches, with
+- the thread CPU time of each forward and backward pass (median over --reps after one warm-up; one
+  worker at a time, every worker's turn in a repetition before the next), with the per-call agreement off (check_calls=False), and the torch ops one call dispatches, with
   the agreement (check_calls=True: CPU tensors, a collective per call) counted apart;
 - what each micro-batch builds before its first call (median over --build-reps micro-batches
   after one more, one worker at a time where nothing is collective): the rank program with its
@@ -70,6 +70,7 @@ class NoKernel(backends.Backend):
 
 
 _ONE_AT_A_TIME = threading.Lock()
+_ROUND = None  # a threading.Barrier over the pool's workers (main): one per timed repetition
 BACKEND = NoKernel()
 
 
@@ -132,11 +133,19 @@ def body(rank, world, a, pool):
     q, k, v, do = meta_inputs(rt)
     fwd, bwd = [], []
     for rep in range(a.reps + 1):
-        s = time.thread_time()
-        o = lt.attention(q, k, v, rt)
-        m = time.thread_time()
-        o.backward(do)
-        e = time.thread_time()
+        # One worker at a time, as for the build: with the wire taken out nothing in a call is
+        # collective, and a worker's thread time is then its own, as in a process per GPU, not 2 cores'
+        # worth of W threads handing one GIL around (each hand-off costs the waiting thread CPU). Every
+        # worker takes its turn in a repetition before the next begins (and none is still building, with
+        # collectives outside the lock), so a burst of load on the machine lands on a few workers' one
+        # repetition each, which their medians leave out, not on one worker's every repetition.
+        _ROUND.wait()
+        with _ONE_AT_A_TIME:
+            s = time.thread_time()
+            o = lt.attention(q, k, v, rt)
+            m = time.thread_time()
+            o.backward(do)
+            e = time.thread_time()
         if rep:
             fwd.append(m - s)
             bwd.append(e - m)
@@ -219,6 +228,8 @@ def main():
     _warm_meta(libra.make_plan(pool, seq_len=a.seq_len, cp=a.cp, block_size=a.block, head_shards=a.head_shards,
                                heads_q=a.heads_q, heads_kv=a.heads_kv, head_dim=a.head_dim, chunks=a.chunks,
                                dtype="bf16", mode=a.mode))
+    global _ROUND
+    _ROUND = threading.Barrier(W)
     start = time.perf_counter()
     res = inprocess.run(body, W, a, pool)
     wall = time.perf_counter() - start
