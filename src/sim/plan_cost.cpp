@@ -647,6 +647,7 @@ void check_priced(const PlanCost& c, bool pipelined, bool backward, const char* 
 double time_plan(const PlanCost& c, std::span<const double> noise, bool pipelined, bool backward) {
   check_priced(c, pipelined, backward, "time_plan");
   const auto ws = static_cast<std::size_t>(c.workers);
+  if (noise.size() < ws) throw std::logic_error("time_plan: fewer noise factors than the price's workers");
   auto noisy_max = [&](const std::vector<double>& comp) {
     double m = 0;
     for (std::size_t r = 0; r < ws; ++r) m = std::max(m, comp[r] * noise[r]);

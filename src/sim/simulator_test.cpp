@@ -1441,6 +1441,14 @@ TEST(PlanCost, TaperedCutLikeEqualPricesAsEqual) {
 
 namespace {
 
+// A noise factor per worker (uneven, so a timing that reads the wrong
+// worker's differs): what time_plan multiplies each worker's compute by.
+std::vector<double> uneven_noise(std::int64_t workers) {
+  std::vector<double> noise(static_cast<std::size_t>(workers));
+  for (std::size_t r = 0; r < noise.size(); ++r) noise[r] = 1.0 + 0.25 * static_cast<double>((r * 3) % 5) - 0.5;
+  return noise;
+}
+
 // `part` (priced with PriceReuse::backward bwd, ::chunks ch) is `full` in
 // every part it has, and times as it; the parts it lacks are empty, and
 // timing them throws.
@@ -1465,7 +1473,7 @@ void expect_part_of(const libra::detail::PlanCost& full, const libra::detail::Pl
   EXPECT_EQ(part.max_recv, full.max_recv) << at;
   EXPECT_EQ(part.max_recv_cross_node, full.max_recv_cross_node) << at;
   EXPECT_EQ(part.imbalance, full.imbalance) << at;
-  const std::vector<double> noise{1.0, 1.25, 0.75, 1.5};
+  const std::vector<double> noise = uneven_noise(full.workers);
   for (const bool pipelined : {false, true}) {
     for (const bool backward : {false, true}) {
       if ((backward && !bwd) || (pipelined && !ch)) {
@@ -1493,7 +1501,6 @@ void expect_part_of(const libra::detail::PlanCost& full, const libra::detail::Pl
 // price's, and a timing of a part it lacks throws.
 TEST(PlanCost, PricesForFewerReadersArePartsOfTheFullPrice) {
   const PricedPool pp;
-  const std::vector<double> noise{1.0, 1.25, 0.75, 1.5};
   int relayed = 0;
   for (libra::PlanMode mode : {libra::PlanMode::kTap, libra::PlanMode::kTapSplit, libra::PlanMode::kTapTopo}) {
     for (int chunks : {2, 4}) {
@@ -1538,6 +1545,7 @@ TEST(PlanCost, PricesForFewerReadersArePartsOfTheFullPrice) {
             EXPECT_EQ(reused.cdisp_fwd, fresh.cdisp_fwd) << at;
             EXPECT_EQ(reused.cret_fwd, fresh.cret_fwd) << at;
             EXPECT_EQ(reused.cdisp_bwd, bwd ? fresh.cdisp_bwd : no_chunks) << at;
+            const std::vector<double> noise = uneven_noise(fresh.workers);
             EXPECT_EQ(libra::detail::time_plan(reused, noise, true, false),
                       libra::detail::time_plan(fresh, noise, true, false))
                 << at;
