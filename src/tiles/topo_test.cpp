@@ -359,18 +359,25 @@ TEST(TapTopoPlacement, StaysWithinTauAndCutsCrossNodeBytes) {
   EXPECT_LT(topo_cross, tap_cross);
 }
 
-TEST(TapTopoPlacement, CoarseTilesAreSplitNotHandedBackToTap) {
-  // Issue 20's 256K setting scaled down: CP 4, four blocks of a slot per
-  // worker, H = 4, eight slots on four 8-GPU nodes. A tile is then up to
-  // half a worker's mean load against a headroom of 3%: the home-first
-  // packings leave their last tiles no room, and without splitting them
-  // tap-topo fell back to TAP's own placement in most pools.
+// Issue 20's 256K setting scaled down: CP 4, four blocks of a slot per
+// worker, H = 4 (tiles up to half a worker's mean load).
+PlanConfig coarse_tiles_config() {
   PlanConfig c = paper_like(PlanMode::kTapTopo);
   c.cp = 4;
   c.block_size = 4096;
   c.head_shards = 4;
   c.shape.heads_kv = 16;
   c.chunks = 2;
+  return c;
+}
+
+TEST(TapTopoPlacement, CoarseTilesAreSplitNotHandedBackToTap) {
+  // Issue 20's 256K setting scaled down: CP 4, four blocks of a slot per
+  // worker, H = 4, eight slots on four 8-GPU nodes. A tile is then up to
+  // half a worker's mean load against a headroom of 3%: the home-first
+  // packings leave their last tiles no room, and without splitting them
+  // tap-topo fell back to TAP's own placement in most pools.
+  PlanConfig c = coarse_tiles_config();
   std::int64_t tap_cross = 0, topo_cross = 0;
   int split = 0;
   for (std::uint64_t seed = 1; seed <= 8; ++seed) {
@@ -516,12 +523,7 @@ TEST(TapTopoPlacement, EarlyStopsPlaceAsEveryCandidateRunToItsEnd) {
   struct Restore {
     ~Restore() { libra::detail::topo_stops_early = true; }
   } restore;
-  PlanConfig coarse = paper_like(PlanMode::kTapTopo);
-  coarse.cp = 4;
-  coarse.block_size = 4096;
-  coarse.head_shards = 4;
-  coarse.shape.heads_kv = 16;
-  coarse.chunks = 2;
+  const PlanConfig coarse = coarse_tiles_config();
   int pools = 0;
   for (std::uint64_t seed = 1; seed <= 40; ++seed) {
     for (int slots : {2, 4, 8}) {
