@@ -466,27 +466,27 @@ class TopoPlacer {
     return kv;
   }
 
+  // Worker w's link time now.
+  double link_time(int w) const { return time(send_[static_cast<std::size_t>(w)], recv_[static_cast<std::size_t>(w)]); }
+  // The slowest link among r and the workers of `slot`.
+  double slot_worst(int slot, int r) const {
+    double worst = link_time(r);
+    for (int w = slot * geo_.cp; w < (slot + 1) * geo_.cp; ++w) worst = std::max(worst, link_time(w));
+    return worst;
+  }
+
   // The slowest link among the workers commit_tile(t, block, r, ..)
   // changed (0 if none): r and t's home, with `kv` (K/V moved) the workers
   // of t's slot too.
   double touched_worst(const PlacedRows& t, std::size_t block, int r, bool kv) const {
     const int home = blocks_.home[block];
     if (!kv && r == home) return 0;
-    auto at = [this](int w) { return time(send_[static_cast<std::size_t>(w)], recv_[static_cast<std::size_t>(w)]); };
-    double worst = std::max(at(r), at(home));
-    if (!kv) return worst;
-    for (int w = t.slot * geo_.cp; w < (t.slot + 1) * geo_.cp; ++w) worst = std::max(worst, at(w));
-    return worst;
+    return kv ? slot_worst(t.slot, r) : std::max(link_time(r), link_time(home));
   }
 
   // The slowest link among r and the loaded tile's slot: every worker a
   // commit(r, ..) of it changes (its home and its K/V sources are in the slot).
-  double slot_worst(int r) const {
-    auto at = [this](int w) { return time(send_[static_cast<std::size_t>(w)], recv_[static_cast<std::size_t>(w)]); };
-    double worst = at(r);
-    for (int w = p_ * geo_.cp; w < (p_ + 1) * geo_.cp; ++w) worst = std::max(worst, at(w));
-    return worst;
-  }
+  double slot_worst(int r) const { return slot_worst(p_, r); }
 
   bool fits(int r, std::int64_t flops) const { return loads_[static_cast<std::size_t>(r)] <= limit_ - flops; }
   bool fits_under(int r, std::int64_t flops, std::int64_t cap) const {
@@ -498,7 +498,7 @@ class TopoPlacer {
   std::pair<double, double> link_times() const {
     double worst = 0, sum = 0;
     for (int r = 0; r < W_; ++r) {
-      const double t = time(send_[static_cast<std::size_t>(r)], recv_[static_cast<std::size_t>(r)]);
+      const double t = link_time(r);
       worst = std::max(worst, t);
       sum += t;
     }
