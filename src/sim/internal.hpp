@@ -281,6 +281,24 @@ struct PoolTiming {
 };
 // Per (variant, M), per pool of the libra variants.
 using PoolSeries = std::map<std::pair<Variant, std::int64_t>, std::vector<PoolTiming>>;
+// A candidate's libra-topo pools timed at the end-to-end DP points, so that
+// the end-to-end phase (end_to_end.cpp) need not plan them again where the
+// recommended candidate runs pools of this P (P = gcd(P_rec, DP), same H
+// and B). The recommendation comes after every window, so this is kept for
+// one shape, the one libra-topo is recommended at by default: the base
+// plan's M, equal chunks, relayed unless --relay false. Elsewhere the phase
+// plans afresh; a figure is the same either way.
+struct TopoAtDp {
+  std::int64_t chunks = 0;
+  bool relayed = false;
+  std::vector<std::int64_t> dps;  // end_to_end_dps that P divides
+  // [DP point][pool]: pipelined forward and backward seconds on the GPUs and
+  // GA step layout_window gives the pool at that DP.
+  std::vector<std::vector<std::pair<double, double>>> times;
+  // [DP point]: every pool's GPUs there price as the sweep's at --dp did
+  // (the end-to-end phase prices a P's pools at its first DP point).
+  std::vector<char> same_price;
+};
 struct CandWindow {
   std::map<PlacementMode, double> inter;  // R-1 per placement mode
   double lower_bound = 0;
@@ -294,6 +312,7 @@ struct CandWindow {
   // plain shape (direct, equal) is in steps and pools.
   std::map<TopoShape, StepSeries> shaped_steps;
   std::map<TopoShape, PoolSeries> shaped_pools;
+  std::optional<TopoAtDp> topo_at_dp;  // with the end-to-end model only
 };
 struct WindowResult {
   Status status;
@@ -352,12 +371,19 @@ struct E2eWindow {
   double tokens = 0;
   Timing timing;
 };
+// --scaling-dp with --dp, sorted, without repeats: the end-to-end DP points.
+std::vector<std::int64_t> end_to_end_dps(const SimConfig& cfg);
+// The sweep's libra-topo times (CandWindow::topo_at_dp) of one window, by P,
+// that the end-to-end phase may take for the recommended candidate's pools
+// at that P: the same H and B, timed at the same M and shape on the same
+// attention shape.
+using SweptTopo = std::map<std::int64_t, const TopoAtDp*>;
 // `libra` names the libra variant timed (libra-full, libra-topo or
 // libra-tap-vrsp), at `chunks` pipeline chunks cut by `split`, relayed or
 // not. ctx carries the trained model's attention shape.
 E2eWindow e2e_window(const Ctx& ctx, std::span<const PackedSequence> window, std::uint64_t w,
                      const SimCandidate& rec, const std::vector<std::int64_t>& dps, Variant libra,
-                     std::int64_t chunks, bool relayed, ChunkSplit split);
+                     std::int64_t chunks, bool relayed, ChunkSplit split, const SweptTopo& swept = {});
 // The step of every coupling setting at --dp, summed over windows, from
 // per-replica costs (replica-major, micro-batches in GA order).
 std::vector<CouplingSteps> steps_at(const SimConfig& cfg, const std::vector<ReplicaCosts>& uly,
