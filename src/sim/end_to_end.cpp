@@ -124,12 +124,12 @@ Result<std::vector<ReplicaCosts>> libra_replicas(Window& win, LibraRun& lr, std:
                                                  std::vector<std::vector<MicroBatch>>* parts) {
   const SimConfig& cfg = win.ctx.cfg;
   const std::int64_t p = std::gcd(lr.rec.pool_size, dp);
-  const double t0 = thread_cpu_seconds();
+  const double t0 = win.tm.clock();
   const NodeInterleave interleave = lr.variant == Variant::kLibraTopo ? topo_interleave(win.ctx) : NodeInterleave{};
   LIBRA_ASSIGN_OR_RETURN(WindowPlacement pl, place_window(win.f, {.pool_size = p, .mode = PlacementMode::kVrsp,
                                                                   .seed = cfg.seed, .interleave = interleave}));
   LIBRA_ASSIGN_OR_RETURN(StepLayout lay, layout_window(pl, dp));
-  win.tm.placement += thread_cpu_seconds() - t0;
+  win.tm.placement += win.tm.clock() - t0;
   std::size_t d = 0;
   const TopoAtDp* swept = lr.swept_at(p, dp, pl.pools.size(), d);
   auto cached = lr.costs.find(p);
@@ -202,6 +202,7 @@ E2eWindow e2e_window(const Ctx& ctx, std::span<const PackedSequence> window, std
                      const SimCandidate& rec, const std::vector<std::int64_t>& dps, Variant libra,
                      std::int64_t chunks, bool relayed, ChunkSplit split, const SweptTopo& swept) {
   E2eWindow out;
+  out.timing.on = ctx.cfg.thread_timing;
   for (const auto& s : window) out.tokens += seq_tokens(s);
   auto f = sequence_workloads(window);
   if (!f.ok()) {

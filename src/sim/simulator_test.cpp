@@ -167,6 +167,28 @@ TEST(Simulate, ReportsWhatThePlannersReturnDirectly) {
   EXPECT_GT(c.comm_bytes.mean, 0);
 }
 
+// Without thread timing (the CLI's default: --timing off) the run reads no
+// thread CPU clock: the same report and plan counts, every seconds figure 0.
+TEST(Simulate, ThreadTimingOffChangesOnlyTheSecondsFigures) {
+  SimConfig on = tiny_config();
+  SimConfig off = on;
+  off.thread_timing = false;
+  auto a = simulate(on);
+  auto b = simulate(off);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(sim_json(*a), sim_json(*b));
+  EXPECT_EQ(a->timing.plans, b->timing.plans);
+  EXPECT_GT(a->timing.plan_s + a->timing.cost_s, 0.0);
+  EXPECT_EQ(b->timing.placement_s, 0.0);
+  EXPECT_EQ(b->timing.plan_s, 0.0);
+  EXPECT_EQ(b->timing.cost_s, 0.0);
+  ASSERT_EQ(a->timing.by_kind.size(), b->timing.by_kind.size());
+  for (const auto& [kind, v] : b->timing.by_kind) {
+    EXPECT_EQ(v.first, 0.0) << kind;
+    EXPECT_EQ(v.second, a->timing.by_kind.at(kind).second) << kind;
+  }
+}
+
 // libra-plus's figures where the sweep prices libra-tap-vrsp's plans for
 // it and where it does not: H = h_kv (the KV dedup changes nothing) and at
 // P = 2 VRSP-refine moves nothing, so at tau 0.2, where TAP meets C on both

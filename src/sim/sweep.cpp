@@ -98,11 +98,11 @@ struct WindowRun {
 
 Result<Placed> placement_for(WindowRun& run, std::int64_t p, PlacementMode mode, NodeInterleave interleave = {}) {
   const SimConfig& cfg = run.ctx.cfg;
-  const double t1 = thread_cpu_seconds();
+  const double t1 = run.tm.clock();
   LIBRA_ASSIGN_OR_RETURN(WindowPlacement pl,
                          place_window(run.f, {.pool_size = p, .mode = mode, .seed = cfg.seed, .interleave = interleave}));
   LIBRA_ASSIGN_OR_RETURN(StepLayout lay, layout_window(pl, cfg.dp));
-  run.tm.placement += thread_cpu_seconds() - t1;
+  run.tm.placement += run.tm.clock() - t1;
   return std::make_pair(std::move(pl), std::move(lay));
 }
 
@@ -153,11 +153,11 @@ struct PoolPrices {
 
   PoolPrices(const Ctx& c, const Plan& b, std::span<const std::int64_t> g, Timing& t, PriceReads r)
       : ctx(c), base(b), gpus(g), tm(t), reads(r) {
-    const double t0 = thread_cpu_seconds();
+    const double t0 = tm.clock();
     const ExchangeSums& x = sums_of(&base);
     pairs = AlltoallPricer(ctx.cfg.cost.net, gpus).pairs(x.pairs);
     base_cost = cost_plan(ctx, base, x, gpus, nullptr, reuse(nullptr, nullptr, true));
-    tm.cost += thread_cpu_seconds() - t0;
+    tm.cost += tm.clock() - t0;
   }
   PriceReuse reuse(const PlanCost* direct, const PlanCost* same_tiles, bool whole_step) const {
     return {.direct = direct, .same_tiles = same_tiles, .whole_step = whole_step, .pairs = &pairs,
@@ -238,9 +238,9 @@ struct PoolPrices {
     if (!relayed && is_base(m, split)) return &base_cost;
     if (auto it = costs.find({m, split, relayed}); it != costs.end()) return &it->second;
     LIBRA_ASSIGN_OR_RETURN(const Plan* p, plan(m, split, kind));
-    const double t0 = thread_cpu_seconds();
+    const double t0 = tm.clock();
     const PlanCost& c = cost_of(p, m, split, relayed);
-    tm.cost += thread_cpu_seconds() - t0;
+    tm.cost += tm.clock() - t0;
     return &c;
   }
 };
@@ -538,9 +538,9 @@ Status placement_figures(WindowRun& run, std::int64_t p, CandWindow& cw) {
   }
   for (PlacementMode mode : all_placement_modes()) {
     if (mode == PlacementMode::kRandom) {
-      const double t1 = thread_cpu_seconds();
+      const double t1 = run.tm.clock();
       auto r = mean_random_imbalance(run.f, p, cfg.seed, cfg.random_seeds);
-      run.tm.placement += thread_cpu_seconds() - t1;
+      run.tm.placement += run.tm.clock() - t1;
       if (!r.ok()) return r.error();
       cw.inter[mode] = *r;
     } else {
@@ -643,9 +643,10 @@ Status run_candidate(WindowRun& run, std::size_t ci, CandWindow& cw) {
 WindowResult simulate_window(const Ctx& ctx, std::span<const PackedSequence> window, std::uint64_t w,
                              std::size_t part, std::size_t parts) {
   WindowResult out;
-  const double t0 = thread_cpu_seconds();
+  out.timing.on = ctx.cfg.thread_timing;
+  const double t0 = out.timing.clock();
   auto f = sequence_workloads(window);
-  out.timing.placement += thread_cpu_seconds() - t0;
+  out.timing.placement += out.timing.clock() - t0;
   if (!f.ok()) {
     out.status = f.error();
     return out;
