@@ -230,6 +230,59 @@ TEST(Simulate, LibraPlusFromSharedPlansIsWhatTapSplitPlans) {
   }
 }
 
+// The end-to-end phase takes libra-topo's times from the sweep where the
+// recommended candidate runs pools of a swept P (CandWindow::topo_at_dp):
+// every figure as planning afresh gives, bit for bit, with fewer plans.
+// With PXN, pools of P = 1 priced on GPUs 2, 3 (half a node) are not taken
+// for GPUs 0, 1 (same_price_gpus): those are planned afresh.
+TEST(Simulate, EndToEndTakesSweptTopoTimesAsPlanningAfreshGives) {
+  for (const auto& [pxn, planned] : {std::pair{false, 0}, std::pair{true, 4}}) {
+    SimConfig cfg = tiny_config();
+    cfg.pool_sizes = {1, 2, 4};
+    cfg.chunks = {1, 2};
+    cfg.cost.noise.sigma = 0.05;  // every GPU and GA step its own factor
+    cfg.cost.net.gpus_per_node = 4;  // P = 4 spans two nodes
+    cfg.cost.net.pxn = pxn;
+    detail::Ctx ctx{cfg, cfg.seq_len, ThroughputTable(cfg.cost.kernel), {}, {}};
+    for (std::int64_t p : cfg.pool_sizes) {
+      ctx.candidates.push_back({.pool_size = p, .head_shards = 2, .block_size = 16});
+      ctx.chunks.push_back({1, 2});
+    }
+    const auto window = first_window();
+    const detail::WindowResult wr = detail::simulate_window(ctx, window, 0);
+    ASSERT_TRUE(wr.status.ok()) << wr.status.message();
+    detail::SweptTopo swept;
+    for (std::size_t ci = 0; ci < ctx.candidates.size(); ++ci) {
+      const auto& t = wr.cand[ci].topo_at_dp;
+      ASSERT_TRUE(t.has_value());
+      EXPECT_EQ(t->chunks, 2);
+      EXPECT_TRUE(t->relayed);
+      swept.emplace(ctx.candidates[ci].pool_size, &*t);
+    }
+    const std::vector<std::int64_t> dps = detail::end_to_end_dps(cfg);
+    const SimCandidate& rec = ctx.candidates.back();  // P = 4: P 1, 2 and 4 at DP 1, 2 and 4
+    const detail::E2eWindow fresh =
+        detail::e2e_window(ctx, window, 0, rec, dps, Variant::kLibraTopo, 2, true, ChunkSplit::kEqual);
+    const detail::E2eWindow taken =
+        detail::e2e_window(ctx, window, 0, rec, dps, Variant::kLibraTopo, 2, true, ChunkSplit::kEqual, swept);
+    ASSERT_TRUE(fresh.status.ok() && taken.status.ok());
+    EXPECT_EQ(fresh.timing.by_kind.at("end-to-end libra").second, 7) << "pxn " << pxn;  // 4 + 2 + 1 pools
+    const auto own = taken.timing.by_kind.find("end-to-end libra");
+    EXPECT_EQ(own == taken.timing.by_kind.end() ? 0 : own->second.second, planned) << "pxn " << pxn;
+    ASSERT_EQ(fresh.steps.size(), dps.size());
+    ASSERT_EQ(taken.steps.size(), dps.size());
+    for (std::size_t k = 0; k < dps.size(); ++k) {
+      ASSERT_EQ(fresh.steps[k].size(), taken.steps[k].size());
+      for (std::size_t c = 0; c < fresh.steps[k].size(); ++c) {
+        EXPECT_EQ(fresh.steps[k][c].libra, taken.steps[k][c].libra) << "DP " << dps[k] << " pxn " << pxn;
+        EXPECT_EQ(fresh.steps[k][c].ulysses, taken.steps[k][c].ulysses) << "DP " << dps[k] << " pxn " << pxn;
+      }
+    }
+    EXPECT_EQ(fresh.mb_libra, taken.mb_libra) << "pxn " << pxn;
+    EXPECT_EQ(fresh.mb_libra.size(), window.size());
+  }
+}
+
 TEST(Simulate, LatencyWithFreeCommunicationIsTheSlowestWorkersCompute) {
   SimConfig cfg = tiny_config();
   cfg.cost.net.intra_node_gbps = 1e15;  // communication costs (almost) nothing

@@ -406,16 +406,21 @@ struct SharedPools {
 
 // Whether a pool's price on GPUs b is its price on a: AlltoallPricer reads
 // the GPUs only through which node and supernode each is on (compared and
-// counted) and, with PXN, the GPU of the same local rank on another node;
-// a's GPUs shifted by whole nodes, on the same pattern of supernodes, price
-// the same.
+// counted) and, with PXN, the GPU of the same local rank on another node.
+// So b prices as a where its workers' nodes and supernodes lie as a's do
+// (the same offsets from worker 0's) and, with PXN, b is a shifted by
+// whole nodes.
 bool same_price_gpus(const Interconnect& net, std::span<const std::int64_t> a, std::span<const std::int64_t> b) {
   if (a.size() != b.size()) return false;
   if (a.empty()) return true;
-  const std::int64_t shift = b[0] - a[0], per_sn = net.gpus_per_node * net.nodes_per_supernode;
-  if (shift % net.gpus_per_node != 0) return false;
+  const std::int64_t per_node = net.gpus_per_node, per_sn = net.gpus_per_node * net.nodes_per_supernode;
+  const std::int64_t shift = b[0] - a[0];
+  if (net.pxn && shift % per_node != 0) return false;
   for (std::size_t r = 0; r < a.size(); ++r) {
-    if (b[r] - a[r] != shift || b[r] / per_sn - b[0] / per_sn != a[r] / per_sn - a[0] / per_sn) return false;
+    if (b[r] / per_node - b[0] / per_node != a[r] / per_node - a[0] / per_node ||
+        b[r] / per_sn - b[0] / per_sn != a[r] / per_sn - a[0] / per_sn || (net.pxn && b[r] - a[r] != shift)) {
+      return false;
+    }
   }
   return true;
 }
