@@ -102,6 +102,11 @@ struct SimConfig {
   double tau = 0.03;              // TAP slack (paper: 0.03)
   std::int64_t max_windows = 20;  // 0 = every full window of the corpus
   std::int64_t threads = 0;       // 0 = hardware concurrency
+  // Fill SimTiming's thread CPU figures (placement, make_plan, cost model):
+  // two clock reads per plan and per price, a system call each (about 2% of
+  // the default run). Off, those figures are 0; wall, process CPU and the
+  // plan counts are kept either way. The CLI sets it from --timing.
+  bool thread_timing = true;
   std::uint64_t seed = 0;         // first seed of the `random` placement baseline
   // Seeded random groupings per window (seeds seed .. seed + n - 1): the
   // random baseline's R-1 is their mean, not one shuffle.

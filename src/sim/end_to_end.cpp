@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <nlohmann/json.hpp>
 #include <numeric>
+#include <tuple>
 
 #include "libra/io.hpp"
 
@@ -20,6 +21,14 @@ std::vector<std::int64_t> coupling_settings(const SimConfig& cfg) {
   if (cfg.coupling != 1 && cfg.coupling != kCoupleAll) out.push_back(cfg.coupling);
   out.push_back(kCoupleAll);
   return out;
+}
+
+std::vector<std::int64_t> end_to_end_dps(const SimConfig& cfg) {
+  std::vector<std::int64_t> dps = cfg.scaling_dp;
+  if (std::find(dps.begin(), dps.end(), cfg.dp) == dps.end()) dps.push_back(cfg.dp);
+  std::sort(dps.begin(), dps.end());
+  dps.erase(std::unique(dps.begin(), dps.end()), dps.end());
+  return dps;
 }
 
 MicroBatchCost stage_costs(const MicroBatch& mb, std::int64_t layers, std::int64_t stages) {
@@ -90,6 +99,23 @@ struct LibraRun {
   // communication times keep the node locality of the first layout that
   // used them; later layouts shift pools by whole multiples of P x CP GPUs.)
   std::map<std::int64_t, std::vector<PlanCost>> costs;
+  // The sweep's times by P (SweptTopo), and per P whether they are taken:
+  // decided where P is first priced, as `costs` are made there.
+  const SweptTopo& swept;
+  std::map<std::int64_t, bool> takes_swept;
+
+  // The sweep's times of p's pools at dp (index *d of their DP points), or
+  // nullptr where p's pools are priced here.
+  const TopoAtDp* swept_at(std::int64_t p, std::int64_t dp, std::size_t pools, std::size_t& d) {
+    const auto it = swept.find(p);
+    if (it == swept.end()) return nullptr;
+    const TopoAtDp& t = *it->second;
+    const auto at = std::find(t.dps.begin(), t.dps.end(), dp);
+    if (at == t.dps.end()) return nullptr;
+    d = static_cast<std::size_t>(at - t.dps.begin());
+    const auto taken = takes_swept.try_emplace(p, t.same_price[d] != 0 && t.times[d].size() == pools).first;
+    return taken->second ? &t : nullptr;
+  }
 };
 
 // Libra: VRSP pools of P = gcd(P_rec, DP); a pool's replicas wait for each
@@ -98,14 +124,16 @@ Result<std::vector<ReplicaCosts>> libra_replicas(Window& win, LibraRun& lr, std:
                                                  std::vector<std::vector<MicroBatch>>* parts) {
   const SimConfig& cfg = win.ctx.cfg;
   const std::int64_t p = std::gcd(lr.rec.pool_size, dp);
-  const double t0 = thread_cpu_seconds();
+  const double t0 = win.tm.clock();
   const NodeInterleave interleave = lr.variant == Variant::kLibraTopo ? topo_interleave(win.ctx) : NodeInterleave{};
   LIBRA_ASSIGN_OR_RETURN(WindowPlacement pl, place_window(win.f, {.pool_size = p, .mode = PlacementMode::kVrsp,
                                                                   .seed = cfg.seed, .interleave = interleave}));
   LIBRA_ASSIGN_OR_RETURN(StepLayout lay, layout_window(pl, dp));
-  win.tm.placement += thread_cpu_seconds() - t0;
+  win.tm.placement += win.tm.clock() - t0;
+  std::size_t d = 0;
+  const TopoAtDp* swept = lr.swept_at(p, dp, pl.pools.size(), d);
   auto cached = lr.costs.find(p);
-  if (cached == lr.costs.end()) {
+  if (swept == nullptr && cached == lr.costs.end()) {
     std::vector<PlanCost> costs;
     for (std::size_t k = 0; k < pl.pools.size(); ++k) {
       const auto gpus = pool_gpus(lay.pool_first_replica[k], p, cfg.cp);
@@ -123,8 +151,13 @@ Result<std::vector<ReplicaCosts>> libra_replicas(Window& win, LibraRun& lr, std:
     const auto gpus = pool_gpus(lay.pool_first_replica[k], p, cfg.cp);
     const std::int64_t g = lay.pool_ga[k];
     const NoiseKey key{win.w, static_cast<std::uint64_t>(g)};
-    MicroBatch mb{.attn_fwd = time_plan(win.ctx, cached->second[k], gpus, key, pipelined, false),
-                  .attn_bwd = time_plan(win.ctx, cached->second[k], gpus, key, pipelined, true)};
+    MicroBatch mb;
+    if (swept != nullptr) {
+      std::tie(mb.attn_fwd, mb.attn_bwd) = swept->times[d][k];
+    } else {
+      mb.attn_fwd = time_plan(win.ctx, cached->second[k], gpus, key, pipelined, false);
+      mb.attn_bwd = time_plan(win.ctx, cached->second[k], gpus, key, pipelined, true);
+    }
     for (const auto& s : pool) {
       mb.lin_fwd = std::max(mb.lin_fwd, lin(win.ctx, seq_tokens(s), false));
       mb.lin_bwd = std::max(mb.lin_bwd, lin(win.ctx, seq_tokens(s), true));
@@ -167,8 +200,9 @@ std::vector<CouplingSteps> steps_at(const SimConfig& cfg, const std::vector<Repl
 
 E2eWindow e2e_window(const Ctx& ctx, std::span<const PackedSequence> window, std::uint64_t w,
                      const SimCandidate& rec, const std::vector<std::int64_t>& dps, Variant libra,
-                     std::int64_t chunks, bool relayed, ChunkSplit split) {
+                     std::int64_t chunks, bool relayed, ChunkSplit split, const SweptTopo& swept) {
   E2eWindow out;
+  out.timing.on = ctx.cfg.thread_timing;
   for (const auto& s : window) out.tokens += seq_tokens(s);
   auto f = sequence_workloads(window);
   if (!f.ok()) {
@@ -184,7 +218,7 @@ E2eWindow e2e_window(const Ctx& ctx, std::span<const PackedSequence> window, std
   PlanConfig lpc = plan_config(ctx, rec.head_shards, rec.block_size, chunks,
                                libra == Variant::kLibraTopo ? PlanMode::kTapTopo : PlanMode::kTap, false);
   lpc.chunk_split = split;
-  LibraRun lr{rec, libra, lpc, relayed, {}};
+  LibraRun lr{rec, libra, lpc, relayed, {}, swept, {}};
   const bool traced = !ctx.cfg.step_costs_out.empty();
   for (std::int64_t dp : dps) {
     const bool at_dp = dp == ctx.cfg.dp;

@@ -51,6 +51,10 @@ struct Timing {
   double placement = 0, plan = 0, cost = 0;  // thread CPU seconds
   std::int64_t plans = 0;
   std::map<std::string, std::pair<double, std::int64_t>> by_kind;  // make_plan seconds and calls
+  bool on = true;  // SimConfig::thread_timing: off, every seconds figure stays 0
+  // The thread CPU clock where `on`, else 0. A read is a system call here
+  // (about 2% of the default run at two reads per plan and per price).
+  double clock() const { return on ? thread_cpu_seconds() : 0.0; }
 };
 void add_timing(SimTiming& total, const Timing& t);
 
@@ -174,9 +178,9 @@ ChunkSplit cut_split(std::int32_t width, std::int64_t chunks, ChunkSplit split);
 // Runs a planner call, counting its thread CPU time under `kind`.
 template <class F>
 Result<Plan> timed_plan(Timing& tm, const std::string& kind, F&& f) {
-  const double t0 = thread_cpu_seconds();
+  const double t0 = tm.clock();
   Result<Plan> plan = f();
-  const double dt = thread_cpu_seconds() - t0;
+  const double dt = tm.clock() - t0;
   tm.plan += dt;
   ++tm.plans;
   auto& k = tm.by_kind[kind];
@@ -281,6 +285,24 @@ struct PoolTiming {
 };
 // Per (variant, M), per pool of the libra variants.
 using PoolSeries = std::map<std::pair<Variant, std::int64_t>, std::vector<PoolTiming>>;
+// A candidate's libra-topo pools timed at the end-to-end DP points, so that
+// the end-to-end phase (end_to_end.cpp) need not plan them again where the
+// recommended candidate runs pools of this P (P = gcd(P_rec, DP), same H
+// and B). The recommendation comes after every window, so this is kept for
+// one shape, the one libra-topo is recommended at by default: the base
+// plan's M, equal chunks, relayed unless --relay false. Elsewhere the phase
+// plans afresh; a figure is the same either way.
+struct TopoAtDp {
+  std::int64_t chunks = 0;
+  bool relayed = false;
+  std::vector<std::int64_t> dps;  // end_to_end_dps that P divides
+  // [DP point][pool]: pipelined forward and backward seconds on the GPUs and
+  // GA step layout_window gives the pool at that DP.
+  std::vector<std::vector<std::pair<double, double>>> times;
+  // [DP point]: every pool's GPUs there price as the sweep's at --dp did
+  // (the end-to-end phase prices a P's pools at its first DP point).
+  std::vector<char> same_price;
+};
 struct CandWindow {
   std::map<PlacementMode, double> inter;  // R-1 per placement mode
   double lower_bound = 0;
@@ -294,6 +316,7 @@ struct CandWindow {
   // plain shape (direct, equal) is in steps and pools.
   std::map<TopoShape, StepSeries> shaped_steps;
   std::map<TopoShape, PoolSeries> shaped_pools;
+  std::optional<TopoAtDp> topo_at_dp;  // with the end-to-end model only
 };
 struct WindowResult {
   Status status;
@@ -352,12 +375,19 @@ struct E2eWindow {
   double tokens = 0;
   Timing timing;
 };
+// --scaling-dp with --dp, sorted, without repeats: the end-to-end DP points.
+std::vector<std::int64_t> end_to_end_dps(const SimConfig& cfg);
+// The sweep's libra-topo times (CandWindow::topo_at_dp) of one window, by P,
+// that the end-to-end phase may take for the recommended candidate's pools
+// at that P: the same H and B, timed at the same M and shape on the same
+// attention shape.
+using SweptTopo = std::map<std::int64_t, const TopoAtDp*>;
 // `libra` names the libra variant timed (libra-full, libra-topo or
 // libra-tap-vrsp), at `chunks` pipeline chunks cut by `split`, relayed or
 // not. ctx carries the trained model's attention shape.
 E2eWindow e2e_window(const Ctx& ctx, std::span<const PackedSequence> window, std::uint64_t w,
                      const SimCandidate& rec, const std::vector<std::int64_t>& dps, Variant libra,
-                     std::int64_t chunks, bool relayed, ChunkSplit split);
+                     std::int64_t chunks, bool relayed, ChunkSplit split, const SweptTopo& swept = {});
 // The step of every coupling setting at --dp, summed over windows, from
 // per-replica costs (replica-major, micro-batches in GA order).
 std::vector<CouplingSteps> steps_at(const SimConfig& cfg, const std::vector<ReplicaCosts>& uly,

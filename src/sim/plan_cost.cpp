@@ -758,17 +758,17 @@ std::vector<std::int64_t> pool_gpus(std::int64_t first, std::int64_t slots, std:
 }
 
 RelayTable timed_relays(const Plan& plan, Timing& tm) {
-  const double t0 = thread_cpu_seconds();
+  const double t0 = tm.clock();
   RelayTable relays = relays_of(exchange_sums(plan.data_as_built()), plan.config().topology);
-  tm.cost += thread_cpu_seconds() - t0;
+  tm.cost += tm.clock() - t0;
   return relays;
 }
 
 PlanCost timed_cost(const Ctx& ctx, const Plan& plan, std::span<const std::int64_t> gpus, Timing& tm,
                     const RelayTable* relays) {
-  const double t0 = thread_cpu_seconds();
+  const double t0 = tm.clock();
   PlanCost c = cost_plan(ctx, plan, gpus, relays);
-  tm.cost += thread_cpu_seconds() - t0;
+  tm.cost += tm.clock() - t0;
   return c;
 }
 
@@ -777,11 +777,11 @@ namespace {
 // Relayed: the plan's sums serve its relays and its price.
 PlanCost timed_cost(const Ctx& ctx, const Plan& plan, std::span<const std::int64_t> gpus, Timing& tm, bool relay) {
   if (!relay) return timed_cost(ctx, plan, gpus, tm, nullptr);
-  const double t0 = thread_cpu_seconds();
+  const double t0 = tm.clock();
   const ExchangeSums sums = exchange_sums(plan.data_as_built());
   const RelayTable relays = relays_of(sums, plan.config().topology);
   PlanCost c = cost_plan(ctx, plan, sums, gpus, &relays);
-  tm.cost += thread_cpu_seconds() - t0;
+  tm.cost += tm.clock() - t0;
   return c;
 }
 

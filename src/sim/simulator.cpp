@@ -479,19 +479,32 @@ void fold_decomposition(const std::vector<WindowResult>& wr, const TopoShape& sh
   }
 }
 
-// --scaling-dp with --dp, sorted, without repeats.
-std::vector<std::int64_t> end_to_end_dps(const SimConfig& cfg) {
-  std::vector<std::int64_t> dps = cfg.scaling_dp;
-  if (std::find(dps.begin(), dps.end(), cfg.dp) == dps.end()) dps.push_back(cfg.dp);
-  std::sort(dps.begin(), dps.end());
-  dps.erase(std::unique(dps.begin(), dps.end()), dps.end());
-  return dps;
+// The sweep's libra-topo times of window i that the end-to-end phase may
+// take (SweptTopo): the recommended variant libra-topo at equal chunks on
+// the sweep's attention shape; per P the candidate of the recommended H and
+// B, timed at the recommended M and relaying.
+SweptTopo swept_topo(const Ctx& ctx, const SimConfig& trained, const std::vector<WindowResult>& wr, std::size_t i,
+                     const VariantLatency& e2e, const SimResult& res) {
+  SweptTopo out;
+  if (res.end_to_end_variant != Variant::kLibraTopo || e2e.chunk_split != ChunkSplit::kEqual ||
+      trained.model.heads_kv != ctx.cfg.model.heads_kv) {
+    return out;
+  }
+  const SimCandidate& best = res.candidates[static_cast<std::size_t>(res.recommended)].candidate;
+  for (std::size_t ci = 0; ci < ctx.candidates.size(); ++ci) {
+    const SimCandidate& c = ctx.candidates[ci];
+    const auto& t = wr[i].cand[ci].topo_at_dp;
+    if (c.head_shards != best.head_shards || c.block_size != best.block_size || !t) continue;
+    if (t->chunks == res.end_to_end_chunks && t->relayed == e2e.relayed) out.emplace(c.pool_size, &*t);
+  }
+  return out;
 }
 
 // End-to-end: DP sweep and microbatch distribution with the recommended
 // candidate and variant, on the trained model's attention shape.
 Status run_end_to_end(const Ctx& ctx, std::span<const PackedSequence> seqs, std::int64_t threads,
-                      const SimProgress& progress, const VariantLatency& e2e, SimResult& res) {
+                      const SimProgress& progress, const VariantLatency& e2e, const std::vector<WindowResult>& wr,
+                      SimResult& res) {
   SimConfig trained = ctx.cfg;
   if (trained.trained_heads_kv > 0) trained.model.heads_kv = trained.trained_heads_kv;
   const Ctx tctx{trained, ctx.seq_len, ctx.table, ctx.candidates, ctx.chunks};
@@ -510,7 +523,7 @@ Status run_end_to_end(const Ctx& ctx, std::span<const PackedSequence> seqs, std:
     er[static_cast<std::size_t>(i)] =
         e2e_window(tctx, seqs.subspan(static_cast<std::size_t>(i * gbs), static_cast<std::size_t>(gbs)),
                    static_cast<std::uint64_t>(i), best, dps, res.end_to_end_variant, res.end_to_end_chunks,
-                   e2e.relayed, e2e.chunk_split);
+                   e2e.relayed, e2e.chunk_split, swept_topo(ctx, trained, wr, static_cast<std::size_t>(i), e2e, res));
   });
   res.timing.end_to_end_s = wall_seconds() - t1;
   LIBRA_TRY(fold_end_to_end(er, dps, best, res));
@@ -586,7 +599,7 @@ Result<SimResult> simulate(std::span<const PackedSequence> seqs, std::int64_t se
   fold_decomposition(wr, TopoShape{.relayed = e2e.relayed, .split = e2e.chunk_split}, res);
 
   if (cfg.end_to_end && !cfg.scaling_dp.empty()) {
-    LIBRA_TRY(run_end_to_end(ctx, seqs, threads, progress, e2e, res));
+    LIBRA_TRY(run_end_to_end(ctx, seqs, threads, progress, e2e, wr, res));
   }
   compare_with_paper(res);
   res.timing.total_s = wall_seconds() - t_start;

@@ -167,6 +167,28 @@ TEST(Simulate, ReportsWhatThePlannersReturnDirectly) {
   EXPECT_GT(c.comm_bytes.mean, 0);
 }
 
+// Without thread timing (the CLI's default: --timing off) the run reads no
+// thread CPU clock: the same report and plan counts, every seconds figure 0.
+TEST(Simulate, ThreadTimingOffChangesOnlyTheSecondsFigures) {
+  SimConfig on = tiny_config();
+  SimConfig off = on;
+  off.thread_timing = false;
+  auto a = simulate(on);
+  auto b = simulate(off);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(sim_json(*a), sim_json(*b));
+  EXPECT_EQ(a->timing.plans, b->timing.plans);
+  EXPECT_GT(a->timing.plan_s + a->timing.cost_s, 0.0);
+  EXPECT_EQ(b->timing.placement_s, 0.0);
+  EXPECT_EQ(b->timing.plan_s, 0.0);
+  EXPECT_EQ(b->timing.cost_s, 0.0);
+  ASSERT_EQ(a->timing.by_kind.size(), b->timing.by_kind.size());
+  for (const auto& [kind, v] : b->timing.by_kind) {
+    EXPECT_EQ(v.first, 0.0) << kind;
+    EXPECT_EQ(v.second, a->timing.by_kind.at(kind).second) << kind;
+  }
+}
+
 // libra-plus's figures where the sweep prices libra-tap-vrsp's plans for
 // it and where it does not: H = h_kv (the KV dedup changes nothing) and at
 // P = 2 VRSP-refine moves nothing, so at tau 0.2, where TAP meets C on both
@@ -205,6 +227,59 @@ TEST(Simulate, LibraPlusFromSharedPlansIsWhatTapSplitPlans) {
     EXPECT_DOUBLE_EQ(c.intra_imbalance_plus.worst, worst_imb) << "tau " << tau;
     EXPECT_DOUBLE_EQ(c.comm_bytes_plus.mean, sum_bytes / pools) << "tau " << tau;
     EXPECT_GT(c.comm_bytes_plus.mean, 0);
+  }
+}
+
+// The end-to-end phase takes libra-topo's times from the sweep where the
+// recommended candidate runs pools of a swept P (CandWindow::topo_at_dp):
+// every figure as planning afresh gives, bit for bit, with fewer plans.
+// With PXN, pools of P = 1 priced on GPUs 2, 3 (half a node) are not taken
+// for GPUs 0, 1 (same_price_gpus): those are planned afresh.
+TEST(Simulate, EndToEndTakesSweptTopoTimesAsPlanningAfreshGives) {
+  for (const auto& [pxn, planned] : {std::pair{false, 0}, std::pair{true, 4}}) {
+    SimConfig cfg = tiny_config();
+    cfg.pool_sizes = {1, 2, 4};
+    cfg.chunks = {1, 2};
+    cfg.cost.noise.sigma = 0.05;  // every GPU and GA step its own factor
+    cfg.cost.net.gpus_per_node = 4;  // P = 4 spans two nodes
+    cfg.cost.net.pxn = pxn;
+    detail::Ctx ctx{cfg, cfg.seq_len, ThroughputTable(cfg.cost.kernel), {}, {}};
+    for (std::int64_t p : cfg.pool_sizes) {
+      ctx.candidates.push_back({.pool_size = p, .head_shards = 2, .block_size = 16});
+      ctx.chunks.push_back({1, 2});
+    }
+    const auto window = first_window();
+    const detail::WindowResult wr = detail::simulate_window(ctx, window, 0);
+    ASSERT_TRUE(wr.status.ok()) << wr.status.message();
+    detail::SweptTopo swept;
+    for (std::size_t ci = 0; ci < ctx.candidates.size(); ++ci) {
+      const auto& t = wr.cand[ci].topo_at_dp;
+      ASSERT_TRUE(t.has_value());
+      EXPECT_EQ(t->chunks, 2);
+      EXPECT_TRUE(t->relayed);
+      swept.emplace(ctx.candidates[ci].pool_size, &*t);
+    }
+    const std::vector<std::int64_t> dps = detail::end_to_end_dps(cfg);
+    const SimCandidate& rec = ctx.candidates.back();  // P = 4: P 1, 2 and 4 at DP 1, 2 and 4
+    const detail::E2eWindow fresh =
+        detail::e2e_window(ctx, window, 0, rec, dps, Variant::kLibraTopo, 2, true, ChunkSplit::kEqual);
+    const detail::E2eWindow taken =
+        detail::e2e_window(ctx, window, 0, rec, dps, Variant::kLibraTopo, 2, true, ChunkSplit::kEqual, swept);
+    ASSERT_TRUE(fresh.status.ok() && taken.status.ok());
+    EXPECT_EQ(fresh.timing.by_kind.at("end-to-end libra").second, 7) << "pxn " << pxn;  // 4 + 2 + 1 pools
+    const auto own = taken.timing.by_kind.find("end-to-end libra");
+    EXPECT_EQ(own == taken.timing.by_kind.end() ? 0 : own->second.second, planned) << "pxn " << pxn;
+    ASSERT_EQ(fresh.steps.size(), dps.size());
+    ASSERT_EQ(taken.steps.size(), dps.size());
+    for (std::size_t k = 0; k < dps.size(); ++k) {
+      ASSERT_EQ(fresh.steps[k].size(), taken.steps[k].size());
+      for (std::size_t c = 0; c < fresh.steps[k].size(); ++c) {
+        EXPECT_EQ(fresh.steps[k][c].libra, taken.steps[k][c].libra) << "DP " << dps[k] << " pxn " << pxn;
+        EXPECT_EQ(fresh.steps[k][c].ulysses, taken.steps[k][c].ulysses) << "DP " << dps[k] << " pxn " << pxn;
+      }
+    }
+    EXPECT_EQ(fresh.mb_libra, taken.mb_libra) << "pxn " << pxn;
+    EXPECT_EQ(fresh.mb_libra.size(), window.size());
   }
 }
 

@@ -98,11 +98,11 @@ struct WindowRun {
 
 Result<Placed> placement_for(WindowRun& run, std::int64_t p, PlacementMode mode, NodeInterleave interleave = {}) {
   const SimConfig& cfg = run.ctx.cfg;
-  const double t1 = thread_cpu_seconds();
+  const double t1 = run.tm.clock();
   LIBRA_ASSIGN_OR_RETURN(WindowPlacement pl,
                          place_window(run.f, {.pool_size = p, .mode = mode, .seed = cfg.seed, .interleave = interleave}));
   LIBRA_ASSIGN_OR_RETURN(StepLayout lay, layout_window(pl, cfg.dp));
-  run.tm.placement += thread_cpu_seconds() - t1;
+  run.tm.placement += run.tm.clock() - t1;
   return std::make_pair(std::move(pl), std::move(lay));
 }
 
@@ -153,11 +153,11 @@ struct PoolPrices {
 
   PoolPrices(const Ctx& c, const Plan& b, std::span<const std::int64_t> g, Timing& t, PriceReads r)
       : ctx(c), base(b), gpus(g), tm(t), reads(r) {
-    const double t0 = thread_cpu_seconds();
+    const double t0 = tm.clock();
     const ExchangeSums& x = sums_of(&base);
     pairs = AlltoallPricer(ctx.cfg.cost.net, gpus).pairs(x.pairs);
     base_cost = cost_plan(ctx, base, x, gpus, nullptr, reuse(nullptr, nullptr, true));
-    tm.cost += thread_cpu_seconds() - t0;
+    tm.cost += tm.clock() - t0;
   }
   PriceReuse reuse(const PlanCost* direct, const PlanCost* same_tiles, bool whole_step) const {
     return {.direct = direct, .same_tiles = same_tiles, .whole_step = whole_step, .pairs = &pairs,
@@ -238,9 +238,9 @@ struct PoolPrices {
     if (!relayed && is_base(m, split)) return &base_cost;
     if (auto it = costs.find({m, split, relayed}); it != costs.end()) return &it->second;
     LIBRA_ASSIGN_OR_RETURN(const Plan* p, plan(m, split, kind));
-    const double t0 = thread_cpu_seconds();
+    const double t0 = tm.clock();
     const PlanCost& c = cost_of(p, m, split, relayed);
-    tm.cost += thread_cpu_seconds() - t0;
+    tm.cost += tm.clock() - t0;
     return &c;
   }
 };
@@ -404,11 +404,72 @@ struct SharedPools {
   std::vector<std::optional<KeptPool>> kept;
 };
 
+// Whether a pool's price on GPUs b is its price on a: AlltoallPricer reads
+// the GPUs only through which node and supernode each is on (compared and
+// counted) and, with PXN, the GPU of the same local rank on another node.
+// So b prices as a where its workers' nodes and supernodes lie as a's do
+// (the same offsets from worker 0's) and, with PXN, b is a shifted by
+// whole nodes.
+bool same_price_gpus(const Interconnect& net, std::span<const std::int64_t> a, std::span<const std::int64_t> b) {
+  if (a.size() != b.size()) return false;
+  if (a.empty()) return true;
+  const std::int64_t per_node = net.gpus_per_node, per_sn = net.gpus_per_node * net.nodes_per_supernode;
+  const std::int64_t shift = b[0] - a[0];
+  if (net.pxn && shift % per_node != 0) return false;
+  for (std::size_t r = 0; r < a.size(); ++r) {
+    if (b[r] / per_node - b[0] / per_node != a[r] / per_node - a[0] / per_node ||
+        b[r] / per_sn - b[0] / per_sn != a[r] / per_sn - a[0] / per_sn || (net.pxn && b[r] - a[r] != shift)) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// Makes CandWindow::topo_at_dp pool by pool, as end_to_end.cpp's
+// libra_replicas would time each pool at each DP point.
+struct TopoTimer {
+  const Ctx& ctx;
+  std::uint64_t w = 0;
+  std::vector<StepLayout> layouts;  // per DP point of out.dps
+  TopoAtDp out;
+
+  void put(std::size_t k, const PlanCost& c, const PoolPlace& at) {
+    for (std::size_t d = 0; d < layouts.size(); ++d) {
+      const StepLayout& lay = layouts[d];
+      const auto gpus = pool_gpus(lay.pool_first_replica[k], at.slots, ctx.cfg.cp);
+      const NoiseKey key{w, static_cast<std::uint64_t>(lay.pool_ga[k])};
+      const auto noise = noise_factors(ctx, std::span(gpus).first(static_cast<std::size_t>(c.workers)), key);
+      out.times[d].emplace_back(time_plan(c, noise, true, false), time_plan(c, noise, true, true));
+      if (!same_price_gpus(ctx.cfg.cost.net, at.gpus, gpus)) out.same_price[d] = 0;
+    }
+  }
+};
+
+// libra-topo's timer where the end-to-end model runs: the DP points P
+// divides (layout_window), the base plan's M, relayed unless switched off.
+std::optional<TopoTimer> topo_timer(const WindowRun& run, const Placed& placed, const PoolRun& pr) {
+  const SimConfig& cfg = run.ctx.cfg;
+  if (pr.rec != Record::kTopo || !cfg.end_to_end || cfg.scaling_dp.empty()) return std::nullopt;
+  TopoTimer t{run.ctx, run.w, {}, {}};
+  t.out.chunks = pr.pc.chunks;
+  t.out.relayed = cfg.relay != false;
+  for (std::int64_t dp : end_to_end_dps(cfg)) {
+    if (dp % placed.second.pool_size != 0) continue;
+    auto lay = layout_window(placed.first, dp);
+    if (!lay.ok()) continue;  // the end-to-end phase reports it
+    t.out.dps.push_back(dp);
+    t.layouts.push_back(std::move(*lay));
+  }
+  t.out.times.resize(t.layouts.size());
+  t.out.same_price.assign(t.layouts.size(), 1);
+  return t;
+}
+
 // Pool k of a placement: libra-plus's from the kept prices where there are
 // some; libra-tap-vrsp's through make_plan and kept where libra-plus makes
 // the same plan; else through make_plan (pc, at one of `chunks`).
 Status run_pool(WindowRun& run, const PoolRun& pr, std::size_t k, std::span<const PackedSequence> pool,
-                const PoolPlace& at, PoolSteps& steps, CandWindow& cw, SharedPools* shared) {
+                const PoolPlace& at, PoolSteps& steps, CandWindow& cw, SharedPools* shared, TopoTimer* timer) {
   if (shared != nullptr && pr.rec == Record::kPlus && k < shared->kept.size() && shared->kept[k]) {
     KeptPool& kp = *shared->kept[k];
     // A price read for more holds the same figures for fewer readers.
@@ -421,6 +482,10 @@ Status run_pool(WindowRun& run, const PoolRun& pr, std::size_t k, std::span<cons
   // The base plan's sums serve its direct price and its relays.
   PoolPrices prices(run.ctx, base, at.gpus, run.tm, pr.reads);
   LIBRA_TRY(time_pool(pr, prices, at, steps, cw));
+  if (timer != nullptr) {
+    LIBRA_ASSIGN_OR_RETURN(const PlanCost* c, prices.price(timer->out.chunks, ChunkSplit::kEqual, timer->out.relayed, kind));
+    timer->put(k, *c, at);
+  }
   const bool keep = shared != nullptr && pr.rec == Record::kTap && k < shared->want.size() && shared->want[k] &&
                     same_tap_plan(base, pool, *shared->plus);
   if (!keep) return {};
@@ -442,6 +507,7 @@ Status run_pools(WindowRun& run, const Placed& pl, const PlanConfig& pc, const s
   const auto& [placement, layout] = pl;
   const PoolRun pr = pool_run(run.ctx, pc, variants, rec, chunks);
   PoolSteps steps{.ga = run.ctx.cfg.gbs / run.ctx.cfg.dp, .plain = {}, .shaped = {}};
+  std::optional<TopoTimer> timer = topo_timer(run, pl, pr);
   for (std::size_t k = 0; k < placement.pools.size(); ++k) {
     const auto pool = pool_of(run.window, placement.pools[k]);
     const auto slots = static_cast<std::int64_t>(pool.size());
@@ -452,8 +518,9 @@ Status run_pools(WindowRun& run, const Placed& pl, const PlanConfig& pc, const s
       at.lin_fwd = std::max(at.lin_fwd, linear_part(run.ctx, seq_tokens(sq), false));
       at.lin_bwd = std::max(at.lin_bwd, linear_part(run.ctx, seq_tokens(sq), true));
     }
-    LIBRA_TRY(run_pool(run, pr, k, pool, at, steps, cw, shared));
+    LIBRA_TRY(run_pool(run, pr, k, pool, at, steps, cw, shared, timer ? &*timer : nullptr));
   }
+  if (timer) cw.topo_at_dp = std::move(timer->out);
   for (auto& [key, sm] : steps.plain) cw.steps[key] = std::move(sm.step);
   for (auto& [sh, by] : steps.shaped) {
     for (auto& [key, sm] : by) cw.shaped_steps[sh][key] = std::move(sm.step);
@@ -476,9 +543,9 @@ Status placement_figures(WindowRun& run, std::int64_t p, CandWindow& cw) {
   }
   for (PlacementMode mode : all_placement_modes()) {
     if (mode == PlacementMode::kRandom) {
-      const double t1 = thread_cpu_seconds();
+      const double t1 = run.tm.clock();
       auto r = mean_random_imbalance(run.f, p, cfg.seed, cfg.random_seeds);
-      run.tm.placement += thread_cpu_seconds() - t1;
+      run.tm.placement += run.tm.clock() - t1;
       if (!r.ok()) return r.error();
       cw.inter[mode] = *r;
     } else {
@@ -581,9 +648,10 @@ Status run_candidate(WindowRun& run, std::size_t ci, CandWindow& cw) {
 WindowResult simulate_window(const Ctx& ctx, std::span<const PackedSequence> window, std::uint64_t w,
                              std::size_t part, std::size_t parts) {
   WindowResult out;
-  const double t0 = thread_cpu_seconds();
+  out.timing.on = ctx.cfg.thread_timing;
+  const double t0 = out.timing.clock();
   auto f = sequence_workloads(window);
-  out.timing.placement += thread_cpu_seconds() - t0;
+  out.timing.placement += out.timing.clock() - t0;
   if (!f.ok()) {
     out.status = f.error();
     return out;
