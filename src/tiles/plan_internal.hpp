@@ -316,6 +316,10 @@ class TapSteps {
 // Whether place_topo's later candidates stop once they cannot win (true;
 // the tests compare against every candidate run to its end).
 extern std::atomic<bool> topo_stops_early;
+// Whether candidate B starts from candidate A's home pass where the byte
+// sums are exact, redoing only the homes that keep other tiles (true; the
+// tests compare against every candidate made from scratch).
+extern std::atomic<bool> topo_shares_home_pass;
 // Tier of the link between workers a and b: 0 same node, 1 same supernode, 2 across.
 inline int topo_tier(const PlanTopology& t, int a, int b) {
   const int na = a / t.gpus_per_node, nb = b / t.gpus_per_node;

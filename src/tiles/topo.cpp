@@ -466,6 +466,33 @@ class TopoPlacer {
     return kv;
   }
 
+  // Takes back commit_tile(t, block, h, flops) of a home pass (h: t's
+  // home): its load and the K/V of each group h still holds. Called for
+  // h's tiles in the order they were committed, the first one holding a
+  // group is the one that added its bytes (with its shard's K/V width),
+  // and clearing the bit leaves the group to it alone. Exact only where
+  // every byte sum is (Blocks::exact): then x + b - b is x.
+  void uncommit_home(const PlacedRows& t, std::size_t block, std::int64_t flops) {
+    const int r = blocks_.home[block];
+    loads_[static_cast<std::size_t>(r)] -= flops;
+    by_load_ready_ = false;
+    const int base = t.slot * geo_.cp;
+    const std::int64_t vkv = blocks_.vkv[static_cast<std::size_t>(t.shard)];
+    const std::int32_t key = blocks_.key[static_cast<std::size_t>(t.shard)];
+    const std::uint64_t bit = std::uint64_t{1} << (r % 64);
+    const Blocks::Run* runs = blocks_.runs.data();
+    for (std::int32_t k = blocks_.run_begin[block]; k < blocks_.run_begin[block + 1]; k = runs[k].next) {
+      std::uint64_t& bits = committed_[static_cast<std::size_t>(runs[k].sample * geo_.keys_per_sample + key) * words_ +
+                                       static_cast<std::size_t>(r) / 64];
+      if ((bits & bit) == 0) continue;
+      for (std::int32_t u = k; u < runs[k].next; ++u) {
+        const int w = base + runs[u].rank;
+        if (w != r) move(w, r, -vkv * runs[u].tokens);
+      }
+      bits &= ~bit;
+    }
+  }
+
   // Worker w's link time now.
   double link_time(int w) const { return time(send_[static_cast<std::size_t>(w)], recv_[static_cast<std::size_t>(w)]); }
   // The slowest link among r and the workers of `slot`.
@@ -490,7 +517,11 @@ class TopoPlacer {
 
   bool fits(int r, std::int64_t flops) const { return loads_[static_cast<std::size_t>(r)] <= limit_ - flops; }
   bool fits_under(int r, std::int64_t flops, std::int64_t cap) const {
-    return loads_[static_cast<std::size_t>(r)] <= std::min(limit_, cap) - flops;
+    return fits_load(loads_[static_cast<std::size_t>(r)], flops, cap);
+  }
+  // Whether a worker of load `load` has room for `flops` under C and `cap`.
+  bool fits_load(std::int64_t load, std::int64_t flops, std::int64_t cap) const {
+    return load <= std::min(limit_, cap) - flops;
   }
   std::int64_t max_load() const { return *std::max_element(loads_.begin(), loads_.end()); }
   bool within_capacity() const { return max_load() <= limit_; }
@@ -715,6 +746,14 @@ struct Candidate {
   }
 };
 
+// A home pass's state (see Candidates::home_first) for a later one: its
+// placer before any tile moved, its order and which tiles it kept.
+struct HomePass {
+  std::unique_ptr<TopoPlacer> placer;
+  std::vector<std::int32_t> order;
+  std::vector<char> kept;  // by tile
+};
+
 // The candidates of one pool: what they all start from and are priced by.
 class Candidates {
  public:
@@ -726,26 +765,54 @@ class Candidates {
   // Home first: each home keeps a prefix of its tiles, lightest first (ties:
   // higher id first), optionally whole head shards first, while they fit
   // under keep_cap and C; the rest go heaviest first where the links suffer
-  // least. None when `stop` is met first.
-  std::optional<Candidate> home_first(bool whole_shards, std::int64_t keep_cap, const Stop& stop = {}) const {
-    Candidate c = fresh(std::vector<PlacedRows>(base_.begin(), base_.end()));
+  // least. None when `stop` is met first. `save` (where the byte sums are
+  // exact): the state after the home pass, for a later pass's `from`,
+  // which then redoes only the homes that keep other tiles (a home's
+  // commits touch only its own load, bits and receive side, and exact sums
+  // do not depend on the order of the commits).
+  std::optional<Candidate> home_first(bool whole_shards, std::int64_t keep_cap, const Stop& stop = {},
+                                      HomePass* save = nullptr, HomePass&& from = {}) const {
+    Candidate c = from.placer ? Candidate{std::vector<PlacedRows>(base_.begin(), base_.end()), {}, std::move(from.placer)}
+                              : fresh(std::vector<PlacedRows>(base_.begin(), base_.end()));
     const std::vector<std::int32_t> order = home_order(whole_shards);
     std::vector<std::int32_t> moved;
+    std::vector<char> kept(save != nullptr && blocks_.exact ? base_.size() : 0, 0);
     for (std::size_t k = 0; k < order.size();) {
       const int h = home_of(order[k]);
+      std::size_t e = k;
+      while (e < order.size() && home_of(order[e]) == h) ++e;
+      if (!from.order.empty() && same_home_pass(*c.placer, from.kept, order, k, e, keep_cap)) {
+        for (; k < e; ++k) {
+          const std::int32_t i = order[k];
+          if (from.kept[static_cast<std::size_t>(i)] != 0) {
+            c.rows[static_cast<std::size_t>(i)].worker = h;
+          } else {
+            moved.push_back(i);
+          }
+        }
+        continue;
+      }
+      // The earlier pass's tiles of this home (the same positions in its
+      // order: both list the homes in one order) go, in its order.
+      for (std::size_t x = k; !from.order.empty() && x < e; ++x) {
+        const auto i = static_cast<std::size_t>(from.order[x]);
+        if (from.kept[i] != 0) c.placer->uncommit_home(base_[i], i / S_, flops_[i]);
+      }
       bool full = false;
-      for (; k < order.size() && home_of(order[k]) == h; ++k) {
+      for (; k < e; ++k) {
         const std::int32_t i = order[k];
         const std::int64_t f = flops_[static_cast<std::size_t>(i)];
         if (!full && c.placer->fits_under(h, f, keep_cap)) {
           c.placer->commit_tile(base_[static_cast<std::size_t>(i)], static_cast<std::size_t>(i) / S_, h, f);
           c.rows[static_cast<std::size_t>(i)].worker = h;
+          if (!kept.empty()) kept[static_cast<std::size_t>(i)] = 1;
         } else {
           full = true;
           moved.push_back(i);
         }
       }
     }
+    if (!kept.empty()) *save = {std::make_unique<TopoPlacer>(*c.placer), order, std::move(kept)};
     if (!place_rest(geo_, *c.placer, base_, flops_, heaviest_first(flops_, moved), c.rows, c.pieces, stop)) {
       return std::nullopt;
     }
@@ -791,6 +858,25 @@ class Candidates {
   bool exact() const { return blocks_.exact; }
 
  private:
+  // Whether this pass keeps at home the same tiles of order[k, e) (one
+  // home's) as an earlier pass kept (`kept`): the loads alone decide.
+  bool same_home_pass(const TopoPlacer& placer, const std::vector<char>& kept, const std::vector<std::int32_t>& order,
+                      std::size_t k, std::size_t e, std::int64_t keep_cap) const {
+    std::int64_t load = 0;
+    bool full = false;
+    for (; k < e; ++k) {
+      const auto i = static_cast<std::size_t>(order[k]);
+      const bool keep = !full && placer.fits_load(load, flops_[i], keep_cap);
+      if (keep != (kept[i] != 0)) return false;
+      if (keep) {
+        load += flops_[i];
+      } else {
+        full = true;
+      }
+    }
+    return true;
+  }
+
   Candidate fresh(std::vector<PlacedRows> rows) const {
     return {std::move(rows), {}, std::make_unique<TopoPlacer>(geo_, blocks_, tiering_, config_.topology, capacity_)};
   }
@@ -843,6 +929,7 @@ bool none_within(const std::vector<Candidate>& cands) {
 }  // namespace
 
 std::atomic<bool> topo_stops_early{true};
+std::atomic<bool> topo_shares_home_pass{true};
 
 std::vector<PlacedRows> place_topo(const Geometry& geo, const PlanConfig& config, std::span<const PlacedRows> base,
                                    std::span<const std::int64_t> flops, double capacity,
@@ -854,7 +941,9 @@ std::vector<PlacedRows> place_topo(const Geometry& geo, const PlanConfig& config
   const bool stops = topo_stops_early.load(std::memory_order_relaxed);
   std::vector<Candidate> cands;
   // A. Lightest first: a light tile moves the most bytes per FLOP.
-  cands.push_back(*make.home_first(lightest, kNoCap));
+  HomePass pass;  // A's home pass, where B keeps the same tiles at home
+  cands.push_back(*make.home_first(lightest, kNoCap, {},
+                                   topo_shares_home_pass.load(std::memory_order_relaxed) ? &pass : nullptr));
   if (cands[0].placer->within_capacity() && cands[0].placer->link_times().first == 0) return std::move(cands[0]).result();
   // Ties: the earlier candidate.
   auto best_of = [&cands] {
@@ -880,7 +969,7 @@ std::vector<PlacedRows> place_topo(const Geometry& geo, const PlanConfig& config
   // B. Whole head shards first, lightest first within a shard: the tiles
   //    that leave then share fewer KV groups (a long sample's KV goes out
   //    once per moved shard and destination, not once per shard).
-  add(make.home_first(by_shard, kNoCap, stop(true)));
+  add(make.home_first(by_shard, kNoCap, stop(true), nullptr, std::move(pass)));
   // When neither fits its moved tiles under C, the homes kept too much: the
   //    same with each home keeping at most the mean load leaves the room the
   //    moved tiles need, and still keeps most of the FLOPs home.

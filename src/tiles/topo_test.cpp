@@ -519,9 +519,15 @@ TEST(TapTopoPlacement, EarlyStopsPlaceAsEveryCandidateRunToItsEnd) {
   // 120 pools: B, the mean-capped pair and C stop 48, 29 and 16 times and
   // win 47, 5 and 12 pools). Checked: fails when a candidate stops on a link
   // as slow as the best's (>=), on one 0.1% faster, or before a later
-  // none_within() has read it.
+  // none_within() has read it. Likewise B made from A's home pass
+  // (topo_shares_home_pass): all 120 pools share it, 2302 homes kept as A
+  // kept them and 898 redone; fails when A's tiles of a redone home are not
+  // taken back, or their K/V groups left marked.
   struct Restore {
-    ~Restore() { libra::detail::topo_stops_early = true; }
+    ~Restore() {
+      libra::detail::topo_stops_early = true;
+      libra::detail::topo_shares_home_pass = true;
+    }
   } restore;
   const PlanConfig coarse = coarse_tiles_config();
   int pools = 0;
@@ -530,8 +536,10 @@ TEST(TapTopoPlacement, EarlyStopsPlaceAsEveryCandidateRunToItsEnd) {
       const PlanConfig c = slots == 8 ? coarse : paper_like(PlanMode::kTapTopo);
       const auto pool = long_tail_pool(seed, slots, c.seq_len);
       libra::detail::topo_stops_early = true;
+      libra::detail::topo_shares_home_pass = true;
       auto stopped = libra::make_plan(pool, c);
       libra::detail::topo_stops_early = false;
+      libra::detail::topo_shares_home_pass = false;
       auto full = libra::make_plan(pool, c);
       ASSERT_TRUE(stopped.ok() && full.ok());
       EXPECT_EQ(placement(*stopped), placement(*full)) << "seed " << seed << " slots " << slots;
