@@ -246,41 +246,43 @@ struct PoolTotals {
   std::int64_t samples = 0, tokens = 0, pairs = 0;
 };
 
-// Causal pairs of a whole sample of l tokens, checked.
-Result<std::int64_t> sample_pairs(std::int64_t l, std::int64_t window) {
-  // Plain causal and l < 2^31: l (l + 1) / 2 cannot overflow.
-  if (window == kFullCausal && l < (std::int64_t{1} << 31)) return plain_causal_pairs(0, l);
-  return causal_pairs(0, l, window);
-}
-
 // Slot p's samples: starts, lengths and pair counts, each checked.
 Status add_slot(Geometry& g, const PackedSequence& seq, std::size_t p, PoolTotals& totals) {
-  const std::string where = "pool slot " + str(static_cast<std::int64_t>(p));
-  if (seq.empty()) return invalid_input(where + ": packed sequence is empty; every slot needs a sample");
+  // Spelled only for an error (this runs once per slot of every plan).
+  auto where = [p] { return "pool slot " + str(static_cast<std::int64_t>(p)); };
+  if (seq.empty()) return invalid_input(where() + ": packed sequence is empty; every slot needs a sample");
   std::int64_t t = 0;
   for (std::size_t j = 0; j < seq.size(); ++j) {
     const std::int64_t l = seq[j];
     if (l <= 0) {
-      return invalid_input(where + ", sample " + str(static_cast<std::int64_t>(j)) + ": length " + str(l) +
+      return invalid_input(where() + ", sample " + str(static_cast<std::int64_t>(j)) + ": length " + str(l) +
                            " must be positive");
     }
     if (l > g.seq_len - t) {
-      return invalid_input(where + ": sequence is longer than seq_len " + str(g.seq_len) + " (exceeded at sample " +
+      return invalid_input(where() + ": sequence is longer than seq_len " + str(g.seq_len) + " (exceeded at sample " +
                            str(static_cast<std::int64_t>(j)) + ")");
     }
     g.starts.push_back(t);
     g.lengths.push_back(l);
-    auto pairs = sample_pairs(l, g.window);
-    if (!pairs.ok()) return invalid_input(where + ": " + pairs.error().message());
-    auto sum = checked_add(totals.pairs, *pairs);
-    if (!sum) return invalid_input(where + ": causal pair count of the pool exceeds the 64-bit range");
+    // The whole sample's causal pairs, checked; the usual case (plain causal
+    // and l < 2^31: l (l + 1) / 2 cannot overflow) without a Result.
+    std::int64_t pairs = 0;
+    if (g.window == kFullCausal && l < (std::int64_t{1} << 31)) {
+      pairs = plain_causal_pairs(0, l);
+    } else {
+      const Result<std::int64_t> checked = causal_pairs(0, l, g.window);
+      if (!checked.ok()) return invalid_input(where() + ": " + checked.error().message());
+      pairs = *checked;
+    }
+    auto sum = checked_add(totals.pairs, pairs);
+    if (!sum) return invalid_input(where() + ": causal pair count of the pool exceeds the 64-bit range");
     totals.pairs = *sum;
-    g.whole_pairs.push_back(*pairs);
+    g.whole_pairs.push_back(pairs);
     t += l;
   }
   totals.samples += static_cast<std::int64_t>(seq.size());
   if (totals.samples * g.keys_per_sample > std::numeric_limits<std::int32_t>::max()) {
-    return invalid_input(where + ": too many samples in the pool (KV groups exceed 2^31 - 1)");
+    return invalid_input(where() + ": too many samples in the pool (KV groups exceed 2^31 - 1)");
   }
   g.tokens.push_back(t);
   totals.tokens += t;
@@ -320,18 +322,27 @@ void index_blocks(Geometry& g, std::int64_t total_tokens) {
   }
 }
 
-// Each sample's home runs: (rows, CP rank) pieces in order.
+// Each sample's home runs: (rows, CP rank) pieces in order. A slot's
+// samples tile its rows in order, so the home run holding one sample's end
+// holds the next one's start: rows are located (two divisions) only where a
+// run ends, about 2 CP times a slot, not once per sample.
 void index_runs(Geometry& g) {
+  // Every sample has a run, and each home run boundary inside a slot adds one.
+  g.runs.reserve(g.starts.size() + static_cast<std::size_t>(g.pool_size) * 2 * static_cast<std::size_t>(g.cp));
   g.run_base.push_back(0);
-  for (std::size_t j = 0; j < g.starts.size(); ++j) {
-    const std::int64_t stop = g.starts[j] + g.lengths[j];
-    for (std::int64_t x = g.starts[j]; x < stop;) {
-      const HomeSpot h = g.map.locate(x);
-      const std::int64_t y = std::min(stop, h.run_end);
-      g.runs.push_back({x, y, h.rank});
-      x = y;
+  for (int p = 0; p < g.pool_size; ++p) {
+    HomeSpot h;  // run_end 0: located at the slot's first row
+    const auto stop_j = static_cast<std::size_t>(g.sample_base[static_cast<std::size_t>(p) + 1]);
+    for (auto j = static_cast<std::size_t>(g.sample_base[static_cast<std::size_t>(p)]); j < stop_j; ++j) {
+      const std::int64_t stop = g.starts[j] + g.lengths[j];
+      for (std::int64_t x = g.starts[j]; x < stop;) {
+        if (x >= h.run_end) h = g.map.locate(x);
+        const std::int64_t y = std::min(stop, h.run_end);
+        g.runs.push_back({x, y, h.rank});
+        x = y;
+      }
+      g.run_base.push_back(static_cast<std::int32_t>(g.runs.size()));
     }
-    g.run_base.push_back(static_cast<std::int32_t>(g.runs.size()));
   }
 }
 
@@ -490,8 +501,13 @@ class Placer {
     std::int64_t* const saved = saved_.data();
     std::array<std::uint64_t, NW> mask{};
     auto mark = [&mask](std::uint32_t r) { mask[r / 64] |= std::uint64_t{1} << (r % 64); };
-    saved[rows_home_] += vqo;
-    mark(static_cast<std::uint32_t>(rows_home_));
+    // The home runs' savings go to one worker sample after sample (a block's
+    // samples mostly sit on one CP rank): summed in a register while the
+    // worker repeats, not through memory (each add waited for the last
+    // one's store). Integer sums: the same savings in any order.
+    auto pending_worker = static_cast<std::uint32_t>(rows_home_);
+    std::int64_t pending = vqo;
+    mark(pending_worker);
     const std::int32_t first = first_, last = last_, keys = geo_.keys_per_sample, key = key_;
     const std::int64_t* lengths = geo_.lengths.data();
     const std::int32_t* const run_base = geo_.run_base.data();
@@ -513,11 +529,17 @@ class Placer {
       for (const HomeRun* run = home_runs + run_base[j]; run != runs_end; ++run) {
         const std::uint32_t r = run->worker;
         if (!((held[r / 64] >> (r % 64)) & 1U)) {
-          saved[r] += vkv * run->tokens;
-          mark(r);
+          if (r != pending_worker) {
+            saved[pending_worker] += pending;
+            pending_worker = r;
+            pending = 0;
+            mark(r);
+          }
+          pending += vkv * run->tokens;
         }
       }
     }
+    saved[pending_worker] += pending;
     return choose_few<NW>(saved, mask, flops);
   }
 
