@@ -11,7 +11,8 @@ double linear_part(const Ctx& ctx, double tokens, bool backward) {
 }
 
 Result<std::vector<double>> ulysses_steps(const Ctx& ctx, std::span<const PackedSequence> seqs, std::uint64_t window,
-                                          Timing& tm, const std::string& kind, std::vector<MicroBatch>* mbs) {
+                                          Timing& tm, const std::string& kind, std::vector<MicroBatch>* mbs,
+                                          std::vector<PlanCost>* costs) {
   const std::int64_t dp = ctx.cfg.dp;
   const std::int64_t ga = static_cast<std::int64_t>(seqs.size()) / dp;
   StepMax sm{std::vector<double>(static_cast<std::size_t>(ga), 0.0)};
@@ -23,6 +24,7 @@ Result<std::vector<double>> ulysses_steps(const Ctx& ctx, std::span<const Packed
     const NoiseKey key{window, static_cast<std::uint64_t>(g)};
     const double fwd = time_plan(ctx, c, gpus, key, false, false);
     sm.put(g, fwd);
+    if (costs != nullptr) costs->push_back(c);
     if (mbs != nullptr) {
       const double tok = seq_tokens(seqs[static_cast<std::size_t>(i)]);
       mbs->push_back({.attn_fwd = fwd,

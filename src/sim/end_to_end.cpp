@@ -53,6 +53,19 @@ struct Window {
 
 double lin(const Ctx& ctx, double tokens, bool backward) { return linear_part(ctx, tokens, backward); }
 
+// Whether the sweep's ulysses prices (on replica i % DP) are this phase's
+// (on replica 0): the same plans, on GPUs that price alike.
+bool takes_swept(const Window& win, const std::vector<PlanCost>* swept) {
+  const SimConfig& cfg = win.ctx.cfg;
+  if (swept == nullptr || swept->size() != win.seqs.size()) return false;
+  const auto gpus = pool_gpus(0, 1, cfg.cp);
+  for (std::size_t i = 0; i < win.seqs.size(); ++i) {
+    const auto at = pool_gpus(static_cast<std::int64_t>(i) % cfg.dp, 1, cfg.cp);
+    if (!same_price_gpus(cfg.cost.net, at, gpus)) return false;
+  }
+  return true;
+}
+
 // Ulysses: every sequence on its own CP group; planned once, timed per DP.
 Result<std::vector<PlanCost>> ulysses_costs(Window& win) {
   std::vector<PlanCost> out;
@@ -200,7 +213,8 @@ std::vector<CouplingSteps> steps_at(const SimConfig& cfg, const std::vector<Repl
 
 E2eWindow e2e_window(const Ctx& ctx, std::span<const PackedSequence> window, std::uint64_t w,
                      const SimCandidate& rec, const std::vector<std::int64_t>& dps, Variant libra,
-                     std::int64_t chunks, bool relayed, ChunkSplit split, const SweptTopo& swept) {
+                     std::int64_t chunks, bool relayed, ChunkSplit split, const SweptTopo& swept,
+                     const std::vector<PlanCost>* ulysses) {
   E2eWindow out;
   out.timing.on = ctx.cfg.thread_timing;
   for (const auto& s : window) out.tokens += seq_tokens(s);
@@ -210,11 +224,14 @@ E2eWindow e2e_window(const Ctx& ctx, std::span<const PackedSequence> window, std
     return out;
   }
   Window win{ctx, window, w, std::move(*f), out.timing};
-  auto uly = ulysses_costs(win);
-  if (!uly.ok()) {
-    out.status = uly.error();
+  const bool swept_uly = takes_swept(win, ulysses);
+  Result<std::vector<PlanCost>> own = std::vector<PlanCost>{};
+  if (!swept_uly) own = ulysses_costs(win);
+  if (!own.ok()) {
+    out.status = own.error();
     return out;
   }
+  const std::vector<PlanCost>& uly = swept_uly ? *ulysses : *own;
   PlanConfig lpc = plan_config(ctx, rec.head_shards, rec.block_size, chunks,
                                libra == Variant::kLibraTopo ? PlanMode::kTapTopo : PlanMode::kTap, false);
   lpc.chunk_split = split;
@@ -225,7 +242,7 @@ E2eWindow e2e_window(const Ctx& ctx, std::span<const PackedSequence> window, std
     StepTrace tr;
     tr.dp = dp;
     tr.pool_size = std::gcd(rec.pool_size, dp);
-    const auto ur = ulysses_replicas(win, *uly, dp, at_dp ? &out.mb_ulysses : nullptr, traced ? &tr.ulysses : nullptr);
+    const auto ur = ulysses_replicas(win, uly, dp, at_dp ? &out.mb_ulysses : nullptr, traced ? &tr.ulysses : nullptr);
     auto lrp = libra_replicas(win, lr, dp, at_dp ? &out.mb_libra : nullptr, traced ? &tr.libra : nullptr);
     if (!lrp.ok()) {
       out.status = lrp.error();

@@ -244,9 +244,10 @@ struct StepMax {
 // Latency per GA step of Ulysses over sequences in loader order (replica r
 // of GA step g runs sequence g * DP + r).
 // With `mbs`, each sequence's micro-batch (attention forward and backward,
-// linear part) too.
+// linear part) too; with `costs`, each sequence's price.
 Result<std::vector<double>> ulysses_steps(const Ctx& ctx, std::span<const PackedSequence> seqs, std::uint64_t window,
-                                          Timing& tm, const std::string& kind, std::vector<MicroBatch>* mbs = nullptr);
+                                          Timing& tm, const std::string& kind, std::vector<MicroBatch>* mbs = nullptr,
+                                          std::vector<PlanCost>* costs = nullptr);
 // The linear part of a micro-batch of `tokens` on one CP group.
 double linear_part(const Ctx& ctx, double tokens, bool backward);
 // Whether distca can be timed at this DP, and why not.
@@ -322,6 +323,9 @@ struct WindowResult {
   Status status;
   std::vector<double> ulysses, wlb, wlb_loader;  // per GA step
   std::vector<MicroBatch> ulysses_mb;            // per sequence, in window order (the step model's)
+  // Per sequence, ulysses' price on replica i % DP (with the end-to-end
+  // model only: its ulysses takes them, e2e_window).
+  std::vector<PlanCost> ulysses_costs;
   double tokens = 0;
   std::int64_t wlb_split = 0;
   std::vector<CandWindow> cand;
@@ -382,12 +386,18 @@ std::vector<std::int64_t> end_to_end_dps(const SimConfig& cfg);
 // at that P: the same H and B, timed at the same M and shape on the same
 // attention shape.
 using SweptTopo = std::map<std::int64_t, const TopoAtDp*>;
+// Whether a pool's price on GPUs b is its price on a (sweep.cpp): the same
+// node and supernode pattern and, with PXN, a shifted by whole nodes.
+bool same_price_gpus(const Interconnect& net, std::span<const std::int64_t> a, std::span<const std::int64_t> b);
 // `libra` names the libra variant timed (libra-full, libra-topo or
 // libra-tap-vrsp), at `chunks` pipeline chunks cut by `split`, relayed or
-// not. ctx carries the trained model's attention shape.
+// not. ctx carries the trained model's attention shape. `ulysses`: the
+// sweep's ulysses prices of the window (WindowResult::ulysses_costs) on
+// that shape, taken where their GPUs price alike.
 E2eWindow e2e_window(const Ctx& ctx, std::span<const PackedSequence> window, std::uint64_t w,
                      const SimCandidate& rec, const std::vector<std::int64_t>& dps, Variant libra,
-                     std::int64_t chunks, bool relayed, ChunkSplit split, const SweptTopo& swept = {});
+                     std::int64_t chunks, bool relayed, ChunkSplit split, const SweptTopo& swept = {},
+                     const std::vector<PlanCost>* ulysses = nullptr);
 // The step of every coupling setting at --dp, summed over windows, from
 // per-replica costs (replica-major, micro-batches in GA order).
 std::vector<CouplingSteps> steps_at(const SimConfig& cfg, const std::vector<ReplicaCosts>& uly,

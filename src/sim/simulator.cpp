@@ -516,6 +516,8 @@ Status run_end_to_end(const Ctx& ctx, std::span<const PackedSequence> seqs, std:
     if (!s.ok()) return invalid_input(fmt::format("--trained-heads-kv {}: {}", trained.model.heads_kv, s.message()));
   }
   const std::vector<std::int64_t> dps = end_to_end_dps(trained);
+  // The sweep's prices are on its attention shape.
+  const bool same_shape = trained.model.heads_kv == ctx.cfg.model.heads_kv;
   const std::int64_t windows = res.windows, gbs = trained.gbs;
   const double t1 = wall_seconds();
   std::vector<E2eWindow> er(static_cast<std::size_t>(windows));
@@ -523,7 +525,8 @@ Status run_end_to_end(const Ctx& ctx, std::span<const PackedSequence> seqs, std:
     er[static_cast<std::size_t>(i)] =
         e2e_window(tctx, seqs.subspan(static_cast<std::size_t>(i * gbs), static_cast<std::size_t>(gbs)),
                    static_cast<std::uint64_t>(i), best, dps, res.end_to_end_variant, res.end_to_end_chunks,
-                   e2e.relayed, e2e.chunk_split, swept_topo(ctx, trained, wr, static_cast<std::size_t>(i), e2e, res));
+                   e2e.relayed, e2e.chunk_split, swept_topo(ctx, trained, wr, static_cast<std::size_t>(i), e2e, res),
+                   same_shape ? &wr[static_cast<std::size_t>(i)].ulysses_costs : nullptr);
   });
   res.timing.end_to_end_s = wall_seconds() - t1;
   LIBRA_TRY(fold_end_to_end(er, dps, best, res));

@@ -231,10 +231,11 @@ TEST(Simulate, LibraPlusFromSharedPlansIsWhatTapSplitPlans) {
 }
 
 // The end-to-end phase takes libra-topo's times from the sweep where the
-// recommended candidate runs pools of a swept P (CandWindow::topo_at_dp):
-// every figure as planning afresh gives, bit for bit, with fewer plans.
-// With PXN, pools of P = 1 priced on GPUs 2, 3 (half a node) are not taken
-// for GPUs 0, 1 (same_price_gpus): those are planned afresh.
+// recommended candidate runs pools of a swept P (CandWindow::topo_at_dp),
+// and ulysses' prices from the ulysses baseline: every figure as planning
+// afresh gives, bit for bit, with fewer plans. With PXN, pools priced on
+// GPUs 2, 3 (half a node) are not taken for GPUs 0, 1 (same_price_gpus):
+// libra-topo's P = 1 and ulysses are planned afresh.
 TEST(Simulate, EndToEndTakesSweptTopoTimesAsPlanningAfreshGives) {
   for (const auto& [pxn, planned] : {std::pair{false, 0}, std::pair{true, 4}}) {
     SimConfig cfg = tiny_config();
@@ -263,12 +264,18 @@ TEST(Simulate, EndToEndTakesSweptTopoTimesAsPlanningAfreshGives) {
     const SimCandidate& rec = ctx.candidates.back();  // P = 4: P 1, 2 and 4 at DP 1, 2 and 4
     const detail::E2eWindow fresh =
         detail::e2e_window(ctx, window, 0, rec, dps, Variant::kLibraTopo, 2, true, ChunkSplit::kEqual);
-    const detail::E2eWindow taken =
-        detail::e2e_window(ctx, window, 0, rec, dps, Variant::kLibraTopo, 2, true, ChunkSplit::kEqual, swept);
+    ASSERT_EQ(wr.ulysses_costs.size(), window.size());
+    const detail::E2eWindow taken = detail::e2e_window(ctx, window, 0, rec, dps, Variant::kLibraTopo, 2, true,
+                                                       ChunkSplit::kEqual, swept, &wr.ulysses_costs);
     ASSERT_TRUE(fresh.status.ok() && taken.status.ok());
-    EXPECT_EQ(fresh.timing.by_kind.at("end-to-end libra").second, 7) << "pxn " << pxn;  // 4 + 2 + 1 pools
-    const auto own = taken.timing.by_kind.find("end-to-end libra");
-    EXPECT_EQ(own == taken.timing.by_kind.end() ? 0 : own->second.second, planned) << "pxn " << pxn;
+    auto plans = [](const detail::E2eWindow& e, const std::string& kind) {
+      const auto it = e.timing.by_kind.find(kind);
+      return it == e.timing.by_kind.end() ? std::int64_t{0} : it->second.second;
+    };
+    EXPECT_EQ(plans(fresh, "end-to-end libra"), 7) << "pxn " << pxn;  // 4 + 2 + 1 pools
+    EXPECT_EQ(plans(taken, "end-to-end libra"), planned) << "pxn " << pxn;
+    EXPECT_EQ(plans(fresh, "end-to-end ulysses"), 4) << "pxn " << pxn;
+    EXPECT_EQ(plans(taken, "end-to-end ulysses"), planned) << "pxn " << pxn;
     ASSERT_EQ(fresh.steps.size(), dps.size());
     ASSERT_EQ(taken.steps.size(), dps.size());
     for (std::size_t k = 0; k < dps.size(); ++k) {
@@ -280,6 +287,7 @@ TEST(Simulate, EndToEndTakesSweptTopoTimesAsPlanningAfreshGives) {
     }
     EXPECT_EQ(fresh.mb_libra, taken.mb_libra) << "pxn " << pxn;
     EXPECT_EQ(fresh.mb_libra.size(), window.size());
+    EXPECT_EQ(fresh.mb_ulysses, taken.mb_ulysses) << "pxn " << pxn;
   }
 }
 

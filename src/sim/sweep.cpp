@@ -59,6 +59,27 @@ Status check_candidate(const Ctx& ctx, const SimCandidate& c, std::int64_t chunk
   return {};
 }
 
+// Whether a pool's price on GPUs b is its price on a: AlltoallPricer reads
+// the GPUs only through which node and supernode each is on (compared and
+// counted) and, with PXN, the GPU of the same local rank on another node.
+// So b prices as a where its workers' nodes and supernodes lie as a's do
+// (the same offsets from worker 0's) and, with PXN, b is a shifted by
+// whole nodes.
+bool same_price_gpus(const Interconnect& net, std::span<const std::int64_t> a, std::span<const std::int64_t> b) {
+  if (a.size() != b.size()) return false;
+  if (a.empty()) return true;
+  const std::int64_t per_node = net.gpus_per_node, per_sn = net.gpus_per_node * net.nodes_per_supernode;
+  const std::int64_t shift = b[0] - a[0];
+  if (net.pxn && shift % per_node != 0) return false;
+  for (std::size_t r = 0; r < a.size(); ++r) {
+    if (b[r] / per_node - b[0] / per_node != a[r] / per_node - a[0] / per_node ||
+        b[r] / per_sn - b[0] / per_sn != a[r] / per_sn - a[0] / per_sn || (net.pxn && b[r] - a[r] != shift)) {
+      return false;
+    }
+  }
+  return true;
+}
+
 namespace {
 
 using Placed = std::pair<WindowPlacement, StepLayout>;
@@ -109,7 +130,9 @@ Result<Placed> placement_for(WindowRun& run, std::int64_t p, PlacementMode mode,
 // The candidate-independent baselines: ulysses, wlb (sorted) and wlb-loader.
 Status window_baselines(WindowRun& run, WindowResult& out) {
   const SimConfig& cfg = run.ctx.cfg;
-  LIBRA_ASSIGN_OR_RETURN(out.ulysses, ulysses_steps(run.ctx, run.window, run.w, run.tm, "ulysses", &out.ulysses_mb));
+  const bool e2e = cfg.end_to_end && !cfg.scaling_dp.empty();
+  LIBRA_ASSIGN_OR_RETURN(out.ulysses, ulysses_steps(run.ctx, run.window, run.w, run.tm, "ulysses", &out.ulysses_mb,
+                                                    e2e ? &out.ulysses_costs : nullptr));
   for (const auto& sq : run.window) out.tokens += seq_tokens(sq);
   LIBRA_ASSIGN_OR_RETURN(WlbRepack repacked,
                          wlb_repack(run.window, run.ctx.seq_len, static_cast<std::int64_t>(run.window.size())));
@@ -403,27 +426,6 @@ struct SharedPools {
   std::vector<bool> want;
   std::vector<std::optional<KeptPool>> kept;
 };
-
-// Whether a pool's price on GPUs b is its price on a: AlltoallPricer reads
-// the GPUs only through which node and supernode each is on (compared and
-// counted) and, with PXN, the GPU of the same local rank on another node.
-// So b prices as a where its workers' nodes and supernodes lie as a's do
-// (the same offsets from worker 0's) and, with PXN, b is a shifted by
-// whole nodes.
-bool same_price_gpus(const Interconnect& net, std::span<const std::int64_t> a, std::span<const std::int64_t> b) {
-  if (a.size() != b.size()) return false;
-  if (a.empty()) return true;
-  const std::int64_t per_node = net.gpus_per_node, per_sn = net.gpus_per_node * net.nodes_per_supernode;
-  const std::int64_t shift = b[0] - a[0];
-  if (net.pxn && shift % per_node != 0) return false;
-  for (std::size_t r = 0; r < a.size(); ++r) {
-    if (b[r] / per_node - b[0] / per_node != a[r] / per_node - a[0] / per_node ||
-        b[r] / per_sn - b[0] / per_sn != a[r] / per_sn - a[0] / per_sn || (net.pxn && b[r] - a[r] != shift)) {
-      return false;
-    }
-  }
-  return true;
-}
 
 // Makes CandWindow::topo_at_dp pool by pool, as end_to_end.cpp's
 // libra_replicas would time each pool at each DP point.
