@@ -1321,6 +1321,45 @@ static void expect_chunk_lists(const libra::Plan& plan, const libra::detail::Exc
   }
 }
 
+// exchange_sums from the layout's sums by key (ExchangeLayout::by_key) are
+// the sums of walking every fetch, for every chunking of plans whose keys
+// hold one KV head, share one (H > h_kv) or hold both (H 1).
+TEST(PlanCost, SumsByKeyAreTheFetchWalksSums) {
+  const PricedPool pp;
+  int by_key = 0;  // chunkings priced by key
+  for (libra::PlanMode mode : {libra::PlanMode::kTap, libra::PlanMode::kTapSplit, libra::PlanMode::kTapTopo}) {
+    for (int shards : {1, 2, 4, 8}) {
+      const bool topo = mode == libra::PlanMode::kTapTopo;
+      libra::PlanConfig pc =
+          priced_config(mode, topo ? libra::HomeLayout::kZigzag : libra::HomeLayout::kContiguous, topo, 2);
+      pc.head_shards = shards;
+      pc.dedup_per_kv_head = mode == libra::PlanMode::kTapSplit;
+      auto plan = libra::make_plan(pp.pool, pc);
+      ASSERT_TRUE(plan.ok()) << plan.error().message();
+      const libra::detail::ExchangeLayout layout = libra::detail::exchange_layout(plan->data_as_built());
+      libra::detail::ExchangeLayout walk = layout;
+      walk.by_key = false;
+      for (int m : {1, 2, 3, 4}) {
+        for (libra::ChunkSplit split : {libra::ChunkSplit::kEqual, libra::ChunkSplit::kTapered}) {
+          auto re = libra::rechunk_plan(*plan, m, split);
+          if (!re.ok()) continue;  // M must divide (equal) or fit (tapered) the shard's heads
+          const std::string at = std::string(libra::plan_mode_name(mode)) + " H=" + std::to_string(shards) +
+                                 " M=" + std::to_string(m) + (split == libra::ChunkSplit::kTapered ? " tapered" : "");
+          for (bool dkv : {false, true}) {
+            const auto x = libra::detail::exchange_sums(re->data_as_built(), layout, dkv);
+            const auto y = libra::detail::exchange_sums(re->data_as_built(), walk, dkv);
+            EXPECT_EQ(x.kv_token_heads, y.kv_token_heads) << at;
+            EXPECT_EQ(x.dkv_rows, y.dkv_rows) << at;
+            EXPECT_EQ(x.qo_row_heads, y.qo_row_heads) << at;
+          }
+          by_key += layout.by_key && !layout.key_rows.empty();
+        }
+      }
+    }
+  }
+  EXPECT_GT(by_key, 20);
+}
+
 // The simulator prices a plan from its exchange sums (exchange_sums, no
 // transfer lists) over the pairs they touch: the same bytes as the plan's
 // derived exchange (byte matrix, chunk lists, relays) and the same times

@@ -1205,6 +1205,9 @@ void key_sums(ExchangeLayout& out, const KeyHeads& keys, std::size_t K, std::siz
   rows.assign(n * K, 0);
   std::vector<std::uint64_t> cell_keys(heads_kv, 0);
   std::vector<std::int64_t> cell_rows(heads_kv, 0);
+  // A run's cells are at most its fetches where each key holds one KV head
+  // (the list is not copied as it grows).
+  out.dkv_cells.reserve(out.fetches.size());
   for (const ExchangeLayout::Run& r : out.runs) {
     std::int32_t lo = std::numeric_limits<std::int32_t>::max(), hi = 0;
     for (std::uint32_t i = r.first; i < r.last; ++i) {
@@ -1227,6 +1230,7 @@ void key_sums(ExchangeLayout& out, const KeyHeads& keys, std::size_t K, std::siz
       cell_rows[kh] = 0;
     }
   }
+  out.key_rows.reserve(std::min(n * K, out.fetches.size()));
   for (std::size_t j = 0; j < n; ++j) {
     for (std::size_t k = 0; k < K; ++k) {
       const std::int64_t v = rows[j * K + k];
@@ -1466,7 +1470,11 @@ ExchangeSums exchange_sums(const Plan::Data& d, const ExchangeLayout& layout, bo
   // are its rows times the chunk's heads (integers: the same sums).
   const std::vector<std::int32_t> at = chunk_head_table(g, d.config);
   for (std::size_t m = 0; m < M; ++m) {
-    for (std::size_t j = 0; j < n; ++j) out.qo_row_heads[m * n + j] = layout.qo_rows[j] * (at[m + 1] - at[m]);
+    // Through locals: the loop is not reloading the vectors and `at`.
+    const std::int64_t heads = at[m + 1] - at[m];
+    const std::int64_t* const rows = layout.qo_rows.data();
+    std::int64_t* const into = out.qo_row_heads.data() + m * n;
+    for (std::size_t j = 0; j < n; ++j) into[j] = rows[j] * heads;
   }
   const KeyHeads keys = key_heads(g);
   const std::vector<HeadRange> chunk_kv = chunk_kv_table(g, d.config, keys);
