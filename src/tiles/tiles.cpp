@@ -501,8 +501,13 @@ class Placer {
     std::int64_t* const saved = saved_.data();
     std::array<std::uint64_t, NW> mask{};
     auto mark = [&mask](std::uint32_t r) { mask[r / 64] |= std::uint64_t{1} << (r % 64); };
-    saved[rows_home_] += vqo;
-    mark(static_cast<std::uint32_t>(rows_home_));
+    // The home runs' savings go to one worker sample after sample (a block's
+    // samples mostly sit on one CP rank): summed in a register while the
+    // worker repeats, not through memory (each add waited for the last
+    // one's store). Integer sums: the same savings in any order.
+    auto pending_worker = static_cast<std::uint32_t>(rows_home_);
+    std::int64_t pending = vqo;
+    mark(pending_worker);
     const std::int32_t first = first_, last = last_, keys = geo_.keys_per_sample, key = key_;
     const std::int64_t* lengths = geo_.lengths.data();
     const std::int32_t* const run_base = geo_.run_base.data();
@@ -524,11 +529,17 @@ class Placer {
       for (const HomeRun* run = home_runs + run_base[j]; run != runs_end; ++run) {
         const std::uint32_t r = run->worker;
         if (!((held[r / 64] >> (r % 64)) & 1U)) {
-          saved[r] += vkv * run->tokens;
-          mark(r);
+          if (r != pending_worker) {
+            saved[pending_worker] += pending;
+            pending_worker = r;
+            pending = 0;
+            mark(r);
+          }
+          pending += vkv * run->tokens;
         }
       }
     }
+    saved[pending_worker] += pending;
     return choose_few<NW>(saved, mask, flops);
   }
 
