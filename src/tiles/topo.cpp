@@ -71,12 +71,14 @@ struct Blocks {
     std::int32_t rank;
     std::int64_t tokens;
     std::int32_t next;  // the first run of the block's next sample
+    std::int32_t only;  // the CP rank holding the whole sample, else -2
   };
   std::vector<std::int32_t> home;
   std::vector<std::int32_t> run_begin;  // blocks + 1, into runs
   std::vector<Run> runs;
   std::vector<std::int32_t> key;
   std::vector<std::int64_t> vkv;
+  std::size_t max_runs = 0;  // of a block
   // Every byte count a candidate adds to a link, and every partial sum, is
   // an integer below 2^53: a double holds each exactly, so a link's final
   // bytes do not depend on the order of the commits.
@@ -85,43 +87,53 @@ struct Blocks {
   Blocks(const Geometry& geo, std::span<const PlacedRows> base) {
     const std::size_t S = static_cast<std::size_t>(geo.shards);
     const std::size_t n = base.size() / S;
-    home.resize(n);
-    run_begin.reserve(n + 1);
-    run_begin.push_back(0);
-    for (std::size_t b = 0; b < n; ++b) {
-      const PlacedRows& t = base[b * S];
-      home[b] = geo.home(t.slot, t.begin);
-      for (std::int32_t j = geo.block_sample(t.slot, t.block);
-           j < geo.sample_base[static_cast<std::size_t>(t.slot) + 1] && geo.starts[static_cast<std::size_t>(j)] < t.end; ++j) {
-        const auto first = runs.size();
-        for (const Geometry::Run& run : geo.sample_runs(j)) runs.push_back({j, run.rank, run.end - run.begin, 0});
-        for (auto k = first; k < runs.size(); ++k) runs[k].next = static_cast<std::int32_t>(runs.size());
-      }
-      run_begin.push_back(static_cast<std::int32_t>(runs.size()));
-    }
     for (int s = 0; s < geo.shards; ++s) {
       key.push_back(geo.key_index(s));
       vkv.push_back(geo.kv_bytes_per_token(s));
     }
-    exact = moved_bound(geo, base) < 0x1p52;
-  }
-
- private:
-  // At least all the bytes the tiles could move together (each tile its
-  // samples' whole K/V and its Q and O), in doubles: the bound only needs
-  // to be within a factor of two.
-  double moved_bound(const Geometry& geo, std::span<const PlacedRows> base) const {
+    // The bound on the bytes moved (see `exact`): each tile its samples'
+    // whole K/V and its Q and O, in doubles (it only needs to be within a
+    // factor of two).
     double kv_per_token = 0;
     for (const std::int64_t v : vkv) kv_per_token += static_cast<double>(v);
     const double qo = 2.0 * static_cast<double>(geo.shards) * static_cast<double>(geo.qo_bytes_per_row());
-    double total = 0;
-    for (std::size_t b = 0; b < home.size(); ++b) {
-      double tokens = 0;
-      for (std::int32_t k = run_begin[b]; k < run_begin[b + 1]; ++k) tokens += static_cast<double>(runs[static_cast<std::size_t>(k)].tokens);
-      const PlacedRows& t = base[b * static_cast<std::size_t>(geo.shards)];
-      total += tokens * kv_per_token + qo * static_cast<double>(t.end - t.begin);
+    double moved = 0;
+    home.resize(n);
+    run_begin.reserve(n + 1);
+    run_begin.push_back(0);
+    // The samples of each block: [first, its end) from the block's first sample.
+    auto samples = [&](const PlacedRows& t) {
+      std::int32_t j = geo.block_sample(t.slot, t.block);
+      const std::int32_t first = j;
+      while (j < geo.sample_base[static_cast<std::size_t>(t.slot) + 1] && geo.starts[static_cast<std::size_t>(j)] < t.end) ++j;
+      return std::pair{first, j};
+    };
+    std::size_t count = 0;  // runs, so that they are written once
+    for (std::size_t b = 0; b < n; ++b) {
+      const auto [first, last] = samples(base[b * S]);
+      count += static_cast<std::size_t>(geo.run_base[static_cast<std::size_t>(last)] - geo.run_base[static_cast<std::size_t>(first)]);
     }
-    return total;
+    runs.reserve(count);
+    for (std::size_t b = 0; b < n; ++b) {
+      const PlacedRows& t = base[b * S];
+      home[b] = geo.home(t.slot, t.begin);
+      double tokens = 0;
+      const auto [first, last] = samples(t);
+      for (std::int32_t j = first; j < last; ++j) {
+        const std::span<const Geometry::Run> sr = geo.sample_runs(j);
+        const auto next = static_cast<std::int32_t>(runs.size() + sr.size());
+        const bool one = std::all_of(sr.begin(), sr.end(), [&](const Geometry::Run& run) { return run.rank == sr[0].rank; });
+        const std::int32_t only = one ? sr[0].rank : -2;
+        for (const Geometry::Run& run : sr) {
+          runs.push_back({j, run.rank, run.end - run.begin, next, only});
+          tokens += static_cast<double>(run.end - run.begin);
+        }
+      }
+      run_begin.push_back(static_cast<std::int32_t>(runs.size()));
+      max_runs = std::max(max_runs, static_cast<std::size_t>(run_begin[b + 1] - run_begin[b]));
+      moved += tokens * kv_per_token + qo * static_cast<double>(t.end - t.begin);
+    }
+    exact = moved < 0x1p52;
   }
 };
 
@@ -177,7 +189,8 @@ class TopoPlacer {
         send_(static_cast<std::size_t>(W_), Tiers{0, 0, 0}),
         recv_(static_cast<std::size_t>(W_), Tiers{0, 0, 0}),
         committed_(static_cast<std::size_t>(geo.sample_base.back()) * geo.keys_per_sample * words_, 0),
-        add_(static_cast<std::size_t>(geo.cp), 0) {
+        add_(static_cast<std::size_t>(geo.cp), 0),
+        src_buf_(blocks.max_runs) {
     const double nodes = static_cast<double>((W_ + topo.gpus_per_node - 1) / topo.gpus_per_node);
     inv_[0] = 1.0 / (topo.intra_node_gbps * 1e9);
     inv_[1] = (1.0 + topo.congestion_per_node * std::max(0.0, nodes - 2)) / (topo.inter_node_gbps * 1e9);
@@ -198,15 +211,19 @@ class TopoPlacer {
     p_ = t.slot;
     home_ = piece ? geo_.home(t.slot, t.begin) : blocks_.home[block];
     vqo_ = (t.end - t.begin) * geo_.qo_bytes_per_row();
-    srcs_.clear();
     const std::int64_t vkv = blocks_.vkv[static_cast<std::size_t>(t.shard)];
     const std::int32_t key = blocks_.key[static_cast<std::size_t>(t.shard)];
-    for (std::int32_t k = blocks_.run_begin[block]; k < blocks_.run_begin[block + 1]; ++k) {
-      const Blocks::Run& run = blocks_.runs[static_cast<std::size_t>(k)];
-      const auto j = static_cast<std::size_t>(run.sample);
+    const int keys = geo_.keys_per_sample;
+    // Written through a pointer into a buffer of the largest block's size:
+    // push_back would reload the vector's end after every store.
+    Source* out = src_buf_.data();
+    const Blocks::Run* const end = blocks_.runs.data() + blocks_.run_begin[block + 1];
+    for (const Blocks::Run* run = blocks_.runs.data() + blocks_.run_begin[block]; run != end; ++run) {
+      const auto j = static_cast<std::size_t>(run->sample);
       if (piece && (geo_.starts[j] >= t.end || geo_.starts[j] + geo_.lengths[j] <= t.begin)) continue;
-      srcs_.push_back({run.sample * geo_.keys_per_sample + key, run.rank, vkv * run.tokens});
+      *out++ = {run->sample * keys + key, run->rank, vkv * run->tokens};
     }
+    nsrcs_ = static_cast<std::size_t>(out - src_buf_.data());
     if (!scoring) return;
     // Most candidates hold none of the tile's groups and sit outside its
     // slot: for them the bytes per source are the same and, when the slot
@@ -218,15 +235,21 @@ class TopoPlacer {
     std::fill(touched_.begin(), touched_.end(), 0);
     // A group's sources are consecutive (one per home run of its sample).
     std::int32_t group = -1;
-    for (const Source& s : srcs_) {
+    std::int64_t total = vqo_;
+    for (const Source& s : srcs()) {
       add_[static_cast<std::size_t>(s.rank)] += s.bytes;
+      total += s.bytes;
       if (s.group == group) continue;
       group = s.group;
       const std::uint64_t* bits = &committed_[static_cast<std::size_t>(s.group) * words_];
       for (std::size_t k = 0; k < words_; ++k) touched_[k] |= bits[k];
     }
     add_[static_cast<std::size_t>(home_ - base)] += vqo_;
-    for (int c = 0; c < geo_.cp; ++c) mark(base + c);
+    if (base / 64 == (base + geo_.cp - 1) / 64) {  // the slot's workers in one word
+      touched_[static_cast<std::size_t>(base) / 64] |= (~std::uint64_t{0} >> (64 - geo_.cp)) << (base % 64);
+    } else {
+      for (int c = 0; c < geo_.cp; ++c) mark(base + c);
+    }
     one_node_ = tiering_.one_node[static_cast<std::size_t>(p_)] != 0;
     slot_tier_ = tiering_.slot_tier.data() + static_cast<std::size_t>(p_) * static_cast<std::size_t>(W_);
     if (!one_node_) return;
@@ -238,8 +261,7 @@ class TopoPlacer {
       fresh_tier_[k] = any != 0;
     }
     if (!fresh_tier_[0] && !fresh_tier_[1] && !fresh_tier_[2]) return;  // least_score will not ask
-    fresh_total_ = 0;
-    for (int c = 0; c < geo_.cp; ++c) fresh_total_ += add_[static_cast<std::size_t>(c)];
+    fresh_total_ = total;
     fresh_worst_ = {0, 0, 0};
     fresh_cost_ = {0, 0, 0};
     for (int c = 0; c < geo_.cp; ++c) {
@@ -363,9 +385,15 @@ class TopoPlacer {
   [[gnu::noinline]] Score evaluate_touched(int r) {
     std::fill(add_.begin(), add_.end(), 0);
     const int base = p_ * geo_.cp;
-    for (const Source& s : srcs_) {
-      if (base + s.rank == r || is_committed(s.group, r)) continue;
-      add_[static_cast<std::size_t>(s.rank)] += s.bytes;
+    // Most sources are r's own or of a group r holds. The bitset and its
+    // stride in locals: the compiler reloads members after every store.
+    const std::uint64_t* committed = committed_.data() + static_cast<std::size_t>(r) / 64;
+    const std::size_t words = words_;
+    const int bit = r % 64, rank = r - base;
+    std::int64_t* add = add_.data();
+    for (const Source& s : srcs()) {
+      if (s.rank == rank || ((committed[static_cast<std::size_t>(s.group) * words] >> bit) & 1U) != 0) continue;
+      add[s.rank] += s.bytes;
     }
     if (r != home_) add_[static_cast<std::size_t>(home_ - base)] += vqo_;
     Score sc;
@@ -399,18 +427,21 @@ class TopoPlacer {
     loads_[static_cast<std::size_t>(r)] += flops;
     if (by_load_ready_) resort(r);
     const int base = p_ * geo_.cp;
-    for (const Source& s : srcs_) {
-      const int w = base + s.rank;
-      if (w != r && !is_committed(s.group, r)) move(w, r, s.bytes);
+    std::uint64_t* committed = committed_.data() + static_cast<std::size_t>(r) / 64;
+    const std::size_t words = words_;
+    const int bit = r % 64, rank = r - base;
+    for (const Source& s : srcs()) {
+      if (s.rank != rank && ((committed[static_cast<std::size_t>(s.group) * words] >> bit) & 1U) == 0) {
+        move(base + s.rank, r, s.bytes);
+      }
     }
     // A group spanning ranks has several sources, consecutive: mark it
     // after all of them, once (a store per source waited on the last).
     std::int32_t group = -1;
-    for (const Source& s : srcs_) {
+    for (const Source& s : srcs()) {
       if (s.group == group) continue;
       group = s.group;
-      committed_[static_cast<std::size_t>(s.group) * words_ + static_cast<std::size_t>(r) / 64] |= std::uint64_t{1}
-                                                                                                   << (r % 64);
+      committed[static_cast<std::size_t>(s.group) * words] |= std::uint64_t{1} << bit;
     }
     if (r != home_) {
       move(home_, r, vqo_);
@@ -424,11 +455,15 @@ class TopoPlacer {
   // group each, so each group's bit is read before its moves and set after
   // them, and the moves happen in commit()'s order. A group r holds already
   // skips its runs; from a slot in one node every run's tier is the slot's.
-  // Returns whether any K/V moved.
+  // A sample wholly on r moves nothing and its group's bit is left unset:
+  // no reader needs it (load_rows() marks every worker of the slot touched,
+  // evaluate_touched() and commit() skip the sources on r before reading
+  // the bit). Returns whether any K/V moved.
   bool commit_tile(const PlacedRows& t, std::size_t block, int r, std::int64_t flops) {
     loads_[static_cast<std::size_t>(r)] += flops;
     by_load_ready_ = false;  // re-sorted when least_score needs it
     const int base = t.slot * geo_.cp;
+    const std::int32_t rank = r >= base && r < base + geo_.cp ? r - base : -1;
     const std::int64_t vkv = blocks_.vkv[static_cast<std::size_t>(t.shard)];
     const std::int32_t key = blocks_.key[static_cast<std::size_t>(t.shard)];
     const std::uint64_t bit = std::uint64_t{1} << (r % 64);
@@ -440,6 +475,7 @@ class TopoPlacer {
                                                 static_cast<std::size_t>(r)];
     bool kv = false;
     for (std::int32_t k = blocks_.run_begin[block]; k < end; k = runs[k].next) {
+      if (runs[k].only == rank) continue;
       std::uint64_t& bits =
           committed_[static_cast<std::size_t>(runs[k].sample * geo_.keys_per_sample + key) * words_ + word];
       if ((bits & bit) != 0) continue;
@@ -561,9 +597,6 @@ class TopoPlacer {
     send_[static_cast<std::size_t>(from)][tier] += static_cast<double>(bytes);
     recv_[static_cast<std::size_t>(to)][tier] += static_cast<double>(bytes);
   }
-  bool is_committed(std::int32_t group, int r) const {
-    return (committed_[static_cast<std::size_t>(group) * words_ + static_cast<std::size_t>(r) / 64] >> (r % 64)) & 1U;
-  }
 
   const Geometry& geo_;
   const Blocks& blocks_;
@@ -583,7 +616,9 @@ class TopoPlacer {
   // The loaded tile.
   int p_ = -1, home_ = 0;
   std::int64_t vqo_ = 0;
-  std::vector<Source> srcs_;
+  std::vector<Source> src_buf_;  // the loaded tile's sources: the first nsrcs_
+  std::size_t nsrcs_ = 0;
+  std::span<const Source> srcs() const { return {src_buf_.data(), nsrcs_}; }
   const std::uint8_t* slot_tier_ = nullptr;  // tiering_'s row of slot p_
   // The fast path of least_score() (see load()).
   std::vector<std::uint64_t> touched_;  // candidates that need the general path
