@@ -251,8 +251,26 @@ AlltoallPricer::Pairs AlltoallPricer::pairs(std::span<const std::uint32_t> pairs
 }
 
 void AlltoallPricer::seconds(const Pairs& pairs, std::span<const std::int64_t> bytes, std::vector<double>& t) {
+  // add() over raw pointers held in locals: through the members the
+  // compiler reloads every array's address after each store.
+  const std::uint32_t *src = pairs.src.data(), *dst = pairs.dst.data(), *via = pairs.via.data();
+  const std::uint8_t* tier = pairs.tier.data();
+  std::array<double, 3>* const sent_b = sent_b_.data();
+  std::array<double, 3>* const recv_b = recv_b_.data();
+  std::int64_t *const sent = sent_.data(), *const received = received_.data();
   for (std::size_t j = 0; j < bytes.size(); ++j) {
-    if (bytes[j] != 0 && pairs.src[j] != pairs.dst[j]) add(pairs.src[j], pairs.dst[j], pairs.via[j], pairs.tier[j], bytes[j]);
+    const std::size_t s = src[j], d = dst[j];
+    if (bytes[j] == 0 || s == d) continue;
+    const std::size_t v = via[j], k = tier[j];
+    const auto b = static_cast<double>(bytes[j]);
+    if (v != s) {
+      sent_b[s][0] += b;
+      recv_b[v][0] += b;
+    }
+    sent_b[v][k] += b;
+    recv_b[d][k] += b;
+    ++sent[s];
+    ++received[d];
   }
   finish(t);
 }

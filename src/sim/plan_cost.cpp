@@ -8,6 +8,7 @@
 #include <bit>
 #include <chrono>
 #include <cmath>
+#include <memory>
 #include <ctime>
 #include <numeric>
 #include <stdexcept>
@@ -182,9 +183,11 @@ struct SparsePhases {
   std::vector<std::uint32_t> pairs;
   std::size_t slices = 1;  // kept: M (+ 1 with the whole step)
   std::array<std::size_t, kPhases> slot{};  // where each kept phase's slices start
-  std::vector<std::int64_t> bytes;  // [slot][slice][pair]
+  // [slot][slice][pair]; not zeroed where every cell is written before it
+  // is read (sparse_phases).
+  std::unique_ptr<std::int64_t[]> bytes;
   std::int64_t* at(std::size_t phase, std::size_t slice) {
-    return bytes.data() + (slot[phase] * slices + slice) * pairs.size();
+    return bytes.get() + (slot[phase] * slices + slice) * pairs.size();
   }
 };
 
@@ -249,6 +252,38 @@ bool PhaseSet::keeps(std::size_t phase, bool relayed) const {
   return (!ret || rets) && (!stage || relayed) && (!bwd || backward);
 }
 
+// Chunk m's unrelayed phase bytes written (not added) over the sums' own
+// pairs: sparse_phases' terms, each pair's cell set once. bin, fout and
+// bout null where not kept.
+void direct_slice(const ExchangeSums& x, std::size_t m, std::int64_t* __restrict fin, std::int64_t* __restrict bin,
+                  std::int64_t* __restrict fout, std::int64_t* __restrict bout) {
+  const std::size_t n = x.pairs.size();
+  const std::int64_t d = x.head_dim, qo = x.head_dim * x.elem_bytes;
+  const std::int64_t* q = x.qo_row_heads.data() + m * n;
+  const std::int64_t* kv = x.kv_token_heads.data() + m * n;
+  const std::uint32_t* rev = x.reverse.data();
+  for (std::size_t k = 0; k < n; ++k) fin[k] = qo * q[k] + 2 * qo * kv[k];
+  if (bin != nullptr) {
+    for (std::size_t k = 0; k < n; ++k) bin[k] = 3 * qo * q[k] + 4 * q[k] + 2 * qo * kv[k];
+  }
+  if (fout == nullptr) return;
+  for (std::size_t k = 0; k < n; ++k) fout[k] = qo * q[rev[k]] + 4 * q[rev[k]];
+  if (bout == nullptr) return;
+  const std::int64_t* dkv = x.dkv_rows.data() + m * n;
+  for (std::size_t k = 0; k < n; ++k) bout[k] = d * 4 * q[rev[k]] + 2 * d * 4 * dkv[k];
+}
+
+// Phase p's whole-step slice M: its M chunks' sum (written, not added).
+void sum_chunks(SparsePhases& ph, std::size_t p, std::size_t M) {
+  const std::size_t n = ph.pairs.size();
+  std::int64_t* whole = ph.at(p, M);
+  std::copy_n(ph.at(p, 0), n, whole);
+  for (std::size_t m = 1; m < M; ++m) {
+    const std::int64_t* part = ph.at(p, m);
+    for (std::size_t j = 0; j < n; ++j) whole[j] += part[j];
+  }
+}
+
 // phase_bytes over the pairs the sums touch and, with relays, the pairs
 // the relays send through.
 SparsePhases sparse_phases(const ExchangeSums& x, const RelayTable* relays, PhaseSet set) {
@@ -272,9 +307,22 @@ SparsePhases sparse_phases(const ExchangeSums& x, const RelayTable* relays, Phas
   for (std::size_t p = 0; p < P::kPhases; ++p) {
     if (set.keeps(p, relayed)) out.slot[p] = kept++;
   }
-  out.bytes.assign(kept * out.slices * n, 0);
+  // Unrelayed, pair k's cells are its own (j = k), written by the first
+  // chunk into its slice and added by the later ones (without the chunks,
+  // all into slice 0), and the whole step is its chunks' sum: no cell is
+  // read unwritten, so the bytes are not zeroed first. Relayed, several
+  // pairs add into one relay pair's cells and some cells get nothing:
+  // zeroed.
+  const std::size_t cells = kept * out.slices * n;
+  out.bytes = std::make_unique_for_overwrite<std::int64_t[]>(cells);
+  if (relayed) std::fill_n(out.bytes.get(), cells, 0);
   for (std::size_t m = 0; m < M; ++m) {
     const std::size_t slice = set.chunks ? m : 0;
+    if (!relayed && (set.chunks || m == 0)) {
+      direct_slice(x, m, out.at(P::kFwdIn, slice), bwd ? out.at(P::kBwdIn, slice) : nullptr,
+                   set.rets ? out.at(P::kFwdOut, slice) : nullptr, bwd && set.rets ? out.at(P::kBwdOut, slice) : nullptr);
+      continue;
+    }
     const std::int64_t* q = x.qo_row_heads.data() + m * direct;
     const std::int64_t* kv = x.kv_token_heads.data() + m * direct;
     const std::int64_t* dkv = bwd && set.rets ? x.dkv_rows.data() + m * direct : nullptr;
@@ -312,12 +360,7 @@ SparsePhases sparse_phases(const ExchangeSums& x, const RelayTable* relays, Phas
   }
   if (out.slices > M) {
     for (std::size_t p = 0; p < P::kPhases; ++p) {
-      if (!set.keeps(p, relayed)) continue;
-      std::int64_t* whole = out.at(p, M);
-      for (std::size_t m = 0; m < M; ++m) {
-        const std::int64_t* part = out.at(p, m);
-        for (std::size_t j = 0; j < n; ++j) whole[j] += part[j];
-      }
+      if (set.keeps(p, relayed)) sum_chunks(out, p, M);
     }
   }
   return out;

@@ -1196,6 +1196,45 @@ void add_fetches(const Plan::Data& d, const Geometry& g, std::span<const std::in
   }
 }
 
+// The layout's fetches summed by key (ExchangeLayout::by_key), once its
+// pairs are numbered: the rows per (pair, key), in a dense per-pair table
+// read back in order, and per run the KV heads its fetches' keys hold.
+void key_sums(ExchangeLayout& out, const KeyHeads& keys, std::size_t K, std::size_t heads_kv) {
+  const std::size_t n = out.pairs.size();
+  thread_local std::vector<std::int64_t> rows;
+  rows.assign(n * K, 0);
+  std::vector<std::uint64_t> cell_keys(heads_kv, 0);
+  std::vector<std::int64_t> cell_rows(heads_kv, 0);
+  for (const ExchangeLayout::Run& r : out.runs) {
+    std::int32_t lo = std::numeric_limits<std::int32_t>::max(), hi = 0;
+    for (std::uint32_t i = r.first; i < r.last; ++i) {
+      const ExchangeLayout::Fetch& f = out.fetches[i];
+      const auto k = static_cast<std::size_t>(f.key);
+      rows[r.pair * K + k] += f.rows;
+      const HeadRange h = keys.group[k].kv_heads;
+      if (h.size() == 0) continue;
+      lo = std::min(lo, h.begin);
+      hi = std::max(hi, h.end);
+      for (auto kh = static_cast<std::size_t>(h.begin); kh < static_cast<std::size_t>(h.end); ++kh) {
+        cell_keys[kh] |= std::uint64_t{1} << k;
+        cell_rows[kh] = std::max(cell_rows[kh], f.rows);
+      }
+    }
+    for (auto kh = static_cast<std::size_t>(std::max(lo, 0)); kh < static_cast<std::size_t>(hi); ++kh) {
+      if (cell_keys[kh] == 0) continue;
+      out.dkv_cells.push_back({r.back, static_cast<std::int32_t>(kh), cell_keys[kh], cell_rows[kh]});
+      cell_keys[kh] = 0;
+      cell_rows[kh] = 0;
+    }
+  }
+  for (std::size_t j = 0; j < n; ++j) {
+    for (std::size_t k = 0; k < K; ++k) {
+      const std::int64_t v = rows[j * K + k];
+      if (v != 0) out.key_rows.push_back({static_cast<std::uint32_t>(j), static_cast<std::int32_t>(k), v});
+    }
+  }
+}
+
 // What a key's fetches add whatever their rows, per chunking: the chunks
 // it has KV heads in (m, how many), the KV heads any of them has [lo, hi),
 // and each such head's last chunk (-1: none has it).
@@ -1285,6 +1324,46 @@ struct KvSums {
   }
 };
 
+// exchange_sums' K/V part from the layout's sums by key, where each key's
+// chunks hold all its KV heads (then KvSums reads every fetch's KV heads,
+// each with its key's last use: the same integer sums and maxima, grouped).
+// False, nothing added, where a key's chunks miss one of its KV heads.
+bool sums_by_key(const Plan::Data& d, const ExchangeLayout& layout, const KeyHeads& keys, const KeyChunks& kc, bool dkv,
+                 ExchangeSums& out) {
+  const std::size_t K = keys.group.size(), H = static_cast<std::size_t>(d.geometry->heads_kv);
+  // Per (key, KV head): the chunk of its dK/dV (KvSums' `last` of one fetch).
+  std::vector<std::int32_t> last(K * H, -1);
+  for (std::size_t k = 0; k < K; ++k) {
+    const HeadRange kv = keys.group[k].kv_heads, h = kc.heads[k];
+    if (h.size() != kv.size() || (kv.size() > 0 && h.begin != kv.begin)) return false;
+    const ChunkUse* uses = d.uses_of(0, static_cast<std::int32_t>(k));
+    for (std::int32_t kh = kv.begin; kh < kv.end; ++kh) {
+      const std::int32_t chunk = kc.last[kc.last_at[k] + static_cast<std::size_t>(kh - kv.begin)];
+      if (chunk < 0) return false;
+      const ChunkUse use = uses[kh - kv.begin];
+      last[k * H + static_cast<std::size_t>(kh)] = use.used() ? use.last : chunk;
+    }
+  }
+  const std::size_t n = out.pairs.size();
+  std::int64_t* const kv_token_heads = out.kv_token_heads.data();
+  for (const ExchangeLayout::KeyRows& e : layout.key_rows) {
+    const auto k = static_cast<std::size_t>(e.key);
+    for (std::size_t c = kc.chunks_at[k]; c < kc.chunks_at[k + 1]; ++c) {
+      kv_token_heads[kc.chunks[c].first * n + e.pair] += e.rows * kc.chunks[c].second;
+    }
+  }
+  if (!dkv) return true;
+  std::int64_t* const dkv_rows = out.dkv_rows.data();
+  for (const ExchangeLayout::DkvCell& c : layout.dkv_cells) {
+    std::int32_t at = -1;
+    for (std::uint64_t w = c.keys; w != 0; w &= w - 1) {
+      at = std::max(at, last[static_cast<std::size_t>(std::countr_zero(w)) * H + static_cast<std::size_t>(c.kv_head)]);
+    }
+    dkv_rows[static_cast<std::size_t>(at) * n + c.back] += c.rows;
+  }
+  return true;
+}
+
 }  // namespace
 
 std::ptrdiff_t ExchangeSums::find(std::uint32_t pair) const {
@@ -1355,6 +1434,9 @@ ExchangeLayout exchange_layout(const Plan::Data& d) {
     r.back = out.reverse[r.pair];
     out.bytes[r.pair] += run_bytes[i];
   }
+  const auto K = static_cast<std::size_t>(g.keys_per_sample);
+  out.by_key = d.kv_uses_by_key && K <= 64;
+  if (out.by_key) key_sums(out, keys, K, static_cast<std::size_t>(g.heads_kv));
   return out;
 }
 
@@ -1389,6 +1471,7 @@ ExchangeSums exchange_sums(const Plan::Data& d, const ExchangeLayout& layout, bo
   const KeyHeads keys = key_heads(g);
   const std::vector<HeadRange> chunk_kv = chunk_kv_table(g, d.config, keys);
   const KeyChunks kc(chunk_kv, static_cast<std::size_t>(g.keys_per_sample), M);
+  if (layout.by_key && d.kv_uses_by_key && sums_by_key(d, layout, keys, kc, dkv, out)) return out;
   KvSums kv{d, keys, kc, out, std::vector<std::int32_t>(static_cast<std::size_t>(g.heads_kv), -1),
             std::vector<std::int64_t>(static_cast<std::size_t>(g.heads_kv), 0)};
   const std::span<const ExchangeLayout::Fetch> fetches(layout.fetches);

@@ -430,6 +430,27 @@ struct ExchangeLayout {
   };
   std::vector<Run> runs;
   std::vector<Fetch> fetches;
+  // Where a key's K/V chunk uses are the key's (Plan::Data::kv_uses_by_key)
+  // and a sample has at most 64 keys, the fetches summed over what no
+  // chunking changes: per (pair, key) with any, the rows fetched (pair by
+  // pair); per (run, KV head its keys hold), the pair back, the keys of the
+  // run's fetches that hold it (bit k) and their longest rows. exchange_sums
+  // prices a chunking from these where each key's chunks hold all its KV
+  // heads, else walks the fetches.
+  bool by_key = false;
+  struct KeyRows {
+    std::uint32_t pair;
+    std::int32_t key;
+    std::int64_t rows;
+  };
+  struct DkvCell {
+    std::uint32_t back;
+    std::int32_t kv_head;
+    std::uint64_t keys;
+    std::int64_t rows;
+  };
+  std::vector<KeyRows> key_rows;
+  std::vector<DkvCell> dkv_cells;
 };
 [[nodiscard]] ExchangeLayout exchange_layout(const Plan::Data& d);
 // The sums of plan `d`, whose tiles and groups are the layout's (throws
