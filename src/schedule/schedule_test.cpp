@@ -597,6 +597,102 @@ TEST(RankSchedule, RelayedInputsRunSymbolically) {
 // no NIC ends above the node's unrelayed maximum, the maximum never rises,
 // pairs inside a node and pairs without inputs stay direct, relays stay on
 // the sender's node, and the table is the same on every call.
+// The relay rule of relay.hpp read literally, per chunk and node: the
+// node's pairs largest first (ties by src, dst); while the busiest NIC
+// outweighs the chunk's busiest cross-node receiver, move the first pair on
+// it that leaves it above the idlest NIC onto the idlest.
+std::map<std::tuple<int, int, int>, int> relays_by_the_rule(const std::vector<std::int64_t>& in, int W, int M, int G,
+                                                             std::vector<std::int64_t>& direct,
+                                                             std::vector<std::int64_t>& relayed) {
+  std::map<std::tuple<int, int, int>, int> out;
+  for (int m = 0; m < M; ++m) {
+    auto bytes = [&](int s, int t) { return in[(static_cast<std::size_t>(m) * W + s) * W + t]; };
+    std::int64_t floor = 0;
+    for (int t = 0; t < W; ++t) {
+      std::int64_t r = 0;
+      for (int s = 0; s < W; ++s) r += s / G != t / G ? bytes(s, t) : 0;
+      floor = std::max(floor, r);
+    }
+    std::int64_t most_direct = 0, most_relayed = 0;
+    for (int n0 = 0; n0 < W; n0 += G) {
+      struct P {
+        std::int64_t b;
+        int s, t, via;
+      };
+      std::vector<P> ps;
+      std::vector<std::int64_t> load(static_cast<std::size_t>(std::min(W, n0 + G) - n0), 0);
+      for (int s = n0; s < n0 + static_cast<int>(load.size()); ++s) {
+        for (int t = 0; t < W; ++t) {
+          if (s / G == t / G || bytes(s, t) == 0) continue;
+          ps.push_back({bytes(s, t), s, t, s});
+          load[static_cast<std::size_t>(s - n0)] += bytes(s, t);
+        }
+      }
+      most_direct = std::max(most_direct, *std::max_element(load.begin(), load.end()));
+      std::stable_sort(ps.begin(), ps.end(), [](const P& a, const P& b) { return a.b > b.b; });
+      for (std::size_t guard = 0; guard < 4 * ps.size() + 16; ++guard) {
+        const auto hi = std::max_element(load.begin(), load.end()) - load.begin();
+        const auto lo = std::min_element(load.begin(), load.end()) - load.begin();
+        if (load[static_cast<std::size_t>(hi)] <= floor) break;
+        P* pick = nullptr;
+        for (P& p : ps) {
+          if (p.via == n0 + hi && load[static_cast<std::size_t>(lo)] + p.b < load[static_cast<std::size_t>(hi)]) {
+            pick = &p;
+            break;
+          }
+        }
+        if (pick == nullptr) break;
+        load[static_cast<std::size_t>(hi)] -= pick->b;
+        load[static_cast<std::size_t>(lo)] += pick->b;
+        pick->via = n0 + static_cast<int>(lo);
+      }
+      most_relayed = std::max(most_relayed, *std::max_element(load.begin(), load.end()));
+      for (const P& p : ps) {
+        if (p.via != p.s) out[{m, p.s, p.t}] = p.via;
+      }
+    }
+    direct.push_back(most_direct);
+    relayed.push_back(most_relayed);
+  }
+  return out;
+}
+
+// plan_relays against the rule read literally, on random byte matrices
+// with many equal sizes (the tie order) and empty pairs.
+TEST(RelayTable, MovesWhatTheRuleReadLiterallyMoves) {
+  std::uint64_t state = 38;
+  int relayed_pairs = 0;
+  for (int trial = 0; trial < 60; ++trial) {
+    const int G = 1 + static_cast<int>(splitmix64_next(state) % 4), W = G * (2 + static_cast<int>(splitmix64_next(state) % 4));
+    const int M = 1 + static_cast<int>(splitmix64_next(state) % 3);
+    std::vector<std::int64_t> in(static_cast<std::size_t>(M) * W * W, 0);
+    // Each node's first GPU sends the most: its NIC is the one to relieve.
+    for (std::size_t i = 0; i < in.size(); ++i) {
+      const std::uint64_t r = splitmix64_next(state);
+      const int src = static_cast<int>(i / static_cast<std::size_t>(W)) % W;
+      const std::int64_t heavy = src % G == 0 ? 16 : 1;
+      in[i] = r % 3 == 0 ? 0 : heavy * static_cast<std::int64_t>(1 + (r >> 8) % (trial % 2 == 0 ? 4 : 1000)) * 64;
+    }
+    std::vector<std::int64_t> direct, relayed;
+    const auto want = relays_by_the_rule(in, W, M, G, direct, relayed);
+    const RelayTable got = plan_relays(in, W, M, G);
+    SCOPED_TRACE("trial " + std::to_string(trial));
+    EXPECT_EQ(got.relayed_pairs(), static_cast<std::int64_t>(want.size()));
+    for (int m = 0; m < M; ++m) {
+      for (int s = 0; s < W; ++s) {
+        for (int t = 0; t < W; ++t) {
+          const auto it = want.find({m, s, t});
+          EXPECT_EQ(got.via(m, s, t), it == want.end() ? s : it->second) << m << " " << s << " " << t;
+        }
+      }
+    }
+    EXPECT_EQ(got.busiest_nic_direct, direct);
+    EXPECT_EQ(got.busiest_nic_relayed, relayed);
+    relayed_pairs += static_cast<int>(want.size());
+  }
+  EXPECT_GT(relayed_pairs, 100);
+}
+
 TEST(RelayTable, BalancesEachNodesNicsWithoutRaisingItsMaximum) {
   for (int world : {4, 8}) {
     for (const ExecCase& c : exec_test::relay_cases(world)) {

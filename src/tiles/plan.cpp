@@ -296,11 +296,52 @@ inline void set_shard_groups(std::uint64_t* held, std::int32_t first, std::int32
   for (std::int32_t k = 0, gid = first * keys + key; k < n; ++k, gid += keys) set_bit(held, gid);
 }
 
+// The same with the key-0 bits of a run's samples as (word, mask) pairs
+// (RunMasks), made once per run of same-row tiles: with keys dividing 64 a
+// sample's groups never straddle a word, so key k's bits are the masks
+// shifted by k, a word at a time (a block's shards set theirs in one or two
+// words each, not bit by bit).
+class RunMasks {
+ public:
+  explicit RunMasks(std::int32_t keys) : keys_(keys), whole_(keys >= 1 && keys <= 64 && 64 % keys == 0) {}
+  void reset(std::int32_t first, std::int32_t n) {
+    first_ = first;
+    n_ = n;
+    if (!whole_) return;
+    masks_.clear();
+    std::uint32_t word = 0;
+    std::uint64_t mask = 0;
+    for (std::int32_t k = 0; k < n; ++k) {
+      const auto u = static_cast<std::uint32_t>((first + k) * keys_);
+      if (mask != 0 && u / 64 != word) {
+        masks_.push_back({word, mask});
+        mask = 0;
+      }
+      word = u / 64;
+      mask |= std::uint64_t{1} << (u % 64);
+    }
+    if (mask != 0) masks_.push_back({word, mask});
+  }
+  void set(std::uint64_t* held, std::int32_t key) const {
+    if (!whole_) {
+      set_shard_groups(held, first_, keys_, key, n_);
+      return;
+    }
+    for (const auto& [word, mask] : masks_) held[word] |= mask << key;
+  }
+
+ private:
+  std::int32_t keys_;
+  bool whole_;
+  std::int32_t first_ = 0, n_ = 0;
+  std::vector<std::pair<std::uint32_t, std::uint64_t>> masks_;
+};
+
 // The fragments of rows `r` (tile `id`, dedup key `key`), one per sample
 // from `first` on that the rows reach; returns their count and adds their
 // causal pairs to `pairs`.
 inline std::int32_t write_sample_fragments(const Geometry& g, const PlacedRows& r, std::int32_t id, std::int32_t key,
-                                           std::int32_t first, Fragment* out, std::uint64_t* held, std::int64_t& pairs) {
+                                           std::int32_t first, Fragment* out, std::int64_t& pairs) {
   // Through locals: a store into a fragment could alias the fields read.
   const std::int32_t keys = g.keys_per_sample;
   const std::int32_t base = g.sample_base[static_cast<std::size_t>(r.slot)];
@@ -321,7 +362,6 @@ inline std::int32_t write_sample_fragments(const Geometry& g, const PlacedRows& 
     f.e = std::min(r.end, f.sample_start + f.sample_length) - f.sample_start;
     f.key_begin = window == kFullCausal ? 0 : std::max<std::int64_t>(0, f.a - window + 1);
     pairs += g.pairs(j, f.a, f.e);
-    set_bit(held, f.group);
     ::new (static_cast<void*>(out + n)) Fragment(f);
   }
   return n;
@@ -348,6 +388,7 @@ void write_tiles(Plan::Data& d, const Geometry& g, std::span<const ShardInfo> sh
   std::uint64_t* const held_bits = held.bits.data();
   const std::size_t words = held.words;
   const std::int32_t keys = g.keys_per_sample;
+  RunMasks run_masks(keys);
   std::size_t* const tile_counts = d.worker_tile_offsets.data() + 1;
   std::int64_t* const loads = d.worker_flops.data();
   PlacedRows prev{-1, -1, -1, -1, -1, -1};
@@ -364,14 +405,16 @@ void write_tiles(Plan::Data& d, const Geometry& g, std::span<const ShardInfo> sh
     const bool block_start = r.begin == r.block * g.block_size;
     piece = block_start ? 0 : piece + 1;
     if (prev.slot == r.slot && prev.begin == r.begin && prev.end == r.end) {
-      set_shard_groups(row, first, keys, shard.key, n);
+      run_masks.set(row, shard.key);
     } else {
       // A block's first piece starts at the block (every tile but a
       // tap-split piece): its first sample is in a table.
       first = block_start ? g.block_sample(r.slot, r.block) : g.sample_at(r.slot, r.begin);
       home = g.home(r.slot, r.begin);
       std::int64_t pairs = 0;
-      n = write_sample_fragments(g, r, id, shard.key, first, frags + written, row, pairs);
+      n = write_sample_fragments(g, r, id, shard.key, first, frags + written, pairs);
+      run_masks.reset(first, n);
+      run_masks.set(row, shard.key);
       flops = pairs * g.head_width;
       written += static_cast<std::size_t>(n);
     }

@@ -83,6 +83,12 @@ struct RelayPair {
   int src, dst, via;
 };
 
+// The lists plan_relays reuses from node to node and chunk to chunk.
+struct RelayScratch {
+  std::vector<std::int64_t> received, load;
+  std::vector<RelayPair> node;
+};
+
 // One node's pairs of one chunk (its workers' nonzero cross-node pairs,
 // `load` their NICs' bytes, from the node's first worker node0): moves
 // pairs off the busiest NIC while that helps (the rule in relay.hpp).
@@ -124,44 +130,46 @@ RelayTable plan_relays(std::span<const std::uint32_t> pairs, std::span<const std
   table.busiest_nic_relayed.assign(static_cast<std::size_t>(chunks), 0);
   const auto ws = static_cast<std::size_t>(W);
   const std::size_t n = pairs.size();
-  // Each pair's workers and whether it crosses nodes, found once for all chunks.
-  std::vector<int> src(n), dst(n);
-  std::vector<char> crosses(n);
+  // The pairs that cross nodes (only they are relayed), with their
+  // workers, found once for all chunks; by src, as the pairs are.
+  struct Cross {
+    std::uint32_t j;
+    int src, dst;
+  };
+  std::vector<Cross> cross;
+  cross.reserve(n);
   for (std::size_t j = 0; j < n; ++j) {
-    src[j] = static_cast<int>(pairs[j] / ws);
-    dst[j] = static_cast<int>(pairs[j] % ws);
-    crosses[j] = src[j] / G != dst[j] / G;
+    const int s = static_cast<int>(pairs[j] / ws), t = static_cast<int>(pairs[j] % ws);
+    if (s / G != t / G) cross.push_back({static_cast<std::uint32_t>(j), s, t});
   }
-  auto cross = [&](std::size_t j) { return crosses[j] != 0; };
+  thread_local RelayScratch sc;
   for (std::size_t m = 0; m < static_cast<std::size_t>(chunks); ++m) {
     const std::int64_t* in = chunk_in_bytes.data() + m * n;
     // The busiest cross-node receiver's input bytes (forward: Q + K/V): a
     // sender's NIC below it no longer sets the chunk's time, so relaying
     // further only adds stage traffic.
-    std::vector<std::int64_t> received(ws, 0);
-    for (std::size_t j = 0; j < n; ++j) {
-      if (cross(j)) received[static_cast<std::size_t>(dst[j])] += in[j];
-    }
-    const std::int64_t floor = *std::max_element(received.begin(), received.end());
-    std::size_t j = 0;  // pairs are by src, so each node's are consecutive
+    sc.received.assign(ws, 0);
+    for (const Cross& c : cross) sc.received[static_cast<std::size_t>(c.dst)] += in[c.j];
+    const std::int64_t floor = *std::max_element(sc.received.begin(), sc.received.end());
+    std::size_t i = 0;  // each node's pairs are consecutive
     for (int node0 = 0; node0 < W; node0 += G) {
       const int node1 = std::min(W, node0 + G);
-      std::vector<RelayPair> node;
-      std::vector<std::int64_t> load(static_cast<std::size_t>(node1 - node0), 0);
-      for (; j < n && src[j] < node1; ++j) {
-        if (!cross(j) || in[j] == 0) continue;  // inside the node, or nothing to send
-        const int s = src[j], t = dst[j];
-        node.push_back({in[j], s, t, s});
-        load[static_cast<std::size_t>(s - node0)] += in[j];
+      sc.node.clear();
+      sc.load.assign(static_cast<std::size_t>(node1 - node0), 0);
+      for (; i < cross.size() && cross[i].src < node1; ++i) {
+        const Cross& c = cross[i];
+        if (in[c.j] == 0) continue;  // nothing to send
+        sc.node.push_back({in[c.j], c.src, c.dst, c.src});
+        sc.load[static_cast<std::size_t>(c.src - node0)] += in[c.j];
       }
       auto& direct = table.busiest_nic_direct[m];
-      direct = std::max(direct, *std::max_element(load.begin(), load.end()));
-      balance_node(node, load, node0, floor);
-      for (const RelayPair& p : node) {
+      direct = std::max(direct, *std::max_element(sc.load.begin(), sc.load.end()));
+      balance_node(sc.node, sc.load, node0, floor);
+      for (const RelayPair& p : sc.node) {
         if (p.via != p.src) table.set(static_cast<int>(m), p.src, p.dst, p.via);
       }
       auto& relayed = table.busiest_nic_relayed[m];
-      relayed = std::max(relayed, *std::max_element(load.begin(), load.end()));
+      relayed = std::max(relayed, *std::max_element(sc.load.begin(), sc.load.end()));
     }
   }
   return table;

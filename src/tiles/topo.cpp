@@ -76,6 +76,10 @@ struct Blocks {
   std::vector<std::int32_t> home;
   std::vector<std::int32_t> run_begin;  // blocks + 1, into runs
   std::vector<Run> runs;
+  // Per block, the first runs of its samples not wholly on its home's CP
+  // rank: all a commit to the home reads (the rest move nothing there).
+  std::vector<std::int32_t> away_begin;  // blocks + 1, into away
+  std::vector<std::int32_t> away;
   std::vector<std::int32_t> key;
   std::vector<std::int64_t> vkv;
   std::size_t max_runs = 0;  // of a block
@@ -114,9 +118,12 @@ struct Blocks {
       count += static_cast<std::size_t>(geo.run_base[static_cast<std::size_t>(last)] - geo.run_base[static_cast<std::size_t>(first)]);
     }
     runs.reserve(count);
+    away_begin.reserve(n + 1);
+    away_begin.push_back(0);
     for (std::size_t b = 0; b < n; ++b) {
       const PlacedRows& t = base[b * S];
       home[b] = geo.home(t.slot, t.begin);
+      const std::int32_t home_rank = home[b] - t.slot * geo.cp;
       double tokens = 0;
       const auto [first, last] = samples(t);
       for (std::int32_t j = first; j < last; ++j) {
@@ -124,12 +131,14 @@ struct Blocks {
         const auto next = static_cast<std::int32_t>(runs.size() + sr.size());
         const bool one = std::all_of(sr.begin(), sr.end(), [&](const Geometry::Run& run) { return run.rank == sr[0].rank; });
         const std::int32_t only = one ? sr[0].rank : -2;
+        if (only != home_rank) away.push_back(static_cast<std::int32_t>(runs.size()));
         for (const Geometry::Run& run : sr) {
           runs.push_back({j, run.rank, run.end - run.begin, next, only});
           tokens += static_cast<double>(run.end - run.begin);
         }
       }
       run_begin.push_back(static_cast<std::int32_t>(runs.size()));
+      away_begin.push_back(static_cast<std::int32_t>(away.size()));
       max_runs = std::max(max_runs, static_cast<std::size_t>(run_begin[b + 1] - run_begin[b]));
       moved += tokens * kv_per_token + qo * static_cast<double>(t.end - t.begin);
     }
@@ -458,7 +467,8 @@ class TopoPlacer {
   // A sample wholly on r moves nothing and its group's bit is left unset:
   // no reader needs it (load_rows() marks every worker of the slot touched,
   // evaluate_touched() and commit() skip the sources on r before reading
-  // the bit). Returns whether any K/V moved.
+  // the bit); at the home only Blocks::away is read. Returns whether any
+  // K/V moved.
   bool commit_tile(const PlacedRows& t, std::size_t block, int r, std::int64_t flops) {
     loads_[static_cast<std::size_t>(r)] += flops;
     by_load_ready_ = false;  // re-sorted when least_score needs it
@@ -474,11 +484,10 @@ class TopoPlacer {
     const std::size_t tier = tiering_.slot_tier[static_cast<std::size_t>(t.slot) * static_cast<std::size_t>(W_) +
                                                 static_cast<std::size_t>(r)];
     bool kv = false;
-    for (std::int32_t k = blocks_.run_begin[block]; k < end; k = runs[k].next) {
-      if (runs[k].only == rank) continue;
+    auto group = [&](std::int32_t k) {
       std::uint64_t& bits =
           committed_[static_cast<std::size_t>(runs[k].sample * geo_.keys_per_sample + key) * words_ + word];
-      if ((bits & bit) != 0) continue;
+      if ((bits & bit) != 0) return;
       for (std::int32_t u = k; u < runs[k].next; ++u) {
         const int w = base + runs[u].rank;
         if (w == r) continue;
@@ -492,9 +501,15 @@ class TopoPlacer {
         }
       }
       bits |= bit;
-    }
+    };
     const int home = blocks_.home[block];
-    if (r != home) {
+    if (r == home) {
+      const std::int32_t* away = blocks_.away.data();
+      for (std::int32_t x = blocks_.away_begin[block]; x < blocks_.away_begin[block + 1]; ++x) group(away[x]);
+    } else {
+      for (std::int32_t k = blocks_.run_begin[block]; k < end; k = runs[k].next) {
+        if (runs[k].only != rank) group(k);
+      }
       const std::int64_t vqo = (t.end - t.begin) * geo_.qo_bytes_per_row();
       move(home, r, vqo);
       move(r, home, vqo);
