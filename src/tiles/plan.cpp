@@ -455,13 +455,15 @@ void write_groups(Plan::Data& d, const Geometry& g, std::span<const KvGroup> key
     for (std::int32_t j = base; j < stop; ++j) {
       const std::int64_t begin = g.starts[static_cast<std::size_t>(j)];
       const std::int64_t end = begin + g.lengths[static_cast<std::size_t>(j)];
+      // Field by field (a key's table gives only its key and KV heads): no
+      // copy of the whole table entry through the stack.
       for (std::size_t k = 0; k < keys; ++k) {
-        KvGroup grp = key_grp[k];
-        grp.slot = p;
-        grp.sample = j - base;
-        grp.begin = begin;
-        grp.end = end;
-        ::new (static_cast<void*>(out++)) KvGroup(grp);
+        ::new (static_cast<void*>(out++)) KvGroup{.slot = p,
+                                                  .sample = j - base,
+                                                  .key = key_grp[k].key,
+                                                  .kv_heads = key_grp[k].kv_heads,
+                                                  .begin = begin,
+                                                  .end = end};
       }
     }
   }
