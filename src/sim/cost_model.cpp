@@ -210,11 +210,14 @@ inline void AlltoallPricer::add(std::size_t s, std::size_t d, std::int64_t b) {
 }
 
 void AlltoallPricer::finish(std::vector<double>& t) {
-  t.assign(w_, 0);
-  auto link = [&](const std::array<double, 3>& x) { return std::max({x[0] / bi_, (x[1] + x[2]) / be_, x[2] / bs_}); };
+  // Every t[r] is written below. The members are read through locals: a
+  // store to t could alias them, so the loop would load them again.
+  t.resize(w_);
+  const double bi = bi_, be = be_, bs = bs_, per_message = latency_us_ * 1e-6;
+  auto link = [&](const std::array<double, 3>& x) { return std::max({x[0] / bi, (x[1] + x[2]) / be, x[2] / bs}); };
   for (std::size_t r = 0; r < w_; ++r) {
     t[r] = std::max(link(sent_b_[r]), link(recv_b_[r])) +
-           latency_us_ * 1e-6 * static_cast<double>(std::max(sent_[r], received_[r]));
+           per_message * static_cast<double>(std::max(sent_[r], received_[r]));
   }
   std::fill(sent_b_.begin(), sent_b_.end(), std::array<double, 3>{0, 0, 0});
   std::fill(recv_b_.begin(), recv_b_.end(), std::array<double, 3>{0, 0, 0});

@@ -517,6 +517,55 @@ void zero_compute(PlanCost& c, const PlanCost* whole) {
   if (c.has_backward) c.chunk_comp_bwd = c.chunk_comp_fwd;
 }
 
+// A tile shape's rates (GFLOP/s x 1e9), forward and backward, by (rows,
+// heads): calls of the same shape repeat (every full block).
+class RateCache {
+ public:
+  explicit RateCache(const ThroughputTable& table) : table_(table) {}
+  std::pair<double, double> operator()(std::int64_t rows, double heads) {
+    auto key = std::make_pair(rows, static_cast<std::int32_t>(std::lround(heads * 64)));
+    auto it = rate_.find(key);
+    if (it != rate_.end()) return it->second;
+    auto v = std::make_pair(table_.gflops(static_cast<double>(rows), heads, false) * 1e9,
+                            table_.gflops(static_cast<double>(rows), heads, true) * 1e9);
+    rate_.emplace(key, v);
+    return v;
+  }
+
+ private:
+  const ThroughputTable& table_;
+  std::map<std::pair<std::int64_t, std::int32_t>, std::pair<double, double>> rate_;
+};
+
+// Per chunk of one tile shape: its rates, its share of the tile's heads and
+// whether it is as wide as the chunk before (then it has that one's share
+// and rate, hence its times).
+struct ChunkShape {
+  std::vector<std::pair<double, double>> part;
+  std::vector<double> share;
+  std::vector<char> same;
+  std::vector<std::size_t> distinct;  // the chunks not `same`, in order
+
+  explicit ChunkShape(std::size_t m) : part(m), share(m), same(m, 0) {}
+  void set(const Plan& plan, const Tile& t, std::int64_t rows, RateCache& rates) {
+    const double heads = static_cast<double>(t.heads.size());
+    double part_width = -1;
+    distinct.clear();
+    for (std::size_t k = 0; k < part.size(); ++k) {
+      const double width = static_cast<double>(plan.chunk_heads(t, static_cast<int>(k)).size());
+      same[k] = width == part_width;
+      if (!same[k]) {
+        part[k] = rates(rows, width);
+        part_width = width;
+        distinct.push_back(k);
+      } else {
+        part[k] = part[k - 1];
+      }
+      share[k] = width / heads;
+    }
+  }
+};
+
 // The plan's compute times per worker, whole and per chunk, into c; the
 // whole ones `whole`'s where given (a price of the same tiles); the
 // backward ones and the chunks' only where c has them (has_backward,
@@ -528,71 +577,74 @@ void add_compute(const Ctx& ctx, const Plan& plan, PlanCost& c, const PlanCost* 
     return;
   }
   const bool with_bwd = c.has_backward;
-  // Calls of the same shape repeat (every full block); cache their rates.
-  std::map<std::pair<std::int64_t, std::int32_t>, std::pair<double, double>> rate;
-  auto rates = [&](std::int64_t rows, double heads) {
-    auto key = std::make_pair(rows, static_cast<std::int32_t>(std::lround(heads * 64)));
-    auto it = rate.find(key);
-    if (it != rate.end()) return it->second;
-    auto v = std::make_pair(ctx.table.gflops(static_cast<double>(rows), heads, false) * 1e9,
-                            ctx.table.gflops(static_cast<double>(rows), heads, true) * 1e9);
-    rate.emplace(key, v);
-    return v;
-  };
+  RateCache rates(ctx.table);
   // Consecutive tiles mostly share their shape (rows, heads): their rates,
-  // whole and per chunk, are looked up once per run of equal shapes.
+  // whole and per chunk, are looked up once per run of equal shapes; and
+  // mostly their FLOPs too: then their times, the same operations on the
+  // same operands, are computed once (tf, tb: whole; cf, cb: per chunk).
   const auto M = static_cast<std::size_t>(c.chunks);
   std::int64_t shape_rows = -1;
   std::int32_t shape_heads = -1;
+  std::uint64_t times_of = 0;
   std::pair<double, double> full{};
-  std::vector<std::pair<double, double>> part(M);
-  std::vector<double> share(M);
-  // A chunk as wide as the one before has its share and rate, hence its
-  // times: computed once (every chunk, when equal). A chunk's width depends
-  // on the tile's heads alone, so where every tile has as many heads, such
-  // a chunk's sums are the chunk before's, term by term: copied at the end.
-  std::vector<char> same(M, 0);
+  double tf = 0, tb = 0;
+  std::vector<double> cf(M), cb(M);
+  ChunkShape cs(M);
+  // Each chunk's sums, found once rather than through c's vectors per tile.
+  std::vector<double*> fr(M), br(M, nullptr);
+  for (std::size_t k = 0; k < M; ++k) {
+    fr[k] = c.chunk_comp_fwd[k].data();
+    if (with_bwd) br[k] = c.chunk_comp_bwd[k].data();
+  }
+  // A chunk's width depends on the tile's heads alone, so where every tile
+  // has as many heads, a `same` chunk's sums are the chunk before's, term
+  // by term: copied at the end.
   const bool same_is_plan_wide = common_heads(plan.tiles()) >= 0;
   for (const Tile& t : plan.tiles()) {
     const auto r = static_cast<std::size_t>(t.worker);
     const std::int64_t rows = t.end - t.begin;
-    const double heads = static_cast<double>(t.heads.size());
-    if (rows != shape_rows || t.heads.size() != shape_heads) {
+    const double fwd = forward_flops(t.flops, ctx.cfg.model.head_dim);
+    const bool new_shape = rows != shape_rows || t.heads.size() != shape_heads;
+    if (new_shape) {
       shape_rows = rows;
       shape_heads = t.heads.size();
-      if (whole == nullptr) full = rates(rows, heads);
-      double part_width = -1;
-      for (std::size_t k = 0; k < M; ++k) {
-        const double width = static_cast<double>(plan.chunk_heads(t, static_cast<int>(k)).size());
-        same[k] = width == part_width;
-        if (!same[k]) {
-          part[k] = rates(rows, width);
-          part_width = width;
-        } else {
-          part[k] = part[k - 1];
-        }
-        share[k] = width / heads;
+      if (whole == nullptr) full = rates(rows, static_cast<double>(t.heads.size()));
+      cs.set(plan, t, rows, rates);
+    }
+    if (new_shape || std::bit_cast<std::uint64_t>(fwd) != times_of) {
+      times_of = std::bit_cast<std::uint64_t>(fwd);
+      const double bwd = 2.5 * fwd;  // 10 d vs 4 d FLOPs per pair (workload.hpp)
+      if (whole == nullptr) {
+        tf = fwd / full.first;
+        if (with_bwd) tb = bwd / full.second;
+      }
+      for (const std::size_t k : cs.distinct) {
+        cf[k] = fwd * cs.share[k] / cs.part[k].first;
+        if (with_bwd) cb[k] = bwd * cs.share[k] / cs.part[k].second;
       }
     }
-    const double fwd = forward_flops(t.flops, ctx.cfg.model.head_dim);
-    const double bwd = 2.5 * fwd;  // 10 d vs 4 d FLOPs per pair (workload.hpp)
     if (whole == nullptr) {
-      c.comp_fwd[r] += fwd / full.first;
-      if (with_bwd) c.comp_bwd[r] += bwd / full.second;
+      c.comp_fwd[r] += tf;
+      if (with_bwd) c.comp_bwd[r] += tb;
+    }
+    if (same_is_plan_wide) {
+      for (const std::size_t k : cs.distinct) {
+        fr[k][r] += cf[k];
+        if (with_bwd) br[k][r] += cb[k];
+      }
+      continue;
     }
     double f = 0, b = 0;
     for (std::size_t k = 0; k < M; ++k) {
-      if (!same[k]) {
-        f = fwd * share[k] / part[k].first;
-        if (with_bwd) b = bwd * share[k] / part[k].second;
-      } else if (same_is_plan_wide) {
-        continue;
+      if (!cs.same[k]) {
+        f = cf[k];
+        b = cb[k];
       }
-      c.chunk_comp_fwd[k][r] += f;
-      if (with_bwd) c.chunk_comp_bwd[k][r] += b;
+      fr[k][r] += f;
+      if (with_bwd) br[k][r] += b;
     }
   }
-  if (same_is_plan_wide) copy_same_chunks(same, c);
+  if (same_is_plan_wide) copy_same_chunks(cs.same, c);
 }
 
 // The parts c is priced with are in the prices it takes them from, and a
