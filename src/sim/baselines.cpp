@@ -1,6 +1,7 @@
 // The baselines that do not depend on the candidate: ulysses (and wlb, which
 // is ulysses over wlb_repack's sequences, wlb.cpp), and DistCA's limits.
 #include <fmt/format.h>
+#include <utility>
 
 #include "sim/internal.hpp"
 
@@ -24,7 +25,6 @@ Result<std::vector<double>> ulysses_steps(const Ctx& ctx, std::span<const Packed
     const NoiseKey key{window, static_cast<std::uint64_t>(g)};
     const double fwd = time_plan(ctx, c, gpus, key, false, false);
     sm.put(g, fwd);
-    if (costs != nullptr) costs->push_back(c);
     if (mbs != nullptr) {
       const double tok = seq_tokens(seqs[static_cast<std::size_t>(i)]);
       mbs->push_back({.attn_fwd = fwd,
@@ -32,6 +32,7 @@ Result<std::vector<double>> ulysses_steps(const Ctx& ctx, std::span<const Packed
                       .lin_fwd = linear_part(ctx, tok, false),
                       .lin_bwd = linear_part(ctx, tok, true)});
     }
+    if (costs != nullptr) costs->push_back(std::move(c));  // its last use
   }
   return sm.step;
 }
